@@ -1,0 +1,166 @@
+"""The gpufill command line: parse, call the library, print. Exit 0 ok, 1 failed run, 2 bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Optional
+
+import typer
+import yaml
+from rich.console import Console
+
+from gpufill import __version__
+from gpufill.errors import InputError
+
+app = typer.Typer(
+    name="gpufill",
+    help="Run deep-learning experiment campaigns at the speed of the hardware.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.")) -> None:
+    if version:
+        print(__version__)
+        raise typer.Exit(0)
+
+
+def parse_auto_int(value: str, option: str) -> int | str:
+    """"auto" or a positive integer."""
+    if value == "auto":
+        return "auto"
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise InputError(f"expected a positive integer or auto, got {value!r}", where="command line", field=option, fix=f"pass e.g. {option} 128 or {option} auto")
+    return number
+
+
+def parse_switch(value: str, option: str) -> bool | str:
+    """"auto", "on" or "off"."""
+    choices = {"auto": "auto", "on": True, "off": False, "true": True, "false": False}
+    if value.lower() not in choices:
+        raise InputError(f"expected auto, on or off, got {value!r}", where="command line", field=option, fix=f"pass {option} auto|on|off")
+    return choices[value.lower()]
+
+
+def parse_split_size(value: str, option: str) -> float | int:
+    """A fraction in [0, 1) such as 0.2, or a count of final time steps such as 18."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if number < 0 or (number >= 1 and not number.is_integer()):
+        raise InputError(f"expected a fraction in [0, 1) or a whole count of time steps, got {value!r}", where="command line", field=option, fix=f"pass e.g. {option} 0.2 or {option} 18")
+    return int(number) if number >= 1 else number
+
+
+def parse_params(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs; values are read as YAML scalars (128 -> int, 1e-3 -> float, true -> bool)."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise InputError(f"expected KEY=VALUE, got {pair!r}", where="command line", field="--param", fix="pass e.g. --param hidden_size=128")
+        params[key.strip()] = yaml.safe_load(raw)
+    return params
+
+
+@app.command()
+def train(
+    model: str = typer.Option(..., "--model", "-m", help="Model family (lstm, gru, tcn, transformer, mlp) or package.module:factory."),
+    data: str = typer.Option("synthetic", "--data", help="synthetic, a .csv/.parquet file, a directory or a glob."),
+    project: Optional[str] = typer.Option(None, "--project", help="Project to train on (default: the first one)."),
+    lookback: int = typer.Option(30, "--lookback", help="Input window length."),
+    horizon: int = typer.Option(1, "--horizon", help="Steps to forecast."),
+    epochs: int = typer.Option(10, "--epochs"),
+    batch_size: str = typer.Option("auto", "--batch-size", help="Effective batch, or auto."),
+    precision: str = typer.Option("auto", "--precision", help="auto, bf16, fp16 or fp32."),
+    compile_: str = typer.Option("auto", "--compile", help="auto, on or off."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
+    lr: float = typer.Option(1e-3, "--lr", help="Learning rate at the reference batch (128)."),
+    lr_scale_rule: str = typer.Option("linear", "--lr-scale", help="linear, sqrt or none: how lr follows the batch."),
+    patience: Optional[int] = typer.Option(None, "--patience", help="Early stopping patience (validations)."),
+    seed: int = typer.Option(0, "--seed"),
+    param: list[str] = typer.Option([], "--param", "-p", help="Model parameter KEY=VALUE (repeatable)."),
+    val: str = typer.Option("0.1", "--val", help="Validation split: fraction or count of final steps."),
+    test: str = typer.Option("0.2", "--test", help="Test split: fraction or count of final steps (e.g. 18)."),
+    target: str = typer.Option("target", "--target", help="Target column (csv/parquet)."),
+    project_column: str = typer.Option("project", "--project-column", help="Project column (csv/parquet)."),
+    time_column: Optional[str] = typer.Option(None, "--time-column", help="Time column (default: time/date/timestamp if present)."),
+    fill: str = typer.Option("none", "--fill", help="NaN handling: none (error), ffill, interpolate or zero."),
+    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Save a checkpoint every epoch here."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint-dir's last checkpoint."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+) -> None:
+    """Train one forecaster on one project, with the plan explained and metrics against the naive forecast."""
+    from gpufill import forecast, render  # torch is imported only when a command runs
+    from gpufill.data import Split
+    from gpufill.fit import FitConfig
+
+    params = parse_params(param)
+    config = FitConfig(
+        epochs=epochs,
+        lr=lr,
+        patience=patience,
+        seed=seed,
+        device=device,
+        precision=precision,  # type: ignore[arg-type]  # checked by the plan
+        compile=parse_switch(compile_, "--compile"),
+        batch_size=parse_auto_int(batch_size, "--batch-size"),
+        lr_scale_rule=lr_scale_rule,  # type: ignore[arg-type]
+        checkpoint_dir=checkpoint_dir,
+        resume=resume,
+    )
+    windows = forecast.load_windows(
+        data,
+        project=project,
+        lookback=lookback,
+        horizon=horizon,
+        split=Split(val=parse_split_size(val, "--val"), test=parse_split_size(test, "--test")),
+        target=target,
+        project_column=project_column,
+        time_column=time_column,
+        fill=fill,
+    )
+    console = Console(stderr=as_json)
+    with render.epoch_progress(console, epochs, enabled=not as_json) as on_epoch:
+        run = forecast.train_forecaster(windows, model, params, config=config, callbacks=[on_epoch])
+    if as_json:
+        print(json.dumps(run.to_dict(), default=str))
+    else:
+        render.print_forecast(run, console)
+    if run.fit.status == "diverged":
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Entry point: bad input is one line on stderr and exit code 2."""
+    try:
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except InputError as error:
+        print(f"gpufill: error: {error.one_line()}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        print("gpufill: aborted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as click_error:  # click's usage errors carry their own exit code (2)
+        import click
+
+        if isinstance(click_error, click.ClickException):
+            click_error.show()
+            sys.exit(click_error.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""How training data reaches the step: resident tensors batched by index, or a DataLoader.
+
+Both give, per optimizer step, an `EffectiveBatch` that splits itself into
+micro-batches on demand, so an out-of-memory retry can re-split the same samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from gpufill.plan import LoaderSettings
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+class EffectiveBatch(Protocol):
+    size: int
+
+    def micro_batches(self, micro: int) -> Iterator[Pair]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _IndexedBatch:
+    """Samples of one optimizer step, as indices into resident tensors (gathered per micro-batch)."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    index: torch.Tensor
+    size: int
+
+    def micro_batches(self, micro: int) -> Iterator[Pair]:
+        for start in range(0, self.size, micro):
+            part = self.index[start : start + micro]
+            yield self.inputs.index_select(0, part), self.targets.index_select(0, part)
+
+
+@dataclass(frozen=True, slots=True)
+class _HostBatch:
+    """Samples of one optimizer step collated on the host; copied per micro-batch."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    device: torch.device
+    size: int
+
+    def micro_batches(self, micro: int) -> Iterator[Pair]:
+        # Slices are views: no host copy; non_blocking overlaps the copy with compute when pinned.
+        for start in range(0, self.size, micro):
+            yield (
+                self.inputs[start : start + micro].to(self.device, non_blocking=True),
+                self.targets[start : start + micro].to(self.device, non_blocking=True),
+            )
+
+
+class ResidentBatches:
+    """Tensors moved to the device once; each epoch is one on-device permutation."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device):
+        self.inputs = inputs.to(device)
+        self.targets = targets.to(device)
+        self.device = device
+        self.n = int(inputs.shape[0])
+
+    def epoch(self, batch: int, generator: torch.Generator) -> Iterator[EffectiveBatch]:
+        order = torch.randperm(self.n, device=self.device, generator=generator)
+        for start in range(0, self.n, batch):
+            size = min(batch, self.n - start)  # host arithmetic: no sync
+            yield _IndexedBatch(self.inputs, self.targets, order[start : start + size], size)
+
+    def in_order(self, batch: int) -> Iterator[Pair]:
+        for start in range(0, self.n, batch):
+            yield self.inputs[start : start + batch], self.targets[start : start + batch]
+
+
+class LoaderBatches:
+    """A Dataset streamed through a DataLoader whose batch is the effective batch."""
+
+    def __init__(self, dataset: Dataset, device: torch.device, settings: LoaderSettings):
+        self.dataset = dataset
+        self.device = device
+        self.settings = settings
+        self.n = len(dataset)  # type: ignore[arg-type]
+        self._loaders: dict[tuple[int, bool], DataLoader] = {}
+
+    def _loader(self, batch: int, shuffle: bool, generator: torch.Generator | None) -> DataLoader:
+        key = (batch, shuffle)
+        if key not in self._loaders:  # reused so persistent workers stay alive across epochs
+            self._loaders[key] = DataLoader(
+                self.dataset,
+                batch_size=batch,
+                shuffle=shuffle,
+                generator=generator,
+                num_workers=self.settings.num_workers,
+                prefetch_factor=self.settings.prefetch_factor,
+                pin_memory=self.settings.pin_memory,
+                persistent_workers=self.settings.persistent_workers,
+            )
+        return self._loaders[key]
+
+    def epoch(self, batch: int, generator: torch.Generator) -> Iterator[EffectiveBatch]:
+        for inputs, targets in self._loader(batch, True, generator):
+            yield _HostBatch(inputs, targets, self.device, int(inputs.shape[0]))
+
+    def in_order(self, batch: int) -> Iterator[Pair]:
+        for inputs, targets in self._loader(batch, False, None):
+            yield inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)

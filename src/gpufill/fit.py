@@ -1,0 +1,471 @@
+"""The one training loop: any nn.Module on tensors or a Dataset, applying a Plan.
+
+Order of application (fixed, and why):
+1. backend flags (TF32, cudnn.benchmark) before anything runs, so every kernel sees them;
+2. model and data to the device, then the optimizer (it must see the device parameters);
+3. resume state loaded before compile, so the compiled graph wraps restored weights;
+4. compile last, wrapping only the forward; the state dict stays the eager module's.
+
+The hot loop never reads a device value: losses accumulate on the device and are read
+once per epoch (one sync), validation every `validate_every` epochs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from gpufill._checkpoint import load_checkpoint, save_checkpoint
+from gpufill.data.batchers import EffectiveBatch, LoaderBatches, ResidentBatches
+from gpufill.errors import InputError
+from gpufill.hardware import detect
+from gpufill.plan import Choice, DataFacts, Plan, SpeedSettings, compile_for_steps, make_plan
+
+LossName = Literal["mse", "mae", "huber"]
+_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "mse": nn.functional.mse_loss,
+    "mae": nn.functional.l1_loss,
+    "huber": nn.functional.huber_loss,
+}
+Data = tuple[torch.Tensor, torch.Tensor] | Dataset
+
+
+@dataclass(kw_only=True, slots=True)
+class FitConfig(SpeedSettings):
+    """Training settings (what to learn) on top of the speed settings (how fast)."""
+
+    epochs: int = 10
+    lr: float = 1e-3
+    """Learning rate at the reference batch; the plan scales it with the effective batch."""
+    weight_decay: float = 0.0
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    loss: LossName = "mse"
+    grad_clip: float | None = 1.0
+    """Max global gradient norm; None turns clipping off."""
+    validate_every: int = 1
+    patience: int | None = None
+    """Early stopping: validations without improvement before stopping (None: off)."""
+    min_delta: float = 0.0
+    restore_best: bool = True
+    """End with the weights of the best validation, not the last epoch (needs val data)."""
+    checkpoint_dir: str | Path | None = None
+    checkpoint_every: int = 1
+    resume: bool = False
+    """Continue from checkpoint_dir's last checkpoint if there is one."""
+    seed: int = 0
+    """Seeds batch order and dropout (not the model's init, which happens before fit)."""
+
+    def validate(self) -> None:
+        for name in ("epochs", "validate_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}", field=name, fix=f"set {name} to a positive integer")
+        if not self.lr > 0:
+            raise InputError(f"lr must be positive, got {self.lr}", field="lr", fix="set lr to a positive number such as 1e-3")
+        if self.loss not in _LOSSES:
+            raise InputError(f"unknown loss {self.loss!r}", field="loss", fix=f"use one of {', '.join(_LOSSES)}")
+        if self.optimizer not in ("adamw", "adam", "sgd"):
+            raise InputError(f"unknown optimizer {self.optimizer!r}", field="optimizer", fix="use adamw, adam or sgd")
+        if self.patience is not None and self.patience < 1:
+            raise InputError(f"patience must be at least 1, got {self.patience}", field="patience", fix="set patience >= 1 or None to turn early stopping off")
+        if self.resume and self.checkpoint_dir is None:
+            raise InputError("resume needs a checkpoint directory", field="resume", fix="set checkpoint_dir")
+        if not 0 < self.memory_margin <= 1:
+            raise InputError(f"memory_margin must be in (0, 1], got {self.memory_margin}", field="memory_margin", fix="use e.g. 0.85")
+
+
+@dataclass(slots=True)
+class EpochRecord:
+    epoch: int
+    """1-based."""
+    train_loss: float
+    val_loss: float | None
+    seconds: float
+    lr: float
+
+
+@dataclass(slots=True)
+class FitResult:
+    model: nn.Module
+    plan: Plan
+    history: list[EpochRecord]
+    metrics: dict[str, float | int | None]
+    timings: dict[str, float]
+    events: list[str]
+    status: Literal["completed", "early_stopped", "diverged"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "plan": self.plan.to_dict(),
+            "metrics": self.metrics,
+            "timings": self.timings,
+            "history": [dataclasses.asdict(record) for record in self.history],
+            "events": self.events,
+        }
+
+
+EpochCallback = Callable[[EpochRecord], None]
+
+
+def fit(
+    model: nn.Module,
+    train: Data,
+    val: Data | None = None,
+    *,
+    config: FitConfig | None = None,
+    callbacks: Sequence[EpochCallback] = (),
+    **overrides: Any,
+) -> FitResult:
+    """Train `model` on `train` (an (inputs, targets) pair of tensors or a Dataset of pairs).
+
+    Settings come from `config` with `overrides` (any FitConfig field) applied on top.
+    """
+    cfg = _resolve_config(config, overrides)
+    train_source, val_source = _as_source(train, "train"), _as_source(val, "val") if val is not None else None
+    hardware = detect(cfg.device)
+    facts = _data_facts(train_source, val_source)
+    plan = make_plan(hardware, facts, cfg)
+    steps = math.ceil(facts.n_train / plan.effective_batch.value) * cfg.epochs
+    plan = compile_for_steps(plan, steps)
+    device = torch.device(plan.device.value)
+
+    with _backend_flags(plan):
+        run = _Run(model.to(device), cfg, plan, device)
+        train_batches = _batches(train_source, plan, device)
+        val_batches = _batches(val_source, plan, device) if val_source is not None else None
+        run.maybe_resume()
+        run.maybe_compile()
+        return run.train(train_batches, val_batches, callbacks)
+
+
+def _resolve_config(config: FitConfig | None, overrides: dict[str, Any]) -> FitConfig:
+    known = {f.name for f in dataclasses.fields(FitConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise InputError(f"unknown fit setting(s) {', '.join(unknown)}", field="fit", fix=f"use FitConfig fields: {', '.join(sorted(known))}")
+    cfg = dataclasses.replace(config or FitConfig(), **overrides)
+    cfg.validate()
+    return cfg
+
+
+def _as_source(data: Data, name: str) -> tuple[torch.Tensor, torch.Tensor] | Dataset:
+    if isinstance(data, TensorDataset) and len(data.tensors) == 2:
+        return data.tensors[0], data.tensors[1]
+    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        inputs, targets = data
+        if inputs.shape[0] != targets.shape[0]:
+            raise InputError(
+                f"inputs have {inputs.shape[0]} samples but targets have {targets.shape[0]}", field=name, fix="pass tensors with the same first dimension"
+            )
+        if inputs.shape[0] == 0:
+            raise InputError("no samples", field=name, fix="pass at least one sample")
+        return inputs, targets
+    if isinstance(data, Dataset):
+        return data
+    raise InputError(f"expected an (inputs, targets) pair of tensors or a Dataset, got {type(data).__name__}", field=name, fix="wrap the data as (x, y) tensors")
+
+
+def _data_facts(train: Any, val: Any) -> DataFacts:
+    is_tensor = isinstance(train, tuple)
+    n_train = int(train[0].shape[0]) if is_tensor else len(train)
+    total = sum(t.numel() * t.element_size() for source in (train, val) if isinstance(source, tuple) for t in source)
+    return DataFacts(n_train=n_train, bytes_total=total, is_tensor=is_tensor)
+
+
+def _batches(source: Any, plan: Plan, device: torch.device) -> ResidentBatches | LoaderBatches:
+    if plan.data_placement.value == "device":
+        return ResidentBatches(source[0], source[1], device)
+    dataset = TensorDataset(*source) if isinstance(source, tuple) else source
+    assert plan.loader.value is not None
+    return LoaderBatches(dataset, device, plan.loader.value)
+
+
+@contextlib.contextmanager
+def _backend_flags(plan: Plan) -> Iterator[None]:
+    """Set TF32 and cudnn.benchmark for the training, and restore the user's values after."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    torch.backends.cuda.matmul.allow_tf32 = plan.tf32.value
+    torch.backends.cudnn.allow_tf32 = plan.tf32.value
+    torch.backends.cudnn.benchmark = plan.cudnn_benchmark.value
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
+
+
+def autocast(device_type: str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[Any]:
+    """Autocast through whichever API this torch has (torch.autocast, else torch.cuda.amp)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    if hasattr(torch, "autocast"):
+        return torch.autocast(device_type=device_type, dtype=dtype)
+    return torch.cuda.amp.autocast(dtype=dtype)  # pragma: no cover - torch < 1.10
+
+
+def grad_scaler(device_type: str, enabled: bool) -> Any:
+    """GradScaler through torch.amp (new API), else torch.cuda.amp (old API)."""
+    try:
+        return torch.amp.GradScaler(device_type, enabled=enabled)
+    except (AttributeError, TypeError):  # pragma: no cover - torch < 2.3
+        return torch.cuda.amp.GradScaler(enabled=enabled)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    oom_type = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    return isinstance(error, oom_type) or (isinstance(error, RuntimeError) and "out of memory" in str(error).lower())
+
+
+@dataclass(slots=True)
+class _State:
+    """Everything that must survive a restart to continue exactly where training stopped."""
+
+    epoch: int = 0
+    history: list[EpochRecord] = field(default_factory=list)
+    best_val: float = math.inf
+    best_epoch: int | None = None
+    best_weights: dict[str, torch.Tensor] | None = None
+    bad_validations: int = 0
+
+
+class _Run:
+    """One training run: model, optimizer, scaler and state, driven by `train()`."""
+
+    def __init__(self, model: nn.Module, cfg: FitConfig, plan: Plan, device: torch.device):
+        self.model, self.cfg, self.plan, self.device = model, cfg, plan, device
+        self.forward: Callable[[torch.Tensor], torch.Tensor] = model
+        self.loss_fn = _LOSSES[cfg.loss]
+        self.lr = cfg.lr * plan.lr_scale.value
+        self.optimizer = _optimizer(model, cfg, self.lr, device)
+        self.scaler = grad_scaler(device.type, plan.grad_scaler.value)
+        self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # dropout
+        self.state = _State()
+        self.events: list[str] = []
+        self.compiled = False
+        self.first_step_done = False
+        self.timing = {"data_s": 0.0, "val_s": 0.0}
+
+    # -- set-up -------------------------------------------------------------------------
+    def maybe_resume(self) -> None:
+        if not self.cfg.resume:
+            return
+        saved = load_checkpoint(self.cfg.checkpoint_dir, self.device)  # type: ignore[arg-type]
+        if saved is None:
+            self.events.append("resume: no checkpoint yet, starting from epoch 1")
+            return
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scaler.load_state_dict(saved["scaler"])
+        self.generator.set_state(saved["generator"].cpu())  # generator states live on the host
+        torch.set_rng_state(saved["torch_rng"].cpu())
+        if self.device.type == "cuda" and saved.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(saved["cuda_rng"].cpu(), self.device)
+        self.state = saved["state"]
+        micro = saved["micro_batch"]
+        if micro != self.plan.micro_batch.value:
+            self._set_micro_batch(micro, f"{micro}: restored from the checkpoint (reduced after an out-of-memory error)")
+        self.events.append(f"resumed after epoch {self.state.epoch} from {self.cfg.checkpoint_dir}")
+
+    def maybe_compile(self) -> None:
+        if not self.plan.compile.value:
+            return
+        try:
+            self.forward = torch.compile(self.model)
+            self.compiled = True
+        except Exception as error:  # any compile failure: eager is always correct
+            self._fall_back_to_eager(error)
+
+    def _fall_back_to_eager(self, error: BaseException) -> None:
+        reason = f"off: compile failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); fell back to eager"
+        self.forward, self.compiled = self.model, False
+        self.plan = self.plan.replace(compile=Choice(False, reason))
+        self.events.append(f"compile {reason}")
+
+    def _set_micro_batch(self, micro: int, reason: str) -> None:
+        effective = self.plan.effective_batch.value
+        accumulation = math.ceil(effective / micro)
+        self.plan = self.plan.replace(
+            micro_batch=Choice(micro, reason),
+            accumulation=Choice(accumulation, f"{accumulation} micro-batches of {micro} keep the effective batch {effective}"),
+        )
+
+    # -- the loop -----------------------------------------------------------------------
+    def train(self, train: ResidentBatches | LoaderBatches, val: ResidentBatches | LoaderBatches | None, callbacks: Sequence[EpochCallback]) -> FitResult:
+        status: Literal["completed", "early_stopped", "diverged"] = "completed"
+        epoch_seconds: list[float] = []
+        started = time.perf_counter()
+        for epoch in range(self.state.epoch + 1, self.cfg.epochs + 1):
+            tick = time.perf_counter()
+            train_loss = self._train_epoch(train)
+            seconds = time.perf_counter() - tick
+            epoch_seconds.append(seconds)
+            val_loss = None
+            if val is not None and (epoch % self.cfg.validate_every == 0 or epoch == self.cfg.epochs):
+                val_loss = self._validate(val)
+            record = EpochRecord(epoch=epoch, train_loss=train_loss, val_loss=val_loss, seconds=seconds, lr=self.lr)
+            self.state.history.append(record)
+            self.state.epoch = epoch
+            if not math.isfinite(train_loss) or (val_loss is not None and not math.isfinite(val_loss)):
+                status = "diverged"
+                self.events.append(f"diverged at epoch {epoch}: loss is {train_loss if not math.isfinite(train_loss) else val_loss}")
+            elif val_loss is not None and self._early_stop(val_loss, epoch):
+                status = "early_stopped"
+                self.events.append(f"early stop at epoch {epoch}: no improvement for {self.cfg.patience} validations")
+            self._maybe_checkpoint(epoch, final=status != "completed" or epoch == self.cfg.epochs)
+            for callback in callbacks:
+                callback(record)
+            if status != "completed":
+                break
+        if self.cfg.restore_best and self.state.best_weights is not None and status != "diverged":
+            self.model.load_state_dict(self.state.best_weights)
+            self.events.append(f"restored the best weights (epoch {self.state.best_epoch}, val loss {self.state.best_val:.6g})")
+        return self._result(status, epoch_seconds, time.perf_counter() - started, train.n)
+
+    def _train_epoch(self, batches: ResidentBatches | LoaderBatches) -> float:
+        self.model.train()
+        loss_sum = torch.zeros((), device=self.device)
+        seen = 0
+        batch_iter = batches.epoch(self.plan.effective_batch.value, self.generator)
+        while True:
+            tick = time.perf_counter()
+            batch = next(batch_iter, None)
+            self.timing["data_s"] += time.perf_counter() - tick
+            if batch is None:
+                break
+            loss_sum += self._step_with_retry(batch)
+            seen += batch.size
+        return (loss_sum / max(seen, 1)).item()  # the epoch's one sync
+
+    def _step_with_retry(self, batch: EffectiveBatch) -> torch.Tensor:
+        """One optimizer step; on OOM halve the micro-batch, double accumulation, retry the same samples."""
+        while True:
+            try:
+                summed = self._step(batch)
+                self.first_step_done = True
+                return summed
+            except Exception as error:
+                self.optimizer.zero_grad(set_to_none=True)
+                if is_out_of_memory(error) and self.plan.micro_batch.value > 1:
+                    self._recover_from_oom(error)
+                elif self.compiled and not self.first_step_done:
+                    self._fall_back_to_eager(error)
+                else:
+                    raise
+
+    def _recover_from_oom(self, error: BaseException) -> None:
+        old = self.plan.micro_batch.value
+        new = max(1, old // 2)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._set_micro_batch(new, f"{new}: halved from {old} after an out-of-memory error at epoch {self.state.epoch + 1}")
+        self.events.append(f"out of memory at micro-batch {old} (epoch {self.state.epoch + 1}): retried the step with micro-batch {new}, accumulation {self.plan.accumulation.value}")
+
+    def _step(self, batch: EffectiveBatch) -> torch.Tensor:
+        summed = torch.zeros((), device=self.device)
+        for inputs, targets in batch.micro_batches(self.plan.micro_batch.value):
+            count = inputs.shape[0]
+            with autocast(self.device.type, self.plan.autocast_dtype):
+                prediction = self.forward(inputs)
+            if prediction.shape != targets.shape:  # host-side shape check: no sync
+                raise InputError(
+                    f"the model returns shape {tuple(prediction.shape)} but targets have shape {tuple(targets.shape)}",
+                    field="model",
+                    fix="make the model's output match the targets (batch, horizon)",
+                )
+            loss = self.loss_fn(prediction.float(), targets.float())
+            # Weighting each micro-batch mean by its share makes k accumulated micro-batches
+            # give exactly the gradient of one batch, including a short last one.
+            self.scaler.scale(loss * (count / batch.size)).backward()
+            summed += loss.detach() * count
+        if self.cfg.grad_clip is not None:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip, foreach=self.device.type == "cuda")
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return summed
+
+    @torch.no_grad()
+    def _validate(self, batches: ResidentBatches | LoaderBatches) -> float:
+        tick = time.perf_counter()
+        self.model.eval()
+        loss_sum = torch.zeros((), device=self.device)
+        # No activations kept for backward, so validation can use larger batches.
+        for inputs, targets in batches.in_order(max(4 * self.plan.micro_batch.value, 1024)):
+            with autocast(self.device.type, self.plan.autocast_dtype):
+                prediction = self.forward(inputs)
+            loss_sum += self.loss_fn(prediction.float(), targets.float(), reduction="sum") / targets[0].numel()
+        value = (loss_sum / max(batches.n, 1)).item()
+        self.timing["val_s"] += time.perf_counter() - tick
+        return value
+
+    def _early_stop(self, val_loss: float, epoch: int) -> bool:
+        if val_loss < self.state.best_val - self.cfg.min_delta:
+            self.state.best_val, self.state.best_epoch, self.state.bad_validations = val_loss, epoch, 0
+            self.state.best_weights = {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
+            return False
+        self.state.bad_validations += 1
+        return self.cfg.patience is not None and self.state.bad_validations >= self.cfg.patience
+
+    def _maybe_checkpoint(self, epoch: int, *, final: bool) -> None:
+        if self.cfg.checkpoint_dir is None or not (final or epoch % self.cfg.checkpoint_every == 0):
+            return
+        save_checkpoint(
+            self.cfg.checkpoint_dir,
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "generator": self.generator.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+                "state": copy.deepcopy(self.state),
+                "micro_batch": self.plan.micro_batch.value,
+            },
+        )
+
+    def _result(self, status: Literal["completed", "early_stopped", "diverged"], epoch_seconds: list[float], wall: float, n_train: int) -> FitResult:
+        history = self.state.history
+        # The first epoch pays warm-up (allocator, cuDNN autotune, compile): report it apart.
+        steady = epoch_seconds[1:] or epoch_seconds
+        epoch_s = sum(steady) / len(steady) if steady else 0.0
+        train_s = sum(epoch_seconds)
+        timings = {
+            "samples_per_s": n_train / epoch_s if epoch_s > 0 else 0.0,
+            "epoch_s": epoch_s,
+            "first_epoch_s": epoch_seconds[0] if epoch_seconds else 0.0,
+            "train_s": train_s,
+            "val_s": self.timing["val_s"],
+            "data_s": self.timing["data_s"],
+            "compute_s": max(0.0, train_s - self.timing["data_s"]),
+            "wall_s": wall,
+        }
+        metrics: dict[str, float | int | None] = {
+            "train_loss": history[-1].train_loss if history else None,
+            "val_loss": self.state.best_val if self.state.best_epoch is not None else None,
+            "best_epoch": self.state.best_epoch,
+            "epochs_run": len(history),
+        }
+        return FitResult(model=self.model, plan=self.plan, history=history, metrics=metrics, timings=timings, events=self.events, status=status)
+
+
+def _optimizer(model: nn.Module, cfg: FitConfig, lr: float, device: torch.device) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise InputError("the model has no trainable parameters", field="model", fix="pass a model with parameters that require grad")
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=cfg.weight_decay)
+    optimizer_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    # foreach on CUDA: one multi-tensor kernel per group instead of one per parameter.
+    return optimizer_cls(params, lr=lr, weight_decay=cfg.weight_decay, foreach=device.type == "cuda")
