@@ -1,0 +1,103 @@
+import math
+
+import pytest
+import torch
+
+from gpufill import plan as plan_module
+from gpufill.errors import InputError
+from gpufill.plan import DataFacts, SpeedSettings, compile_for_steps, lr_scale_factor, make_plan
+from tests.fakes import CPU, H100, T4
+
+SMALL = DataFacts(n_train=10_000, bytes_total=10 * 2**20, is_tensor=True)
+
+
+@pytest.fixture(autouse=True)
+def _plenty_of_free_memory(monkeypatch):
+    monkeypatch.setattr(plan_module, "free_memory_bytes", lambda hw: hw.total_memory_bytes)
+
+
+def test_every_setting_has_a_value_and_a_reason():
+    plan = make_plan(H100, SMALL, SpeedSettings())
+    for name, choice in plan.to_dict().items():
+        assert set(choice) == {"value", "reason"}
+        assert len(choice["reason"]) > 5, name
+
+
+def test_precision_follows_the_hardware():
+    h100, t4, cpu = (make_plan(hw, SMALL, SpeedSettings()) for hw in (H100, T4, CPU))
+    assert h100.precision.value == "bf16" and "sm_90" in h100.precision.reason
+    assert h100.autocast_dtype is torch.bfloat16 and not h100.grad_scaler.value
+    assert t4.precision.value == "fp16" and "sm_75" in t4.precision.reason
+    assert t4.grad_scaler.value and t4.autocast_dtype is torch.float16
+    assert cpu.precision.value == "fp32" and cpu.autocast_dtype is None
+
+
+def test_tf32_cudnn_and_compile_on_gpu_and_cpu():
+    h100, t4, cpu = (make_plan(hw, SMALL, SpeedSettings()) for hw in (H100, T4, CPU))
+    assert h100.tf32.value and not t4.tf32.value and not cpu.tf32.value
+    assert h100.cudnn_benchmark.value and not cpu.cudnn_benchmark.value
+    assert not cpu.compile.value and "CPU" in cpu.compile.reason
+
+
+def test_auto_compile_needs_enough_steps_to_pay_back():
+    plan = make_plan(H100, SMALL, SpeedSettings())
+    assert not compile_for_steps(plan, 100).compile.value
+    assert compile_for_steps(plan, 5000).compile.value
+    forced = make_plan(H100, SMALL, SpeedSettings(compile=True))
+    assert compile_for_steps(forced, 10).compile.value  # an explicit request is kept
+
+
+@pytest.mark.parametrize(
+    ("hardware", "precision", "field_text"),
+    [(T4, "bf16", "compute capability 8.0"), (CPU, "fp16", "no fast CPU kernels")],
+)
+def test_impossible_precision_is_a_clear_error(hardware, precision, field_text):
+    with pytest.raises(InputError) as error:
+        make_plan(hardware, SMALL, SpeedSettings(precision=precision))
+    message = str(error.value)
+    assert "precision" in message and field_text in message and "fix:" in message
+
+
+def test_small_data_is_resident_large_data_streams(monkeypatch):
+    assert make_plan(H100, SMALL, SpeedSettings()).data_placement.value == "device"
+    huge = DataFacts(n_train=10_000, bytes_total=40 * 2**30, is_tensor=True)  # > 25 % of 80 GiB
+    plan = make_plan(H100, huge, SpeedSettings())
+    assert plan.data_placement.value == "loader"
+    loader = plan.loader.value
+    assert loader.num_workers == 8 and loader.pin_memory and loader.persistent_workers and loader.prefetch_factor == 4
+    dataset = DataFacts(n_train=100, bytes_total=0, is_tensor=False)
+    cpu_plan = make_plan(CPU, dataset, SpeedSettings())
+    assert cpu_plan.data_placement.value == "loader"
+    assert cpu_plan.loader.value.num_workers == 0 and not cpu_plan.loader.value.pin_memory
+    with pytest.raises(InputError, match="data_placement"):
+        make_plan(CPU, dataset, SpeedSettings(data_placement="device"))
+
+
+def test_batching_keeps_the_effective_batch_through_accumulation():
+    plan = make_plan(CPU, SMALL, SpeedSettings(batch_size=128, micro_batch=32))
+    assert (plan.effective_batch.value, plan.micro_batch.value, plan.accumulation.value) == (128, 32, 4)
+    odd = make_plan(CPU, SMALL, SpeedSettings(batch_size=100, micro_batch=32))
+    assert odd.accumulation.value == 4  # 32 + 32 + 32 + 4
+    auto = make_plan(CPU, SMALL, SpeedSettings())
+    assert auto.effective_batch.value == 128 and auto.accumulation.value == 1
+    tiny = make_plan(CPU, DataFacts(n_train=100, bytes_total=1, is_tensor=True), SpeedSettings())
+    assert tiny.effective_batch.value == 16  # largest power of two with >= 4 steps per epoch
+    with pytest.raises(InputError, match="micro_batch"):
+        make_plan(CPU, SMALL, SpeedSettings(batch_size=64, micro_batch=128))
+    with pytest.raises(InputError, match="batch_size"):
+        make_plan(CPU, SMALL, SpeedSettings(batch_size=0))
+
+
+def test_lr_scale_arithmetic():
+    assert lr_scale_factor(512, 128, "linear") == 4.0
+    assert lr_scale_factor(512, 128, "sqrt") == 2.0
+    assert lr_scale_factor(32, 128, "linear") == 0.25
+    assert lr_scale_factor(512, 128, "none") == 1.0
+    linear = make_plan(CPU, SMALL, SpeedSettings(batch_size=512, reference_batch=128))
+    assert linear.lr_scale.value == 4.0 and "linear" in linear.lr_scale.reason
+    root = make_plan(CPU, SMALL, SpeedSettings(batch_size=512, reference_batch=128, lr_scale_rule="sqrt"))
+    assert math.isclose(root.lr_scale.value, 2.0)
+    same = make_plan(CPU, SMALL, SpeedSettings(batch_size=512))  # reference defaults to the requested batch
+    assert same.lr_scale.value == 1.0
+    with pytest.raises(InputError, match="lr_scale_rule"):
+        make_plan(CPU, SMALL, SpeedSettings(batch_size=512, reference_batch=128, lr_scale_rule="cubic"))
