@@ -4,4 +4,9 @@ from gpufill.errors import InputError
 
 __version__ = "0.1.0"
 
-__all__ = ["InputError", "__version__"]
+# Imported eagerly: binding `fit` here after the submodule `gpufill.fit` has loaded makes
+# `gpufill.fit` the function, whatever imports the submodule later.
+from gpufill.fit import FitConfig, FitResult, fit  # noqa: E402
+from gpufill.plan import Plan  # noqa: E402
+
+__all__ = ["FitConfig", "FitResult", "InputError", "Plan", "__version__", "fit"]

@@ -1,0 +1,56 @@
+"""What every benchmark shares: the environment record, the table and the JSON file."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from gpufill.hardware import detect
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def environment(device: str = "auto") -> dict[str, Any]:
+    hardware = detect(device)
+    return {
+        "device": hardware.name,
+        "device_type": hardware.device_type,
+        "cpu_count": hardware.cpu_count,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def default_out(script: str, env: dict[str, Any]) -> Path:
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{env['device_type']}-{env['device']}".lower()).strip("-")
+    return RESULTS / f"{script}-{slug}-{env['date'][:10]}.json"
+
+
+def write_result(path: Path, env: dict[str, Any], args: dict[str, Any], results: list[dict[str, Any]], ratios: dict[str, float]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {**env, "args": args, "results": results, "ratios": ratios}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def print_table(title: str, rows: list[dict[str, Any]], ratios: dict[str, float], env: dict[str, Any]) -> None:
+    console = Console()
+    table = Table(title=f"{title} — {env['device']}, torch {env['torch']}, {env['date'][:10]}", title_justify="left")
+    for column in rows[0]:
+        table.add_column(column, justify="left" if column in ("loop", "config") else "right")
+    for row in rows:
+        table.add_row(*("-" if value is None else str(value) for value in row.values()))
+    console.print(table)
+    for name, value in ratios.items():
+        console.print(f"{name}: [bold]{value:.3g}[/bold]")

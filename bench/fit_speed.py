@@ -1,0 +1,65 @@
+"""gpufill.fit against the guides' starting loop: one LSTM forecaster, same data, same epochs.
+
+    python bench/fit_speed.py [--quick] [--epochs N] [--repeats N] [--device auto|cpu|cuda] [--out PATH]
+
+Prints a table (samples/s, epoch time, final validation loss, peak memory) and the ratios
+gpufill / baseline, and writes them as JSON (device, torch version and date included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import default_out, environment, print_table, write_result  # noqa: E402
+
+from gpufill.bench import compare  # noqa: E402
+from gpufill.data import Split, load_projects, make_windows  # noqa: E402
+from gpufill.models import registry  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a couple of minutes on 2 CPU cores")
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats; the median run is reported")
+    parser.add_argument("--length", type=int, default=None, help="synthetic series length")
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--lookback", type=int, default=30)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    epochs = args.epochs or (4 if args.quick else 10)
+    repeats = args.repeats or (1 if args.quick else 3)
+    length = args.length or (2000 if args.quick else 5000)
+
+    project = next(iter(load_projects("synthetic", n_projects=1, length=length, seed=0).values()))
+    windows = make_windows(project, args.lookback, 1, Split(val=0.1, test=0.2))
+    train, val = (windows.x_train, windows.y_train), (windows.x_val, windows.y_val)
+
+    def make_model() -> torch.nn.Module:
+        torch.manual_seed(0)  # every loop starts from the same weights
+        return registry.build("lstm", n_features=windows.n_features, lookback=args.lookback, horizon=1, params={"hidden_size": args.hidden_size})
+
+    env = environment(args.device)
+    measured = compare(make_model, train, val, epochs=epochs, device=args.device, repeats=repeats)
+    baseline, ours = measured
+    ratios = {
+        "samples_per_s_gpufill_over_baseline": ours.samples_per_s / baseline.samples_per_s,
+        "val_loss_gpufill_over_baseline": ours.val_loss / baseline.val_loss,
+    }
+    rows = [m.row() for m in measured]
+    run_args = {"model": "lstm", "hidden_size": args.hidden_size, "lookback": args.lookback, "horizon": 1, "series_length": length,
+                "train_windows": int(train[0].shape[0]), "epochs": epochs, "repeats": repeats, "quick": args.quick}
+    print_table("fit_speed: LSTM forecaster, baseline loop vs gpufill.fit", rows, ratios, env)
+    out = args.out or default_out("fit_speed", env)
+    write_result(out, env, run_args, rows, ratios)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Before/after: the training loop the guides start from, against gpufill.fit on the same model and data.
+
+The baseline is deliberately the common loop, not a straw man: a per-sample
+`Dataset.__getitem__` over windows, `DataLoader(batch_size=128, num_workers=0)`, fp32,
+Adam, `loss.item()` every step, validation every epoch with a per-batch `.cpu()`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from gpufill.fit import FitConfig, fit
+
+
+@dataclass(slots=True)
+class LoopMeasurement:
+    """One training's speed and quality, measured the same way for every loop."""
+
+    name: str
+    samples_per_s: float
+    """Training samples per second over the steady epochs (all but the first)."""
+    epoch_s: float
+    first_epoch_s: float
+    val_loss: float
+    """MSE of the final model on the validation windows (scaled space)."""
+    peak_memory_mib: float | None
+    """Peak device memory on CUDA; peak process RSS on CPU."""
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "loop": self.name,
+            "samples_per_s": round(self.samples_per_s, 1),
+            "epoch_s": round(self.epoch_s, 4),
+            "first_epoch_s": round(self.first_epoch_s, 4),
+            "val_loss": round(self.val_loss, 6),
+            "peak_memory_mib": None if self.peak_memory_mib is None else round(self.peak_memory_mib, 1),
+        }
+
+
+class WindowDataset(Dataset):
+    """The guides' per-sample dataset: one Python call and one small tensor per window."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
+        self.inputs, self.targets = inputs, targets
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inputs[index], self.targets[index]
+
+
+class _PeakMemory:
+    """Peak device memory (CUDA) or process RSS (CPU), sampled at epoch ends on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak_rss = 0
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def sample(self) -> None:
+        if self.device.type != "cuda":
+            self.peak_rss = max(self.peak_rss, psutil.Process().memory_info().rss)
+
+    def mib(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        return self.peak_rss / 2**20
+
+
+def baseline_fit(
+    model: nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    val: tuple[torch.Tensor, torch.Tensor],
+    *,
+    epochs: int,
+    lr: float = 1e-3,
+    batch_size: int = 128,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> LoopMeasurement:
+    """The guides' starting loop (see module docstring). Trains `model` in place."""
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    model.to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    loader = DataLoader(WindowDataset(*train), batch_size=batch_size, shuffle=True, num_workers=0)
+    val_loader = DataLoader(WindowDataset(*val), batch_size=batch_size, shuffle=False, num_workers=0)
+    memory = _PeakMemory(device)
+    seconds = []
+    for _epoch in range(epochs):
+        tick = time.perf_counter()
+        model.train()
+        for inputs, targets in loader:
+            inputs, targets = inputs.to(device), targets.to(device)
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            _running = loss.item()  # the guides log every step: one sync per step
+        model.eval()
+        total = 0.0
+        with torch.no_grad():
+            for inputs, targets in val_loader:
+                prediction = model(inputs.to(device)).cpu()  # per-batch copy back
+                total += nn.functional.mse_loss(prediction, targets, reduction="sum").item()
+        seconds.append(time.perf_counter() - tick)
+        memory.sample()
+    return _measurement("baseline", model, val, seconds, train[0].shape[0], memory)
+
+
+def gpufill_fit(
+    model: nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    val: tuple[torch.Tensor, torch.Tensor],
+    *,
+    epochs: int,
+    config: FitConfig | None = None,
+    name: str = "gpufill",
+) -> LoopMeasurement:
+    """gpufill.fit with the automatic plan (or `config`); epoch time includes its validation."""
+    config = copy.copy(config) if config is not None else FitConfig()
+    config.epochs = epochs
+    device = torch.device(config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    memory = _PeakMemory(device)
+    result = fit(model, train, val, config=config, callbacks=[lambda record: memory.sample()])
+    seconds = [record.seconds for record in result.history]
+    # Validation time is inside the baseline's epochs: add gpufill's share for a fair epoch.
+    val_share = result.timings["val_s"] / max(len(seconds), 1)
+    return _measurement(name, result.model, val, [s + val_share for s in seconds], train[0].shape[0], memory)
+
+
+def _measurement(name: str, model: nn.Module, val: tuple[torch.Tensor, torch.Tensor], seconds: list[float], n_train: int, memory: _PeakMemory) -> LoopMeasurement:
+    steady = seconds[1:] or seconds
+    epoch_s = sum(steady) / len(steady)
+    return LoopMeasurement(
+        name=name,
+        samples_per_s=n_train / epoch_s,
+        epoch_s=epoch_s,
+        first_epoch_s=seconds[0],
+        val_loss=validation_mse(model, val),
+        peak_memory_mib=memory.mib(),
+    )
+
+
+@torch.no_grad()
+def validation_mse(model: nn.Module, val: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """The same quality yardstick for every loop: fp32 MSE of the final model on the validation windows."""
+    device = next(model.parameters()).device
+    model.eval()
+    inputs, targets = val
+    prediction = torch.cat([model(inputs[i : i + 4096].to(device)).float().cpu() for i in range(0, inputs.shape[0], 4096)])
+    return nn.functional.mse_loss(prediction, targets).item()
+
+
+def compare(
+    make_model: Callable[[], nn.Module],
+    train: tuple[torch.Tensor, torch.Tensor],
+    val: tuple[torch.Tensor, torch.Tensor],
+    *,
+    epochs: int,
+    device: str = "auto",
+    repeats: int = 1,
+) -> list[LoopMeasurement]:
+    """Baseline and gpufill, interleaved `repeats` times from the same initial weights; the median run of each."""
+    target = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    runs: dict[str, list[LoopMeasurement]] = {"baseline": [], "gpufill": []}
+    for _ in range(repeats):
+        runs["baseline"].append(baseline_fit(make_model(), train, val, epochs=epochs, device=target))
+        runs["gpufill"].append(gpufill_fit(make_model(), train, val, epochs=epochs, config=FitConfig(device=target)))
+    return [sorted(measured, key=lambda m: m.samples_per_s)[len(measured) // 2] for measured in runs.values()]
