@@ -8,7 +8,7 @@ from torch.utils.data import Dataset
 
 import gpufill.fit as fit_module
 from gpufill.errors import InputError
-from gpufill.fit import fit
+from gpufill.fit import FitCallback, fit
 
 
 def make_data(n=256, features=4, seed=0):
@@ -75,12 +75,13 @@ def test_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tmp_path):
     settings = dict(epochs=6, batch_size=32, checkpoint_every=1, seed=7)
     straight = fit(model(dropout=0.2), train, val, checkpoint_dir=tmp_path / "a", **settings)
 
-    def crash_at_3(record):
-        if record.epoch == 3:
-            raise CrashAfter
+    class CrashAt3(FitCallback):
+        def on_epoch_end(self, record):
+            if record.epoch == 3:
+                raise CrashAfter
 
     with pytest.raises(CrashAfter):
-        fit(model(dropout=0.2), train, val, checkpoint_dir=tmp_path / "b", callbacks=[crash_at_3], **settings)
+        fit(model(dropout=0.2), train, val, checkpoint_dir=tmp_path / "b", callbacks=[CrashAt3()], **settings)
     resumed = fit(model(seed=99, dropout=0.2), train, val, checkpoint_dir=tmp_path / "b", resume=True, **settings)
     assert any("resumed after epoch 3" in event for event in resumed.events)
     assert [r.epoch for r in resumed.history] == [1, 2, 3, 4, 5, 6]

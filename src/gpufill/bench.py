@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from gpufill.fit import FitConfig, fit
+from gpufill.fit import FitCallback, FitConfig, fit
 
 
 @dataclass(slots=True)
@@ -59,7 +59,7 @@ class WindowDataset(Dataset):
         return self.inputs[index], self.targets[index]
 
 
-class _PeakMemory:
+class _PeakMemory(FitCallback):
     """Peak device memory (CUDA) or process RSS (CPU), sampled at epoch ends on CPU."""
 
     def __init__(self, device: torch.device):
@@ -71,6 +71,9 @@ class _PeakMemory:
     def sample(self) -> None:
         if self.device.type != "cuda":
             self.peak_rss = max(self.peak_rss, psutil.Process().memory_info().rss)
+
+    def on_epoch_end(self, record: Any) -> None:
+        self.sample()
 
     def mib(self) -> float:
         if self.device.type == "cuda":
@@ -133,7 +136,7 @@ def gpufill_fit(
     config.epochs = epochs
     device = torch.device(config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     memory = _PeakMemory(device)
-    result = fit(model, train, val, config=config, callbacks=[lambda record: memory.sample()])
+    result = fit(model, train, val, config=config, callbacks=[memory])
     seconds = [record.seconds for record in result.history]
     # Validation time is inside the baseline's epochs: add gpufill's share for a fair epoch.
     val_share = result.timings["val_s"] / max(len(seconds), 1)

@@ -129,9 +129,12 @@ def train(
         time_column=time_column,
         fill=fill,
     )
-    console = Console(stderr=as_json)
-    with render.epoch_progress(console, epochs, enabled=not as_json) as on_epoch:
-        run = forecast.train_forecaster(windows, model, params, config=config, callbacks=[on_epoch])
+    if as_json:
+        run = forecast.train_forecaster(windows, model, params, config=config)
+    else:
+        console = Console()
+        with render.EpochProgress(console) as progress:
+            run = forecast.train_forecaster(windows, model, params, config=config, callbacks=[progress])
     if as_json:
         print(json.dumps(run.to_dict(), default=str))
     else:

@@ -115,7 +115,14 @@ class FitResult:
         }
 
 
-EpochCallback = Callable[[EpochRecord], None]
+class FitCallback:
+    """Hooks that fit() calls; override what you need (every hook is a no-op here)."""
+
+    def on_fit_start(self, plan: Plan, epochs: int) -> None:
+        """After the plan is final (compile resolved, checkpoint restored), before the first epoch."""
+
+    def on_epoch_end(self, record: EpochRecord) -> None:
+        """After each epoch (and its validation and checkpoint)."""
 
 
 def fit(
@@ -124,7 +131,7 @@ def fit(
     val: Data | None = None,
     *,
     config: FitConfig | None = None,
-    callbacks: Sequence[EpochCallback] = (),
+    callbacks: Sequence[FitCallback] = (),
     **overrides: Any,
 ) -> FitResult:
     """Train `model` on `train` (an (inputs, targets) pair of tensors or a Dataset of pairs).
@@ -301,10 +308,12 @@ class _Run:
         )
 
     # -- the loop -----------------------------------------------------------------------
-    def train(self, train: ResidentBatches | LoaderBatches, val: ResidentBatches | LoaderBatches | None, callbacks: Sequence[EpochCallback]) -> FitResult:
+    def train(self, train: ResidentBatches | LoaderBatches, val: ResidentBatches | LoaderBatches | None, callbacks: Sequence[FitCallback]) -> FitResult:
         status: Literal["completed", "early_stopped", "diverged"] = "completed"
         epoch_seconds: list[float] = []
         started = time.perf_counter()
+        for callback in callbacks:
+            callback.on_fit_start(self.plan, self.cfg.epochs)
         for epoch in range(self.state.epoch + 1, self.cfg.epochs + 1):
             tick = time.perf_counter()
             train_loss = self._train_epoch(train)
@@ -324,7 +333,7 @@ class _Run:
                 self.events.append(f"early stop at epoch {epoch}: no improvement for {self.cfg.patience} validations")
             self._maybe_checkpoint(epoch, final=status != "completed" or epoch == self.cfg.epochs)
             for callback in callbacks:
-                callback(record)
+                callback.on_epoch_end(record)
             if status != "completed":
                 break
         if self.cfg.restore_best and self.state.best_weights is not None and status != "diverged":

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from gpufill.data import Split, WindowedProject, forecast_metrics, load_projects, make_windows
-from gpufill.fit import EpochCallback, FitConfig, FitResult, autocast, fit
+from gpufill.fit import FitCallback, FitConfig, FitResult, autocast, fit
 from gpufill.models import registry
 
 
@@ -54,7 +54,7 @@ def train_forecaster(
     params: Mapping[str, Any] | None = None,
     *,
     config: FitConfig | None = None,
-    callbacks: Sequence[EpochCallback] = (),
+    callbacks: Sequence[FitCallback] = (),
 ) -> ForecastRun:
     """Build `family` with `params`, train it on the project's windows, score it on the test split."""
     config = config or FitConfig()

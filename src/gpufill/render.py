@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import TaskID, BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gpufill.fit import EpochCallback, EpochRecord
+from gpufill.fit import EpochRecord, FitCallback
 from gpufill.forecast import ForecastRun
 from gpufill.plan import Plan
 
@@ -31,34 +29,42 @@ def _short(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-@contextlib.contextmanager
-def epoch_progress(console: Console, epochs: int, *, enabled: bool = True) -> Iterator[EpochCallback]:
-    """A progress bar over epochs; yields the callback fit() calls after each epoch."""
-    if not enabled:
-        yield lambda record: None
-        return
-    progress = Progress(
-        TextColumn("[bold]epoch"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[losses]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
-    with progress:
-        task = progress.add_task("train", total=epochs, losses="")
+class EpochProgress(FitCallback):
+    """Prints the plan when training starts, then a progress bar over epochs."""
 
-        def on_epoch(record: EpochRecord) -> None:
-            losses = f"train {record.train_loss:.4g}" + (f"  val {record.val_loss:.4g}" if record.val_loss is not None else "")
-            progress.update(task, completed=record.epoch, losses=losses)
+    def __init__(self, console: Console):
+        self.console = console
+        self.progress = Progress(
+            TextColumn("[bold]epoch"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[losses]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self.task: TaskID | None = None
 
-        yield on_epoch
+    def on_fit_start(self, plan: Plan, epochs: int) -> None:
+        self.console.print(plan_table(plan))
+        self.task = self.progress.add_task("train", total=epochs, losses="")
+        self.progress.start()
+
+    def on_epoch_end(self, record: EpochRecord) -> None:
+        losses = f"train {record.train_loss:.4g}" + (f"  val {record.val_loss:.4g}" if record.val_loss is not None else "")
+        assert self.task is not None
+        self.progress.update(self.task, completed=record.epoch, losses=losses)
+
+    def __enter__(self) -> EpochProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.task is not None:  # never started (bad input before the plan): print nothing
+            self.progress.stop()
 
 
 def print_forecast(run: ForecastRun, console: Console) -> None:
-    console.print(plan_table(run.fit.plan))
+    """Test metrics next to the naive forecast, speed, and what happened during training."""
     table = Table(title=f"{run.family} on {run.project}: test metrics (original scale)", title_justify="left")
     table.add_column("forecast", style="bold")
     for key in ("mae", "rmse", "smape", "mase"):

@@ -69,6 +69,13 @@ def load_projects(
 
 def _resolve(source: str) -> list[Path]:
     """The data files a source string names."""
+    if "://" in source:
+        raise InputError(
+            "remote URLs are not read directly",
+            fix=f"download the data first; source must be {_FORMS}",
+            where=source,
+            field="source",
+        )
     path = Path(source).expanduser()
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in _EXTENSIONS)

@@ -1,0 +1,108 @@
+"""`gpufill train`: JSON shape, every family beats naive, and every bad input exits 2 with one line."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpufill import cli
+
+
+def run_cli(capsys, *args):
+    """Run the real entry point in-process; return (exit code, stdout, stderr)."""
+    old_argv = sys.argv
+    sys.argv = ["gpufill", *map(str, args)]
+    try:
+        with pytest.raises(SystemExit) as done:
+            cli.main()
+    finally:
+        sys.argv = old_argv
+    out, err = capsys.readouterr()
+    return done.value.code, out, err
+
+
+@pytest.mark.parametrize("family", ["lstm", "gru", "tcn", "transformer", "mlp"])
+def test_every_family_beats_the_naive_forecast_in_five_epochs(capsys, family):
+    code, out, _ = run_cli(capsys, "train", "--model", family, "--data", "synthetic", "--epochs", 5, "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert set(result["metrics"]["test"]) == {"mae", "rmse", "smape", "mase"}
+    assert set(result["metrics"]["naive"]) == {"mae", "rmse", "smape", "mase"}
+    assert result["metrics"]["test"]["mae"] < result["metrics"]["naive"]["mae"]
+    assert result["plan"]["precision"] == {"value": "fp32", "reason": result["plan"]["precision"]["reason"]}
+    assert all(set(choice) == {"value", "reason"} for choice in result["plan"].values())
+    assert result["timings"]["samples_per_s"] > 0 and result["timings"]["epoch_s"] > 0
+    assert len(result["history"]) == 5
+
+
+def test_human_output_shows_plan_metrics_and_speed(capsys):
+    code, out, _ = run_cli(capsys, "train", "--model", "mlp", "--epochs", 2, "--batch-size", 64)
+    assert code == 0
+    for text in ("Plan", "precision", "naive (last value)", "samples/s", "effective_batch"):
+        assert text in out
+
+
+def test_console_script_entry_point_runs():
+    done = subprocess.run([sys.executable, "-m", "gpufill.cli", "train", "--model", "mlp", "--epochs", "1", "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "completed"
+
+
+def write_csv(path, values, **extra):
+    frame = pd.DataFrame({"target": values, **extra})
+    frame.to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    t = np.arange(400)
+    values = 100 + 10 * np.sin(2 * np.pi * t / 7)
+    write_csv(tmp_path / "shop_part1.csv", values[:200])
+    write_csv(tmp_path / "shop_part3.csv", values[200:])
+    nan_values = values.copy()
+    nan_values[[10, 50]] = np.nan
+    write_csv(tmp_path / "gappy.csv", nan_values)
+    write_csv(tmp_path / "short.csv", values[:40])
+    return tmp_path
+
+
+def bad_cases(d):
+    return [
+        (["--model", "resnet"], ["model", "resnet", "lstm"]),
+        (["--model", "lstm", "--data", "s3://bucket/x.csv"], ["s3://bucket/x.csv", "synthetic"]),
+        (["--model", "lstm", "--data", d / "missing.csv"], ["missing.csv"]),
+        (["--model", "lstm", "--data", d / "shop_part*.csv"], ["shop_part2"]),
+        (["--model", "lstm", "--data", d / "gappy.csv"], ["gappy.csv", "NaN", "fill"]),
+        (["--model", "lstm", "--data", d / "short.csv", "--lookback", 30], ["short", "lookback"]),
+        (["--model", "lstm", "--epochs", 0], ["epochs"]),
+        (["--model", "lstm", "--batch-size", 0], ["--batch-size"]),
+        (["--model", "lstm", "--batch-size", "many"], ["--batch-size"]),
+        (["--model", "lstm", "--precision", "fp16"], ["precision", "fp16"]),
+        (["--model", "lstm", "--param", "hidden_size"], ["--param", "KEY=VALUE"]),
+        (["--model", "lstm", "--param", "width=3"], ["width", "hidden_size"]),
+        (["--model", "lstm", "--val", "1.5"], ["--val"]),
+        (["--model", "lstm", "--compile", "maybe"], ["--compile"]),
+        (["--model", "lstm", "--project", "nope"], ["nope"]),
+    ]
+
+
+def test_every_bad_input_is_one_line_and_exit_code_2(capsys, data_dir):
+    for args, must_mention in bad_cases(data_dir):
+        code, out, err = run_cli(capsys, "train", *args, "--epochs" if "--epochs" not in args else "--seed", 1 if "--epochs" not in args else 0)
+        assert code == 2, (args, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, (args, err)
+        assert lines[0].startswith("gpufill: error: ") and "fix:" in lines[0], lines[0]
+        for text in must_mention:
+            assert str(text) in lines[0], (text, lines[0])
+        assert out == ""
+
+
+def test_nan_fill_option_makes_the_same_file_usable(capsys, data_dir):
+    code, out, _ = run_cli(capsys, "train", "--model", "mlp", "--data", data_dir / "gappy.csv", "--fill", "ffill", "--epochs", 2, "--json")
+    assert code == 0
+    assert json.loads(out)["project"] == "gappy"
