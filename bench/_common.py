@@ -45,7 +45,9 @@ def write_result(path: Path, env: dict[str, Any], args: dict[str, Any], results:
 
 
 def print_table(title: str, rows: list[dict[str, Any]], ratios: dict[str, float], env: dict[str, Any]) -> None:
-    console = Console()
+    """Scalar columns only; lists (per-seed values) stay in the JSON."""
+    rows = [{k: v for k, v in row.items() if not isinstance(v, list | dict)} for row in rows]
+    console = Console(width=max(100, Console().width))
     table = Table(title=f"{title} — {env['device']}, torch {env['torch']}, {env['date'][:10]}", title_justify="left")
     for column in rows[0]:
         table.add_column(column, justify="left" if column in ("loop", "config") else "right")

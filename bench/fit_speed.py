@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     epochs = args.epochs or (4 if args.quick else 10)
-    repeats = args.repeats or (1 if args.quick else 3)
+    repeats = args.repeats or (3 if args.quick else 7)
     length = args.length or (2000 if args.quick else 5000)
 
     project = next(iter(load_projects("synthetic", n_projects=1, length=length, seed=0).values()))
@@ -46,13 +46,13 @@ def main() -> None:
         return registry.build("lstm", n_features=windows.n_features, lookback=args.lookback, horizon=1, params={"hidden_size": args.hidden_size})
 
     env = environment(args.device)
-    measured = compare(make_model, train, val, epochs=epochs, device=args.device, repeats=repeats)
-    baseline, ours = measured
+    comparison = compare(make_model, train, val, epochs=epochs, device=args.device, repeats=repeats)
     ratios = {
-        "samples_per_s_gpufill_over_baseline": ours.samples_per_s / baseline.samples_per_s,
-        "val_loss_gpufill_over_baseline": ours.val_loss / baseline.val_loss,
+        "samples_per_s_gpufill_over_baseline": comparison.speedup(),
+        "val_loss_gpufill_over_baseline": comparison.quality_ratio(),
     }
-    rows = [m.row() for m in measured]
+    rows = comparison.rows()
+    rows[1]["speedup_per_pair"] = [round(g.samples_per_s / b.samples_per_s, 3) for b, g in zip(comparison.baseline, comparison.gpufill, strict=True)]
     run_args = {"model": "lstm", "hidden_size": args.hidden_size, "lookback": args.lookback, "horizon": 1, "series_length": length,
                 "train_windows": int(train[0].shape[0]), "epochs": epochs, "repeats": repeats, "quick": args.quick}
     print_table("fit_speed: LSTM forecaster, baseline loop vs gpufill.fit", rows, ratios, env)

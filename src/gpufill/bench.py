@@ -1,16 +1,19 @@
 """Before/after: the training loop the guides start from, against gpufill.fit on the same model and data.
 
 The baseline is deliberately the common loop, not a straw man: a per-sample
-`Dataset.__getitem__` over windows, `DataLoader(batch_size=128, num_workers=0)`, fp32,
-Adam, `loss.item()` every step, validation every epoch with a per-batch `.cpu()`.
+`Dataset.__getitem__` over windows held as a numpy array (each sample converted with
+`torch.tensor`, as tutorials write it), `DataLoader(batch_size=128, num_workers=0)`,
+fp32, Adam, `loss.item()` every step, validation every epoch with a per-batch `.cpu()`.
+Both loops run once untimed first, so neither pays the process's lazy initialisation.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -21,19 +24,21 @@ from torch.utils.data import DataLoader, Dataset
 from gpufill.fit import FitCallback, FitConfig, fit
 
 
-@dataclass(slots=True)
+@dataclasses.dataclass(slots=True)
 class LoopMeasurement:
     """One training's speed and quality, measured the same way for every loop."""
 
     name: str
     samples_per_s: float
-    """Training samples per second over the steady epochs (all but the first)."""
+    """Training samples per second in the median steady epoch (all but the first)."""
     epoch_s: float
     first_epoch_s: float
     val_loss: float
     """MSE of the final model on the validation windows (scaled space)."""
     peak_memory_mib: float | None
     """Peak device memory on CUDA; peak process RSS on CPU."""
+    val_loss_runs: list[float] = dataclasses.field(default_factory=list)
+    """Each seed's validation loss when several runs were summarised."""
 
     def row(self) -> dict[str, Any]:
         return {
@@ -43,20 +48,21 @@ class LoopMeasurement:
             "first_epoch_s": round(self.first_epoch_s, 4),
             "val_loss": round(self.val_loss, 6),
             "peak_memory_mib": None if self.peak_memory_mib is None else round(self.peak_memory_mib, 1),
+            "val_loss_runs": [round(v, 6) for v in self.val_loss_runs] or None,
         }
 
 
 class WindowDataset(Dataset):
-    """The guides' per-sample dataset: one Python call and one small tensor per window."""
+    """The guides' per-sample dataset: one Python call and two numpy -> tensor conversions per window."""
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
-        self.inputs, self.targets = inputs, targets
+        self.inputs, self.targets = inputs.numpy(), targets.numpy()
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.inputs[index], self.targets[index]
+        return torch.tensor(self.inputs[index], dtype=torch.float32), torch.tensor(self.targets[index], dtype=torch.float32)
 
 
 class _PeakMemory(FitCallback):
@@ -144,8 +150,8 @@ def gpufill_fit(
 
 
 def _measurement(name: str, model: nn.Module, val: tuple[torch.Tensor, torch.Tensor], seconds: list[float], n_train: int, memory: _PeakMemory) -> LoopMeasurement:
-    steady = seconds[1:] or seconds
-    epoch_s = sum(steady) / len(steady)
+    # Median of the steady epochs: one epoch disturbed by another process does not move it.
+    epoch_s = statistics.median(seconds[1:] or seconds)
     return LoopMeasurement(
         name=name,
         samples_per_s=n_train / epoch_s,
@@ -166,6 +172,25 @@ def validation_mse(model: nn.Module, val: tuple[torch.Tensor, torch.Tensor]) -> 
     return nn.functional.mse_loss(prediction, targets).item()
 
 
+@dataclasses.dataclass(slots=True)
+class Comparison:
+    """Paired runs of both loops: run i of each used seed i and ran back to back."""
+
+    baseline: list[LoopMeasurement]
+    gpufill: list[LoopMeasurement]
+
+    def speedup(self) -> float:
+        """Median over pairs of gpufill / baseline samples/s: adjacent runs share the machine's drift."""
+        return statistics.median(g.samples_per_s / b.samples_per_s for b, g in zip(self.baseline, self.gpufill, strict=True))
+
+    def quality_ratio(self) -> float:
+        """Mean validation loss over seeds, gpufill / baseline (one seed's batch order moves it by ~10 %)."""
+        return statistics.fmean(m.val_loss for m in self.gpufill) / statistics.fmean(m.val_loss for m in self.baseline)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [_summarise(runs).row() for runs in (self.baseline, self.gpufill)]
+
+
 def compare(
     make_model: Callable[[], nn.Module],
     train: tuple[torch.Tensor, torch.Tensor],
@@ -174,11 +199,26 @@ def compare(
     epochs: int,
     device: str = "auto",
     repeats: int = 1,
-) -> list[LoopMeasurement]:
-    """Baseline and gpufill, interleaved `repeats` times from the same initial weights; the median run of each."""
+) -> Comparison:
+    """Baseline and gpufill, interleaved `repeats` times from the same initial weights."""
     target = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
-    runs: dict[str, list[LoopMeasurement]] = {"baseline": [], "gpufill": []}
-    for _ in range(repeats):
-        runs["baseline"].append(baseline_fit(make_model(), train, val, epochs=epochs, device=target))
-        runs["gpufill"].append(gpufill_fit(make_model(), train, val, epochs=epochs, config=FitConfig(device=target)))
-    return [sorted(measured, key=lambda m: m.samples_per_s)[len(measured) // 2] for measured in runs.values()]
+    warm = (train[0][:256], train[1][:256])  # untimed: lazy init, allocator and kernel caches
+    baseline_fit(make_model(), warm, val, epochs=1, device=target)
+    gpufill_fit(make_model(), warm, val, epochs=1, config=FitConfig(device=target))
+    comparison = Comparison(baseline=[], gpufill=[])
+    for seed in range(repeats):
+        comparison.baseline.append(baseline_fit(make_model(), train, val, epochs=epochs, device=target, seed=seed))
+        comparison.gpufill.append(gpufill_fit(make_model(), train, val, epochs=epochs, config=FitConfig(device=target, seed=seed)))
+    return comparison
+
+
+def _summarise(runs: list[LoopMeasurement]) -> LoopMeasurement:
+    """The median-speed run, with the mean validation loss and the peak memory over all runs."""
+    median = sorted(runs, key=lambda m: m.samples_per_s)[len(runs) // 2]
+    peaks = [m.peak_memory_mib for m in runs if m.peak_memory_mib is not None]
+    return dataclasses.replace(
+        median,
+        val_loss=statistics.fmean(m.val_loss for m in runs),
+        val_loss_runs=[m.val_loss for m in runs],
+        peak_memory_mib=max(peaks) if peaks else None,
+    )

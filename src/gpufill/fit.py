@@ -51,8 +51,8 @@ class FitConfig(SpeedSettings):
     weight_decay: float = 0.0
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     loss: LossName = "mse"
-    grad_clip: float | None = 1.0
-    """Max global gradient norm; None turns clipping off."""
+    grad_clip: float | None = None
+    """Max global gradient norm (None: off). Opt-in: on small models it costs ~8 % of a CPU step."""
     validate_every: int = 1
     patience: int | None = None
     """Early stopping: validations without improvement before stopping (None: off)."""
@@ -253,7 +253,7 @@ class _Run:
         self.forward: Callable[[torch.Tensor], torch.Tensor] = model
         self.loss_fn = _LOSSES[cfg.loss]
         self.lr = cfg.lr * plan.lr_scale.value
-        self.optimizer = _optimizer(model, cfg, self.lr, device)
+        self.optimizer = _optimizer(model, cfg, self.lr, plan.optimizer_kernel.value)
         self.scaler = grad_scaler(device.type, plan.grad_scaler.value)
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)  # dropout
@@ -469,12 +469,12 @@ class _Run:
         return FitResult(model=self.model, plan=self.plan, history=history, metrics=metrics, timings=timings, events=self.events, status=status)
 
 
-def _optimizer(model: nn.Module, cfg: FitConfig, lr: float, device: torch.device) -> torch.optim.Optimizer:
+def _optimizer(model: nn.Module, cfg: FitConfig, lr: float, kernel: str) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise InputError("the model has no trainable parameters", field="model", fix="pass a model with parameters that require grad")
+    implementation = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[kernel]
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=cfg.weight_decay, **implementation)
     optimizer_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    # foreach on CUDA: one multi-tensor kernel per group instead of one per parameter.
-    return optimizer_cls(params, lr=lr, weight_decay=cfg.weight_decay, foreach=device.type == "cuda")
+    return optimizer_cls(params, lr=lr, weight_decay=cfg.weight_decay, **implementation)

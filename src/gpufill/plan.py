@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 import torch
+import torch.optim.optimizer as torch_optimizer
 
 from gpufill.errors import InputError
 from gpufill.hardware import Hardware, free_memory_bytes
@@ -104,6 +105,7 @@ class Plan:
     accumulation: Choice[int]
     lr_scale: Choice[float]
     grad_scaler: Choice[bool]
+    optimizer_kernel: Choice[Literal["fused", "foreach", "for-loop"]]
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -153,7 +155,18 @@ def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings) -> P
             if precision.value == "fp16"
             else f"not needed with {precision.value}",
         ),
+        optimizer_kernel=_optimizer_kernel(hardware),
     )
+
+
+def _optimizer_kernel(hardware: Hardware) -> Choice[Literal["fused", "foreach", "for-loop"]]:
+    # A private helper, so read defensively: older torch had fused kernels on CUDA only.
+    supported = getattr(torch_optimizer, "_get_fused_kernels_supported_devices", lambda: ["cuda"])()
+    if hardware.device_type in supported:
+        return Choice("fused", f"fused Adam/AdamW/SGD: one kernel updates every parameter on {hardware.device_type} (no per-parameter loop)")
+    if hardware.is_cuda:
+        return Choice("foreach", "multi-tensor kernels: one launch per parameter group")
+    return Choice("for-loop", f"no fused or multi-tensor optimizer kernels for {hardware.device_type} in this torch")
 
 
 def _device_reason(hardware: Hardware, requested: str) -> str:
