@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -141,6 +142,117 @@ def train(
         render.print_forecast(run, console)
     if run.fit.status == "diverged":
         raise typer.Exit(1)
+
+
+def parse_slots(value: str | None, option: str) -> int | str | None:
+    return None if value is None else parse_auto_int(value, option)
+
+
+@app.command()
+def run(
+    campaign: Path = typer.Argument(..., help="Campaign YAML file."),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where the store, logs and checkpoints live (default ./gpufill-NAME)."),
+    gpu_slots: Optional[str] = typer.Option(None, "--gpu-slots", help="N or auto (overrides the file's resources)."),
+    cpu_slots: Optional[str] = typer.Option(None, "--cpu-slots", help="N or auto (overrides the file's resources)."),
+    executor: str = typer.Option("local", "--executor", help="local (ray and slurm: see the README)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over: delete this workdir's store first."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before --fresh deletes results."),
+) -> None:
+    """Run a campaign; running it again resumes (done trials are kept)."""
+    _run_campaign(campaign, workdir, gpu_slots, cpu_slots, executor, fresh, yes, command="gpufill run")
+
+
+def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, cpu_slots: str | None, executor: str, fresh: bool, yes: bool, command: str) -> None:
+    from rich.live import Live
+
+    from gpufill import render
+    from gpufill.campaign.runner import Campaign, describe_lanes
+
+    if executor != "local":
+        raise InputError(f"executor {executor!r} is not available in this version", where="command line", field="--executor", fix="use --executor local")
+    job = Campaign.from_yaml(campaign, workdir)
+    if fresh and (job.workdir / "gpufill.db").exists() and not yes:
+        if not sys.stdin.isatty():
+            raise InputError("--fresh would delete this workdir's results", where=str(job.workdir), field="--fresh", fix="add --yes to confirm")
+        typer.confirm(f"Delete the results in {job.workdir} and start over?", abort=True)
+    console = Console()
+    live = Live(console=console, refresh_per_second=4, transient=False)
+
+    def on_start(prepared, run_id) -> None:
+        for warning in prepared.warnings:
+            console.print(f"[yellow]warning:[/yellow] {warning}")
+        for lane in describe_lanes(prepared.lanes):
+            console.print(f"lane {lane['lane']}: {lane['slots']} slots x {lane['threads']} threads on {lane['device']} ({', '.join(lane['runs'])}): {lane['reason']}")
+        console.print(f"{len(prepared.trials)} trials; workdir {job.workdir}")
+        live.start()
+
+    try:
+        outcome = job.run(
+            gpu_slots=parse_slots(gpu_slots, "--gpu-slots"),
+            cpu_slots=parse_slots(cpu_slots, "--cpu-slots"),
+            fresh=fresh,
+            command=command,
+            on_start=on_start,
+            on_update=lambda snapshot: live.update(render.campaign_view(snapshot, job.spec.name)),
+        )
+    finally:
+        live.stop()
+    counts = job.status().to_dict()
+    console.print(f"done {counts['done']}, failed {counts['failed']}, pending {counts['pending']} of {counts['total']} trials in {outcome.elapsed_s:.1f} s"
+                  f" ({outcome.retried} retried, {outcome.crashed} worker crashes). Results: gpufill results --workdir {job.workdir}")
+    if counts["failed"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    workdir: Path = typer.Option(Path("gpufill-demo"), "--workdir"),
+    fresh: bool = typer.Option(False, "--fresh"),
+    yes: bool = typer.Option(False, "--yes", "-y"),
+) -> None:
+    """Run the bundled example campaign (all 8 families, a few minutes on 2 CPU cores)."""
+    from gpufill.campaign.runner import demo_campaign_path
+
+    _run_campaign(demo_campaign_path(), workdir, None, None, "local", fresh, yes, command="gpufill demo")
+
+
+@app.command()
+def status(
+    workdir: Optional[Path] = typer.Option(None, "--workdir"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Trial counts per status, overall and per lane."""
+    from gpufill import render
+    from gpufill.campaign.runner import find_workdir, read_status
+
+    counts = read_status(find_workdir(workdir)).to_dict()
+    if as_json:
+        print(json.dumps(counts))
+    else:
+        Console().print(render.status_table(counts))
+
+
+@app.command()
+def results(
+    workdir: Optional[Path] = typer.Option(None, "--workdir"),
+    format_: str = typer.Option("table", "--format", help="table, csv, parquet or json."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of stdout (parquet needs it)."),
+    summary: bool = typer.Option(False, "--summary", help="Best configuration per project and family."),
+) -> None:
+    """One row per trial (or, with --summary, the best configuration per project and family)."""
+    from gpufill import render
+    from gpufill.campaign.export import write_frame
+    from gpufill.campaign.runner import best_per_project, find_workdir, read_results
+
+    if format_ not in ("table", "csv", "parquet", "json"):
+        raise InputError(f"unknown format {format_!r}", where="command line", field="--format", fix="use table, csv, parquet or json")
+    frame = read_results(find_workdir(workdir))
+    if summary:
+        frame = best_per_project(frame)
+    if format_ == "table" and out is None:
+        Console(width=max(120, Console().width)).print(render.frame_table(frame, "best per project and family" if summary else f"{len(frame)} trials"))
+        return
+    write_frame(frame, "csv" if format_ == "table" else format_, out)
 
 
 def main() -> None:

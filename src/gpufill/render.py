@@ -80,3 +80,53 @@ def print_forecast(run: ForecastRun, console: Console) -> None:
     )
     for event in run.fit.events:
         console.print(f"  - {event}", style="dim")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def campaign_view(snapshot: Any, title: str = "campaign") -> Table:
+    """Per-lane progress, rate and ETA, and the trials running now (fits 80 columns)."""
+    table = Table(title=f"{title}  {_duration(snapshot.elapsed_s)} elapsed  {snapshot.trials_per_min:.1f} trials/min", title_justify="left")
+    table.add_column("lane", style="bold")
+    table.add_column("progress", min_width=22)
+    table.add_column("done", justify="right")
+    table.add_column("failed", justify="right")
+    table.add_column("running", justify="right")
+    table.add_column("pending", justify="right")
+    table.add_column("ETA", justify="right")
+    for name, lane in snapshot.lanes.items():
+        total = max(lane.total, 1)
+        filled = int(20 * (lane.done + lane.failed) / total)
+        bar = "[green]" + "█" * filled + "[/green]" + "░" * (20 - filled)
+        table.add_row(f"{name} ({lane.slots}x{lane.threads}t)", bar, str(lane.done), str(lane.failed), str(lane.running), str(lane.pending), _duration(snapshot.eta_s(name)))
+    for trial in snapshot.running[:6]:
+        table.add_row("", f"[dim]{trial['family']} {trial['project']}[/dim]", "", "", f"[dim]{trial['seconds']:.0f}s[/dim]", "", "")
+    return table
+
+
+def status_table(counts: dict[str, Any]) -> Table:
+    table = Table(title="trials", title_justify="left")
+    columns = ("total", "pending", "running", "done", "failed", "skipped")
+    table.add_column("lane", style="bold")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for lane, lane_counts in counts["lanes"].items():
+        table.add_row(lane, *(str(lane_counts.get(c, 0)) for c in columns))
+    table.add_row("all", *(str(counts[c]) for c in columns), style="bold")
+    return table
+
+
+def frame_table(frame: Any, title: str, max_rows: int = 200) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in frame.columns:
+        table.add_column(str(column), overflow="fold")
+    for row in frame.head(max_rows).itertuples(index=False):
+        table.add_row(*("" if value is None or value != value else f"{value:.4g}" if isinstance(value, float) else str(value) for value in row))
+    return table

@@ -1,0 +1,202 @@
+"""`Campaign`: the Python API behind `gpufill run`, `status`, `results`.
+
+A run checks everything it can before it touches the workdir (the file, the data, every
+project's length against the longest lookback, the resources, and that the workdir
+belongs to this campaign), so a refused run never modifies an existing store.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from gpufill.campaign.executors.local import LocalExecutor
+from gpufill.campaign.lanes import Lane, plan_lanes
+from gpufill.campaign.scheduler import RunOutcome, Scheduler, Snapshot
+from gpufill.campaign.spec import CampaignSpec, load_campaign
+from gpufill.campaign.store import DB_NAME, Counts, Store
+from gpufill.campaign.trials import Trial, expand
+from gpufill.errors import InputError
+from gpufill.hardware import cpu_count
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Everything a run needs, checked: the trials and the lanes that will run them."""
+
+    trials: list[Trial]
+    lanes: list[Lane]
+    warnings: list[str]
+
+
+class Campaign:
+    """A campaign file bound to a workdir."""
+
+    def __init__(self, spec: CampaignSpec, workdir: str | Path | None = None):
+        self.spec = spec
+        self.workdir = Path(workdir) if workdir is not None else Path(f"gpufill-{spec.name}")
+        self.source = str(spec.path) if spec.path else "campaign"
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, workdir: str | Path | None = None) -> Campaign:
+        return cls(load_campaign(Path(path)), workdir)
+
+    @property
+    def base_dir(self) -> Path:
+        return self.spec.path.parent if self.spec.path else Path.cwd()
+
+    # -- checks before anything runs ------------------------------------------------------
+    def prepare(self, *, gpu_slots: int | Literal["auto"] | None = None, cpu_slots: int | Literal["auto"] | None = None) -> Prepared:
+        from gpufill.data import make_windows
+
+        projects = self.spec.data.load(self.base_dir)
+        task = self.spec.task
+        longest = max(task.lookback)
+        for project in projects.values():  # fail before the run, naming the project, not in trial 5,000
+            make_windows(project, longest, task.horizon, task.split.to_split(), task.stride)
+        trials = expand(self.spec, list(projects))
+        resources = self.spec.resources
+        lanes, warnings = plan_lanes(
+            kinds={trial.kind for trial in trials},
+            cores=cpu_count(),
+            gpu_memory_bytes=_gpu_memory(),
+            gpu_slots=gpu_slots if gpu_slots is not None else resources.gpu_slots,
+            cpu_slots=cpu_slots if cpu_slots is not None else resources.cpu_slots,
+            threads_per_trial=resources.threads_per_trial,
+            memory_margin=resources.memory_margin,
+            where=self.source,
+        )
+        return Prepared(trials=trials, lanes=lanes, warnings=warnings)
+
+    def check_workdir(self, *, fresh: bool) -> None:
+        """Refuse a workdir that holds another campaign (unless fresh); reads only."""
+        if fresh or not (self.workdir / DB_NAME).exists():
+            return
+        store = Store.open(self.workdir)
+        try:
+            owner = store.meta("campaign_name")
+        finally:
+            store.close()
+        if owner is not None and owner != self.spec.name:
+            raise InputError(
+                f"workdir belongs to campaign {owner!r}, not {self.spec.name!r}",
+                where=str(self.workdir),
+                field="--workdir",
+                fix="pass another --workdir, or --fresh to start this one over there",
+            )
+
+    # -- running ------------------------------------------------------------------------
+    def run(
+        self,
+        *,
+        gpu_slots: int | Literal["auto"] | None = None,
+        cpu_slots: int | Literal["auto"] | None = None,
+        fresh: bool = False,
+        command: str = "gpufill run",
+        on_start: Callable[[Prepared, int], None] | None = None,
+        on_update: Callable[[Snapshot], None] | None = None,
+    ) -> RunOutcome:
+        """Run (or resume) the campaign: done trials are kept, interrupted ones retried."""
+        prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots)
+        self.check_workdir(fresh=fresh)
+        if fresh:
+            self.delete_store()
+        store = Store.create(self.workdir)
+        try:
+            run_id = store.begin_run(command)
+            store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json()})
+            lane_of = {kind: lane.name for lane in prepared.lanes for kind in lane.kinds}
+            added, skipped = store.sync_trials(prepared.trials, lane_of)
+            recovered = store.recover_interrupted(run_id)
+            for message in [*prepared.warnings, f"{added} new trials, {skipped} no longer in the file, {recovered} interrupted ones retried"]:
+                store.event("run", message, run_id=run_id)
+            if on_start is not None:
+                on_start(prepared, run_id)
+            executor = LocalExecutor(spec_payload=self.spec.model_dump(mode="json"), base_dir=str(self.base_dir))
+            scheduler = Scheduler(store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id, on_update=on_update)
+            try:
+                outcome = scheduler.run()
+            except BaseException:
+                store.recover_interrupted(run_id)  # in-flight trials go back to pending
+                store.end_run(run_id, "interrupted")
+                raise
+            store.end_run(run_id, "failed" if outcome.failed else "done")
+            return outcome
+        finally:
+            store.close()
+
+    def delete_store(self) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            (self.workdir / f"{DB_NAME}{suffix}").unlink(missing_ok=True)
+        shutil.rmtree(self.workdir / "checkpoints", ignore_errors=True)
+
+    # -- reading ------------------------------------------------------------------------
+    def status(self) -> Counts:
+        return read_status(self.workdir)
+
+    def results(self) -> pd.DataFrame:
+        return read_results(self.workdir)
+
+
+def read_status(workdir: str | Path) -> Counts:
+    store = Store.open(workdir)
+    try:
+        return store.counts()
+    finally:
+        store.close()
+
+
+def read_results(workdir: str | Path) -> pd.DataFrame:
+    store = Store.open(workdir)
+    try:
+        return store.frame()
+    finally:
+        store.close()
+
+
+def best_per_project(results: pd.DataFrame, metric: str = "mae") -> pd.DataFrame:
+    """Per project and family: the configuration (params, lookback) with the best mean test metric over seeds."""
+    done = results[results["status"] == "done"]
+    if done.empty:
+        return pd.DataFrame(columns=["project", "family", "params", "lookback", metric, "seeds"])
+    grouped = done.groupby(["project", "family", "params", "lookback"], as_index=False).agg(**{metric: (metric, "mean"), "seeds": ("seed", "count")})
+    best = grouped.loc[grouped.groupby(["project", "family"])[metric].idxmin()]
+    return best.sort_values(["project", metric]).reset_index(drop=True)
+
+
+def find_workdir(explicit: str | Path | None, candidates: Sequence[Path] | None = None) -> Path:
+    """--workdir, else the current directory if it holds a store, else the one gpufill-* workdir here."""
+    if explicit is not None:
+        return Path(explicit)
+    if (Path.cwd() / DB_NAME).exists():
+        return Path.cwd()
+    found = sorted(p.parent for p in (candidates or Path.cwd().glob(f"gpufill-*/{DB_NAME}")))
+    if len(found) == 1:
+        return found[0]
+    listed = ", ".join(str(p) for p in found) or "none here"
+    raise InputError(f"which campaign? workdirs found: {listed}", where=str(Path.cwd()), field="--workdir", fix="pass --workdir DIR")
+
+
+def _gpu_memory() -> int | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(0).total_memory)
+
+
+def describe_lanes(lanes: Sequence[Lane]) -> list[dict[str, Any]]:
+    return [{"lane": lane.name, "slots": lane.slots, "threads": lane.threads, "device": lane.device, "runs": list(lane.kinds), "reason": lane.reason} for lane in lanes]
+
+
+def demo_campaign_path() -> Path:
+    """examples/demo.yaml of the source checkout gpufill runs from."""
+    path = Path(__file__).resolve().parents[3] / "examples" / "demo.yaml"
+    if not path.exists():
+        raise InputError("the demo campaign file is not next to this installation", where=str(path), field="demo", fix="run from a source checkout (pip install -e .) or pass a campaign to `gpufill run`")
+    return path

@@ -1,0 +1,209 @@
+"""The scheduler: the one process that decides what runs next, where, and writes the store.
+
+Per idle worker it picks the next runnable trial of that worker's lane, preferring the
+shape the worker just ran (same-shape trials run back to back, ready for fusing). The GPU
+lane admits a trial only if its shape's measured memory fits the lane's budget; a shape
+not measured yet runs alone first. Failures and worker crashes are retried up to the
+limit; everything else goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufill.campaign.executors.local import Crashed, Finished, LocalExecutor, Worker
+from gpufill.campaign.lanes import Lane
+from gpufill.campaign.store import Store
+
+
+@dataclass(slots=True)
+class LaneProgress:
+    name: str
+    slots: int
+    threads: int
+    done: int = 0
+    failed: int = 0
+    running: int = 0
+    pending: int = 0
+    finished_this_run: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.done + self.failed + self.running + self.pending
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What the live view shows: per-lane counts, rate and ETA, and the running trials."""
+
+    lanes: dict[str, LaneProgress]
+    elapsed_s: float
+    running: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def trials_per_min(self) -> float:
+        finished = sum(lane.finished_this_run for lane in self.lanes.values())
+        return 60.0 * finished / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def eta_s(self, lane: str) -> float | None:
+        progress = self.lanes[lane]
+        left = progress.pending + progress.running
+        if left == 0:
+            return 0.0
+        if progress.finished_this_run == 0 or self.elapsed_s <= 0:
+            return None
+        return left * self.elapsed_s / progress.finished_this_run
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    done: int
+    failed: int
+    retried: int
+    crashed: int
+    elapsed_s: float
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        executor: LocalExecutor,
+        lanes: list[Lane],
+        *,
+        retries: int,
+        run_id: int,
+        clock: Callable[[], float] = time.monotonic,
+        on_update: Callable[[Snapshot], None] | None = None,
+        update_every_s: float = 0.5,
+    ):
+        self.store, self.executor, self.lanes = store, executor, lanes
+        self.max_attempts = retries + 1
+        self.run_id = run_id
+        self.clock = clock
+        self.on_update = on_update
+        self.update_every_s = update_every_s
+        self.lane_of_kind = {kind: lane for lane in lanes for kind in lane.kinds}
+        self.queue: dict[str, list[dict[str, Any]]] = {lane.name: [] for lane in lanes}
+        self.shape_memory: dict[str, int] = {}
+        self.started_at: dict[str, float] = {}
+        self.finished_this_run: dict[str, int] = {lane.name: 0 for lane in lanes}
+        self.outcome = RunOutcome(done=0, failed=0, retried=0, crashed=0, elapsed_s=0.0)
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> RunOutcome:
+        start = self.clock()
+        for trial in self.store.runnable(self.max_attempts):
+            self.queue[self.lane_of_kind[trial["kind"]].name].append(trial)
+        self.executor.start([lane for lane in self.lanes if self.queue[lane.name]])
+        last_update = -float("inf")
+        try:
+            while any(self.queue.values()) or self.executor.busy():
+                self._dispatch()
+                for outcome in self.executor.poll(timeout=0.1):
+                    self._record(outcome)
+                if self.on_update is not None and self.clock() - last_update >= self.update_every_s:
+                    self.on_update(self.snapshot(self.clock() - start))
+                    last_update = self.clock()
+        finally:
+            self.executor.shutdown()
+        self.outcome.elapsed_s = self.clock() - start
+        if self.on_update is not None:
+            self.on_update(self.snapshot(self.outcome.elapsed_s))
+        return self.outcome
+
+    def _dispatch(self) -> None:
+        for lane in self.lanes:
+            for worker in self.executor.idle(lane):
+                trial = self._next_trial(lane, worker)
+                if trial is None:
+                    break
+                self.store.mark_running([trial["trial_id"]], lane=lane.name, worker=worker.name, run_id=self.run_id)
+                trial["attempts"] += 1
+                self.started_at[trial["trial_id"]] = self.clock()
+                self.executor.submit(worker, trial)
+
+    def _next_trial(self, lane: Lane, worker: Worker) -> dict[str, Any] | None:
+        queue = self.queue[lane.name]
+        candidates = sorted(range(len(queue)), key=lambda i: queue[i]["shape"] != worker.last_shape)  # stable: same shape first
+        for index in candidates:
+            if self._admissible(lane, queue[index]):
+                return queue.pop(index)
+        return None
+
+    def _admissible(self, lane: Lane, trial: dict[str, Any]) -> bool:
+        """GPU lane: the shape's measured memory must fit what running trials leave of the budget."""
+        if lane.memory_budget_bytes is None:
+            return True
+        running_shapes = [w.trial["shape"] for w in self.executor.busy() if w.lane is lane and w.trial is not None]
+        shape = trial["shape"]
+        if shape not in self.shape_memory:
+            return shape not in running_shapes  # measure a new shape with one trial first
+        fair_share = lane.memory_budget_bytes // lane.slots
+        in_use = sum(self.shape_memory.get(s, fair_share) for s in running_shapes)
+        return in_use + self.shape_memory[shape] <= lane.memory_budget_bytes
+
+    def _record(self, outcome: Finished | Crashed) -> None:
+        trial = outcome.trial
+        if trial is None:
+            return
+        trial_id = trial["trial_id"]
+        duration = self.clock() - self.started_at.pop(trial_id, self.clock())
+        lane_name = outcome.worker.lane.name
+        if isinstance(outcome, Finished) and outcome.message["ok"]:
+            result = outcome.message["result"]
+            peak = result.get("timings", {}).get("peak_memory_bytes")
+            if peak:
+                self.shape_memory[trial["shape"]] = max(peak, self.shape_memory.get(trial["shape"], 0))
+            if self.store.record_done(trial_id, result, duration_s=duration):
+                self.outcome.done += 1
+                self.finished_this_run[lane_name] += 1
+            return
+        if isinstance(outcome, Crashed):
+            self.outcome.crashed += 1
+            error, trace = outcome.reason, ""
+            self.store.event("worker_crashed", f"{outcome.worker.name}: {outcome.reason}", run_id=self.run_id, trial_id=trial_id)
+        else:
+            error, trace = outcome.message["error"], outcome.message["traceback"]
+        retry = trial["attempts"] < self.max_attempts
+        self.store.record_failed(trial_id, error, trace, duration_s=duration, retry=retry)
+        self.store.event("trial_failed", f"attempt {trial['attempts']}/{self.max_attempts}: {error}", run_id=self.run_id, trial_id=trial_id)
+        if retry:
+            self.outcome.retried += 1
+            self.queue[lane_name].append(trial)
+        else:
+            self.outcome.failed += 1
+            self.finished_this_run[lane_name] += 1
+
+    # -- progress -----------------------------------------------------------------------
+    def snapshot(self, elapsed_s: float) -> Snapshot:
+        counts = self.store.counts()
+        lanes: dict[str, LaneProgress] = {}
+        for lane in self.lanes:
+            by_status = counts.lanes.get(lane.name, {})
+            lanes[lane.name] = LaneProgress(
+                name=lane.name,
+                slots=lane.slots,
+                threads=lane.threads,
+                done=by_status.get("done", 0),
+                failed=by_status.get("failed", 0),
+                running=by_status.get("running", 0),
+                pending=by_status.get("pending", 0),
+                finished_this_run=self.finished_this_run[lane.name],
+            )
+        now = self.clock()
+        running = [
+            {
+                "trial_id": w.trial["trial_id"],
+                "family": w.trial["family"],
+                "project": w.trial["project"],
+                "worker": w.name,
+                "seconds": now - self.started_at.get(w.trial["trial_id"], now),
+            }
+            for w in self.executor.busy()
+            if w.trial is not None
+        ]
+        return Snapshot(lanes=lanes, elapsed_s=elapsed_s, running=running)

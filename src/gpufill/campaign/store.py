@@ -1,0 +1,268 @@
+"""The campaign store: one SQLite file per workdir (WAL), written only by the scheduler.
+
+Trial status is a small state machine:
+
+    pending --(claimed)--> running --(result)--> done
+                              |------(error/crash)--> failed --(retry allowed)--> pending
+    pending/failed --(dropped from the campaign file)--> skipped --(back in the file)--> pending
+
+Every transition is one transaction, so a kill -9 at any moment leaves either the old
+state or the new one. A result is recorded only for a trial that is `running`, which
+makes recording idempotent: a trial is never recorded twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpufill import __version__
+from gpufill.campaign.trials import Trial
+from gpufill.errors import InputError
+
+DB_NAME = "gpufill.db"
+STATUSES = ("pending", "running", "done", "failed", "skipped")
+METRICS = ("mae", "rmse", "smape", "mase")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    started_at REAL NOT NULL, finished_at REAL, status TEXT NOT NULL,
+    host TEXT, pid INTEGER, version TEXT, command TEXT
+);
+CREATE TABLE IF NOT EXISTS trials (
+    trial_id TEXT PRIMARY KEY, position INTEGER NOT NULL,
+    project TEXT NOT NULL, family TEXT NOT NULL, kind TEXT NOT NULL,
+    params TEXT NOT NULL, train TEXT NOT NULL, seed INTEGER NOT NULL, lookback INTEGER NOT NULL, shape TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
+    lane TEXT, worker TEXT, run_id INTEGER,
+    started_at REAL, finished_at REAL, duration_s REAL,
+    mae REAL, rmse REAL, smape REAL, mase REAL, naive_mae REAL,
+    metrics TEXT, timings TEXT, plan TEXT, history TEXT, events TEXT,
+    error TEXT, traceback TEXT
+);
+CREATE INDEX IF NOT EXISTS trials_status ON trials (status, position);
+CREATE TABLE IF NOT EXISTS events (
+    event_id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, run_id INTEGER,
+    kind TEXT NOT NULL, trial_id TEXT, message TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """How many trials are in each status, overall and per lane."""
+
+    total: dict[str, int]
+    lanes: dict[str, dict[str, int]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total": sum(self.total.values()), **self.total, "lanes": {lane: {"total": sum(c.values()), **c} for lane, c in self.lanes.items()}}
+
+
+class Store:
+    """The SQLite store of one workdir. Open with `Store.create` (scheduler) or `Store.open` (readers)."""
+
+    def __init__(self, connection: sqlite3.Connection, path: Path):
+        self.db = connection
+        self.path = path
+
+    # -- opening ------------------------------------------------------------------------
+    @classmethod
+    def create(cls, workdir: str | os.PathLike[str]) -> Store:
+        """Open (creating if needed) the store for writing: the scheduler's connection."""
+        path = Path(workdir) / DB_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in _transaction).
+        db = sqlite3.connect(path, isolation_level=None, timeout=30)
+        db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL is durable against a process crash (kill -9) in WAL mode; FULL adds only power-loss safety.
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        return cls(db, path)
+
+    @classmethod
+    def open(cls, workdir: str | os.PathLike[str]) -> Store:
+        """Open an existing store read-only (status, results, report, monitor)."""
+        path = Path(workdir) / DB_NAME
+        if not path.exists():
+            raise InputError(f"no campaign store ({DB_NAME}) here", where=str(workdir), field="--workdir", fix="pass the workdir a `gpufill run` wrote, or run a campaign first")
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        return cls(db, path)
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # -- campaign identity --------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, values: Mapping[str, str]) -> None:
+        with self._transaction() as db:
+            db.executemany("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", values.items())
+
+    # -- runs and events ----------------------------------------------------------------
+    def begin_run(self, command: str) -> int:
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO runs (started_at, status, host, pid, version, command) VALUES (?, 'running', ?, ?, ?, ?)",
+                (time.time(), socket.gethostname(), os.getpid(), __version__, command),
+            )
+            return int(cursor.lastrowid)
+
+    def end_run(self, run_id: int, status: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE runs SET finished_at = ?, status = ? WHERE run_id = ?", (time.time(), status, run_id))
+
+    def event(self, kind: str, message: str, *, run_id: int | None = None, trial_id: str | None = None) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT INTO events (ts, run_id, kind, trial_id, message) VALUES (?, ?, ?, ?, ?)", (time.time(), run_id, kind, trial_id, message))
+
+    def events(self, kinds: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        query = "SELECT ts, run_id, kind, trial_id, message FROM events"
+        args: tuple[Any, ...] = ()
+        if kinds:
+            query += f" WHERE kind IN ({','.join('?' * len(kinds))})"
+            args = tuple(kinds)
+        rows = self.db.execute(query + " ORDER BY event_id", args).fetchall()
+        return [dict(zip(("ts", "run_id", "kind", "trial_id", "message"), row, strict=True)) for row in rows]
+
+    # -- trials: the state machine --------------------------------------------------------
+    def sync_trials(self, trials: Sequence[Trial], lane_of: Mapping[str, str]) -> tuple[int, int]:
+        """Add new trials as pending; skip pending/failed ones no longer in the file; revive skipped ones.
+
+        Returns (added, skipped). Done trials are never touched.
+        """
+        wanted = {trial.trial_id for trial in trials}
+        with self._transaction() as db:
+            before = db.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+            db.executemany(
+                "INSERT INTO trials (trial_id, position, project, family, kind, params, train, seed, lookback, shape, lane)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(trial_id) DO UPDATE SET position = excluded.position",
+                [
+                    (t.trial_id, i, t.project, t.family, t.kind, _dumps(t.params), _dumps(t.train), t.seed, t.lookback, t.shape, lane_of[t.kind])
+                    for i, t in enumerate(trials)
+                ],
+            )
+            added = db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] - before
+            existing = [row[0] for row in db.execute("SELECT trial_id FROM trials WHERE status IN ('pending', 'failed', 'skipped')")]
+            dropped = [tid for tid in existing if tid not in wanted]
+            revived = [tid for tid in existing if tid in wanted]
+            db.executemany("UPDATE trials SET status = 'skipped' WHERE trial_id = ? AND status IN ('pending', 'failed')", [(t,) for t in dropped])
+            db.executemany("UPDATE trials SET status = 'pending' WHERE trial_id = ? AND status = 'skipped'", [(t,) for t in revived])
+        return added, len(dropped)
+
+    def recover_interrupted(self, run_id: int) -> int:
+        """Trials left `running` by a scheduler that died go back to pending (their attempt counted)."""
+        with self._transaction() as db:
+            ids = [row[0] for row in db.execute("SELECT trial_id FROM trials WHERE status = 'running'")]
+            db.execute("UPDATE trials SET status = 'pending', worker = NULL WHERE status = 'running'")
+            db.executemany(
+                "INSERT INTO events (ts, run_id, kind, trial_id, message) VALUES (?, ?, 'interrupted', ?, 'was running when the previous scheduler stopped; retried')",
+                [(time.time(), run_id, tid) for tid in ids],
+            )
+        return len(ids)
+
+    def runnable(self, max_attempts: int) -> list[dict[str, Any]]:
+        """Pending trials, and failed ones with attempts left, in campaign order."""
+        rows = self.db.execute(
+            "SELECT trial_id, project, family, kind, params, train, seed, lookback, shape, lane, attempts FROM trials"
+            " WHERE status = 'pending' OR (status = 'failed' AND attempts < ?) ORDER BY position",
+            (max_attempts,),
+        ).fetchall()
+        keys = ("trial_id", "project", "family", "kind", "params", "train", "seed", "lookback", "shape", "lane", "attempts")
+        out = []
+        for row in rows:
+            record = dict(zip(keys, row, strict=True))
+            record["params"], record["train"] = json.loads(record["params"]), json.loads(record["train"])
+            out.append(record)
+        return out
+
+    def mark_running(self, trial_ids: Sequence[str], *, lane: str, worker: str, run_id: int) -> None:
+        now = time.time()
+        with self._transaction() as db:
+            db.executemany(
+                "UPDATE trials SET status = 'running', attempts = attempts + 1, lane = ?, worker = ?, run_id = ?, started_at = ?, error = NULL, traceback = NULL"
+                " WHERE trial_id = ? AND status IN ('pending', 'failed')",
+                [(lane, worker, run_id, now, tid) for tid in trial_ids],
+            )
+
+    def record_done(self, trial_id: str, result: Mapping[str, Any], *, duration_s: float) -> bool:
+        """Record a finished trial's result; False (and nothing written) unless it was running."""
+        test = result["metrics"]["test"]
+        naive = result["metrics"]["naive"]
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE trials SET status = 'done', finished_at = ?, duration_s = ?, mae = ?, rmse = ?, smape = ?, mase = ?, naive_mae = ?,"
+                " metrics = ?, timings = ?, plan = ?, history = ?, events = ?, error = NULL, traceback = NULL"
+                " WHERE trial_id = ? AND status = 'running'",
+                (
+                    time.time(), duration_s, *(test[m] for m in METRICS), naive["mae"],
+                    _dumps(result["metrics"]), _dumps(result["timings"]), _dumps(result["plan"]),
+                    _dumps(result.get("history", [])), _dumps(result.get("events", [])), trial_id,
+                ),
+            )
+            return cursor.rowcount == 1
+
+    def record_failed(self, trial_id: str, error: str, traceback: str, *, duration_s: float, retry: bool) -> bool:
+        """Record a failed attempt; with `retry` the trial goes back to pending."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE trials SET status = ?, finished_at = ?, duration_s = ?, error = ?, traceback = ? WHERE trial_id = ? AND status = 'running'",
+                ("pending" if retry else "failed", time.time(), duration_s, error, traceback, trial_id),
+            )
+            return cursor.rowcount == 1
+
+    # -- reading ------------------------------------------------------------------------
+    def counts(self) -> Counts:
+        total = dict.fromkeys(STATUSES, 0)
+        lanes: dict[str, dict[str, int]] = {}
+        for lane, status, n in self.db.execute("SELECT COALESCE(lane, 'cpu'), status, COUNT(*) FROM trials GROUP BY 1, 2"):
+            total[status] += n
+            lanes.setdefault(lane, dict.fromkeys(STATUSES, 0))[status] += n
+        return Counts(total=total, lanes=lanes)
+
+    def frame(self, *, include_skipped: bool = False) -> pd.DataFrame:
+        """One row per trial: identity, status, timing and test metrics (params as JSON text)."""
+        where = "" if include_skipped else " WHERE status != 'skipped'"
+        return pd.read_sql_query(
+            "SELECT trial_id, project, family, kind, params, train, seed, lookback, status, attempts, lane, worker,"
+            " duration_s, mae, rmse, smape, mase, naive_mae, error FROM trials" + where + " ORDER BY position",
+            self.db,
+        )
+
+    def trial_details(self, trial_id: str) -> dict[str, Any] | None:
+        row = self.db.execute("SELECT metrics, timings, plan, history, events, traceback FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
+        if row is None:
+            return None
+        keys = ("metrics", "timings", "plan", "history", "events")
+        details = {key: json.loads(value) if value else None for key, value in zip(keys, row[:5], strict=True)}
+        details["traceback"] = row[5]
+        return details
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+

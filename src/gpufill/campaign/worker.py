@@ -1,0 +1,100 @@
+"""A worker process: runs the trials it is sent, one at a time, and sends each result back.
+
+It never touches the store: the scheduler is the only writer. Thread limits
+(OMP/MKL/OpenBLAS) are in its environment from the moment it starts (see
+executors/local.py); torch, XGBoost and LightGBM thread counts are set explicitly.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+
+def worker_main(conn: Connection, spec_payload: dict[str, Any], base_dir: str, threads: int, device: str) -> None:
+    """Serve trials from `conn` until it sends None or the scheduler goes away."""
+    import torch  # imported here, after the parent set this process's thread environment
+
+    torch.set_num_threads(threads)
+    runner = TrialRunner(spec_payload, Path(base_dir), threads=threads, device=device)
+    while True:
+        try:
+            trial = conn.recv()
+        except (EOFError, OSError):  # the scheduler died: nothing to report to
+            return
+        if trial is None:
+            return
+        started = time.perf_counter()
+        try:
+            result = runner.run(trial)
+            message = {"trial_id": trial["trial_id"], "ok": True, "result": result}
+        except Exception as error:  # a trial's failure is data for the store, not a worker crash
+            message = {
+                "trial_id": trial["trial_id"],
+                "ok": False,
+                "error": f"{type(error).__name__}: {error}".splitlines()[0],
+                "traceback": traceback.format_exc(),
+            }
+        message["seconds"] = time.perf_counter() - started
+        try:
+            conn.send(message)
+        except (BrokenPipeError, OSError):
+            return
+
+
+class TrialRunner:
+    """Loads the campaign's data once per process and trains trials on it."""
+
+    def __init__(self, spec_payload: dict[str, Any], base_dir: Path, *, threads: int, device: str):
+        from gpufill.campaign.spec import CampaignSpec
+
+        self.spec = CampaignSpec.model_validate(spec_payload)
+        self.base_dir = base_dir
+        self.threads = threads
+        self.device = device
+        self._projects: dict[str, Any] | None = None
+        self._windows: dict[tuple[str, int], Any] = {}
+
+    def windows(self, project: str, lookback: int) -> Any:
+        from gpufill.data import make_windows
+
+        if self._projects is None:
+            self._projects = self.spec.data.load(self.base_dir)
+        key = (project, lookback)
+        if key not in self._windows:
+            task = self.spec.task
+            self._windows[key] = make_windows(self._projects[project], lookback, task.horizon, task.split.to_split(), task.stride)
+        return self._windows[key]
+
+    def run(self, trial: dict[str, Any]) -> dict[str, Any]:
+        if trial["project"] == "*":
+            from gpufill.campaign.global_mode import run_global
+
+            if self._projects is None:
+                self._projects = self.spec.data.load(self.base_dir)
+            windows = [self.windows(name, trial["lookback"]) for name in self._projects]
+            return run_global(windows, trial, self.spec, threads=self.threads, device=self.device)
+        windows = self.windows(trial["project"], trial["lookback"])
+        if trial["kind"] == "classical":
+            from gpufill.models.classical import train_classical
+
+            return train_classical(windows, trial["family"], trial["params"], threads=self.threads, seed=trial["seed"]).to_dict()
+        return self._run_neural(windows, trial)
+
+    def _run_neural(self, windows: Any, trial: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        from gpufill.forecast import train_forecaster
+
+        config = self.spec.train.fit_config(trial["train"], trial["seed"])
+        config.device = self.device
+        on_cuda = self.device.startswith("cuda")
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats()
+        result = train_forecaster(windows, trial["family"], trial["params"], config=config).to_dict()
+        # What the scheduler's GPU admission needs: this shape's measured peak memory.
+        result["timings"]["peak_memory_bytes"] = int(torch.cuda.max_memory_reserved()) if on_cuda else None
+        return result
