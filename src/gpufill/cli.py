@@ -250,7 +250,7 @@ def results(
     if summary:
         frame = best_per_project(frame)
     if format_ == "table" and out is None:
-        Console(width=max(120, Console().width)).print(render.frame_table(frame, "best per project and family" if summary else f"{len(frame)} trials"))
+        Console().print(render.results_table(frame, summary=summary))
         return
     write_frame(frame, "csv" if format_ == "table" else format_, out)
 

@@ -95,16 +95,16 @@ def campaign_view(snapshot: Any, title: str = "campaign") -> Table:
     """Per-lane progress, rate and ETA, and the trials running now (fits 80 columns)."""
     table = Table(title=f"{title}  {_duration(snapshot.elapsed_s)} elapsed  {snapshot.trials_per_min:.1f} trials/min", title_justify="left")
     table.add_column("lane", style="bold")
-    table.add_column("progress", min_width=22)
+    table.add_column("progress")
     table.add_column("done", justify="right")
-    table.add_column("failed", justify="right")
-    table.add_column("running", justify="right")
-    table.add_column("pending", justify="right")
+    table.add_column("fail", justify="right")
+    table.add_column("run", justify="right")
+    table.add_column("wait", justify="right")
     table.add_column("ETA", justify="right")
     for name, lane in snapshot.lanes.items():
         total = max(lane.total, 1)
-        filled = int(20 * (lane.done + lane.failed) / total)
-        bar = "[green]" + "█" * filled + "[/green]" + "░" * (20 - filled)
+        filled = int(16 * (lane.done + lane.failed) / total)
+        bar = "[green]" + "█" * filled + "[/green]" + "░" * (16 - filled)
         table.add_row(f"{name} ({lane.slots}x{lane.threads}t)", bar, str(lane.done), str(lane.failed), str(lane.running), str(lane.pending), _duration(snapshot.eta_s(name)))
     for trial in snapshot.running[:6]:
         table.add_row("", f"[dim]{trial['family']} {trial['project']}[/dim]", "", "", f"[dim]{trial['seconds']:.0f}s[/dim]", "", "")
@@ -123,10 +123,38 @@ def status_table(counts: dict[str, Any]) -> Table:
     return table
 
 
-def frame_table(frame: Any, title: str, max_rows: int = 200) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in frame.columns:
-        table.add_column(str(column), overflow="fold")
-    for row in frame.head(max_rows).itertuples(index=False):
-        table.add_row(*("" if value is None or value != value else f"{value:.4g}" if isinstance(value, float) else str(value) for value in row))
+# The table view shows what a reader scans; csv/json/parquet keep every column.
+_TRIAL_COLUMNS = ("trial_id", "project", "family", "params", "seed", "lookback", "status", "attempts", "lane", "duration_s", "mae", "rmse", "smape", "mase")
+
+
+def results_table(frame: Any, *, summary: bool, max_rows: int = 500) -> Table:
+    columns = [c for c in frame.columns] if summary else [c for c in _TRIAL_COLUMNS if c in frame.columns]
+    title = "best configuration per project and family (mean over seeds)" if summary else f"{len(frame)} trials"
+    if len(frame) > max_rows:
+        title += f" (first {max_rows}; --format csv for all)"
+    table = Table(title=title, title_justify="left", pad_edge=False, box=None, header_style="bold")
+    for column in columns:
+        table.add_column(
+            _HEADERS.get(column, column),
+            justify="right" if frame[column].dtype.kind in "if" else "left",
+            no_wrap=column != "params",
+            overflow="fold",
+        )
+    for row in frame[columns].head(max_rows).itertuples(index=False):
+        table.add_row(*(_cell(name, value) for name, value in zip(columns, row, strict=True)))
     return table
+
+
+_HEADERS = {"trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs"}
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None or value != value:  # None or NaN
+        return ""
+    if column == "trial_id":
+        return str(value)[:8]
+    if column == "params":
+        return str(value).replace('"', "").replace(",", ", ").strip("{}")
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

@@ -151,7 +151,9 @@ class Scheduler:
         if trial is None:
             return
         trial_id = trial["trial_id"]
-        duration = self.clock() - self.started_at.pop(trial_id, self.clock())
+        submitted = self.started_at.pop(trial_id, self.clock())
+        # The worker's own clock excludes its start-up (imports, data loading) from the trial.
+        duration = outcome.message["seconds"] if isinstance(outcome, Finished) else self.clock() - submitted
         lane_name = outcome.worker.lane.name
         if isinstance(outcome, Finished) and outcome.message["ok"]:
             result = outcome.message["result"]
