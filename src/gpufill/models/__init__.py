@@ -13,6 +13,8 @@ from gpufill.models.neural import (
     TCNForecaster,
     TransformerForecaster,
 )
+# importing classical registers linear, rf, xgb, lgbm (their libraries load on first fit)
+from gpufill.models import classical
 
 __all__ = [
     "Family",
