@@ -1,0 +1,38 @@
+"""Campaigns: the YAML spec, trial expansion, the store, the scheduler and its executors.
+
+Names load lazily, on first use: importing a light submodule (the store, for
+``gpufill status``) does not import torch through the spec or the runner.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> submodule of gpufill.campaign that defines it
+_HOME = {
+    "CampaignSpec": "spec",
+    "load_campaign": "spec",
+    "Trial": "trials",
+    "expand": "trials",
+    "trial_id": "trials",
+    "Campaign": "runner",
+    "best_per_project": "runner",
+    "demo_campaign_path": "runner",
+    "describe_lanes": "runner",
+    "find_workdir": "runner",
+    "read_results": "runner",
+    "read_status": "runner",
+    "write_frame": "export",
+}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module(f"gpufill.campaign.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'gpufill.campaign' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})

@@ -1,0 +1,144 @@
+"""Trial expansion: a CampaignSpec and its project names -> the campaign's trials, in a fixed order.
+
+A trial's id is a hash of everything that changes its result, and nothing else, so a
+re-run, a larger grid, more seeds or more projects keep every existing id (and result):
+project, family, model params, training overrides, seed, lookback, the data spec without
+``projects``, the task spec without the lookback list and ``metric`` (which only ranks),
+and, for neural families, the global train spec. Resources never enter it. A global-mode
+trial trains on every project at once, so its id also holds the project names: adding a
+project re-runs it (while a local trial of an old project keeps its id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from gpufill.errors import InputError
+
+if TYPE_CHECKING:  # Trial alone stays light (the store imports it); the spec imports torch
+    from gpufill.campaign.spec import CampaignSpec
+
+__all__ = ["GLOBAL_PROJECT", "Trial", "expand", "trial_id"]
+
+GLOBAL_PROJECT = "*"
+"""The project of a global-mode trial: one model over all projects."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """One training of one model configuration on one project with one seed."""
+
+    trial_id: str
+    """16 hex characters: a stable hash of everything that defines the trial."""
+    project: str
+    """Project name; "*" in global mode."""
+    family: str
+    kind: Literal["neural", "classical"]
+    params: dict[str, Any]
+    """Model parameters exactly as in the grid point (sorted by key); defaults not filled in."""
+    train: dict[str, Any]
+    """Per-family training overrides from the grid point (lr, ...), sorted by key."""
+    seed: int
+    lookback: int
+    shape: str
+    """Group key for fusing into packs: same family, model params, lookback, batch_size and
+    epochs (neural), or family and lookback (classical)."""
+
+
+def expand(spec: CampaignSpec, projects: Sequence[str]) -> list[Trial]:
+    """Every trial of the campaign, ordered by project (by name), family (file order), lookback, grid point, seed.
+
+    Grid points are the cartesian product of each family's axes in file key order (the last
+    key varies fastest). In global mode each (family, grid point, lookback, seed) is one
+    trial over all projects, with project "*".
+    """
+    names = _check_projects(projects)
+    targets = [GLOBAL_PROJECT] if spec.task.mode == "global" else sorted(names)
+    base = {kind: _id_base(spec, kind, names) for kind in ("neural", "classical")}
+    families = []
+    for family, axes in spec.models.items():
+        kind = spec.kind(family)
+        points = [spec.split_point(family, dict(zip(axes, combo))) for combo in itertools.product(*axes.values())]
+        families.append((family, kind, points))
+    trials = []
+    for project in targets:
+        for family, kind, points in families:
+            for lookback in spec.task.lookback:
+                for params, train in points:
+                    shape = _shape(spec, family, kind, params, train, lookback)
+                    for seed in spec.seeds:
+                        tid = _hash(base[kind], project, family, params, train, seed, lookback)
+                        trials.append(Trial(tid, project, family, kind, params, train, seed, lookback, shape))
+    return trials
+
+
+def trial_id(
+    *,
+    project: str,
+    family: str,
+    params: Mapping[str, Any],
+    train: Mapping[str, Any],
+    seed: int,
+    lookback: int,
+    spec: CampaignSpec,
+    projects: Sequence[str] | None = None,
+) -> str:
+    """The id :func:`expand` gives this trial of ``spec``; a global-mode trial needs all ``projects``."""
+    if spec.task.mode == "global" and projects is None:
+        raise InputError("a global-mode trial id depends on all the campaign's projects", fix="pass projects=[...] (the names given to expand)", field="projects")
+    base = _id_base(spec, spec.kind(family), _check_projects(projects) if projects is not None else [])
+    return _hash(base, project, family, dict(params), dict(train), seed, lookback)
+
+
+# --- internals ---------------------------------------------------------------------------------
+
+
+def _check_projects(projects: Sequence[str]) -> list[str]:
+    if isinstance(projects, str):
+        raise InputError("projects must be a list of names, not one string", fix="pass e.g. ['p000', 'p001']", field="projects")
+    names = [str(name) for name in projects]
+    if not names:
+        raise InputError("no projects to run trials on", fix="check data.projects and the data source", field="data.projects")
+    if GLOBAL_PROJECT in names:
+        raise InputError(f"project name {GLOBAL_PROJECT!r} is reserved for global-mode trials", fix="rename that project", field="data.projects")
+    if len(set(names)) != len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise InputError(f"project(s) {', '.join(map(repr, twice))} given twice", fix="give each project once", field="data.projects")
+    return names
+
+
+def _id_base(spec: CampaignSpec, kind: str, projects: Sequence[str]) -> dict[str, Any]:
+    """The parts of a trial's identity that every trial of ``kind`` in ``spec`` shares."""
+    task = spec.task.model_dump(mode="json", exclude={"lookback", "metric"})
+    base: dict[str, Any] = {"data": spec.data.model_dump(mode="json", exclude={"projects"}), "task": task}
+    if spec.task.mode == "global":  # one model over all projects: which ones changes its result
+        base["projects"] = sorted(projects)
+    if kind == "neural":  # classical models have no epochs, lr or batch: train: never moves their results
+        base["train_spec"] = spec.train.model_dump(mode="json")
+    return base
+
+
+def _hash(base: Mapping[str, Any], project: str, family: str, params: dict[str, Any], train: dict[str, Any], seed: int, lookback: int) -> str:
+    task = {**base["task"], "lookback": lookback}
+    payload = {**base, "task": task, "project": project, "family": family, "params": params, "train": train, "seed": seed}
+    return hashlib.sha256(_canonical(payload).encode()).hexdigest()[:16]
+
+
+def _canonical(value: Any) -> str:
+    # default=str: a YAML date in a grid still hashes the same way in every process
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+
+
+def _shape(spec: CampaignSpec, family: str, kind: str, params: dict[str, Any], train: dict[str, Any], lookback: int) -> str:
+    """Readable group key: lstm[lookback=30 batch_size=auto epochs=50 | hidden_size=128 num_layers=1]."""
+    if kind == "classical":
+        return f"{family}[lookback={lookback}]"
+    batch = train.get("batch_size", spec.train.batch_size)
+    epochs = train.get("epochs", spec.train.epochs)
+    model = " ".join(f"{key}={_canonical(value)}" for key, value in params.items())
+    return f"{family}[lookback={lookback} batch_size={batch} epochs={epochs} | {model}]"
