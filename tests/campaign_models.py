@@ -1,0 +1,60 @@
+"""Model factories for campaign tests, used as `tests.campaign_models:NAME` in campaign files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class _Linear(nn.Module):
+    def __init__(self, n_features: int, lookback: int, horizon: int):
+        super().__init__()
+        self.head = nn.Linear(n_features * lookback, horizon)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.flatten(1))
+
+
+class _KillOnFirstTry(_Linear):
+    def __init__(self, marker: str, *shape: int):
+        super().__init__(*shape)
+        self.marker = Path(marker)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.marker.exists():  # first attempt: die like a segfault / OOM kill would
+            self.marker.write_text("killed once")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().forward(x)
+
+
+def killed_on_first_try(n_features: int, lookback: int, horizon: int, *, marker: str = "") -> nn.Module:
+    return _KillOnFirstTry(marker, n_features, lookback, horizon)
+
+
+class _Raises(_Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("this model always fails")
+
+
+def always_raises(n_features: int, lookback: int, horizon: int) -> nn.Module:
+    return _Raises(n_features, lookback, horizon)
+
+
+class _ThreadProbe(_Linear):
+    def __init__(self, report_dir: str, *shape: int):
+        super().__init__(*shape)
+        self.report_dir = Path(report_dir)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        report = {"pid": os.getpid(), "torch_threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS")}
+        (self.report_dir / f"{os.getpid()}.json").write_text(json.dumps(report))
+        return super().forward(x)
+
+
+def thread_probe(n_features: int, lookback: int, horizon: int, *, report_dir: str = "") -> nn.Module:
+    return _ThreadProbe(report_dir, n_features, lookback, horizon)
