@@ -75,7 +75,7 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
 
 @app.command()
 def train(
-    model: str = typer.Option(..., "--model", "-m", help="Model family (lstm, gru, tcn, transformer, mlp) or package.module:factory."),
+    model: str = typer.Option(..., "--model", "-m", help="Model family (lstm, gru, tcn, transformer, mlp, linear, rf, xgb, lgbm) or package.module:factory."),
     data: str = typer.Option("synthetic", "--data", help="synthetic, a .csv/.parquet file, a directory or a glob."),
     project: Optional[str] = typer.Option(None, "--project", help="Project to train on (default: the first one)."),
     lookback: int = typer.Option(30, "--lookback", help="Input window length."),
@@ -104,6 +104,7 @@ def train(
     from gpufill import forecast, render  # torch is imported only when a command runs
     from gpufill.data import Split
     from gpufill.fit import FitConfig
+    from gpufill.models import registry
 
     params = parse_params(param)
     config = FitConfig(
@@ -130,17 +131,22 @@ def train(
         time_column=time_column,
         fill=fill,
     )
-    if as_json:
-        run = forecast.train_forecaster(windows, model, params, config=config)
+    console = Console(stderr=as_json)
+    if registry.resolve(model).kind == "classical":
+        from gpufill.hardware import cpu_count
+        from gpufill.models.classical import train_classical
+
+        outcome = train_classical(windows, model, params, threads=cpu_count(), seed=seed).to_dict()
+    elif as_json:
+        outcome = forecast.train_forecaster(windows, model, params, config=config).to_dict()
     else:
-        console = Console()
         with render.EpochProgress(console) as progress:
-            run = forecast.train_forecaster(windows, model, params, config=config, callbacks=[progress])
+            outcome = forecast.train_forecaster(windows, model, params, config=config, callbacks=[progress]).to_dict()
     if as_json:
-        print(json.dumps(run.to_dict(), default=str))
+        print(json.dumps(outcome, default=str))
     else:
-        render.print_forecast(run, console)
-    if run.fit.status == "diverged":
+        render.print_forecast(outcome, console)
+    if outcome["status"] == "diverged":
         raise typer.Exit(1)
 
 
@@ -255,6 +261,25 @@ def results(
     write_frame(frame, "csv" if format_ == "table" else format_, out)
 
 
+@app.command()
+def estimate(
+    campaign: Path = typer.Argument(..., help="Campaign YAML file."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Predict a campaign's time per lane by timing a sample of each trial shape."""
+    from gpufill import render
+    from gpufill.campaign.estimate import estimate as run_estimate
+    from gpufill.campaign.runner import Campaign
+
+    console = Console(stderr=as_json)
+    with console.status("timing a sample of each trial shape") as spinner:
+        result = run_estimate(Campaign.from_yaml(campaign), progress=lambda text: spinner.update(f"timing {text}"))
+    if as_json:
+        print(json.dumps(result.to_dict()))
+    else:
+        console.print(render.estimate_table(result.to_dict()))
+
+
 def main() -> None:
     """Entry point: bad input is one line on stderr and exit code 2."""
     try:
@@ -268,12 +293,11 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         print("gpufill: aborted", file=sys.stderr)
         sys.exit(130)
-    except Exception as click_error:  # click's usage errors carry their own exit code (2)
-        import click
-
-        if isinstance(click_error, click.ClickException):
-            click_error.show()
-            sys.exit(click_error.exit_code)
+    except Exception as error:
+        # Usage errors (click's, or typer's vendored click) show themselves and carry exit code 2.
+        if hasattr(error, "show") and hasattr(error, "exit_code"):
+            error.show()
+            sys.exit(error.exit_code)
         raise
 
 

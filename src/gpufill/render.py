@@ -9,16 +9,16 @@ from rich.progress import TaskID, BarColumn, MofNCompleteColumn, Progress, TextC
 from rich.table import Table
 
 from gpufill.fit import EpochRecord, FitCallback
-from gpufill.forecast import ForecastRun
 from gpufill.plan import Plan
 
 
-def plan_table(plan: Plan) -> Table:
+def plan_table(plan: Plan | dict[str, dict[str, Any]]) -> Table:
+    """A Plan, or its to_dict() form (classical trainings have a small plan of their own)."""
     table = Table(title="Plan", title_justify="left", show_lines=False)
     table.add_column("setting", style="bold")
     table.add_column("value")
     table.add_column("reason", style="dim", overflow="fold")
-    for name, choice in plan.to_dict().items():
+    for name, choice in (plan if isinstance(plan, dict) else plan.to_dict()).items():
         table.add_row(name, _short(choice["value"]), choice["reason"])
     return table
 
@@ -63,22 +63,24 @@ class EpochProgress(FitCallback):
             self.progress.stop()
 
 
-def print_forecast(run: ForecastRun, console: Console) -> None:
-    """Test metrics next to the naive forecast, speed, and what happened during training."""
-    table = Table(title=f"{run.family} on {run.project}: test metrics (original scale)", title_justify="left")
+def print_forecast(outcome: dict[str, Any], console: Console) -> None:
+    """Test metrics next to the naive forecast, speed, and what happened (any trained forecaster's to_dict())."""
+    if not outcome["history"]:  # neural trainings showed their plan when training started
+        console.print(plan_table(outcome["plan"]))
+    test, naive = outcome["metrics"]["test"], outcome["metrics"]["naive"]
+    family = outcome["family"]
+    table = Table(title=f"{family} on {outcome['project']}: test metrics (original scale)", title_justify="left")
     table.add_column("forecast", style="bold")
     for key in ("mae", "rmse", "smape", "mase"):
         table.add_column(key, justify="right")
-    for name, metrics in ((run.family, run.test), ("naive (last value)", run.naive)):
+    for name, metrics in ((family, test), ("naive (last value)", naive)):
         table.add_row(name, *(f"{metrics[key]:.4g}" for key in ("mae", "rmse", "smape", "mase")))
     console.print(table)
-    timings = run.fit.timings
-    verdict = "beats" if run.beats_naive else "does NOT beat"
-    console.print(
-        f"{run.family} {verdict} the naive forecast (MAE {run.test['mae']:.4g} vs {run.naive['mae']:.4g}); "
-        f"{timings['samples_per_s']:,.0f} samples/s, {timings['epoch_s']:.3g} s/epoch; status {run.fit.status}"
-    )
-    for event in run.fit.events:
+    timings = outcome["timings"]
+    verdict = "beats" if test["mae"] < naive["mae"] else "does NOT beat"
+    speed = f"{timings['samples_per_s']:,.0f} samples/s" + (f", {timings['epoch_s']:.3g} s/epoch" if "epoch_s" in timings else "")
+    console.print(f"{family} {verdict} the naive forecast (MAE {test['mae']:.4g} vs {naive['mae']:.4g}); {speed}; status {outcome['status']}")
+    for event in outcome["events"]:
         console.print(f"  - {event}", style="dim")
 
 
@@ -158,3 +160,15 @@ def _cell(column: str, value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def estimate_table(estimate: dict[str, Any]) -> Table:
+    table = Table(title=f"estimate (sampling took {estimate['sampling_s']:.0f} s; neural figures are upper bounds: early stopping ends trials sooner)", title_justify="left")
+    for column in ("lane", "trials", "slots x threads", "device", "wall time"):
+        table.add_column(column, justify="left" if column in ("lane", "device") else "right")
+    for name, lane in estimate["lanes"].items():
+        table.add_row(name, str(lane["trials"]), f"{lane['slots']} x {lane['threads']}", lane["device"], _duration(lane["seconds"]))
+    table.add_row("campaign", str(sum(lane["trials"] for lane in estimate["lanes"].values())), "", "lanes run at once", _duration(estimate["total_seconds"]), style="bold")
+    for family, numbers in estimate["families"].items():
+        table.add_row(f"  {family}", str(numbers["trials"]), "", "trial-time", _duration(numbers["trial_seconds"]), style="dim")
+    return table
