@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/gpufill train --model lstm --data synthetic --epochs 5
+	$(BIN)/gpufill demo --fresh --yes
+	$(BIN)/gpufill results --workdir gpufill-demo --summary
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -8,5 +8,6 @@ __version__ = "0.1.0"
 # `gpufill.fit` the function, whatever imports the submodule later.
 from gpufill.fit import FitConfig, FitResult, fit  # noqa: E402
 from gpufill.plan import Plan  # noqa: E402
+from gpufill.campaign.runner import Campaign  # noqa: E402
 
-__all__ = ["FitConfig", "FitResult", "InputError", "Plan", "__version__", "fit"]
+__all__ = ["Campaign", "FitConfig", "FitResult", "InputError", "Plan", "__version__", "fit"]

@@ -1,7 +1,6 @@
 """Campaigns: the YAML spec, trial expansion, the store, the scheduler and its executors.
 
-Names load lazily, on first use: importing a light submodule (the store, for
-``gpufill status``) does not import torch through the spec or the runner.
+Names load lazily, on first use, so importing one submodule does not import the others.
 """
 
 from __future__ import annotations

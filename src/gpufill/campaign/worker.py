@@ -14,12 +14,16 @@ from pathlib import Path
 from typing import Any
 
 
-def worker_main(conn: Connection, spec_payload: dict[str, Any], base_dir: str, threads: int, device: str) -> None:
+def worker_main(conn: Connection) -> None:
     """Serve trials from `conn` until it sends None or the scheduler goes away."""
-    import torch  # imported here, after the parent set this process's thread environment
+    import torch
 
-    torch.set_num_threads(threads)
-    runner = TrialRunner(spec_payload, Path(base_dir), threads=threads, device=device)
+    try:
+        setup = conn.recv()  # the campaign and this worker's lane settings
+    except (EOFError, OSError):
+        return
+    torch.set_num_threads(setup["threads"])
+    runner = TrialRunner(setup["spec"], Path(setup["base_dir"]), threads=setup["threads"], device=setup["device"])
     while True:
         try:
             trial = conn.recv()
@@ -98,3 +102,9 @@ class TrialRunner:
         # What the scheduler's GPU admission needs: this shape's measured peak memory.
         result["timings"]["peak_memory_bytes"] = int(torch.cuda.max_memory_reserved()) if on_cuda else None
         return result
+
+
+if __name__ == "__main__":  # started by executors/local.py: python -m gpufill.campaign.worker FD
+    import sys
+
+    worker_main(Connection(int(sys.argv[1])))

@@ -1,25 +1,25 @@
 """Local executor: persistent worker processes on this machine, one per lane slot.
 
-Workers are started with the `spawn` method (a fresh interpreter: safe with torch's
-threads and CUDA) and with their thread limits in the environment before anything
-imports a BLAS. A worker that dies mid-trial (exception outside a trial, segfault,
-kill -9) is noticed through its process sentinel: its trial is reported as crashed and
-a fresh worker takes its slot.
+Each worker is a fresh interpreter (`python -m gpufill.campaign.worker`: safe with
+torch's threads and CUDA, and unlike multiprocessing's `spawn` it never re-runs the
+caller's main module, so a script without a `__main__` guard works). Its thread limits
+are in its environment before anything imports a BLAS. It talks to the scheduler over a
+socket pair; a worker that dies mid-trial (segfault, kill -9) closes its end, its trial
+is reported as crashed, and a fresh worker takes its slot.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
+import socket
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from gpufill.campaign.lanes import Lane
-from gpufill.campaign.worker import worker_main
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
@@ -63,20 +63,20 @@ class LocalExecutor:
                 self.workers.append(self._spawn(lane))
 
     def _spawn(self, lane: Lane) -> Worker:
-        context = mp.get_context("spawn")
-        parent, child = context.Pipe()
+        ours, theirs = socket.socketpair()
         self._counter += 1
         name = f"{lane.name}-{self._counter}"
-        process = context.Process(
-            target=worker_main,
-            args=(child, self.spec_payload, self.base_dir, lane.threads, lane.device),
-            name=f"gpufill-worker-{name}",
-            daemon=True,
+        env = {**os.environ, **dict.fromkeys(_THREAD_VARIABLES, str(lane.threads))}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpufill.campaign.worker", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            env=env,
+            stdin=subprocess.DEVNULL,
         )
-        with _thread_environment(lane.threads):
-            process.start()
-        child.close()  # the child holds its end; closing ours lets recv() see EOF if it dies
-        return Worker(name=name, lane=lane, process=process, conn=parent)
+        theirs.close()  # the child holds its end; closing ours lets recv() see EOF if it dies
+        conn = Connection(ours.detach())
+        conn.send({"spec": self.spec_payload, "base_dir": self.base_dir, "threads": lane.threads, "device": lane.device})
+        return Worker(name=name, lane=lane, process=process, conn=conn)
 
     def idle(self, lane: Lane) -> list[Worker]:
         return [w for w in self.workers if w.lane is lane and w.trial is None]
@@ -91,40 +91,27 @@ class LocalExecutor:
 
     def poll(self, timeout: float) -> list[Finished | Crashed]:
         """Results and deaths that happened within `timeout` seconds."""
-        by_handle: dict[Any, Worker] = {}
-        for worker in self.workers:
-            by_handle[worker.conn] = worker
-            by_handle[worker.process.sentinel] = worker
-        ready = wait(list(by_handle), timeout=timeout)
+        by_conn = {worker.conn: worker for worker in self.workers}
         out: list[Finished | Crashed] = []
-        seen: set[str] = set()
-        for handle in ready:
-            worker = by_handle[handle]
-            if worker.name in seen:
-                continue
-            seen.add(worker.name)
-            outcome = self._collect(worker)
+        for conn in wait(list(by_conn), timeout=timeout):  # readable: a message, or EOF when it died
+            outcome = self._collect(by_conn[conn])
             if outcome is not None:
                 out.append(outcome)
         return out
 
     def _collect(self, worker: Worker) -> Finished | Crashed | None:
         try:
-            if worker.conn.poll():
-                message = worker.conn.recv()
-                trial, worker.trial = worker.trial, None
-                assert trial is not None and message["trial_id"] == trial["trial_id"]
-                return Finished(worker, trial, message)
-        except (EOFError, OSError):
-            pass
-        if worker.process.is_alive():
-            return None
-        worker.process.join(timeout=1)
+            message = worker.conn.recv()
+        except (EOFError, OSError):  # its end closed: the process died
+            exitcode = worker.process.wait(timeout=30)
+            trial, worker.trial = worker.trial, None
+            self.workers.remove(worker)
+            worker.conn.close()
+            self.workers.append(self._spawn(worker.lane))  # a fresh worker takes the slot
+            return Crashed(worker, trial, _death_reason(exitcode))
         trial, worker.trial = worker.trial, None
-        self.workers.remove(worker)
-        worker.conn.close()
-        self.workers.append(self._spawn(worker.lane))  # a fresh worker takes the slot
-        return Crashed(worker, trial, _death_reason(worker.process.exitcode))
+        assert trial is not None and message["trial_id"] == trial["trial_id"]
+        return Finished(worker, trial, message)
 
     def shutdown(self) -> None:
         for worker in self.workers:
@@ -133,10 +120,11 @@ class LocalExecutor:
             except (BrokenPipeError, OSError):
                 pass
         for worker in self.workers:
-            worker.process.join(timeout=5)
-            if worker.process.is_alive():
+            try:
+                worker.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
                 worker.process.kill()
-                worker.process.join(timeout=5)
+                worker.process.wait(timeout=5)
             worker.conn.close()
         self.workers.clear()
 
@@ -149,18 +137,3 @@ def _death_reason(exitcode: int | None) -> str:
             name = f"signal {-exitcode}"
         return f"worker process died with {name} (exit code {exitcode}) during the trial"
     return f"worker process exited with code {exitcode} during the trial"
-
-
-@contextmanager
-def _thread_environment(threads: int) -> Iterator[None]:
-    """Thread limits in the environment a spawned worker inherits, then restored here."""
-    saved = {name: os.environ.get(name) for name in _THREAD_VARIABLES}
-    os.environ.update({name: str(threads) for name in _THREAD_VARIABLES})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
