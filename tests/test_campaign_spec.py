@@ -353,9 +353,9 @@ def test_examples_load_with_their_trial_counts():
     demo = load_campaign(EXAMPLES / "demo.yaml")
     assert list(demo.models) == ["lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm"]
     demo_trials = expand(demo, [f"p{i:03d}" for i in range(demo.data.projects)])
-    # 4 projects x 8 families x 1 grid point x 1 lookback x 1 seed
-    assert len(demo_trials) == 4 * 8 == 32
-    assert sum(t.kind == "neural" for t in demo_trials) == 16
+    # 8 projects x 8 families x 1 grid point x 1 lookback x 1 seed
+    assert len(demo_trials) == 8 * 8 == 64
+    assert sum(t.kind == "neural" for t in demo_trials) == 32
 
     ablation = load_campaign(EXAMPLES / "ablation.yaml")
     assert (ablation.data.projects, ablation.data.length, ablation.task.lookback, ablation.seeds) == (100, 2000, [30, 60, 90], [0, 1, 2])

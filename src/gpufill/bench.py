@@ -97,8 +97,13 @@ def baseline_fit(
     batch_size: int = 128,
     device: torch.device | str = "cpu",
     seed: int = 0,
+    patience: int | None = None,
 ) -> LoopMeasurement:
-    """The guides' starting loop (see module docstring). Trains `model` in place."""
+    """The guides' starting loop (see module docstring). Trains `model` in place.
+
+    With `patience`, it stops after that many epochs without a better validation loss and
+    restores the best weights, as the guides' early-stopping recipe does.
+    """
     device = torch.device(device)
     torch.manual_seed(seed)
     model.to(device)
@@ -107,6 +112,7 @@ def baseline_fit(
     val_loader = DataLoader(WindowDataset(*val), batch_size=batch_size, shuffle=False, num_workers=0)
     memory = _PeakMemory(device)
     seconds = []
+    best, best_state, waited = float("inf"), None, 0
     for _epoch in range(epochs):
         tick = time.perf_counter()
         model.train()
@@ -125,6 +131,15 @@ def baseline_fit(
                 total += nn.functional.mse_loss(prediction, targets, reduction="sum").item()
         seconds.append(time.perf_counter() - tick)
         memory.sample()
+        if patience is not None:
+            if total < best:
+                best, best_state, waited = total, copy.deepcopy(model.state_dict()), 0
+            else:
+                waited += 1
+                if waited >= patience:
+                    break
+    if best_state is not None:
+        model.load_state_dict(best_state)
     return _measurement("baseline", model, val, seconds, train[0].shape[0], memory)
 
 

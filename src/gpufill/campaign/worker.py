@@ -7,6 +7,7 @@ executors/local.py); torch, XGBoost and LightGBM thread counts are set explicitl
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -29,8 +30,8 @@ def worker_main(conn: Connection) -> None:
             trial = conn.recv()
         except (EOFError, OSError):  # the scheduler died: nothing to report to
             return
-        if trial is None:
-            return
+        if trial is None:  # told to stop: nothing to flush, so skip torch's interpreter teardown (~0.5 s)
+            os._exit(0)
         started = time.perf_counter()
         try:
             result = runner.run(trial)
