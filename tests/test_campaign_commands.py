@@ -1,0 +1,74 @@
+"""estimate, global mode, the demo end to end, and classical families through `gpufill train`."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from gpufill.campaign.estimate import estimate
+from gpufill.campaign.runner import Campaign, read_results
+from tests.test_campaign_run import run_cli, write_campaign
+
+
+def test_estimate_times_each_shape_and_predicts_per_lane(tmp_path, capsys):
+    path = write_campaign(tmp_path, projects=3, epochs=10, models="mlp: {hidden_size: [8, 16]}\n  rf: {n_estimators: 40}")
+    result = estimate(Campaign.from_yaml(path)).to_dict()
+    assert result["lanes"]["cpu"]["trials"] == 3 * (2 + 1)
+    assert {s["family"] for s in result["shapes"]} == {"mlp", "rf"}
+    mlp_shapes = [s for s in result["shapes"] if s["family"] == "mlp"]
+    assert len(mlp_shapes) == 2 and all(s["trials"] == 3 and s["seconds_per_trial"] > 0 for s in mlp_shapes)
+    rf = next(s for s in result["shapes"] if s["family"] == "rf")
+    assert "20 of 40 trees, scaled linearly" in rf["how"]
+    trial_seconds = sum(s["trials"] * s["seconds_per_trial"] for s in result["shapes"])
+    lane = result["lanes"]["cpu"]
+    assert lane["seconds"] == pytest.approx(trial_seconds / lane["slots"], rel=1e-3, abs=0.1)
+    assert result["total_seconds"] == lane["seconds"]
+    code, out, _ = run_cli(capsys, "estimate", path, "--json")
+    assert code == 0 and json.loads(out)["lanes"]["cpu"]["trials"] == 9
+
+
+def test_global_mode_trains_one_model_over_all_projects(tmp_path):
+    path = write_campaign(tmp_path, projects=3, epochs=3, models="mlp: {hidden_size: 16}\n  linear: {}")
+    path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}", "task: {lookback: [12], horizon: 1, mode: global}"))
+    campaign = Campaign.from_yaml(path, tmp_path / "work")
+    outcome = campaign.run()
+    assert outcome.done == 2  # one trial per family, not per project
+    results = read_results(tmp_path / "work")
+    assert list(results["project"]) == ["*", "*"] and (results["status"] == "done").all()
+    with sqlite3.connect(tmp_path / "work" / "gpufill.db") as con:
+        metrics = {family: json.loads(m) for family, m in con.execute("SELECT family, metrics FROM trials")}
+    for family, m in metrics.items():
+        per_project = m["per_project"]
+        assert sorted(per_project) == ["p000", "p001", "p002"]
+        mean_mae = sum(p["test"]["mae"] for p in per_project.values()) / 3
+        assert m["test"]["mae"] == pytest.approx(mean_mae)
+        assert m["test"]["mae"] < m["naive"]["mae"], family
+
+
+def test_the_demo_runs_and_results_show_every_project_and_family(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(capsys, "demo")
+    assert code == 0 and "done 64, failed 0" in out
+    code, out, _ = run_cli(capsys, "results", "--format", "json")
+    rows = json.loads(out)
+    pairs = {(row["project"], row["family"]) for row in rows}
+    families = {"lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm"}
+    assert len(rows) == 64 and pairs == {(f"p{i:03d}", f) for i in range(8) for f in families}
+    beats = sum(row["mae"] < row["naive_mae"] for row in rows)
+    assert beats >= 0.9 * len(rows)  # nearly every trained model beats the naive forecast
+    code, out, _ = run_cli(capsys, "results")  # the table view
+    assert code == 0 and "64 trials" in out and "lgbm" in out
+    code, out, _ = run_cli(capsys, "demo")  # a second run resumes: nothing left to do
+    assert code == 0 and "done 64" in out
+
+
+@pytest.mark.parametrize("family", ["linear", "rf", "xgb", "lgbm"])
+def test_train_runs_classical_families(capsys, family):
+    code, out, _ = run_cli(capsys, "train", "--model", family, "--param", "n_estimators=30" if family != "linear" else "alpha=0.0", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["family"] == family and result["history"] == []
+    assert result["plan"]["device"]["value"] == "cpu" and result["plan"]["threads"]["value"] >= 1
+    assert result["metrics"]["test"]["mae"] < result["metrics"]["naive"]["mae"]
