@@ -203,6 +203,8 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
         )
     finally:
         live.stop()
+        if not console.is_terminal:  # rich leaves the last frame without a newline when piped
+            console.print()
     counts = job.status().to_dict()
     console.print(f"done {counts['done']}, failed {counts['failed']}, pending {counts['pending']} of {counts['total']} trials in {outcome.elapsed_s:.1f} s"
                   f" ({outcome.retried} retried, {outcome.crashed} worker crashes). Results: gpufill results --workdir {job.workdir}")
