@@ -118,7 +118,11 @@ class Campaign:
             if on_start is not None:
                 on_start(prepared, run_id)
             executor = LocalExecutor(spec_payload=self.spec.model_dump(mode="json"), base_dir=str(self.base_dir))
-            scheduler = Scheduler(store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id, on_update=on_update)
+            pack_size = self.spec.resources.pack_size
+            scheduler = Scheduler(
+                store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id,
+                pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update,
+            )
             try:
                 outcome = scheduler.run()
             except BaseException:

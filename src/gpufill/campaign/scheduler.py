@@ -1,10 +1,11 @@
 """The scheduler: the one process that decides what runs next, where, and writes the store.
 
 Per idle worker it picks the next runnable trial of that worker's lane, preferring the
-shape the worker just ran (same-shape trials run back to back, ready for fusing). The GPU
-lane admits a trial only if its shape's measured memory fits the lane's budget; a shape
-not measured yet runs alone first. Failures and worker crashes are retried up to the
-limit; everything else goes on.
+shape the worker just ran, and for neural trials adds same-shape trials to make a fused
+pack: of the size the worker measured for that shape, or, for a shape not sized yet, up
+to `PROBE_PACK` so the worker can measure. The GPU lane admits a task only if its
+shape's measured memory fits the lane's budget; a shape not measured yet runs alone
+first. Failures and worker crashes are retried up to the limit; everything else goes on.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from typing import Any
 from gpufill.campaign.executors.local import Crashed, Finished, LocalExecutor, Worker
 from gpufill.campaign.lanes import Lane
 from gpufill.campaign.store import Store
+
+# Trials sent together for a shape whose pack size is not measured yet: the largest size tried.
+PROBE_PACK = 8
 
 
 @dataclass(slots=True)
@@ -76,6 +80,7 @@ class Scheduler:
         *,
         retries: int,
         run_id: int,
+        pack_size: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_update: Callable[[Snapshot], None] | None = None,
         update_every_s: float = 0.5,
@@ -89,6 +94,9 @@ class Scheduler:
         self.lane_of_kind = {kind: lane for lane in lanes for kind in lane.kinds}
         self.queue: dict[str, list[dict[str, Any]]] = {lane.name: [] for lane in lanes}
         self.shape_memory: dict[str, int] = {}
+        # shape -> measured pack size; a fixed resources.pack_size (1 = no fusion) presets every shape.
+        self.fixed_pack_size = pack_size
+        self.pack_sizes: dict[str, int] = {}
         self.started_at: dict[str, float] = {}
         self.finished_this_run: dict[str, int] = {lane.name: 0 for lane in lanes}
         self.outcome = RunOutcome(done=0, failed=0, retried=0, crashed=0, elapsed_s=0.0)
@@ -121,10 +129,26 @@ class Scheduler:
                 trial = self._next_trial(lane, worker)
                 if trial is None:
                     break
-                self.store.mark_running([trial["trial_id"]], lane=lane.name, worker=worker.name, run_id=self.run_id)
-                trial["attempts"] += 1
-                self.started_at[trial["trial_id"]] = self.clock()
-                self.executor.submit(worker, trial)
+                trials = [trial, *self._pack_mates(lane, trial)]
+                self.store.mark_running([t["trial_id"] for t in trials], lane=lane.name, worker=worker.name, run_id=self.run_id)
+                for t in trials:
+                    t["attempts"] += 1
+                    self.started_at[t["trial_id"]] = self.clock()
+                self.executor.submit(worker, {"trials": trials, "pack_size": self._pack_size(trial["shape"])})
+
+    def _pack_size(self, shape: str) -> int | None:
+        return self.fixed_pack_size or self.pack_sizes.get(shape)
+
+    def _pack_mates(self, lane: Lane, trial: dict[str, Any]) -> list[dict[str, Any]]:
+        """Queued trials of the same shape to fuse with `trial` (neural only)."""
+        if trial["kind"] != "neural":
+            return []
+        size = self._pack_size(trial["shape"]) or PROBE_PACK
+        queue = self.queue[lane.name]
+        mates = [t for t in queue if t["shape"] == trial["shape"]][: size - 1]
+        for mate in mates:
+            queue.remove(mate)
+        return mates
 
     def _next_trial(self, lane: Lane, worker: Worker) -> dict[str, Any] | None:
         queue = self.queue[lane.name]
@@ -138,7 +162,7 @@ class Scheduler:
         """GPU lane: the shape's measured memory must fit what running trials leave of the budget."""
         if lane.memory_budget_bytes is None:
             return True
-        running_shapes = [w.trial["shape"] for w in self.executor.busy() if w.lane is lane and w.trial is not None]
+        running_shapes = [w.task["trials"][0]["shape"] for w in self.executor.busy() if w.lane is lane and w.task is not None]
         shape = trial["shape"]
         if shape not in self.shape_memory:
             return shape not in running_shapes  # measure a new shape with one trial first
@@ -147,32 +171,49 @@ class Scheduler:
         return in_use + self.shape_memory[shape] <= lane.memory_budget_bytes
 
     def _record(self, outcome: Finished | Crashed) -> None:
-        trial = outcome.trial
-        if trial is None:
+        if outcome.task is None:
             return
-        trial_id = trial["trial_id"]
-        submitted = self.started_at.pop(trial_id, self.clock())
-        # The worker's own clock excludes its start-up (imports, data loading) from the trial.
-        duration = outcome.message["seconds"] if isinstance(outcome, Finished) else self.clock() - submitted
         lane_name = outcome.worker.lane.name
-        if isinstance(outcome, Finished) and outcome.message["ok"]:
-            result = outcome.message["result"]
+        trials = {t["trial_id"]: t for t in outcome.task["trials"]}
+        if isinstance(outcome, Crashed):
+            self.store.event("worker_crashed", f"{outcome.worker.name}: {outcome.reason}", run_id=self.run_id, trial_id=next(iter(trials)))
+            for trial in trials.values():
+                self.outcome.crashed += 1
+                self._failed(trial, lane_name, outcome.reason, "", self.clock() - self.started_at.pop(trial["trial_id"], self.clock()))
+            return
+        pack = outcome.message.get("pack")
+        if pack is not None:
+            shape = outcome.task["trials"][0]["shape"]
+            self.pack_sizes[shape] = pack["size"]
+            self.store.event("pack_size", f"{shape}: {pack['reason']}", run_id=self.run_id)
+        returned = outcome.message.get("returned", [])
+        if returned:  # handed back unstarted: queued again, no attempt counted
+            self.store.release(returned)
+            for trial_id in returned:
+                trial = trials[trial_id]
+                trial["attempts"] -= 1
+                self.started_at.pop(trial_id, None)
+                self.queue[lane_name].append(trial)
+        for message in outcome.message["results"]:
+            trial = trials[message["trial_id"]]
+            self.started_at.pop(trial["trial_id"], None)
+            # The worker's own clock: excludes its start-up; a pack's time is shared among its trials.
+            duration = message["seconds"]
+            if not message["ok"]:
+                self._failed(trial, lane_name, message["error"], message["traceback"], duration)
+                continue
+            result = message["result"]
             peak = result.get("timings", {}).get("peak_memory_bytes")
             if peak:
                 self.shape_memory[trial["shape"]] = max(peak, self.shape_memory.get(trial["shape"], 0))
-            if self.store.record_done(trial_id, result, duration_s=duration):
+            if self.store.record_done(trial["trial_id"], result, duration_s=duration):
                 self.outcome.done += 1
                 self.finished_this_run[lane_name] += 1
-            return
-        if isinstance(outcome, Crashed):
-            self.outcome.crashed += 1
-            error, trace = outcome.reason, ""
-            self.store.event("worker_crashed", f"{outcome.worker.name}: {outcome.reason}", run_id=self.run_id, trial_id=trial_id)
-        else:
-            error, trace = outcome.message["error"], outcome.message["traceback"]
+
+    def _failed(self, trial: dict[str, Any], lane_name: str, error: str, trace: str, duration: float) -> None:
         retry = trial["attempts"] < self.max_attempts
-        self.store.record_failed(trial_id, error, trace, duration_s=duration, retry=retry)
-        self.store.event("trial_failed", f"attempt {trial['attempts']}/{self.max_attempts}: {error}", run_id=self.run_id, trial_id=trial_id)
+        self.store.record_failed(trial["trial_id"], error, trace, duration_s=duration, retry=retry)
+        self.store.event("trial_failed", f"attempt {trial['attempts']}/{self.max_attempts}: {error}", run_id=self.run_id, trial_id=trial["trial_id"])
         if retry:
             self.outcome.retried += 1
             self.queue[lane_name].append(trial)
@@ -199,13 +240,14 @@ class Scheduler:
         now = self.clock()
         running = [
             {
-                "trial_id": w.trial["trial_id"],
-                "family": w.trial["family"],
-                "project": w.trial["project"],
+                "trial_id": trial["trial_id"],
+                "family": trial["family"] + (f" x{len(w.task['trials'])}" if len(w.task["trials"]) > 1 else ""),
+                "project": trial["project"],
                 "worker": w.name,
-                "seconds": now - self.started_at.get(w.trial["trial_id"], now),
+                "seconds": now - self.started_at.get(trial["trial_id"], now),
             }
             for w in self.executor.busy()
-            if w.trial is not None
+            if w.task is not None
+            for trial in w.task["trials"][:1]
         ]
         return Snapshot(lanes=lanes, elapsed_s=elapsed_s, running=running)

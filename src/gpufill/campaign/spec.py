@@ -349,6 +349,8 @@ class ResourcesSpec(_Spec):
     """Share of device memory the GPU lane may plan to use."""
     threads_per_trial: Count | Literal["auto"] = "auto"
     """CPU threads per classical trial; "auto" keeps slots x threads <= cores."""
+    pack_size: Count | Literal["auto"] = "auto"
+    """Neural trials of one shape fused into one pack: "auto" measures per shape and device; 1 turns fusion off."""
 
 
 # --- campaign ----------------------------------------------------------------------------------

@@ -209,6 +209,14 @@ class Store:
                 [(lane, worker, run_id, now, tid) for tid in trial_ids],
             )
 
+    def release(self, trial_ids: Sequence[str]) -> None:
+        """Running trials handed back unstarted (a pack smaller than sent): pending, attempt not counted."""
+        with self._transaction() as db:
+            db.executemany(
+                "UPDATE trials SET status = 'pending', attempts = attempts - 1, worker = NULL WHERE trial_id = ? AND status = 'running'",
+                [(tid,) for tid in trial_ids],
+            )
+
     def record_done(self, trial_id: str, result: Mapping[str, Any], *, duration_s: float) -> bool:
         """Record a finished trial's result; False (and nothing written) unless it was running."""
         test = result["metrics"]["test"]

@@ -27,27 +27,31 @@ def worker_main(conn: Connection) -> None:
     runner = TrialRunner(setup["spec"], Path(setup["base_dir"]), threads=setup["threads"], device=setup["device"])
     while True:
         try:
-            trial = conn.recv()
+            task = conn.recv()
         except (EOFError, OSError):  # the scheduler died: nothing to report to
             return
-        if trial is None:  # told to stop: nothing to flush, so skip torch's interpreter teardown (~0.5 s)
+        if task is None:  # told to stop: nothing to flush, so skip torch's interpreter teardown (~0.5 s)
             os._exit(0)
-        started = time.perf_counter()
         try:
-            result = runner.run(trial)
-            message = {"trial_id": trial["trial_id"], "ok": True, "result": result}
-        except Exception as error:  # a trial's failure is data for the store, not a worker crash
-            message = {
-                "trial_id": trial["trial_id"],
-                "ok": False,
-                "error": f"{type(error).__name__}: {error}".splitlines()[0],
-                "traceback": traceback.format_exc(),
-            }
-        message["seconds"] = time.perf_counter() - started
-        try:
-            conn.send(message)
+            conn.send(runner.run_task(task))
         except (BrokenPipeError, OSError):
             return
+
+
+def _attempt(trial: dict[str, Any], run: Any) -> dict[str, Any]:
+    """Run one trial's work; its failure is data for the store, not a worker crash."""
+    started = time.perf_counter()
+    try:
+        message = {"trial_id": trial["trial_id"], "ok": True, "result": run()}
+    except Exception as error:
+        message = {
+            "trial_id": trial["trial_id"],
+            "ok": False,
+            "error": f"{type(error).__name__}: {error}".splitlines()[0],
+            "traceback": traceback.format_exc(),
+        }
+    message["seconds"] = time.perf_counter() - started
+    return message
 
 
 class TrialRunner:
@@ -74,6 +78,15 @@ class TrialRunner:
             self._windows[key] = make_windows(self._projects[project], lookback, task.horizon, task.split.to_split(), task.stride)
         return self._windows[key]
 
+    def run_task(self, task: dict[str, Any]) -> dict[str, Any]:
+        """A task is one trial, or several neural trials of one shape to train as a fused pack."""
+        trials = task["trials"]
+        if len(trials) == 1 or task.get("pack_size") == 1:
+            return {"results": [_attempt(t, lambda t=t: self.run(t)) for t in trials], "pack": None}
+        from gpufill.campaign.packs import run_pack
+
+        return run_pack(self, trials, task.get("pack_size"))
+
     def run(self, trial: dict[str, Any]) -> dict[str, Any]:
         if trial["project"] == "*":
             from gpufill.campaign.global_mode import run_global
@@ -99,7 +112,10 @@ class TrialRunner:
         on_cuda = self.device.startswith("cuda")
         if on_cuda:
             torch.cuda.reset_peak_memory_stats()
-        result = train_forecaster(windows, trial["family"], trial["params"], config=config).to_dict()
+        run = train_forecaster(windows, trial["family"], trial["params"], config=config)
+        if run.fit.status == "diverged":  # recorded as a failed trial, like a diverged model in a pack
+            raise FloatingPointError(f"training diverged: {run.fit.events[0] if run.fit.events else 'non-finite loss'}")
+        result = run.to_dict()
         # What the scheduler's GPU admission needs: this shape's measured peak memory.
         result["timings"]["peak_memory_bytes"] = int(torch.cuda.max_memory_reserved()) if on_cuda else None
         return result

@@ -30,21 +30,23 @@ class Worker:
     lane: Lane
     process: Any
     conn: Connection
-    trial: dict[str, Any] | None = None
+    task: dict[str, Any] | None = None
+    """{"trials": [...], "pack_size": int | None} while busy."""
     last_shape: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Finished:
     worker: Worker
-    trial: dict[str, Any]
+    task: dict[str, Any]
     message: dict[str, Any]
+    """{"results": [per-trial message], "pack": pack-size choice or None}."""
 
 
 @dataclass(frozen=True, slots=True)
 class Crashed:
     worker: Worker
-    trial: dict[str, Any] | None
+    task: dict[str, Any] | None
     reason: str
 
 
@@ -79,15 +81,15 @@ class LocalExecutor:
         return Worker(name=name, lane=lane, process=process, conn=conn)
 
     def idle(self, lane: Lane) -> list[Worker]:
-        return [w for w in self.workers if w.lane is lane and w.trial is None]
+        return [w for w in self.workers if w.lane is lane and w.task is None]
 
     def busy(self) -> list[Worker]:
-        return [w for w in self.workers if w.trial is not None]
+        return [w for w in self.workers if w.task is not None]
 
-    def submit(self, worker: Worker, trial: dict[str, Any]) -> None:
-        worker.trial = trial
-        worker.last_shape = trial["shape"]
-        worker.conn.send(trial)
+    def submit(self, worker: Worker, task: dict[str, Any]) -> None:
+        worker.task = task
+        worker.last_shape = task["trials"][0]["shape"]
+        worker.conn.send(task)
 
     def poll(self, timeout: float) -> list[Finished | Crashed]:
         """Results and deaths that happened within `timeout` seconds."""
@@ -104,14 +106,14 @@ class LocalExecutor:
             message = worker.conn.recv()
         except (EOFError, OSError):  # its end closed: the process died
             exitcode = worker.process.wait(timeout=30)
-            trial, worker.trial = worker.trial, None
+            task, worker.task = worker.task, None
             self.workers.remove(worker)
             worker.conn.close()
             self.workers.append(self._spawn(worker.lane))  # a fresh worker takes the slot
-            return Crashed(worker, trial, _death_reason(exitcode))
-        trial, worker.trial = worker.trial, None
-        assert trial is not None and message["trial_id"] == trial["trial_id"]
-        return Finished(worker, trial, message)
+            return Crashed(worker, task, _death_reason(exitcode))
+        task, worker.task = worker.task, None
+        assert task is not None
+        return Finished(worker, task, message)
 
     def shutdown(self) -> None:
         for worker in self.workers:

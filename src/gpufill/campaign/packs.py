@@ -1,0 +1,107 @@
+"""A worker's side of fused packs: same-shape neural trials trained as one pack, each scored alone.
+
+For a shape the scheduler has not sized yet, the worker first measures one model at a
+time against fused packs of 2, 4, 8 on its device (`pack.measure_pack_size`), trains one
+pack of the measured size, and hands the other trials back (not attempted); later packs
+of that shape arrive at the measured size. Each trial's result
+has the same shape as an unfused trial's, with the pack's time shared among its models.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from gpufill.campaign.worker import TrialRunner, _attempt
+from gpufill.data import forecast_metrics
+from gpufill.forecast import ForecastRun, predict
+from gpufill.hardware import detect
+from gpufill.models import registry
+from gpufill.models.fused import can_fuse
+from gpufill.pack import PackMember, PackSizeChoice, fit_pack, measure_pack_size
+from gpufill.plan import DataFacts, make_plan
+
+CANDIDATE_SIZES = (1, 2, 4, 8)
+
+
+def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int | None) -> dict[str, Any]:
+    spec = runner.spec
+    windows = {t["trial_id"]: runner.windows(t["project"], t["lookback"]) for t in trials}
+    choice = None
+    if pack_size is None:  # a new shape: measure on this device
+        first = trials[0]
+        sample = windows[first["trial_id"]]
+        config = spec.train.fit_config(first["train"], first["seed"])
+        batch = make_plan(detect(runner.device), DataFacts(n_train=sample.x_train.shape[0], bytes_total=0, is_tensor=True), config).effective_batch.value
+
+        def build() -> torch.nn.Module:
+            return registry.build(first["family"], n_features=sample.n_features, lookback=sample.lookback, horizon=sample.horizon, params=first["params"])
+
+        candidates = [k for k in CANDIDATE_SIZES if k <= len(trials)]
+        try:
+            if not can_fuse(build()):
+                choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: {first['family']} has no fused kernel")
+            else:
+                choice = measure_pack_size(build, (sample.x_train, sample.y_train), batch=batch, device=runner.device, candidates=candidates)
+        except Exception as error:  # the trials themselves will report it, one by one
+            choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: measuring packs failed ({type(error).__name__})")
+        pack_size = choice.size
+    # Run one pack of the measured size; hand the rest back, so other workers share them.
+    trials, returned = trials[:pack_size], [t["trial_id"] for t in trials[pack_size:]]
+    results: list[dict[str, Any]] = []
+    if pack_size == 1:
+        results = [_attempt(t, lambda t=t: runner.run(t)) for t in trials]
+    else:
+        # Same shape string, but projects may differ in covariates: fuse only equal widths.
+        by_width: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for trial in trials:
+            by_width[windows[trial["trial_id"]].n_features].append(trial)
+        for group in by_width.values():
+            for start in range(0, len(group), pack_size):
+                results += _train_chunk(runner, group[start : start + pack_size], windows, choice.reason if choice else None)
+    pack = None if choice is None else {"size": choice.size, "reason": choice.reason, "samples_per_s": {str(k): v for k, v in choice.samples_per_s.items()}}
+    return {"results": results, "pack": pack, "returned": returned}
+
+
+def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict[str, Any], reason: str | None) -> list[dict[str, Any]]:
+    if len(chunk) == 1:
+        return [_attempt(chunk[0], lambda: runner.run(chunk[0]))]
+    spec = runner.spec
+    try:
+        models, members = [], []
+        for trial in chunk:
+            w = windows[trial["trial_id"]]
+            config = spec.train.fit_config(trial["train"], trial["seed"])
+            torch.manual_seed(trial["seed"])  # the same initial weights as the unfused trial
+            models.append(registry.build(trial["family"], n_features=w.n_features, lookback=w.lookback, horizon=w.horizon, params=trial["params"]))
+            members.append(PackMember(train=(w.x_train, w.y_train), val=(w.x_val, w.y_val) if w.x_val.shape[0] else None,
+                                      lr=config.lr, weight_decay=config.weight_decay, seed=trial["seed"]))
+        config = spec.train.fit_config(chunk[0]["train"], chunk[0]["seed"])
+        config.device = runner.device
+        fits = fit_pack(models, members, config=config)
+    except Exception:  # a fused kernel failed: these trials still run, one at a time
+        return [_attempt(t, lambda t=t: runner.run(t)) for t in chunk]
+    out = []
+    for trial, fitted in zip(chunk, fits, strict=True):
+        w = windows[trial["trial_id"]]
+
+        def score(trial: dict[str, Any] = trial, fitted: Any = fitted, w: Any = w) -> dict[str, Any]:
+            prediction = w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype))
+            run = ForecastRun(
+                project=trial["project"], family=trial["family"], params=trial["params"], fit=fitted,
+                test=forecast_metrics(w.test_truth, prediction, w.mase_scale),
+                naive=forecast_metrics(w.test_truth, w.naive_test, w.mase_scale),
+            )
+            result = run.to_dict()
+            if reason:
+                result["plan"]["pack_size"] = {"value": len(chunk), "reason": reason}
+            if fitted.status == "diverged":
+                raise FloatingPointError(f"training diverged: {fitted.events[0] if fitted.events else 'non-finite loss'}")
+            return result
+
+        message = _attempt(trial, score)
+        message["seconds"] = fitted.timings["train_s"]  # this trial's share of the pack's time
+        out.append(message)
+    return out

@@ -1,0 +1,321 @@
+"""Training a fused pack: K same-shape models, each on its own data, with its own lr and seed.
+
+Each model draws the batches plain `fit` would draw for it (its own seeded permutation of
+its own windows, the same batch size), so a pack reproduces K separate trainings up to
+float rounding. Per model: learning rate and weight decay (a fused AdamW that takes them
+as tensors: torch's optimizers take one scalar lr per group), early stopping by masking
+(a stopped model gets no further updates; its best weights are kept), and divergence: a
+model whose loss turns NaN/inf is masked and reported, the others go on.
+The hot loop never reads the device: masks and losses stay on it until the epoch ends.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpufill.fit import EpochRecord, FitConfig, FitResult, _backend_flags, autocast
+from gpufill.hardware import detect
+from gpufill.models.fused import FusedModule, fuse
+from gpufill.plan import DataFacts, make_plan
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class PackMember:
+    """One model of a pack: its data and its own training settings."""
+
+    train: Pair
+    val: Pair | None
+    lr: float
+    weight_decay: float
+    seed: int
+
+
+class PackAdamW:
+    """AdamW over stacked (K, ...) parameters with per-model lr, weight decay and step mask.
+
+    The update is torch.optim.AdamW's, written out so lr and weight decay can be (K,)
+    tensors and masked models are left untouched (no moment or step update either).
+    """
+
+    def __init__(self, params: Sequence[nn.Parameter], lr: torch.Tensor, weight_decay: torch.Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.params = list(params)
+        self.lr, self.weight_decay = lr, weight_decay
+        self.beta1, self.beta2 = betas
+        self.eps = eps
+        k = lr.shape[0]
+        self.steps = torch.zeros(k, device=lr.device)
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+
+    @torch.no_grad()
+    def step(self, active: torch.Tensor) -> None:
+        """One update for the models where `active` (K,) is true; the others keep p, m and v."""
+        self.steps += active.to(self.steps.dtype)
+        t = self.steps.clamp(min=1)
+        step_size = self.lr / (1 - self.beta1**t)
+        bias2_sqrt = torch.sqrt(1 - self.beta2**t)
+        for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq, strict=True):
+            if p.grad is None:
+                continue
+            view = (-1,) + (1,) * (p.dim() - 1)
+            keep = active.view(view)
+            g = p.grad
+            m.copy_(torch.where(keep, m.lerp(g, 1 - self.beta1), m))
+            v.copy_(torch.where(keep, v * self.beta2 + (1 - self.beta2) * g * g, v))
+            decayed = p * (1 - self.lr * self.weight_decay).view(view)
+            denom = v.sqrt() / bias2_sqrt.view(view) + self.eps
+            p.copy_(torch.where(keep, decayed - step_size.view(view) * m / denom, p))
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, config: FitConfig) -> list[FitResult]:
+    """Train `models` (same class and shapes) as one fused pack; one FitResult per model."""
+    k = len(models)
+    counts = [int(m.train[0].shape[0]) for m in members]
+    total_bytes = sum(t.numel() * t.element_size() for m in members for pair in (m.train, m.val) if pair is not None for t in pair)
+    hardware = detect(config.device)
+    plan = make_plan(hardware, DataFacts(n_train=max(counts), bytes_total=total_bytes, is_tensor=True), config)
+    device = torch.device(plan.device.value)
+    batch = plan.effective_batch.value
+    with _backend_flags(plan):
+        fused = fuse(models).to(device)
+        x, y = _padded([m.train for m in members], device)
+        val = [m.val for m in members]
+        has_val = all(v is not None and v[0].shape[0] > 0 for v in val)
+        vx, vy = _padded(val, device) if has_val else (None, None)
+        n = torch.tensor(counts, device=device)
+        n_val = torch.tensor([v[0].shape[0] for v in val], device=device) if has_val else None
+        lr = torch.tensor([m.lr * plan.lr_scale.value for m in members], device=device)
+        optimizer = PackAdamW(list(fused.parameters()), lr, torch.tensor([m.weight_decay for m in members], device=device))
+        generators = [torch.Generator(device=device).manual_seed(m.seed) for m in members]
+        torch.manual_seed(members[0].seed)  # dropout
+        run = _PackRun(fused, optimizer, config, k, device, plan.autocast_dtype)
+        histories, status, seconds = run.train(x, y, n, vx, vy, n_val, generators, counts, batch)
+        models_out = [fused.unfuse(i) for i in range(k)]
+    timings = {
+        "pack_size": k,
+        "epoch_s": _median(seconds[1:] or seconds) / k,  # this model's share of the pack's time
+        "samples_per_s": sum(counts) / _median(seconds[1:] or seconds) if seconds else 0.0,
+        "train_s": sum(seconds) / k,
+        "pack_train_s": sum(seconds),
+    }
+    results = []
+    for i in range(k):
+        best_epoch = run.best_epoch[i]
+        results.append(
+            FitResult(
+                model=models_out[i],
+                plan=plan,
+                history=histories[i],
+                metrics={
+                    "train_loss": histories[i][-1].train_loss if histories[i] else None,
+                    "val_loss": run.best_val[i] if best_epoch is not None else None,
+                    "best_epoch": best_epoch,
+                    "epochs_run": len(histories[i]),
+                },
+                timings=dict(timings),
+                events=run.events[i] + [f"trained in a fused pack of {k}"],
+                status=status[i],
+            )
+        )
+    return results
+
+
+class _PackRun:
+    def __init__(self, fused: FusedModule, optimizer: PackAdamW, config: FitConfig, k: int, device: torch.device, dtype: torch.dtype | None):
+        self.fused, self.optimizer, self.cfg, self.k, self.device, self.dtype = fused, optimizer, config, k, device, dtype
+        self.active = torch.ones(k, dtype=torch.bool, device=device)
+        self.best_val = [math.inf] * k
+        self.best_epoch: list[int | None] = [None] * k
+        self.bad = [0] * k
+        self.best_state = {name: t.detach().clone() for name, t in fused.state_dict().items()}
+        self.events: list[list[str]] = [[] for _ in range(k)]
+        self.lrs = optimizer.lr.tolist()
+
+    def train(self, x, y, n, vx, vy, n_val, generators, counts, batch):
+        k = self.k
+        histories: list[list[EpochRecord]] = [[] for _ in range(k)]
+        status = ["completed"] * k
+        seconds = []
+        rows = torch.arange(k, device=self.device).unsqueeze(1)
+        for epoch in range(1, self.cfg.epochs + 1):
+            tick = time.perf_counter()
+            order = _orders(generators, counts, x.shape[1], self.device)
+            loss_sum = torch.zeros(k, device=self.device)
+            finite = torch.ones(k, dtype=torch.bool, device=self.device)
+            self.fused.train()
+            for start in range(0, x.shape[1], batch):
+                index = order[:, start : start + batch]
+                positions = torch.arange(start, start + index.shape[1], device=self.device)
+                valid = positions.unsqueeze(0) < n.unsqueeze(1)  # (K, b): past a model's own windows
+                with autocast(self.device.type, self.dtype):
+                    prediction = self.fused(x[rows, index])
+                per_sample = (prediction.float() - y[rows, index].float()).pow(2).mean(dim=-1)
+                count = valid.sum(dim=1)
+                per_model = (per_sample * valid).sum(dim=1) / count.clamp(min=1)
+                ok = torch.isfinite(per_model)
+                finite &= ok | ~(count > 0)
+                step_active = self.active & (count > 0) & ok
+                torch.where(step_active, per_model, torch.zeros_like(per_model)).sum().backward()
+                self.optimizer.step(step_active)
+                self.optimizer.zero_grad()
+                loss_sum += torch.where(ok, per_model.detach() * count, torch.zeros_like(per_model))
+            train_loss = (loss_sum / n.clamp(min=1)).tolist()  # the epoch's one read
+            seconds.append(time.perf_counter() - tick)
+            val_loss = self._validate(vx, vy, n_val) if vx is not None and (epoch % self.cfg.validate_every == 0 or epoch == self.cfg.epochs) else None
+            was_active = self.active.tolist()
+            finite_list = finite.tolist()
+            for i in range(k):
+                if not was_active[i]:
+                    continue
+                record = EpochRecord(epoch=epoch, train_loss=train_loss[i], val_loss=None if val_loss is None else val_loss[i], seconds=seconds[-1] / k, lr=self.lrs[i])
+                histories[i].append(record)
+                if not finite_list[i] or (val_loss is not None and not math.isfinite(val_loss[i])):
+                    status[i] = "diverged"
+                    self.events[i].append(f"diverged at epoch {epoch}: masked, the rest of the pack went on")
+                    self.active[i] = False
+                elif val_loss is not None and self._early_stop(i, val_loss[i], epoch):
+                    status[i] = "early_stopped"
+                    self.events[i].append(f"early stop at epoch {epoch}: masked, no improvement for {self.cfg.patience} validations")
+                    self.active[i] = False
+            self._keep_best(val_loss, was_active)
+            if not bool(self.active.any()):
+                break
+        if self.cfg.restore_best and any(e is not None for e in self.best_epoch):
+            restore = torch.tensor([e is not None and s != "diverged" for e, s in zip(self.best_epoch, status, strict=True)], device=self.device)
+            self._copy_where(restore, source=self.best_state, target=self.fused.state_dict())
+            for i in range(k):
+                if bool(restore[i]):
+                    self.events[i].append(f"restored the best weights (epoch {self.best_epoch[i]}, val loss {self.best_val[i]:.6g})")
+        return histories, status, seconds
+
+    @torch.no_grad()
+    def _validate(self, vx, vy, n_val) -> list[float]:
+        self.fused.eval()
+        rows_total = torch.zeros(self.k, device=self.device)
+        positions_all = torch.arange(vx.shape[1], device=self.device)
+        chunk = 1024
+        for start in range(0, vx.shape[1], chunk):
+            with autocast(self.device.type, self.dtype):
+                prediction = self.fused(vx[:, start : start + chunk])
+            per_sample = (prediction.float() - vy[:, start : start + chunk].float()).pow(2).mean(dim=-1)
+            valid = positions_all[start : start + chunk].unsqueeze(0) < n_val.unsqueeze(1)
+            rows_total += (per_sample * valid).sum(dim=1)
+        return (rows_total / n_val.clamp(min=1)).tolist()
+
+    def _early_stop(self, i: int, val: float, epoch: int) -> bool:
+        if val < self.best_val[i] - self.cfg.min_delta:
+            self.best_val[i], self.best_epoch[i], self.bad[i] = val, epoch, 0
+            return False
+        self.bad[i] += 1
+        return self.cfg.patience is not None and self.bad[i] >= self.cfg.patience
+
+    def _keep_best(self, val_loss: list[float] | None, was_active: list[bool]) -> None:
+        if val_loss is None:
+            return
+        improved = torch.tensor([was_active[i] and self.best_epoch[i] is not None and self.bad[i] == 0 for i in range(self.k)], device=self.device)
+        self._copy_where(improved, source=self.fused.state_dict(), target=self.best_state)
+
+    @staticmethod
+    @torch.no_grad()
+    def _copy_where(mask: torch.Tensor, *, source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> None:
+        for name, tensor in target.items():
+            view = (-1,) + (1,) * (tensor.dim() - 1)
+            tensor.copy_(torch.where(mask.view(view), source[name], tensor))
+
+
+def _padded(pairs: Sequence[Pair | None], device: torch.device) -> Pair:
+    """(K, N_max, ...) tensors: each model's samples first, zeros after (masked by counts)."""
+    longest = max(p[0].shape[0] for p in pairs if p is not None)
+    xs, ys = [], []
+    for inputs, targets in pairs:  # type: ignore[misc]
+        pad = longest - inputs.shape[0]
+        xs.append(torch.cat([inputs, inputs.new_zeros((pad, *inputs.shape[1:]))]))
+        ys.append(torch.cat([targets, targets.new_zeros((pad, *targets.shape[1:]))]))
+    return torch.stack(xs).to(device), torch.stack(ys).to(device)
+
+
+def _orders(generators: Sequence[torch.Generator], counts: Sequence[int], width: int, device: torch.device) -> torch.Tensor:
+    """Each model's own permutation (the one plain fit draws from its seed), padded to `width`."""
+    rows = []
+    for generator, count in zip(generators, counts, strict=True):
+        perm = torch.randperm(count, device=device, generator=generator)
+        rows.append(torch.cat([perm, torch.arange(count, width, device=device)]))
+    return torch.stack(rows)
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PackSizeChoice:
+    """How many models to fuse for one shape on this device, measured, with the reason."""
+
+    size: int
+    samples_per_s: dict[int, float]
+    reason: str
+
+
+def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidates: Sequence[int] = (1, 2, 4, 8), steps: int = 4) -> PackSizeChoice:
+    """Time a few training steps unfused (size 1) and fused at each candidate K; keep the fastest.
+
+    `build()` returns a fresh plain model. Fusion is used only where it measured faster
+    than the plain path on this device (on a small CPU, plain cuDNN-free kernels can win).
+    """
+    dev = torch.device(device)
+    x, y = sample[0][:batch].to(dev), sample[1][:batch].to(dev)
+    rates: dict[int, float] = {}
+    for k in candidates:
+        models = [build() for _ in range(k)]
+        if k == 1:
+            model = models[0].to(dev)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+            def step() -> None:
+                nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        else:
+            fused = fuse(models).to(dev)
+            pack_optimizer = PackAdamW(list(fused.parameters()), torch.full((k,), 1e-3, device=dev), torch.zeros(k, device=dev))
+            xs, ys = x.expand(k, *x.shape).contiguous(), y.expand(k, *y.shape).contiguous()
+            everyone = torch.ones(k, dtype=torch.bool, device=dev)
+
+            def step() -> None:
+                (fused(xs) - ys).pow(2).mean(dim=(1, 2)).sum().backward()
+                pack_optimizer.step(everyone)
+                pack_optimizer.zero_grad()
+
+        step()  # warm-up: allocator, kernel selection
+        _sync(dev)
+        tick = time.perf_counter()
+        for _ in range(steps):
+            step()
+        _sync(dev)
+        rates[k] = k * x.shape[0] * steps / (time.perf_counter() - tick)
+    best = max(rates, key=rates.__getitem__)
+    gain = rates[best] / rates[1]
+    reason = (
+        f"fused packs of {best}: {gain:.2f}x the samples/s of one model at a time (measured on {dev.type})"
+        if best > 1
+        else f"unfused: no fused pack size beat one model at a time on {dev.type} (best {max(r for kk, r in rates.items() if kk > 1) / rates[1]:.2f}x)"
+    )
+    return PackSizeChoice(size=best, samples_per_s=rates, reason=reason)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
