@@ -1,0 +1,115 @@
+"""Fused pack training: per-model lr, masking, equivalence with separate fits, campaigns with and without packs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpufill.campaign.runner import Campaign
+from gpufill.data import load_projects, make_windows
+from gpufill.fit import FitConfig, fit
+from gpufill.models import registry
+from gpufill.pack import PackAdamW, PackMember, fit_pack, measure_pack_size
+from tests.test_campaign_run import write_campaign
+
+
+def windows(n=3, length=400):
+    projects = load_projects("synthetic", n_projects=n, length=length, seed=0)
+    return [make_windows(p, 12, 1) for p in projects.values()]
+
+
+def models(family, ws, seeds, params=None):
+    out = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        out.append(registry.build(family, n_features=ws[0].n_features, lookback=12, horizon=1, params=params or {"hidden_size": 16}))
+    return out
+
+
+def members(ws, lrs, seeds):
+    return [PackMember(train=(w.x_train, w.y_train), val=(w.x_val, w.y_val), lr=lr, weight_decay=0.0, seed=s) for w, lr, s in zip(ws, lrs, seeds, strict=True)]
+
+
+def test_pack_adamw_matches_torch_adamw_per_model_and_skips_masked_models():
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(3, 4, 5)), torch.nn.Parameter(torch.randn(3, 5))]
+    start = [p.detach().clone() for p in params]
+    lr, wd = torch.tensor([1e-2, 3e-3, 1e-2]), torch.tensor([0.0, 0.1, 0.0])
+    ours = PackAdamW(params, lr, wd)
+    plain = [[torch.nn.Parameter(p.detach()[k].clone()) for p in params] for k in range(3)]
+    theirs = [torch.optim.AdamW(plain[k], lr=float(lr[k]), weight_decay=float(wd[k])) for k in range(2)]
+    for _ in range(25):
+        grads = [torch.randn_like(p) for p in params]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        ours.step(torch.tensor([True, True, False]))  # model 2 is masked
+        for k in range(2):
+            for q, g in zip(plain[k], grads, strict=True):
+                q.grad = g[k].clone()
+            theirs[k].step()
+    for i, p in enumerate(params):
+        for k in range(2):
+            torch.testing.assert_close(p.detach()[k], plain[k][i].detach(), atol=2e-6, rtol=0)
+        assert torch.equal(p.detach()[2], start[i][2])  # masked: untouched
+
+
+@pytest.mark.parametrize("family", ["mlp", "lstm"])
+def test_a_pack_reproduces_separate_fits(family):
+    ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
+    config = FitConfig(epochs=3, batch_size=64, patience=None)
+    packed = fit_pack(models(family, ws, seeds), members(ws, lrs, seeds), config=config)
+    for w, seed, lr, model, result in zip(ws, seeds, lrs, models(family, ws, seeds), packed, strict=True):
+        alone = fit(model, (w.x_train, w.y_train), (w.x_val, w.y_val), config=FitConfig(epochs=3, batch_size=64, lr=lr, seed=seed))
+        assert [r.train_loss for r in result.history] == pytest.approx([r.train_loss for r in alone.history], rel=1e-4)
+        for (name, a), (_, b) in zip(alone.model.state_dict().items(), result.model.state_dict().items(), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
+        assert "trained in a fused pack of 3" in result.events
+
+
+def test_per_model_lr_is_honoured_and_lr_zero_models_do_not_move():
+    ws, seeds = windows(), [0, 1, 2]
+    before = [m.state_dict() for m in models("mlp", ws, seeds)]
+    packed = fit_pack(models("mlp", ws, seeds), members(ws, [0.0, 1e-3, 0.0], seeds), config=FitConfig(epochs=2, batch_size=64))
+    for k, result in enumerate(packed):
+        after = result.model.state_dict()
+        moved = any(not torch.equal(before[k][name], after[name]) for name in after)
+        assert moved == (k == 1)
+
+
+def test_early_stopped_and_diverged_models_are_masked_while_the_rest_go_on():
+    ws, seeds = windows(), [0, 1, 2]
+    stopping = [PackMember(train=(w.x_train, w.y_train), val=(w.x_val, w.y_val), lr=1e-3, weight_decay=0.0, seed=s) for w, s in zip(ws, seeds, strict=True)]
+    # Model 0: validation targets negated, so it gets worse and stops early. Model 2: NaN targets, so it diverges.
+    stopping[0] = PackMember(train=stopping[0].train, val=(ws[0].x_val, -ws[0].y_val * 5), lr=1e-2, weight_decay=0.0, seed=0)
+    bad_y = ws[2].y_train.clone()
+    bad_y[3] = float("nan")
+    stopping[2] = PackMember(train=(ws[2].x_train, bad_y), val=stopping[2].val, lr=1e-3, weight_decay=0.0, seed=2)
+    results = fit_pack(models("mlp", ws, seeds), stopping, config=FitConfig(epochs=15, batch_size=64, patience=2))
+    assert results[0].status == "early_stopped" and results[0].metrics["epochs_run"] < 15
+    assert results[1].status == "completed" and results[1].metrics["epochs_run"] == 15
+    assert results[2].status == "diverged" and results[2].metrics["epochs_run"] == 1
+    assert any("masked" in e for e in results[2].events)
+    assert all(torch.isfinite(p).all() for p in results[1].model.parameters())  # the NaN did not leak
+
+
+def test_pack_size_is_measured_and_explained():
+    ws = windows(1)
+    choice = measure_pack_size(lambda: models("mlp", ws, [0])[0], (ws[0].x_train, ws[0].y_train), batch=64, device="cpu", candidates=(1, 2, 4), steps=2)
+    assert set(choice.samples_per_s) == {1, 2, 4} and all(v > 0 for v in choice.samples_per_s.values())
+    assert choice.size == max(choice.samples_per_s, key=choice.samples_per_s.get)
+    assert ("fused packs of" in choice.reason) == (choice.size > 1)
+
+
+def test_a_campaign_with_packs_matches_the_same_campaign_with_fusion_off(tmp_path):
+    packed_path = write_campaign(tmp_path, name="packed", projects=4, epochs=3, models="mlp: {hidden_size: 16}")
+    plain_path = tmp_path / "plain.yaml"
+    plain_path.write_text(packed_path.read_text().replace("name: packed", "name: plain").replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 1}"))
+    packed_yaml = packed_path.read_text().replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 4}")
+    packed_path.write_text(packed_yaml)
+    Campaign.from_yaml(packed_path, tmp_path / "a").run()
+    Campaign.from_yaml(plain_path, tmp_path / "b").run()
+    a = Campaign.from_yaml(packed_path, tmp_path / "a").results().set_index("project")
+    b = Campaign.from_yaml(plain_path, tmp_path / "b").results().set_index("project")
+    assert (a["status"] == "done").all() and len(a) == 4
+    for metric in ("mae", "rmse", "smape", "mase"):
+        assert a[metric].to_numpy() == pytest.approx(b[metric].to_numpy(), rel=1e-3)
