@@ -161,7 +161,7 @@ def main() -> None:
             with Utilisation() as gpu:
                 seconds, maes, peak = run()
             measured[way] = (seconds, maes)
-            rows.append({"config": f"{family} {params}", "way": way, "trials": n, "seconds": round(seconds, 2), "trials_per_hour": round(3600 * n / seconds, 1),
+            rows.append({"config": family, "way": way, "trials": n, "seconds": round(seconds, 2), "trials_per_hour": round(3600 * n / seconds, 1),
                          "gpu_util_pct": None if gpu.mean() is None else round(gpu.mean(), 1), "peak_memory_mib": round(peak, 1)})
         (t_one, mae_one), (t_procs, _), (t_pack, mae_pack) = measured.values()
         ratios[f"{family}: fused vs one at a time"] = t_one / t_pack
