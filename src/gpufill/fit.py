@@ -147,7 +147,7 @@ def fit(
     plan = compile_for_steps(plan, steps)
     device = torch.device(plan.device.value)
 
-    with _backend_flags(plan):
+    with backend_flags(plan):
         run = _Run(model.to(device), cfg, plan, device)
         train_batches = _batches(train_source, plan, device)
         val_batches = _batches(val_source, plan, device) if val_source is not None else None
@@ -199,7 +199,7 @@ def _batches(source: Any, plan: Plan, device: torch.device) -> ResidentBatches |
 
 
 @contextlib.contextmanager
-def _backend_flags(plan: Plan) -> Iterator[None]:
+def backend_flags(plan: Plan) -> Iterator[None]:
     """Set TF32 and cudnn.benchmark for the training, and restore the user's values after."""
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
     torch.backends.cuda.matmul.allow_tf32 = plan.tf32.value

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gpufill.fit import EpochRecord, FitConfig, FitResult, _backend_flags, autocast
+from gpufill.fit import EpochRecord, FitConfig, FitResult, backend_flags, autocast
 from gpufill.hardware import detect
 from gpufill.models.fused import FusedModule, fuse
 from gpufill.plan import DataFacts, make_plan
@@ -88,7 +88,7 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     plan = make_plan(hardware, DataFacts(n_train=max(counts), bytes_total=total_bytes, is_tensor=True), config)
     device = torch.device(plan.device.value)
     batch = plan.effective_batch.value
-    with _backend_flags(plan):
+    with backend_flags(plan):
         fused = fuse(models).to(device)
         x, y = _padded([m.train for m in members], device)
         val = [m.val for m in members]
