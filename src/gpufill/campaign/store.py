@@ -53,6 +53,12 @@ CREATE TABLE IF NOT EXISTS trials (
     error TEXT, traceback TEXT
 );
 CREATE INDEX IF NOT EXISTS trials_status ON trials (status, position);
+CREATE TABLE IF NOT EXISTS samples (
+    ts REAL NOT NULL, source TEXT NOT NULL, gpu_util REAL, mem_used REAL, mem_total REAL,
+    power_w REAL, power_limit_w REAL, temp_c REAL, sm_clock_mhz REAL, throttle TEXT,
+    cpu_percent REAL, cpu_per_core TEXT, ram_used REAL, ram_total REAL, workers_rss REAL
+);
+CREATE INDEX IF NOT EXISTS samples_ts ON samples (ts);
 CREATE TABLE IF NOT EXISTS events (
     event_id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, run_id INTEGER,
     kind TEXT NOT NULL, trial_id TEXT, message TEXT NOT NULL
@@ -148,6 +154,24 @@ class Store:
             args = tuple(kinds)
         rows = self.db.execute(query + " ORDER BY event_id", args).fetchall()
         return [dict(zip(("ts", "run_id", "kind", "trial_id", "message"), row, strict=True)) for row in rows]
+
+    # -- monitoring samples ---------------------------------------------------------------
+    SAMPLE_COLUMNS = ("ts", "source", "gpu_util", "mem_used", "mem_total", "power_w", "power_limit_w", "temp_c",
+                      "sm_clock_mhz", "throttle", "cpu_percent", "cpu_per_core", "ram_used", "ram_total", "workers_rss")
+
+    def add_samples(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Monitor rows (see monitor/sampler.py): source "gpu0", "gpu1", ... or "host"; bytes, W, C, %."""
+        if not rows:
+            return
+        columns = self.SAMPLE_COLUMNS
+        with self._transaction() as db:
+            db.executemany(
+                f"INSERT INTO samples ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                [tuple(_sample_value(row.get(c)) for c in columns) for row in rows],
+            )
+
+    def samples(self) -> pd.DataFrame:
+        return pd.read_sql_query("SELECT * FROM samples ORDER BY ts", self.db)
 
     # -- trials: the state machine --------------------------------------------------------
     def sync_trials(self, trials: Sequence[Trial], lane_of: Mapping[str, str]) -> tuple[int, int]:
@@ -269,6 +293,10 @@ class Store:
         details = {key: json.loads(value) if value else None for key, value in zip(keys, row[:5], strict=True)}
         details["traceback"] = row[5]
         return details
+
+
+def _sample_value(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, (list, dict)) else value
 
 
 def _dumps(value: Any) -> str:
