@@ -60,6 +60,11 @@ def test_the_demo_runs_and_results_show_every_project_and_family(tmp_path, capsy
     assert beats >= 0.9 * len(rows)  # nearly every trained model beats the naive forecast
     code, out, _ = run_cli(capsys, "results")  # the table view
     assert code == 0 and "64 trials" in out and "lgbm" in out
+    code, out, _ = run_cli(capsys, "status", "--json")
+    status = json.loads(out)
+    code, out, _ = run_cli(capsys, "monitor", "--once")  # the dashboard shows what status reports
+    assert code == 0 and f"{status['done']}/{status['total']} done, {status['failed']} failed" in out
+    assert "ETA done" in out
     code, out, _ = run_cli(capsys, "demo")  # a second run resumes: nothing left to do
     assert code == 0 and "done 64" in out
 

@@ -282,6 +282,34 @@ def estimate(
         console.print(render.estimate_table(result.to_dict()))
 
 
+@app.command()
+def monitor(
+    workdir: Optional[Path] = typer.Option(None, "--workdir"),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes."),
+    once: bool = typer.Option(False, "--once", help="Render once and exit (for scripts and logs)."),
+) -> None:
+    """Live dashboard of a running (or finished) campaign: lanes, rate, ETA, GPU and CPU sparklines."""
+    import time
+
+    from rich.live import Live
+
+    from gpufill.campaign.runner import find_workdir
+    from gpufill.monitor import live as dashboard
+
+    directory = find_workdir(workdir)
+    console = Console()
+    if once:
+        console.print(dashboard.render(dashboard.snapshot(directory)))
+        return
+    with Live(dashboard.render(dashboard.snapshot(directory)), console=console, refresh_per_second=4, screen=False) as view:
+        try:
+            while True:
+                time.sleep(interval)
+                view.update(dashboard.render(dashboard.snapshot(directory)))
+        except KeyboardInterrupt:
+            return
+
+
 def main() -> None:
     """Entry point: bad input is one line on stderr and exit code 2."""
     try:

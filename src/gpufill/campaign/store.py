@@ -170,7 +170,13 @@ class Store:
                 [tuple(_sample_value(row.get(c)) for c in columns) for row in rows],
             )
 
+    def has_samples(self) -> bool:
+        """False for a store written before the samples table existed (readers open read-only: no migration)."""
+        return self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'samples'").fetchone() is not None
+
     def samples(self) -> pd.DataFrame:
+        if not self.has_samples():
+            return pd.DataFrame(columns=list(self.SAMPLE_COLUMNS))
         return pd.read_sql_query("SELECT * FROM samples ORDER BY ts", self.db)
 
     # -- trials: the state machine --------------------------------------------------------

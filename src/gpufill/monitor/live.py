@@ -1,0 +1,127 @@
+"""`gpufill monitor`: a live dashboard of a campaign, read from its store (running or finished).
+
+It only reads (the scheduler is the store's one writer), so it can run in another
+terminal or over ssh. Sized for 80x24: lane counts, trials per minute, ETA, the running
+trials, and sparklines of the last minute of each GPU (utilisation, memory, power,
+temperature) and of the host CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from gpufill.campaign.store import Store
+
+_BARS = "▁▂▃▄▅▆▇█"
+# Trials per minute is measured over this trailing window: recent enough to follow a
+# lane's pace, long enough to smooth over single slow trials.
+RATE_WINDOW_S = 300.0
+SPARK_POINTS = 40
+
+
+def sparkline(values: Sequence[float | None], top: float) -> str:
+    """One character per value, scaled to [0, top]; missing values are blank."""
+    chars = []
+    for value in values[-SPARK_POINTS:]:
+        if value is None or value != value or top <= 0:
+            chars.append(" ")
+            continue
+        level = min(len(_BARS) - 1, max(0, int(value / top * (len(_BARS) - 1) + 0.5)))
+        chars.append(_BARS[level])
+    return "".join(chars)
+
+
+def snapshot(workdir: str | Path, *, now: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Everything the dashboard shows, as plain data (tests assert on it)."""
+    store = Store.open(workdir)
+    try:
+        counts = store.counts().to_dict()
+        t = now()
+        finished_recently = store.db.execute(
+            "SELECT COUNT(*) FROM trials WHERE status IN ('done', 'failed') AND finished_at >= ?", (t - RATE_WINDOW_S,)
+        ).fetchone()[0]
+        first_finish = store.db.execute("SELECT MIN(finished_at) FROM trials WHERE finished_at >= ?", (t - RATE_WINDOW_S,)).fetchone()[0]
+        window = min(RATE_WINDOW_S, t - first_finish) if first_finish is not None else 0.0
+        per_min = 60.0 * finished_recently / window if window > 0 else 0.0
+        left = counts["pending"] + counts["running"]
+        running = [
+            {"family": f, "project": p, "lane": lane, "worker": w, "seconds": t - (s or t)}
+            for f, p, lane, w, s in store.db.execute(
+                "SELECT family, project, lane, worker, started_at FROM trials WHERE status = 'running' ORDER BY started_at"
+            )
+        ]
+        series: dict[str, dict[str, list[float | None]]] = {}
+        since = t - 2 * SPARK_POINTS  # samples are ~1 s apart; keep a little slack
+        rows = store.db.execute(
+            "SELECT source, gpu_util, mem_used, mem_total, power_w, temp_c, cpu_percent FROM samples WHERE ts >= ? ORDER BY ts", (since,)
+        ) if store.has_samples() else []
+        for row in rows:
+            source, util, used, total, power, temp, cpu = row
+            target = series.setdefault(source, {"util": [], "mem": [], "power": [], "temp": [], "cpu": []})
+            target["util"].append(util)
+            target["mem"].append(100.0 * used / total if used is not None and total else None)
+            target["power"].append(power)
+            target["temp"].append(temp)
+            target["cpu"].append(cpu)
+        name = store.meta("campaign_name") or Path(workdir).name
+    finally:
+        store.close()
+    return {
+        "campaign": name,
+        "counts": counts,
+        "trials_per_min": per_min,
+        "eta_s": left * 60.0 / per_min if per_min > 0 else (0.0 if left == 0 else None),
+        "running": running,
+        "series": series,
+    }
+
+
+def render(data: dict[str, Any]) -> Group:
+    counts = data["counts"]
+    eta = data["eta_s"]
+    eta_text = "done" if eta == 0.0 else ("?" if eta is None else f"{int(eta // 60)}m{int(eta % 60):02d}s")
+    header = Text(f"{data['campaign']}: {counts['done']}/{counts['total']} done, {counts['failed']} failed, "
+                  f"{data['trials_per_min']:.1f} trials/min, ETA {eta_text}", style="bold")
+    lanes = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("lane", "total", "done", "failed", "running", "pending", "skipped"):
+        lanes.add_column(column, justify="left" if column == "lane" else "right")
+    for lane, c in counts["lanes"].items():
+        lanes.add_row(lane, *(str(c[k]) for k in ("total", "done", "failed", "running", "pending", "skipped")))
+    parts: list[Any] = [header, lanes]
+    resources = Table(box=None, pad_edge=False, header_style="bold")
+    resources.add_column("source")
+    resources.add_column("metric")
+    resources.add_column("last minute", no_wrap=True)
+    resources.add_column("now", justify="right")
+    for source, s in sorted(data["series"].items()):
+        if source == "host":
+            resources.add_row("host", "cpu %", sparkline(s["cpu"], 100), _last(s["cpu"], "%"))
+            continue
+        resources.add_row(source, "util %", sparkline(s["util"], 100), _last(s["util"], "%"))
+        resources.add_row("", "mem %", sparkline(s["mem"], 100), _last(s["mem"], "%"))
+        resources.add_row("", "power W", sparkline(s["power"], max((v for v in s["power"] if v), default=1)), _last(s["power"], " W"))
+        resources.add_row("", "temp C", sparkline(s["temp"], 100), _last(s["temp"], " C"))
+    if data["series"]:
+        parts.append(resources)
+    else:
+        parts.append(Text("no resource samples yet", style="dim"))
+    running = Table(box=None, pad_edge=False, header_style="bold", title=None)
+    for column in ("running", "project", "worker", "for"):
+        running.add_column(column)
+    for trial in data["running"][:8]:
+        running.add_row(trial["family"], trial["project"], trial["worker"] or "", f"{trial['seconds']:.0f}s")
+    if data["running"]:
+        parts.append(running)
+    return Group(*parts)
+
+
+def _last(values: Sequence[float | None], unit: str) -> str:
+    real = [v for v in values if v is not None]
+    return f"{real[-1]:.0f}{unit}" if real else "-"
