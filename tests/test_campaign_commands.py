@@ -77,3 +77,17 @@ def test_train_runs_classical_families(capsys, family):
     assert result["family"] == family and result["history"] == []
     assert result["plan"]["device"]["value"] == "cpu" and result["plan"]["threads"]["value"] >= 1
     assert result["metrics"]["test"]["mae"] < result["metrics"]["naive"]["mae"]
+
+
+def test_each_run_writes_a_log_file_and_verbose_logs_every_trial(tmp_path, capsys):
+    path = write_campaign(tmp_path, projects=2, epochs=2, models="linear: {}\n  tests.campaign_models:always_raises: {}", retries=0)
+    code, _, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--verbose")
+    assert code == 1
+    log = (tmp_path / "work" / "logs" / "run-1.log").read_text()
+    assert "lane cpu: 2 slots x 1 threads" in log
+    assert log.count(" DEBUG gpufill.scheduler: done ") == 2  # the two linear trials
+    assert log.count("failed, attempt 1/1: ValueError: this model always fails") == 2
+    assert "run 1 ended: 2 done, 2 failed" in log
+    code, _, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    second = (tmp_path / "work" / "logs" / "run-2.log").read_text()
+    assert " DEBUG " not in second  # without --verbose

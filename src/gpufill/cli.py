@@ -163,12 +163,13 @@ def run(
     executor: str = typer.Option("local", "--executor", help="local (ray and slurm: see the README)."),
     fresh: bool = typer.Option(False, "--fresh", help="Start over: delete this workdir's store first."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before --fresh deletes results."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every trial (WORKDIR/logs/run-N.log)."),
 ) -> None:
     """Run a campaign; running it again resumes (done trials are kept)."""
-    _run_campaign(campaign, workdir, gpu_slots, cpu_slots, executor, fresh, yes, command="gpufill run")
+    _run_campaign(campaign, workdir, gpu_slots, cpu_slots, executor, fresh, yes, command="gpufill run", verbose=verbose)
 
 
-def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, cpu_slots: str | None, executor: str, fresh: bool, yes: bool, command: str) -> None:
+def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, cpu_slots: str | None, executor: str, fresh: bool, yes: bool, command: str, verbose: bool = False) -> None:
     from rich.live import Live
 
     from gpufill import render
@@ -198,6 +199,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
             cpu_slots=parse_slots(cpu_slots, "--cpu-slots"),
             fresh=fresh,
             command=command,
+            verbose=verbose,
             on_start=on_start,
             on_update=lambda snapshot: live.update(render.campaign_view(snapshot, job.spec.name)),
         )
@@ -308,6 +310,18 @@ def monitor(
                 view.update(dashboard.render(dashboard.snapshot(directory)))
         except KeyboardInterrupt:
             return
+
+
+@app.command()
+def report(
+    workdir: Optional[Path] = typer.Option(None, "--workdir"),
+    out: Optional[Path] = typer.Option(None, "--out", help="HTML file to write (default WORKDIR/report.html)."),
+) -> None:
+    """Write one self-contained HTML report: summary, model comparison, resources, failures, alerts, plans."""
+    from gpufill.campaign.runner import find_workdir
+    from gpufill.report import write_report
+
+    print(write_report(find_workdir(workdir), out))
 
 
 def main() -> None:

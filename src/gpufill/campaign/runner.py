@@ -7,8 +7,11 @@ belongs to this campaign), so a refused run never modifies an existing store.
 
 from __future__ import annotations
 
+import logging
+import logging.handlers
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +26,32 @@ from gpufill.campaign.store import DB_NAME, Counts, Store
 from gpufill.campaign.trials import Trial, expand
 from gpufill.errors import InputError
 from gpufill.hardware import cpu_count
+
+
+log = logging.getLogger("gpufill.campaign")
+# A log file per run, rotated past this size so a long campaign cannot fill the disk.
+LOG_MAX_BYTES = 10 * 2**20
+LOG_BACKUPS = 3
+
+
+@contextmanager
+def run_log(workdir: Path, run_id: int, *, verbose: bool) -> Iterator[Path]:
+    """Log this run to WORKDIR/logs/run-<id>.log (DEBUG with verbose, else INFO)."""
+    path = workdir / "logs" / f"run-{run_id}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root = logging.getLogger("gpufill")
+    saved_level = root.level
+    root.addHandler(handler)
+    root.setLevel(min(handler.level, saved_level) if saved_level else handler.level)
+    try:
+        yield path
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved_level)
+        handler.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +127,7 @@ class Campaign:
         cpu_slots: int | Literal["auto"] | None = None,
         fresh: bool = False,
         command: str = "gpufill run",
+        verbose: bool = False,
         on_start: Callable[[Prepared, int], None] | None = None,
         on_update: Callable[[Snapshot], None] | None = None,
     ) -> RunOutcome:
@@ -109,30 +139,39 @@ class Campaign:
         store = Store.create(self.workdir)
         try:
             run_id = store.begin_run(command)
-            store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json()})
-            lane_of = {kind: lane.name for lane in prepared.lanes for kind in lane.kinds}
-            added, skipped = store.sync_trials(prepared.trials, lane_of)
-            recovered = store.recover_interrupted(run_id)
-            for message in [*prepared.warnings, f"{added} new trials, {skipped} no longer in the file, {recovered} interrupted ones retried"]:
-                store.event("run", message, run_id=run_id)
-            if on_start is not None:
-                on_start(prepared, run_id)
-            executor = LocalExecutor(spec_payload=self.spec.model_dump(mode="json"), base_dir=str(self.base_dir))
-            pack_size = self.spec.resources.pack_size
-            scheduler = Scheduler(
-                store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id,
-                pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update,
-            )
-            try:
-                outcome = scheduler.run()
-            except BaseException:
-                store.recover_interrupted(run_id)  # in-flight trials go back to pending
-                store.end_run(run_id, "interrupted")
-                raise
-            store.end_run(run_id, "failed" if outcome.failed else "done")
-            return outcome
+            with run_log(self.workdir, run_id, verbose=verbose):
+                return self._run(store, run_id, prepared, on_start, on_update)
         finally:
             store.close()
+
+    def _run(self, store: Store, run_id: int, prepared: Prepared, on_start: Any, on_update: Any) -> RunOutcome:
+        store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json()})
+        lane_of = {kind: lane.name for lane in prepared.lanes for kind in lane.kinds}
+        added, skipped = store.sync_trials(prepared.trials, lane_of)
+        recovered = store.recover_interrupted(run_id)
+        for message in [*prepared.warnings, f"{added} new trials, {skipped} no longer in the file, {recovered} interrupted ones retried"]:
+            store.event("run", message, run_id=run_id)
+            log.info(message)
+        for lane in prepared.lanes:
+            log.info("lane %s: %d slots x %d threads on %s (%s): %s", lane.name, lane.slots, lane.threads, lane.device, ", ".join(lane.kinds), lane.reason)
+        if on_start is not None:
+            on_start(prepared, run_id)
+        executor = LocalExecutor(spec_payload=self.spec.model_dump(mode="json"), base_dir=str(self.base_dir))
+        pack_size = self.spec.resources.pack_size
+        scheduler = Scheduler(
+            store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id,
+            pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update,
+        )
+        try:
+            outcome = scheduler.run()
+        except BaseException:
+            store.recover_interrupted(run_id)  # in-flight trials go back to pending
+            store.end_run(run_id, "interrupted")
+            raise
+        store.end_run(run_id, "failed" if outcome.failed else "done")
+        log.info("run %d ended: %d done, %d failed, %d retried, %d worker crashes in %.1f s",
+                 run_id, outcome.done, outcome.failed, outcome.retried, outcome.crashed, outcome.elapsed_s)
+        return outcome
 
     def delete_store(self) -> None:
         for suffix in ("", "-wal", "-shm"):

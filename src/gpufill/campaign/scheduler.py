@@ -10,6 +10,7 @@ first. Failures and worker crashes are retried up to the limit; everything else 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from typing import Any
 from gpufill.campaign.executors.local import Crashed, Finished, LocalExecutor, Worker
 from gpufill.campaign.lanes import Lane
 from gpufill.campaign.store import Store
+
+log = logging.getLogger("gpufill.scheduler")
 
 # Trials sent together for a shape whose pack size is not measured yet: the largest size tried.
 PROBE_PACK = 8
@@ -177,6 +180,7 @@ class Scheduler:
         trials = {t["trial_id"]: t for t in outcome.task["trials"]}
         if isinstance(outcome, Crashed):
             self.store.event("worker_crashed", f"{outcome.worker.name}: {outcome.reason}", run_id=self.run_id, trial_id=next(iter(trials)))
+            log.warning("%s: %s; its %d trial(s) will be retried if attempts remain", outcome.worker.name, outcome.reason, len(trials))
             for trial in trials.values():
                 self.outcome.crashed += 1
                 self._failed(trial, lane_name, outcome.reason, "", self.clock() - self.started_at.pop(trial["trial_id"], self.clock()))
@@ -186,6 +190,7 @@ class Scheduler:
             shape = outcome.task["trials"][0]["shape"]
             self.pack_sizes[shape] = pack["size"]
             self.store.event("pack_size", f"{shape}: {pack['reason']}", run_id=self.run_id)
+            log.info("pack size for %s: %s", shape, pack["reason"])
         returned = outcome.message.get("returned", [])
         if returned:  # handed back unstarted: queued again, no attempt counted
             self.store.release(returned)
@@ -207,6 +212,7 @@ class Scheduler:
             if peak:
                 self.shape_memory[trial["shape"]] = max(peak, self.shape_memory.get(trial["shape"], 0))
             if self.store.record_done(trial["trial_id"], result, duration_s=duration):
+                log.debug("done %s %s %s in %.2f s: test mae %.4g", trial["trial_id"], trial["family"], trial["project"], duration, result["metrics"]["test"]["mae"])
                 self.outcome.done += 1
                 self.finished_this_run[lane_name] += 1
 
@@ -214,6 +220,7 @@ class Scheduler:
         retry = trial["attempts"] < self.max_attempts
         self.store.record_failed(trial["trial_id"], error, trace, duration_s=duration, retry=retry)
         self.store.event("trial_failed", f"attempt {trial['attempts']}/{self.max_attempts}: {error}", run_id=self.run_id, trial_id=trial["trial_id"])
+        log.warning("trial %s (%s %s) failed, attempt %d/%d: %s", trial["trial_id"], trial["family"], trial["project"], trial["attempts"], self.max_attempts, error)
         if retry:
             self.outcome.retried += 1
             self.queue[lane_name].append(trial)
