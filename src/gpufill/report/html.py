@@ -1,0 +1,234 @@
+"""`write_report`: one self-contained HTML file for a campaign workdir.
+
+Everything is inline (CSS, base64 PNG images, one small script), so the file opens
+without network access and can be mailed or attached to a paper's supplement.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpufill.campaign.runner import best_per_project
+from gpufill.campaign.store import Store
+from gpufill.report import plots
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: .8em 0; font-size: .9em; }
+th, td { border: 1px solid #ddd; padding: .3em .6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.scroll { overflow-x: auto; } .note { color: #666; font-style: italic; }
+img.plot { display: block; max-width: 100%; margin: .8em 0; border: 1px solid #eee; }
+small.reason { color: #666; display: block; } pre { white-space: pre-wrap; font-size: .85em; background: #f8f8f8; padding: .5em; }
+"""
+
+# Runs last: reports how many plots decoded (a headless browser test reads body[data-plots]).
+_CHECK_SCRIPT = """
+<script>
+function gpufillCheckPlots() {
+  var imgs = document.querySelectorAll("img.plot"), ok = 0;
+  for (var i = 0; i < imgs.length; i++) { if (imgs[i].complete && imgs[i].naturalWidth > 0) { ok++; } }
+  document.body.dataset.plots = ok + "/" + imgs.length;
+}
+if (document.readyState === "complete") { gpufillCheckPlots(); } else { window.addEventListener("load", gpufillCheckPlots); }
+</script>
+"""
+
+
+def write_report(workdir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
+    """Write the campaign's HTML report (default WORKDIR/report.html) and return its path."""
+    workdir = Path(workdir)
+    store = Store.open(workdir)  # InputError (exit 2) when there is no store
+    try:
+        page = render_report(store)
+    finally:
+        store.close()
+    path = Path(out) if out is not None else workdir / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, path)  # a reader never sees half a report
+    return path
+
+
+def render_report(store: Store) -> str:
+    name = store.meta("campaign_name") or "campaign"
+    trials = store.frame()
+    samples = store.samples()
+    runs = pd.read_sql_query("SELECT run_id, started_at, finished_at, status, command FROM runs ORDER BY run_id", store.db)
+    done = trials[trials["status"] == "done"]
+    t0 = float(runs["started_at"].min()) if not runs.empty else float(samples["ts"].min()) if not samples.empty else 0.0
+    sections = [
+        f"<h1>gpufill report: {escape(name)}</h1>",
+        f"<p class='note'>Written {escape(time.strftime('%Y-%m-%d %H:%M:%S'))} from {escape(str(store.path))}.</p>",
+        _section("Campaign summary", _table(["quantity", "value"], summary_rows(store, trials, samples, runs), table_id="summary")),
+        _section("Model comparison", _model_comparison(trials, done)),
+        _section("Resource timelines", _resources(samples, t0)),
+        _section("Trial durations", _plot_or_note(plots.durations(trials), "no finished trials yet")),
+        _section("Failures", _failures(store, trials)),
+        _section("Alerts", _alerts(store, t0)),
+        _section("Plan chosen per shape", _plans(store)),
+    ]
+    body = "\n".join(sections)
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>gpufill report: {escape(name)}</title><style>{_CSS}</style></head>\n"
+        f"<body>\n{body}\n{_CHECK_SCRIPT}</body></html>\n"
+    )
+
+
+# -- summary ------------------------------------------------------------------------------------
+def summary_rows(store: Store, trials: pd.DataFrame, samples: pd.DataFrame, runs: pd.DataFrame) -> list[list[str]]:
+    counts = store.counts().total
+    wall = 0.0
+    for started, finished in zip(runs["started_at"], runs["finished_at"], strict=True):
+        # A run still going (or killed) has no finish time: count it up to its last recorded trial.
+        end = finished if pd.notna(finished) else _last_finish(trials, store) or started
+        wall += max(0.0, end - started)
+    durations = trials["duration_s"].fillna(0.0)
+    gpu = (trials["lane"] == "gpu") & (trials["kind"] == "neural")
+    gpu_rows = samples[samples["source"].str.startswith("gpu")] if not samples.empty else samples
+    host_rows = samples[samples["source"] == "host"] if not samples.empty else samples
+    gpu_util = gpu_rows["gpu_util"].dropna() if not gpu_rows.empty else pd.Series(dtype=float)
+    cpu_util = host_rows["cpu_percent"].dropna() if not host_rows.empty else pd.Series(dtype=float)
+    return [
+        ["campaign", escape(store.meta("campaign_name") or "n/a")],
+        ["trials total", str(sum(counts.values()))],
+        ["trials done", str(counts["done"])],
+        ["trials failed", str(counts["failed"])],
+        ["trials skipped", str(counts["skipped"])],
+        ["trials pending or running", str(counts["pending"] + counts["running"])],
+        ["runs", str(len(runs))],
+        ["wall time", _duration(wall)],
+        ["trial-hours", _hours(durations.sum())],
+        ["GPU-hours (neural trials on the GPU lane)", _hours(durations[gpu].sum())],
+        ["achieved mean GPU utilisation", f"{gpu_util.mean():.1f} %" if not gpu_util.empty else "n/a"],
+        ["mean CPU utilisation", f"{cpu_util.mean():.1f} %" if not cpu_util.empty else "n/a"],
+    ]
+
+
+def _last_finish(trials: pd.DataFrame, store: Store) -> float | None:
+    row = store.db.execute("SELECT MAX(finished_at) FROM trials").fetchone()
+    return row[0] if row and row[0] is not None else None
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.3g} h ({_duration(seconds)})"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s"
+
+
+# -- sections -----------------------------------------------------------------------------------
+def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame) -> str:
+    parts = ["<h3>Test MAE per family</h3>", _plot_or_note(plots.metric_per_family(done), "no finished trials yet")]
+    best = best_per_project(trials)
+    if best.empty:
+        parts.append("<p class='note'>no finished trials yet</p>")
+    else:
+        top = best.groupby("project", sort=True).head(1)  # best_per_project sorts by project, then metric
+        families = best.groupby("project")["family"].count()
+        rows = [
+            [escape(r.project), escape(r.family), escape(_params(r.params)), str(r.lookback), f"{r.mae:.4g}", str(r.seeds), str(families[r.project])]
+            for r in top.itertuples()
+        ]
+        parts += ["<h3>Best configuration per project</h3>",
+                  _table(["project", "family", "params", "lookback", "test MAE", "seeds", "families compared"], rows, table_id="best", numeric={3, 4, 5, 6})]
+    parts += ["<h3>Hyper-parameter effects</h3>", _plot_or_note(plots.parameter_effects(done), "no grid parameter varies within a family")]
+    return "\n".join(parts)
+
+
+def _resources(samples: pd.DataFrame, t0: float) -> str:
+    if samples.empty:
+        return "<p class='note'>no monitor samples in this workdir (the sampler was not running)</p>"
+    gpu = plots.gpu_timelines(samples, t0)
+    host = plots.host_timelines(samples, t0)
+    parts = [_img(p) for p in gpu] or ["<p class='note' id='no-gpu'>no GPU samples: this campaign ran without a GPU (or without NVML)</p>"]
+    parts += [_img(p) for p in host] or ["<p class='note'>no host samples</p>"]
+    return "\n".join(parts)
+
+
+def _failures(store: Store, trials: pd.DataFrame) -> str:
+    failed = trials[trials["status"] == "failed"]
+    if failed.empty:
+        return "<p class='note'>no failed trials</p>"
+    rows = []
+    for r in failed.itertuples():
+        details = store.trial_details(r.trial_id) or {}
+        trace = details.get("traceback") or ""
+        error = escape(r.error or "")
+        if trace:
+            error += f"<details><summary>traceback</summary><pre>{escape(trace)}</pre></details>"
+        rows.append([escape(r.trial_id), escape(r.family), escape(r.project), str(r.attempts), error])
+    return _table(["trial", "family", "project", "attempts", "error"], rows, table_id="failures", numeric={3})
+
+
+def _alerts(store: Store, t0: float) -> str:
+    alerts = [e for e in store.events() if e["kind"].startswith("alert")]
+    if not alerts:
+        return "<p class='note'>no alerts</p>"
+    rows = [[f"{e['ts'] - t0:.1f}", escape(e["kind"]), escape(e["trial_id"] or ""), escape(e["message"])] for e in alerts]
+    return _table(["time since start (s)", "alert", "trial", "message"], rows, table_id="alerts", numeric={0})
+
+
+def _plans(store: Store) -> str:
+    shapes = store.db.execute(
+        "SELECT family, shape, MIN(position), COUNT(*) FROM trials WHERE plan IS NOT NULL GROUP BY family, shape ORDER BY MIN(position)"
+    ).fetchall()
+    if not shapes:
+        return "<p class='note'>no finished trials yet</p>"
+    plans: list[tuple[str, str, int, dict[str, Any]]] = []
+    for family, shape, position, n in shapes:
+        trial_id = store.db.execute("SELECT trial_id FROM trials WHERE position = ?", (position,)).fetchone()[0]
+        plans.append((family, shape, n, (store.trial_details(trial_id) or {}).get("plan") or {}))
+    settings = sorted({key for *_, plan in plans for key in plan})
+    rows = []
+    for family, shape, n, plan in plans:
+        cells = []
+        for key in settings:
+            entry = plan.get(key)
+            if isinstance(entry, dict) and "value" in entry:
+                cells.append(f"{escape(json.dumps(entry['value']))}<small class='reason'>{escape(str(entry.get('reason', '')))}</small>")
+            else:
+                cells.append("" if entry is None else escape(json.dumps(entry)))
+        rows.append([escape(family), escape(shape), str(n), *cells])
+    return "<div class='scroll'>" + _table(["family", "shape", "trials", *settings], rows, table_id="plans", numeric={2}) + "</div>"
+
+
+# -- html helpers ---------------------------------------------------------------------------------
+def _section(title: str, content: str) -> str:
+    anchor = title.lower().replace(" ", "-")
+    return f"<section id='{anchor}-section'><h2>{escape(title)}</h2>\n{content}\n</section>"
+
+
+def _table(header: list[str], rows: list[list[str]], *, table_id: str, numeric: set[int] = frozenset()) -> str:
+    """Cells are HTML already (escaped by the caller); header cells are escaped here."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "\n".join("<tr>" + "".join(f"<td class='num'>{c}</td>" if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return f"<table id='{table_id}'><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>"
+
+
+def _img(plot: plots.Plot) -> str:
+    return f"<img class='plot' alt='{escape(plot.alt, quote=True)}' src='data:image/png;base64,{plot.png_base64}'>"
+
+
+def _plot_or_note(plot: plots.Plot | None, note: str) -> str:
+    return _img(plot) if plot is not None else f"<p class='note'>{escape(note)}</p>"
+
+
+def _params(text: str) -> str:
+    params = json.loads(text) if text else {}
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "(defaults)"

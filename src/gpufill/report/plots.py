@@ -1,0 +1,171 @@
+"""The report's figures: matplotlib (Agg) rendered to base64 PNG, each with a title and axis labels with units.
+
+Every function takes plain DataFrames and returns a `Plot` (or None when there is nothing
+to draw, so the page shows a note instead of an empty image).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display, no GUI toolkit: the report renders on headless servers
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+GIB = 1024**3
+DPI = 90  # ~1000 px wide figures: sharp enough on screen, small enough to keep the page light
+
+
+@dataclass(frozen=True, slots=True)
+class Plot:
+    """One rendered figure: base64 PNG and the alt text that describes it."""
+
+    png_base64: str
+    alt: str
+
+
+def _render(fig: plt.Figure, alt: str) -> Plot:
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    plt.close(fig)
+    return Plot(base64.b64encode(buffer.getvalue()).decode("ascii"), alt)
+
+
+def _short(name: str, width: int = 24) -> str:
+    """Custom families are `package.module:factory`: keep the factory name for axis labels."""
+    name = name.rsplit(":", 1)[-1] if ":" in name else name
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+# -- model comparison -------------------------------------------------------------------------
+def metric_per_family(done: pd.DataFrame, metric: str = "mae") -> Plot | None:
+    """Box plot of the test metric per family, with every trial as a point (one per project x config x seed)."""
+    done = done.dropna(subset=[metric])
+    if done.empty:
+        return None
+    families = sorted(done["family"].unique(), key=lambda f: done.loc[done["family"] == f, metric].median())
+    values = [done.loc[done["family"] == f, metric].to_numpy() for f in families]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.boxplot(values, showfliers=False)
+    ax.set_xticks(range(1, len(families) + 1), [_short(f) for f in families], rotation=20, ha="right")
+    for i, vals in enumerate(values, start=1):
+        ax.plot([i] * len(vals), vals, "o", alpha=0.5, markersize=3, color="tab:blue")
+    ax.set_title(f"Test {metric.upper()} per model family across projects (each point: one trial)")
+    ax.set_xlabel("model family (sorted by median)")
+    ax.set_ylabel(f"test {metric.upper()} (original scale)")
+    ax.grid(axis="y", alpha=0.3)
+    return _render(fig, f"Box plot of test {metric.upper()} per model family across {done['project'].nunique()} projects")
+
+
+def parameter_effects(done: pd.DataFrame, metric: str = "mae", limit: int = 12) -> Plot | None:
+    """Mean test metric per value of each grid parameter (and lookback) that varies, per family."""
+    panels: list[tuple[str, str, pd.Series]] = []
+    for family, rows in done.dropna(subset=[metric]).groupby("family"):
+        params = pd.DataFrame([json.loads(p) for p in rows["params"]], index=rows.index)
+        params["lookback"] = rows["lookback"]
+        for name in params.columns:
+            column = params[name].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
+            if column.nunique(dropna=False) > 1:
+                means = rows[metric].groupby(column).mean()
+                means = means.iloc[sorted(range(len(means)), key=lambda i: _order(means.index[i]))]  # 8 before 16
+                panels.append((str(family), str(name), means.rename(index=str)))
+    if not panels:
+        return None
+    panels = panels[:limit]
+    cols = min(3, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(max(8, 4 * cols), 3.4 * nrows), squeeze=False)
+    for ax, (family, name, means) in zip(axes.flat, panels, strict=False):
+        ax.bar(means.index, means.to_numpy(), color="tab:orange")
+        ax.set_title(f"{_short(family)}: {name}")
+        ax.set_xlabel(f"{name} (grid value)")
+        ax.set_ylabel(f"mean test {metric.upper()} (original scale)")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(f"Hyper-parameter effects: mean test {metric.upper()} per grid value")
+    return _render(fig, f"Bar charts of mean test {metric.upper()} per value of {len(panels)} varying grid parameters")
+
+
+def _order(value: object) -> tuple[int, float, str]:
+    """Numbers first in numeric order, then everything else by its text."""
+    try:
+        return (0, float(value), "")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return (1, 0.0, str(value))
+
+
+# -- resources --------------------------------------------------------------------------------
+def _timeline(frames: dict[str, pd.DataFrame], column: str, scale: float, t0: float, title: str, ylabel: str, alt: str) -> Plot | None:
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    drawn = False
+    for source, rows in sorted(frames.items()):
+        rows = rows.dropna(subset=[column])
+        if rows.empty:
+            continue
+        ax.plot(rows["ts"] - t0, rows[column] / scale, label=source, linewidth=1.2)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_title(title)
+    ax.set_xlabel("time since campaign start (s)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize="small")
+    return _render(fig, alt)
+
+
+def gpu_timelines(samples: pd.DataFrame, t0: float) -> list[Plot]:
+    """Utilisation, memory, power and temperature per GPU (empty when there are no GPU rows)."""
+    gpus = {source: rows for source, rows in samples.groupby("source") if str(source).startswith("gpu")}
+    if not gpus:
+        return []
+    specs = [
+        ("gpu_util", 1, "GPU utilisation per GPU", "utilisation (%)"),
+        ("mem_used", GIB, "GPU memory used per GPU", "memory used (GiB)"),
+        ("power_w", 1, "GPU power draw per GPU", "power (W)"),
+        ("temp_c", 1, "GPU temperature per GPU", "temperature (°C)"),
+    ]
+    plots = [_timeline(gpus, col, scale, t0, title, ylabel, f"Line chart: {title.lower()} over time") for col, scale, title, ylabel in specs]
+    return [p for p in plots if p is not None]
+
+
+def host_timelines(samples: pd.DataFrame, t0: float) -> list[Plot]:
+    """CPU utilisation and RAM used by the host."""
+    host = {"host": samples[samples["source"] == "host"]}
+    if host["host"].empty:
+        return []
+    plots = [
+        _timeline(host, "cpu_percent", 1, t0, "Host CPU utilisation (all cores)", "CPU utilisation (%)", "Line chart: host CPU utilisation over time"),
+        _timeline(host, "ram_used", GIB, t0, "Host RAM used", "RAM used (GiB)", "Line chart: host RAM used over time"),
+    ]
+    return [p for p in plots if p is not None]
+
+
+# -- durations --------------------------------------------------------------------------------
+def durations(trials: pd.DataFrame) -> Plot | None:
+    """Box plot of trial durations per family and lane (done and failed trials)."""
+    rows = trials.dropna(subset=["duration_s"])
+    if rows.empty:
+        return None
+    groups = sorted(rows.groupby([rows["family"], rows["lane"].fillna("cpu")]), key=lambda item: item[0])
+    labels = [f"{_short(family)}\n({lane} lane)" for (family, lane), _ in groups]
+    values = [group["duration_s"].to_numpy() for _, group in groups]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.boxplot(values)
+    ax.set_xticks(range(1, len(labels) + 1), labels, rotation=20, ha="right")
+    low, high = rows["duration_s"].min(), rows["duration_s"].max()
+    if low > 0 and high / low > 100:  # spans orders of magnitude (ms classical fits vs minute-long trainings)
+        ax.set_yscale("log")
+    ax.set_title("Trial duration per model family and lane")
+    ax.set_xlabel("model family (lane)")
+    ax.set_ylabel("duration (s)")
+    ax.grid(axis="y", alpha=0.3)
+    return _render(fig, f"Box plot of trial durations in seconds for {len(labels)} family/lane groups")

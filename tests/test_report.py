@@ -1,0 +1,183 @@
+"""`gpufill report`: the HTML's content, its images, and how headless Chromium renders it."""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpufill.campaign.runner import Campaign, best_per_project, read_results
+from gpufill.campaign.store import Store
+from tests.test_campaign_run import run_cli, write_campaign
+
+CHROMIUM = Path("/usr/bin/chromium")
+GIB = 1024**3
+IMAGE = re.compile(r"<img class='plot' alt='([^']+)' src='data:image/png;base64,([A-Za-z0-9+/=]+)'>")
+
+
+def _add_monitor_rows(workdir: Path, *, gpus: bool) -> None:
+    """Ten seconds of synthetic monitor rows (host, and two GPUs when asked) and one alert."""
+    store = Store.create(workdir)
+    try:
+        t0 = store.db.execute("SELECT MIN(started_at) FROM runs").fetchone()[0]
+        rows = []
+        for i in range(10):
+            rows.append({"ts": t0 + i, "source": "host", "cpu_percent": 40.0 + 2 * i, "cpu_per_core": [40.0, 50.0],
+                         "ram_used": 4 * GIB, "ram_total": 16 * GIB})
+            if gpus:
+                for gpu, util in (("gpu0", 20.0), ("gpu1", 60.0)):
+                    rows.append({"ts": t0 + i, "source": gpu, "gpu_util": util, "mem_used": 2 * GIB, "mem_total": 80 * GIB,
+                                 "power_w": 100.0 + i, "power_limit_w": 300.0, "temp_c": 40.0 + i})
+        store.add_samples(rows)
+        store.event("alert_low_gpu_util", "gpu0 under 30 % for 60 s while trials ran")
+        store.event("run", "not an alert")
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def campaign_workdir(tmp_path_factory) -> Path:
+    """3 projects x (mlp with 2 hidden sizes, linear, a model that always raises): 9 done, 3 failed."""
+    directory = tmp_path_factory.mktemp("report")
+    path = write_campaign(directory, projects=3, epochs=2,
+                          models="mlp: {hidden_size: [8, 16]}\n  linear: {}\n  tests.campaign_models:always_raises: {}")
+    workdir = directory / "work"
+    outcome = Campaign.from_yaml(path, workdir).run()
+    assert (outcome.done, outcome.failed) == (9, 3)
+    _add_monitor_rows(workdir, gpus=True)
+    return workdir
+
+
+def _summary(page: str) -> dict[str, str]:
+    table = re.search(r"<table id='summary'>(.*?)</table>", page, re.S)
+    assert table, "no summary table"
+    return dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", table.group(1)))
+
+
+def _images(page: str) -> list[tuple[str, bytes]]:
+    return [(alt, base64.b64decode(data)) for alt, data in IMAGE.findall(page)]
+
+
+def test_report_has_summary_comparison_failures_alerts_and_plans(campaign_workdir, capsys):
+    out = campaign_workdir / "custom" / "r.html"
+    code, stdout, _ = run_cli(capsys, "report", "--workdir", campaign_workdir, "--out", out)
+    assert code == 0 and stdout.strip() == str(out)
+    page = out.read_text()
+
+    summary = _summary(page)
+    assert (summary["campaign"], summary["trials total"], summary["trials done"], summary["trials failed"], summary["trials skipped"]) == ("tiny", "12", "9", "3", "0")
+    assert summary["GPU-hours (neural trials on the GPU lane)"].startswith("0 h")  # no GPU here: every trial ran on the CPU lane
+    assert summary["achieved mean GPU utilisation"] == "40.0 %"  # gpu0 at 20 %, gpu1 at 60 %
+    assert summary["mean CPU utilisation"] == "49.0 %"  # 40, 42, ..., 58
+    results = read_results(campaign_workdir)
+    trial_hours = results["duration_s"].sum() / 3600
+    assert summary["trial-hours"].startswith(f"{trial_hours:.3g} h")
+    assert re.fullmatch(r"\d+\.\d s", summary["wall time"]) and 0 < float(summary["wall time"][:-2]) < 120
+
+    # Failures: one row per failed trial, the error, the traceback folded away.
+    failures = re.search(r"<table id='failures'>(.*?)</table>", page, re.S).group(1)
+    failed = results[results["status"] == "failed"]
+    for trial_id in failed["trial_id"]:
+        assert f"<td>{trial_id}</td>" in failures
+    assert failures.count("ValueError: this model always fails") == 3 * 2  # the error cell and the traceback's last line
+    assert failures.count("<details><summary>traceback</summary>") == 3 and "<td class='num'>2</td>" in failures  # 2 attempts (retries: 1)
+
+    # Best configuration per project: linear least squares wins on these synthetic series.
+    best = re.search(r"<table id='best'>(.*?)</table>", page, re.S).group(1)
+    expected = best_per_project(results).groupby("project").head(1)
+    assert len(re.findall("<tr>", best)) == 1 + 3
+    for row in expected.itertuples():
+        assert f"<tr><td>{row.project}</td><td>{row.family}</td><td>(defaults)</td><td class='num'>12</td><td class='num'>{row.mae:.4g}</td>" in best
+
+    # Alerts: only events whose kind starts with "alert".
+    alerts = re.search(r"<table id='alerts'>(.*?)</table>", page, re.S).group(1)
+    assert "alert_low_gpu_util" in alerts and "gpu0 under 30 %" in alerts and "not an alert" not in alerts
+
+    # Plans: one row per family/shape that finished (the failing model never produced a plan).
+    plans = re.search(r"<table id='plans'>(.*?)</table>", page, re.S).group(1)
+    assert len(re.findall("<tr>", plans)) == 1 + 3  # header + mlp(8) + mlp(16) + linear
+    assert "mlp[lookback=12 batch_size=auto epochs=2 | hidden_size=8]" in plans and "linear[lookback=12]" in plans
+    assert "<th>precision</th>" in plans and "fp32: CPU" in plans
+
+    # Self-contained: no network resources, every image an inline non-trivial PNG with alt text.
+    assert "http://" not in page and "https://" not in page and "<link" not in page and "<script src" not in page
+    images = _images(page)
+    # metric per family, parameter effects, 4 GPU timelines, CPU and RAM, durations
+    assert len(images) == page.count("<img") == 1 + 1 + 4 + 2 + 1
+    for alt, png in images:
+        assert alt and png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1024
+    assert "no GPU samples" not in page
+
+
+def test_without_gpu_rows_the_gpu_plots_are_a_note(tmp_path, capsys):
+    path = write_campaign(tmp_path, projects=2, epochs=1, models="linear: {}")
+    workdir = tmp_path / "work"
+    Campaign.from_yaml(path, workdir).run()
+    _add_monitor_rows(workdir, gpus=False)
+    code, stdout, _ = run_cli(capsys, "report", "--workdir", workdir)
+    assert code == 0 and stdout.strip() == str(workdir / "report.html")
+    page = (workdir / "report.html").read_text()
+    assert "no GPU samples" in page and "GPU utilisation per GPU" not in page
+    assert _summary(page)["achieved mean GPU utilisation"] == "n/a" and "no failed trials" in page
+    assert "no grid parameter varies" in page
+    assert len(_images(page)) == page.count("<img") == 1 + 2 + 1  # metric per family, CPU and RAM, durations
+
+
+def test_report_on_a_missing_workdir_exits_2_with_one_line(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "report", "--workdir", tmp_path / "nowhere")
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "nowhere" in lines[0] and "--workdir" in lines[0] and "gpufill.db" in lines[0]
+
+
+def _chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync", "--enable-logging=stderr",
+               f"--user-data-dir={profile}", "--virtual-time-budget=5000", *args, page.as_uri()]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _console_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "Uncaught" in line or ("CONSOLE" in line and ("ERROR" in line or "rror" in line.split("CONSOLE", 1)[1]))]
+
+
+def _check_in_chromium(report: Path, tmp_path: Path) -> int:
+    """Screenshot and DOM of the report in headless Chromium; returns the number of plots that rendered."""
+    n_images = report.read_text().count("<img class='plot'")
+    shot = tmp_path / "shot.png"
+    shown = _chromium(report, tmp_path / "profile-1", f"--screenshot={shot}", "--window-size=1280,4000")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    dumped = _chromium(report, tmp_path / "profile-2", "--dump-dom")
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    assert "<table id=\"summary\">" in dumped.stdout
+    assert f'data-plots="{n_images}/{n_images}"' in dumped.stdout
+    assert not _console_errors(shown.stderr + dumped.stderr)
+    return n_images
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (make test installs it)")
+def test_report_renders_every_plot_in_headless_chromium(campaign_workdir, tmp_path, capsys):
+    code, stdout, _ = run_cli(capsys, "report", "--workdir", campaign_workdir, "--out", tmp_path / "report.html")
+    assert code == 0
+    assert _check_in_chromium(Path(stdout.strip()), tmp_path) == 9
+
+
+def test_report_after_the_demo(tmp_path, capsys, monkeypatch):
+    """The issue's acceptance: `gpufill demo`, then `gpufill report`, opened in headless Chromium."""
+    monkeypatch.chdir(tmp_path)
+    code, _, _ = run_cli(capsys, "demo")
+    assert code == 0
+    code, stdout, _ = run_cli(capsys, "report")  # finds ./gpufill-demo by itself
+    report = tmp_path / "gpufill-demo" / "report.html"
+    assert code == 0 and Path(stdout.strip()).resolve() == report.resolve()
+    summary = _summary(report.read_text())
+    assert (summary["campaign"], summary["trials total"], summary["trials done"], summary["trials failed"]) == ("demo", "64", "64", "0")
+    page = report.read_text()
+    for family in ("lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm"):
+        assert f"<td>{family}</td>" in page  # every family has a plan row
+    if CHROMIUM.exists():
+        assert _check_in_chromium(report, tmp_path) >= 2  # metric per family, durations (plus timelines once sampled)
