@@ -91,3 +91,19 @@ def test_each_run_writes_a_log_file_and_verbose_logs_every_trial(tmp_path, capsy
     code, _, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
     second = (tmp_path / "work" / "logs" / "run-2.log").read_text()
     assert " DEBUG " not in second  # without --verbose
+
+
+def test_a_run_samples_the_host_into_the_store(tmp_path):
+    path = write_campaign(tmp_path, projects=2, epochs=30, models="mlp: {hidden_size: 32}")
+    Campaign.from_yaml(path, tmp_path / "work").run()
+    from gpufill.campaign.store import Store
+
+    store = Store.open(tmp_path / "work")
+    try:
+        samples = store.samples()
+    finally:
+        store.close()
+    host = samples[samples["source"] == "host"]
+    assert len(host) >= 1  # at least the sample taken as the sampler starts
+    assert host["cpu_percent"].between(0, 100).all() and (host["ram_total"] > 0).all()
+    assert (samples["source"] != "gpu0").all()  # no GPU here: host rows only, no crash

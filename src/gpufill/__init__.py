@@ -9,5 +9,6 @@ __version__ = "0.1.0"
 from gpufill.fit import FitConfig, FitResult, fit  # noqa: E402
 from gpufill.plan import Plan  # noqa: E402
 from gpufill.campaign.runner import Campaign  # noqa: E402
+from gpufill.monitor.training import TrainingMonitor  # noqa: E402
 
-__all__ = ["Campaign", "FitConfig", "FitResult", "InputError", "Plan", "__version__", "fit"]
+__all__ = ["Campaign", "FitConfig", "FitResult", "InputError", "Plan", "TrainingMonitor", "__version__", "fit"]

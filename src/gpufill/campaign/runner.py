@@ -26,6 +26,7 @@ from gpufill.campaign.store import DB_NAME, Counts, Store
 from gpufill.campaign.trials import Trial, expand
 from gpufill.errors import InputError
 from gpufill.hardware import cpu_count
+from gpufill.monitor.sampler import QueueSink, Sampler
 
 
 log = logging.getLogger("gpufill.campaign")
@@ -158,12 +159,15 @@ class Campaign:
             on_start(prepared, run_id)
         executor = LocalExecutor(spec_payload=self.spec.model_dump(mode="json"), base_dir=str(self.base_dir))
         pack_size = self.spec.resources.pack_size
+        queue = QueueSink()
+        sampler = Sampler(interval=1.0, gpu_source="auto", pids=lambda: [w.process.pid for w in executor.workers], sink=queue)
         scheduler = Scheduler(
             store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id,
-            pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update,
+            pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update, samples=queue.drain,
         )
         try:
-            outcome = scheduler.run()
+            with sampler:
+                outcome = scheduler.run()
         except BaseException:
             store.recover_interrupted(run_id)  # in-flight trials go back to pending
             store.end_run(run_id, "interrupted")

@@ -22,6 +22,10 @@ from gpufill.campaign.store import Store
 
 log = logging.getLogger("gpufill.scheduler")
 
+# Alerts look back this far, every so often (an episode is reported once).
+ALERT_WINDOW_S = 600.0
+ALERT_EVERY_S = 30.0
+
 # Trials sent together for a shape whose pack size is not measured yet: the largest size tried.
 PROBE_PACK = 8
 
@@ -87,6 +91,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         on_update: Callable[[Snapshot], None] | None = None,
         update_every_s: float = 0.5,
+        samples: Callable[[], list[dict[str, Any]]] | None = None,
     ):
         self.store, self.executor, self.lanes = store, executor, lanes
         self.max_attempts = retries + 1
@@ -103,6 +108,13 @@ class Scheduler:
         self.started_at: dict[str, float] = {}
         self.finished_this_run: dict[str, int] = {lane.name: 0 for lane in lanes}
         self.outcome = RunOutcome(done=0, failed=0, retried=0, crashed=0, elapsed_s=0.0)
+        # Monitoring: rows a Sampler queued (drained here, the store's one writer) and lane
+        # snapshots, kept for ALERT_WINDOW_S and checked for alerts every ALERT_EVERY_S.
+        self.drain_samples = samples
+        self.recent_rows: list[dict[str, Any]] = []
+        self.lane_history: list[tuple[float, str, int, int]] = []
+        self.alerted: set[tuple[str, str, float]] = set()
+        self.last_alert_check = 0.0
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -116,11 +128,13 @@ class Scheduler:
                 self._dispatch()
                 for outcome in self.executor.poll(timeout=0.1):
                     self._record(outcome)
+                self._monitor()
                 if self.on_update is not None and self.clock() - last_update >= self.update_every_s:
                     self.on_update(self.snapshot(self.clock() - start))
                     last_update = self.clock()
         finally:
             self.executor.shutdown()
+        self._monitor(final=True)
         self.outcome.elapsed_s = self.clock() - start
         if self.on_update is not None:
             self.on_update(self.snapshot(self.outcome.elapsed_s))
@@ -227,6 +241,39 @@ class Scheduler:
         else:
             self.outcome.failed += 1
             self.finished_this_run[lane_name] += 1
+
+    # -- monitoring ---------------------------------------------------------------------
+    def _monitor(self, final: bool = False) -> None:
+        if self.drain_samples is None:
+            return
+        from gpufill.monitor.alerts import all_alerts
+
+        rows = self.drain_samples()
+        if rows:
+            self.store.add_samples(rows)
+            self.recent_rows.extend(rows)
+        now = time.time()
+        for lane in self.lanes:
+            running = sum(1 for w in self.executor.busy() if w.lane is lane)
+            self.lane_history.append((now, lane.name, running, len(self.queue[lane.name])))
+        if not final and now - self.last_alert_check < ALERT_EVERY_S:
+            return
+        self.last_alert_check = now
+        self.recent_rows = [r for r in self.recent_rows if r["ts"] >= now - ALERT_WINDOW_S]
+        self.lane_history = [h for h in self.lane_history if h[0] >= now - ALERT_WINDOW_S]
+        gpu_busy = [(ts, running) for ts, lane, running, _ in self.lane_history if lane == "gpu"]
+
+        def busy(ts: float) -> bool:  # were GPU trials running then? (the nearest earlier lane snapshot)
+            earlier = [running for t, running in gpu_busy if t <= ts]
+            return bool(earlier and earlier[-1])
+
+        for alert in all_alerts(self.recent_rows, snapshots=self.lane_history, busy=busy):
+            key = (alert.kind, alert.source, round(alert.ts, 1))
+            if key in self.alerted:
+                continue
+            self.alerted.add(key)
+            self.store.event(f"alert_{alert.kind}", alert.message, run_id=self.run_id)
+            log.warning("alert: %s", alert.message)
 
     # -- progress -----------------------------------------------------------------------
     def snapshot(self, elapsed_s: float) -> Snapshot:
