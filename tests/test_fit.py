@@ -248,3 +248,16 @@ def test_checkpoint_is_written_atomically(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]  # no .tmp left behind
     saved = torch.load(tmp_path / "last.pt", weights_only=False)
     assert saved["state"].epoch == 2
+
+
+def test_fit_feeds_a_training_monitor_every_step():
+    from gpufill.monitor.training import TrainingMonitor
+
+    x, y = make_data()
+    monitor = TrainingMonitor()
+    with monitor:
+        fit(model(), (x, y), epochs=3, batch_size=64, monitor=monitor)
+    summary = monitor.summary()
+    assert summary["iterations"] == 3 * 4  # 256 samples / 64 per step, 3 epochs
+    assert summary["samples"] == 3 * 256
+    assert 0 <= summary["data_wait_share"] < 0.5 and summary["step_s_p95"] >= summary["step_s_p50"] > 0

@@ -29,6 +29,7 @@ def make_store(tmp_path, now):
     store.db.execute("UPDATE trials SET started_at = ? WHERE trial_id = 't2'", (now - 30,))
     store.add_samples([{"ts": now - 10 + i, "source": "gpu0", "gpu_util": 10.0 * i, "mem_used": 4e9, "mem_total": 8e9, "power_w": 100 + i, "temp_c": 60} for i in range(10)]
                       + [{"ts": now - 1, "source": "host", "cpu_percent": 75.0}])
+    store.event("alert_low_gpu_util", "gpu0: utilisation 12 % for 90 s while trials ran")
     store.close()
 
 
@@ -48,4 +49,5 @@ def test_snapshot_counts_rate_eta_and_series(tmp_path):
     text = console.export_text()
     assert "watch: 2/5 done, 0 failed, 1.0 trials/min, ETA 3m00s" in text
     assert "util %" in text and "90%" in text and "cpu %" in text and "75%" in text
+    assert "alert: gpu0: utilisation 12 % for 90 s while trials ran" in text
     assert max(len(line) for line in text.splitlines()) <= 80

@@ -132,11 +132,14 @@ def fit(
     *,
     config: FitConfig | None = None,
     callbacks: Sequence[FitCallback] = (),
+    monitor: Any = None,
     **overrides: Any,
 ) -> FitResult:
     """Train `model` on `train` (an (inputs, targets) pair of tensors or a Dataset of pairs).
 
     Settings come from `config` with `overrides` (any FitConfig field) applied on top.
+    `monitor` (a TrainingMonitor) is fed every optimizer step: its host-side time and data
+    wait (on a GPU the host time is launch time: fit never syncs per step).
     """
     cfg = _resolve_config(config, overrides)
     train_source, val_source = _as_source(train, "train"), _as_source(val, "val") if val is not None else None
@@ -148,7 +151,7 @@ def fit(
     device = torch.device(plan.device.value)
 
     with backend_flags(plan):
-        run = _Run(model.to(device), cfg, plan, device)
+        run = _Run(model.to(device), cfg, plan, device, monitor)
         train_batches = _batches(train_source, plan, device)
         val_batches = _batches(val_source, plan, device) if val_source is not None else None
         run.maybe_resume()
@@ -248,8 +251,11 @@ class _State:
 class _Run:
     """One training run: model, optimizer, scaler and state, driven by `train()`."""
 
-    def __init__(self, model: nn.Module, cfg: FitConfig, plan: Plan, device: torch.device):
+    def __init__(self, model: nn.Module, cfg: FitConfig, plan: Plan, device: torch.device, monitor: Any = None):
+        from gpufill.monitor.training import NullMonitor
+
         self.model, self.cfg, self.plan, self.device = model, cfg, plan, device
+        self.monitor = monitor if monitor is not None else NullMonitor()
         self.forward: Callable[[torch.Tensor], torch.Tensor] = model
         self.loss_fn = _LOSSES[cfg.loss]
         self.lr = cfg.lr * plan.lr_scale.value
@@ -349,11 +355,13 @@ class _Run:
         while True:
             tick = time.perf_counter()
             batch = next(batch_iter, None)
-            self.timing["data_s"] += time.perf_counter() - tick
+            wait = time.perf_counter() - tick
+            self.timing["data_s"] += wait
             if batch is None:
                 break
             loss_sum += self._step_with_retry(batch)
             seen += batch.size
+            self.monitor.log_iteration(time.perf_counter() - tick, samples=batch.size, data_wait_s=wait)
         return (loss_sum / max(seen, 1)).item()  # the epoch's one sync
 
     def _step_with_retry(self, batch: EffectiveBatch) -> torch.Tensor:

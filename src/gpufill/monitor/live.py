@@ -71,6 +71,7 @@ def snapshot(workdir: str | Path, *, now: Callable[[], float] = time.time) -> di
             target["temp"].append(temp)
             target["cpu"].append(cpu)
         name = store.meta("campaign_name") or Path(workdir).name
+        alerts = [m for (m,) in store.db.execute("SELECT message FROM events WHERE kind LIKE 'alert%' ORDER BY event_id DESC LIMIT 3")]
     finally:
         store.close()
     return {
@@ -80,6 +81,7 @@ def snapshot(workdir: str | Path, *, now: Callable[[], float] = time.time) -> di
         "eta_s": left * 60.0 / per_min if per_min > 0 else (0.0 if left == 0 else None),
         "running": running,
         "series": series,
+        "alerts": alerts,
     }
 
 
@@ -119,6 +121,8 @@ def render(data: dict[str, Any]) -> Group:
         running.add_row(trial["family"], trial["project"], trial["worker"] or "", f"{trial['seconds']:.0f}s")
     if data["running"]:
         parts.append(running)
+    for message in data.get("alerts", []):
+        parts.append(Text(f"alert: {message}", style="bold red"))
     return Group(*parts)
 
 
