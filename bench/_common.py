@@ -56,3 +56,12 @@ def print_table(title: str, rows: list[dict[str, Any]], ratios: dict[str, float]
     console.print(table)
     for name, value in ratios.items():
         console.print(f"{name}: [bold]{value:.3g}[/bold]")
+
+
+def finish(script: str, title: str, env: dict[str, Any], args: dict[str, Any], rows: list[dict[str, Any]], ratios: dict[str, float], out: Path | None) -> Path:
+    """Every benchmark's ending: print the table and ratios, write the JSON (default bench/results/<script>-<device>-<date>.json)."""
+    print_table(f"{script}: {title}", rows, ratios, env)
+    path = out or default_out(script, env)
+    write_result(path, env, args, rows, ratios)
+    print(f"wrote {path}")
+    return path

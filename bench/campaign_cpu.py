@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import default_out, environment, print_table, write_result  # noqa: E402
+from _common import environment, finish  # noqa: E402
 
 from gpufill.bench import baseline_fit  # noqa: E402
 from gpufill.campaign.runner import Campaign  # noqa: E402
@@ -116,10 +116,7 @@ def main() -> None:
         "mean_mae_gpufill_over_plain": statistics.fmean(maes["gpufill"].values()) / statistics.fmean(maes["plain sequential"].values()),
     }
     run_args = {"campaign": str(args.campaign.relative_to(ROOT) if args.campaign.is_relative_to(ROOT) else args.campaign), "repeats": repeats, "quick": args.quick, "cores": cpu_count()}
-    print_table("campaign_cpu: demo campaign, sequential loop vs gpufill", rows, ratios, env)
-    out = args.out or default_out("campaign_cpu", env)
-    write_result(out, env, run_args, rows, ratios)
-    print(f"wrote {out}")
+    finish("campaign_cpu", "demo campaign, sequential loop vs gpufill", env, run_args, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

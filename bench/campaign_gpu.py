@@ -28,8 +28,9 @@ import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import default_out, environment, print_table, write_result  # noqa: E402
+from _common import environment, finish  # noqa: E402
 
+from gpufill.hardware import resolve_device  # noqa: E402
 from gpufill.data import forecast_metrics, load_projects, make_windows  # noqa: E402
 from gpufill.fit import FitConfig  # noqa: E402
 from gpufill.forecast import predict, train_forecaster  # noqa: E402
@@ -140,7 +141,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = str(resolve_device(args.device))
     n = args.trials or (8 if args.quick else 64)
     lookback, length, epochs = (30, 600, args.epochs or 2) if args.quick else (60, 2000, args.epochs or 5)
     procs = args.procs or (16 if device.startswith("cuda") else psutil.cpu_count(logical=True))
@@ -169,10 +170,7 @@ def main() -> None:
         ratios[f"{family}: max relative MAE difference fused vs one at a time"] = max(abs(a - b) / abs(b) for a, b in zip(mae_pack, mae_one, strict=True))
     run_args = {"trials": n, "lookback": lookback, "series_length": length, "epochs": epochs, "procs": procs, "pack": pack, "quick": args.quick, "device": device,
                 "params": {f: params_by_family[f] for f in args.families.split(",")}}
-    print_table("campaign_gpu: N trials one at a time vs concurrent processes vs fused packs", rows, ratios, env)
-    out = args.out or default_out("campaign_gpu", env)
-    write_result(out, env, run_args, rows, ratios)
-    print(f"wrote {out}")
+    finish("campaign_gpu", "N trials one at a time vs concurrent processes vs fused packs", env, run_args, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

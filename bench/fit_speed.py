@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import default_out, environment, print_table, write_result  # noqa: E402
+from _common import environment, finish  # noqa: E402
 
 from gpufill.bench import compare  # noqa: E402
 from gpufill.data import Split, load_projects, make_windows  # noqa: E402
@@ -55,10 +55,7 @@ def main() -> None:
     rows[1]["speedup_per_pair"] = [round(g.samples_per_s / b.samples_per_s, 3) for b, g in zip(comparison.baseline, comparison.gpufill, strict=True)]
     run_args = {"model": "lstm", "hidden_size": args.hidden_size, "lookback": args.lookback, "horizon": 1, "series_length": length,
                 "train_windows": int(train[0].shape[0]), "epochs": epochs, "repeats": repeats, "quick": args.quick}
-    print_table("fit_speed: LSTM forecaster, baseline loop vs gpufill.fit", rows, ratios, env)
-    out = args.out or default_out("fit_speed", env)
-    write_result(out, env, run_args, rows, ratios)
-    print(f"wrote {out}")
+    finish("fit_speed", "LSTM forecaster, baseline loop vs gpufill.fit", env, run_args, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import default_out, environment, print_table, write_result  # noqa: E402
+from _common import environment, finish  # noqa: E402
 
+from gpufill.hardware import resolve_device  # noqa: E402
 from gpufill.models import registry  # noqa: E402
 from gpufill.pack import measure_pack_size  # noqa: E402
 
@@ -38,7 +39,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = str(resolve_device(args.device))
     sizes = (1, 2, 4, 8) if args.quick else (1, 2, 4, 8, 16)
     shapes = {"small (demo)": SHAPES["small (demo)"]} if args.quick else SHAPES
     env = environment(device)
@@ -56,10 +57,7 @@ def main() -> None:
                 rows.append({"config": f"{family} {shape_name}", "params": str(params), "K": k, "samples_per_s": round(rate, 1), "vs_plain": round(rate / plain, 3)})
             ratios[f"{family} {shape_name}: best fused / plain"] = max(r for k, r in choice.samples_per_s.items() if k > 1) / plain
     run_args = {"lookback": args.lookback, "batch": args.batch, "sizes": list(sizes), "quick": args.quick, "device": device}
-    print_table("pack_speed: fused packs vs one model at a time", rows, ratios, env)
-    out = args.out or default_out("pack_speed", env)
-    write_result(out, env, run_args, rows, ratios)
-    print(f"wrote {out}")
+    finish("pack_speed", "fused packs vs one model at a time", env, run_args, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

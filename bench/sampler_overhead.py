@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import default_out, environment, print_table, write_result  # noqa: E402
+from _common import environment, finish  # noqa: E402
 
+from gpufill.hardware import resolve_device  # noqa: E402
 from gpufill.models import registry  # noqa: E402
 from gpufill.monitor.sampler import GpuReading, QueueSink, Sampler, decode_throttle, open_gpu_source  # noqa: E402
 
@@ -85,7 +86,7 @@ def main() -> None:
     repeats = args.repeats or (8 if args.quick else 10)
     hidden = args.hidden_size or (32 if args.quick else 128)
     batch = args.batch or (64 if args.quick else 256)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = str(resolve_device(args.device))
     env = environment(device)
 
     gpu_source = open_gpu_source()
@@ -137,10 +138,7 @@ def main() -> None:
 
     run_args = {"model": "lstm", "hidden_size": hidden, "lookback": args.lookback, "batch": batch,
                 "steps": steps, "repeats": repeats, "gpu_source": gpu_kind, "quick": args.quick, "device": device}
-    print_table("sampler_overhead: LSTM step loop without / with a running Sampler", rows, ratios, env)
-    out = args.out or default_out("sampler_overhead", env)
-    write_result(out, env, run_args, rows, ratios)
-    print(f"wrote {out}")
+    finish("sampler_overhead", "LSTM step loop without / with a running Sampler", env, run_args, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

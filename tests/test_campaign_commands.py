@@ -9,7 +9,7 @@ import pytest
 
 from gpufill.campaign.estimate import estimate
 from gpufill.campaign.runner import Campaign, read_results
-from tests.test_campaign_run import run_cli, write_campaign
+from tests.helpers import run_cli, write_campaign
 
 
 def test_estimate_times_each_shape_and_predicts_per_lane(tmp_path, capsys):

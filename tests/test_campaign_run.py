@@ -13,40 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufill import cli
 from gpufill.campaign.runner import Campaign, read_results, read_status
+from tests.helpers import run_cli, write_campaign
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def write_campaign(directory: Path, name: str = "tiny", models: str = "mlp: {hidden_size: 16}\n  linear: {}", projects: int = 2,
-                   epochs: int = 2, retries: int = 1) -> Path:
-    """A small campaign file; `models` is the YAML under `models:` (entries separated by newline + 2 spaces)."""
-    path = directory / f"{name}.yaml"
-    lines = [
-        f"name: {name}",
-        f"data: {{source: synthetic, projects: {projects}, length: 300, seed: 0}}",
-        "task: {lookback: [12], horizon: 1}",
-        "models:",
-        f"  {models}",
-        f"train: {{epochs: {epochs}, early_stopping: null}}",
-        "seeds: [0]",
-        f"resources: {{retries: {retries}}}",
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def run_cli(capsys, *args):
-    old = sys.argv
-    sys.argv = ["gpufill", *map(str, args)]
-    try:
-        with pytest.raises(SystemExit) as done:
-            cli.main()
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return done.value.code, out, err
 
 
 def test_a_campaign_runs_every_trial_once_and_resumes_as_a_no_op(tmp_path):

@@ -8,20 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpufill import cli
-
-
-def run_cli(capsys, *args):
-    """Run the real entry point in-process; return (exit code, stdout, stderr)."""
-    old_argv = sys.argv
-    sys.argv = ["gpufill", *map(str, args)]
-    try:
-        with pytest.raises(SystemExit) as done:
-            cli.main()
-    finally:
-        sys.argv = old_argv
-    out, err = capsys.readouterr()
-    return done.value.code, out, err
+from tests.helpers import run_cli
 
 
 @pytest.mark.parametrize("family", ["lstm", "gru", "tcn", "transformer", "mlp"])

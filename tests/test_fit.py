@@ -6,7 +6,6 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-import gpufill.fit as fit_module
 from gpufill.errors import InputError
 from gpufill.fit import FitCallback, fit
 

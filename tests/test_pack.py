@@ -10,7 +10,7 @@ from gpufill.data import load_projects, make_windows
 from gpufill.fit import FitConfig, fit
 from gpufill.models import registry
 from gpufill.pack import PackAdamW, PackMember, fit_pack, measure_pack_size
-from tests.test_campaign_run import write_campaign
+from tests.helpers import write_campaign
 
 
 def windows(n=3, length=400):

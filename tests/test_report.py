@@ -11,7 +11,7 @@ import pytest
 
 from gpufill.campaign.runner import Campaign, best_per_project, read_results
 from gpufill.campaign.store import Store
-from tests.test_campaign_run import run_cli, write_campaign
+from tests.helpers import run_cli, write_campaign
 
 CHROMIUM = Path("/usr/bin/chromium")
 GIB = 1024**3

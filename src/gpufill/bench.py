@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from gpufill.fit import FitCallback, FitConfig, fit
+from gpufill.hardware import resolve_device
 
 
 @dataclasses.dataclass(slots=True)
@@ -155,7 +156,7 @@ def gpufill_fit(
     """gpufill.fit with the automatic plan (or `config`); epoch time includes its validation."""
     config = copy.copy(config) if config is not None else FitConfig()
     config.epochs = epochs
-    device = torch.device(config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(config.device)
     memory = _PeakMemory(device)
     result = fit(model, train, val, config=config, callbacks=[memory])
     seconds = [record.seconds for record in result.history]
@@ -216,7 +217,7 @@ def compare(
     repeats: int = 1,
 ) -> Comparison:
     """Baseline and gpufill, interleaved `repeats` times from the same initial weights."""
-    target = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    target = str(resolve_device(device))
     warm = (train[0][:256], train[1][:256])  # untimed: lazy init, allocator and kernel caches
     baseline_fit(make_model(), warm, val, epochs=1, device=target)
     gpufill_fit(make_model(), warm, val, epochs=1, config=FitConfig(device=target))

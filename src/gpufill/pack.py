@@ -12,6 +12,7 @@ The hot loop never reads the device: masks and losses stay on it until the epoch
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -103,10 +104,11 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
         run = _PackRun(fused, optimizer, config, k, device, plan.autocast_dtype)
         histories, status, seconds = run.train(x, y, n, vx, vy, n_val, generators, counts, batch)
         models_out = [fused.unfuse(i) for i in range(k)]
+    steady = statistics.median(seconds[1:] or seconds)  # the first epoch pays warm-up
     timings = {
         "pack_size": k,
-        "epoch_s": _median(seconds[1:] or seconds) / k,  # this model's share of the pack's time
-        "samples_per_s": sum(counts) / _median(seconds[1:] or seconds) if seconds else 0.0,
+        "epoch_s": steady / k,  # this model's share of the pack's time
+        "samples_per_s": sum(counts) / steady,
         "train_s": sum(seconds) / k,
         "pack_train_s": sum(seconds),
     }
@@ -254,10 +256,6 @@ def _orders(generators: Sequence[torch.Generator], counts: Sequence[int], width:
         rows.append(torch.cat([perm, torch.arange(count, width, device=device)]))
     return torch.stack(rows)
 
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if ordered else 0.0
 
 
 @dataclass(frozen=True, slots=True)

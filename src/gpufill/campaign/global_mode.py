@@ -78,6 +78,8 @@ def _neural(first, trial, spec, train_x, train_y, val_x, val_y, windows, device)
 
 
 def _classical(first, trial, train_x, train_y, val_x, val_y, windows, threads):
+    from gpufill.models.classical import classical_plan
+
     model = registry.build(trial["family"], n_features=first.n_features, lookback=first.lookback, horizon=first.horizon, params=trial["params"])
     # No epochs to validate: the validation windows are training data for classical models.
     x = torch.cat([train_x, val_x]).numpy()
@@ -88,8 +90,4 @@ def _classical(first, trial, train_x, train_y, val_x, val_y, windows, threads):
     tick = time.perf_counter()
     predictions = [np.asarray(model.predict(w.x_test.numpy())) for w in windows]
     timings = {"fit_s": fit_s, "predict_s": time.perf_counter() - tick, "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0}
-    plan = {
-        "device": {"value": "cpu", "reason": "classical models train on the CPU"},
-        "threads": {"value": threads, "reason": "given by the scheduler's CPU budget"},
-    }
-    return predictions, plan, timings, [], [], "completed"
+    return predictions, classical_plan(threads), timings, [], [], "completed"

@@ -25,7 +25,7 @@ from gpufill.campaign.spec import CampaignSpec, load_campaign
 from gpufill.campaign.store import DB_NAME, Counts, Store
 from gpufill.campaign.trials import Trial, expand
 from gpufill.errors import InputError
-from gpufill.hardware import cpu_count
+from gpufill.hardware import cpu_count, detect
 from gpufill.monitor.sampler import QueueSink, Sampler
 
 
@@ -230,11 +230,8 @@ def find_workdir(explicit: str | Path | None, candidates: Sequence[Path] | None 
 
 
 def _gpu_memory() -> int | None:
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return int(torch.cuda.get_device_properties(0).total_memory)
+    hardware = detect()
+    return hardware.total_memory_bytes if hardware.is_cuda else None
 
 
 def describe_lanes(lanes: Sequence[Lane]) -> list[dict[str, Any]]:

@@ -168,18 +168,23 @@ class Scheduler:
         return mates
 
     def _next_trial(self, lane: Lane, worker: Worker) -> dict[str, Any] | None:
+        """The first admissible trial of the worker's last shape, else the first admissible one (one pass)."""
         queue = self.queue[lane.name]
-        candidates = sorted(range(len(queue)), key=lambda i: queue[i]["shape"] != worker.last_shape)  # stable: same shape first
-        for index in candidates:
-            if self._admissible(lane, queue[index]):
+        running_shapes = [w.task["trials"][0]["shape"] for w in self.executor.busy() if w.lane is lane and w.task is not None]
+        fallback = None
+        for index, trial in enumerate(queue):
+            if not self._admissible(lane, trial, running_shapes):
+                continue
+            if trial["shape"] == worker.last_shape or worker.last_shape is None:
                 return queue.pop(index)
-        return None
+            if fallback is None:
+                fallback = index
+        return queue.pop(fallback) if fallback is not None else None
 
-    def _admissible(self, lane: Lane, trial: dict[str, Any]) -> bool:
+    def _admissible(self, lane: Lane, trial: dict[str, Any], running_shapes: list[str]) -> bool:
         """GPU lane: the shape's measured memory must fit what running trials leave of the budget."""
         if lane.memory_budget_bytes is None:
             return True
-        running_shapes = [w.task["trials"][0]["shape"] for w in self.executor.busy() if w.lane is lane and w.task is not None]
         shape = trial["shape"]
         if shape not in self.shape_memory:
             return shape not in running_shapes  # measure a new shape with one trial first

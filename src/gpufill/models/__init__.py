@@ -14,7 +14,7 @@ from gpufill.models.neural import (
     TransformerForecaster,
 )
 # importing classical registers linear, rf, xgb, lgbm (their libraries load on first fit)
-from gpufill.models import classical
+from gpufill.models import classical  # noqa: F401  (registers the classical families)
 
 __all__ = [
     "Family",

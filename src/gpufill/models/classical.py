@@ -494,15 +494,20 @@ class ClassicalRun:
             "family": self.family,
             "params": self.params,
             "status": "completed",
-            "plan": {
-                "device": {"value": "cpu", "reason": "classical family: runs on the CPU lane"},
-                "threads": {"value": self.threads, "reason": "given by the scheduler's CPU budget"},
-            },
+            "plan": classical_plan(self.threads),
             "metrics": {"test": self.test, "naive": self.naive},
             "timings": self.timings,
             "history": [],  # no epochs: one fit
             "events": [],
         }
+
+
+def classical_plan(threads: int) -> dict[str, dict[str, Any]]:
+    """The plan of a classical training, in Plan.to_dict()'s shape."""
+    return {
+        "device": {"value": "cpu", "reason": "classical family: runs on the CPU lane"},
+        "threads": {"value": threads, "reason": "given by the scheduler's CPU budget"},
+    }
 
 
 def train_classical(

@@ -118,10 +118,10 @@ class _Recurrent(Forecaster):
         lookback: int,
         horizon: int,
         *,
-        hidden_size: int,
-        num_layers: int,
-        dropout: float,
-        last_value_norm: bool,
+        hidden_size: int = 64,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+        last_value_norm: bool = True,
     ):
         super().__init__(n_features, lookback, horizon, last_value_norm=last_value_norm)
         self.hidden_size = _int(self.family, "hidden_size", hidden_size)
@@ -149,53 +149,11 @@ class LSTMForecaster(_Recurrent):
     family = "lstm"
     rnn_type = nn.LSTM
 
-    def __init__(
-        self,
-        n_features: int,
-        lookback: int,
-        horizon: int,
-        *,
-        hidden_size: int = 64,
-        num_layers: int = 1,
-        dropout: float = 0.0,
-        last_value_norm: bool = True,
-    ):
-        super().__init__(
-            n_features,
-            lookback,
-            horizon,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            dropout=dropout,
-            last_value_norm=last_value_norm,
-        )
-
 
 @register("gru")
 class GRUForecaster(_Recurrent):
     family = "gru"
     rnn_type = nn.GRU
-
-    def __init__(
-        self,
-        n_features: int,
-        lookback: int,
-        horizon: int,
-        *,
-        hidden_size: int = 64,
-        num_layers: int = 1,
-        dropout: float = 0.0,
-        last_value_norm: bool = True,
-    ):
-        super().__init__(
-            n_features,
-            lookback,
-            horizon,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            dropout=dropout,
-            last_value_norm=last_value_norm,
-        )
 
 
 # --- TCN -------------------------------------------------------------------------------------
