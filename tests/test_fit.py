@@ -161,6 +161,9 @@ def test_hot_loop_reads_the_device_once_per_epoch_and_per_validation(monkeypatch
     fit(model(), (x[:200], y[:200]), (x[200:], y[200:]), epochs=5, batch_size=16, validate_every=2)
     # 13 steps per epoch; reads: 5 train losses + validations at epochs 2, 4, 5.
     assert calls == ["item"] * (5 + 3)
+    calls.clear()
+    fit(model(), (x[:200], y[:200]), epochs=2, batch_size=16, sync_every_step=True)
+    assert calls == ["item"] * (2 * 13 + 2)  # the ablation's per-step read, then the epoch's
 
 
 def test_early_stopping_restores_the_best_weights():

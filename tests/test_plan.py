@@ -101,3 +101,13 @@ def test_lr_scale_arithmetic():
     assert same.lr_scale.value == 1.0
     with pytest.raises(InputError, match="lr_scale_rule"):
         make_plan(CPU, SMALL, SpeedSettings(batch_size=512, reference_batch=128, lr_scale_rule="cubic"))
+
+
+def test_optimizer_kernel_and_step_sync_are_plan_settings():
+    auto = make_plan(CPU, SMALL, SpeedSettings())
+    assert auto.step_sync.value is False and "once per epoch" in auto.step_sync.reason
+    forced = make_plan(CPU, SMALL, SpeedSettings(optimizer_kernel="for-loop", sync_every_step=True))
+    assert forced.optimizer_kernel.value == "for-loop" and forced.optimizer_kernel.reason == "requested"
+    assert forced.step_sync.value is True
+    with pytest.raises(InputError, match="optimizer_kernel"):
+        make_plan(CPU, SMALL, SpeedSettings(optimizer_kernel="bogus"))  # type: ignore[arg-type]

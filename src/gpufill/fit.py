@@ -359,7 +359,10 @@ class _Run:
             self.timing["data_s"] += wait
             if batch is None:
                 break
-            loss_sum += self._step_with_retry(batch)
+            step_loss = self._step_with_retry(batch)
+            if self.plan.step_sync.value:
+                step_loss.item()  # the logging loops' per-step read, kept only when asked for
+            loss_sum += step_loss
             seen += batch.size
             self.monitor.log_iteration(time.perf_counter() - tick, samples=batch.size, data_wait_s=wait)
         return (loss_sum / max(seen, 1)).item()  # the epoch's one sync

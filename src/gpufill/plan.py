@@ -22,6 +22,7 @@ T = TypeVar("T")
 Auto = Literal["auto"]
 Precision = Literal["bf16", "fp16", "fp32"]
 LrScaleRule = Literal["linear", "sqrt", "none"]
+OptimizerKernel = Literal["fused", "foreach", "for-loop"]
 
 # The batch size the default learning rate (1e-3, Adam) is tuned for in the models here.
 DEFAULT_REFERENCE_BATCH = 128
@@ -76,6 +77,10 @@ class SpeedSettings:
     """How lr follows the effective batch when it differs from reference_batch."""
     memory_margin: float = 0.85
     """Share of device memory a training may plan to use."""
+    optimizer_kernel: OptimizerKernel | Auto = "auto"
+    """"fused" (one kernel for all parameters), "foreach" (multi-tensor) or "for-loop"."""
+    sync_every_step: bool = False
+    """Read the loss on the host every step, as logging loops do (off: once per epoch). For ablations."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,7 +110,8 @@ class Plan:
     accumulation: Choice[int]
     lr_scale: Choice[float]
     grad_scaler: Choice[bool]
-    optimizer_kernel: Choice[Literal["fused", "foreach", "for-loop"]]
+    optimizer_kernel: Choice[OptimizerKernel]
+    step_sync: Choice[bool]
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -155,13 +161,24 @@ def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings) -> P
             if precision.value == "fp16"
             else f"not needed with {precision.value}",
         ),
-        optimizer_kernel=_optimizer_kernel(hardware),
+        optimizer_kernel=_optimizer_kernel(hardware, settings.optimizer_kernel),
+        step_sync=Choice(True, "requested: the loss is read every step (one host-device sync per step)")
+        if settings.sync_every_step
+        else Choice(False, "losses accumulate on the device and are read once per epoch: no sync in the hot loop"),
     )
 
 
-def _optimizer_kernel(hardware: Hardware) -> Choice[Literal["fused", "foreach", "for-loop"]]:
+def _optimizer_kernel(hardware: Hardware, requested: OptimizerKernel | Auto) -> Choice[OptimizerKernel]:
     # A private helper, so read defensively: older torch had fused kernels on CUDA only.
     supported = getattr(torch_optimizer, "_get_fused_kernels_supported_devices", lambda: ["cuda"])()
+    if requested not in ("auto", "fused", "foreach", "for-loop"):
+        raise InputError(f"unknown optimizer kernel {requested!r}", field="optimizer_kernel", fix="use auto, fused, foreach or for-loop")
+    if requested == "fused" and hardware.device_type not in supported:
+        raise InputError(
+            f"this torch has no fused optimizer kernels for {hardware.device_type}", field="optimizer_kernel", fix="use foreach, for-loop or auto"
+        )
+    if requested != "auto":
+        return Choice(requested, "requested")
     if hardware.device_type in supported:
         return Choice("fused", f"fused Adam/AdamW/SGD: one kernel updates every parameter on {hardware.device_type} (no per-parameter loop)")
     if hardware.is_cuda:
