@@ -38,6 +38,16 @@ def test_console_script_entry_point_runs():
     assert json.loads(done.stdout)["status"] == "completed"
 
 
+def test_batch_search_on_the_command_line_measures_and_explains(capsys):
+    code, out, _ = run_cli(capsys, "train", "--model", "mlp", "--epochs", 1, "--batch-size", 64, "--batch-search", "on", "--json")
+    assert code == 0
+    plan = json.loads(out)["plan"]
+    assert plan["batch_search"] == {"value": True, "reason": "requested"}
+    micro, accumulation = plan["micro_batch"]["value"], plan["accumulation"]["value"]
+    assert micro in (4, 6, 8, 12, 16, 24, 32, 48, 64) and accumulation == -(-64 // micro)
+    assert plan["effective_batch"]["value"] == 64 and "measured" in plan["micro_batch"]["reason"]
+
+
 def write_csv(path, values, **extra):
     frame = pd.DataFrame({"target": values, **extra})
     frame.to_csv(path, index=False)
@@ -73,6 +83,7 @@ def bad_cases(d):
         (["--model", "lstm", "--param", "width=3"], ["width", "hidden_size"]),
         (["--model", "lstm", "--val", "1.5"], ["--val"]),
         (["--model", "lstm", "--compile", "maybe"], ["--compile"]),
+        (["--model", "lstm", "--batch-search", "sometimes"], ["--batch-search"]),
         (["--model", "lstm", "--project", "nope"], ["nope"]),
     ]
 

@@ -84,6 +84,8 @@ def train(
     batch_size: str = typer.Option("auto", "--batch-size", help="Effective batch, or auto."),
     precision: str = typer.Option("auto", "--precision", help="auto, bf16, fp16 or fp32."),
     compile_: str = typer.Option("auto", "--compile", help="auto, on or off."),
+    batch_search: str = typer.Option("auto", "--batch-search", help="auto, on or off: measure micro-batch sizes, keep the fastest."),
+    allow_batch_change: bool = typer.Option(False, "--allow-batch-change", help="Let the batch search change the effective batch (lr scaled by --lr-scale)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
     lr: float = typer.Option(1e-3, "--lr", help="Learning rate at the reference batch (128)."),
     lr_scale_rule: str = typer.Option("linear", "--lr-scale", help="linear, sqrt or none: how lr follows the batch."),
@@ -115,6 +117,8 @@ def train(
         device=device,
         precision=precision,  # type: ignore[arg-type]  # checked by the plan
         compile=parse_switch(compile_, "--compile"),
+        batch_search=parse_switch(batch_search, "--batch-search"),
+        tune_effective_batch=allow_batch_change,
         batch_size=parse_auto_int(batch_size, "--batch-size"),
         lr_scale_rule=lr_scale_rule,  # type: ignore[arg-type]
         checkpoint_dir=checkpoint_dir,

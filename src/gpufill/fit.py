@@ -19,7 +19,6 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -29,100 +28,17 @@ from torch.utils.data import Dataset, TensorDataset
 from gpufill._checkpoint import load_checkpoint, save_checkpoint
 from gpufill.data.batchers import EffectiveBatch, LoaderBatches, ResidentBatches
 from gpufill.errors import InputError
+from gpufill.fit_types import (
+    LOSSES,
+    Data,
+    EpochRecord,
+    FitCallback,
+    FitConfig,
+    FitResult,
+)
 from gpufill.hardware import detect
-from gpufill.plan import Choice, DataFacts, Plan, SpeedSettings, compile_for_steps, make_plan
-
-LossName = Literal["mse", "mae", "huber"]
-_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "mse": nn.functional.mse_loss,
-    "mae": nn.functional.l1_loss,
-    "huber": nn.functional.huber_loss,
-}
-Data = tuple[torch.Tensor, torch.Tensor] | Dataset
-
-
-@dataclass(kw_only=True, slots=True)
-class FitConfig(SpeedSettings):
-    """Training settings (what to learn) on top of the speed settings (how fast)."""
-
-    epochs: int = 10
-    lr: float = 1e-3
-    """Learning rate at the reference batch; the plan scales it with the effective batch."""
-    weight_decay: float = 0.0
-    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
-    loss: LossName = "mse"
-    grad_clip: float | None = None
-    """Max global gradient norm (None: off). Opt-in: on small models it costs ~8 % of a CPU step."""
-    validate_every: int = 1
-    patience: int | None = None
-    """Early stopping: validations without improvement before stopping (None: off)."""
-    min_delta: float = 0.0
-    restore_best: bool = True
-    """End with the weights of the best validation, not the last epoch (needs val data)."""
-    checkpoint_dir: str | Path | None = None
-    checkpoint_every: int = 1
-    resume: bool = False
-    """Continue from checkpoint_dir's last checkpoint if there is one."""
-    seed: int = 0
-    """Seeds batch order and dropout (not the model's init, which happens before fit)."""
-
-    def validate(self) -> None:
-        for name in ("epochs", "validate_every", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}", field=name, fix=f"set {name} to a positive integer")
-        if not self.lr > 0:
-            raise InputError(f"lr must be positive, got {self.lr}", field="lr", fix="set lr to a positive number such as 1e-3")
-        if self.loss not in _LOSSES:
-            raise InputError(f"unknown loss {self.loss!r}", field="loss", fix=f"use one of {', '.join(_LOSSES)}")
-        if self.optimizer not in ("adamw", "adam", "sgd"):
-            raise InputError(f"unknown optimizer {self.optimizer!r}", field="optimizer", fix="use adamw, adam or sgd")
-        if self.patience is not None and self.patience < 1:
-            raise InputError(f"patience must be at least 1, got {self.patience}", field="patience", fix="set patience >= 1 or None to turn early stopping off")
-        if self.resume and self.checkpoint_dir is None:
-            raise InputError("resume needs a checkpoint directory", field="resume", fix="set checkpoint_dir")
-        if not 0 < self.memory_margin <= 1:
-            raise InputError(f"memory_margin must be in (0, 1], got {self.memory_margin}", field="memory_margin", fix="use e.g. 0.85")
-
-
-@dataclass(slots=True)
-class EpochRecord:
-    epoch: int
-    """1-based."""
-    train_loss: float
-    val_loss: float | None
-    seconds: float
-    lr: float
-
-
-@dataclass(slots=True)
-class FitResult:
-    model: nn.Module
-    plan: Plan
-    history: list[EpochRecord]
-    metrics: dict[str, float | int | None]
-    timings: dict[str, float]
-    events: list[str]
-    status: Literal["completed", "early_stopped", "diverged"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "plan": self.plan.to_dict(),
-            "metrics": self.metrics,
-            "timings": self.timings,
-            "history": [dataclasses.asdict(record) for record in self.history],
-            "events": self.events,
-        }
-
-
-class FitCallback:
-    """Hooks that fit() calls; override what you need (every hook is a no-op here)."""
-
-    def on_fit_start(self, plan: Plan, epochs: int) -> None:
-        """After the plan is final (compile resolved, checkpoint restored), before the first epoch."""
-
-    def on_epoch_end(self, record: EpochRecord) -> None:
-        """After each epoch (and its validation and checkpoint)."""
+from gpufill.plan import Choice, DataFacts, Plan, for_training_length, make_plan
+from gpufill.tune import MeasuredChoices, tune_loader
 
 
 def fit(
@@ -147,15 +63,21 @@ def fit(
     facts = _data_facts(train_source, val_source)
     plan = make_plan(hardware, facts, cfg)
     steps = math.ceil(facts.n_train / plan.effective_batch.value) * cfg.epochs
-    plan = compile_for_steps(plan, steps)
+    plan = for_training_length(plan, steps)
     device = torch.device(plan.device.value)
+
+    if plan.loader_tuning.value:
+        plan = plan.replace(loader=tune_loader(_as_dataset(train_source), plan.effective_batch.value, hardware))
 
     with backend_flags(plan):
         run = _Run(model.to(device), cfg, plan, device, monitor)
         train_batches = _batches(train_source, plan, device)
         val_batches = _batches(val_source, plan, device) if val_source is not None else None
-        run.maybe_resume()
-        run.maybe_compile()
+        resumed = run.maybe_resume()
+        measured = MeasuredChoices(run, train_batches, hardware, _sample_input(train_source), facts.n_train)
+        if not resumed:  # a resumed run keeps the checkpoint's micro-batch
+            measured.search_batch()
+        measured.compile()
         return run.train(train_batches, val_batches, callbacks)
 
 
@@ -193,12 +115,20 @@ def _data_facts(train: Any, val: Any) -> DataFacts:
     return DataFacts(n_train=n_train, bytes_total=total, is_tensor=is_tensor)
 
 
+def _as_dataset(source: Any) -> Dataset:
+    return TensorDataset(*source) if isinstance(source, tuple) else source
+
+
+def _sample_input(source: Any) -> torch.Tensor:
+    """One sample's inputs with a batch axis: the shape key of measured choices."""
+    return source[0][:1] if isinstance(source, tuple) else torch.as_tensor(source[0][0]).unsqueeze(0)
+
+
 def _batches(source: Any, plan: Plan, device: torch.device) -> ResidentBatches | LoaderBatches:
     if plan.data_placement.value == "device":
         return ResidentBatches(source[0], source[1], device)
-    dataset = TensorDataset(*source) if isinstance(source, tuple) else source
     assert plan.loader.value is not None
-    return LoaderBatches(dataset, device, plan.loader.value)
+    return LoaderBatches(_as_dataset(source), device, plan.loader.value)
 
 
 @contextlib.contextmanager
@@ -257,7 +187,7 @@ class _Run:
         self.model, self.cfg, self.plan, self.device = model, cfg, plan, device
         self.monitor = monitor if monitor is not None else NullMonitor()
         self.forward: Callable[[torch.Tensor], torch.Tensor] = model
-        self.loss_fn = _LOSSES[cfg.loss]
+        self.loss_fn = LOSSES[cfg.loss]
         self.lr = cfg.lr * plan.lr_scale.value
         self.optimizer = _optimizer(model, cfg, self.lr, plan.optimizer_kernel.value)
         self.scaler = grad_scaler(device.type, plan.grad_scaler.value)
@@ -270,13 +200,14 @@ class _Run:
         self.timing = {"data_s": 0.0, "val_s": 0.0}
 
     # -- set-up -------------------------------------------------------------------------
-    def maybe_resume(self) -> None:
+    def maybe_resume(self) -> bool:
+        """Load the last checkpoint if asked to; True when training continues from one."""
         if not self.cfg.resume:
-            return
+            return False
         saved = load_checkpoint(self.cfg.checkpoint_dir, self.device)  # type: ignore[arg-type]
         if saved is None:
             self.events.append("resume: no checkpoint yet, starting from epoch 1")
-            return
+            return False
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scaler.load_state_dict(saved["scaler"])
@@ -287,25 +218,36 @@ class _Run:
         self.state = saved["state"]
         micro = saved["micro_batch"]
         if micro != self.plan.micro_batch.value:
-            self._set_micro_batch(micro, f"{micro}: restored from the checkpoint (reduced after an out-of-memory error)")
+            self.set_micro_batch(micro, f"{micro}: restored from the checkpoint (reduced after an out-of-memory error)")
         self.events.append(f"resumed after epoch {self.state.epoch} from {self.cfg.checkpoint_dir}")
+        return True
 
-    def maybe_compile(self) -> None:
-        if not self.plan.compile.value:
-            return
+    def use_compiled(self, reason: str | None = None) -> None:
+        """Wrap the forward with torch.compile (compiles lazily, at the first call)."""
         try:
             self.forward = torch.compile(self.model)
             self.compiled = True
         except Exception as error:  # any compile failure: eager is always correct
-            self._fall_back_to_eager(error)
+            self.fall_back_to_eager(error)
+            return
+        if reason is not None:
+            self.plan = self.plan.replace(compile=Choice(True, reason))
 
-    def _fall_back_to_eager(self, error: BaseException) -> None:
-        reason = f"off: compile failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); fell back to eager"
+    def use_eager(self, choice: Choice[bool]) -> None:
         self.forward, self.compiled = self.model, False
-        self.plan = self.plan.replace(compile=Choice(False, reason))
+        self.plan = self.plan.replace(compile=choice)
+
+    def fall_back_to_eager(self, error: BaseException) -> None:
+        reason = f"off: compile failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); fell back to eager"
+        self.use_eager(Choice(False, reason))
         self.events.append(f"compile {reason}")
 
-    def _set_micro_batch(self, micro: int, reason: str) -> None:
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def set_micro_batch(self, micro: int, reason: str) -> None:
         effective = self.plan.effective_batch.value
         accumulation = math.ceil(effective / micro)
         self.plan = self.plan.replace(
@@ -371,7 +313,7 @@ class _Run:
         """One optimizer step; on OOM halve the micro-batch, double accumulation, retry the same samples."""
         while True:
             try:
-                summed = self._step(batch)
+                summed = self.step(batch)
                 self.first_step_done = True
                 return summed
             except Exception as error:
@@ -379,7 +321,7 @@ class _Run:
                 if is_out_of_memory(error) and self.plan.micro_batch.value > 1:
                     self._recover_from_oom(error)
                 elif self.compiled and not self.first_step_done:
-                    self._fall_back_to_eager(error)
+                    self.fall_back_to_eager(error)
                 else:
                     raise
 
@@ -388,10 +330,11 @@ class _Run:
         new = max(1, old // 2)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self._set_micro_batch(new, f"{new}: halved from {old} after an out-of-memory error at epoch {self.state.epoch + 1}")
+        self.set_micro_batch(new, f"{new}: halved from {old} after an out-of-memory error at epoch {self.state.epoch + 1}")
         self.events.append(f"out of memory at micro-batch {old} (epoch {self.state.epoch + 1}): retried the step with micro-batch {new}, accumulation {self.plan.accumulation.value}")
 
-    def _step(self, batch: EffectiveBatch) -> torch.Tensor:
+    def step(self, batch: EffectiveBatch) -> torch.Tensor:
+        """One optimizer step over `batch` in micro-batches; returns the summed loss (on the device)."""
         summed = torch.zeros((), device=self.device)
         for inputs, targets in batch.micro_batches(self.plan.micro_batch.value):
             count = inputs.shape[0]

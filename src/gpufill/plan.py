@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 import torch
@@ -32,6 +33,11 @@ RESIDENT_SHARE = 0.25
 # torch.compile costs tens of seconds up front; below this many optimizer steps it
 # rarely pays back for the small models gpufill trains.
 COMPILE_MIN_STEPS = 2000
+# The batch search times ~40 optimizer steps; below this many it would cost more than it can save.
+BATCH_SEARCH_MIN_STEPS = 400
+# Timing the loader candidates starts worker processes for each (seconds); worth it only
+# for trainings with many batches.
+LOADER_TUNING_MIN_STEPS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +87,12 @@ class SpeedSettings:
     """"fused" (one kernel for all parameters), "foreach" (multi-tensor) or "for-loop"."""
     sync_every_step: bool = False
     """Read the loss on the host every step, as logging loops do (off: once per epoch). For ablations."""
+    batch_search: bool | Auto = "auto"
+    """Measure samples/s at several micro-batch sizes and keep the fastest within memory_margin."""
+    tune_effective_batch: bool = False
+    """Let the batch search change the effective batch too (lr follows lr_scale_rule)."""
+    tune_cache: str | Path | None = None
+    """Directory caching measured choices per (model shape, device); a campaign passes its workdir."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,6 +117,7 @@ class Plan:
     compile: Choice[bool]
     data_placement: Choice[str]
     loader: Choice[LoaderSettings | None]
+    loader_tuning: Choice[bool]
     effective_batch: Choice[int]
     micro_batch: Choice[int]
     accumulation: Choice[int]
@@ -112,6 +125,7 @@ class Plan:
     grad_scaler: Choice[bool]
     optimizer_kernel: Choice[OptimizerKernel]
     step_sync: Choice[bool]
+    batch_search: Choice[bool]
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -146,6 +160,7 @@ def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings) -> P
         compile=_compile(hardware, settings.compile, steps_per_epoch=steps),
         data_placement=placement,
         loader=_loader(hardware, placement.value, settings.num_workers),
+        loader_tuning=_loader_tuning(placement.value, settings.num_workers),
         effective_batch=effective,
         micro_batch=micro,
         accumulation=Choice(
@@ -154,7 +169,7 @@ def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings) -> P
             if accumulation == 1
             else f"{accumulation} micro-batches of {micro.value} per optimizer step keep the effective batch {effective.value}",
         ),
-        lr_scale=_lr_scale(effective.value, settings),
+        lr_scale=lr_scale_choice(effective.value, settings),
         grad_scaler=Choice(
             precision.value == "fp16",
             "fp16 has a narrow exponent range: loss scaling keeps small gradients from flushing to zero"
@@ -165,6 +180,7 @@ def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings) -> P
         step_sync=Choice(True, "requested: the loss is read every step (one host-device sync per step)")
         if settings.sync_every_step
         else Choice(False, "losses accumulate on the device and are read once per epoch: no sync in the hot loop"),
+        batch_search=_batch_search(hardware, settings),
     )
 
 
@@ -240,6 +256,40 @@ def _compile(hardware: Hardware, requested: bool | Auto, *, steps_per_epoch: int
         return Choice(False, "off on CPU by default: compile time (tens of seconds) rarely pays back for small models")
     # The epoch count is not a data fact; fit.py re-plans with the total step count.
     return Choice(True, f"CUDA: fused kernels cut launch overhead ({steps_per_epoch} steps per epoch)")
+
+
+def _batch_search(hardware: Hardware, settings: SpeedSettings) -> Choice[bool]:
+    if settings.batch_search != "auto":
+        return Choice(bool(settings.batch_search), "requested")
+    if settings.micro_batch != "auto":
+        return Choice(False, "off: the micro-batch is given")
+    if not hardware.is_cuda:
+        # Measured on this project's CPU benchmarks: micro-batches below the effective batch
+        # were within noise of it, so the search would only add run-to-run variation.
+        return Choice(False, "off on CPU by default: smaller micro-batches measured no faster; set batch_search=True to measure")
+    return Choice(True, "measure samples/s at several micro-batch sizes and keep the fastest within the memory margin")
+
+
+def _loader_tuning(placement: str, requested_workers: int | Auto) -> Choice[bool]:
+    if placement == "device":
+        return Choice(False, "not needed: data is resident")
+    if requested_workers != "auto":
+        return Choice(False, "off: num_workers is given")
+    return Choice(True, "time a few num_workers / prefetch settings on real batches and keep the fastest")
+
+
+def for_training_length(plan: Plan, total_steps: int) -> Plan:
+    """Settle the choices that pay back only over enough optimizer steps: compile, batch search, loader tuning."""
+    plan = compile_for_steps(plan, total_steps)
+    if plan.loader_tuning.value and total_steps < LOADER_TUNING_MIN_STEPS:
+        plan = plan.replace(
+            loader_tuning=Choice(False, f"off: only {total_steps} batches; timing loader settings would not pay back (needs {LOADER_TUNING_MIN_STEPS}+)")
+        )
+    if plan.batch_search.value and not plan.batch_search.reason.startswith("requested") and total_steps < BATCH_SEARCH_MIN_STEPS:
+        plan = plan.replace(
+            batch_search=Choice(False, f"off: only {total_steps} optimizer steps; measuring (~40 steps) would not pay back (needs {BATCH_SEARCH_MIN_STEPS}+)")
+        )
+    return plan
 
 
 def compile_for_steps(plan: Plan, total_steps: int) -> Plan:
@@ -334,10 +384,15 @@ def lr_scale_factor(effective: int, reference: int, rule: LrScaleRule) -> float:
     return {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[rule]
 
 
-def _lr_scale(effective: int, settings: SpeedSettings) -> Choice[float]:
+def lr_reference_batch(settings: SpeedSettings) -> int:
+    """The batch the user's learning rate is tuned for."""
+    return settings.reference_batch or (int(settings.batch_size) if settings.batch_size != "auto" else DEFAULT_REFERENCE_BATCH)
+
+
+def lr_scale_choice(effective: int, settings: SpeedSettings) -> Choice[float]:
     if settings.lr_scale_rule not in ("linear", "sqrt", "none"):
         raise InputError(f"unknown lr scale rule {settings.lr_scale_rule!r}", field="lr_scale_rule", fix="use linear, sqrt or none")
-    reference = settings.reference_batch or (settings.batch_size if settings.batch_size != "auto" else DEFAULT_REFERENCE_BATCH)
+    reference = lr_reference_batch(settings)
     if effective == reference:
         return Choice(1.0, f"effective batch equals the reference batch ({reference}): lr unchanged")
     if settings.lr_scale_rule == "none":

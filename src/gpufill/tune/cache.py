@@ -1,0 +1,67 @@
+"""Measured choices cached per (model shape, device): a campaign measures once per shape.
+
+A JSON file in the workdir (written atomically; concurrent workers at worst measure the
+same shape twice) plus an in-process dict, so a worker that trains many trials of one
+shape measures once even without a workdir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+CACHE_FILE = "tune-cache.json"
+_MEMORY: dict[str, dict[str, Any]] = {}
+
+
+def shape_key(kind: str, model: nn.Module, sample_input: torch.Tensor, device_name: str, **settings: Any) -> str:
+    """What makes two measurements interchangeable: model class and parameter shapes, input shape, device, settings."""
+    params = ";".join(f"{name}:{tuple(p.shape)}" for name, p in model.named_parameters())
+    digest = hashlib.sha1(f"{type(model).__qualname__}|{params}".encode()).hexdigest()[:12]
+    extra = ",".join(f"{k}={v}" for k, v in sorted(settings.items()))
+    return f"{kind}|{device_name}|{type(model).__name__}-{digest}|in{tuple(sample_input.shape[1:])}|{extra}"
+
+
+class TuneCache:
+    """get/put of JSON-ready dicts by key; `directory=None` keeps them in this process only."""
+
+    def __init__(self, directory: str | Path | None):
+        self.path = Path(directory) / CACHE_FILE if directory is not None else None
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        if key in _MEMORY:
+            return _MEMORY[key]
+        value = self._read().get(key)
+        if value is not None:
+            _MEMORY[key] = value
+        return value
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        _MEMORY[key] = value
+        if self.path is None:
+            return
+        entries = self._read()  # merge: another worker may have written other shapes meanwhile
+        entries[key] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+
+    def _read(self) -> dict[str, Any]:
+        if self.path is None or not self.path.exists():
+            return {}
+        try:
+            return json.loads(self.path.read_text())
+        except (json.JSONDecodeError, OSError):
+            return {}  # a cache is only a shortcut: a damaged one is measured again
+
+
+def clear_memory() -> None:
+    """Forget in-process entries (tests)."""
+    _MEMORY.clear()
