@@ -12,12 +12,11 @@ once per epoch (one sync), validation every `validate_every` epochs.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,6 +37,13 @@ from gpufill.fit_types import (
 )
 from gpufill.hardware import detect
 from gpufill.plan import Choice, DataFacts, Plan, for_training_length, make_plan
+from gpufill.torch_settings import (
+    autocast,
+    backend_flags,
+    grad_scaler,
+    is_out_of_memory,
+    make_optimizer,
+)
 from gpufill.tune import MeasuredChoices, tune_loader
 
 
@@ -131,41 +137,6 @@ def _batches(source: Any, plan: Plan, device: torch.device) -> ResidentBatches |
     return LoaderBatches(_as_dataset(source), device, plan.loader.value)
 
 
-@contextlib.contextmanager
-def backend_flags(plan: Plan) -> Iterator[None]:
-    """Set TF32 and cudnn.benchmark for the training, and restore the user's values after."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
-    torch.backends.cuda.matmul.allow_tf32 = plan.tf32.value
-    torch.backends.cudnn.allow_tf32 = plan.tf32.value
-    torch.backends.cudnn.benchmark = plan.cudnn_benchmark.value
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
-
-
-def autocast(device_type: str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[Any]:
-    """Autocast through whichever API this torch has (torch.autocast, else torch.cuda.amp)."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    if hasattr(torch, "autocast"):
-        return torch.autocast(device_type=device_type, dtype=dtype)
-    return torch.cuda.amp.autocast(dtype=dtype)  # pragma: no cover - torch < 1.10
-
-
-def grad_scaler(device_type: str, enabled: bool) -> Any:
-    """GradScaler through torch.amp (new API), else torch.cuda.amp (old API)."""
-    try:
-        return torch.amp.GradScaler(device_type, enabled=enabled)
-    except (AttributeError, TypeError):  # pragma: no cover - torch < 2.3
-        return torch.cuda.amp.GradScaler(enabled=enabled)
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    oom_type = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-    return isinstance(error, oom_type) or (isinstance(error, RuntimeError) and "out of memory" in str(error).lower())
-
-
 @dataclass(slots=True)
 class _State:
     """Everything that must survive a restart to continue exactly where training stopped."""
@@ -189,7 +160,7 @@ class _Run:
         self.forward: Callable[[torch.Tensor], torch.Tensor] = model
         self.loss_fn = LOSSES[cfg.loss]
         self.lr = cfg.lr * plan.lr_scale.value
-        self.optimizer = _optimizer(model, cfg, self.lr, plan.optimizer_kernel.value)
+        self.optimizer = make_optimizer(model, cfg, self.lr, plan.optimizer_kernel.value)
         self.scaler = grad_scaler(device.type, plan.grad_scaler.value)
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)  # dropout
@@ -421,14 +392,3 @@ class _Run:
             "epochs_run": len(history),
         }
         return FitResult(model=self.model, plan=self.plan, history=history, metrics=metrics, timings=timings, events=self.events, status=status)
-
-
-def _optimizer(model: nn.Module, cfg: FitConfig, lr: float, kernel: str) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise InputError("the model has no trainable parameters", field="model", fix="pass a model with parameters that require grad")
-    implementation = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[kernel]
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=cfg.weight_decay, **implementation)
-    optimizer_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    return optimizer_cls(params, lr=lr, weight_decay=cfg.weight_decay, **implementation)

@@ -14,9 +14,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpufill.data import Split, WindowedProject, forecast_metrics, load_projects, make_windows
-from gpufill.fit import FitCallback, FitConfig, FitResult, autocast, fit
+from gpufill.data import (
+    Split,
+    WindowedProject,
+    forecast_metrics,
+    load_projects,
+    make_windows,
+)
+from gpufill.fit import FitCallback, FitConfig, FitResult, fit
 from gpufill.models import registry
+from gpufill.torch_settings import autocast
 
 
 @dataclass(slots=True)

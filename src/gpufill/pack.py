@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gpufill.fit import EpochRecord, FitConfig, FitResult, backend_flags, autocast
+from gpufill.fit import EpochRecord, FitConfig, FitResult
 from gpufill.hardware import detect
 from gpufill.models.fused import FusedModule, fuse
 from gpufill.plan import DataFacts, make_plan
+from gpufill.torch_settings import autocast, backend_flags
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 

@@ -17,6 +17,7 @@ import torch
 
 from gpufill.hardware import Hardware
 from gpufill.plan import Choice, lr_reference_batch, lr_scale_factor
+from gpufill.torch_settings import is_out_of_memory
 from gpufill.tune.batch import BatchSearchResult, BatchTrial, search_batch
 from gpufill.tune.cache import TuneCache, shape_key
 from gpufill.tune.compile import CompileMeasurement, decide_compile
@@ -78,7 +79,7 @@ class MeasuredChoices:
         )
         try:
             with preserved(run.model, run.optimizer, run.scaler, run.device):
-                return measure_batch(run.step, self.batches, size=size, effective=effective, device=run.device, is_oom=_is_oom)
+                return measure_batch(run.step, self.batches, size=size, effective=effective, device=run.device, is_oom=is_out_of_memory)
         finally:
             run.plan = saved
 
@@ -146,7 +147,3 @@ def _power_of_two_at_most(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def _is_oom(error: BaseException) -> bool:
-    from gpufill.fit import is_out_of_memory
-
-    return is_out_of_memory(error)
