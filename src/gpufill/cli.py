@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -100,9 +101,15 @@ def train(
     fill: str = typer.Option("none", "--fill", help="NaN handling: none (error), ffill, interpolate or zero."),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Save a checkpoint every epoch here."),
     resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint-dir's last checkpoint."),
+    nproc: int = typer.Option(1, "--nproc", help="Processes for data-parallel training (DDP through torchrun): one per GPU, or CPU processes on gloo."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Train one forecaster on one project, with the plan explained and metrics against the naive forecast."""
+    if nproc < 1:
+        raise InputError(f"--nproc must be at least 1, got {nproc}", where="command line", field="--nproc", fix="pass e.g. --nproc 2")
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        raise typer.Exit(_launch_torchrun(nproc))
+    quiet = int(os.environ.get("RANK", "0")) != 0  # under DDP rank 0 reports for all
     from gpufill import forecast, render  # torch is imported only when a command runs
     from gpufill.data import Split
     from gpufill.fit import FitConfig
@@ -135,7 +142,7 @@ def train(
         time_column=time_column,
         fill=fill,
     )
-    console = Console(stderr=as_json)
+    console = Console(stderr=as_json, quiet=quiet)
     if registry.resolve(model).kind == "classical":
         from gpufill.hardware import cpu_count
         from gpufill.models.classical import train_classical
@@ -146,12 +153,30 @@ def train(
     else:
         with render.EpochProgress(console) as progress:
             outcome = forecast.train_forecaster(windows, model, params, config=config, callbacks=[progress]).to_dict()
-    if as_json:
+    if quiet:
+        pass
+    elif as_json:
         print(json.dumps(outcome, default=str))
     else:
         render.print_forecast(outcome, console)
     if outcome["status"] == "diverged":
         raise typer.Exit(1)
+
+
+def _launch_torchrun(nproc: int) -> int:
+    """Re-run this same `gpufill train` command under torchrun with `nproc` processes on this machine."""
+    import subprocess
+
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "gpufill.cli", *args]
+    return subprocess.call(command)
 
 
 def parse_slots(value: str | None, option: str) -> int | str | None:

@@ -12,18 +12,20 @@ once per epoch (one sync), validation every `validate_every` epochs.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from gpufill import distributed
 from gpufill._checkpoint import load_checkpoint, save_checkpoint
 from gpufill.data.batchers import EffectiveBatch, LoaderBatches, ResidentBatches
 from gpufill.errors import InputError
@@ -46,6 +48,8 @@ from gpufill.torch_settings import (
 )
 from gpufill.tune import MeasuredChoices, tune_loader
 
+T = TypeVar("T")
+
 
 def fit(
     model: nn.Module,
@@ -64,6 +68,9 @@ def fit(
     wait (on a GPU the host time is launch time: fit never syncs per step).
     """
     cfg = _resolve_config(config, overrides)
+    ddp = distributed.from_environment()
+    if ddp is not None and cfg.device == "auto":
+        cfg = dataclasses.replace(cfg, device=ddp.device())
     train_source, val_source = _as_source(train, "train"), _as_source(val, "val") if val is not None else None
     hardware = detect(cfg.device)
     facts = _data_facts(train_source, val_source)
@@ -74,17 +81,21 @@ def fit(
 
     if plan.loader_tuning.value:
         plan = plan.replace(loader=tune_loader(_as_dataset(train_source), plan.effective_batch.value, hardware))
+    if ddp is not None and cfg.compile == "auto" and plan.compile.value:
+        plan = plan.replace(compile=Choice(False, "off under DDP: compile is measured per process, not across ranks; set compile=True to compile"))
 
     with backend_flags(plan):
         run = _Run(model.to(device), cfg, plan, device, monitor)
-        train_batches = _batches(train_source, plan, device)
-        val_batches = _batches(val_source, plan, device) if val_source is not None else None
+        train_batches = _batches(train_source, plan, device, ddp)
+        val_batches = _batches(val_source, plan, device) if val_source is not None else None  # every rank validates all
         resumed = run.maybe_resume()
-        measured = MeasuredChoices(run, train_batches, hardware, _sample_input(train_source), facts.n_train)
+        measured = MeasuredChoices(run, train_batches, hardware, _sample_input(train_source), facts.n_train, ddp)
         if not resumed:  # a resumed run keeps the checkpoint's micro-batch
             measured.search_batch()
         measured.compile()
-        return run.train(train_batches, val_batches, callbacks)
+        if ddp is not None:
+            run.distribute(ddp)
+        return run.train(train_batches, val_batches, callbacks if ddp is None or ddp.is_main else ())
 
 
 def _resolve_config(config: FitConfig | None, overrides: dict[str, Any]) -> FitConfig:
@@ -130,11 +141,11 @@ def _sample_input(source: Any) -> torch.Tensor:
     return source[0][:1] if isinstance(source, tuple) else torch.as_tensor(source[0][0]).unsqueeze(0)
 
 
-def _batches(source: Any, plan: Plan, device: torch.device) -> ResidentBatches | LoaderBatches:
+def _batches(source: Any, plan: Plan, device: torch.device, shard: distributed.Distributed | None = None) -> ResidentBatches | LoaderBatches:
     if plan.data_placement.value == "device":
-        return ResidentBatches(source[0], source[1], device)
+        return ResidentBatches(source[0], source[1], device, shard)
     assert plan.loader.value is not None
-    return LoaderBatches(_as_dataset(source), device, plan.loader.value)
+    return LoaderBatches(_as_dataset(source), device, plan.loader.value, shard)
 
 
 @dataclass(slots=True)
@@ -168,6 +179,8 @@ class _Run:
         self.events: list[str] = []
         self.compiled = False
         self.first_step_done = False
+        self.ddp: distributed.Distributed | None = None
+        self.ddp_module: nn.parallel.DistributedDataParallel | None = None
         self.timing = {"data_s": 0.0, "val_s": 0.0}
 
     # -- set-up -------------------------------------------------------------------------
@@ -203,6 +216,13 @@ class _Run:
             return
         if reason is not None:
             self.plan = self.plan.replace(compile=Choice(True, reason))
+
+    def distribute(self, ddp: distributed.Distributed) -> None:
+        """Wrap the model in DDP (after the measured choices, which time one process alone)."""
+        self.ddp = ddp
+        self.ddp_module = nn.parallel.DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.forward = torch.compile(self.ddp_module) if self.compiled else self.ddp_module
+        self.events.append(f"DDP: rank {ddp.rank} of {ddp.world_size} ({ddp.backend}); each rank trains on 1/{ddp.world_size} of every batch")
 
     def use_eager(self, choice: Choice[bool]) -> None:
         self.forward, self.compiled = self.model, False
@@ -278,6 +298,9 @@ class _Run:
             loss_sum += step_loss
             seen += batch.size
             self.monitor.log_iteration(time.perf_counter() - tick, samples=batch.size, data_wait_s=wait)
+        if self.ddp is not None:  # every rank must see the same loss to take the same decisions
+            totals = self.ddp.sum(torch.stack([loss_sum, torch.tensor(float(seen), device=self.device)]))
+            loss_sum, seen = totals[0], int(totals[1].item())
         return (loss_sum / max(seen, 1)).item()  # the epoch's one sync
 
     def _step_with_retry(self, batch: EffectiveBatch) -> torch.Tensor:
@@ -307,21 +330,10 @@ class _Run:
     def step(self, batch: EffectiveBatch) -> torch.Tensor:
         """One optimizer step over `batch` in micro-batches; returns the summed loss (on the device)."""
         summed = torch.zeros((), device=self.device)
-        for inputs, targets in batch.micro_batches(self.plan.micro_batch.value):
-            count = inputs.shape[0]
-            with autocast(self.device.type, self.plan.autocast_dtype):
-                prediction = self.forward(inputs)
-            if prediction.shape != targets.shape:  # host-side shape check: no sync
-                raise InputError(
-                    f"the model returns shape {tuple(prediction.shape)} but targets have shape {tuple(targets.shape)}",
-                    field="model",
-                    fix="make the model's output match the targets (batch, horizon)",
-                )
-            loss = self.loss_fn(prediction.float(), targets.float())
-            # Weighting each micro-batch mean by its share makes k accumulated micro-batches
-            # give exactly the gradient of one batch, including a short last one.
-            self.scaler.scale(loss * (count / batch.size)).backward()
-            summed += loss.detach() * count
+        for (inputs, targets), last in _with_last(batch.micro_batches(self.plan.micro_batch.value)):
+            # Under DDP gradients are averaged across ranks once per optimizer step, not per micro-batch.
+            with self.ddp_module.no_sync() if self.ddp_module is not None and not last else contextlib.nullcontext():
+                summed += self._forward_backward(inputs, targets, batch.size)
         if self.cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip, foreach=self.device.type == "cuda")
@@ -329,6 +341,21 @@ class _Run:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return summed
+
+    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+        with autocast(self.device.type, self.plan.autocast_dtype):
+            prediction = self.forward(inputs)
+        if prediction.shape != targets.shape:  # host-side shape check: no sync
+            raise InputError(
+                f"the model returns shape {tuple(prediction.shape)} but targets have shape {tuple(targets.shape)}",
+                field="model",
+                fix="make the model's output match the targets (batch, horizon)",
+            )
+        loss = self.loss_fn(prediction.float(), targets.float())
+        # Weighting each micro-batch mean by its share makes k accumulated micro-batches
+        # give exactly the gradient of one batch, including a short last one.
+        self.scaler.scale(loss * (inputs.shape[0] / batch_size)).backward()
+        return loss.detach() * inputs.shape[0]
 
     @torch.no_grad()
     def _validate(self, batches: ResidentBatches | LoaderBatches) -> float:
@@ -355,6 +382,8 @@ class _Run:
     def _maybe_checkpoint(self, epoch: int, *, final: bool) -> None:
         if self.cfg.checkpoint_dir is None or not (final or epoch % self.cfg.checkpoint_every == 0):
             return
+        if self.ddp is not None and not self.ddp.is_main:
+            return  # ranks hold the same weights: rank 0 writes for all
         save_checkpoint(
             self.cfg.checkpoint_dir,
             {
@@ -392,3 +421,16 @@ class _Run:
             "epochs_run": len(history),
         }
         return FitResult(model=self.model, plan=self.plan, history=history, metrics=metrics, timings=timings, events=self.events, status=status)
+
+
+def _with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """Each item with whether it is the last (one item of look-ahead)."""
+    iterator = iter(items)
+    current = next(iterator, _END)
+    while current is not _END:
+        following = next(iterator, _END)
+        yield current, following is _END
+        current = following
+
+
+_END: Any = object()

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from gpufill.plan import LoaderSettings
+
+if TYPE_CHECKING:
+    from gpufill.distributed import Distributed
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -60,17 +63,22 @@ class _HostBatch:
 class ResidentBatches:
     """Tensors moved to the device once; each epoch is one on-device permutation."""
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device):
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device, shard: Distributed | None = None):
         self.inputs = inputs.to(device)
         self.targets = targets.to(device)
         self.device = device
+        self.shard = shard  # under DDP every rank draws the same permutation and keeps its share of each batch
         self.n = int(inputs.shape[0])
 
     def epoch(self, batch: int, generator: torch.Generator) -> Iterator[EffectiveBatch]:
         order = torch.randperm(self.n, device=self.device, generator=generator)
         for start in range(0, self.n, batch):
             size = min(batch, self.n - start)  # host arithmetic: no sync
-            yield _IndexedBatch(self.inputs, self.targets, order[start : start + size], size)
+            index = order[start : start + size]
+            if self.shard is not None:
+                index = self.shard.shard(index)
+                size = len(range(self.shard.rank, size, self.shard.world_size))
+            yield _IndexedBatch(self.inputs, self.targets, index, size)
 
     def in_order(self, batch: int) -> Iterator[Pair]:
         for start in range(0, self.n, batch):
@@ -80,21 +88,30 @@ class ResidentBatches:
 class LoaderBatches:
     """A Dataset streamed through a DataLoader whose batch is the effective batch."""
 
-    def __init__(self, dataset: Dataset, device: torch.device, settings: LoaderSettings):
+    def __init__(self, dataset: Dataset, device: torch.device, settings: LoaderSettings, shard: Distributed | None = None):
         self.dataset = dataset
         self.device = device
         self.settings = settings
+        self.shard = shard
         self.n = len(dataset)  # type: ignore[arg-type]
         self._loaders: dict[tuple[int, bool], DataLoader] = {}
+        self._epochs = 0
 
     def _loader(self, batch: int, shuffle: bool, generator: torch.Generator | None) -> DataLoader:
         key = (batch, shuffle)
         if key not in self._loaders:  # reused so persistent workers stay alive across epochs
+            sampler = None
+            if shuffle and self.shard is not None:
+                # Each rank reads only its share; the global batch is the effective batch.
+                seed = int(torch.randint(2**31 - 1, (1,), generator=generator)) if generator is not None else 0
+                sampler = DistributedSampler(self.dataset, self.shard.world_size, self.shard.rank, shuffle=True, seed=seed)
+                batch = max(1, batch // self.shard.world_size)
             self._loaders[key] = DataLoader(
                 self.dataset,
                 batch_size=batch,
-                shuffle=shuffle,
-                generator=generator,
+                shuffle=shuffle and sampler is None,
+                sampler=sampler,
+                generator=generator if sampler is None else None,
                 num_workers=self.settings.num_workers,
                 prefetch_factor=self.settings.prefetch_factor,
                 pin_memory=self.settings.pin_memory,
@@ -103,7 +120,11 @@ class LoaderBatches:
         return self._loaders[key]
 
     def epoch(self, batch: int, generator: torch.Generator) -> Iterator[EffectiveBatch]:
-        for inputs, targets in self._loader(batch, True, generator):
+        loader = self._loader(batch, True, generator)
+        if isinstance(loader.sampler, DistributedSampler):
+            loader.sampler.set_epoch(self._epochs)  # a new shuffle each epoch, the same on every rank
+        self._epochs += 1
+        for inputs, targets in loader:
             yield _HostBatch(inputs, targets, self.device, int(inputs.shape[0]))
 
     def in_order(self, batch: int) -> Iterator[Pair]:

@@ -25,6 +25,7 @@ from gpufill.tune.measure import batch_stream, measure_batch, seconds_per_step, 
 from gpufill.tune.state import preserved
 
 if TYPE_CHECKING:
+    from gpufill.distributed import Distributed
     from gpufill.fit import _Run
 
 # The smallest micro-batch tried is the effective batch / this (e.g. 128 -> 8).
@@ -34,8 +35,8 @@ MIN_STEPS_PER_EPOCH = 4
 
 
 class MeasuredChoices:
-    def __init__(self, run: _Run, batches: Any, hardware: Hardware, sample_input: torch.Tensor, n_train: int):
-        self.run, self.batches, self.hardware, self.n_train = run, batches, hardware, n_train
+    def __init__(self, run: _Run, batches: Any, hardware: Hardware, sample_input: torch.Tensor, n_train: int, ddp: Distributed | None = None):
+        self.run, self.batches, self.hardware, self.n_train, self.ddp = run, batches, hardware, n_train, ddp
         self.sample_input = sample_input
         self.cache = TuneCache(run.cfg.tune_cache)
 
@@ -61,6 +62,9 @@ class MeasuredChoices:
             result = search_batch(lambda size: self._measure(size, scope_effective), start=start, limit=limit, budget_bytes=budget)
             self.cache.put(key, result.to_dict())
             source = "measured"
+        if self.ddp is not None:  # each rank measured alone; all follow rank 0
+            result = self.ddp.broadcast(result)
+            source += f" on rank 0 of {self.ddp.world_size}"
         where = f"within {run.cfg.memory_margin:.0%} of device memory" if budget else "no device memory limit on CPU"
         detail = f"fastest {source} ({where}; {result.summary()})"
         size = result.best.size

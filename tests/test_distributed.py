@@ -1,0 +1,57 @@
+"""DDP for one training: 2 CPU processes on gloo match one process on the same global batch."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from gpufill.fit import fit
+from tests.test_fit import assert_same_weights, make_data, model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*args, nproc=2, timeout=180):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", *map(str, args)]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_two_gloo_processes_match_one_process_on_the_same_global_batch(tmp_path):
+    done = torchrun("tests/ddp_script.py", tmp_path / "ddp.pt", tmp_path / "checkpoints")
+    assert done.returncode == 0, done.stderr[-2000:]
+    ddp = torch.load(tmp_path / "ddp.pt")
+    assert ddp["world"] == 2 and any(e.startswith("DDP: rank 0 of 2 (gloo)") for e in ddp["events"])
+    x, y = make_data(n=256)
+    single = fit(model(), (x[:192], y[:192]), (x[192:], y[192:]), epochs=3, batch_size=64, micro_batch=16, seed=0)
+    reference = model()
+    reference.load_state_dict(ddp["state"])
+    assert_same_weights(reference, single.model, atol=1e-5)
+    for (ddp_train, ddp_val), record in zip(ddp["history"], single.history, strict=True):
+        assert abs(ddp_train - record.train_loss) < 1e-5 and abs(ddp_val - record.val_loss) < 1e-5
+    # Only rank 0 wrote the checkpoint.
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.pt"]
+
+
+def test_gpufill_train_nproc_launches_torchrun_and_prints_once(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpufill.cli", "train", "--model", "mlp", "--epochs", "2", "--batch-size", "64", "--nproc", "2", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1  # rank 0 prints; rank 1 trains silently
+    result = json.loads(lines[0])
+    assert any(e.startswith("DDP: rank 0 of 2") for e in result["events"])
+    assert result["metrics"]["test"]["mae"] < result["metrics"]["naive"]["mae"]
