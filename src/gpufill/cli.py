@@ -353,6 +353,30 @@ def report(
     print(write_report(find_workdir(workdir), out))
 
 
+@app.command()
+def doctor(
+    model: str = typer.Option("lstm", "--model", "-m", help="Neural family (lstm, gru, tcn, transformer, mlp) or package.module:factory."),
+    data: str = typer.Option("synthetic", "--data", help="synthetic, a .csv/.parquet file, a directory or a glob (as gpufill train)."),
+    batch_size: int = typer.Option(128, "--batch-size", help="Batch the training is profiled at (and at twice it)."),
+    lookback: int = typer.Option(30, "--lookback", help="Input window length."),
+    steps: int = typer.Option(20, "--steps", help="Training steps to profile (after 3 warm-up steps)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+) -> None:
+    """Environment checks, a speed test against the peak, and what limits a training (with the fix and its expected gain)."""
+    # torch is imported only when a command runs
+    from gpufill.doctor import run as run_doctor
+    from gpufill.doctor.display import print_report
+
+    console = Console(stderr=as_json)
+    with console.status("speed test and training profile"):
+        record = run_doctor(model=model, data=data, batch_size=batch_size, lookback=lookback, steps=steps, device=device).to_dict()
+    if as_json:
+        print(json.dumps(record))
+    else:
+        print_report(record, console)
+
+
 def main() -> None:
     """Entry point: bad input is one line on stderr and exit code 2."""
     try:
