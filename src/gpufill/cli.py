@@ -189,23 +189,25 @@ def run(
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where the store, logs and checkpoints live (default ./gpufill-NAME)."),
     gpu_slots: Optional[str] = typer.Option(None, "--gpu-slots", help="N or auto (overrides the file's resources)."),
     cpu_slots: Optional[str] = typer.Option(None, "--cpu-slots", help="N or auto (overrides the file's resources)."),
-    executor: str = typer.Option("local", "--executor", help="local (ray and slurm: see the README)."),
+    executor: str = typer.Option("local", "--executor", help="local (processes here), ray (gpufill[ray]) or slurm (gpufill[slurm], resources.slurm)."),
+    address: Optional[str] = typer.Option(None, "--address", help="With --executor ray: the cluster to join (e.g. auto, HOST:6379); default a local Ray."),
     fresh: bool = typer.Option(False, "--fresh", help="Start over: delete this workdir's store first."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before --fresh deletes results."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every trial (WORKDIR/logs/run-N.log)."),
 ) -> None:
     """Run a campaign; running it again resumes (done trials are kept)."""
-    _run_campaign(campaign, workdir, gpu_slots, cpu_slots, executor, fresh, yes, command="gpufill run", verbose=verbose)
+    _run_campaign(campaign, workdir, gpu_slots, cpu_slots, executor, fresh, yes, command="gpufill run", verbose=verbose, address=address)
 
 
-def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, cpu_slots: str | None, executor: str, fresh: bool, yes: bool, command: str, verbose: bool = False) -> None:
+def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, cpu_slots: str | None, executor: str, fresh: bool, yes: bool, command: str,
+                  verbose: bool = False, address: str | None = None) -> None:
     from rich.live import Live
 
     from gpufill import render
+    from gpufill.campaign.executors import check_executor
     from gpufill.campaign.runner import Campaign, describe_lanes
 
-    if executor != "local":
-        raise InputError(f"executor {executor!r} is not available in this version", where="command line", field="--executor", fix="use --executor local")
+    check_executor(executor, address)  # before the file is read or --fresh asks anything
     job = Campaign.from_yaml(campaign, workdir)
     if fresh and (job.workdir / "gpufill.db").exists() and not yes:
         if not sys.stdin.isatty():
@@ -229,6 +231,8 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
             fresh=fresh,
             command=command,
             verbose=verbose,
+            executor=executor,
+            address=address,
             on_start=on_start,
             on_update=lambda snapshot: live.update(render.campaign_view(snapshot, job.spec.name)),
         )
@@ -260,15 +264,24 @@ def status(
     workdir: Optional[Path] = typer.Option(None, "--workdir"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Trial counts per status, overall and per lane."""
+    """Trial counts per status, overall and per lane; Slurm jobs queued or running."""
     from gpufill import render
-    from gpufill.campaign.runner import find_workdir, read_status
+    from gpufill.campaign.runner import find_workdir, read_jobs, read_status
 
-    counts = read_status(find_workdir(workdir)).to_dict()
+    directory = find_workdir(workdir)
+    counts = read_status(directory).to_dict()
+    jobs = read_jobs(directory)
+    if jobs:
+        counts["jobs"] = [{"job_id": j["job_id"], "state": j["state"], "detail": j["detail"], "lane": j["lane"], "trials": len(j["trial_ids"])} for j in jobs]
     if as_json:
         print(json.dumps(counts))
-    else:
-        Console().print(render.status_table(counts))
+        return
+    console = Console()
+    console.print(render.status_table(counts))
+    for state in ("queued", "running"):
+        ids = [j["job_id"] for j in jobs if j["state"] == state]
+        if ids:
+            console.print(f"Slurm jobs {state}: {len(ids)} ({', '.join(ids[:20])}{', ...' if len(ids) > 20 else ''})")
 
 
 @app.command()

@@ -18,16 +18,15 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from gpufill.campaign.executors.local import LocalExecutor
-from gpufill.campaign.lanes import Lane, plan_lanes
+from gpufill.campaign.executors import Executor, LaneRequest, make_executor
+from gpufill.campaign.executors.local import plan_here
+from gpufill.campaign.lanes import Lane
 from gpufill.campaign.scheduler import RunOutcome, Scheduler, Snapshot
 from gpufill.campaign.spec import CampaignSpec, load_campaign
 from gpufill.campaign.store import DB_NAME, Counts, Store
 from gpufill.campaign.trials import Trial, expand
 from gpufill.errors import InputError
-from gpufill.hardware import cpu_count, detect
 from gpufill.monitor.sampler import QueueSink, Sampler
-
 
 log = logging.getLogger("gpufill.campaign")
 # A log file per run, rotated past this size so a long campaign cannot fill the disk.
@@ -81,7 +80,9 @@ class Campaign:
         return self.spec.path.parent if self.spec.path else Path.cwd()
 
     # -- checks before anything runs ------------------------------------------------------
-    def prepare(self, *, gpu_slots: int | Literal["auto"] | None = None, cpu_slots: int | Literal["auto"] | None = None) -> Prepared:
+    def prepare(self, *, gpu_slots: int | Literal["auto"] | None = None, cpu_slots: int | Literal["auto"] | None = None,
+                executor: Executor | None = None) -> Prepared:
+        """Trials and lanes; the lanes fit what `executor` runs on (default: this machine)."""
         from gpufill.data import make_windows
 
         projects = self.spec.data.load(self.base_dir)
@@ -91,16 +92,15 @@ class Campaign:
             make_windows(project, longest, task.horizon, task.split.to_split(), task.stride)
         trials = expand(self.spec, list(projects))
         resources = self.spec.resources
-        lanes, warnings = plan_lanes(
-            kinds={trial.kind for trial in trials},
-            cores=cpu_count(),
-            gpu_memory_bytes=_gpu_memory(),
+        request = LaneRequest(
+            kinds=frozenset(trial.kind for trial in trials),
             gpu_slots=gpu_slots if gpu_slots is not None else resources.gpu_slots,
             cpu_slots=cpu_slots if cpu_slots is not None else resources.cpu_slots,
             threads_per_trial=resources.threads_per_trial,
             memory_margin=resources.memory_margin,
             where=self.source,
         )
+        lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
         return Prepared(trials=trials, lanes=lanes, warnings=warnings)
 
     def check_workdir(self, *, fresh: bool) -> None:
@@ -129,27 +129,42 @@ class Campaign:
         fresh: bool = False,
         command: str = "gpufill run",
         verbose: bool = False,
+        executor: str = "local",
+        address: str | None = None,
         on_start: Callable[[Prepared, int], None] | None = None,
         on_update: Callable[[Snapshot], None] | None = None,
     ) -> RunOutcome:
-        """Run (or resume) the campaign: done trials are kept, interrupted ones retried."""
-        prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots)
-        self.check_workdir(fresh=fresh)
-        if fresh:
-            self.delete_store()
-        store = Store.create(self.workdir)
-        try:
-            run_id = store.begin_run(command)
-            with run_log(self.workdir, run_id, verbose=verbose):
-                return self._run(store, run_id, prepared, on_start, on_update)
-        finally:
-            store.close()
+        """Run (or resume) the campaign: done trials are kept, interrupted ones retried.
 
-    def _run(self, store: Store, run_id: int, prepared: Prepared, on_start: Any, on_update: Any) -> RunOutcome:
+        `executor` is local (worker processes here), ray (a local Ray, or the cluster at
+        `address`) or slurm (jobs through submitit, settings in resources.slurm); the store,
+        the trial ids and resuming are the same whichever runs the trials.
+        """
+        runs = make_executor(executor, spec=self.spec, base_dir=str(self.base_dir), workdir=self.workdir, address=address)
+        try:
+            prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots, executor=runs)
+            self.check_workdir(fresh=fresh)
+            if fresh:
+                self.delete_store()
+            store = Store.create(self.workdir)
+            try:
+                run_id = store.begin_run(command)
+                with run_log(self.workdir, run_id, verbose=verbose):
+                    return self._run(store, run_id, prepared, runs, on_start, on_update)
+            finally:
+                store.close()
+        finally:
+            runs.shutdown()  # the scheduler's own shutdown aside: e.g. leave a Ray cluster joined to plan the lanes
+
+    def _run(self, store: Store, run_id: int, prepared: Prepared, executor: Executor, on_start: Any, on_update: Any) -> RunOutcome:
         store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json()})
         lane_of = {kind: lane.name for lane in prepared.lanes for kind in lane.kinds}
         added, skipped = store.sync_trials(prepared.trials, lane_of)
         recovered = store.recover_interrupted(run_id)
+        orphans = store.orphan_jobs(run_id)
+        if orphans:  # their results would never be collected: their trials are retried instead
+            executor.cancel_jobs(orphans)
+            prepared.warnings.append(f"cancelled {len(orphans)} batch job(s) a stopped run left behind: {', '.join(orphans)}")
         for message in [*prepared.warnings, f"{added} new trials, {skipped} no longer in the file, {recovered} interrupted ones retried"]:
             store.event("run", message, run_id=run_id)
             log.info(message)
@@ -157,10 +172,9 @@ class Campaign:
             log.info("lane %s: %d slots x %d threads on %s (%s): %s", lane.name, lane.slots, lane.threads, lane.device, ", ".join(lane.kinds), lane.reason)
         if on_start is not None:
             on_start(prepared, run_id)
-        executor = LocalExecutor(spec_payload=self.spec.model_dump(mode="json"), base_dir=str(self.base_dir))
         pack_size = self.spec.resources.pack_size
         queue = QueueSink()
-        sampler = Sampler(interval=1.0, gpu_source="auto", pids=lambda: [w.process.pid for w in executor.workers], sink=queue)
+        sampler = Sampler(interval=1.0, gpu_source="auto", pids=executor.pids, sink=queue)
         scheduler = Scheduler(
             store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id,
             pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update, samples=queue.drain,
@@ -198,6 +212,15 @@ def read_status(workdir: str | Path) -> Counts:
         store.close()
 
 
+def read_jobs(workdir: str | Path) -> list[dict[str, Any]]:
+    """Batch jobs (Slurm) queued or running, oldest first: what `gpufill status` lists."""
+    store = Store.open(workdir)
+    try:
+        return store.jobs(states=("queued", "running"))
+    finally:
+        store.close()
+
+
 def read_results(workdir: str | Path) -> pd.DataFrame:
     store = Store.open(workdir)
     try:
@@ -227,11 +250,6 @@ def find_workdir(explicit: str | Path | None, candidates: Sequence[Path] | None 
         return found[0]
     listed = ", ".join(str(p) for p in found) or "none here"
     raise InputError(f"which campaign? workdirs found: {listed}", where=str(Path.cwd()), field="--workdir", fix="pass --workdir DIR")
-
-
-def _gpu_memory() -> int | None:
-    hardware = detect()
-    return hardware.total_memory_bytes if hardware.is_cuda else None
 
 
 def describe_lanes(lanes: Sequence[Lane]) -> list[dict[str, Any]]:

@@ -6,17 +6,20 @@ pack: of the size the worker measured for that shape, or, for a shape not sized 
 to `PROBE_PACK` so the worker can measure. The GPU lane admits a task only if its
 shape's measured memory fits the lane's budget; a shape not measured yet runs alone
 first. Failures and worker crashes are retried up to the limit; everything else goes on.
+How tasks run (processes, Ray actors, Slurm jobs) is the executor's business
+(executors/base.py); the scheduler is the store's only writer, whichever executor runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufill.campaign.executors.local import Crashed, Finished, LocalExecutor, Worker
+from gpufill.campaign.executors.base import Crashed, Executor, Finished, Worker
 from gpufill.campaign.lanes import Lane
 from gpufill.campaign.store import Store
 
@@ -82,7 +85,7 @@ class Scheduler:
     def __init__(
         self,
         store: Store,
-        executor: LocalExecutor,
+        executor: Executor,
         lanes: list[Lane],
         *,
         retries: int,
@@ -115,6 +118,8 @@ class Scheduler:
         self.lane_history: list[tuple[float, str, int, int]] = []
         self.alerted: set[tuple[str, str, float]] = set()
         self.last_alert_check = 0.0
+        self.job_states: dict[str, tuple[str, str]] = {}
+        """Batch job id -> (state, detail) as last written to the store."""
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -128,12 +133,14 @@ class Scheduler:
                 self._dispatch()
                 for outcome in self.executor.poll(timeout=0.1):
                     self._record(outcome)
+                self._sync_jobs()
                 self._monitor()
                 if self.on_update is not None and self.clock() - last_update >= self.update_every_s:
                     self.on_update(self.snapshot(self.clock() - start))
                     last_update = self.clock()
         finally:
             self.executor.shutdown()
+            self._sync_jobs()  # jobs cancelled by the shutdown
         self._monitor(final=True)
         self.outcome.elapsed_s = self.clock() - start
         if self.on_update is not None:
@@ -246,6 +253,13 @@ class Scheduler:
         else:
             self.outcome.failed += 1
             self.finished_this_run[lane_name] += 1
+
+    def _sync_jobs(self) -> None:
+        """Write batch jobs whose state changed (Slurm), for `gpufill status`."""
+        changed = [job for job in self.executor.jobs() if self.job_states.get(job.job_id) != (job.state, job.detail)]
+        if changed:
+            self.store.record_jobs(self.run_id, [dataclasses.asdict(job) for job in changed])
+            self.job_states.update({job.job_id: (job.state, job.detail) for job in changed})
 
     # -- monitoring ---------------------------------------------------------------------
     def _monitor(self, final: bool = False) -> None:

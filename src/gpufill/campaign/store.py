@@ -59,6 +59,10 @@ CREATE TABLE IF NOT EXISTS samples (
     cpu_percent REAL, cpu_per_core TEXT, ram_used REAL, ram_total REAL, workers_rss REAL
 );
 CREATE INDEX IF NOT EXISTS samples_ts ON samples (ts);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY, run_id INTEGER, lane TEXT, worker TEXT, trial_ids TEXT NOT NULL,
+    state TEXT NOT NULL, detail TEXT, submitted_at REAL NOT NULL, updated_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     event_id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, run_id INTEGER,
     kind TEXT NOT NULL, trial_id TEXT, message TEXT NOT NULL
@@ -154,6 +158,41 @@ class Store:
             args = tuple(kinds)
         rows = self.db.execute(query + " ORDER BY event_id", args).fetchall()
         return [dict(zip(("ts", "run_id", "kind", "trial_id", "message"), row, strict=True)) for row in rows]
+
+    # -- batch jobs (Slurm) ---------------------------------------------------------------
+    JOB_COLUMNS = ("job_id", "run_id", "lane", "worker", "trial_ids", "state", "detail", "submitted_at", "updated_at")
+
+    def record_jobs(self, run_id: int, jobs: Sequence[Mapping[str, Any]]) -> None:
+        """Insert or update batch jobs ({job_id, lane, worker, trial_ids, state, detail}) in one transaction."""
+        if not jobs:
+            return
+        now = time.time()
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO jobs (job_id, run_id, lane, worker, trial_ids, state, detail, submitted_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT(job_id) DO UPDATE SET state = excluded.state, detail = excluded.detail, updated_at = excluded.updated_at",
+                [(j["job_id"], run_id, j["lane"], j["worker"], _dumps(list(j["trial_ids"])), j["state"], j["detail"], now, now) for j in jobs],
+            )
+
+    def orphan_jobs(self, run_id: int) -> list[str]:
+        """Jobs an earlier run left queued or running (its scheduler died): marked failed; returns their ids."""
+        with self._transaction() as db:
+            ids = [row[0] for row in db.execute("SELECT job_id FROM jobs WHERE state IN ('queued', 'running') AND run_id != ?", (run_id,))]
+            db.executemany("UPDATE jobs SET state = 'failed', detail = 'orphaned: its scheduler stopped', updated_at = ? WHERE job_id = ?", [(time.time(), i) for i in ids])
+        return ids
+
+    def jobs(self, states: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Batch jobs, oldest first (none in a store older than the jobs table)."""
+        if self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone() is None:
+            return []
+        query, args = "SELECT " + ", ".join(self.JOB_COLUMNS) + " FROM jobs", ()
+        if states:
+            query += f" WHERE state IN ({','.join('?' * len(states))})"
+            args = tuple(states)
+        rows = [dict(zip(self.JOB_COLUMNS, row, strict=True)) for row in self.db.execute(query + " ORDER BY submitted_at, job_id", args)]
+        for row in rows:
+            row["trial_ids"] = json.loads(row["trial_ids"])
+        return rows
 
     # -- monitoring samples ---------------------------------------------------------------
     SAMPLE_COLUMNS = ("ts", "source", "gpu_util", "mem_used", "mem_total", "power_w", "power_limit_w", "temp_c",

@@ -1,8 +1,12 @@
-"""A worker process: runs the trials it is sent, one at a time, and sends each result back.
+"""Running trials, wherever they run: a local worker process, a Ray actor or a Slurm job.
 
-It never touches the store: the scheduler is the only writer. Thread limits
-(OMP/MKL/OpenBLAS) are in its environment from the moment it starts (see
-executors/local.py); torch, XGBoost and LightGBM thread counts are set explicitly.
+Every executor runs a task the same way: :func:`start_runner` once per process (thread
+count, campaign, data cache), then ``TrialRunner.run_task(task)`` per task, whose message
+goes back to the scheduler. Nothing here touches the store: the scheduler is its only
+writer. Thread limits (OMP/MKL/OpenBLAS) are in the process's environment before it
+starts (each executor puts them there); torch, XGBoost and LightGBM are told explicitly.
+
+Run as ``python -m gpufill.campaign.worker FD`` it is a local worker (executors/local.py).
 """
 
 from __future__ import annotations
@@ -15,16 +19,29 @@ from pathlib import Path
 from typing import Any
 
 
-def worker_main(conn: Connection) -> None:
-    """Serve trials from `conn` until it sends None or the scheduler goes away."""
+def start_runner(setup: dict[str, Any]) -> TrialRunner:
+    """A worker's start, the same for every executor: torch's thread count, then the campaign.
+
+    `setup` is executors.base.worker_setup's: the campaign as data, the lane's threads and device.
+    """
     import torch
 
+    torch.set_num_threads(setup["threads"])
+    return TrialRunner(setup["spec"], Path(setup["base_dir"]), threads=setup["threads"], device=setup["device"])
+
+
+def run_job(setup: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
+    """A batch job's whole life (Slurm): start, run one task, return its message."""
+    return start_runner(setup).run_task(task)
+
+
+def worker_main(conn: Connection) -> None:
+    """A local worker: serve tasks from `conn` until it sends None or the scheduler goes away."""
     try:
-        setup = conn.recv()  # the campaign and this worker's lane settings
+        setup = conn.recv()  # see start_runner
     except (EOFError, OSError):
         return
-    torch.set_num_threads(setup["threads"])
-    runner = TrialRunner(setup["spec"], Path(setup["base_dir"]), threads=setup["threads"], device=setup["device"])
+    runner = start_runner(setup)
     while True:
         try:
             task = conn.recv()

@@ -15,39 +15,44 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from gpufill.campaign.lanes import Lane
-
-_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
-
-
-@dataclass(slots=True)
-class Worker:
-    name: str
-    lane: Lane
-    process: Any
-    conn: Connection
-    task: dict[str, Any] | None = None
-    """{"trials": [...], "pack_size": int | None} while busy."""
-    last_shape: str | None = None
+from gpufill.campaign.executors.base import (
+    Crashed,
+    Finished,
+    JobInfo,
+    LaneRequest,
+    Task,
+    Worker,
+    thread_env,
+    worker_setup,
+)
+from gpufill.campaign.lanes import Lane, plan_lanes
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
-    worker: Worker
-    task: dict[str, Any]
-    message: dict[str, Any]
-    """{"results": [per-trial message], "pack": pack-size choice or None}."""
+@dataclass(slots=True, eq=False)
+class LocalWorker(Worker):
+    process: Any = None
+    conn: Connection | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Crashed:
-    worker: Worker
-    task: dict[str, Any] | None
-    reason: str
+def plan_on(request: LaneRequest, *, cores: int, gpu_memory_bytes: int | None) -> tuple[list[Lane], list[str]]:
+    """`plan_lanes` for `request` on `cores` CPUs and a GPU of `gpu_memory_bytes` (None: no GPU)."""
+    return plan_lanes(
+        kinds=request.kinds, cores=cores, gpu_memory_bytes=gpu_memory_bytes, gpu_slots=request.gpu_slots, cpu_slots=request.cpu_slots,
+        threads_per_trial=request.threads_per_trial, memory_margin=request.memory_margin, where=request.where,
+    )
+
+
+def plan_here(request: LaneRequest) -> tuple[list[Lane], list[str]]:
+    """Lanes for this machine: its cores and its first GPU's memory (no GPU lane without CUDA)."""
+    from gpufill.hardware import cpu_count, detect
+
+    hardware = detect()
+    return plan_on(request, cores=cpu_count(), gpu_memory_bytes=hardware.total_memory_bytes if hardware.is_cuda else None)
 
 
 @dataclass(slots=True)
@@ -56,29 +61,30 @@ class LocalExecutor:
 
     spec_payload: dict[str, Any]
     base_dir: str
-    workers: list[Worker] = field(default_factory=list)
+    workers: list[LocalWorker] = field(default_factory=list)
     _counter: int = 0
+
+    def plan(self, request: LaneRequest) -> tuple[list[Lane], list[str]]:
+        return plan_here(request)
 
     def start(self, lanes: list[Lane]) -> None:
         for lane in lanes:
             for _ in range(lane.slots):
                 self.workers.append(self._spawn(lane))
 
-    def _spawn(self, lane: Lane) -> Worker:
+    def _spawn(self, lane: Lane) -> LocalWorker:
         ours, theirs = socket.socketpair()
         self._counter += 1
-        name = f"{lane.name}-{self._counter}"
-        env = {**os.environ, **dict.fromkeys(_THREAD_VARIABLES, str(lane.threads))}
         process = subprocess.Popen(
             [sys.executable, "-m", "gpufill.campaign.worker", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
-            env=env,
+            env={**os.environ, **thread_env(lane.threads)},
             stdin=subprocess.DEVNULL,
         )
         theirs.close()  # the child holds its end; closing ours lets recv() see EOF if it dies
         conn = Connection(ours.detach())
-        conn.send({"spec": self.spec_payload, "base_dir": self.base_dir, "threads": lane.threads, "device": lane.device})
-        return Worker(name=name, lane=lane, process=process, conn=conn)
+        conn.send(worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device))
+        return LocalWorker(name=f"{lane.name}-{self._counter}", lane=lane, process=process, conn=conn)
 
     def idle(self, lane: Lane) -> list[Worker]:
         return [w for w in self.workers if w.lane is lane and w.task is None]
@@ -86,7 +92,8 @@ class LocalExecutor:
     def busy(self) -> list[Worker]:
         return [w for w in self.workers if w.task is not None]
 
-    def submit(self, worker: Worker, task: dict[str, Any]) -> None:
+    def submit(self, worker: Worker, task: Task) -> None:
+        assert isinstance(worker, LocalWorker) and worker.conn is not None
         worker.task = task
         worker.last_shape = task["trials"][0]["shape"]
         worker.conn.send(task)
@@ -101,7 +108,8 @@ class LocalExecutor:
                 out.append(outcome)
         return out
 
-    def _collect(self, worker: Worker) -> Finished | Crashed | None:
+    def _collect(self, worker: LocalWorker) -> Finished | Crashed | None:
+        assert worker.conn is not None
         try:
             message = worker.conn.recv()
         except (EOFError, OSError):  # its end closed: the process died
@@ -110,15 +118,24 @@ class LocalExecutor:
             self.workers.remove(worker)
             worker.conn.close()
             self.workers.append(self._spawn(worker.lane))  # a fresh worker takes the slot
-            return Crashed(worker, task, _death_reason(exitcode))
+            return Crashed(worker, task, death_reason(exitcode))
         task, worker.task = worker.task, None
         assert task is not None
         return Finished(worker, task, message)
 
+    def jobs(self) -> list[JobInfo]:
+        return []
+
+    def cancel_jobs(self, job_ids: Sequence[str]) -> None:
+        return None
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self.workers]
+
     def shutdown(self) -> None:
         for worker in self.workers:
             try:
-                worker.conn.send(None)
+                worker.conn.send(None)  # type: ignore[union-attr]
             except (BrokenPipeError, OSError):
                 pass
         for worker in self.workers:
@@ -127,11 +144,11 @@ class LocalExecutor:
             except subprocess.TimeoutExpired:
                 worker.process.kill()
                 worker.process.wait(timeout=5)
-            worker.conn.close()
+            worker.conn.close()  # type: ignore[union-attr]
         self.workers.clear()
 
 
-def _death_reason(exitcode: int | None) -> str:
+def death_reason(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name

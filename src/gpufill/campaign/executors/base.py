@@ -1,0 +1,131 @@
+"""What the scheduler needs from an executor, and the messages it gets back.
+
+The scheduler decides what runs next and where; an executor only runs it. Every executor
+(local processes, Ray actors, Slurm jobs) offers the same small surface, :class:`Executor`:
+a fixed number of slots per lane, a task submitted to an idle slot, and `poll` returning
+what finished (:class:`Finished`) or died (:class:`Crashed`). A task is
+``{"trials": [...], "pack_size": int | None}``; a finished task's message is what
+``worker.TrialRunner.run_task`` returns, wherever it ran. Executors never touch the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from gpufill.campaign.lanes import Lane
+
+Task = dict[str, Any]
+"""{"trials": [trial records], "pack_size": int | None}: one trial, or same-shape neural trials to fuse."""
+
+# Every library that sizes a thread pool from the environment; set before it is imported.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
+JobState = Literal["queued", "running", "done", "failed"]
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment that caps every BLAS/OpenMP pool of a worker at its lane's thread count."""
+    return dict.fromkeys(THREAD_VARIABLES, str(threads))
+
+
+def worker_setup(spec_payload: dict[str, Any], base_dir: str, *, threads: int, device: str) -> dict[str, Any]:
+    """What a worker needs to start (worker.start_runner): the campaign as JSON-able data, its lane's threads and device."""
+    return {"spec": spec_payload, "base_dir": base_dir, "threads": threads, "device": device}
+
+
+@dataclass(slots=True, eq=False)
+class Worker:
+    """One slot of a lane: what the scheduler sees of a process, an actor or a job."""
+
+    name: str
+    lane: Lane
+    task: Task | None = None
+    """The task it runs, None while idle."""
+    last_shape: str | None = None
+    """Shape of its last task: the scheduler prefers to send the same shape again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    worker: Worker
+    task: Task
+    message: dict[str, Any]
+    """{"results": [per-trial message], "pack": pack-size choice or None, "returned": [unstarted trial ids]}."""
+
+
+@dataclass(frozen=True, slots=True)
+class Crashed:
+    """The slot's process, actor or job died with the task: its trials count an attempt each."""
+
+    worker: Worker
+    task: Task | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """A batch job outside this process (Slurm), as `gpufill status` shows it."""
+
+    job_id: str
+    lane: str
+    worker: str
+    trial_ids: tuple[str, ...]
+    state: JobState
+    detail: str
+    """The cluster's own word for the state (PENDING, RUNNING, TIMEOUT, ...)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaneRequest:
+    """What the campaign asks of the lanes; each executor turns it into lanes on what it runs on."""
+
+    kinds: frozenset[str]
+    """Trial kinds present ("neural", "classical")."""
+    gpu_slots: int | Literal["auto"]
+    cpu_slots: int | Literal["auto"]
+    threads_per_trial: int | Literal["auto"]
+    memory_margin: float
+    where: str
+    """The campaign file, named in errors."""
+
+
+class Executor(Protocol):
+    """Runs tasks in per-lane slots; the scheduler is its only caller."""
+
+    def plan(self, request: LaneRequest) -> tuple[list[Lane], list[str]]:
+        """The lanes for this request on what this executor runs on; returns (lanes, warnings)."""
+        ...
+
+    def start(self, lanes: list[Lane]) -> None:
+        """Make every lane's slots ready (processes, actors; nothing for batch jobs)."""
+        ...
+
+    def idle(self, lane: Lane) -> list[Worker]: ...
+
+    def busy(self) -> list[Worker]: ...
+
+    def submit(self, worker: Worker, task: Task) -> None:
+        """Start `task` on the idle `worker` (an executor may hold it until the next poll, to batch)."""
+        ...
+
+    def poll(self, timeout: float) -> list[Finished | Crashed]:
+        """What finished or died, waiting at most `timeout` seconds for the first of them."""
+        ...
+
+    def jobs(self) -> list[JobInfo]:
+        """Batch jobs submitted by this executor and their states (none for local processes or Ray)."""
+        ...
+
+    def cancel_jobs(self, job_ids: Sequence[str]) -> None:
+        """Cancel jobs an earlier, killed scheduler left queued or running (no-op without batch jobs)."""
+        ...
+
+    def pids(self) -> list[int]:
+        """Worker processes on this host, for the resource monitor (empty where they run elsewhere)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop every worker (idle ones cleanly); in-flight tasks are abandoned, not reported."""
+        ...
