@@ -1,0 +1,125 @@
+"""What an executor costs per trial: trials that do nothing, through local worker processes and Ray actors.
+
+    python bench/executor_overhead.py [--quick] [--trials N] [--repeats N] [--executors local,ray] [--out PATH]
+
+A campaign of N trials of a model that does nothing (bench/_noop_model.py: a classical
+family whose fit is a no-op), on a tiny synthetic project set, runs through each executor
+with one slot per core. Per-trial overhead = (wall time of N trials - wall time of one
+trial per slot) / (N - slots): the second run holds the fixed costs (worker or actor
+start-up, loading the data, shutdown), so what is left is what each further trial costs
+(scheduling, the store's writes, sending the task, running the trivial trial, the result
+coming back), spread over the slots as in a real campaign. Ray is started once, before
+the timed runs (its own start-up is the "ray.init" row); its actors are started per
+campaign, as a real run does. Each configuration's best repeat is reported (other load
+on the machine only ever adds time). Targets: local < 5 ms, Ray < 50 ms per trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+# Local workers import the no-op model by name: give them bench/ too (Ray passes the driver's path on).
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH", "")]))
+
+from _common import environment, finish
+
+from gpufill.campaign.runner import Campaign, read_results
+from gpufill.hardware import cpu_count
+
+TARGET_MS = {"local": 5.0, "ray": 50.0}
+
+
+def write_campaign(folder: Path, trials: int, projects: int, slots: int) -> Path:
+    seeds = list(range(max(1, trials // projects)))
+    path = folder / f"overhead-{trials}.yaml"
+    path.write_text(
+        "name: overhead\n"
+        f"data: {{source: synthetic, projects: {min(projects, trials)}, length: 60, seed: 0}}\n"
+        "task: {lookback: [4], horizon: 1}\n"
+        "models: {'_noop_model:noop': {}}\n"
+        f"seeds: {seeds}\n"
+        f"resources: {{cpu_slots: {slots}, retries: 0}}\n"
+    )
+    return path
+
+
+def timed_run(folder: Path, trials: int, projects: int, slots: int, executor: str) -> tuple[float, float]:
+    """(wall seconds of Campaign.run, mean seconds a worker spent in one trial)."""
+    workdir = folder / f"work-{executor}-{trials}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    campaign = Campaign.from_yaml(write_campaign(folder, trials, projects, slots), workdir)
+    started = time.perf_counter()
+    outcome = campaign.run(executor=executor)
+    wall = time.perf_counter() - started
+    expected = min(projects, trials) * max(1, trials // projects)
+    assert outcome.done == expected and outcome.failed == 0, outcome
+    return wall, float(read_results(workdir)["duration_s"].mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one repeat (a minute or two on 2 cores)")
+    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--projects", type=int, default=10, help="trials are projects x seeds")
+    parser.add_argument("--repeats", type=int, default=None, help="1 quick, 3 full")
+    parser.add_argument("--executors", default="local,ray")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    repeats = args.repeats or (1 if args.quick else 3)
+    executors = [name.strip() for name in args.executors.split(",") if name.strip()]
+    slots = cpu_count()
+    env = environment("cpu")
+
+    ray_init_s = None
+    if "ray" in executors:
+        import ray
+
+        started = time.perf_counter()
+        ray.init(num_cpus=slots, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray_init_s = time.perf_counter() - started
+
+    rows, per_trial = [], {}
+    with tempfile.TemporaryDirectory(prefix="gpufill-overhead-") as tmp:
+        folder = Path(tmp)
+        for executor in executors:
+            walls, fixed, inside = [], [], []
+            for _ in range(repeats):
+                fixed.append(timed_run(folder, slots, 1, slots, executor)[0])
+                wall, trial_s = timed_run(folder, args.trials, args.projects, slots, executor)
+                walls.append(wall)
+                inside.append(trial_s)
+            n = min(args.projects, args.trials) * max(1, args.trials // args.projects)
+            best_wall, best_fixed = min(walls), min(fixed)
+            overhead_ms = 1e3 * (best_wall - best_fixed) / (n - slots)
+            per_trial[executor] = overhead_ms
+            rows.append({
+                "config": executor, "trials": n, "slots": slots, "wall_s": round(best_wall, 3), "startup_s": round(best_fixed, 3),
+                "per_trial_ms": round(overhead_ms, 3), "target_ms": TARGET_MS.get(executor), "meets_target": overhead_ms < TARGET_MS.get(executor, float("inf")),
+                "trial_work_ms": round(1e3 * min(inside), 4), "trials_per_s": round(n / best_wall, 1),
+                "wall_s_per_repeat": [round(w, 3) for w in walls], "startup_s_per_repeat": [round(f, 3) for f in fixed],
+            })
+    if ray_init_s is not None:
+        import ray
+
+        ray.shutdown()
+        rows.append({**dict.fromkeys(rows[0]), "config": "ray.init", "startup_s": round(ray_init_s, 3),
+                     "wall_s_per_repeat": [], "startup_s_per_repeat": []})
+    ratios = {}
+    if "local" in per_trial and "ray" in per_trial:
+        ratios["ray / local per-trial overhead"] = per_trial["ray"] / per_trial["local"]
+    for executor, value in per_trial.items():
+        ratios[f"{executor} per-trial overhead / {TARGET_MS.get(executor)} ms target"] = value / TARGET_MS.get(executor, value)
+    run_args = {"trials": args.trials, "projects": args.projects, "repeats": repeats, "executors": executors, "quick": args.quick, "model": "_noop_model:noop"}
+    finish("executor_overhead", "per-trial cost of each executor (trials that do nothing)", env, run_args, rows, ratios, args.out)
+
+
+if __name__ == "__main__":
+    main()
