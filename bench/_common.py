@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import platform
 import re
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
-from gpufill.hardware import detect
+# One environment record (device, versions, date) for these scripts and `gpufill bench`.
+from gpufill.bench import environment
+
+__all__ = ["RESULTS", "default_out", "environment", "finish", "print_table", "write_result"]
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def environment(device: str = "auto") -> dict[str, Any]:
-    hardware = detect(device)
-    return {
-        "device": hardware.name,
-        "device_type": hardware.device_type,
-        "cpu_count": hardware.cpu_count,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }
 
 
 def default_out(script: str, env: dict[str, Any]) -> Path:

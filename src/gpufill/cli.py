@@ -367,6 +367,40 @@ def report(
 
 
 @app.command()
+def bench(
+    model: str = typer.Option("lstm", "--model", "-m", help="lstm, gru, tcn, transformer or mlp."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Epochs per training (default: sized for 1-2 minutes on 2 CPU cores)."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", help="Interleaved rounds; each row is the median round."),
+    length: Optional[int] = typer.Option(None, "--length", help="Synthetic series length."),
+    lookback: Optional[int] = typer.Option(None, "--lookback", help="Input window length."),
+    hidden_size: Optional[int] = typer.Option(None, "--hidden-size", help="Width: hidden_size (channels for tcn, d_model for transformer)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
+    ablation: bool = typer.Option(True, "--ablation/--no-ablation", help="Also run gpufill with each of its speed-ups off in turn."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON record to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
+) -> None:
+    """Before/after: the guides' starting loop vs gpufill on one model, and what each speed-up is worth here."""
+    from gpufill.bench import BenchSettings, bench_table, run_bench, summary_lines
+
+    sizes = {"epochs": epochs, "repeats": repeats, "length": length, "lookback": lookback, "hidden_size": hidden_size}
+    settings = BenchSettings(model=model, device=device, ablation=ablation, **{k: v for k, v in sizes.items() if v is not None})
+    console = Console(stderr=as_json)
+    with console.status(f"bench {model}") as spinner:
+        outcome = run_bench(settings, progress=lambda text: spinner.update(f"bench {model}: {text}"))
+    record = outcome.to_dict()
+    if out is not None:
+        outcome.write(out)
+    if as_json:
+        print(json.dumps(record))
+        return
+    console.print(bench_table(record))
+    for line in summary_lines(record):
+        console.print(line)
+    if out is not None:
+        console.print(f"wrote {out}")
+
+
+@app.command()
 def doctor(
     model: str = typer.Option("lstm", "--model", "-m", help="Neural family (lstm, gru, tcn, transformer, mlp) or package.module:factory."),
     data: str = typer.Option("synthetic", "--data", help="synthetic, a .csv/.parquet file, a directory or a glob (as gpufill train)."),

@@ -5,15 +5,20 @@ The baseline is deliberately the common loop, not a straw man: a per-sample
 `torch.tensor`, as tutorials write it), `DataLoader(batch_size=128, num_workers=0)`,
 fp32, Adam, `loss.item()` every step, validation every epoch with a per-batch `.cpu()`.
 Both loops run once untimed first, so neither pays the process's lazy initialisation.
+
+`compare` also runs variants of gpufill (the ablations of `gpufill bench`: one speed-up
+switched off each) in the same interleaved rounds, and measures GPU utilisation per run.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import psutil
@@ -21,8 +26,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from gpufill.errors import InputError
 from gpufill.fit import FitCallback, FitConfig, fit
 from gpufill.hardware import resolve_device
+from gpufill.monitor.sampler import GpuSource, Sampler, open_gpu_source
 
 
 @dataclasses.dataclass(slots=True)
@@ -40,6 +47,8 @@ class LoopMeasurement:
     """Peak device memory on CUDA; peak process RSS on CPU."""
     val_loss_runs: list[float] = dataclasses.field(default_factory=list)
     """Each seed's validation loss when several runs were summarised."""
+    gpu_util: float | None = None
+    """Mean GPU utilisation (%) during the run, from NVML; None on CPU or without NVML."""
 
     def row(self) -> dict[str, Any]:
         return {
@@ -49,6 +58,7 @@ class LoopMeasurement:
             "first_epoch_s": round(self.first_epoch_s, 4),
             "val_loss": round(self.val_loss, 6),
             "peak_memory_mib": None if self.peak_memory_mib is None else round(self.peak_memory_mib, 1),
+            "gpu_util": None if self.gpu_util is None else round(self.gpu_util, 1),
             "val_loss_runs": [round(v, 6) for v in self.val_loss_runs] or None,
         }
 
@@ -188,23 +198,90 @@ def validation_mse(model: nn.Module, val: tuple[torch.Tensor, torch.Tensor]) -> 
     return nn.functional.mse_loss(prediction, targets).item()
 
 
+class UtilisationMeter:
+    """Mean GPU utilisation during a run, from the monitor's Sampler (NVML), one reading per `interval` s.
+
+    Measures nothing (None) on a CPU run or without NVML. NVML numbers GPUs in PCI order
+    and ignores CUDA_VISIBLE_DEVICES, so a torch index is mapped through that variable when
+    it lists indices (on a one-GPU machine both are 0).
+    """
+
+    def __init__(self, device: torch.device | str, *, interval: float = 0.2, source: GpuSource | None | str = "auto"):
+        self.device = torch.device(device)
+        self.interval = interval
+        if source == "auto":
+            source = open_gpu_source() if self.device.type == "cuda" else None
+        self.source: GpuSource | None = source  # type: ignore[assignment]
+        self.gpu = f"gpu{_nvml_index(self.device)}"
+
+    @contextmanager
+    def measure(self) -> Iterator[list[float]]:
+        """Yields the list the readings (percent) go into; it is complete when the block ends."""
+        readings: list[float] = []
+        if self.source is None:
+            yield readings
+            return
+
+        def keep(rows: list[dict[str, Any]]) -> None:
+            readings.extend(row["gpu_util"] for row in rows if row["source"] == self.gpu and row["gpu_util"] is not None)
+
+        sampler = Sampler(self.interval, gpu_source=self.source, sink=keep)
+        with sampler:
+            yield readings
+        if not readings:  # a run shorter than the thread's first reading: read once at its end
+            keep(sampler.read())
+
+    def close(self) -> None:
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
+
+
+def _nvml_index(device: torch.device) -> int:
+    index = device.index or 0
+    visible = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+    if device.type == "cuda" and index < len(visible) and visible[index].isdigit():
+        return int(visible[index])
+    return index
+
+
+def _metered(meter: UtilisationMeter | None, run: Callable[..., LoopMeasurement], *args: Any, **kwargs: Any) -> LoopMeasurement:
+    if meter is None:
+        return run(*args, **kwargs)
+    with meter.measure() as readings:
+        measurement = run(*args, **kwargs)
+    measurement.gpu_util = statistics.fmean(readings) if readings else None
+    return measurement
+
+
 @dataclasses.dataclass(slots=True)
 class Comparison:
-    """Paired runs of both loops: run i of each used seed i and ran back to back."""
+    """Paired runs: run i of every loop used seed i, and the runs of one round ran back to back."""
 
     baseline: list[LoopMeasurement]
     gpufill: list[LoopMeasurement]
+    variants: dict[str, list[LoopMeasurement]] = dataclasses.field(default_factory=dict)
+    """gpufill with some settings changed (an ablation each), by name."""
 
     def speedup(self) -> float:
         """Median over pairs of gpufill / baseline samples/s: adjacent runs share the machine's drift."""
-        return statistics.median(g.samples_per_s / b.samples_per_s for b, g in zip(self.baseline, self.gpufill, strict=True))
+        return _paired_ratio(self.gpufill, self.baseline)
+
+    def worth(self, variant: str) -> float:
+        """Median over pairs of gpufill / variant samples/s: what the settings the variant changed are worth."""
+        return _paired_ratio(self.gpufill, self.variants[variant])
 
     def quality_ratio(self) -> float:
         """Mean validation loss over seeds, gpufill / baseline (one seed's batch order moves it by ~10 %)."""
         return statistics.fmean(m.val_loss for m in self.gpufill) / statistics.fmean(m.val_loss for m in self.baseline)
 
     def rows(self) -> list[dict[str, Any]]:
-        return [_summarise(runs).row() for runs in (self.baseline, self.gpufill)]
+        """Baseline, gpufill, then each variant: the median-speed run of each (see `_summarise`)."""
+        return [_summarise(runs).row() for runs in (self.baseline, self.gpufill, *self.variants.values())]
+
+
+def _paired_ratio(numerator: list[LoopMeasurement], denominator: list[LoopMeasurement]) -> float:
+    return statistics.median(n.samples_per_s / d.samples_per_s for n, d in zip(numerator, denominator, strict=True))
 
 
 def compare(
@@ -215,26 +292,51 @@ def compare(
     epochs: int,
     device: str = "auto",
     repeats: int = 1,
+    variants: Mapping[str, Mapping[str, Any]] | None = None,
+    meter: UtilisationMeter | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Comparison:
-    """Baseline and gpufill, interleaved `repeats` times from the same initial weights."""
+    """Baseline, gpufill and each variant, interleaved `repeats` times from the same initial weights.
+
+    `variants` maps a name to FitConfig overrides (e.g. {"data_placement": "loader"}) for a
+    gpufill run with those settings; `meter` adds each run's GPU utilisation; `progress`
+    is told which run starts.
+    """
+    variants = dict(variants or {})
+    known = {field.name for field in dataclasses.fields(FitConfig)}
+    for name, overrides in variants.items():
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise InputError(f"variant {name!r} changes unknown setting(s) {', '.join(unknown)}", field="variants", fix="use FitConfig fields")
     target = str(resolve_device(device))
+    say = progress or (lambda _text: None)
+    say("warm-up (untimed)")
     warm = (train[0][:256], train[1][:256])  # untimed: lazy init, allocator and kernel caches
     baseline_fit(make_model(), warm, val, epochs=1, device=target)
-    gpufill_fit(make_model(), warm, val, epochs=1, config=FitConfig(device=target))
-    comparison = Comparison(baseline=[], gpufill=[])
+    for overrides in ({}, *variants.values()):
+        gpufill_fit(make_model(), warm, val, epochs=1, config=FitConfig(device=target, **overrides))
+    comparison = Comparison(baseline=[], gpufill=[], variants={name: [] for name in variants})
     for seed in range(repeats):
-        comparison.baseline.append(baseline_fit(make_model(), train, val, epochs=epochs, device=target, seed=seed))
-        comparison.gpufill.append(gpufill_fit(make_model(), train, val, epochs=epochs, config=FitConfig(device=target, seed=seed)))
+        say(f"round {seed + 1}/{repeats}: baseline")
+        comparison.baseline.append(_metered(meter, baseline_fit, make_model(), train, val, epochs=epochs, device=target, seed=seed))
+        say(f"round {seed + 1}/{repeats}: gpufill")
+        comparison.gpufill.append(_metered(meter, gpufill_fit, make_model(), train, val, epochs=epochs, config=FitConfig(device=target, seed=seed)))
+        for name, overrides in variants.items():
+            say(f"round {seed + 1}/{repeats}: {name}")
+            config = FitConfig(device=target, seed=seed, **overrides)
+            comparison.variants[name].append(_metered(meter, gpufill_fit, make_model(), train, val, epochs=epochs, config=config, name=name))
     return comparison
 
 
 def _summarise(runs: list[LoopMeasurement]) -> LoopMeasurement:
-    """The median-speed run, with the mean validation loss and the peak memory over all runs."""
+    """The median-speed run, with the mean validation loss and GPU utilisation and the peak memory over all runs."""
     median = sorted(runs, key=lambda m: m.samples_per_s)[len(runs) // 2]
     peaks = [m.peak_memory_mib for m in runs if m.peak_memory_mib is not None]
+    utilisation = [m.gpu_util for m in runs if m.gpu_util is not None]
     return dataclasses.replace(
         median,
         val_loss=statistics.fmean(m.val_loss for m in runs),
         val_loss_runs=[m.val_loss for m in runs],
         peak_memory_mib=max(peaks) if peaks else None,
+        gpu_util=statistics.fmean(utilisation) if utilisation else None,
     )

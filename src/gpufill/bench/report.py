@@ -1,0 +1,199 @@
+"""`gpufill bench`: the before/after table on this machine, with what each speed-up is worth.
+
+One forecaster on gpufill's synthetic series, trained by the guides' starting loop
+("before"), by gpufill with its automatic plan, and by gpufill with each speed-up the
+plan chose switched off in turn; all interleaved and repeated from the same initial
+weights (`compare`). The record has the same JSON shape as the scripts under bench/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich import box
+from rich.table import Table
+
+from gpufill.bench.ablation import Ablation, ablations, automatic_plan
+from gpufill.bench.loops import Comparison, UtilisationMeter, compare
+from gpufill.data import Split, load_projects, make_windows
+from gpufill.errors import InputError
+from gpufill.fit import FitConfig
+from gpufill.hardware import detect, resolve_device
+from gpufill.models import registry
+
+# Each family's width parameter, which --hidden-size sets.
+WIDTH_PARAM = {"lstm": "hidden_size", "gru": "hidden_size", "tcn": "channels", "transformer": "d_model", "mlp": "hidden_size"}
+# The NVML sampler's interval: several readings even in a few-second run.
+GPU_SAMPLE_S = 0.2
+
+
+def environment(device: str = "auto") -> dict[str, Any]:
+    """Where a measurement was taken: device, versions and date (every benchmark record starts with it)."""
+    hardware = detect(device)
+    return {
+        "device": hardware.name,
+        "device_type": hardware.device_type,
+        "cpu_count": hardware.cpu_count,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class BenchSettings:
+    """What `gpufill bench` trains. The defaults take 1-2 minutes for the LSTM on 2 CPU cores."""
+
+    model: str = "lstm"
+    """A neural family: lstm, gru, tcn, transformer or mlp."""
+    epochs: int = 8
+    repeats: int = 5
+    """Interleaved rounds; each row is the median-speed round, each ratio the median of per-round ratios."""
+    length: int = 5000
+    """Synthetic series length (10 % validation, 20 % test; the rest are training windows)."""
+    lookback: int = 30
+    hidden_size: int = 64
+    """The family's width (hidden_size; channels for tcn; d_model for transformer)."""
+    device: str = "auto"
+    ablation: bool = True
+    """Also run gpufill with each speed-up switched off in turn."""
+
+    def validate(self) -> None:
+        if self.model not in WIDTH_PARAM:
+            raise InputError(
+                f"unknown model family {self.model!r} for bench", where="command line", field="--model",
+                fix=f"use one of {', '.join(WIDTH_PARAM)} (bench compares neural training loops)",
+            )
+        for name in ("epochs", "repeats", "length", "lookback", "hidden_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                option = "--" + name.replace("_", "-")
+                raise InputError(f"{option} must be a positive integer, got {value!r}", where="command line", field=option, fix=f"pass e.g. {option} {getattr(BenchSettings(), name)}")
+        try:
+            device = resolve_device(self.device)
+        except RuntimeError as error:
+            raise InputError(f"unknown device {self.device!r} ({error})", where="command line", field="--device", fix="pass auto, cpu, cuda or cuda:N") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise InputError(f"device {self.device!r}: no CUDA device visible to torch", where="command line", field="--device", fix="pass --device cpu or auto")
+
+
+@dataclasses.dataclass(slots=True)
+class BenchReport:
+    """One `gpufill bench` run: rows (before, gpufill, each ablation) and the ratios between them."""
+
+    environment: dict[str, Any]
+    model: str
+    args: dict[str, Any]
+    plan: dict[str, dict[str, Any]]
+    """gpufill's automatic plan for this training, every setting with its reason."""
+    results: list[dict[str, Any]]
+    ratios: dict[str, float]
+    """speedup (gpufill / before samples/s), val_loss_ratio (gpufill / before), <speed-up>_worth (gpufill / ablated)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.environment, "model": self.model, "args": self.args, "plan": self.plan, "results": self.results, "ratios": self.ratios}
+
+    def write(self, path: str | Path) -> Path:
+        """The JSON record, written atomically (tmp file + rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
+        return path
+
+
+def run_bench(settings: BenchSettings | None = None, *, progress: Callable[[str], None] | None = None, meter: UtilisationMeter | None = None) -> BenchReport:
+    """Train before, gpufill and each ablation on one synthetic project; see the module docstring."""
+    settings = settings or BenchSettings()
+    settings.validate()
+    device = str(resolve_device(settings.device))
+    project = next(iter(load_projects("synthetic", n_projects=1, length=settings.length, seed=0).values()))
+    windows = make_windows(project, settings.lookback, 1, Split(val=0.1, test=0.2))
+    train, val = (windows.x_train, windows.y_train), (windows.x_val, windows.y_val)
+    params = {WIDTH_PARAM[settings.model]: settings.hidden_size}
+
+    def make_model() -> torch.nn.Module:
+        torch.manual_seed(0)  # every loop starts from the same weights
+        return registry.build(settings.model, n_features=windows.n_features, lookback=settings.lookback, horizon=1, params=params)
+
+    make_model()  # a bad width (e.g. d_model not divisible by nhead) fails here, before any timing
+    plan = automatic_plan(FitConfig(device=device, epochs=settings.epochs), train, val)
+    chosen = ablations(plan) if settings.ablation else []
+    own_meter = meter is None
+    meter = meter or UtilisationMeter(device, interval=GPU_SAMPLE_S)
+    try:
+        comparison = compare(
+            make_model, train, val, epochs=settings.epochs, device=device, repeats=settings.repeats,
+            variants={a.label: a.overrides() for a in chosen}, meter=meter, progress=progress,
+        )
+    finally:
+        if own_meter:
+            meter.close()
+    args = {"model": settings.model, **params, "lookback": settings.lookback, "horizon": 1, "series_length": settings.length,
+            "train_windows": int(train[0].shape[0]), "epochs": settings.epochs, "repeats": settings.repeats, "ablation": settings.ablation}
+    return BenchReport(environment(device), settings.model, args, plan.to_dict(), _rows(comparison, chosen), _ratios(comparison, chosen))
+
+
+def _rows(comparison: Comparison, chosen: list[Ablation]) -> list[dict[str, Any]]:
+    before, gpufill, *ablated = comparison.rows()
+    out = [{**before, "loop": "before", "ablation": None, "setting": None, "worth": None},
+           {**gpufill, "ablation": None, "setting": None, "worth": None}]
+    for ablation, row in zip(chosen, ablated, strict=True):
+        out.append({**row, "ablation": ablation.name, "setting": ablation.describe(), "worth": round(comparison.worth(ablation.label), 3)})
+    return out
+
+
+def _ratios(comparison: Comparison, chosen: list[Ablation]) -> dict[str, float]:
+    ratios = {"speedup": comparison.speedup(), "val_loss_ratio": comparison.quality_ratio()}
+    ratios.update({f"{ablation.key}_worth": comparison.worth(ablation.label) for ablation in chosen})
+    return ratios
+
+
+def bench_table(report: dict[str, Any]) -> Table:
+    """The rows of a BenchReport.to_dict() as a rich table (fits 80 columns; the settings are in summary_lines)."""
+    args = report["args"]
+    rounds = f"{args['repeats']} round" + ("s" if args["repeats"] != 1 else "")
+    table = Table(
+        title=f"gpufill bench: {report['model']}, {args['train_windows']} windows x {args['epochs']} epochs, median of {rounds}"
+        f" — {report['device']}, torch {report['torch']}, {report['date'][:10]}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for column in ("loop", "samples/s", "epoch s", "GPU %", "peak MiB", "val loss", "worth"):
+        table.add_column(column, justify="left" if column == "loop" else "right", no_wrap=True)
+    for row in report["results"]:
+        table.add_row(
+            f"  - {row['ablation']}" if row["ablation"] else row["loop"], f"{row['samples_per_s']:,.0f}", f"{row['epoch_s']:.3g}",
+            _maybe(row["gpu_util"], "{:.0f}"), _maybe(row["peak_memory_mib"], "{:,.0f}"), f"{row['val_loss']:.4g}", _maybe(row["worth"], "{:.2f}x"),
+            style="bold" if row["loop"] == "gpufill" else None,
+        )
+    return table
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The speed-up, quality and per-ablation sentences printed under the table."""
+    ratios, rounds = report["ratios"], report["args"]["repeats"]
+    lines = [
+        f"speed-up: gpufill trains {ratios['speedup']:.2f}x the samples/s of the before loop (median of {rounds} paired rounds); "
+        + f"validation loss gpufill / before: {ratios['val_loss_ratio']:.3f}"
+    ]
+    ablated = [row for row in report["results"] if row["ablation"]]
+    if ablated:
+        lines.append("rows \"- X\": gpufill with speed-up X switched off; worth = gpufill samples/s / that row's (above 1: X helps here)")
+        lines.extend(f"  {row['ablation']} ({row['setting']}): {row['worth']:.2f}x" for row in ablated)
+    return lines
+
+
+def _maybe(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)

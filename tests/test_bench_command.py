@@ -1,0 +1,185 @@
+"""`gpufill bench`: before / gpufill / one ablation per speed-up the plan turned on."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.optim.optimizer as torch_optimizer
+
+from gpufill import plan as plan_module
+from gpufill.bench import (
+    BenchSettings,
+    Comparison,
+    LoopMeasurement,
+    UtilisationMeter,
+    ablations,
+    run_bench,
+)
+from gpufill.bench.loops import _nvml_index
+from gpufill.errors import InputError
+from gpufill.monitor.sampler import GpuReading
+from gpufill.plan import DataFacts, SpeedSettings, make_plan
+from tests.fakes import CPU, H100, T4
+from tests.helpers import run_cli
+
+TINY = ("--epochs", 2, "--repeats", 1, "--length", 300, "--lookback", 12, "--hidden-size", 16, "--device", "cpu")
+SMALL = DataFacts(n_train=10_000, bytes_total=10 * 2**20, is_tensor=True)
+
+
+def cpu_speedups() -> set[str]:
+    """The speed-ups gpufill's CPU plan turns on with this torch (fused optimizer kernels on CPU are torch >= 2.4)."""
+    names = {"resident data", "no per-step sync"}
+    if "cpu" in getattr(torch_optimizer, "_get_fused_kernels_supported_devices", lambda: ["cuda"])():
+        names.add("fused optimizer")
+    return names
+
+
+def test_bench_json_has_before_gpufill_and_each_cpu_ablation(capsys, tmp_path):
+    out = tmp_path / "bench.json"
+    code, stdout, _ = run_cli(capsys, "bench", "--json", *TINY, "--out", out)
+    assert code == 0
+    record = json.loads(stdout)
+    assert json.loads(out.read_text()) == record  # --out writes the same record
+    assert record["device_type"] == "cpu" and record["device"] and record["torch"] == torch.__version__ and record["date"][:2] == "20"
+    assert record["model"] == "lstm" and record["args"]["epochs"] == 2 and record["args"]["hidden_size"] == 16
+
+    rows = {row["loop"]: row for row in record["results"]}
+    before, gpufill = rows["before"], rows["gpufill"]
+    ablated = [row for row in record["results"] if row["ablation"]]
+    # The automatic CPU plan: data resident, no per-step sync, fused optimizer (batch search is off on CPU).
+    assert {row["ablation"] for row in ablated} == cpu_speedups()
+    assert len(record["results"]) == 2 + len(ablated)
+    assert {row["setting"] for row in ablated} >= {"data_placement=loader", "sync_every_step=True"}
+    for row in record["results"]:
+        assert row["samples_per_s"] > 0 and row["epoch_s"] > 0
+        assert math.isfinite(row["val_loss"]) and row["val_loss"] > 0
+        assert row["gpu_util"] is None  # no NVML reading on a CPU run
+
+    ratios = record["ratios"]
+    assert ratios["speedup"] > 0
+    assert ratios["speedup"] == pytest.approx(gpufill["samples_per_s"] / before["samples_per_s"], rel=2e-3)  # one round: the rows' ratio
+    assert ratios["val_loss_ratio"] == pytest.approx(gpufill["val_loss"] / before["val_loss"], rel=1e-4)
+    for row in ablated:
+        key = row["ablation"].replace(" ", "_").replace("-", "_") + "_worth"
+        assert ratios[key] == pytest.approx(gpufill["samples_per_s"] / row["samples_per_s"], rel=2e-3)
+        assert row["worth"] == pytest.approx(ratios[key], abs=1e-3)
+    # The plan the ablations came from is recorded with its reasons.
+    assert record["plan"]["data_placement"]["value"] == "device" and record["plan"]["step_sync"]["value"] is False
+
+
+def test_bench_table_for_gru_without_ablations(capsys):
+    code, stdout, _ = run_cli(capsys, "bench", "--model", "gru", "--no-ablation", *TINY)
+    assert code == 0
+    lines = stdout.splitlines()
+    assert any(line.split()[:1] == ["before"] for line in lines) and any(line.split()[:1] == ["gpufill"] for line in lines)
+    assert "gru, " in stdout and "speed-up: gpufill trains" in stdout
+    assert not any(line.lstrip().startswith("- ") for line in lines)  # no ablation rows
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("--model", "linear"), "--model"),  # classical: bench compares neural training loops
+        (("--model", "lstmm"), "--model"),
+        (("--epochs", 0), "--epochs"),
+        (("--repeats", -1), "--repeats"),
+        (("--length", 0), "--length"),
+        (("--device", "tpu"), "--device"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, args, field):
+    code, stdout, stderr = run_cli(capsys, "bench", *args)
+    assert code == 2 and stdout == ""
+    assert len(stderr.strip().splitlines()) == 1
+    assert stderr.startswith("gpufill: error: command line: " + field) and "fix:" in stderr
+
+
+def test_settings_validate_in_the_python_api_too():
+    with pytest.raises(InputError, match="--repeats must be a positive integer, got 0"):
+        run_bench(BenchSettings(repeats=0))
+    with pytest.raises(InputError, match="lstm, gru, tcn, transformer, mlp"):
+        BenchSettings(model="xgb").validate()
+
+
+@pytest.fixture
+def plenty_of_free_memory(monkeypatch):
+    monkeypatch.setattr(plan_module, "free_memory_bytes", lambda hw: hw.total_memory_bytes)
+
+
+def test_gpu_plan_ablates_precision_tf32_cudnn_and_compile(plenty_of_free_memory):
+    plan = make_plan(H100, SMALL, SpeedSettings())
+    names = [a.name for a in ablations(plan)]
+    expected = ["bf16 autocast", "TF32", "cudnn.benchmark", "torch.compile", "resident data", "fused optimizer", "no per-step sync"]
+    if getattr(getattr(plan, "batch_search", None), "value", False):
+        expected.insert(5, "batch search")
+    assert names == expected
+    settings = {a.name: a.describe() for a in ablations(plan)}
+    assert settings["bf16 autocast"] == "precision=fp32" and settings["TF32"] == "tf32=False"
+    assert settings["cudnn.benchmark"] == "cudnn_benchmark=False" and settings["torch.compile"] == "compile=False"
+    # Each ablation's override really switches its speed-up off, and only that one.
+    for ablation in ablations(plan):
+        ablated = make_plan(H100, SMALL, SpeedSettings(**ablation.overrides()))
+        assert [a.name for a in ablations(ablated)] == [n for n in expected if n != ablation.name]
+
+
+def test_fp16_gpu_and_cpu_plans_list_only_what_they_turn_on(plenty_of_free_memory):
+    t4 = [a.name for a in ablations(make_plan(T4, SMALL, SpeedSettings()))]
+    assert t4[:2] == ["fp16 autocast", "cudnn.benchmark"] and "TF32" not in t4  # T4 has no TF32 tensor cores
+    cpu = {a.name for a in ablations(make_plan(CPU, SMALL, SpeedSettings()))}
+    assert cpu == cpu_speedups()
+    assert "resident data" not in {a.name for a in ablations(make_plan(CPU, SMALL, SpeedSettings(data_placement="loader")))}
+
+
+def _run(name: str, samples_per_s: float, val_loss: float = 1.0) -> LoopMeasurement:
+    return LoopMeasurement(name=name, samples_per_s=samples_per_s, epoch_s=1000 / samples_per_s, first_epoch_s=1.0, val_loss=val_loss, peak_memory_mib=None)
+
+
+def test_speedup_and_worth_are_medians_of_paired_rounds():
+    comparison = Comparison(
+        baseline=[_run("baseline", 100), _run("baseline", 50), _run("baseline", 100)],
+        gpufill=[_run("gpufill", 200), _run("gpufill", 150), _run("gpufill", 300)],
+        variants={"gpufill - x": [_run("gpufill - x", 100), _run("gpufill - x", 150), _run("gpufill - x", 100)]},
+    )
+    assert comparison.speedup() == 3.0  # rounds: 200/100, 150/50, 300/100
+    assert comparison.worth("gpufill - x") == 2.0  # rounds: 200/100, 150/150, 300/100
+    rows = comparison.rows()
+    assert [row["loop"] for row in rows] == ["baseline", "gpufill", "gpufill - x"]
+    assert [row["samples_per_s"] for row in rows] == [100.0, 200.0, 100.0]  # each loop's median-speed round
+
+
+class FakeGpu:
+    """One GPU that is always 42 % busy."""
+
+    def count(self) -> int:
+        return 1
+
+    def read(self, index: int) -> GpuReading:
+        return GpuReading(index=index, util=42.0, mem_used=1.0, mem_total=2.0, power_w=None, power_limit_w=None, temp_c=None, sm_clock_mhz=None)
+
+
+def test_meter_reads_gpu_utilisation_even_for_a_short_run():
+    meter = UtilisationMeter("cpu", interval=0.05, source=FakeGpu())
+    with meter.measure() as readings:
+        pass  # shorter than the sampler thread may take to read: one reading at the end
+    assert readings and set(readings) == {42.0}
+    with UtilisationMeter("cpu").measure() as none:  # no NVML source on a CPU device
+        pass
+    assert none == []
+
+
+def test_run_bench_records_the_meters_gpu_utilisation_per_row():
+    settings = BenchSettings(model="mlp", epochs=2, repeats=1, length=300, lookback=12, hidden_size=16, device="cpu", ablation=False)
+    report = run_bench(settings, meter=UtilisationMeter("cpu", interval=0.05, source=FakeGpu()))
+    assert [row["loop"] for row in report.results] == ["before", "gpufill"]
+    assert [row["gpu_util"] for row in report.results] == [42.0, 42.0]
+    assert report.to_dict()["args"]["hidden_size"] == 16 and set(report.ratios) == {"speedup", "val_loss_ratio"}
+
+
+def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert _nvml_index(torch.device("cuda:1")) == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8a7f")  # UUIDs: the torch index as is
+    assert _nvml_index(torch.device("cuda:0")) == 0
