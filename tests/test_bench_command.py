@@ -148,6 +148,7 @@ def test_speedup_and_worth_are_medians_of_paired_rounds():
     rows = comparison.rows()
     assert [row["loop"] for row in rows] == ["baseline", "gpufill", "gpufill - x"]
     assert [row["samples_per_s"] for row in rows] == [100.0, 200.0, 100.0]  # each loop's median-speed round
+    assert rows[2]["samples_per_s_runs"] == [100.0, 150.0, 100.0]  # every round, in order
 
 
 class FakeGpu:

@@ -49,6 +49,8 @@ class LoopMeasurement:
     """Each seed's validation loss when several runs were summarised."""
     gpu_util: float | None = None
     """Mean GPU utilisation (%) during the run, from NVML; None on CPU or without NVML."""
+    samples_per_s_runs: list[float] = dataclasses.field(default_factory=list)
+    """Each round's samples/s when several runs were summarised (the paired ratios come from these)."""
 
     def row(self) -> dict[str, Any]:
         return {
@@ -60,6 +62,7 @@ class LoopMeasurement:
             "peak_memory_mib": None if self.peak_memory_mib is None else round(self.peak_memory_mib, 1),
             "gpu_util": None if self.gpu_util is None else round(self.gpu_util, 1),
             "val_loss_runs": [round(v, 6) for v in self.val_loss_runs] or None,
+            "samples_per_s_runs": [round(v, 1) for v in self.samples_per_s_runs] or None,
         }
 
 
@@ -337,6 +340,7 @@ def _summarise(runs: list[LoopMeasurement]) -> LoopMeasurement:
         median,
         val_loss=statistics.fmean(m.val_loss for m in runs),
         val_loss_runs=[m.val_loss for m in runs],
+        samples_per_s_runs=[m.samples_per_s for m in runs],
         peak_memory_mib=max(peaks) if peaks else None,
         gpu_util=statistics.fmean(utilisation) if utilisation else None,
     )
