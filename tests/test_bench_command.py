@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from gpufill.bench import (
     UtilisationMeter,
     ablations,
     run_bench,
+    summary_lines,
 )
 from gpufill.bench.loops import _nvml_index
 from gpufill.errors import InputError
@@ -176,7 +178,24 @@ def test_run_bench_records_the_meters_gpu_utilisation_per_row():
     report = run_bench(settings, meter=UtilisationMeter("cpu", interval=0.05, source=FakeGpu()))
     assert [row["loop"] for row in report.results] == ["before", "gpufill"]
     assert [row["gpu_util"] for row in report.results] == [42.0, 42.0]
-    assert report.to_dict()["args"]["hidden_size"] == 16 and set(report.ratios) == {"speedup", "val_loss_ratio"}
+    assert report.to_dict()["args"]["hidden_size"] == 16 and set(report.ratios) == {"speedup", "val_loss_ratio", "round_spread"}
+    assert report.ratios["round_spread"] == 1.0  # one round: nothing to disagree with
+
+
+def _record(runs_before: list[float], runs_gpufill: list[float]) -> dict:
+    rows = [{"loop": name, "ablation": None, "setting": None, "samples_per_s": statistics.median(runs), "epoch_s": 1.0, "gpu_util": None,
+             "peak_memory_mib": None, "val_loss": 0.1, "worth": None, "samples_per_s_runs": runs}
+            for name, runs in (("before", runs_before), ("gpufill", runs_gpufill))]
+    spread = max(max(r) / min(r) for r in (runs_before, runs_gpufill))
+    return {"model": "lstm", "device": "cpu", "torch": "2", "date": "2026-01-01", "args": {"repeats": 3, "epochs": 2, "train_windows": 10},
+            "results": rows, "ratios": {"speedup": 1.2, "val_loss_ratio": 1.0, "round_spread": spread}}
+
+
+def test_summary_warns_when_rounds_disagree():
+    quiet = summary_lines(_record([100, 110, 105], [120, 130, 125]))
+    assert quiet[0].startswith("speed-up: gpufill trains 1.20x") and not any("warning" in line for line in quiet)
+    busy = summary_lines(_record([100, 1000, 105], [120, 130, 125]))
+    assert busy[-1].startswith("warning: the rounds of one loop differ by 10.0x")
 
 
 def test_nvml_index_follows_cuda_visible_devices(monkeypatch):

@@ -33,6 +33,9 @@ from gpufill.models import registry
 WIDTH_PARAM = {"lstm": "hidden_size", "gru": "hidden_size", "tcn": "channels", "transformer": "d_model", "mlp": "hidden_size"}
 # The NVML sampler's interval: several readings even in a few-second run.
 GPU_SAMPLE_S = 0.2
+# On an idle machine one loop's rounds agree within ~20 %; a wider spread means something
+# else is using the cores or the GPU, and the summary says the ratios are unreliable.
+NOISY_SPREAD = 1.5
 
 
 def environment(device: str = "auto") -> dict[str, Any]:
@@ -96,7 +99,8 @@ class BenchReport:
     """gpufill's automatic plan for this training, every setting with its reason."""
     results: list[dict[str, Any]]
     ratios: dict[str, float]
-    """speedup (gpufill / before samples/s), val_loss_ratio (gpufill / before), <speed-up>_worth (gpufill / ablated)."""
+    """speedup (gpufill / before samples/s), val_loss_ratio (gpufill / before), <speed-up>_worth (gpufill / ablated),
+    round_spread (max / min samples/s over one loop's rounds, worst loop: above 1.5 the machine was busy)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.environment, "model": self.model, "args": self.args, "plan": self.plan, "results": self.results, "ratios": self.ratios}
@@ -155,6 +159,9 @@ def _rows(comparison: Comparison, chosen: list[Ablation]) -> list[dict[str, Any]
 def _ratios(comparison: Comparison, chosen: list[Ablation]) -> dict[str, float]:
     ratios = {"speedup": comparison.speedup(), "val_loss_ratio": comparison.quality_ratio()}
     ratios.update({f"{ablation.key}_worth": comparison.worth(ablation.label) for ablation in chosen})
+    loops = (comparison.baseline, comparison.gpufill, *comparison.variants.values())
+    # How far one loop's rounds disagree (max / min samples/s, worst loop): the noise floor of every ratio above.
+    ratios["round_spread"] = max(max(m.samples_per_s for m in runs) / min(m.samples_per_s for m in runs) for runs in loops)
     return ratios
 
 
@@ -192,6 +199,10 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if ablated:
         lines.append("rows \"- X\": gpufill with speed-up X switched off; worth = gpufill samples/s / that row's (above 1: X helps here)")
         lines.extend(f"  {row['ablation']} ({row['setting']}): {row['worth']:.2f}x" for row in ablated)
+    spread = ratios.get("round_spread", 1.0)
+    if spread > NOISY_SPREAD:
+        lines.append(f"warning: the rounds of one loop differ by {spread:.1f}x in samples/s: other processes were competing for this machine, "
+                     "so the ratios above are unreliable; re-run when it is idle")
     return lines
 
 
