@@ -47,11 +47,19 @@ class Estimate:
     shapes: list[ShapeEstimate] = field(default_factory=list)
     sampling_s: float = 0.0
 
+    def queues(self) -> dict[str, tuple[Lane, int]]:
+        """Queue -> (a lane of it, slots of all its lanes): per-GPU lanes share one queue and add up."""
+        out: dict[str, tuple[Lane, int]] = {}
+        for lane in self.lanes:
+            first, slots = out.get(lane.queue, (lane, 0))
+            out[lane.queue] = (first, slots + lane.slots)
+        return out
+
     def lane_seconds(self) -> dict[str, float]:
         total: dict[str, float] = defaultdict(float)
         for shape in self.shapes:
             total[shape.lane] += shape.trials * shape.seconds_per_trial
-        return {lane.name: total[lane.name] / lane.slots for lane in self.lanes}
+        return {queue: total[queue] / slots for queue, (_, slots) in self.queues().items()}
 
     def to_dict(self) -> dict[str, Any]:
         lane_seconds = self.lane_seconds()
@@ -61,15 +69,15 @@ class Estimate:
             per_family[shape.family]["trial_seconds"] += shape.trials * shape.seconds_per_trial
         return {
             "lanes": {
-                lane.name: {
-                    "trials": sum(s.trials for s in self.shapes if s.lane == lane.name),
-                    "slots": lane.slots,
+                queue: {
+                    "trials": sum(s.trials for s in self.shapes if s.lane == queue),
+                    "slots": slots,
                     "threads": lane.threads,
                     "device": lane.device,
-                    "seconds": round(lane_seconds[lane.name], 1),
-                    "hours": round(lane_seconds[lane.name] / 3600, 3),
+                    "seconds": round(lane_seconds[queue], 1),
+                    "hours": round(lane_seconds[queue] / 3600, 3),
                 }
-                for lane in self.lanes
+                for queue, (lane, slots) in self.queues().items()
             },
             "total_seconds": round(max(lane_seconds.values(), default=0.0), 1),
             "families": {name: {"trials": int(v["trials"]), "trial_seconds": round(v["trial_seconds"], 1)} for name, v in per_family.items()},
@@ -104,7 +112,7 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
                 seconds, how = _time_neural(sample, windows, spec, lane)
             else:
                 seconds, how = _time_classical(sample, windows, lane)
-            result.shapes.append(ShapeEstimate(family=sample.family, lane=lane.name, trials=len(trials), seconds_per_trial=seconds, how=how))
+            result.shapes.append(ShapeEstimate(family=sample.family, lane=lane.queue, trials=len(trials), seconds_per_trial=seconds, how=how))
     finally:
         torch.set_num_threads(threads_before)
     result.sampling_s = time.perf_counter() - started

@@ -3,17 +3,22 @@
 The CPU budget is explicit: GPU-lane workers each reserve one core to drive their GPU,
 and the CPU lane gets the rest with slots x threads <= cores, so nothing is
 oversubscribed (torch, OpenMP, MKL, OpenBLAS, XGBoost and LightGBM all get the count).
+
+With several GPUs there is one lane per GPU (`gpu0`, `gpu1`, ...), each with its own
+memory budget and its workers pinned to that GPU (CUDA_VISIBLE_DEVICES), all taking
+trials from one shared `gpu` queue: a shape goes to whichever GPU frees up first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from gpufill.errors import InputError
 
-LaneName = Literal["gpu", "cpu"]
+LaneName = str
+""""cpu", "gpu" (one GPU) or "gpu0", "gpu1", ... (one lane per GPU)."""
 # A GPU worker mostly launches kernels; past this many processes per GPU the contexts
 # (~300-500 MB each) and launch contention cost more than they add.
 MAX_GPU_SLOTS = 16
@@ -31,6 +36,10 @@ class Lane:
     """"cuda:N" or "cpu": where this lane's trials train."""
     kinds: tuple[str, ...]
     """Trial kinds ("neural", "classical") this lane runs."""
+    queue: str
+    """The queue this lane takes trials from: every GPU lane shares "gpu"."""
+    gpu_index: int | None = None
+    """With several GPUs: the one (0-based among the visible GPUs) this lane's workers are pinned to."""
     memory_budget_bytes: int | None
     """GPU lane: device memory its trials may use together (margin x total); None on CPU."""
     reason: str
@@ -40,40 +49,58 @@ def plan_lanes(
     *,
     kinds: Collection[str],
     cores: int,
-    gpu_memory_bytes: int | None,
+    gpu_memory_bytes: int | Sequence[int] | None,
     gpu_slots: int | Literal["auto"],
     cpu_slots: int | Literal["auto"],
     threads_per_trial: int | Literal["auto"] = "auto",
     memory_margin: float = 0.85,
     where: str = "resources",
 ) -> tuple[list[Lane], list[str]]:
-    """Lanes for the trial kinds present; `gpu_memory_bytes` None means no GPU. Returns (lanes, warnings)."""
+    """Lanes for the trial kinds present; `gpu_memory_bytes`: one GPU's, a list (one per GPU), or None (no GPU).
+
+    `gpu_slots` counts per GPU. Returns (lanes, warnings).
+    """
     warnings: list[str] = []
     lanes: list[Lane] = []
-    has_gpu = gpu_memory_bytes is not None
+    memories = [] if gpu_memory_bytes is None else [gpu_memory_bytes] if isinstance(gpu_memory_bytes, int) else list(gpu_memory_bytes)
+    has_gpu = bool(memories)
     neural_on_gpu = has_gpu and "neural" in kinds
     if not has_gpu and gpu_slots != "auto" and "neural" in kinds:
         warnings.append(f"gpu_slots {gpu_slots} requested but no GPU is visible: the CPU lane runs the neural trials")
     reserved = 0
     if neural_on_gpu:
-        cap = max(1, min(MAX_GPU_SLOTS, cores // 2))
+        cap = max(1, min(MAX_GPU_SLOTS, cores // (2 * len(memories))))
         slots = cap if gpu_slots == "auto" else int(gpu_slots)
+        share = f"{cores} cores" if len(memories) == 1 else f"{cores} cores shared by {len(memories)} GPUs"
         why = (
-            f"up to {slots} at once (one core each of {cores}); admitted by measured memory per shape"
+            f"up to {slots} at once (one core each of {share}); admitted by measured memory per shape"
             if gpu_slots == "auto"
             else f"{slots} requested; admitted by measured memory per shape"
         )
-        lanes.append(
-            Lane(name="gpu", slots=slots, threads=1, device="cuda:0", kinds=("neural",),
-                 memory_budget_bytes=int(memory_margin * gpu_memory_bytes), reason=why)  # type: ignore[operator]
-        )
-        reserved = min(slots, max(cores - 1, 0)) if "classical" in kinds else slots
+        several = len(memories) > 1
+        for index, memory in enumerate(memories):
+            lanes.append(
+                Lane(name=f"gpu{index}" if several else "gpu", slots=slots, threads=1, device="cuda:0", kinds=("neural",), queue="gpu",
+                     gpu_index=index if several else None, memory_budget_bytes=int(memory_margin * memory),
+                     reason=why + (f"; pinned to GPU {index}, sharing the gpu queue" if several else ""))
+            )
+        total_slots = slots * len(memories)
+        reserved = min(total_slots, max(cores - 1, 0)) if "classical" in kinds else total_slots
     cpu_kinds = tuple(k for k in ("neural", "classical") if k in kinds and not (k == "neural" and neural_on_gpu))
     if cpu_kinds:
         available = max(1, cores - reserved)
         slots, threads, why = _cpu_budget(available, cpu_slots, threads_per_trial, where)
-        lanes.append(Lane(name="cpu", slots=slots, threads=threads, device="cpu", kinds=cpu_kinds, memory_budget_bytes=None, reason=why))
+        lanes.append(Lane(name="cpu", slots=slots, threads=threads, device="cpu", kinds=cpu_kinds, queue="cpu", memory_budget_bytes=None, reason=why))
     return lanes, warnings
+
+
+def visible_gpu(index: int, parent_visible: str | None) -> str:
+    """The CUDA_VISIBLE_DEVICES value that pins a worker to visible GPU `index` (respecting the parent's own list)."""
+    if parent_visible:
+        entries = [entry.strip() for entry in parent_visible.split(",") if entry.strip()]
+        if index < len(entries):
+            return entries[index]
+    return str(index)
 
 
 def _cpu_budget(cores: int, slots: int | Literal["auto"], threads: int | Literal["auto"], where: str) -> tuple[int, int, str]:

@@ -158,7 +158,7 @@ class Campaign:
 
     def _run(self, store: Store, run_id: int, prepared: Prepared, executor: Executor, on_start: Any, on_update: Any) -> RunOutcome:
         store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json()})
-        lane_of = {kind: lane.name for lane in prepared.lanes for kind in lane.kinds}
+        lane_of = {kind: lane.queue for lane in prepared.lanes for kind in lane.kinds}  # pending trials belong to a queue
         added, skipped = store.sync_trials(prepared.trials, lane_of)
         recovered = store.recover_interrupted(run_id)
         orphans = store.orphan_jobs(run_id)

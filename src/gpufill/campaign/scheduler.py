@@ -102,8 +102,9 @@ class Scheduler:
         self.clock = clock
         self.on_update = on_update
         self.update_every_s = update_every_s
-        self.lane_of_kind = {kind: lane for lane in lanes for kind in lane.kinds}
-        self.queue: dict[str, list[dict[str, Any]]] = {lane.name: [] for lane in lanes}
+        self.queue_of_kind = {kind: lane.queue for lane in lanes for kind in lane.kinds}
+        # One queue per lane, except that every per-GPU lane takes from the shared "gpu" queue.
+        self.queue: dict[str, list[dict[str, Any]]] = {lane.queue: [] for lane in lanes}
         self.shape_memory: dict[str, int] = {}
         # shape -> measured pack size; a fixed resources.pack_size (1 = no fusion) presets every shape.
         self.fixed_pack_size = pack_size
@@ -125,8 +126,8 @@ class Scheduler:
     def run(self) -> RunOutcome:
         start = self.clock()
         for trial in self.store.runnable(self.max_attempts):
-            self.queue[self.lane_of_kind[trial["kind"]].name].append(trial)
-        self.executor.start([lane for lane in self.lanes if self.queue[lane.name]])
+            self.queue[self.queue_of_kind[trial["kind"]]].append(trial)
+        self.executor.start([lane for lane in self.lanes if self.queue[lane.queue]])
         last_update = -float("inf")
         try:
             while any(self.queue.values()) or self.executor.busy():
@@ -168,7 +169,7 @@ class Scheduler:
         if trial["kind"] != "neural":
             return []
         size = self._pack_size(trial["shape"]) or PROBE_PACK
-        queue = self.queue[lane.name]
+        queue = self.queue[lane.queue]
         mates = [t for t in queue if t["shape"] == trial["shape"]][: size - 1]
         for mate in mates:
             queue.remove(mate)
@@ -176,7 +177,7 @@ class Scheduler:
 
     def _next_trial(self, lane: Lane, worker: Worker) -> dict[str, Any] | None:
         """The first admissible trial of the worker's last shape, else the first admissible one (one pass)."""
-        queue = self.queue[lane.name]
+        queue = self.queue[lane.queue]
         running_shapes = [w.task["trials"][0]["shape"] for w in self.executor.busy() if w.lane is lane and w.task is not None]
         fallback = None
         for index, trial in enumerate(queue):
@@ -224,7 +225,7 @@ class Scheduler:
                 trial = trials[trial_id]
                 trial["attempts"] -= 1
                 self.started_at.pop(trial_id, None)
-                self.queue[lane_name].append(trial)
+                self.queue[outcome.worker.lane.queue].append(trial)
         for message in outcome.message["results"]:
             trial = trials[message["trial_id"]]
             self.started_at.pop(trial["trial_id"], None)
@@ -249,7 +250,7 @@ class Scheduler:
         log.warning("trial %s (%s %s) failed, attempt %d/%d: %s", trial["trial_id"], trial["family"], trial["project"], trial["attempts"], self.max_attempts, error)
         if retry:
             self.outcome.retried += 1
-            self.queue[lane_name].append(trial)
+            self.queue[self.queue_of_kind[trial["kind"]]].append(trial)
         else:
             self.outcome.failed += 1
             self.finished_this_run[lane_name] += 1
@@ -274,13 +275,13 @@ class Scheduler:
         now = time.time()
         for lane in self.lanes:
             running = sum(1 for w in self.executor.busy() if w.lane is lane)
-            self.lane_history.append((now, lane.name, running, len(self.queue[lane.name])))
+            self.lane_history.append((now, lane.name, running, len(self.queue[lane.queue])))
         if not final and now - self.last_alert_check < ALERT_EVERY_S:
             return
         self.last_alert_check = now
         self.recent_rows = [r for r in self.recent_rows if r["ts"] >= now - ALERT_WINDOW_S]
         self.lane_history = [h for h in self.lane_history if h[0] >= now - ALERT_WINDOW_S]
-        gpu_busy = [(ts, running) for ts, lane, running, _ in self.lane_history if lane == "gpu"]
+        gpu_busy = [(ts, running) for ts, lane, running, _ in self.lane_history if lane.startswith("gpu")]
 
         def busy(ts: float) -> bool:  # were GPU trials running then? (the nearest earlier lane snapshot)
             earlier = [running for t, running in gpu_busy if t <= ts]
@@ -298,8 +299,11 @@ class Scheduler:
     def snapshot(self, elapsed_s: float) -> Snapshot:
         counts = self.store.counts()
         lanes: dict[str, LaneProgress] = {}
+        first_of_queue = {lane.queue: lane.name for lane in reversed(self.lanes)}
         for lane in self.lanes:
-            by_status = counts.lanes.get(lane.name, {})
+            by_status = dict(counts.lanes.get(lane.name, {}))
+            if lane.queue != lane.name and first_of_queue[lane.queue] == lane.name:  # a shared queue's waiting trials, shown once
+                by_status["pending"] = by_status.get("pending", 0) + counts.lanes.get(lane.queue, {}).get("pending", 0)
             lanes[lane.name] = LaneProgress(
                 name=lane.name,
                 slots=lane.slots,

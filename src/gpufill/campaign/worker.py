@@ -27,7 +27,7 @@ def start_runner(setup: dict[str, Any]) -> TrialRunner:
     import torch
 
     torch.set_num_threads(setup["threads"])
-    return TrialRunner(setup["spec"], Path(setup["base_dir"]), threads=setup["threads"], device=setup["device"])
+    return TrialRunner(setup["spec"], Path(setup["base_dir"]), threads=setup["threads"], device=setup["device"], tune_cache=setup.get("tune_cache"))
 
 
 def run_job(setup: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
@@ -74,13 +74,14 @@ def _attempt(trial: dict[str, Any], run: Any) -> dict[str, Any]:
 class TrialRunner:
     """Loads the campaign's data once per process and trains trials on it."""
 
-    def __init__(self, spec_payload: dict[str, Any], base_dir: Path, *, threads: int, device: str):
+    def __init__(self, spec_payload: dict[str, Any], base_dir: Path, *, threads: int, device: str, tune_cache: str | None = None):
         from gpufill.campaign.spec import CampaignSpec
 
         self.spec = CampaignSpec.model_validate(spec_payload)
         self.base_dir = base_dir
         self.threads = threads
         self.device = device
+        self.tune_cache = tune_cache
         self._projects: dict[str, Any] | None = None
         self._windows: dict[tuple[str, int], Any] = {}
 
@@ -126,6 +127,7 @@ class TrialRunner:
 
         config = self.spec.train.fit_config(trial["train"], trial["seed"])
         config.device = self.device
+        config.tune_cache = self.tune_cache
         on_cuda = self.device.startswith("cuda")
         if on_cuda:
             torch.cuda.reset_peak_memory_stats()

@@ -47,14 +47,15 @@ def make_executor(kind: str, *, spec: CampaignSpec, base_dir: str, workdir: Path
     """The executor named by `--executor`; a missing optional dependency is an InputError with the install line."""
     check_executor(kind, address)
     payload = spec.model_dump(mode="json")
+    tune_cache = str(workdir.resolve() / "tune")
     if kind == "ray":
         from gpufill.campaign.executors.ray import RayExecutor
 
-        return RayExecutor(spec_payload=payload, base_dir=base_dir, address=address)
+        return RayExecutor(spec_payload=payload, base_dir=base_dir, tune_cache=tune_cache, address=address)
     if kind == "slurm":
         from gpufill.campaign.executors.slurm import SlurmExecutor
 
-        return SlurmExecutor(spec_payload=payload, base_dir=base_dir, folder=workdir.resolve() / "slurm", settings=spec.resources.slurm, name=spec.name)
+        return SlurmExecutor(spec_payload=payload, base_dir=base_dir, folder=workdir.resolve() / "slurm", settings=spec.resources.slurm, name=spec.name, tune_cache=tune_cache)
     from gpufill.campaign.executors.local import LocalExecutor
 
-    return LocalExecutor(spec_payload=payload, base_dir=base_dir)
+    return LocalExecutor(spec_payload=payload, base_dir=base_dir, tune_cache=tune_cache)

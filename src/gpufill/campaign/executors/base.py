@@ -10,11 +10,12 @@ what finished (:class:`Finished`) or died (:class:`Crashed`). A task is
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from gpufill.campaign.lanes import Lane
+from gpufill.campaign.lanes import Lane, visible_gpu
 
 Task = dict[str, Any]
 """{"trials": [trial records], "pack_size": int | None}: one trial, or same-shape neural trials to fuse."""
@@ -30,9 +31,17 @@ def thread_env(threads: int) -> dict[str, str]:
     return dict.fromkeys(THREAD_VARIABLES, str(threads))
 
 
-def worker_setup(spec_payload: dict[str, Any], base_dir: str, *, threads: int, device: str) -> dict[str, Any]:
-    """What a worker needs to start (worker.start_runner): the campaign as JSON-able data, its lane's threads and device."""
-    return {"spec": spec_payload, "base_dir": base_dir, "threads": threads, "device": device}
+def gpu_env(lane: Lane) -> dict[str, str]:
+    """Pins a worker of a per-GPU lane to its GPU: inside, that GPU is cuda:0 and the others are invisible."""
+    if lane.gpu_index is None:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": visible_gpu(lane.gpu_index, os.environ.get("CUDA_VISIBLE_DEVICES"))}
+
+
+def worker_setup(spec_payload: dict[str, Any], base_dir: str, *, threads: int, device: str, tune_cache: str | None = None) -> dict[str, Any]:
+    """What a worker needs to start (worker.start_runner): the campaign as JSON-able data, its lane's threads and
+    device, and where measured choices (batch search, compile) are cached so the campaign measures each shape once."""
+    return {"spec": spec_payload, "base_dir": base_dir, "threads": threads, "device": device, "tune_cache": tune_cache}
 
 
 @dataclass(slots=True, eq=False)

@@ -27,6 +27,7 @@ from gpufill.campaign.executors.base import (
     LaneRequest,
     Task,
     Worker,
+    gpu_env,
     thread_env,
     worker_setup,
 )
@@ -39,8 +40,8 @@ class LocalWorker(Worker):
     conn: Connection | None = None
 
 
-def plan_on(request: LaneRequest, *, cores: int, gpu_memory_bytes: int | None) -> tuple[list[Lane], list[str]]:
-    """`plan_lanes` for `request` on `cores` CPUs and a GPU of `gpu_memory_bytes` (None: no GPU)."""
+def plan_on(request: LaneRequest, *, cores: int, gpu_memory_bytes: int | list[int] | None) -> tuple[list[Lane], list[str]]:
+    """`plan_lanes` for `request` on `cores` CPUs and GPUs of `gpu_memory_bytes` (one or a list; None: no GPU)."""
     return plan_lanes(
         kinds=request.kinds, cores=cores, gpu_memory_bytes=gpu_memory_bytes, gpu_slots=request.gpu_slots, cpu_slots=request.cpu_slots,
         threads_per_trial=request.threads_per_trial, memory_margin=request.memory_margin, where=request.where,
@@ -48,11 +49,13 @@ def plan_on(request: LaneRequest, *, cores: int, gpu_memory_bytes: int | None) -
 
 
 def plan_here(request: LaneRequest) -> tuple[list[Lane], list[str]]:
-    """Lanes for this machine: its cores and its first GPU's memory (no GPU lane without CUDA)."""
-    from gpufill.hardware import cpu_count, detect
+    """Lanes for this machine: its cores and every visible GPU's memory (no GPU lane without CUDA)."""
+    import torch
 
-    hardware = detect()
-    return plan_on(request, cores=cpu_count(), gpu_memory_bytes=hardware.total_memory_bytes if hardware.is_cuda else None)
+    from gpufill.hardware import cpu_count
+
+    memories = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return plan_on(request, cores=cpu_count(), gpu_memory_bytes=memories or None)
 
 
 @dataclass(slots=True)
@@ -61,6 +64,8 @@ class LocalExecutor:
 
     spec_payload: dict[str, Any]
     base_dir: str
+    tune_cache: str | None = None
+    """Directory caching measured choices per shape: the campaign measures each shape once."""
     workers: list[LocalWorker] = field(default_factory=list)
     _counter: int = 0
 
@@ -78,12 +83,12 @@ class LocalExecutor:
         process = subprocess.Popen(
             [sys.executable, "-m", "gpufill.campaign.worker", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
-            env={**os.environ, **thread_env(lane.threads)},
+            env={**os.environ, **thread_env(lane.threads), **gpu_env(lane)},
             stdin=subprocess.DEVNULL,
         )
         theirs.close()  # the child holds its end; closing ours lets recv() see EOF if it dies
         conn = Connection(ours.detach())
-        conn.send(worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device))
+        conn.send(worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device, tune_cache=self.tune_cache))
         return LocalWorker(name=f"{lane.name}-{self._counter}", lane=lane, process=process, conn=conn)
 
     def idle(self, lane: Lane) -> list[Worker]:

@@ -81,6 +81,8 @@ class RayWorker(Worker):
 class RayExecutor:
     spec_payload: dict[str, Any]
     base_dir: str
+    tune_cache: str | None = None
+    """Directory caching measured choices per shape (on a cluster: only where the nodes share it)."""
     address: str | None = None
     """A Ray cluster's address ("auto", "ray://host:10001", "host:6379"); None: a local Ray of our own."""
     workers: list[RayWorker] = field(default_factory=list)
@@ -161,7 +163,7 @@ class RayExecutor:
             runtime_env={"env_vars": thread_env(lane.threads)},
             max_restarts=0,  # a fresh actor is started here, with its trial counted as crashed
             max_concurrency=1,
-        ).remote(worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device))
+        ).remote(worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device, tune_cache=self.tune_cache))
         return RayWorker(name=f"{lane.name}-{self._counter}", lane=lane, actor=actor, pid_ref=actor.pid.remote())
 
     def shutdown(self) -> None:

@@ -78,6 +78,8 @@ class SlurmExecutor:
     settings: SlurmSpec
     name: str
     """The campaign's name: the jobs' name."""
+    tune_cache: str | None = None
+    """Directory (shared by the jobs) caching measured choices per shape."""
     workers: list[SlurmWorker] = field(default_factory=list)
     _submitit: Any = None
     _refused: type[Exception] = Exception
@@ -125,12 +127,12 @@ class SlurmExecutor:
             slots = auto_slots if request.gpu_slots == "auto" else int(request.gpu_slots)
             reason = (why if request.gpu_slots == "auto" else f"{slots} jobs at once requested") + ", 1 GPU each"
             # Each job has a GPU of its own: no shared memory budget to admit against.
-            lanes.append(Lane(name="gpu", slots=slots, threads=s.cpus_per_task, device="cuda:0", kinds=("neural",), memory_budget_bytes=None, reason=reason))
+            lanes.append(Lane(name="gpu", slots=slots, threads=s.cpus_per_task, device="cuda:0", kinds=("neural",), queue="gpu", memory_budget_bytes=None, reason=reason))
         cpu_kinds = tuple(k for k in ("neural", "classical") if k in request.kinds and not (k == "neural" and neural_on_gpu))
         if cpu_kinds:
             slots = auto_slots if request.cpu_slots == "auto" else int(request.cpu_slots)
             reason = why if request.cpu_slots == "auto" else f"{slots} jobs at once requested, {s.cpus_per_task} CPUs each"
-            lanes.append(Lane(name="cpu", slots=slots, threads=s.cpus_per_task, device="cpu", kinds=cpu_kinds, memory_budget_bytes=None, reason=reason))
+            lanes.append(Lane(name="cpu", slots=slots, threads=s.cpus_per_task, device="cpu", kinds=cpu_kinds, queue="cpu", memory_budget_bytes=None, reason=reason))
         return lanes, warnings
 
     # -- life cycle -----------------------------------------------------------------------
@@ -198,7 +200,7 @@ class SlurmExecutor:
 
             executor = self._executors[lane_name]
             lane = workers[0].lane
-            setup = worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device)
+            setup = worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device, tune_cache=self.tune_cache)
             try:
                 with executor.batch():
                     jobs = [executor.submit(run_job, setup, w.task) for w in workers]
