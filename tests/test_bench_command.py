@@ -203,3 +203,25 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
     assert _nvml_index(torch.device("cuda:1")) == 3
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8a7f")  # UUIDs: the torch index as is
     assert _nvml_index(torch.device("cuda:0")) == 0
+
+
+def test_compare_rotates_the_order_of_the_loops_each_round():
+    from gpufill.bench import compare
+    from gpufill.models import registry
+
+    inputs = torch.randn(64, 8, 1)
+    train, val = (inputs, inputs[:, -1:, 0]), (inputs[:16], inputs[:16, -1:, 0])
+
+    def make_model():
+        torch.manual_seed(0)
+        return registry.build("mlp", n_features=1, lookback=8, horizon=1, params={"hidden_size": 4})
+
+    said: list[str] = []
+    comparison = compare(make_model, train, val, epochs=2, device="cpu", repeats=3, variants={"x": {"sync_every_step": True}}, progress=said.append)
+    assert said[1:] == [f"round {r}/3: {name}" for r, names in ((1, ("baseline", "gpufill", "x")), (2, ("gpufill", "x", "baseline")), (3, ("x", "baseline", "gpufill")))
+                        for name in names]
+    assert len(comparison.baseline) == len(comparison.gpufill) == len(comparison.variants["x"]) == 3
+    # Same seed and weights, and the variant only reads the loss each step: the same model.
+    assert [m.val_loss for m in comparison.variants["x"]] == [m.val_loss for m in comparison.gpufill]
+    with pytest.raises(InputError, match="unknown setting"):
+        compare(make_model, train, val, epochs=1, variants={"y": {"no_such_setting": 1}})

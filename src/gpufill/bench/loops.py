@@ -301,6 +301,8 @@ def compare(
 ) -> Comparison:
     """Baseline, gpufill and each variant, interleaved `repeats` times from the same initial weights.
 
+    The order rotates from round to round (see below); run i of every loop uses seed i.
+
     `variants` maps a name to FitConfig overrides (e.g. {"data_placement": "loader"}) for a
     gpufill run with those settings; `meter` adds each run's GPU utilisation; `progress`
     is told which run starts.
@@ -319,15 +321,22 @@ def compare(
     for overrides in ({}, *variants.values()):
         gpufill_fit(make_model(), warm, val, epochs=1, config=FitConfig(device=target, **overrides))
     comparison = Comparison(baseline=[], gpufill=[], variants={name: [] for name in variants})
+    loops: list[tuple[str, list[LoopMeasurement], dict[str, Any] | None]] = [
+        ("baseline", comparison.baseline, None),
+        ("gpufill", comparison.gpufill, {}),
+        *((name, comparison.variants[name], dict(overrides)) for name, overrides in variants.items()),
+    ]
     for seed in range(repeats):
-        say(f"round {seed + 1}/{repeats}: baseline")
-        comparison.baseline.append(_metered(meter, baseline_fit, make_model(), train, val, epochs=epochs, device=target, seed=seed))
-        say(f"round {seed + 1}/{repeats}: gpufill")
-        comparison.gpufill.append(_metered(meter, gpufill_fit, make_model(), train, val, epochs=epochs, config=FitConfig(device=target, seed=seed)))
-        for name, overrides in variants.items():
+        # Each round starts one loop later: over len(loops) rounds every loop runs once in every
+        # position, so a position's advantage (warm caches, a neighbour's garbage) cancels out.
+        shift = seed % len(loops)
+        for name, runs, overrides in loops[shift:] + loops[:shift]:
             say(f"round {seed + 1}/{repeats}: {name}")
-            config = FitConfig(device=target, seed=seed, **overrides)
-            comparison.variants[name].append(_metered(meter, gpufill_fit, make_model(), train, val, epochs=epochs, config=config, name=name))
+            if overrides is None:
+                runs.append(_metered(meter, baseline_fit, make_model(), train, val, epochs=epochs, device=target, seed=seed))
+            else:
+                config = FitConfig(device=target, seed=seed, **overrides)
+                runs.append(_metered(meter, gpufill_fit, make_model(), train, val, epochs=epochs, config=config, name=name))
     return comparison
 
 
