@@ -1,0 +1,125 @@
+"""Checks of a campaign's model grids and task, run while :class:`CampaignSpec` validates.
+
+:func:`check_grid` makes every value of a family's grid an axis and validates training values;
+:func:`check_builds` builds every grid point once, so a bad value fails at load time;
+:func:`check_length` checks that a synthetic series holds the task's windows. Problems are
+:class:`LocatedError` so that ``load_campaign`` reports them at ``file:line``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from pydantic import BaseModel, ValidationError
+
+from gpufill.campaign.spec_errors import LocatedError, explain, first_duplicate, show
+from gpufill.data import split_bounds
+from gpufill.errors import InputError
+from gpufill.models import registry
+
+if TYPE_CHECKING:
+    from gpufill.campaign.spec import TaskSpec
+
+__all__ = ["TRAIN_KEYS", "check_builds", "check_grid", "check_length"]
+
+TRAIN_KEYS = frozenset({"lr", "weight_decay", "batch_size", "epochs"})
+"""Training settings a neural family's grid may override (``lstm: {lr: [1e-3, 3e-4]}``)."""
+
+
+def check_grid(family: str, grid: dict[str, Any], train: type[BaseModel]) -> dict[str, list[Any]]:
+    """One family's grid with every value an axis; training values validated and coerced by ``train`` (TrainSpec)."""
+    try:
+        fam = registry.resolve(family)
+    except InputError as exc:
+        raise LocatedError((family,), exc.problem, fix=exc.fix) from None
+    axes: dict[str, list[Any]] = {}
+    for key, value in grid.items():
+        values = list(value) if isinstance(value, list) else [value]
+        if not values:
+            default = fam.defaults.get(key, "...")
+            raise LocatedError((family, key), f"empty grid for {key!r}: [] gives no trials", fix=f"give at least one value, e.g. {key}: [{default}], or remove {key} to use the default")
+        if key in TRAIN_KEYS and fam.kind == "neural":
+            values = [_training_value(train, family, key, i if isinstance(value, list) else None, v) for i, v in enumerate(values)]
+        elif key in TRAIN_KEYS and key not in fam.defaults:
+            raise LocatedError(
+                (family, key),
+                f"{key!r} is a training setting, but {family!r} is a classical model",
+                fix=f"remove {key} from {family}: classical models have no lr, weight_decay, batch_size or epochs",
+            )
+        else:
+            _check_param(fam, key)
+        seen = first_duplicate(values)
+        if seen is not None:
+            raise LocatedError((family, key, seen), f"value {values[seen]!r} appears twice in the grid of {key!r}", fix="list each value once (a repeat would train the same trial twice)")
+        axes[key] = values
+    return axes
+
+
+def _check_param(fam: registry.Family, key: str) -> None:
+    try:
+        registry.check_params(fam.name, {key: None})
+    except InputError:
+        close = difflib.get_close_matches(key, [*fam.defaults, *(TRAIN_KEYS if fam.kind == "neural" else ())], n=1)
+        accepted = ", ".join(fam.defaults) or "none"
+        training = f"; training settings: {', '.join(sorted(TRAIN_KEYS))}" if fam.kind == "neural" else ""
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise LocatedError(
+            (fam.name, key),
+            f"unknown parameter {key!r} for model family {fam.name!r}; accepted: {accepted}{training}",
+            fix=f"{hint}rename or remove {key}",
+        ) from None
+
+
+def _training_value(train: type[BaseModel], family: str, key: str, index: int | None, value: Any) -> Any:
+    loc = (family, key) if index is None else (family, key, index)
+    try:
+        return getattr(train.model_validate({key: value}), key)
+    except ValidationError as exc:
+        problem, fix = explain(exc.errors(), f"models.{family}.{key}")
+        raise LocatedError(loc, problem, fix=fix) from None
+
+
+def check_builds(family: str, axes: Mapping[str, list[Any]], task: TaskSpec) -> None:
+    """Build every grid point once (training axes aside), so bad values fail at load time."""
+    fam = registry.resolve(family)
+    model_axes = {k: v for k, v in axes.items() if not (fam.kind == "neural" and k in TRAIN_KEYS)}
+    for combo in itertools.product(*model_axes.values()):
+        params = dict(zip(model_axes, combo))
+        # Building initialises weights: keep the caller's global RNG untouched.
+        with torch.random.fork_rng(devices=[]):
+            try:
+                registry.build(family, n_features=1, lookback=min(task.lookback), horizon=task.horizon, params=params)
+            except InputError as exc:
+                key = str(exc.field or "").rpartition(".")[2]
+                loc = ("models", family, key) if key in params else ("models", family)
+                raise LocatedError(loc, f"{family} with {show(params)}: {exc.problem}", fix=exc.fix) from None
+            except Exception as exc:  # a user factory may raise anything: report it as bad input
+                raise LocatedError(
+                    ("models", family),
+                    f"building {family} with {show(params)} failed: {type(exc).__name__}: {exc}",
+                    fix=f"change the values in {family}'s grid to ones its factory accepts",
+                ) from None
+
+
+def check_length(length: int, task: TaskSpec) -> None:
+    """A synthetic series must hold a training window and a horizon of val and test points."""
+    split = task.split.to_split()
+    try:
+        train_end, val_end = split_bounds(length, split)
+    except InputError as exc:
+        raise LocatedError(("task", "split"), exc.problem, fix=exc.fix) from None
+    longest = max(task.lookback)
+    if train_end < longest + task.horizon:
+        raise LocatedError(
+            ("task", "lookback"),
+            f"lookback {longest} + horizon {task.horizon} does not fit the {train_end} training steps of a synthetic series of length {length}",
+            fix=f"lower the lookback or raise data.length above {length}",
+        )
+    for name, size in (("val", val_end - train_end), ("test", length - val_end)):
+        if 0 < size < task.horizon or (name == "test" and size == 0):
+            raise LocatedError(("task", "split", name), f"split.{name} holds {size} steps, fewer than horizon {task.horizon}", fix=f"raise split.{name} or lower the horizon")
+
