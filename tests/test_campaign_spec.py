@@ -175,8 +175,9 @@ def test_fit_config_maps_train_settings_and_overrides(tmp_path):
     assert (config.patience, config.min_delta, config.validate_every, config.seed) == (5, 0.0, 1, 7)
     assert (config.precision, config.compile) == ("auto", "auto")
     assert spec.train.fit_config({}, seed=0).lr == 1e-3
-    off = TrainSpec(early_stopping=None, precision="fp32", compile=False).fit_config({}, seed=1)
-    assert (off.patience, off.precision, off.compile) == (None, "fp32", False)
+    assert config.batch_search == "auto"
+    off = TrainSpec(early_stopping=None, precision="fp32", compile=False, batch_search=True).fit_config({}, seed=1)
+    assert (off.patience, off.precision, off.compile, off.batch_search) == (None, "fp32", False, True)
     assert CampaignSpec.model_validate({**spec.model_dump(), "resources": {"memory_margin": 0.5}}).fit_config({}, 0).memory_margin == 0.5
 
 
@@ -367,3 +368,18 @@ def test_examples_load_with_their_trial_counts():
     assert len({t.trial_id for t in trials}) == 18_000
     # shapes: lstm 4 model shapes (lr is per model in a pack) + gru 4 + tcn 2 + transformer 2, + 4 classical, x 3 lookbacks
     assert len({t.shape for t in trials}) == (4 + 4 + 2 + 2 + 4) * 3
+
+
+def test_batch_search_takes_auto_or_a_boolean(tmp_path):
+    path = write(tmp_path, FULL.replace("train: {", "train: {batch_search: sometimes, ", 1))
+    with pytest.raises(InputError) as info:
+        load_campaign(path)
+    assert "train.batch_search" in str(info.value) and f"{path.name}:" in str(info.value)
+
+
+def test_batch_search_does_not_change_trial_ids(tmp_path):
+    from gpufill.campaign.trials import expand
+
+    plain = load_campaign(write(tmp_path, FULL))
+    searched = load_campaign(write(tmp_path, FULL.replace("train: {", "train: {batch_search: true, ", 1)))
+    assert [t.trial_id for t in expand(plain, ["p0"])] == [t.trial_id for t in expand(searched, ["p0"])]

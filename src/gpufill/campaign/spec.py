@@ -271,6 +271,8 @@ class TrainSpec(Spec):
     """Effective batch; "auto": the plan picks it for throughput."""
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     compile: StrictBool | Literal["auto"] = "auto"
+    batch_search: StrictBool | Literal["auto"] = "auto"
+    """Measure micro-batch sizes and keep the fastest (auto: on GPUs for long trainings); cached per shape in the workdir."""
     lr: Annotated[Float, Field(gt=0)] = 1e-3
     weight_decay: Annotated[Float, Field(ge=0)] = 0.0
     early_stopping: EarlyStoppingSpec | None = EarlyStoppingSpec()
@@ -313,6 +315,7 @@ class TrainSpec(Spec):
             batch_size=merged.batch_size,
             precision=merged.precision,
             compile=merged.compile,
+            batch_search=merged.batch_search,
             validate_every=merged.validate_every,
             patience=stop.patience if stop else None,
             min_delta=stop.min_delta if stop else 0.0,

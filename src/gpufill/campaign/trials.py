@@ -119,7 +119,9 @@ def _id_base(spec: CampaignSpec, kind: str, projects: Sequence[str]) -> dict[str
     if spec.task.mode == "global":  # one model over all projects: which ones changes its result
         base["projects"] = sorted(projects)
     if kind == "neural":  # classical models have no epochs, lr or batch: train: never moves their results
-        base["train_spec"] = spec.train.model_dump(mode="json")
+        # batch_search only picks how a step is split into micro-batches (float rounding), so it is
+        # not part of the identity: turning it on must not re-run a finished campaign.
+        base["train_spec"] = spec.train.model_dump(mode="json", exclude={"batch_search"})
     return base
 
 
