@@ -24,7 +24,7 @@ from gpufill.fit import EpochRecord, FitConfig, FitResult
 from gpufill.hardware import detect
 from gpufill.models.fused import FusedModule, fuse
 from gpufill.plan import DataFacts, make_plan
-from gpufill.torch_settings import autocast, backend_flags
+from gpufill.torch_settings import autocast, backend_flags, synchronize
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -299,11 +299,11 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
                 pack_optimizer.zero_grad()
 
         step()  # warm-up: allocator, kernel selection
-        _sync(dev)
+        synchronize(dev)
         tick = time.perf_counter()
         for _ in range(steps):
             step()
-        _sync(dev)
+        synchronize(dev)
         rates[k] = k * x.shape[0] * steps / (time.perf_counter() - tick)
     best = max(rates, key=rates.__getitem__)
     gain = rates[best] / rates[1]
@@ -313,8 +313,3 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
         else f"unfused: no fused pack size beat one model at a time on {dev.type} (best {max(r for kk, r in rates.items() if kk > 1) / rates[1]:.2f}x)"
     )
     return PackSizeChoice(size=best, samples_per_s=rates, reason=reason)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

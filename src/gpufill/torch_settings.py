@@ -44,6 +44,14 @@ def grad_scaler(device_type: str, enabled: bool) -> Any:
         return torch.cuda.amp.GradScaler(enabled=enabled)
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU, where work is synchronous). Timing code only."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     oom_type = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
     return isinstance(error, oom_type) or (isinstance(error, RuntimeError) and "out of memory" in str(error).lower())

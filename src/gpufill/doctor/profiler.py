@@ -23,9 +23,8 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpufill.doctor.bottleneck import PhaseTimings
-from gpufill.doctor.speedtest import synchronize
 from gpufill.errors import InputError
-from gpufill.torch_settings import is_out_of_memory
+from gpufill.torch_settings import is_out_of_memory, synchronize
 
 __all__ = ["Batch", "TrainingData", "check_positive", "count_flops", "profile_training", "typical_step"]
 

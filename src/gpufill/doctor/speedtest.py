@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from gpufill.hardware import Hardware
+from gpufill.torch_settings import synchronize
 
-__all__ = ["Rate", "SpeedTest", "SpeedTestSizes", "precisions", "run_speed_test", "synchronize"]
+__all__ = ["Rate", "SpeedTest", "SpeedTestSizes", "precisions", "run_speed_test"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,12 +91,6 @@ class SpeedTest:
         }
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (a no-op on the CPU, where work is synchronous)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def best_seconds(work: Callable[[], object], device: torch.device, *, reps: int, warmup: int = 1) -> float:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpufill.errors import InputError
+from gpufill.models.checks import whole_number, window_dims
 from gpufill.models.registry import register
 
 __all__ = [
@@ -37,16 +38,6 @@ __all__ = [
 
 
 # --- parameter checks ------------------------------------------------------------------------
-
-
-def _int(family: str, name: str, value: object, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise InputError(
-            f"{name} must be a whole number >= {minimum}, got {value!r}",
-            fix=f"set {name} to an int >= {minimum}",
-            field=f"{family}.{name}",
-        )
-    return int(value)
 
 
 def _dropout(family: str, value: object) -> float:
@@ -76,16 +67,9 @@ class Forecaster(nn.Module):
 
     def __init__(self, n_features: int, lookback: int, horizon: int, *, last_value_norm: bool):
         super().__init__()
-        self.n_features = _int(self.family, "n_features", n_features)
-        self.lookback = _int(self.family, "lookback", lookback)
-        self.horizon = _int(self.family, "horizon", horizon)
-        if not isinstance(last_value_norm, bool):
-            raise InputError(
-                f"last_value_norm must be true or false, got {last_value_norm!r}",
-                fix="set last_value_norm to true (start from the naive forecast) or false",
-                field=f"{self.family}.last_value_norm",
-            )
-        self.last_value_norm = last_value_norm
+        self.n_features, self.lookback, self.horizon, self.last_value_norm = window_dims(
+            self.family, n_features, lookback, horizon, last_value_norm, norm_meaning="start from the naive forecast"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.n_features:
@@ -124,8 +108,8 @@ class _Recurrent(Forecaster):
         last_value_norm: bool = True,
     ):
         super().__init__(n_features, lookback, horizon, last_value_norm=last_value_norm)
-        self.hidden_size = _int(self.family, "hidden_size", hidden_size)
-        self.num_layers = _int(self.family, "num_layers", num_layers)
+        self.hidden_size = whole_number(self.family, "hidden_size", hidden_size)
+        self.num_layers = whole_number(self.family, "num_layers", num_layers)
         self.dropout_p = _dropout(self.family, dropout)
         # nn.LSTM/GRU apply dropout between layers only (and warn when there is one layer);
         # the same rate also drops the last output before the head, so it acts with one layer too.
@@ -210,13 +194,13 @@ class TCNForecaster(Forecaster):
         last_value_norm: bool = True,
     ):
         super().__init__(n_features, lookback, horizon, last_value_norm=last_value_norm)
-        self.channels = _int(self.family, "channels", channels)
+        self.channels = whole_number(self.family, "channels", channels)
         # a kernel of 1 sees no history, and no number of levels would cover the lookback
-        self.kernel_size = _int(self.family, "kernel_size", kernel_size, minimum=2)
+        self.kernel_size = whole_number(self.family, "kernel_size", kernel_size, minimum=2)
         if num_levels is None:
             self.num_levels = tcn_auto_levels(self.lookback, self.kernel_size)
         else:
-            self.num_levels = _int(self.family, "num_levels", num_levels)
+            self.num_levels = whole_number(self.family, "num_levels", num_levels)
         self.receptive_field = tcn_receptive_field(self.kernel_size, self.num_levels)
         self.dropout_p = _dropout(self.family, dropout)
         self.blocks = nn.ModuleList(
@@ -293,17 +277,17 @@ class TransformerForecaster(Forecaster):
         last_value_norm: bool = True,
     ):
         super().__init__(n_features, lookback, horizon, last_value_norm=last_value_norm)
-        self.d_model = _int(self.family, "d_model", d_model)
-        self.nhead = _int(self.family, "nhead", nhead)
+        self.d_model = whole_number(self.family, "d_model", d_model)
+        self.nhead = whole_number(self.family, "nhead", nhead)
         if self.d_model % self.nhead:
             raise InputError(
                 f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead})",
                 fix="choose d_model a multiple of nhead, e.g. d_model 64 with nhead 4",
                 field=f"{self.family}.d_model",
             )
-        self.num_layers = _int(self.family, "num_layers", num_layers)
+        self.num_layers = whole_number(self.family, "num_layers", num_layers)
         # None: the usual 4 x d_model of Vaswani et al.
-        self.dim_feedforward = 4 * self.d_model if dim_feedforward is None else _int(
+        self.dim_feedforward = 4 * self.d_model if dim_feedforward is None else whole_number(
             self.family, "dim_feedforward", dim_feedforward
         )
         self.dropout_p = _dropout(self.family, dropout)
@@ -349,8 +333,8 @@ class MLPForecaster(Forecaster):
         last_value_norm: bool = True,
     ):
         super().__init__(n_features, lookback, horizon, last_value_norm=last_value_norm)
-        self.hidden_size = _int(self.family, "hidden_size", hidden_size)
-        self.num_layers = _int(self.family, "num_layers", num_layers)
+        self.hidden_size = whole_number(self.family, "hidden_size", hidden_size)
+        self.num_layers = whole_number(self.family, "num_layers", num_layers)
         self.dropout_p = _dropout(self.family, dropout)
         self.layers = nn.ModuleList(
             nn.Linear(self.lookback * n_features if i == 0 else self.hidden_size, self.hidden_size)

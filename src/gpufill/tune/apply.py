@@ -17,11 +17,11 @@ import torch
 
 from gpufill.hardware import Hardware
 from gpufill.plan import Choice, lr_reference_batch, lr_scale_factor
-from gpufill.torch_settings import is_out_of_memory
+from gpufill.torch_settings import is_out_of_memory, synchronize
 from gpufill.tune.batch import BatchSearchResult, BatchTrial, search_batch
 from gpufill.tune.cache import TuneCache, shape_key
 from gpufill.tune.compile import CompileMeasurement, decide_compile
-from gpufill.tune.measure import batch_stream, measure_batch, seconds_per_step, sync
+from gpufill.tune.measure import batch_stream, measure_batch, seconds_per_step
 from gpufill.tune.state import preserved
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class MeasuredChoices:
             tick = time.perf_counter()
             try:
                 run.step(next(stream))  # traces and compiles
-                sync(run.device)
+                synchronize(run.device)
             except Exception as error:  # any compile failure: eager is always correct
                 run.fall_back_to_eager(error)
                 return None

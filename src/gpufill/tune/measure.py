@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from gpufill.torch_settings import synchronize
 from gpufill.tune.batch import BatchTrial
 
 # Each measurement: at least this many timed steps and this much time, at most MAX_STEPS.
@@ -36,24 +37,19 @@ def batch_stream(batches: Batches, effective: int, device: torch.device) -> Iter
         yield from batches.epoch(effective, generator)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def seconds_per_step(step: Callable[[Any], Any], stream: Iterator[Any], device: torch.device) -> float:
     """Median-free mean over enough steps to rise above timer noise (the first, warm-up step excluded)."""
     step(next(stream))
-    sync(device)
+    synchronize(device)
     tick, count = time.perf_counter(), 0
     while count < MAX_STEPS:
         step(next(stream))
         count += 1
         if count >= MIN_STEPS:
-            sync(device)
+            synchronize(device)
             if time.perf_counter() - tick >= MIN_SECONDS:
                 break
-    sync(device)
+    synchronize(device)
     return (time.perf_counter() - tick) / count
 
 

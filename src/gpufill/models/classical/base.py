@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from gpufill.errors import InputError
+from gpufill.models.checks import window_dims
 
 try:  # a scikit-learn dependency; without it BLAS keeps its own thread count
     from threadpoolctl import ThreadpoolController
@@ -43,16 +44,6 @@ class ClassicalForecaster(Protocol):
 
 
 # --- parameter checks ------------------------------------------------------------------------
-
-
-def _int(family: str, name: str, value: object, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise InputError(
-            f"{name} must be a whole number >= {minimum}, got {value!r}",
-            fix=f"set {name} to an int >= {minimum}",
-            field=f"{family}.{name}",
-        )
-    return int(value)
 
 
 def _real(family: str, name: str, value: object, *, low: float, high: float = math.inf, low_open: bool, fix: str) -> float:
@@ -127,16 +118,9 @@ class WindowRegressor:
     family: ClassVar[str] = "classical"
 
     def __init__(self, n_features: int, lookback: int, horizon: int, *, last_value_norm: bool):
-        self.n_features = _int(self.family, "n_features", n_features)
-        self.lookback = _int(self.family, "lookback", lookback)
-        self.horizon = _int(self.family, "horizon", horizon)
-        if not isinstance(last_value_norm, bool):
-            raise InputError(
-                f"last_value_norm must be true or false, got {last_value_norm!r}",
-                fix="set last_value_norm to true (predict the change from the last value) or false",
-                field=f"{self.family}.last_value_norm",
-            )
-        self.last_value_norm = last_value_norm
+        self.n_features, self.lookback, self.horizon, self.last_value_norm = window_dims(
+            self.family, n_features, lookback, horizon, last_value_norm, norm_meaning="predict the change from the last value"
+        )
         self.threads: int | None = None
         """Threads of the last fit; predict uses as many."""
 

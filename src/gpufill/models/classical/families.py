@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from gpufill.errors import InputError
+from gpufill.models.checks import whole_number
 from gpufill.models.classical.base import (
     WindowRegressor,
     _blas_threads,
     _fraction,
-    _int,
     _learning_rate,
     _real,
 )
@@ -100,9 +100,9 @@ class RandomForestForecaster(WindowRegressor):
         last_value_norm: bool = True,
     ):
         super().__init__(n_features, lookback, horizon, last_value_norm=last_value_norm)
-        self.n_estimators = _int(self.family, "n_estimators", n_estimators)
-        self.max_depth = None if max_depth is None else _int(self.family, "max_depth", max_depth)
-        self.min_samples_leaf = _int(self.family, "min_samples_leaf", min_samples_leaf)
+        self.n_estimators = whole_number(self.family, "n_estimators", n_estimators)
+        self.max_depth = None if max_depth is None else whole_number(self.family, "max_depth", max_depth)
+        self.min_samples_leaf = whole_number(self.family, "min_samples_leaf", min_samples_leaf)
         self.max_features = self._max_features(max_features)
         from sklearn.ensemble import RandomForestRegressor  # here, not at module import: see the docstring
 
@@ -174,8 +174,8 @@ class XGBForecaster(WindowRegressor):
         last_value_norm: bool = True,
     ):
         super().__init__(n_features, lookback, horizon, last_value_norm=last_value_norm)
-        self.n_estimators = _int(self.family, "n_estimators", n_estimators)
-        self.max_depth = _int(self.family, "max_depth", max_depth)
+        self.n_estimators = whole_number(self.family, "n_estimators", n_estimators)
+        self.max_depth = whole_number(self.family, "max_depth", max_depth)
         self.learning_rate = _learning_rate(self.family, learning_rate)
         self.subsample = _fraction(self.family, "subsample", subsample)
         self.colsample_bytree = _fraction(self.family, "colsample_bytree", colsample_bytree)
@@ -226,10 +226,10 @@ class LGBMForecaster(WindowRegressor):
         last_value_norm: bool = True,
     ):
         super().__init__(n_features, lookback, horizon, last_value_norm=last_value_norm)
-        self.n_estimators = _int(self.family, "n_estimators", n_estimators)
-        self.num_leaves = _int(self.family, "num_leaves", num_leaves, minimum=2)  # one leaf is no tree
+        self.n_estimators = whole_number(self.family, "n_estimators", n_estimators)
+        self.num_leaves = whole_number(self.family, "num_leaves", num_leaves, minimum=2)  # one leaf is no tree
         self.learning_rate = _learning_rate(self.family, learning_rate)
-        self.min_child_samples = _int(self.family, "min_child_samples", min_child_samples)
+        self.min_child_samples = whole_number(self.family, "min_child_samples", min_child_samples)
         self.subsample = _fraction(self.family, "subsample", subsample)
         self.colsample_bytree = _fraction(self.family, "colsample_bytree", colsample_bytree)
         from lightgbm import LGBMRegressor
