@@ -84,6 +84,7 @@ def bad_cases(d):
         (["--model", "lstm", "--val", "1.5"], ["--val"]),
         (["--model", "lstm", "--compile", "maybe"], ["--compile"]),
         (["--model", "lstm", "--batch-search", "sometimes"], ["--batch-search"]),
+        (["--model", "lstm", "--nproc", 0], ["--nproc"]),
         (["--model", "lstm", "--project", "nope"], ["nope"]),
     ]
 
