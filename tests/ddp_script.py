@@ -1,4 +1,8 @@
-"""Run under torchrun by tests/test_distributed.py: one fit on the shared data, rank 0 saves the outcome."""
+"""Run under torchrun by tests/test_distributed.py: fits on the shared data, rank 0 saves the outcomes.
+
+Three training sizes with a global batch of 64: 192 (every batch splits evenly), 225 (the last
+batch of 33 splits 17/16) and 193 (the last batch of 1 leaves rank 1 only a stand-in sample).
+"""
 
 import sys
 
@@ -8,12 +12,17 @@ import torch.distributed as dist
 from gpufill.fit import fit
 from tests.test_fit import make_data, model
 
+N_TRAIN = (192, 225, 193)
+
 if __name__ == "__main__":
     out = sys.argv[1]
     x, y = make_data(n=256)
-    result = fit(model(), (x[:192], y[:192]), (x[192:], y[192:]), epochs=3, batch_size=64, micro_batch=16,
-                 checkpoint_dir=sys.argv[2], seed=0)
+    outcomes = {}
+    for n_train in N_TRAIN:
+        result = fit(model(), (x[:n_train], y[:n_train]), (x[225:], y[225:]), epochs=3, batch_size=64, micro_batch=16,
+                     checkpoint_dir=f"{sys.argv[2]}/{n_train}", seed=0)
+        outcomes[n_train] = {"state": result.model.state_dict(), "history": [(r.train_loss, r.val_loss) for r in result.history],
+                             "events": result.events}
     if dist.get_rank() == 0:
-        torch.save({"state": result.model.state_dict(), "history": [(r.train_loss, r.val_loss) for r in result.history],
-                    "events": result.events, "world": dist.get_world_size()}, out)
+        torch.save({"outcomes": outcomes, "world": dist.get_world_size()}, out)
     dist.destroy_process_group()

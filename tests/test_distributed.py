@@ -28,19 +28,26 @@ def torchrun(*args, nproc=2, timeout=180):
 
 
 def test_two_gloo_processes_match_one_process_on_the_same_global_batch(tmp_path):
+    from tests.ddp_script import N_TRAIN
+
     done = torchrun("tests/ddp_script.py", tmp_path / "ddp.pt", tmp_path / "checkpoints")
     assert done.returncode == 0, done.stderr[-2000:]
     ddp = torch.load(tmp_path / "ddp.pt")
-    assert ddp["world"] == 2 and any(e.startswith("DDP: rank 0 of 2 (gloo)") for e in ddp["events"])
+    assert ddp["world"] == 2 and sorted(ddp["outcomes"]) == sorted(N_TRAIN)
     x, y = make_data(n=256)
-    single = fit(model(), (x[:192], y[:192]), (x[192:], y[192:]), epochs=3, batch_size=64, micro_batch=16, seed=0)
-    reference = model()
-    reference.load_state_dict(ddp["state"])
-    assert_same_weights(reference, single.model, atol=1e-5)
-    for (ddp_train, ddp_val), record in zip(ddp["history"], single.history, strict=True):
-        assert abs(ddp_train - record.train_loss) < 1e-5 and abs(ddp_val - record.val_loss) < 1e-5
-    # Only rank 0 wrote the checkpoint.
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.pt"]
+    # Even shares, shares of 17/16 in the last batch, and a last batch of one sample (rank 1 runs
+    # a zero-weight stand-in): each is the single-process training on the same global batches.
+    for n_train in N_TRAIN:
+        outcome = ddp["outcomes"][n_train]
+        assert any(e.startswith("DDP: rank 0 of 2 (gloo)") for e in outcome["events"])
+        single = fit(model(), (x[:n_train], y[:n_train]), (x[225:], y[225:]), epochs=3, batch_size=64, micro_batch=16, seed=0)
+        reference = model()
+        reference.load_state_dict(outcome["state"])
+        assert_same_weights(reference, single.model, atol=1e-5)
+        for (ddp_train, ddp_val), record in zip(outcome["history"], single.history, strict=True):
+            assert abs(ddp_train - record.train_loss) < 1e-5 and abs(ddp_val - record.val_loss) < 1e-5
+        # Only rank 0 wrote the checkpoint.
+        assert sorted(p.name for p in (tmp_path / "checkpoints" / str(n_train)).iterdir()) == ["last.pt"]
 
 
 def test_gpufill_train_nproc_launches_torchrun_and_prints_once(tmp_path):

@@ -333,7 +333,7 @@ class _Run:
         for (inputs, targets), last in _with_last(batch.micro_batches(self.plan.micro_batch.value)):
             # Under DDP gradients are averaged across ranks once per optimizer step, not per micro-batch.
             with self.ddp_module.no_sync() if self.ddp_module is not None and not last else contextlib.nullcontext():
-                summed += self._forward_backward(inputs, targets, batch.size)
+                summed += self._forward_backward(inputs, targets, batch)
         if self.cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip, foreach=self.device.type == "cuda")
@@ -342,7 +342,7 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
         return summed
 
-    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, batch: EffectiveBatch) -> torch.Tensor:
         with autocast(self.device.type, self.plan.autocast_dtype):
             prediction = self.forward(inputs)
         if prediction.shape != targets.shape:  # host-side shape check: no sync
@@ -353,9 +353,10 @@ class _Run:
             )
         loss = self.loss_fn(prediction.float(), targets.float())
         # Weighting each micro-batch mean by its share makes k accumulated micro-batches
-        # give exactly the gradient of one batch, including a short last one.
-        self.scaler.scale(loss * (inputs.shape[0] / batch_size)).backward()
-        return loss.detach() * inputs.shape[0]
+        # give exactly the gradient of one batch, including a short last one (and under
+        # DDP, ranks whose shares differ by one give exactly the global batch's gradient).
+        self.scaler.scale(loss * (inputs.shape[0] * batch.sample_weight)).backward()
+        return loss.detach() * min(inputs.shape[0], batch.size)  # a stand-in sample counts 0
 
     @torch.no_grad()
     def _validate(self, batches: ResidentBatches | LoaderBatches) -> float:

@@ -23,6 +23,10 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 
 class EffectiveBatch(Protocol):
     size: int
+    """Samples this process counts in the step (0 for a DDP rank's stand-in, see ResidentBatches.epoch)."""
+    sample_weight: float
+    """Each sample's weight in the step's loss: 1/size alone; world_size/global_size under DDP, so
+    DDP's average over ranks is the mean over the global batch even when shares differ by one."""
 
     def micro_batches(self, micro: int) -> Iterator[Pair]: ...
 
@@ -35,9 +39,10 @@ class _IndexedBatch:
     targets: torch.Tensor
     index: torch.Tensor
     size: int
+    sample_weight: float
 
     def micro_batches(self, micro: int) -> Iterator[Pair]:
-        for start in range(0, self.size, micro):
+        for start in range(0, len(self.index), micro):
             part = self.index[start : start + micro]
             yield self.inputs.index_select(0, part), self.targets.index_select(0, part)
 
@@ -50,6 +55,8 @@ class _HostBatch:
     targets: torch.Tensor
     device: torch.device
     size: int
+    sample_weight: float
+    """1/size: DistributedSampler gives every rank equal shares, so the mean of rank means is the global mean."""
 
     def micro_batches(self, micro: int) -> Iterator[Pair]:
         # Slices are views: no host copy; non_blocking overlaps the copy with compute when pinned.
@@ -75,10 +82,17 @@ class ResidentBatches:
         for start in range(0, self.n, batch):
             size = min(batch, self.n - start)  # host arithmetic: no sync
             index = order[start : start + size]
-            if self.shard is not None:
-                index = self.shard.shard(index)
-                size = len(range(self.shard.rank, size, self.shard.world_size))
-            yield _IndexedBatch(self.inputs, self.targets, index, size)
+            if self.shard is None:
+                yield _IndexedBatch(self.inputs, self.targets, index, size, 1.0 / size)
+                continue
+            weight = self.shard.world_size / size
+            share = self.shard.shard(index)
+            if len(share) == 0:
+                # A last batch smaller than the world leaves this rank nothing, but DDP needs every
+                # rank's backward: it runs one sample at weight 0 (adds nothing, counts nothing).
+                yield _IndexedBatch(self.inputs, self.targets, index[:1], 0, 0.0)
+            else:
+                yield _IndexedBatch(self.inputs, self.targets, share, len(share), weight)
 
     def in_order(self, batch: int) -> Iterator[Pair]:
         for start in range(0, self.n, batch):
@@ -125,7 +139,7 @@ class LoaderBatches:
             loader.sampler.set_epoch(self._epochs)  # a new shuffle each epoch, the same on every rank
         self._epochs += 1
         for inputs, targets in loader:
-            yield _HostBatch(inputs, targets, self.device, int(inputs.shape[0]))
+            yield _HostBatch(inputs, targets, self.device, int(inputs.shape[0]), 1.0 / int(inputs.shape[0]))
 
     def in_order(self, batch: int) -> Iterator[Pair]:
         for inputs, targets in self._loader(batch, False, None):
