@@ -8,7 +8,6 @@ import statistics
 
 import pytest
 import torch
-import torch.optim.optimizer as torch_optimizer
 
 from gpufill import plan as plan_module
 from gpufill.bench import (
@@ -22,6 +21,7 @@ from gpufill.bench import (
 )
 from gpufill.bench.loops import _nvml_index
 from gpufill.errors import InputError
+from gpufill.hardware import fused_optimizer_devices
 from gpufill.monitor.sampler import GpuReading
 from gpufill.plan import DataFacts, SpeedSettings, make_plan
 from tests.fakes import CPU, H100, T4
@@ -34,7 +34,7 @@ SMALL = DataFacts(n_train=10_000, bytes_total=10 * 2**20, is_tensor=True)
 def cpu_speedups() -> set[str]:
     """The speed-ups gpufill's CPU plan turns on with this torch (fused optimizer kernels on CPU are torch >= 2.4)."""
     names = {"resident data", "no per-step sync"}
-    if "cpu" in getattr(torch_optimizer, "_get_fused_kernels_supported_devices", lambda: ["cuda"])():
+    if "cpu" in fused_optimizer_devices():
         names.add("fused optimizer")
     return names
 
@@ -225,3 +225,33 @@ def test_compare_rotates_the_order_of_the_loops_each_round():
     assert [m.val_loss for m in comparison.variants["x"]] == [m.val_loss for m in comparison.gpufill]
     with pytest.raises(InputError, match="unknown setting"):
         compare(make_model, train, val, epochs=1, variants={"y": {"no_such_setting": 1}})
+
+
+def test_the_minimal_loop_trains_and_is_paired_with_the_others():
+    from gpufill.bench import compare, validation_mse
+    from gpufill.bench.minimal import minimal_fit
+    from gpufill.models import registry
+
+    torch.manual_seed(1)
+    inputs = torch.randn(256, 8, 1)
+    train, val = (inputs, inputs[:, -1:, 0]), (inputs[:64], inputs[:64, -1:, 0])
+
+    def make_model():
+        torch.manual_seed(0)
+        return registry.build("mlp", n_features=1, lookback=8, horizon=1, params={"hidden_size": 16})
+
+    untrained = validation_mse(make_model(), val)
+    model = make_model()
+    seconds = minimal_fit(model, train, val, epochs=5, lr=1e-2, batch_size=32)
+    assert len(seconds) == 5 and all(s > 0 for s in seconds)
+    assert validation_mse(model, val) < 0.5 * untrained  # the target is an input column: easy to learn
+
+    said: list[str] = []
+    comparison = compare(make_model, train, val, epochs=2, device="cpu", repeats=3, minimal=True, progress=said.append)
+    assert said[1:4] == ["round 1/3: baseline", "round 1/3: gpufill", "round 1/3: minimal"]
+    assert len(comparison.minimal) == len(comparison.baseline) == 3
+    assert [row["loop"] for row in comparison.rows()] == ["baseline", "gpufill", "minimal"]
+    assert comparison.minimal_over_baseline() == statistics.median(
+        m.samples_per_s / b.samples_per_s for m, b in zip(comparison.minimal, comparison.baseline, strict=True)
+    )
+    assert comparison.gpufill_over_minimal() > 0

@@ -178,6 +178,14 @@ def _cpu_has_fast_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
+def fused_optimizer_devices() -> list[str]:
+    """Device types this torch has fused Adam/AdamW/SGD kernels for."""
+    from torch.optim import optimizer as torch_optimizer
+
+    # A private helper, so read defensively: older torch had fused kernels on CUDA only.
+    return list(getattr(torch_optimizer, "_get_fused_kernels_supported_devices", lambda: ["cuda"])())
+
+
 def free_memory_bytes(hardware: Hardware) -> int:
     """Memory free right now on the device (CUDA) or in RAM (CPU, MPS)."""
     if hardware.is_cuda:

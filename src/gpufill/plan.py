@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 import torch
-import torch.optim.optimizer as torch_optimizer
 
 from gpufill.errors import InputError
-from gpufill.hardware import Hardware, free_memory_bytes
+from gpufill.hardware import Hardware, free_memory_bytes, fused_optimizer_devices
 
 T = TypeVar("T")
 Auto = Literal["auto"]
@@ -185,8 +184,7 @@ def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings) -> P
 
 
 def _optimizer_kernel(hardware: Hardware, requested: OptimizerKernel | Auto) -> Choice[OptimizerKernel]:
-    # A private helper, so read defensively: older torch had fused kernels on CUDA only.
-    supported = getattr(torch_optimizer, "_get_fused_kernels_supported_devices", lambda: ["cuda"])()
+    supported = fused_optimizer_devices()
     if requested not in ("auto", "fused", "foreach", "for-loop"):
         raise InputError(f"unknown optimizer kernel {requested!r}", field="optimizer_kernel", fix="use auto, fused, foreach or for-loop")
     if requested == "fused" and hardware.device_type not in supported:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from gpufill.bench.minimal import minimal_fit
 from gpufill.errors import InputError
 from gpufill.fit import FitCallback, FitConfig, fit
 from gpufill.hardware import resolve_device
@@ -178,6 +179,16 @@ def gpufill_fit(
     return _measurement(name, result.model, val, [s + val_share for s in seconds], train[0].shape[0], memory)
 
 
+def minimal_measured(
+    model: nn.Module, train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor], *, epochs: int, device: str, seed: int
+) -> LoopMeasurement:
+    """The careful hand-written fp32 loop (see `minimal`), measured like the others."""
+    memory = _PeakMemory(torch.device(device))
+    seconds = minimal_fit(model, train, val, epochs=epochs, device=device, seed=seed)
+    memory.sample()
+    return _measurement("minimal", model, val, seconds, train[0].shape[0], memory)
+
+
 def _measurement(name: str, model: nn.Module, val: tuple[torch.Tensor, torch.Tensor], seconds: list[float], n_train: int, memory: _PeakMemory) -> LoopMeasurement:
     # Median of the steady epochs: one epoch disturbed by another process does not move it.
     epoch_s = statistics.median(seconds[1:] or seconds)
@@ -265,6 +276,8 @@ class Comparison:
     gpufill: list[LoopMeasurement]
     variants: dict[str, list[LoopMeasurement]] = dataclasses.field(default_factory=dict)
     """gpufill with some settings changed (an ablation each), by name."""
+    minimal: list[LoopMeasurement] = dataclasses.field(default_factory=list)
+    """The careful hand-written fp32 loop, when asked for (see `gpufill.bench.minimal`)."""
 
     def speedup(self) -> float:
         """Median over pairs of gpufill / baseline samples/s: adjacent runs share the machine's drift."""
@@ -274,17 +287,30 @@ class Comparison:
         """Median over pairs of gpufill / variant samples/s: what the settings the variant changed are worth."""
         return _paired_ratio(self.gpufill, self.variants[variant])
 
+    def minimal_over_baseline(self) -> float:
+        """The most the data path and sync fixes alone give at this batch: minimal / baseline samples/s."""
+        return _paired_ratio(self.minimal, self.baseline)
+
+    def gpufill_over_minimal(self) -> float:
+        """What gpufill adds beyond those fixes (precision, compile, batch search; ~1 on a CPU)."""
+        return _paired_ratio(self.gpufill, self.minimal)
+
     def quality_ratio(self) -> float:
         """Mean validation loss over seeds, gpufill / baseline (one seed's batch order moves it by ~10 %)."""
         return statistics.fmean(m.val_loss for m in self.gpufill) / statistics.fmean(m.val_loss for m in self.baseline)
 
     def rows(self) -> list[dict[str, Any]]:
-        """Baseline, gpufill, then each variant: the median-speed run of each (see `_summarise`)."""
-        return [_summarise(runs).row() for runs in (self.baseline, self.gpufill, *self.variants.values())]
+        """Baseline, gpufill, the minimal loop if run, then each variant: the median-speed run of each (see `_summarise`)."""
+        loops = (self.baseline, self.gpufill, *((self.minimal,) if self.minimal else ()), *self.variants.values())
+        return [_summarise(runs).row() for runs in loops]
 
 
 def _paired_ratio(numerator: list[LoopMeasurement], denominator: list[LoopMeasurement]) -> float:
     return statistics.median(n.samples_per_s / d.samples_per_s for n, d in zip(numerator, denominator, strict=True))
+
+
+# One loop's run: (training data, epochs, seed) -> its measurement.
+_Runner = Callable[[tuple[torch.Tensor, torch.Tensor], int, int], LoopMeasurement]
 
 
 def compare(
@@ -298,14 +324,15 @@ def compare(
     variants: Mapping[str, Mapping[str, Any]] | None = None,
     meter: UtilisationMeter | None = None,
     progress: Callable[[str], None] | None = None,
+    minimal: bool = False,
 ) -> Comparison:
     """Baseline, gpufill and each variant, interleaved `repeats` times from the same initial weights.
 
     The order rotates from round to round (see below); run i of every loop uses seed i.
 
     `variants` maps a name to FitConfig overrides (e.g. {"data_placement": "loader"}) for a
-    gpufill run with those settings; `meter` adds each run's GPU utilisation; `progress`
-    is told which run starts.
+    gpufill run with those settings; `minimal` adds the careful hand-written fp32 loop;
+    `meter` adds each run's GPU utilisation; `progress` is told which run starts.
     """
     variants = dict(variants or {})
     known = {field.name for field in dataclasses.fields(FitConfig)}
@@ -315,28 +342,31 @@ def compare(
             raise InputError(f"variant {name!r} changes unknown setting(s) {', '.join(unknown)}", field="variants", fix="use FitConfig fields")
     target = str(resolve_device(device))
     say = progress or (lambda _text: None)
+    comparison = Comparison(baseline=[], gpufill=[], variants={name: [] for name in variants})
+
+    def gpufill_runner(name: str, overrides: Mapping[str, Any]) -> _Runner:
+        return lambda data, epochs, seed: gpufill_fit(make_model(), data, val, epochs=epochs, config=FitConfig(device=target, seed=seed, **overrides), name=name)
+
+    def minimal_runner(data: tuple[torch.Tensor, torch.Tensor], epochs: int, seed: int) -> LoopMeasurement:
+        return minimal_measured(make_model(), data, val, epochs=epochs, device=target, seed=seed)
+
+    loops: list[tuple[str, list[LoopMeasurement], _Runner]] = [
+        ("baseline", comparison.baseline, lambda data, epochs, seed: baseline_fit(make_model(), data, val, epochs=epochs, device=target, seed=seed)),
+        ("gpufill", comparison.gpufill, gpufill_runner("gpufill", {})),
+        *((("minimal", comparison.minimal, minimal_runner),) if minimal else ()),
+        *((name, comparison.variants[name], gpufill_runner(name, overrides)) for name, overrides in variants.items()),
+    ]
     say("warm-up (untimed)")
     warm = (train[0][:256], train[1][:256])  # untimed: lazy init, allocator and kernel caches
-    baseline_fit(make_model(), warm, val, epochs=1, device=target)
-    for overrides in ({}, *variants.values()):
-        gpufill_fit(make_model(), warm, val, epochs=1, config=FitConfig(device=target, **overrides))
-    comparison = Comparison(baseline=[], gpufill=[], variants={name: [] for name in variants})
-    loops: list[tuple[str, list[LoopMeasurement], dict[str, Any] | None]] = [
-        ("baseline", comparison.baseline, None),
-        ("gpufill", comparison.gpufill, {}),
-        *((name, comparison.variants[name], dict(overrides)) for name, overrides in variants.items()),
-    ]
+    for _name, _runs, run in loops:
+        run(warm, 1, 0)
     for seed in range(repeats):
         # Each round starts one loop later: over len(loops) rounds every loop runs once in every
         # position, so a position's advantage (warm caches, a neighbour's garbage) cancels out.
         shift = seed % len(loops)
-        for name, runs, overrides in loops[shift:] + loops[:shift]:
+        for name, runs, run in loops[shift:] + loops[:shift]:
             say(f"round {seed + 1}/{repeats}: {name}")
-            if overrides is None:
-                runs.append(_metered(meter, baseline_fit, make_model(), train, val, epochs=epochs, device=target, seed=seed))
-            else:
-                config = FitConfig(device=target, seed=seed, **overrides)
-                runs.append(_metered(meter, gpufill_fit, make_model(), train, val, epochs=epochs, config=config, name=name))
+            runs.append(_metered(meter, run, train, epochs, seed))
     return comparison
 
 
