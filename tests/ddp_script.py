@@ -8,6 +8,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import TensorDataset
 
 from gpufill.fit import fit
 from tests.test_fit import make_data, model
@@ -23,6 +24,11 @@ if __name__ == "__main__":
                      checkpoint_dir=f"{sys.argv[2]}/{n_train}", seed=0)
         outcomes[n_train] = {"state": result.model.state_dict(), "history": [(r.train_loss, r.val_loss) for r in result.history],
                              "events": result.events}
+    # A Dataset (DataLoader + DistributedSampler): validation is sharded over the ranks too.
+    result = fit(model(), TensorDataset(x[:192], y[:192]), TensorDataset(x[225:], y[225:]), epochs=2, batch_size=64, seed=0,
+                 restore_best=False)
+    outcomes["dataset"] = {"state": result.model.state_dict(), "history": [(r.train_loss, r.val_loss) for r in result.history],
+                           "events": result.events}
     if dist.get_rank() == 0:
         torch.save({"outcomes": outcomes, "world": dist.get_world_size()}, out)
     dist.destroy_process_group()

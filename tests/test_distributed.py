@@ -33,7 +33,7 @@ def test_two_gloo_processes_match_one_process_on_the_same_global_batch(tmp_path)
     done = torchrun("tests/ddp_script.py", tmp_path / "ddp.pt", tmp_path / "checkpoints")
     assert done.returncode == 0, done.stderr[-2000:]
     ddp = torch.load(tmp_path / "ddp.pt")
-    assert ddp["world"] == 2 and sorted(ddp["outcomes"]) == sorted(N_TRAIN)
+    assert ddp["world"] == 2 and set(ddp["outcomes"]) == {*N_TRAIN, "dataset"}
     x, y = make_data(n=256)
     # Even shares, shares of 17/16 in the last batch, and a last batch of one sample (rank 1 runs
     # a zero-weight stand-in): each is the single-process training on the same global batches.
@@ -48,6 +48,13 @@ def test_two_gloo_processes_match_one_process_on_the_same_global_batch(tmp_path)
             assert abs(ddp_train - record.train_loss) < 1e-5 and abs(ddp_val - record.val_loss) < 1e-5
         # Only rank 0 wrote the checkpoint.
         assert sorted(p.name for p in (tmp_path / "checkpoints" / str(n_train)).iterdir()) == ["last.pt"]
+    # Each rank scored half the validation set (31 samples: 15 + 16); their sum is the whole set's mean.
+    outcome = ddp["outcomes"]["dataset"]
+    trained = model()
+    trained.load_state_dict(outcome["state"])
+    with torch.no_grad():
+        whole = torch.nn.functional.mse_loss(trained(x[225:]), y[225:]).item()
+    assert abs(outcome["history"][-1][1] - whole) < 1e-6
 
 
 def test_gpufill_train_nproc_launches_torchrun_and_prints_once(tmp_path):

@@ -4,8 +4,9 @@
 process group from the environment torchrun sets (WORLD_SIZE, RANK, LOCAL_RANK,
 MASTER_ADDR/PORT), gives each rank its share of every batch (the effective batch stays
 the global one), wraps the model in DistributedDataParallel, and lets only rank 0 write
-checkpoints and call user callbacks. Decisions that must agree across ranks (the batch
-search's outcome) are broadcast from rank 0; losses are summed across ranks once per epoch.
+checkpoints and call user callbacks. Validation is sharded too: each rank scores a contiguous
+block of the validation set. Decisions that must agree across ranks (the batch search's
+outcome) are broadcast from rank 0; losses are summed across ranks once per epoch.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class Distributed:
     def shard(self, index: torch.Tensor) -> torch.Tensor:
         """This rank's samples of a global batch: every world_size-th, so shares differ by at most one."""
         return index[self.rank :: self.world_size]
+
+    def block(self, n: int) -> range:
+        """This rank's contiguous share of n ordered samples (validation): shares differ by at most one."""
+        return range(n * self.rank // self.world_size, n * (self.rank + 1) // self.world_size)
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)

@@ -87,7 +87,7 @@ def fit(
     with backend_flags(plan):
         run = _Run(model.to(device), cfg, plan, device, monitor)
         train_batches = _batches(train_source, plan, device, ddp)
-        val_batches = _batches(val_source, plan, device) if val_source is not None else None  # every rank validates all
+        val_batches = _batches(val_source, plan, device, ddp) if val_source is not None else None
         resumed = run.maybe_resume()
         measured = MeasuredChoices(run, train_batches, hardware, _sample_input(train_source), facts.n_train, ddp)
         if not resumed:  # a resumed run keeps the checkpoint's micro-batch
@@ -169,6 +169,9 @@ class _Run:
         self.model, self.cfg, self.plan, self.device = model, cfg, plan, device
         self.monitor = monitor if monitor is not None else NullMonitor()
         self.forward: Callable[[torch.Tensor], torch.Tensor] = model
+        # Validation runs each rank's own block through the bare (or compiled) model, never the
+        # DDP wrapper, whose forward is a collective every rank would have to call equally often.
+        self.evaluate: Callable[[torch.Tensor], torch.Tensor] = model
         self.loss_fn = LOSSES[cfg.loss]
         self.lr = cfg.lr * plan.lr_scale.value
         self.optimizer = make_optimizer(model, cfg, self.lr, plan.optimizer_kernel.value)
@@ -209,7 +212,7 @@ class _Run:
     def use_compiled(self, reason: str | None = None) -> None:
         """Wrap the forward with torch.compile (compiles lazily, at the first call)."""
         try:
-            self.forward = torch.compile(self.model)
+            self.forward = self.evaluate = torch.compile(self.model)
             self.compiled = True
         except Exception as error:  # any compile failure: eager is always correct
             self.fall_back_to_eager(error)
@@ -225,7 +228,7 @@ class _Run:
         self.events.append(f"DDP: rank {ddp.rank} of {ddp.world_size} ({ddp.backend}); each rank trains on 1/{ddp.world_size} of every batch")
 
     def use_eager(self, choice: Choice[bool]) -> None:
-        self.forward, self.compiled = self.model, False
+        self.forward, self.evaluate, self.compiled = self.model, self.model, False
         self.plan = self.plan.replace(compile=choice)
 
     def fall_back_to_eager(self, error: BaseException) -> None:
@@ -363,12 +366,17 @@ class _Run:
         tick = time.perf_counter()
         self.model.eval()
         loss_sum = torch.zeros((), device=self.device)
+        count = 0
         # No activations kept for backward, so validation can use larger batches.
         for inputs, targets in batches.in_order(max(4 * self.plan.micro_batch.value, 1024)):
             with autocast(self.device.type, self.plan.autocast_dtype):
-                prediction = self.forward(inputs)
+                prediction = self.evaluate(inputs)
             loss_sum += self.loss_fn(prediction.float(), targets.float(), reduction="sum") / targets[0].numel()
-        value = (loss_sum / max(batches.n, 1)).item()
+            count += int(targets.shape[0])
+        if self.ddp is not None:  # each rank scored its own block: add them up
+            totals = self.ddp.sum(torch.stack([loss_sum, torch.tensor(float(count), device=self.device)]))
+            loss_sum, count = totals[0], int(totals[1].item())
+        value = (loss_sum / max(count, 1)).item()
         self.timing["val_s"] += time.perf_counter() - tick
         return value
 

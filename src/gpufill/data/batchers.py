@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from gpufill.plan import LoaderSettings
 
@@ -95,8 +95,11 @@ class ResidentBatches:
                 yield _IndexedBatch(self.inputs, self.targets, share, len(share), weight)
 
     def in_order(self, batch: int) -> Iterator[Pair]:
-        for start in range(0, self.n, batch):
-            yield self.inputs[start : start + batch], self.targets[start : start + batch]
+        """The samples in order (under DDP: this rank's contiguous block of them)."""
+        rows = self.shard.block(self.n) if self.shard is not None else range(self.n)
+        for start in range(rows.start, rows.stop, batch):
+            stop = min(start + batch, rows.stop)
+            yield self.inputs[start:stop], self.targets[start:stop]
 
 
 class LoaderBatches:
@@ -115,13 +118,16 @@ class LoaderBatches:
         key = (batch, shuffle)
         if key not in self._loaders:  # reused so persistent workers stay alive across epochs
             sampler = None
+            dataset = self.dataset
+            if not shuffle and self.shard is not None:
+                dataset = Subset(self.dataset, self.shard.block(self.n))
             if shuffle and self.shard is not None:
                 # Each rank reads only its share; the global batch is the effective batch.
                 seed = int(torch.randint(2**31 - 1, (1,), generator=generator)) if generator is not None else 0
                 sampler = DistributedSampler(self.dataset, self.shard.world_size, self.shard.rank, shuffle=True, seed=seed)
                 batch = max(1, batch // self.shard.world_size)
             self._loaders[key] = DataLoader(
-                self.dataset,
+                dataset,
                 batch_size=batch,
                 shuffle=shuffle and sampler is None,
                 sampler=sampler,
@@ -142,5 +148,6 @@ class LoaderBatches:
             yield _HostBatch(inputs, targets, self.device, int(inputs.shape[0]), 1.0 / int(inputs.shape[0]))
 
     def in_order(self, batch: int) -> Iterator[Pair]:
+        """The samples in order (under DDP: this rank's contiguous block of them)."""
         for inputs, targets in self._loader(batch, False, None):
             yield inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Everything a lent GPU is for, in one device call (GPU figures are scarce: one full call
+# beats many small ones). From the repo root on the GPU machine:
+#
+#   ../shared/tools/device-wheels.sh xgboost-cpu pydantic pydantic-core annotated-types typing-inspection lightgbm   # here, once
+#   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 2": each part fits one 10-minute call
+#
+# Installs the wheels the GPU image lacks, runs the GPU tests, then each benchmark with a
+# time limit of its own (one that overruns is cut, the rest still run), and copies every
+# JSON and log to $OUT (default: bench/results/gpu-session/). Commit the JSON under bench/results/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-bench/results/gpu-session}"
+mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH="/tmp/site:$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python3 - <<'EOF' | tee "$out/environment.txt"
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+EOF
+
+step() {  # step NAME SECONDS COMMAND...: run one item, keep its log, never stop the session
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc after $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+  tail -n 25 "$out/$name.log"
+}
+
+part=${1:-all}
+if [ "$part" = 1 ] || [ "$part" = all ]; then
+  step gpu-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  step fit_speed 200 python3 bench/fit_speed.py --out "$out/fit_speed.json"
+  step doctor 60 sh -c "python3 -m gpufill doctor --json > $out/doctor.json"
+  step bench-lstm 150 python3 -m gpufill bench --model lstm --json --out "$out/gpufill_bench-lstm.json"
+fi
+if [ "$part" = 2 ] || [ "$part" = all ]; then
+  step bench-transformer 150 python3 -m gpufill bench --model transformer --json --out "$out/gpufill_bench-transformer.json"
+  step pack_speed 120 python3 bench/pack_speed.py --out "$out/pack_speed.json"
+  step campaign_gpu 240 python3 bench/campaign_gpu.py --quick --out "$out/campaign_gpu.json"
+fi
+ls -la "$out"
