@@ -138,3 +138,13 @@ class Executor(Protocol):
     def shutdown(self) -> None:
         """Stop every worker (idle ones cleanly); in-flight tasks are abandoned, not reported."""
         ...
+
+
+class NoBatchJobs:
+    """For executors whose workers are not batch jobs (local processes, Ray actors): nothing to list or cancel."""
+
+    def jobs(self) -> list[JobInfo]:
+        return []
+
+    def cancel_jobs(self, job_ids: Sequence[str]) -> None:
+        return None

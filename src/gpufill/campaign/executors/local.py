@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -23,8 +22,8 @@ from typing import Any
 from gpufill.campaign.executors.base import (
     Crashed,
     Finished,
-    JobInfo,
     LaneRequest,
+    NoBatchJobs,
     Task,
     Worker,
     gpu_env,
@@ -59,7 +58,7 @@ def plan_here(request: LaneRequest) -> tuple[list[Lane], list[str]]:
 
 
 @dataclass(slots=True)
-class LocalExecutor:
+class LocalExecutor(NoBatchJobs):
     """Starts, feeds and watches the worker processes of every lane."""
 
     spec_payload: dict[str, Any]
@@ -127,12 +126,6 @@ class LocalExecutor:
         task, worker.task = worker.task, None
         assert task is not None
         return Finished(worker, task, message)
-
-    def jobs(self) -> list[JobInfo]:
-        return []
-
-    def cancel_jobs(self, job_ids: Sequence[str]) -> None:
-        return None
 
     def pids(self) -> list[int]:
         return [w.process.pid for w in self.workers]

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpufill.campaign.executors.base import (
     Crashed,
     Finished,
-    JobInfo,
     LaneRequest,
+    NoBatchJobs,
     Task,
     Worker,
     thread_env,
@@ -78,7 +77,7 @@ class RayWorker(Worker):
 
 
 @dataclass(slots=True)
-class RayExecutor:
+class RayExecutor(NoBatchJobs):
     spec_payload: dict[str, Any]
     base_dir: str
     tune_cache: str | None = None
@@ -218,12 +217,6 @@ class RayExecutor:
         return Crashed(worker, task, reason)
 
     # -- monitoring -----------------------------------------------------------------------
-    def jobs(self) -> list[JobInfo]:
-        return []
-
-    def cancel_jobs(self, job_ids: Sequence[str]) -> None:
-        return None
-
     def pids(self) -> list[int]:
         """Actor processes, once they have said who they are (a cluster's remote pids mean nothing here)."""
         if self.address is not None:
