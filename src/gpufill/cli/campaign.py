@@ -1,0 +1,201 @@
+"""Campaign commands: run, demo, status, results, estimate, monitor, report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from gpufill.cli.app import app
+from gpufill.cli.options import (
+    parse_slots,
+)
+from gpufill.errors import InputError
+
+
+@app.command()
+def run(
+    campaign: Path = typer.Argument(..., help="Campaign YAML file."),
+    workdir: Path | None = typer.Option(None, "--workdir", help="Where the store, logs and checkpoints live (default ./gpufill-NAME)."),
+    gpu_slots: str | None = typer.Option(None, "--gpu-slots", help="N or auto (overrides the file's resources)."),
+    cpu_slots: str | None = typer.Option(None, "--cpu-slots", help="N or auto (overrides the file's resources)."),
+    executor: str = typer.Option("local", "--executor", help="local (processes here), ray (gpufill[ray]) or slurm (gpufill[slurm], resources.slurm)."),
+    address: str | None = typer.Option(None, "--address", help="With --executor ray: the cluster to join (e.g. auto, HOST:6379); default a local Ray."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over: delete this workdir's store first."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before --fresh deletes results."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every trial (WORKDIR/logs/run-N.log)."),
+) -> None:
+    """Run a campaign; running it again resumes (done trials are kept)."""
+    _run_campaign(campaign, workdir, gpu_slots, cpu_slots, executor, fresh, yes, command="gpufill run", verbose=verbose, address=address)
+
+
+def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, cpu_slots: str | None, executor: str, fresh: bool, yes: bool, command: str,
+                  verbose: bool = False, address: str | None = None) -> None:
+    from rich.live import Live
+
+    from gpufill import render
+    from gpufill.campaign.executors import check_executor
+    from gpufill.campaign.runner import Campaign, describe_lanes
+
+    check_executor(executor, address)  # before the file is read or --fresh asks anything
+    job = Campaign.from_yaml(campaign, workdir)
+    if fresh and (job.workdir / "gpufill.db").exists() and not yes:
+        if not sys.stdin.isatty():
+            raise InputError("--fresh would delete this workdir's results", where=str(job.workdir), field="--fresh", fix="add --yes to confirm")
+        typer.confirm(f"Delete the results in {job.workdir} and start over?", abort=True)
+    console = Console()
+    live = Live(console=console, refresh_per_second=4, transient=False)
+
+    def on_start(prepared, run_id) -> None:
+        for warning in prepared.warnings:
+            console.print(f"[yellow]warning:[/yellow] {warning}")
+        for lane in describe_lanes(prepared.lanes):
+            console.print(f"lane {lane['lane']}: {lane['slots']} slots x {lane['threads']} threads on {lane['device']} ({', '.join(lane['runs'])}): {lane['reason']}")
+        console.print(f"{len(prepared.trials)} trials; workdir {job.workdir}")
+        live.start()
+
+    try:
+        outcome = job.run(
+            gpu_slots=parse_slots(gpu_slots, "--gpu-slots"),
+            cpu_slots=parse_slots(cpu_slots, "--cpu-slots"),
+            fresh=fresh,
+            command=command,
+            verbose=verbose,
+            executor=executor,
+            address=address,
+            on_start=on_start,
+            on_update=lambda snapshot: live.update(render.campaign_view(snapshot, job.spec.name)),
+        )
+    finally:
+        live.stop()
+        if not console.is_terminal:  # rich leaves the last frame without a newline when piped
+            console.print()
+    counts = job.status().to_dict()
+    console.print(f"done {counts['done']}, failed {counts['failed']}, pending {counts['pending']} of {counts['total']} trials in {outcome.elapsed_s:.1f} s"
+                  f" ({outcome.retried} retried, {outcome.crashed} worker crashes). Results: gpufill results --workdir {job.workdir}")
+    if counts["failed"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    workdir: Path = typer.Option(Path("gpufill-demo"), "--workdir"),
+    fresh: bool = typer.Option(False, "--fresh"),
+    yes: bool = typer.Option(False, "--yes", "-y"),
+) -> None:
+    """Run the bundled example campaign (all 8 families, a few minutes on 2 CPU cores)."""
+    from gpufill.campaign.runner import demo_campaign_path
+
+    _run_campaign(demo_campaign_path(), workdir, None, None, "local", fresh, yes, command="gpufill demo")
+
+
+@app.command()
+def status(
+    workdir: Path | None = typer.Option(None, "--workdir"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Trial counts per status, overall and per lane; Slurm jobs queued or running."""
+    from gpufill import render
+    from gpufill.campaign.runner import find_workdir, read_jobs, read_status
+
+    directory = find_workdir(workdir)
+    counts = read_status(directory).to_dict()
+    jobs = read_jobs(directory)
+    if jobs:
+        counts["jobs"] = [{"job_id": j["job_id"], "state": j["state"], "detail": j["detail"], "lane": j["lane"], "trials": len(j["trial_ids"])} for j in jobs]
+    if as_json:
+        print(json.dumps(counts))
+        return
+    console = Console()
+    console.print(render.status_table(counts))
+    for state in ("queued", "running"):
+        ids = [j["job_id"] for j in jobs if j["state"] == state]
+        if ids:
+            console.print(f"Slurm jobs {state}: {len(ids)} ({', '.join(ids[:20])}{', ...' if len(ids) > 20 else ''})")
+
+
+@app.command()
+def results(
+    workdir: Path | None = typer.Option(None, "--workdir"),
+    format_: str = typer.Option("table", "--format", help="table, csv, parquet or json."),
+    out: Path | None = typer.Option(None, "--out", help="Write to this file instead of stdout (parquet needs it)."),
+    summary: bool = typer.Option(False, "--summary", help="Best configuration per project and family."),
+) -> None:
+    """One row per trial (or, with --summary, the best configuration per project and family)."""
+    from gpufill import render
+    from gpufill.campaign.export import write_frame
+    from gpufill.campaign.runner import best_per_project, find_workdir, read_results
+
+    if format_ not in ("table", "csv", "parquet", "json"):
+        raise InputError(f"unknown format {format_!r}", where="command line", field="--format", fix="use table, csv, parquet or json")
+    frame = read_results(find_workdir(workdir))
+    if summary:
+        frame = best_per_project(frame)
+    if format_ == "table" and out is None:
+        Console().print(render.results_table(frame, summary=summary))
+        return
+    write_frame(frame, "csv" if format_ == "table" else format_, out)
+
+
+@app.command()
+def estimate(
+    campaign: Path = typer.Argument(..., help="Campaign YAML file."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Predict a campaign's time per lane by timing a sample of each trial shape."""
+    from gpufill import render
+    from gpufill.campaign.estimate import estimate as run_estimate
+    from gpufill.campaign.runner import Campaign
+
+    console = Console(stderr=as_json)
+    with console.status("timing a sample of each trial shape") as spinner:
+        result = run_estimate(Campaign.from_yaml(campaign), progress=lambda text: spinner.update(f"timing {text}"))
+    if as_json:
+        print(json.dumps(result.to_dict()))
+    else:
+        console.print(render.estimate_table(result.to_dict()))
+
+
+@app.command()
+def monitor(
+    workdir: Path | None = typer.Option(None, "--workdir"),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes."),
+    once: bool = typer.Option(False, "--once", help="Render once and exit (for scripts and logs)."),
+) -> None:
+    """Live dashboard of a running (or finished) campaign: lanes, rate, ETA, GPU and CPU sparklines."""
+    import time
+
+    from rich.live import Live
+
+    from gpufill.campaign.runner import find_workdir
+    from gpufill.monitor import live as dashboard
+
+    directory = find_workdir(workdir)
+    console = Console()
+    if once:
+        console.print(dashboard.render(dashboard.snapshot(directory)))
+        return
+    with Live(dashboard.render(dashboard.snapshot(directory)), console=console, refresh_per_second=4, screen=False) as view:
+        try:
+            while True:
+                time.sleep(interval)
+                view.update(dashboard.render(dashboard.snapshot(directory)))
+        except KeyboardInterrupt:
+            return
+
+
+@app.command()
+def report(
+    workdir: Path | None = typer.Option(None, "--workdir"),
+    out: Path | None = typer.Option(None, "--out", help="HTML file to write (default WORKDIR/report.html)."),
+) -> None:
+    """Write one self-contained HTML report: summary, model comparison, resources, failures, alerts, plans."""
+    from gpufill.campaign.runner import find_workdir
+    from gpufill.report import write_report
+
+    print(write_report(find_workdir(workdir), out))
+
+

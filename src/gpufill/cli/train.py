@@ -1,0 +1,126 @@
+"""`gpufill train`: one training on built-in or user data, alone or under torchrun (--nproc)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import typer
+from rich.console import Console
+
+from gpufill.cli.app import app
+from gpufill.cli.options import (
+    parse_auto_int,
+    parse_params,
+    parse_split_size,
+    parse_switch,
+)
+from gpufill.errors import InputError
+
+
+@app.command()
+def train(
+    model: str = typer.Option(..., "--model", "-m", help="Model family (lstm, gru, tcn, transformer, mlp, linear, rf, xgb, lgbm) or package.module:factory."),
+    data: str = typer.Option("synthetic", "--data", help="synthetic, a .csv/.parquet file, a directory or a glob."),
+    project: str | None = typer.Option(None, "--project", help="Project to train on (default: the first one)."),
+    lookback: int = typer.Option(30, "--lookback", help="Input window length."),
+    horizon: int = typer.Option(1, "--horizon", help="Steps to forecast."),
+    epochs: int = typer.Option(10, "--epochs"),
+    batch_size: str = typer.Option("auto", "--batch-size", help="Effective batch, or auto."),
+    precision: str = typer.Option("auto", "--precision", help="auto, bf16, fp16 or fp32."),
+    compile_: str = typer.Option("auto", "--compile", help="auto, on or off."),
+    batch_search: str = typer.Option("auto", "--batch-search", help="auto, on or off: measure micro-batch sizes, keep the fastest."),
+    allow_batch_change: bool = typer.Option(False, "--allow-batch-change", help="Let the batch search change the effective batch (lr scaled by --lr-scale)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
+    lr: float = typer.Option(1e-3, "--lr", help="Learning rate at the reference batch (128)."),
+    lr_scale_rule: str = typer.Option("linear", "--lr-scale", help="linear, sqrt or none: how lr follows the batch."),
+    patience: int | None = typer.Option(None, "--patience", help="Early stopping patience (validations)."),
+    seed: int = typer.Option(0, "--seed"),
+    param: list[str] = typer.Option([], "--param", "-p", help="Model parameter KEY=VALUE (repeatable)."),
+    val: str = typer.Option("0.1", "--val", help="Validation split: fraction or count of final steps."),
+    test: str = typer.Option("0.2", "--test", help="Test split: fraction or count of final steps (e.g. 18)."),
+    target: str = typer.Option("target", "--target", help="Target column (csv/parquet)."),
+    project_column: str = typer.Option("project", "--project-column", help="Project column (csv/parquet)."),
+    time_column: str | None = typer.Option(None, "--time-column", help="Time column (default: time/date/timestamp if present)."),
+    fill: str = typer.Option("none", "--fill", help="NaN handling: none (error), ffill, interpolate or zero."),
+    checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="Save a checkpoint every epoch here."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint-dir's last checkpoint."),
+    nproc: int = typer.Option(1, "--nproc", help="Processes for data-parallel training (DDP through torchrun): one per GPU, or CPU processes on gloo."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+) -> None:
+    """Train one forecaster on one project, with the plan explained and metrics against the naive forecast."""
+    if nproc < 1:
+        raise InputError(f"--nproc must be at least 1, got {nproc}", where="command line", field="--nproc", fix="pass e.g. --nproc 2")
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        raise typer.Exit(_launch_torchrun(nproc))
+    quiet = int(os.environ.get("RANK", "0")) != 0  # under DDP rank 0 reports for all
+    from gpufill import forecast, render  # torch is imported only when a command runs
+    from gpufill.data import Split
+    from gpufill.fit import FitConfig
+    from gpufill.models import registry
+
+    params = parse_params(param)
+    config = FitConfig(
+        epochs=epochs,
+        lr=lr,
+        patience=patience,
+        seed=seed,
+        device=device,
+        precision=precision,  # type: ignore[arg-type]  # checked by the plan
+        compile=parse_switch(compile_, "--compile"),
+        batch_search=parse_switch(batch_search, "--batch-search"),
+        tune_effective_batch=allow_batch_change,
+        batch_size=parse_auto_int(batch_size, "--batch-size"),
+        lr_scale_rule=lr_scale_rule,  # type: ignore[arg-type]
+        checkpoint_dir=checkpoint_dir,
+        resume=resume,
+    )
+    windows = forecast.load_windows(
+        data,
+        project=project,
+        lookback=lookback,
+        horizon=horizon,
+        split=Split(val=parse_split_size(val, "--val"), test=parse_split_size(test, "--test")),
+        target=target,
+        project_column=project_column,
+        time_column=time_column,
+        fill=fill,
+    )
+    console = Console(stderr=as_json, quiet=quiet)
+    if registry.resolve(model).kind == "classical":
+        from gpufill.hardware import cpu_count
+        from gpufill.models.classical import train_classical
+
+        outcome = train_classical(windows, model, params, threads=cpu_count(), seed=seed).to_dict()
+    elif as_json:
+        outcome = forecast.train_forecaster(windows, model, params, config=config).to_dict()
+    else:
+        with render.EpochProgress(console) as progress:
+            outcome = forecast.train_forecaster(windows, model, params, config=config, callbacks=[progress]).to_dict()
+    if quiet:
+        pass
+    elif as_json:
+        print(json.dumps(outcome, default=str))
+    else:
+        render.print_forecast(outcome, console)
+    if outcome["status"] == "diverged":
+        raise typer.Exit(1)
+
+
+def _launch_torchrun(nproc: int) -> int:
+    """Re-run this same `gpufill train` command under torchrun with `nproc` processes on this machine."""
+    import subprocess
+
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "gpufill.cli", *args]
+    return subprocess.call(command)
+
+
