@@ -63,9 +63,9 @@ def test_gpufill_train_nproc_launches_torchrun_and_prints_once(tmp_path):
         [sys.executable, "-m", "gpufill.cli", "train", "--model", "mlp", "--epochs", "2", "--batch-size", "64", "--nproc", "2", "--json"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, f"stdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-3000:]}"
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == 1  # rank 0 prints; rank 1 trains silently
+    assert len(lines) == 1, f"stdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-2000:]}"  # rank 0 prints; rank 1 trains silently
     result = json.loads(lines[0])
     assert any(e.startswith("DDP: rank 0 of 2") for e in result["events"])
     assert result["metrics"]["test"]["mae"] < result["metrics"]["naive"]["mae"]

@@ -23,22 +23,28 @@ from typing import Any, Literal, TypeVar
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
 
 from gpufill import distributed
 from gpufill._checkpoint import load_checkpoint, save_checkpoint
 from gpufill.data.batchers import EffectiveBatch, LoaderBatches, ResidentBatches
+from gpufill.data.fit_inputs import (
+    Data,
+    as_dataset,
+    as_source,
+    data_facts,
+    make_batches,
+    sample_input,
+)
 from gpufill.errors import InputError
 from gpufill.fit_types import (
     LOSSES,
-    Data,
     EpochRecord,
     FitCallback,
     FitConfig,
     FitResult,
 )
 from gpufill.hardware import detect
-from gpufill.plan import Choice, DataFacts, Plan, for_training_length, make_plan
+from gpufill.plan import Choice, Plan, for_training_length, make_plan
 from gpufill.torch_settings import (
     autocast,
     backend_flags,
@@ -71,25 +77,25 @@ def fit(
     ddp = distributed.from_environment()
     if ddp is not None and cfg.device == "auto":
         cfg = dataclasses.replace(cfg, device=ddp.device())
-    train_source, val_source = _as_source(train, "train"), _as_source(val, "val") if val is not None else None
+    train_source, val_source = as_source(train, "train"), as_source(val, "val") if val is not None else None
     hardware = detect(cfg.device)
-    facts = _data_facts(train_source, val_source)
+    facts = data_facts(train_source, val_source)
     plan = make_plan(hardware, facts, cfg)
     steps = math.ceil(facts.n_train / plan.effective_batch.value) * cfg.epochs
     plan = for_training_length(plan, steps)
     device = torch.device(plan.device.value)
 
     if plan.loader_tuning.value:
-        plan = plan.replace(loader=tune_loader(_as_dataset(train_source), plan.effective_batch.value, hardware))
+        plan = plan.replace(loader=tune_loader(as_dataset(train_source), plan.effective_batch.value, hardware))
     if ddp is not None and cfg.compile == "auto" and plan.compile.value:
         plan = plan.replace(compile=Choice(False, "off under DDP: compile is measured per process, not across ranks; set compile=True to compile"))
 
     with backend_flags(plan):
         run = _Run(model.to(device), cfg, plan, device, monitor)
-        train_batches = _batches(train_source, plan, device, ddp)
-        val_batches = _batches(val_source, plan, device, ddp) if val_source is not None else None
+        train_batches = make_batches(train_source, plan, device, ddp)
+        val_batches = make_batches(val_source, plan, device, ddp) if val_source is not None else None
         resumed = run.maybe_resume()
-        measured = MeasuredChoices(run, train_batches, hardware, _sample_input(train_source), facts.n_train, ddp)
+        measured = MeasuredChoices(run, train_batches, hardware, sample_input(train_source), facts.n_train, ddp)
         if not resumed:  # a resumed run keeps the checkpoint's micro-batch
             measured.search_batch()
         measured.compile()
@@ -106,46 +112,6 @@ def _resolve_config(config: FitConfig | None, overrides: dict[str, Any]) -> FitC
     cfg = dataclasses.replace(config or FitConfig(), **overrides)
     cfg.validate()
     return cfg
-
-
-def _as_source(data: Data, name: str) -> tuple[torch.Tensor, torch.Tensor] | Dataset:
-    if isinstance(data, TensorDataset) and len(data.tensors) == 2:
-        return data.tensors[0], data.tensors[1]
-    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
-        inputs, targets = data
-        if inputs.shape[0] != targets.shape[0]:
-            raise InputError(
-                f"inputs have {inputs.shape[0]} samples but targets have {targets.shape[0]}", field=name, fix="pass tensors with the same first dimension"
-            )
-        if inputs.shape[0] == 0:
-            raise InputError("no samples", field=name, fix="pass at least one sample")
-        return inputs, targets
-    if isinstance(data, Dataset):
-        return data
-    raise InputError(f"expected an (inputs, targets) pair of tensors or a Dataset, got {type(data).__name__}", field=name, fix="wrap the data as (x, y) tensors")
-
-
-def _data_facts(train: Any, val: Any) -> DataFacts:
-    is_tensor = isinstance(train, tuple)
-    n_train = int(train[0].shape[0]) if is_tensor else len(train)
-    total = sum(t.numel() * t.element_size() for source in (train, val) if isinstance(source, tuple) for t in source)
-    return DataFacts(n_train=n_train, bytes_total=total, is_tensor=is_tensor)
-
-
-def _as_dataset(source: Any) -> Dataset:
-    return TensorDataset(*source) if isinstance(source, tuple) else source
-
-
-def _sample_input(source: Any) -> torch.Tensor:
-    """One sample's inputs with a batch axis: the shape key of measured choices."""
-    return source[0][:1] if isinstance(source, tuple) else torch.as_tensor(source[0][0]).unsqueeze(0)
-
-
-def _batches(source: Any, plan: Plan, device: torch.device, shard: distributed.Distributed | None = None) -> ResidentBatches | LoaderBatches:
-    if plan.data_placement.value == "device":
-        return ResidentBatches(source[0], source[1], device, shard)
-    assert plan.loader.value is not None
-    return LoaderBatches(_as_dataset(source), device, plan.loader.value, shard)
 
 
 @dataclass(slots=True)

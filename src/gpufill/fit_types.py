@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from gpufill.errors import InputError
 from gpufill.plan import Plan, SpeedSettings
@@ -21,7 +20,6 @@ LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "mae": nn.functional.l1_loss,
     "huber": nn.functional.huber_loss,
 }
-Data = tuple[torch.Tensor, torch.Tensor] | Dataset
 
 
 @dataclass(kw_only=True, slots=True)
