@@ -113,3 +113,52 @@ def test_a_campaign_with_packs_matches_the_same_campaign_with_fusion_off(tmp_pat
     assert (a["status"] == "done").all() and len(a) == 4
     for metric in ("mae", "rmse", "smape", "mase"):
         assert a[metric].to_numpy() == pytest.approx(b[metric].to_numpy(), rel=1e-3)
+
+
+def test_loss_scaling_skips_an_overflowed_step_for_every_model_and_halves_the_scale():
+    from gpufill.pack_optim import PackLossScaler
+
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(2, 3))
+    start = p.detach().clone()
+    optimizer = PackAdamW([p], torch.tensor([1e-2, 1e-2]), torch.zeros(2))
+    scaler = PackLossScaler(torch.device("cpu"), enabled=True, init_scale=2.0**127, growth_interval=2)
+    everyone = torch.tensor([True, True])
+    scaler.scaled(1e6 * p.pow(2).sum()).backward()  # 2e6 * p * 2**127 overflows fp32
+    finite = scaler.unscale([p])
+    optimizer.step(everyone & finite)
+    assert not bool(finite) and torch.equal(p.detach(), start) and optimizer.steps.tolist() == [0.0, 0.0]
+    assert scaler.scale.item() == 2.0**126
+    # At a scale that fits, the unscaled gradients are exact (powers of two): the step equals an unscaled one.
+    scaler.scale.fill_(2.0**10)
+    plain = torch.nn.Parameter(start.clone())
+    reference = PackAdamW([plain], torch.tensor([1e-2, 1e-2]), torch.zeros(2))
+    for _ in range(2):
+        optimizer.zero_grad()
+        scaler.scaled(p.pow(2).sum()).backward()
+        optimizer.step(everyone & scaler.unscale([p]))
+        reference.zero_grad()
+        plain.pow(2).sum().backward()
+        reference.step(everyone)
+    assert torch.equal(p.detach(), plain.detach())
+    assert scaler.scale.item() == 2.0**11  # two clean steps (growth_interval=2): the scale doubles
+
+
+def test_a_pack_with_loss_scaling_trains_exactly_as_without_and_its_plan_says_what_packs_do(monkeypatch):
+    from gpufill import pack as pack_module
+    from gpufill.plan import Choice
+
+    ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
+    config = FitConfig(epochs=2, batch_size=64, compile=True)
+    plain = fit_pack(models("lstm", ws, seeds), members(ws, lrs, seeds), config=config)
+    make_plan = pack_module.make_plan
+    monkeypatch.setattr(pack_module, "make_plan", lambda *a, **kw: make_plan(*a, **kw).replace(grad_scaler=Choice(True, "forced by the test")))
+    scaled = fit_pack(models("lstm", ws, seeds), members(ws, lrs, seeds), config=config)
+    for a, b in zip(plain, scaled, strict=True):
+        for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items(), strict=True):
+            assert torch.equal(x, y), name  # scaling by 2**16 and back is exact in fp32
+    plan = scaled[0].plan
+    assert plan.grad_scaler.value and "one dynamic scale for the pack" in plan.grad_scaler.reason
+    assert not plan.compile.value and "resources.pack_size: 1" in plan.compile.reason  # requested, but packs run eager
+    assert not plan.batch_search.value and plan.micro_batch.value == plan.effective_batch.value == 64 and plan.accumulation.value == 1
+    assert plan.data_placement.value == "device" and "PackAdamW" in plan.optimizer_kernel.reason

@@ -23,7 +23,8 @@ from torch import nn
 from gpufill.fit import EpochRecord, FitConfig, FitResult
 from gpufill.hardware import detect
 from gpufill.models.fused import FusedModule, fuse
-from gpufill.plan import DataFacts, make_plan
+from gpufill.pack_optim import PackAdamW, PackLossScaler
+from gpufill.plan import Choice, DataFacts, Plan, make_plan
 from gpufill.torch_settings import autocast, backend_flags, synchronize
 
 Pair = tuple[torch.Tensor, torch.Tensor]
@@ -40,54 +41,13 @@ class PackMember:
     seed: int
 
 
-class PackAdamW:
-    """AdamW over stacked (K, ...) parameters with per-model lr, weight decay and step mask.
-
-    The update is torch.optim.AdamW's, written out so lr and weight decay can be (K,)
-    tensors and masked models are left untouched (no moment or step update either).
-    """
-
-    def __init__(self, params: Sequence[nn.Parameter], lr: torch.Tensor, weight_decay: torch.Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.params = list(params)
-        self.lr, self.weight_decay = lr, weight_decay
-        self.beta1, self.beta2 = betas
-        self.eps = eps
-        k = lr.shape[0]
-        self.steps = torch.zeros(k, device=lr.device)
-        self.exp_avg = [torch.zeros_like(p) for p in self.params]
-        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
-
-    @torch.no_grad()
-    def step(self, active: torch.Tensor) -> None:
-        """One update for the models where `active` (K,) is true; the others keep p, m and v."""
-        self.steps += active.to(self.steps.dtype)
-        t = self.steps.clamp(min=1)
-        step_size = self.lr / (1 - self.beta1**t)
-        bias2_sqrt = torch.sqrt(1 - self.beta2**t)
-        for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq, strict=True):
-            if p.grad is None:
-                continue
-            view = (-1,) + (1,) * (p.dim() - 1)
-            keep = active.view(view)
-            g = p.grad
-            m.copy_(torch.where(keep, m.lerp(g, 1 - self.beta1), m))
-            v.copy_(torch.where(keep, v * self.beta2 + (1 - self.beta2) * g * g, v))
-            decayed = p * (1 - self.lr * self.weight_decay).view(view)
-            denom = v.sqrt() / bias2_sqrt.view(view) + self.eps
-            p.copy_(torch.where(keep, decayed - step_size.view(view) * m / denom, p))
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-
 def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, config: FitConfig) -> list[FitResult]:
     """Train `models` (same class and shapes) as one fused pack; one FitResult per model."""
     k = len(models)
     counts = [int(m.train[0].shape[0]) for m in members]
     total_bytes = sum(t.numel() * t.element_size() for m in members for pair in (m.train, m.val) if pair is not None for t in pair)
     hardware = detect(config.device)
-    plan = make_plan(hardware, DataFacts(n_train=max(counts), bytes_total=total_bytes, is_tensor=True), config)
+    plan = pack_plan(make_plan(hardware, DataFacts(n_train=max(counts), bytes_total=total_bytes, is_tensor=True), config))
     device = torch.device(plan.device.value)
     batch = plan.effective_batch.value
     with backend_flags(plan):
@@ -102,7 +62,8 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
         optimizer = PackAdamW(list(fused.parameters()), lr, torch.tensor([m.weight_decay for m in members], device=device))
         generators = [torch.Generator(device=device).manual_seed(m.seed) for m in members]
         torch.manual_seed(members[0].seed)  # dropout
-        run = _PackRun(fused, optimizer, config, k, device, plan.autocast_dtype)
+        scaler = PackLossScaler(device, enabled=plan.grad_scaler.value)
+        run = _PackRun(fused, optimizer, scaler, config, k, device, plan.autocast_dtype)
         histories, status, seconds = run.train(x, y, n, vx, vy, n_val, generators, counts, batch)
         models_out = [fused.unfuse(i) for i in range(k)]
     steady = statistics.median(seconds[1:] or seconds)  # the first epoch pays warm-up
@@ -135,9 +96,29 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     return results
 
 
+def pack_plan(plan: Plan) -> Plan:
+    """A single training's plan, corrected to what a pack does (the plan is recorded with every trial)."""
+    batch = plan.effective_batch.value
+    compile_reason = "off: fused packs run eager (their batched matmuls are already few, large kernels)"
+    if plan.compile.reason.startswith("requested") and plan.compile.value:
+        compile_reason += "; compile was requested but applies to single trainings: set resources.pack_size: 1 to compile each trial"
+    return plan.replace(
+        data_placement=Choice("device", "fused packs keep every member's windows on the device, padded to the longest"),
+        loader=Choice(None, "no DataLoader: pack data is resident"),
+        loader_tuning=Choice(False, "off: pack data is resident"),
+        micro_batch=Choice(batch, "each member's whole batch per step (packs do not accumulate)"),
+        accumulation=Choice(1, "1: no accumulation in packs"),
+        batch_search=Choice(False, "off in packs: each member keeps its batch; the pack size is what is measured"),
+        compile=Choice(False, compile_reason),
+        optimizer_kernel=Choice("for-loop", "PackAdamW: one update per stacked parameter for all K models (per-model lr, weight decay and step mask)"),
+        grad_scaler=Choice(plan.grad_scaler.value, f"{plan.grad_scaler.reason}; one dynamic scale for the pack, an overflowed step skipped for all"
+                           if plan.grad_scaler.value else plan.grad_scaler.reason),
+    )
+
+
 class _PackRun:
-    def __init__(self, fused: FusedModule, optimizer: PackAdamW, config: FitConfig, k: int, device: torch.device, dtype: torch.dtype | None):
-        self.fused, self.optimizer, self.cfg, self.k, self.device, self.dtype = fused, optimizer, config, k, device, dtype
+    def __init__(self, fused: FusedModule, optimizer: PackAdamW, scaler: PackLossScaler, config: FitConfig, k: int, device: torch.device, dtype: torch.dtype | None):
+        self.fused, self.optimizer, self.scaler, self.cfg, self.k, self.device, self.dtype = fused, optimizer, scaler, config, k, device, dtype
         self.active = torch.ones(k, dtype=torch.bool, device=device)
         self.best_val = [math.inf] * k
         self.best_epoch: list[int | None] = [None] * k
@@ -170,8 +151,9 @@ class _PackRun:
                 ok = torch.isfinite(per_model)
                 finite &= ok | ~(count > 0)
                 step_active = self.active & (count > 0) & ok
-                torch.where(step_active, per_model, torch.zeros_like(per_model)).sum().backward()
-                self.optimizer.step(step_active)
+                self.scaler.scaled(torch.where(step_active, per_model, torch.zeros_like(per_model)).sum()).backward()
+                finite_grads = self.scaler.unscale(self.optimizer.params)  # fp16: an overflowed step is skipped
+                self.optimizer.step(step_active if finite_grads is None else step_active & finite_grads)
                 self.optimizer.zero_grad()
                 loss_sum += torch.where(ok, per_model.detach() * count, torch.zeros_like(per_model))
             train_loss = (loss_sum / n.clamp(min=1)).tolist()  # the epoch's one read
