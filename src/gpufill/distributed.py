@@ -11,6 +11,7 @@ outcome) are broadcast from rank 0; losses are summed across ranks once per epoc
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from typing import TypeVar
@@ -55,6 +56,11 @@ class Distributed:
         return box[0]
 
 
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def from_environment() -> Distributed | None:
     """The process group torchrun describes (started here if the caller has not), or None when not distributed."""
     if not dist.is_available():
@@ -63,6 +69,9 @@ def from_environment() -> Distributed | None:
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return None
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        # We started it, so we end it: a group left to interpreter shutdown can abort the
+        # process ("terminate called without an active exception") after training succeeded.
+        atexit.register(_destroy_process_group)
     if dist.get_world_size() <= 1:
         return None
     return Distributed(
