@@ -21,7 +21,7 @@ from _common import environment, finish  # noqa: E402
 
 from gpufill.hardware import resolve_device  # noqa: E402
 from gpufill.models import registry  # noqa: E402
-from gpufill.pack import measure_pack_size  # noqa: E402
+from gpufill.pack_tuning import measure_pack_size  # noqa: E402
 
 SHAPES = {
     "small (demo)": {"lstm": {"hidden_size": 32}, "gru": {"hidden_size": 32}, "tcn": {"channels": 32},

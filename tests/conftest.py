@@ -27,7 +27,7 @@ def _hygiene():
     yield
     changed = (set(env) ^ set(os.environ)) | {k for k in env if os.environ.get(k) != env[k]}
     # pytest, torch's compiler and scikit-learn (KMP_INIT_AT_FORK, on import) set their own variables.
-    leaked_env = {k for k in changed if not k.startswith(("PYTEST_", "TORCHINDUCTOR_", "TRITON_", "KMP_"))}
+    leaked_env = {k for k in changed if not k.lstrip("_").startswith(("PYTEST_", "TORCHINDUCTOR_", "TRITON_", "KMP_"))}
     os.environ.clear()
     os.environ.update(env)
     assert not leaked_env, f"test leaked environment variables: {sorted(leaked_env)}"

@@ -9,7 +9,8 @@ from gpufill.campaign.runner import Campaign
 from gpufill.data import load_projects, make_windows
 from gpufill.fit import FitConfig, fit
 from gpufill.models import registry
-from gpufill.pack import PackAdamW, PackMember, fit_pack, measure_pack_size
+from gpufill.pack import PackAdamW, PackMember, fit_pack
+from gpufill.pack_tuning import measure_pack_size
 from tests.helpers import write_campaign
 
 
@@ -149,7 +150,7 @@ def test_a_pack_with_loss_scaling_trains_exactly_as_without_and_its_plan_says_wh
     from gpufill.plan import Choice
 
     ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
-    config = FitConfig(epochs=2, batch_size=64, compile=True)
+    config = FitConfig(epochs=2, batch_size=64)
     plain = fit_pack(models("lstm", ws, seeds), members(ws, lrs, seeds), config=config)
     make_plan = pack_module.make_plan
     monkeypatch.setattr(pack_module, "make_plan", lambda *a, **kw: make_plan(*a, **kw).replace(grad_scaler=Choice(True, "forced by the test")))
@@ -159,6 +160,60 @@ def test_a_pack_with_loss_scaling_trains_exactly_as_without_and_its_plan_says_wh
             assert torch.equal(x, y), name  # scaling by 2**16 and back is exact in fp32
     plan = scaled[0].plan
     assert plan.grad_scaler.value and "one dynamic scale for the pack" in plan.grad_scaler.reason
-    assert not plan.compile.value and "resources.pack_size: 1" in plan.compile.reason  # requested, but packs run eager
+    assert not plan.compile.value and "off on CPU" in plan.compile.reason
     assert not plan.batch_search.value and plan.micro_batch.value == plan.effective_batch.value == 64 and plan.accumulation.value == 1
     assert plan.data_placement.value == "device" and "PackAdamW" in plan.optimizer_kernel.reason
+
+
+def _same_packs(a, b):
+    for x, y in zip(a, b, strict=True):
+        for (name, p), (_, q) in zip(x.model.state_dict().items(), y.model.state_dict().items(), strict=True):
+            assert torch.equal(p, q), name
+        assert [r.train_loss for r in x.history] == [r.train_loss for r in y.history]
+
+
+def test_requested_compile_of_a_pack_falls_back_to_eager_on_a_compile_error(monkeypatch):
+    ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
+    eager = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=FitConfig(epochs=2, batch_size=64))
+
+    def broken_compile(module):
+        def forward(*args):
+            raise RuntimeError("inductor: no C++ compiler")
+        return forward
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    packed = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=FitConfig(epochs=2, batch_size=64, compile=True))
+    assert packed[0].plan.compile.value and packed[0].plan.compile.reason.startswith("requested")
+    assert all(any("fell back to eager" in e for e in r.events) for r in packed)
+    _same_packs(eager, packed)  # the failed first step left nothing behind
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_auto_compile_of_a_long_pack_is_measured_cached_and_leaves_no_trace(monkeypatch, tmp_path, faster):
+    from gpufill import pack as pack_module
+    from gpufill import pack_tuning
+    from gpufill.plan import Choice
+    from gpufill.tune.cache import clear_memory
+
+    clear_memory()
+    ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
+    config = FitConfig(epochs=2, batch_size=64, tune_cache=tmp_path)
+    eager = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=config)
+    # As on a GPU with a long training: "auto" says measure. Compiling is the identity here, so
+    # weights must come out identical whatever is decided, if the measured steps were undone.
+    monkeypatch.setattr(pack_module, "compile_for_steps", lambda plan, steps: plan.replace(compile=Choice(True, "CUDA (test): measure")))
+    monkeypatch.setattr(torch, "compile", lambda module: module)
+    verdict = Choice(faster, "measured faster (test)" if faster else "off: measured not faster (test)")
+    monkeypatch.setattr(pack_tuning, "decide_compile", lambda measurement: verdict)
+    timed = []
+    real_seconds = pack_tuning.seconds_per_step
+    monkeypatch.setattr(pack_tuning, "seconds_per_step", lambda *a: timed.append(1) or real_seconds(*a))
+    first = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=config)
+    assert len(timed) == 2  # eager, then compiled
+    assert first[0].plan.compile == verdict and any(e == f"compile: {verdict.reason}" for e in first[0].events)
+    _same_packs(eager, first)
+    again = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=config)
+    assert len(timed) == 2 and again[0].plan.compile.reason.endswith("(cached measurement)")  # same shape: no new timing
+    _same_packs(eager, again)
+    assert "pack-compile|" in (tmp_path / "tune-cache.json").read_text()  # other workers read it from the workdir
+    clear_memory()

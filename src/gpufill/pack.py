@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,8 +24,10 @@ from gpufill.fit import EpochRecord, FitConfig, FitResult
 from gpufill.hardware import detect
 from gpufill.models.fused import FusedModule, fuse
 from gpufill.pack_optim import PackAdamW, PackLossScaler
-from gpufill.plan import Choice, DataFacts, Plan, make_plan
-from gpufill.torch_settings import autocast, backend_flags, synchronize
+from gpufill.pack_tuning import choose_pack_compile
+from gpufill.plan import Choice, DataFacts, Plan, compile_for_steps, make_plan
+from gpufill.torch_settings import autocast, backend_flags
+from gpufill.tune.cache import TuneCache, shape_key
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -47,9 +49,10 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     counts = [int(m.train[0].shape[0]) for m in members]
     total_bytes = sum(t.numel() * t.element_size() for m in members for pair in (m.train, m.val) if pair is not None for t in pair)
     hardware = detect(config.device)
-    plan = pack_plan(make_plan(hardware, DataFacts(n_train=max(counts), bytes_total=total_bytes, is_tensor=True), config))
-    device = torch.device(plan.device.value)
+    plan = make_plan(hardware, DataFacts(n_train=max(counts), bytes_total=total_bytes, is_tensor=True), config)
     batch = plan.effective_batch.value
+    plan = pack_plan(plan, total_steps=math.ceil(max(counts) / batch) * config.epochs)
+    device = torch.device(plan.device.value)
     with backend_flags(plan):
         fused = fuse(models).to(device)
         x, y = _padded([m.train for m in members], device)
@@ -63,8 +66,13 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
         generators = [torch.Generator(device=device).manual_seed(m.seed) for m in members]
         torch.manual_seed(members[0].seed)  # dropout
         scaler = PackLossScaler(device, enabled=plan.grad_scaler.value)
-        run = _PackRun(fused, optimizer, scaler, config, k, device, plan.autocast_dtype)
-        histories, status, seconds = run.train(x, y, n, vx, vy, n_val, generators, counts, batch)
+        data = PackData(x=x, y=y, n=n, counts=counts, batch=batch, vx=vx, vy=vy, n_val=n_val)
+        run = _PackRun(fused, optimizer, scaler, config, data, device, plan.autocast_dtype)
+        if plan.compile.value:
+            plan = plan.replace(compile=choose_pack_compile(run, requested=config.compile is True, cache=TuneCache(config.tune_cache),
+                                                            key=shape_key("pack-compile", models[0], x[0, :1], hardware.name, k=k, batch=batch,
+                                                                          precision=plan.precision.value)))
+        histories, status, seconds = run.train(generators)
         models_out = [fused.unfuse(i) for i in range(k)]
     steady = statistics.median(seconds[1:] or seconds)  # the first epoch pays warm-up
     timings = {
@@ -96,12 +104,9 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     return results
 
 
-def pack_plan(plan: Plan) -> Plan:
+def pack_plan(plan: Plan, *, total_steps: int) -> Plan:
     """A single training's plan, corrected to what a pack does (the plan is recorded with every trial)."""
     batch = plan.effective_batch.value
-    compile_reason = "off: fused packs run eager (their batched matmuls are already few, large kernels)"
-    if plan.compile.reason.startswith("requested") and plan.compile.value:
-        compile_reason += "; compile was requested but applies to single trainings: set resources.pack_size: 1 to compile each trial"
     return plan.replace(
         data_placement=Choice("device", "fused packs keep every member's windows on the device, padded to the longest"),
         loader=Choice(None, "no DataLoader: pack data is resident"),
@@ -109,17 +114,38 @@ def pack_plan(plan: Plan) -> Plan:
         micro_batch=Choice(batch, "each member's whole batch per step (packs do not accumulate)"),
         accumulation=Choice(1, "1: no accumulation in packs"),
         batch_search=Choice(False, "off in packs: each member keeps its batch; the pack size is what is measured"),
-        compile=Choice(False, compile_reason),
+        # The same rule as a single training: "auto" on CUDA is measured when the pack trains long enough.
+        compile=compile_for_steps(plan, total_steps).compile,
         optimizer_kernel=Choice("for-loop", "PackAdamW: one update per stacked parameter for all K models (per-model lr, weight decay and step mask)"),
         grad_scaler=Choice(plan.grad_scaler.value, f"{plan.grad_scaler.reason}; one dynamic scale for the pack, an overflowed step skipped for all"
                            if plan.grad_scaler.value else plan.grad_scaler.reason),
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PackData:
+    """A pack's data on the device: (K, N_max, ...) tensors padded past each member's own count."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    n: torch.Tensor
+    """(K,) training windows per member."""
+    counts: list[int]
+    batch: int
+    vx: torch.Tensor | None
+    vy: torch.Tensor | None
+    n_val: torch.Tensor | None
+
+
 class _PackRun:
-    def __init__(self, fused: FusedModule, optimizer: PackAdamW, scaler: PackLossScaler, config: FitConfig, k: int, device: torch.device, dtype: torch.dtype | None):
-        self.fused, self.optimizer, self.scaler, self.cfg, self.k, self.device, self.dtype = fused, optimizer, scaler, config, k, device, dtype
+    def __init__(self, fused: FusedModule, optimizer: PackAdamW, scaler: PackLossScaler, config: FitConfig, data: PackData, device: torch.device,
+                 dtype: torch.dtype | None):
+        self.fused, self.optimizer, self.scaler, self.cfg, self.data, self.device, self.dtype = fused, optimizer, scaler, config, data, device, dtype
+        self.k = k = len(data.counts)
+        self.forward: Callable[[torch.Tensor], torch.Tensor] = fused
+        self.compiled = False
         self.active = torch.ones(k, dtype=torch.bool, device=device)
+        self.rows = torch.arange(k, device=device).unsqueeze(1)
         self.best_val = [math.inf] * k
         self.best_epoch: list[int | None] = [None] * k
         self.bad = [0] * k
@@ -127,38 +153,60 @@ class _PackRun:
         self.events: list[list[str]] = [[] for _ in range(k)]
         self.lrs = optimizer.lr.tolist()
 
-    def train(self, x, y, n, vx, vy, n_val, generators, counts, batch):
-        k = self.k
+    def use_compiled(self) -> None:
+        self.forward, self.compiled = torch.compile(self.fused), True
+
+    def use_eager(self) -> None:
+        self.forward, self.compiled = self.fused, False
+
+    def step(self, index: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimizer step on columns `index` (K, b) of the padded data; (per-model loss, finite, count), on the device."""
+        d = self.data
+        positions = torch.arange(start, start + index.shape[1], device=self.device)
+        valid = positions.unsqueeze(0) < d.n.unsqueeze(1)  # (K, b): past a model's own windows
+        with autocast(self.device.type, self.dtype):
+            prediction = self.forward(d.x[self.rows, index])
+        per_sample = (prediction.float() - d.y[self.rows, index].float()).pow(2).mean(dim=-1)
+        count = valid.sum(dim=1)
+        per_model = (per_sample * valid).sum(dim=1) / count.clamp(min=1)
+        ok = torch.isfinite(per_model)
+        step_active = self.active & (count > 0) & ok
+        self.scaler.scaled(torch.where(step_active, per_model, torch.zeros_like(per_model)).sum()).backward()
+        finite_grads = self.scaler.unscale(self.optimizer.params)  # fp16: an overflowed step is skipped
+        self.optimizer.step(step_active if finite_grads is None else step_active & finite_grads)
+        self.optimizer.zero_grad()
+        return per_model, ok, count
+
+    def _step_or_fall_back(self, index: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        try:
+            return self.step(index, start)
+        except Exception as error:  # a compile error surfaces at the first call: eager is always correct
+            if not self.compiled:
+                raise
+            self.use_eager()
+            self.optimizer.zero_grad()
+            for events in self.events:
+                events.append(f"compile failed ({type(error).__name__}); the pack fell back to eager")
+            return self.step(index, start)
+
+    def train(self, generators: Sequence[torch.Generator]):
+        k, d = self.k, self.data
         histories: list[list[EpochRecord]] = [[] for _ in range(k)]
         status = ["completed"] * k
         seconds = []
-        rows = torch.arange(k, device=self.device).unsqueeze(1)
         for epoch in range(1, self.cfg.epochs + 1):
             tick = time.perf_counter()
-            order = _orders(generators, counts, x.shape[1], self.device)
+            order = _orders(generators, d.counts, d.x.shape[1], self.device)
             loss_sum = torch.zeros(k, device=self.device)
             finite = torch.ones(k, dtype=torch.bool, device=self.device)
             self.fused.train()
-            for start in range(0, x.shape[1], batch):
-                index = order[:, start : start + batch]
-                positions = torch.arange(start, start + index.shape[1], device=self.device)
-                valid = positions.unsqueeze(0) < n.unsqueeze(1)  # (K, b): past a model's own windows
-                with autocast(self.device.type, self.dtype):
-                    prediction = self.fused(x[rows, index])
-                per_sample = (prediction.float() - y[rows, index].float()).pow(2).mean(dim=-1)
-                count = valid.sum(dim=1)
-                per_model = (per_sample * valid).sum(dim=1) / count.clamp(min=1)
-                ok = torch.isfinite(per_model)
+            for start in range(0, d.x.shape[1], d.batch):
+                per_model, ok, count = self._step_or_fall_back(order[:, start : start + d.batch], start)
                 finite &= ok | ~(count > 0)
-                step_active = self.active & (count > 0) & ok
-                self.scaler.scaled(torch.where(step_active, per_model, torch.zeros_like(per_model)).sum()).backward()
-                finite_grads = self.scaler.unscale(self.optimizer.params)  # fp16: an overflowed step is skipped
-                self.optimizer.step(step_active if finite_grads is None else step_active & finite_grads)
-                self.optimizer.zero_grad()
                 loss_sum += torch.where(ok, per_model.detach() * count, torch.zeros_like(per_model))
-            train_loss = (loss_sum / n.clamp(min=1)).tolist()  # the epoch's one read
+            train_loss = (loss_sum / d.n.clamp(min=1)).tolist()  # the epoch's one read
             seconds.append(time.perf_counter() - tick)
-            val_loss = self._validate(vx, vy, n_val) if vx is not None and (epoch % self.cfg.validate_every == 0 or epoch == self.cfg.epochs) else None
+            val_loss = self._validate(d.vx, d.vy, d.n_val) if d.vx is not None and (epoch % self.cfg.validate_every == 0 or epoch == self.cfg.epochs) else None
             was_active = self.active.tolist()
             finite_list = finite.tolist()
             for i in range(k):
@@ -193,7 +241,7 @@ class _PackRun:
         chunk = 1024
         for start in range(0, vx.shape[1], chunk):
             with autocast(self.device.type, self.dtype):
-                prediction = self.fused(vx[:, start : start + chunk])
+                prediction = self.forward(vx[:, start : start + chunk])
             per_sample = (prediction.float() - vy[:, start : start + chunk].float()).pow(2).mean(dim=-1)
             valid = positions_all[start : start + chunk].unsqueeze(0) < n_val.unsqueeze(1)
             rows_total += (per_sample * valid).sum(dim=1)
@@ -238,60 +286,3 @@ def _orders(generators: Sequence[torch.Generator], counts: Sequence[int], width:
         perm = torch.randperm(count, device=device, generator=generator)
         rows.append(torch.cat([perm, torch.arange(count, width, device=device)]))
     return torch.stack(rows)
-
-
-
-@dataclass(frozen=True, slots=True)
-class PackSizeChoice:
-    """How many models to fuse for one shape on this device, measured, with the reason."""
-
-    size: int
-    samples_per_s: dict[int, float]
-    reason: str
-
-
-def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidates: Sequence[int] = (1, 2, 4, 8), steps: int = 4) -> PackSizeChoice:
-    """Time a few training steps unfused (size 1) and fused at each candidate K; keep the fastest.
-
-    `build()` returns a fresh plain model. Fusion is used only where it measured faster
-    than the plain path on this device (on a small CPU, plain cuDNN-free kernels can win).
-    """
-    dev = torch.device(device)
-    x, y = sample[0][:batch].to(dev), sample[1][:batch].to(dev)
-    rates: dict[int, float] = {}
-    for k in candidates:
-        models = [build() for _ in range(k)]
-        if k == 1:
-            model = models[0].to(dev)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-            def step() -> None:
-                nn.functional.mse_loss(model(x), y).backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-        else:
-            fused = fuse(models).to(dev)
-            pack_optimizer = PackAdamW(list(fused.parameters()), torch.full((k,), 1e-3, device=dev), torch.zeros(k, device=dev))
-            xs, ys = x.expand(k, *x.shape).contiguous(), y.expand(k, *y.shape).contiguous()
-            everyone = torch.ones(k, dtype=torch.bool, device=dev)
-
-            def step() -> None:
-                (fused(xs) - ys).pow(2).mean(dim=(1, 2)).sum().backward()
-                pack_optimizer.step(everyone)
-                pack_optimizer.zero_grad()
-
-        step()  # warm-up: allocator, kernel selection
-        synchronize(dev)
-        tick = time.perf_counter()
-        for _ in range(steps):
-            step()
-        synchronize(dev)
-        rates[k] = k * x.shape[0] * steps / (time.perf_counter() - tick)
-    best = max(rates, key=rates.__getitem__)
-    gain = rates[best] / rates[1]
-    reason = (
-        f"fused packs of {best}: {gain:.2f}x the samples/s of one model at a time (measured on {dev.type})"
-        if best > 1
-        else f"unfused: no fused pack size beat one model at a time on {dev.type} (best {max(r for kk, r in rates.items() if kk > 1) / rates[1]:.2f}x)"
-    )
-    return PackSizeChoice(size=best, samples_per_s=rates, reason=reason)

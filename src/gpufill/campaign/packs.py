@@ -1,7 +1,7 @@
 """A worker's side of fused packs: same-shape neural trials trained as one pack, each scored alone.
 
 For a shape the scheduler has not sized yet, the worker first measures one model at a
-time against fused packs of 2, 4, 8 on its device (`pack.measure_pack_size`), trains one
+time against fused packs of 2, 4, 8 on its device (`pack_tuning.measure_pack_size`), trains one
 pack of the measured size, and hands the other trials back (not attempted); later packs
 of that shape arrive at the measured size. Each trial's result
 has the same shape as an unfused trial's, with the pack's time shared among its models.
@@ -20,7 +20,8 @@ from gpufill.forecast import ForecastRun, predict
 from gpufill.hardware import detect
 from gpufill.models import registry
 from gpufill.models.fused import can_fuse
-from gpufill.pack import PackMember, PackSizeChoice, fit_pack, measure_pack_size
+from gpufill.pack import PackMember, fit_pack
+from gpufill.pack_tuning import PackSizeChoice, measure_pack_size
 from gpufill.plan import DataFacts, make_plan
 
 CANDIDATE_SIZES = (1, 2, 4, 8)
@@ -80,6 +81,7 @@ def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict
                                       lr=config.lr, weight_decay=config.weight_decay, seed=trial["seed"]))
         config = spec.train.fit_config(chunk[0]["train"], chunk[0]["seed"])
         config.device = runner.device
+        config.tune_cache = runner.tune_cache  # the pack's compile measurement, once per shape
         fits = fit_pack(models, members, config=config)
     except Exception:  # a fused kernel failed: these trials still run, one at a time
         return [_attempt(t, lambda t=t: runner.run(t)) for t in chunk]
