@@ -53,7 +53,7 @@ def test_bench_json_has_before_gpufill_and_each_cpu_ablation(capsys, tmp_path):
     ablated = [row for row in record["results"] if row["ablation"]]
     # The automatic CPU plan: data resident, no per-step sync, fused optimizer (batch search is off on CPU).
     assert {row["ablation"] for row in ablated} == cpu_speedups()
-    assert len(record["results"]) == 2 + len(ablated)
+    assert len(record["results"]) == 3 + len(ablated)
     assert {row["setting"] for row in ablated} >= {"data_placement=loader", "sync_every_step=True"}
     for row in record["results"]:
         assert row["samples_per_s"] > 0 and row["epoch_s"] > 0
@@ -68,6 +68,12 @@ def test_bench_json_has_before_gpufill_and_each_cpu_ablation(capsys, tmp_path):
         key = row["ablation"].replace(" ", "_").replace("-", "_") + "_worth"
         assert ratios[key] == pytest.approx(gpufill["samples_per_s"] / row["samples_per_s"], rel=2e-3)
         assert row["worth"] == pytest.approx(ratios[key], abs=1e-3)
+    # The hand loop's row: worth is gpufill / hand loop, as for an ablation (one round: the rows' ratio).
+    hand = rows["hand loop"]
+    assert record["args"]["hand_loop"] is True and hand["ablation"] is None
+    assert ratios["gpufill_over_hand_loop"] == pytest.approx(gpufill["samples_per_s"] / hand["samples_per_s"], rel=2e-3)
+    assert ratios["hand_loop_speedup"] == pytest.approx(hand["samples_per_s"] / before["samples_per_s"], rel=2e-3)
+    assert hand["worth"] == pytest.approx(ratios["gpufill_over_hand_loop"], abs=1e-3)
     # The plan the ablations came from is recorded with its reasons.
     assert record["plan"]["data_placement"]["value"] == "device" and record["plan"]["step_sync"]["value"] is False
 
@@ -77,8 +83,17 @@ def test_bench_table_for_gru_without_ablations(capsys):
     assert code == 0
     lines = stdout.splitlines()
     assert any(line.split()[:1] == ["before"] for line in lines) and any(line.split()[:1] == ["gpufill"] for line in lines)
+    assert any(line.split()[:2] == ["hand", "loop"] for line in lines) and "gpufill / hand loop: " in stdout
     assert "gru, " in stdout and "speed-up: gpufill trains" in stdout
     assert not any(line.lstrip().startswith("- ") for line in lines)  # no ablation rows
+
+
+def test_bench_without_the_hand_loop_has_only_before_and_gpufill(capsys):
+    code, stdout, _ = run_cli(capsys, "bench", "--json", "--model", "mlp", "--no-ablation", "--no-hand-loop", *TINY)
+    assert code == 0
+    record = json.loads(stdout)
+    assert [row["loop"] for row in record["results"]] == ["before", "gpufill"]
+    assert "gpufill_over_hand_loop" not in record["ratios"] and record["args"]["hand_loop"] is False
 
 
 @pytest.mark.parametrize(
@@ -176,9 +191,10 @@ def test_meter_reads_gpu_utilisation_even_for_a_short_run():
 def test_run_bench_records_the_meters_gpu_utilisation_per_row():
     settings = BenchSettings(model="mlp", epochs=2, repeats=1, length=300, lookback=12, hidden_size=16, device="cpu", ablation=False)
     report = run_bench(settings, meter=UtilisationMeter("cpu", interval=0.05, source=FakeGpu()))
-    assert [row["loop"] for row in report.results] == ["before", "gpufill"]
-    assert [row["gpu_util"] for row in report.results] == [42.0, 42.0]
-    assert report.to_dict()["args"]["hidden_size"] == 16 and set(report.ratios) == {"speedup", "val_loss_ratio", "round_spread"}
+    assert [row["loop"] for row in report.results] == ["before", "gpufill", "hand loop"]
+    assert [row["gpu_util"] for row in report.results] == [42.0, 42.0, 42.0]
+    assert report.to_dict()["args"]["hidden_size"] == 16
+    assert set(report.ratios) == {"speedup", "val_loss_ratio", "hand_loop_speedup", "gpufill_over_hand_loop", "round_spread"}
     assert report.ratios["round_spread"] == 1.0  # one round: nothing to disagree with
 
 

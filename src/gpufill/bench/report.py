@@ -68,6 +68,8 @@ class BenchSettings:
     device: str = "auto"
     ablation: bool = True
     """Also run gpufill with each speed-up switched off in turn."""
+    hand_loop: bool = True
+    """Also run the careful hand-written fp32 loop (resident tensors, fused AdamW, no per-step sync)."""
 
     def validate(self) -> None:
         if self.model not in WIDTH_PARAM:
@@ -99,7 +101,8 @@ class BenchReport:
     """gpufill's automatic plan for this training, every setting with its reason."""
     results: list[dict[str, Any]]
     ratios: dict[str, float]
-    """speedup (gpufill / before samples/s), val_loss_ratio (gpufill / before), <speed-up>_worth (gpufill / ablated),
+    """speedup (gpufill / before samples/s), val_loss_ratio (gpufill / before), hand_loop_speedup (hand loop / before),
+    gpufill_over_hand_loop, <speed-up>_worth (gpufill / ablated),
     round_spread (max / min samples/s over one loop's rounds, worst loop: above 1.5 the machine was busy)."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,29 +140,36 @@ def run_bench(settings: BenchSettings | None = None, *, progress: Callable[[str]
     try:
         comparison = compare(
             make_model, train, val, epochs=settings.epochs, device=device, repeats=settings.repeats,
-            variants={a.label: a.overrides() for a in chosen}, meter=meter, progress=progress,
+            variants={a.label: a.overrides() for a in chosen}, meter=meter, progress=progress, minimal=settings.hand_loop,
         )
     finally:
         if own_meter:
             meter.close()
     args = {"model": settings.model, **params, "lookback": settings.lookback, "horizon": 1, "series_length": settings.length,
-            "train_windows": int(train[0].shape[0]), "epochs": settings.epochs, "repeats": settings.repeats, "ablation": settings.ablation}
+            "train_windows": int(train[0].shape[0]), "epochs": settings.epochs, "repeats": settings.repeats, "ablation": settings.ablation,
+            "hand_loop": settings.hand_loop}
     return BenchReport(environment(device), settings.model, args, plan.to_dict(), _rows(comparison, chosen), _ratios(comparison, chosen))
 
 
 def _rows(comparison: Comparison, chosen: list[Ablation]) -> list[dict[str, Any]]:
-    before, gpufill, *ablated = comparison.rows()
+    rows = comparison.rows()
+    before, gpufill = rows[0], rows[1]
     out = [{**before, "loop": "before", "ablation": None, "setting": None, "worth": None},
            {**gpufill, "ablation": None, "setting": None, "worth": None}]
-    for ablation, row in zip(chosen, ablated, strict=True):
+    if comparison.minimal:  # worth, as for an ablation: gpufill samples/s / this row's
+        out.append({**rows[2], "loop": "hand loop", "ablation": None, "setting": None, "worth": round(comparison.gpufill_over_minimal(), 3)})
+    for ablation, row in zip(chosen, rows[2 + bool(comparison.minimal):], strict=True):
         out.append({**row, "ablation": ablation.name, "setting": ablation.describe(), "worth": round(comparison.worth(ablation.label), 3)})
     return out
 
 
 def _ratios(comparison: Comparison, chosen: list[Ablation]) -> dict[str, float]:
     ratios = {"speedup": comparison.speedup(), "val_loss_ratio": comparison.quality_ratio()}
+    if comparison.minimal:
+        ratios["hand_loop_speedup"] = comparison.minimal_over_baseline()
+        ratios["gpufill_over_hand_loop"] = comparison.gpufill_over_minimal()
     ratios.update({f"{ablation.key}_worth": comparison.worth(ablation.label) for ablation in chosen})
-    loops = (comparison.baseline, comparison.gpufill, *comparison.variants.values())
+    loops = [runs for runs in (comparison.baseline, comparison.gpufill, comparison.minimal, *comparison.variants.values()) if runs]
     # How far one loop's rounds disagree (max / min samples/s, worst loop): the noise floor of every ratio above.
     ratios["round_spread"] = max(max(m.samples_per_s for m in runs) / min(m.samples_per_s for m in runs) for runs in loops)
     return ratios
@@ -195,6 +205,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"speed-up: gpufill trains {ratios['speedup']:.2f}x the samples/s of the before loop (median of {rounds} paired rounds); "
         + f"validation loss gpufill / before: {ratios['val_loss_ratio']:.3f}"
     ]
+    if "gpufill_over_hand_loop" in ratios:
+        lines.append(f"hand loop (a careful hand-written fp32 loop: resident tensors, fused AdamW, no per-step sync): "
+                     f"{ratios['hand_loop_speedup']:.2f}x the before loop; gpufill / hand loop: {ratios['gpufill_over_hand_loop']:.2f}x")
     ablated = [row for row in report["results"] if row["ablation"]]
     if ablated:
         lines.append("rows \"- X\": gpufill with speed-up X switched off; worth = gpufill samples/s / that row's (above 1: X helps here)")

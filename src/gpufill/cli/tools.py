@@ -21,6 +21,7 @@ def bench(
     hidden_size: int | None = typer.Option(None, "--hidden-size", help="Width: hidden_size (channels for tcn, d_model for transformer)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
     ablation: bool = typer.Option(True, "--ablation/--no-ablation", help="Also run gpufill with each of its speed-ups off in turn."),
+    hand_loop: bool = typer.Option(True, "--hand-loop/--no-hand-loop", help="Also run a careful hand-written fp32 loop (resident data, fused AdamW, no per-step sync)."),
     out: Path | None = typer.Option(None, "--out", help="Also write the JSON record to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
 ) -> None:
@@ -28,7 +29,7 @@ def bench(
     from gpufill.bench import BenchSettings, bench_table, run_bench, summary_lines
 
     sizes = {"epochs": epochs, "repeats": repeats, "length": length, "lookback": lookback, "hidden_size": hidden_size}
-    settings = BenchSettings(model=model, device=device, ablation=ablation, **{k: v for k, v in sizes.items() if v is not None})
+    settings = BenchSettings(model=model, device=device, ablation=ablation, hand_loop=hand_loop, **{k: v for k, v in sizes.items() if v is not None})
     console = Console(stderr=as_json)
     with console.status(f"bench {model}") as spinner:
         outcome = run_bench(settings, progress=lambda text: spinner.update(f"bench {model}: {text}"))
