@@ -261,10 +261,10 @@ class _Run:
             self.timing["data_s"] += wait
             if batch is None:
                 break
-            step_loss = self._step_with_retry(batch)
+            step_loss, weight = self._step_with_retry(batch)
             if self.plan.step_sync.value:
                 step_loss.item()  # the logging loops' per-step read, kept only when asked for
-            loss_sum += step_loss
+            loss_sum.add_(step_loss, alpha=weight)
             seen += batch.size
             self.monitor.log_iteration(time.perf_counter() - tick, samples=batch.size, data_wait_s=wait)
         if self.ddp is not None:  # every rank must see the same loss to take the same decisions
@@ -272,13 +272,13 @@ class _Run:
             loss_sum, seen = totals[0], int(totals[1].item())
         return (loss_sum / max(seen, 1)).item()  # the epoch's one sync
 
-    def _step_with_retry(self, batch: EffectiveBatch) -> torch.Tensor:
+    def _step_with_retry(self, batch: EffectiveBatch) -> tuple[torch.Tensor, int]:
         """One optimizer step; on OOM halve the micro-batch, double accumulation, retry the same samples."""
         while True:
             try:
-                summed = self.step(batch)
+                outcome = self.step(batch)
                 self.first_step_done = True
-                return summed
+                return outcome
             except Exception as error:
                 self.optimizer.zero_grad(set_to_none=True)
                 if is_out_of_memory(error) and self.plan.micro_batch.value > 1:
@@ -296,36 +296,55 @@ class _Run:
         self.set_micro_batch(new, f"{new}: halved from {old} after an out-of-memory error at epoch {self.state.epoch + 1}")
         self.events.append(f"out of memory at micro-batch {old} (epoch {self.state.epoch + 1}): retried the step with micro-batch {new}, accumulation {self.plan.accumulation.value}")
 
-    def step(self, batch: EffectiveBatch) -> torch.Tensor:
-        """One optimizer step over `batch` in micro-batches; returns the summed loss (on the device)."""
-        summed = torch.zeros((), device=self.device)
-        for (inputs, targets), last in _with_last(batch.micro_batches(self.plan.micro_batch.value)):
-            # Under DDP gradients are averaged across ranks once per optimizer step, not per micro-batch.
-            with self.ddp_module.no_sync() if self.ddp_module is not None and not last else contextlib.nullcontext():
-                summed += self._forward_backward(inputs, targets, batch)
+    def step(self, batch: EffectiveBatch) -> tuple[torch.Tensor, int]:
+        """One optimizer step over `batch` in micro-batches; (loss, weight) with loss x weight the
+        step's summed per-sample loss, on the device (the epoch adds it with one add_)."""
+        micro = self.plan.micro_batch.value
+        parts = batch.micro_batches(micro)
+        if batch.rows <= micro:  # the usual case: one forward/backward, no accumulator
+            inputs, targets = next(parts)
+            loss, weight = self._forward_backward(inputs, targets, batch)
+        else:
+            loss, weight = torch.zeros((), device=self.device), 1
+            for (inputs, targets), last in _with_last(parts):
+                # Under DDP gradients are averaged across ranks once per optimizer step, not per micro-batch.
+                with self.ddp_module.no_sync() if self.ddp_module is not None and not last else contextlib.nullcontext():
+                    part, count = self._forward_backward(inputs, targets, batch)
+                loss.add_(part, alpha=count)
         if self.cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip, foreach=self.device.type == "cuda")
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+        if self.plan.grad_scaler.value:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return summed
+        return loss, weight
 
-    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, batch: EffectiveBatch) -> torch.Tensor:
-        with autocast(self.device.type, self.plan.autocast_dtype):
+    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, batch: EffectiveBatch) -> tuple[torch.Tensor, int]:
+        """Forward and backward of one micro-batch; (its mean loss, detached; the samples it counts)."""
+        if self.plan.autocast_dtype is None:
             prediction = self.forward(inputs)
+        else:
+            with autocast(self.device.type, self.plan.autocast_dtype):
+                prediction = self.forward(inputs)
         if prediction.shape != targets.shape:  # host-side shape check: no sync
             raise InputError(
                 f"the model returns shape {tuple(prediction.shape)} but targets have shape {tuple(targets.shape)}",
                 field="model",
                 fix="make the model's output match the targets (batch, horizon)",
             )
-        loss = self.loss_fn(prediction.float(), targets.float())
+        # The loss in fp32 whatever autocast computed (the checks skip two no-op dispatches a step).
+        loss = self.loss_fn(prediction if prediction.dtype == torch.float32 else prediction.float(),
+                            targets if targets.dtype == torch.float32 else targets.float())
         # Weighting each micro-batch mean by its share makes k accumulated micro-batches
         # give exactly the gradient of one batch, including a short last one (and under
         # DDP, ranks whose shares differ by one give exactly the global batch's gradient).
-        self.scaler.scale(loss * (inputs.shape[0] * batch.sample_weight)).backward()
-        return loss.detach() * min(inputs.shape[0], batch.size)  # a stand-in sample counts 0
+        share = inputs.shape[0] / batch.loss_denominator
+        scaled = loss if share == 1.0 else loss * share
+        (self.scaler.scale(scaled) if self.plan.grad_scaler.value else scaled).backward()
+        return loss.detach(), min(inputs.shape[0], batch.size)  # a stand-in sample counts 0
 
     @torch.no_grad()
     def _validate(self, batches: ResidentBatches | LoaderBatches) -> float:

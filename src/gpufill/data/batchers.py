@@ -6,6 +6,7 @@ micro-batches on demand, so an out-of-memory retry can re-split the same samples
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -24,9 +25,15 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 class EffectiveBatch(Protocol):
     size: int
     """Samples this process counts in the step (0 for a DDP rank's stand-in, see ResidentBatches.epoch)."""
-    sample_weight: float
-    """Each sample's weight in the step's loss: 1/size alone; world_size/global_size under DDP, so
-    DDP's average over ranks is the mean over the global batch even when shares differ by one."""
+    loss_denominator: float
+    """The step's loss is its per-sample losses summed and divided by this: size alone;
+    global_size/world_size under DDP, so DDP's average over ranks is the mean over the global
+    batch even when shares differ by one; inf for a stand-in (weight 0)."""
+
+    @property
+    def rows(self) -> int:
+        """Samples the batch holds (a stand-in holds one it does not count)."""
+        ...
 
     def micro_batches(self, micro: int) -> Iterator[Pair]: ...
 
@@ -39,7 +46,11 @@ class _IndexedBatch:
     targets: torch.Tensor
     index: torch.Tensor
     size: int
-    sample_weight: float
+    loss_denominator: float
+
+    @property
+    def rows(self) -> int:
+        return len(self.index)
 
     def micro_batches(self, micro: int) -> Iterator[Pair]:
         for start in range(0, len(self.index), micro):
@@ -55,8 +66,12 @@ class _HostBatch:
     targets: torch.Tensor
     device: torch.device
     size: int
-    sample_weight: float
-    """1/size: DistributedSampler gives every rank equal shares, so the mean of rank means is the global mean."""
+    loss_denominator: float
+    """size: DistributedSampler gives every rank equal shares, so the mean of rank means is the global mean."""
+
+    @property
+    def rows(self) -> int:
+        return self.size
 
     def micro_batches(self, micro: int) -> Iterator[Pair]:
         # Slices are views: no host copy; non_blocking overlaps the copy with compute when pinned.
@@ -83,16 +98,15 @@ class ResidentBatches:
             size = min(batch, self.n - start)  # host arithmetic: no sync
             index = order[start : start + size]
             if self.shard is None:
-                yield _IndexedBatch(self.inputs, self.targets, index, size, 1.0 / size)
+                yield _IndexedBatch(self.inputs, self.targets, index, size, float(size))
                 continue
-            weight = self.shard.world_size / size
             share = self.shard.shard(index)
             if len(share) == 0:
                 # A last batch smaller than the world leaves this rank nothing, but DDP needs every
                 # rank's backward: it runs one sample at weight 0 (adds nothing, counts nothing).
-                yield _IndexedBatch(self.inputs, self.targets, index[:1], 0, 0.0)
+                yield _IndexedBatch(self.inputs, self.targets, index[:1], 0, math.inf)
             else:
-                yield _IndexedBatch(self.inputs, self.targets, share, len(share), weight)
+                yield _IndexedBatch(self.inputs, self.targets, share, len(share), size / self.shard.world_size)
 
     def in_order(self, batch: int) -> Iterator[Pair]:
         """The samples in order (under DDP: this rank's contiguous block of them)."""
@@ -145,7 +159,7 @@ class LoaderBatches:
             loader.sampler.set_epoch(self._epochs)  # a new shuffle each epoch, the same on every rank
         self._epochs += 1
         for inputs, targets in loader:
-            yield _HostBatch(inputs, targets, self.device, int(inputs.shape[0]), 1.0 / int(inputs.shape[0]))
+            yield _HostBatch(inputs, targets, self.device, int(inputs.shape[0]), float(inputs.shape[0]))
 
     def in_order(self, batch: int) -> Iterator[Pair]:
         """The samples in order (under DDP: this rank's contiguous block of them)."""
