@@ -8,6 +8,7 @@ before its first epoch and puts every weight, optimizer moment and random state 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator, Sequence
@@ -81,32 +82,24 @@ def _step_stream(run: _PackRun) -> Iterator[tuple[torch.Tensor, int]]:
             yield order[:, start : start + data.batch], start
 
 
-class _preserved:
+@contextlib.contextmanager
+def _preserved(run: _PackRun) -> Iterator[None]:
     """Put back everything trial steps change: weights, optimizer moments and steps, loss scale, RNGs."""
-
-    def __init__(self, run: _PackRun):
-        self.run = run
-
-    def __enter__(self) -> None:
-        run = self.run
-        self.tensors = [t.detach().clone() for t in self._state()]
-        self.cpu_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state(run.device) if run.device.type == "cuda" else None
-
-    def __exit__(self, *exc: object) -> None:
+    optimizer, scaler = run.optimizer, run.scaler
+    live = [*run.fused.state_dict().values(), optimizer.steps, *optimizer.exp_avg, *optimizer.exp_avg_sq, scaler.scale, scaler._growth_tracker]
+    saved = [t.detach().clone() for t in live]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(run.device) if run.device.type == "cuda" else None
+    try:
+        yield
+    finally:
         with torch.no_grad():
-            for live, saved in zip(self._state(), self.tensors, strict=True):
-                live.copy_(saved)
-        self.run.optimizer.zero_grad()
-        torch.set_rng_state(self.cpu_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state(self.cuda_rng, self.run.device)
-
-    def _state(self) -> list[torch.Tensor]:
-        run = self.run
-        optimizer, scaler = run.optimizer, run.scaler
-        return [*run.fused.state_dict().values(), optimizer.steps, *optimizer.exp_avg, *optimizer.exp_avg_sq,
-                scaler.scale, scaler._growth_tracker]
+            for tensor, copy in zip(live, saved, strict=True):
+                tensor.copy_(copy)
+        optimizer.zero_grad()
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, run.device)
 
 
 @dataclass(frozen=True, slots=True)
