@@ -69,7 +69,7 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
         data = PackData(x=x, y=y, n=n, counts=counts, batch=batch, vx=vx, vy=vy, n_val=n_val)
         run = _PackRun(fused, optimizer, scaler, config, data, device, plan.autocast_dtype)
         if plan.compile.value:
-            plan = plan.replace(compile=choose_pack_compile(run, requested=config.compile is True, cache=TuneCache(config.tune_cache),
+            plan = plan.replace(compile=choose_pack_compile(run, plan.compile, requested=config.compile is True, cache=TuneCache(config.tune_cache),
                                                             key=shape_key("pack-compile", models[0], x[0, :1], hardware.name, k=k, batch=batch,
                                                                           precision=plan.precision.value)))
         histories, status, seconds = run.train(generators)

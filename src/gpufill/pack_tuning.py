@@ -32,11 +32,12 @@ if TYPE_CHECKING:
 Pair = tuple[torch.Tensor, torch.Tensor]
 
 
-def choose_pack_compile(run: _PackRun, *, requested: bool, cache: TuneCache, key: str) -> Choice[bool]:
-    """Compile the pack's fused forward if asked to, or if measured faster than eager (cached per shape)."""
+def choose_pack_compile(run: _PackRun, planned: Choice[bool], *, requested: bool, cache: TuneCache, key: str) -> Choice[bool]:
+    """Compile the pack's fused forward if asked to (the plan's choice stands), or if measured
+    faster than eager (cached per shape)."""
     if requested:
         run.use_compiled()
-        return Choice(True, "requested; falls back to eager on any compile error")
+        return planned
     cached = cache.get(key)
     measurement = CompileMeasurement(**cached) if cached is not None else _measure_compile(run)
     if measurement is None:

@@ -249,7 +249,7 @@ def _cudnn_benchmark(hardware: Hardware, requested: bool | Auto) -> Choice[bool]
 
 def _compile(hardware: Hardware, requested: bool | Auto, *, steps_per_epoch: int) -> Choice[bool]:
     if requested != "auto":
-        return Choice(bool(requested), "requested; falls back to eager on any compile error")
+        return Choice(bool(requested), "requested; falls back to eager on any compile error" if requested else "requested: off")
     if not hardware.is_cuda:
         return Choice(False, "off on CPU by default: compile time (tens of seconds) rarely pays back for small models")
     # The epoch count is not a data fact; fit.py re-plans with the total step count.
