@@ -13,19 +13,23 @@ once per epoch (one sync), validation every `validate_every` epochs.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import torch
 from torch import nn
 
 from gpufill import distributed
-from gpufill._checkpoint import load_checkpoint, save_checkpoint
+from gpufill._checkpoint import (
+    TrainingState,
+    capture,
+    load_checkpoint,
+    restore,
+    save_checkpoint,
+)
 from gpufill.data.batchers import EffectiveBatch, LoaderBatches, ResidentBatches
 from gpufill.data.fit_inputs import (
     Data,
@@ -114,16 +118,7 @@ def _resolve_config(config: FitConfig | None, overrides: dict[str, Any]) -> FitC
     return cfg
 
 
-@dataclass(slots=True)
-class _State:
-    """Everything that must survive a restart to continue exactly where training stopped."""
-
-    epoch: int = 0
-    history: list[EpochRecord] = field(default_factory=list)
-    best_val: float = math.inf
-    best_epoch: int | None = None
-    best_weights: dict[str, torch.Tensor] | None = None
-    bad_validations: int = 0
+_State = TrainingState  # checkpoints written before TrainingState moved to _checkpoint pickled this name
 
 
 class _Run:
@@ -144,7 +139,7 @@ class _Run:
         self.scaler = grad_scaler(device.type, plan.grad_scaler.value)
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)  # dropout
-        self.state = _State()
+        self.state = TrainingState()
         self.events: list[str] = []
         self.compiled = False
         self.first_step_done = False
@@ -161,15 +156,7 @@ class _Run:
         if saved is None:
             self.events.append("resume: no checkpoint yet, starting from epoch 1")
             return False
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.scaler.load_state_dict(saved["scaler"])
-        self.generator.set_state(saved["generator"].cpu())  # generator states live on the host
-        torch.set_rng_state(saved["torch_rng"].cpu())
-        if self.device.type == "cuda" and saved.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(saved["cuda_rng"].cpu(), self.device)
-        self.state = saved["state"]
-        micro = saved["micro_batch"]
+        self.state, micro = restore(saved, self.model, self.optimizer, self.scaler, self.generator, self.device)
         if micro != self.plan.micro_batch.value:
             self.set_micro_batch(micro, f"{micro}: restored from the checkpoint (reduced after an out-of-memory error)")
         self.events.append(f"resumed after epoch {self.state.epoch} from {self.cfg.checkpoint_dir}")
@@ -378,19 +365,8 @@ class _Run:
             return
         if self.ddp is not None and not self.ddp.is_main:
             return  # ranks hold the same weights: rank 0 writes for all
-        save_checkpoint(
-            self.cfg.checkpoint_dir,
-            {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "generator": self.generator.get_state(),
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-                "state": copy.deepcopy(self.state),
-                "micro_batch": self.plan.micro_batch.value,
-            },
-        )
+        save_checkpoint(self.cfg.checkpoint_dir, capture(self.model, self.optimizer, self.scaler, self.generator, self.device, self.state,
+                                                     self.plan.micro_batch.value))
 
     def _result(self, status: Literal["completed", "early_stopped", "diverged"], epoch_seconds: list[float], wall: float, n_train: int) -> FitResult:
         history = self.state.history
