@@ -3,7 +3,7 @@
 # beats many small ones). From the repo root on the GPU machine:
 #
 #   ../shared/tools/device-wheels.sh xgboost-cpu pydantic pydantic-core annotated-types typing-inspection lightgbm \
-#       pytest pluggy iniconfig packaging                                                                 # here, once
+#       typing-extensions narwhals pytest pluggy iniconfig packaging                                      # here, once
 #   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 2": each part fits one 10-minute call
 #
 # Installs the wheels the GPU image lacks, runs the GPU tests, then each benchmark with a
