@@ -191,7 +191,7 @@ def test_requested_compile_of_a_pack_falls_back_to_eager_on_a_compile_error(monk
 @pytest.mark.parametrize("faster", [True, False])
 def test_auto_compile_of_a_long_pack_is_measured_cached_and_leaves_no_trace(monkeypatch, tmp_path, faster):
     from gpufill import pack as pack_module
-    from gpufill import pack_tuning
+    from gpufill.tune import compile as tune_compile
     from gpufill.plan import Choice
     from gpufill.tune.cache import clear_memory
 
@@ -204,10 +204,10 @@ def test_auto_compile_of_a_long_pack_is_measured_cached_and_leaves_no_trace(monk
     monkeypatch.setattr(pack_module, "compile_for_steps", lambda plan, steps: plan.replace(compile=Choice(True, "CUDA (test): measure")))
     monkeypatch.setattr(torch, "compile", lambda module: module)
     verdict = Choice(faster, "measured faster (test)" if faster else "off: measured not faster (test)")
-    monkeypatch.setattr(pack_tuning, "decide_compile", lambda measurement: verdict)
+    monkeypatch.setattr(tune_compile, "decide_compile", lambda measurement: verdict)
     timed = []
-    real_seconds = pack_tuning.seconds_per_step
-    monkeypatch.setattr(pack_tuning, "seconds_per_step", lambda *a: timed.append(1) or real_seconds(*a))
+    real_seconds = tune_compile.seconds_per_step
+    monkeypatch.setattr(tune_compile, "seconds_per_step", lambda *a: timed.append(1) or real_seconds(*a))
     first = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=config)
     assert len(timed) == 2  # eager, then compiled
     assert first[0].plan.compile == verdict and any(e == f"compile: {verdict.reason}" for e in first[0].events)

@@ -9,7 +9,6 @@ before its first epoch and puts every weight, optimizer moment and random state 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -23,8 +22,9 @@ from gpufill.pack_optim import PackAdamW
 from gpufill.plan import Choice
 from gpufill.torch_settings import synchronize
 from gpufill.tune.cache import TuneCache
-from gpufill.tune.compile import CompileMeasurement, decide_compile
-from gpufill.tune.measure import MEASURE_SEED, seconds_per_step
+from gpufill.tune.compile import CompileMeasurement, cached_compile_choice, time_compile
+from gpufill.tune.measure import MEASURE_SEED
+from gpufill.tune.state import preserved_rng
 
 if TYPE_CHECKING:
     from gpufill.pack import _PackRun
@@ -38,38 +38,26 @@ def choose_pack_compile(run: _PackRun, planned: Choice[bool], *, requested: bool
     if requested:
         run.use_compiled()
         return planned
-    cached = cache.get(key)
-    measurement = CompileMeasurement(**cached) if cached is not None else _measure_compile(run)
-    if measurement is None:
+    choice = cached_compile_choice(cache, key, lambda: _measure_compile(run))
+    if choice is None:
         return Choice(False, "off: compile failed while measuring; the pack runs eager")
-    if cached is None:
-        cache.put(key, dataclasses.asdict(measurement))
-    decision = decide_compile(measurement)
-    reason = decision.reason if cached is None else f"{decision.reason} (cached measurement)"
-    if decision.value and not run.compiled:
+    if choice.value and not run.compiled:
         run.use_compiled()
-    elif not decision.value:
+    elif not choice.value:
         run.use_eager()
     for events in run.events:
-        events.append(f"compile: {reason}")
-    return Choice(decision.value, reason)
+        events.append(f"compile: {choice.reason}")
+    return choice
 
 
 def _measure_compile(run: _PackRun) -> CompileMeasurement | None:
-    with _preserved(run):
-        steps = _step_stream(run)
-        eager = seconds_per_step(lambda args: run.step(*args), steps, run.device)
+    def use_compiled() -> bool:
         run.use_compiled()
-        tick = time.perf_counter()
-        try:
-            run.step(*next(steps))  # traces and compiles
-            synchronize(run.device)
-        except Exception:  # any compile failure: eager is always correct
-            run.use_eager()
-            return None
-        compile_s = time.perf_counter() - tick
-        compiled = seconds_per_step(lambda args: run.step(*args), steps, run.device)
-    return CompileMeasurement(eager_step_s=eager, compiled_step_s=compiled, compile_s=compile_s)
+        return True
+
+    with _preserved(run):
+        return time_compile(lambda args: run.step(*args), _step_stream(run), run.device, use_compiled=use_compiled,
+                            on_error=lambda _error: run.use_eager())
 
 
 def _step_stream(run: _PackRun) -> Iterator[tuple[torch.Tensor, int]]:
@@ -89,18 +77,14 @@ def _preserved(run: _PackRun) -> Iterator[None]:
     optimizer, scaler = run.optimizer, run.scaler
     live = [*run.fused.state_dict().values(), optimizer.steps, *optimizer.exp_avg, *optimizer.exp_avg_sq, scaler.scale, scaler._growth_tracker]
     saved = [t.detach().clone() for t in live]
-    cpu_rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state(run.device) if run.device.type == "cuda" else None
     try:
-        yield
+        with preserved_rng(run.device):
+            yield
     finally:
         with torch.no_grad():
             for tensor, copy in zip(live, saved, strict=True):
                 tensor.copy_(copy)
         optimizer.zero_grad()
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state(cuda_rng, run.device)
 
 
 @dataclass(frozen=True, slots=True)

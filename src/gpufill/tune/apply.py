@@ -9,19 +9,17 @@ for the same model shape and device) goes into the Plan with the numbers that de
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gpufill.hardware import Hardware
 from gpufill.plan import Choice, lr_reference_batch, lr_scale_factor
-from gpufill.torch_settings import is_out_of_memory, synchronize
+from gpufill.torch_settings import is_out_of_memory
 from gpufill.tune.batch import BatchSearchResult, BatchTrial, search_batch
 from gpufill.tune.cache import TuneCache, shape_key
-from gpufill.tune.compile import CompileMeasurement, decide_compile
-from gpufill.tune.measure import batch_stream, measure_batch, seconds_per_step
+from gpufill.tune.compile import CompileMeasurement, cached_compile_choice, time_compile
+from gpufill.tune.measure import batch_stream, measure_batch
 from gpufill.tune.state import preserved
 
 if TYPE_CHECKING:
@@ -108,40 +106,27 @@ class MeasuredChoices:
             run.use_compiled()  # requested: no measurement
             return
         key = self._key("compile", micro=run.plan.micro_batch.value, precision=run.plan.precision.value)
-        cached = self.cache.get(key)
-        measurement = CompileMeasurement(**cached) if cached is not None else self._measure_compile()
-        if measurement is None:
+        choice = cached_compile_choice(self.cache, key, self._measure_compile)
+        if choice is None:
             return  # compile failed: run fell back to eager with the reason
-        if cached is None:
-            self.cache.put(key, dataclasses.asdict(measurement))
-        decision = decide_compile(measurement)
-        reason = decision.reason if cached is None else f"{decision.reason} (cached measurement)"
-        if decision.value and run.compiled:  # measured just now: the compiled forward is in place
-            run.plan = run.plan.replace(compile=Choice(True, reason))
-        elif decision.value:
-            run.use_compiled(reason)
+        if choice.value and run.compiled:  # measured just now: the compiled forward is in place
+            run.plan = run.plan.replace(compile=choice)
+        elif choice.value:
+            run.use_compiled(choice.reason)
         else:
-            run.use_eager(Choice(False, reason))
-        run.events.append(f"compile: {reason}")
+            run.use_eager(choice)
+        run.events.append(f"compile: {choice.reason}")
 
     def _measure_compile(self) -> CompileMeasurement | None:
         run = self.run
+
+        def use_compiled() -> bool:
+            run.use_compiled()
+            return run.compiled
+
         with preserved(run.model, run.optimizer, run.scaler, run.device):
             stream = batch_stream(self.batches, run.plan.effective_batch.value, run.device)
-            eager = seconds_per_step(run.step, stream, run.device)
-            run.use_compiled()
-            if not run.compiled:
-                return None
-            tick = time.perf_counter()
-            try:
-                run.step(next(stream))  # traces and compiles
-                synchronize(run.device)
-            except Exception as error:  # any compile failure: eager is always correct
-                run.fall_back_to_eager(error)
-                return None
-            compile_s = time.perf_counter() - tick
-            compiled = seconds_per_step(run.step, stream, run.device)
-        return CompileMeasurement(eager_step_s=eager, compiled_step_s=compiled, compile_s=compile_s)
+            return time_compile(run.step, stream, run.device, use_compiled=use_compiled, on_error=run.fall_back_to_eager)
 
     def _key(self, kind: str, **settings: Any) -> str:
         return shape_key(kind, self.run.model, self.sample_input, self.hardware.name, **settings)

@@ -6,10 +6,17 @@ a margin. The first compiled call's time is reported as the compile cost.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
+
 from gpufill.plan import Choice
+from gpufill.torch_settings import synchronize
+from gpufill.tune.cache import TuneCache
+from gpufill.tune.measure import seconds_per_step
 
 # Keep compile only when a step is at least this much faster: below it the gain is noise
 # and recompiles (new shapes) could eat it.
@@ -40,3 +47,36 @@ def decide_compile(measurement: CompileMeasurement, margin: float = MARGIN) -> C
     if m.speedup >= 1 + margin:
         return Choice(True, f"measured faster: {timing}")
     return Choice(False, f"off: measured not faster by {margin:.0%}: {timing}")
+
+
+def time_compile(step: Callable[[Any], Any], stream: Iterator[Any], device: torch.device, *,
+                 use_compiled: Callable[[], bool], on_error: Callable[[BaseException], None]) -> CompileMeasurement | None:
+    """Eager steps, then the first compiled step (it traces and compiles: the compile cost), then
+    compiled steps. `use_compiled` switches the forward and says whether it took; a compile error
+    goes to `on_error` (which must leave eager in place) and gives None."""
+    eager = seconds_per_step(step, stream, device)
+    if not use_compiled():
+        return None
+    tick = time.perf_counter()
+    try:
+        step(next(stream))
+        synchronize(device)
+    except Exception as error:  # any compile failure: eager is always correct
+        on_error(error)
+        return None
+    compile_s = time.perf_counter() - tick
+    compiled = seconds_per_step(step, stream, device)
+    return CompileMeasurement(eager_step_s=eager, compiled_step_s=compiled, compile_s=compile_s)
+
+
+def cached_compile_choice(cache: TuneCache, key: str, measure: Callable[[], CompileMeasurement | None]) -> Choice[bool] | None:
+    """`decide_compile` on the cached measurement for `key`, else on a new one (then cached); None when compiling failed."""
+    cached = cache.get(key)
+    measurement = CompileMeasurement(**cached) if cached is not None else measure()
+    if measurement is None:
+        return None
+    if cached is None:
+        cache.put(key, asdict(measurement))
+        return decide_compile(measurement)
+    decision = decide_compile(measurement)
+    return Choice(decision.value, f"{decision.reason} (cached measurement)")

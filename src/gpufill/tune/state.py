@@ -17,21 +17,30 @@ from torch import nn
 
 
 @contextlib.contextmanager
+def preserved_rng(device: torch.device) -> Iterator[None]:
+    """The CPU (and the device's CUDA) random state, put back afterwards."""
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)
+
+
+@contextlib.contextmanager
 def preserved(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device) -> Iterator[None]:
     weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     optimizer_state = copy.deepcopy(optimizer.state_dict())
     scaler_state = copy.deepcopy(scaler.state_dict())
-    cpu_rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     was_training = model.training
     try:
-        yield
+        with preserved_rng(device):
+            yield
     finally:
         model.load_state_dict(weights)
         optimizer.load_state_dict(optimizer_state)
         optimizer.zero_grad(set_to_none=True)
         scaler.load_state_dict(scaler_state)
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state(cuda_rng, device)
         model.train(was_training)
