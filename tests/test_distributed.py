@@ -21,6 +21,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def streams(done: subprocess.CompletedProcess) -> str:
+    """A failed run's output for the assertion message: the ranks' own lines come before torchrun's summary."""
+    return f"stdout: {done.stdout[-2000:]}\nstderr (start): {done.stderr[:3000]}\nstderr (end): {done.stderr[-2000:]}"
+
+
 def torchrun(*args, nproc=2, timeout=180):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", *map(str, args)]
@@ -31,7 +36,7 @@ def test_two_gloo_processes_match_one_process_on_the_same_global_batch(tmp_path)
     from tests.ddp_script import N_TRAIN
 
     done = torchrun("tests/ddp_script.py", tmp_path / "ddp.pt", tmp_path / "checkpoints")
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, streams(done)
     ddp = torch.load(tmp_path / "ddp.pt")
     assert ddp["world"] == 2 and set(ddp["outcomes"]) == {*N_TRAIN, "dataset"}
     x, y = make_data(n=256)
@@ -63,9 +68,9 @@ def test_gpufill_train_nproc_launches_torchrun_and_prints_once(tmp_path):
         [sys.executable, "-m", "gpufill.cli", "train", "--model", "mlp", "--epochs", "2", "--batch-size", "64", "--nproc", "2", "--json"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
     )
-    assert done.returncode == 0, f"stdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-3000:]}"
+    assert done.returncode == 0, streams(done)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == 1, f"stdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-2000:]}"  # rank 0 prints; rank 1 trains silently
+    assert len(lines) == 1, streams(done)  # rank 0 prints; rank 1 trains silently
     result = json.loads(lines[0])
     assert any(e.startswith("DDP: rank 0 of 2") for e in result["events"])
     assert result["metrics"]["test"]["mae"] < result["metrics"]["naive"]["mae"]
