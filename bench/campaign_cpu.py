@@ -31,11 +31,11 @@ from _common import environment, finish  # noqa: E402
 from gpufill.bench import baseline_fit  # noqa: E402
 from gpufill.campaign.runner import Campaign  # noqa: E402
 from gpufill.campaign.trials import expand  # noqa: E402
-from gpufill.data import forecast_metrics, make_windows  # noqa: E402
-from gpufill.forecast import predict, train_forecaster  # noqa: E402
-from gpufill.hardware import cpu_count  # noqa: E402
-from gpufill.models import registry  # noqa: E402
-from gpufill.models.classical import train_classical  # noqa: E402
+from gpufill.forecasting.data import forecast_metrics, make_windows  # noqa: E402
+from gpufill.forecasting.task import predict, train_forecaster  # noqa: E402
+from gpufill.engine.hardware import cpu_count  # noqa: E402
+from gpufill.forecasting.models import registry  # noqa: E402
+from gpufill.forecasting.models.classical import train_classical  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

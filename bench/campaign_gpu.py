@@ -5,7 +5,7 @@
 
 (a) one at a time: `gpufill.fit` per trial in this process;
 (b) P concurrent worker processes, one trial each at a time (the guides' "run 16 at once");
-(c) fused packs of K trials (`gpufill.pack.fit_pack`) in this process.
+(c) fused packs of K trials (`gpufill.engine.packs.train.fit_pack`) in this process.
 Each trial is one project with its own seed. Reported per family and way: trials/hour,
 mean GPU utilisation (NVML; "n/a" without a GPU), peak memory, the ratios against (a)
 and (b), and how closely the per-trial test MAE of (c) matches (a). Defaults follow the
@@ -30,12 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
-from gpufill.hardware import resolve_device  # noqa: E402
-from gpufill.data import forecast_metrics, load_projects, make_windows  # noqa: E402
-from gpufill.fit import FitConfig  # noqa: E402
-from gpufill.forecast import predict, train_forecaster  # noqa: E402
-from gpufill.models import registry  # noqa: E402
-from gpufill.pack import PackMember, fit_pack  # noqa: E402
+from gpufill.engine.hardware import resolve_device  # noqa: E402
+from gpufill.forecasting.data import forecast_metrics, load_projects, make_windows  # noqa: E402
+from gpufill.engine.config import FitConfig  # noqa: E402
+from gpufill.forecasting.task import predict, train_forecaster  # noqa: E402
+from gpufill.forecasting.models import registry  # noqa: E402
+from gpufill.engine.packs.train import PackMember, fit_pack  # noqa: E402
 
 PARAMS = {"lstm": {"hidden_size": 128}, "gru": {"hidden_size": 128}, "tcn": {"channels": 128}, "transformer": {"d_model": 128, "nhead": 4, "num_layers": 2}}
 QUICK_PARAMS = {"lstm": {"hidden_size": 32}, "gru": {"hidden_size": 32}, "tcn": {"channels": 32}, "transformer": {"d_model": 32, "nhead": 4, "num_layers": 1}}

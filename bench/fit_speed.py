@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
 from gpufill.bench import compare  # noqa: E402
-from gpufill.data import Split, load_projects, make_windows  # noqa: E402
-from gpufill.models import registry  # noqa: E402
+from gpufill.forecasting.data import Split, load_projects, make_windows  # noqa: E402
+from gpufill.forecasting.models import registry  # noqa: E402
 
 
 def main() -> None:

@@ -19,9 +19,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
-from gpufill.hardware import resolve_device  # noqa: E402
-from gpufill.models import registry  # noqa: E402
-from gpufill.pack_tuning import measure_pack_size  # noqa: E402
+from gpufill.engine.hardware import resolve_device  # noqa: E402
+from gpufill.forecasting.models import registry  # noqa: E402
+from gpufill.engine.measure.pack import measure_pack_size  # noqa: E402
 
 SHAPES = {
     "small (demo)": {"lstm": {"hidden_size": 32}, "gru": {"hidden_size": 32}, "tcn": {"channels": 32},

@@ -2,7 +2,7 @@
 
     python bench/sampler_overhead.py [--quick] [--steps N] [--repeats N] [--device auto|cpu|cuda] [--out PATH]
 
-One LSTM forecaster (gpufill.models.registry) trains for N steps (forward, backward, AdamW)
+One LSTM forecaster (gpufill.forecasting.models.registry) trains for N steps (forward, backward, AdamW)
 three ways, interleaved in each repeat: no sampler; a Sampler every 1 s; a Sampler every
 0.1 s. The sampler reads the host (psutil) and the GPUs: NVML where there is one, else a
 fake two-GPU source, so the cost of building GPU rows is in the numbers everywhere.
@@ -28,8 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
-from gpufill.hardware import resolve_device  # noqa: E402
-from gpufill.models import registry  # noqa: E402
+from gpufill.engine.hardware import resolve_device  # noqa: E402
+from gpufill.forecasting.models import registry  # noqa: E402
 from gpufill.monitor.sampler import GpuReading, QueueSink, Sampler, decode_throttle, open_gpu_source  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
-from gpufill.fit import fit
+from gpufill.engine.loop import fit
 from tests.test_fit import make_data, model
 
 N_TRAIN = (192, 225, 193)

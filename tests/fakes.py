@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufill.hardware import Hardware, peak_for
+from gpufill.engine.hardware import Hardware, peak_for
 
 
 def gpu(name: str, capability: tuple[int, int], memory_gib: float = 80, cpus: int = 16) -> Hardware:

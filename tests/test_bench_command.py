@@ -9,7 +9,7 @@ import statistics
 import pytest
 import torch
 
-from gpufill import plan as plan_module
+from gpufill.engine import plan as plan_module
 from gpufill.bench import (
     BenchSettings,
     Comparison,
@@ -21,9 +21,9 @@ from gpufill.bench import (
 )
 from gpufill.bench.loops import _nvml_index
 from gpufill.errors import InputError
-from gpufill.hardware import fused_optimizer_devices
+from gpufill.engine.hardware import fused_optimizer_devices
 from gpufill.monitor.sampler import GpuReading
-from gpufill.plan import DataFacts, SpeedSettings, make_plan
+from gpufill.engine.plan import DataFacts, SpeedSettings, make_plan
 from tests.fakes import CPU, H100, T4
 from tests.helpers import run_cli
 
@@ -223,7 +223,7 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
 
 def test_compare_rotates_the_order_of_the_loops_each_round():
     from gpufill.bench import compare
-    from gpufill.models import registry
+    from gpufill.forecasting.models import registry
 
     inputs = torch.randn(64, 8, 1)
     train, val = (inputs, inputs[:, -1:, 0]), (inputs[:16], inputs[:16, -1:, 0])
@@ -246,7 +246,7 @@ def test_compare_rotates_the_order_of_the_loops_each_round():
 def test_the_minimal_loop_trains_and_is_paired_with_the_others():
     from gpufill.bench import compare, validation_mse
     from gpufill.bench.minimal import minimal_fit
-    from gpufill.models import registry
+    from gpufill.forecasting.models import registry
 
     torch.manual_seed(1)
     inputs = torch.randn(256, 8, 1)

@@ -12,9 +12,9 @@ import torch
 
 from gpufill.campaign import expand, load_campaign
 from gpufill.campaign.spec import TRAIN_KEYS, CampaignSpec, DataSpec, TrainSpec
-from gpufill.data import Split
+from gpufill.forecasting.data import Split
 from gpufill.errors import InputError
-from gpufill.models import registry
+from gpufill.forecasting.models import registry
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TESTS = Path(__file__).resolve().parent

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import threadpoolctl
 
-from gpufill.data import load_projects, mae, make_windows
+from gpufill.forecasting.data import load_projects, mae, make_windows
 from gpufill.errors import InputError
-from gpufill.fit import FitConfig
-from gpufill.forecast import train_forecaster
-from gpufill.models import build, check_params, families, register, registry
-from gpufill.models import classical
-from gpufill.models.classical import ClassicalRun, train_classical
+from gpufill.engine.config import FitConfig
+from gpufill.forecasting.task import train_forecaster
+from gpufill.forecasting.models import build, check_params, families, register, registry
+from gpufill.forecasting.models import classical
+from gpufill.forecasting.models.classical import ClassicalRun, train_classical
 
 FAMILIES = ["lgbm", "linear", "rf", "xgb"]
 # Small ensembles keep the file fast; the defaults are measured in the report, not here.
@@ -102,7 +102,7 @@ def test_classical_families_are_registered_with_their_defaults():
 
 
 def test_importing_models_does_not_import_the_tree_libraries():
-    code = "import sys, gpufill.models; print(sorted(m for m in ('sklearn', 'xgboost', 'lightgbm') if m in sys.modules))"
+    code = "import sys, gpufill.forecasting.models; print(sorted(m for m in ('sklearn', 'xgboost', 'lightgbm') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpufill.data import forecast_metrics, mae, mase, rmse, smape
+from gpufill.forecasting.data import forecast_metrics, mae, mase, rmse, smape
 from gpufill.errors import InputError
 
 Y = np.array([1.0, 2.0, 3.0, 4.0])

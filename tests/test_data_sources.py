@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpufill.data import Project, load_projects, synthetic_projects
+from gpufill.forecasting.data import Project, load_projects, synthetic_projects
 from gpufill.errors import InputError
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpufill.data import Project, make_windows, synthetic_projects
-from gpufill.data.metrics import mae
+from gpufill.forecasting.data import Project, make_windows, synthetic_projects
+from gpufill.forecasting.data.metrics import mae
 from gpufill.errors import InputError
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpufill.data import Project, Split, make_windows, split_bounds
+from gpufill.forecasting.data import Project, Split, make_windows, split_bounds
 from gpufill.errors import InputError
 
 

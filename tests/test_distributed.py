@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from gpufill.fit import fit
+from gpufill.engine.loop import fit
 from tests.test_fit import assert_same_weights, make_data, model
 
 ROOT = Path(__file__).resolve().parent.parent

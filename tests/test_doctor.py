@@ -31,7 +31,7 @@ from gpufill.doctor.speedtest import (
     run_speed_test,
 )
 from gpufill.errors import InputError
-from gpufill.hardware import detect
+from gpufill.engine.hardware import detect
 from tests import fakes
 from tests.helpers import run_cli
 

@@ -7,7 +7,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from gpufill.errors import InputError
-from gpufill.fit import FitCallback, fit
+from gpufill.engine.loop import fit
+from gpufill.engine.result import FitCallback
 
 
 def make_data(n=256, features=4, seed=0):

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from gpufill.errors import InputError
-from gpufill.models import build
-from gpufill.models.fused import fuse
-from gpufill.models.fused_feedforward import FusedMLP, FusedTCN, FusedTransformer
-from gpufill.models.neural import MLPForecaster, TCNForecaster, TransformerForecaster
+from gpufill.forecasting.models import build
+from gpufill.engine.packs.fused import fuse
+from gpufill.forecasting.models.fused_feedforward import FusedMLP, FusedTCN, FusedTransformer
+from gpufill.forecasting.models.neural import MLPForecaster, TCNForecaster, TransformerForecaster
 
 K, N_FEATURES, LOOKBACK, HORIZON, BATCH = 3, 3, 12, 2, 5
 ATOL = 1e-5

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from gpufill.errors import InputError
-from gpufill.models.fused import fuse
-from gpufill.models.fused_recurrent import FusedGRU, FusedLSTM
-from gpufill.models.neural import GRUForecaster, LSTMForecaster
-from gpufill.models.registry import build
+from gpufill.engine.packs.fused import fuse
+from gpufill.forecasting.models.fused_recurrent import FusedGRU, FusedLSTM
+from gpufill.forecasting.models.neural import GRUForecaster, LSTMForecaster
+from gpufill.forecasting.models.registry import build
 
 FAMILIES = {"lstm": (LSTMForecaster, FusedLSTM), "gru": (GRUForecaster, FusedGRU)}
 K = 3

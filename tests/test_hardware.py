@@ -1,6 +1,6 @@
 import pytest
 
-from gpufill.hardware import cpu_count, detect, peak_for
+from gpufill.engine.hardware import cpu_count, detect, peak_for
 from tests.fakes import CPU, H100
 
 

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from gpufill.errors import InputError
-from gpufill.models import build
-from gpufill.models.neural import (
+from gpufill.forecasting.models import build
+from gpufill.forecasting.models.neural import (
     TCNForecaster,
     TransformerForecaster,
     sinusoidal_positions,

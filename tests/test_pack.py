@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from gpufill.campaign.runner import Campaign
-from gpufill.data import load_projects, make_windows
-from gpufill.fit import FitConfig, fit
-from gpufill.models import registry
-from gpufill.pack import PackAdamW, PackMember, fit_pack
-from gpufill.pack_tuning import measure_pack_size
+from gpufill.forecasting.data import load_projects, make_windows
+from gpufill.engine.config import FitConfig
+from gpufill.engine.loop import fit
+from gpufill.forecasting.models import registry
+from gpufill.engine.packs.train import PackAdamW, PackMember, fit_pack
+from gpufill.engine.measure.pack import measure_pack_size
 from tests.helpers import write_campaign
 
 
@@ -117,7 +118,7 @@ def test_a_campaign_with_packs_matches_the_same_campaign_with_fusion_off(tmp_pat
 
 
 def test_loss_scaling_skips_an_overflowed_step_for_every_model_and_halves_the_scale():
-    from gpufill.pack_optim import PackLossScaler
+    from gpufill.engine.packs.optim import PackLossScaler
 
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(2, 3))
@@ -146,8 +147,8 @@ def test_loss_scaling_skips_an_overflowed_step_for_every_model_and_halves_the_sc
 
 
 def test_a_pack_with_loss_scaling_trains_exactly_as_without_and_its_plan_says_what_packs_do(monkeypatch):
-    from gpufill import pack as pack_module
-    from gpufill.plan import Choice
+    from gpufill.engine.packs import train as pack_module
+    from gpufill.engine.plan import Choice
 
     ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
     config = FitConfig(epochs=2, batch_size=64)
@@ -190,10 +191,10 @@ def test_requested_compile_of_a_pack_falls_back_to_eager_on_a_compile_error(monk
 
 @pytest.mark.parametrize("faster", [True, False])
 def test_auto_compile_of_a_long_pack_is_measured_cached_and_leaves_no_trace(monkeypatch, tmp_path, faster):
-    from gpufill import pack as pack_module
-    from gpufill.tune import compile as tune_compile
-    from gpufill.plan import Choice
-    from gpufill.tune.cache import clear_memory
+    from gpufill.engine.packs import train as pack_module
+    from gpufill.engine.measure import compile as tune_compile
+    from gpufill.engine.plan import Choice
+    from gpufill.engine.measure.cache import clear_memory
 
     clear_memory()
     ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from gpufill import plan as plan_module
+from gpufill.engine import plan as plan_module
 from gpufill.errors import InputError
-from gpufill.plan import DataFacts, SpeedSettings, compile_for_steps, lr_scale_factor, make_plan
+from gpufill.engine.plan import DataFacts, SpeedSettings, compile_for_steps, lr_scale_factor, make_plan
 from tests.fakes import CPU, H100, T4
 
 SMALL = DataFacts(n_train=10_000, bytes_total=10 * 2**20, is_tensor=True)

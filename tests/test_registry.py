@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpufill.errors import InputError
-from gpufill.models import (
+from gpufill.forecasting.models import (
     GRUForecaster,
     LSTMForecaster,
     MLPForecaster,
@@ -20,7 +20,7 @@ from gpufill.models import (
     register,
     resolve,
 )
-from gpufill.models import registry
+from gpufill.forecasting.models import registry
 
 NEURAL = {
     "gru": GRUForecaster,

@@ -13,7 +13,7 @@ import pytest
 
 from gpufill.campaign import Trial, expand, load_campaign, trial_id
 from gpufill.errors import InputError
-from gpufill.models import registry
+from gpufill.forecasting.models import registry
 
 BASE = """\
 name: study

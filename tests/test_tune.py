@@ -7,13 +7,13 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from gpufill import plan as plan_module
-from gpufill.fit import fit
-from gpufill.plan import Choice, DataFacts, SpeedSettings, make_plan
-from gpufill.tune import BatchTrial, CompileMeasurement, TuneCache, candidate_sizes, decide_compile, loader_candidates, search_batch
-from gpufill.tune import apply as apply_module
-from gpufill.tune import cache as cache_module
-from gpufill.tune import loader as loader_module
+from gpufill.engine import plan as plan_module
+from gpufill.engine.loop import fit
+from gpufill.engine.plan import Choice, DataFacts, SpeedSettings, make_plan
+from gpufill.engine.measure import BatchTrial, CompileMeasurement, TuneCache, candidate_sizes, decide_compile, loader_candidates, search_batch
+from gpufill.engine.measure import apply as apply_module
+from gpufill.engine.measure import cache as cache_module
+from gpufill.engine.measure import loader as loader_module
 from tests.fakes import CPU, H100
 from tests.test_fit import Tiny, assert_same_weights, make_data, model
 

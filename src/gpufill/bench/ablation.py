@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from gpufill import plan as plan_module
-from gpufill.fit import FitConfig
-from gpufill.hardware import detect
-from gpufill.plan import Choice, DataFacts, Plan, make_plan
+from gpufill.engine import plan as plan_module
+from gpufill.engine.config import FitConfig
+from gpufill.engine.hardware import detect
+from gpufill.engine.plan import Choice, DataFacts, Plan, make_plan
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

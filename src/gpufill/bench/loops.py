@@ -28,8 +28,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from gpufill.bench.minimal import minimal_fit
 from gpufill.errors import InputError
-from gpufill.fit import FitCallback, FitConfig, fit
-from gpufill.hardware import resolve_device
+from gpufill.engine.config import FitConfig
+from gpufill.engine.loop import fit
+from gpufill.engine.result import FitCallback
+from gpufill.engine.hardware import resolve_device
 from gpufill.monitor.sampler import GpuSource, Sampler, open_gpu_source
 
 

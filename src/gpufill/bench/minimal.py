@@ -15,8 +15,8 @@ import time
 import torch
 from torch import nn
 
-from gpufill.hardware import fused_optimizer_devices
-from gpufill.torch_settings import synchronize
+from gpufill.engine.hardware import fused_optimizer_devices
+from gpufill.engine.backend import synchronize
 
 
 def minimal_fit(

@@ -23,11 +23,11 @@ from rich.table import Table
 
 from gpufill.bench.ablation import Ablation, ablations, automatic_plan
 from gpufill.bench.loops import Comparison, UtilisationMeter, compare
-from gpufill.data import Split, load_projects, make_windows
+from gpufill.forecasting.data import Split, load_projects, make_windows
 from gpufill.errors import InputError
-from gpufill.fit import FitConfig
-from gpufill.hardware import detect, resolve_device
-from gpufill.models import registry
+from gpufill.engine.config import FitConfig
+from gpufill.engine.hardware import detect, resolve_device
+from gpufill.forecasting.models import registry
 
 # Each family's width parameter, which --hidden-size sets.
 WIDTH_PARAM = {"lstm": "hidden_size", "gru": "hidden_size", "tcn": "channels", "transformer": "d_model", "mlp": "hidden_size"}

@@ -87,7 +87,7 @@ class Estimate:
 
 
 def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = None) -> Estimate:
-    from gpufill.data import make_windows
+    from gpufill.forecasting.data import make_windows
 
     started = time.perf_counter()
     prepared = campaign.prepare()
@@ -120,8 +120,8 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
 
 
 def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, str]:
-    from gpufill.fit import fit
-    from gpufill.models import registry
+    from gpufill.engine.loop import fit
+    from gpufill.forecasting.models import registry
 
     x = torch.cat([w.x_train for w in windows])
     y = torch.cat([w.y_train for w in windows])
@@ -139,7 +139,7 @@ def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tup
 
 
 def _time_classical(trial: Trial, windows: list[Any], lane: Lane) -> tuple[float, str]:
-    from gpufill.models.classical import train_classical
+    from gpufill.forecasting.models.classical import train_classical
 
     params = dict(trial.params)
     trees = params.get("n_estimators")

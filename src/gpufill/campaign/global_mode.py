@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpufill.data import WindowedProject, forecast_metrics
+from gpufill.forecasting.data import WindowedProject, forecast_metrics
 from gpufill.errors import InputError
-from gpufill.models import registry
+from gpufill.forecasting.models import registry
 
 METRIC_KEYS = ("mae", "rmse", "smape", "mase")
 
@@ -64,8 +64,8 @@ def run_global(windows: Sequence[WindowedProject], trial: dict[str, Any], spec: 
 
 
 def _neural(first, trial, spec, train_x, train_y, val_x, val_y, windows, device):
-    from gpufill.fit import fit
-    from gpufill.forecast import predict
+    from gpufill.engine.loop import fit
+    from gpufill.forecasting.task import predict
 
     config = spec.train.fit_config(trial["train"], trial["seed"])
     config.device = device
@@ -78,7 +78,7 @@ def _neural(first, trial, spec, train_x, train_y, val_x, val_y, windows, device)
 
 
 def _classical(first, trial, train_x, train_y, val_x, val_y, windows, threads):
-    from gpufill.models.classical import classical_plan
+    from gpufill.forecasting.models.classical import classical_plan
 
     model = registry.build(trial["family"], n_features=first.n_features, lookback=first.lookback, horizon=first.horizon, params=trial["params"])
     # No epochs to validate: the validation windows are training data for classical models.

@@ -17,9 +17,9 @@ import torch
 from pydantic import BaseModel, ValidationError
 
 from gpufill.campaign.spec_errors import LocatedError, explain, first_duplicate, show
-from gpufill.data import split_bounds
+from gpufill.forecasting.data import split_bounds
 from gpufill.errors import InputError
-from gpufill.models import registry
+from gpufill.forecasting.models import registry
 
 if TYPE_CHECKING:
     from gpufill.campaign.spec import TaskSpec

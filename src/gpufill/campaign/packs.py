@@ -15,14 +15,14 @@ from typing import Any
 import torch
 
 from gpufill.campaign.worker import TrialRunner, _attempt
-from gpufill.data import forecast_metrics
-from gpufill.forecast import ForecastRun, predict
-from gpufill.hardware import detect
-from gpufill.models import registry
-from gpufill.models.fused import can_fuse
-from gpufill.pack import PackMember, fit_pack
-from gpufill.pack_tuning import PackSizeChoice, measure_pack_size
-from gpufill.plan import DataFacts, make_plan
+from gpufill.forecasting.data import forecast_metrics
+from gpufill.forecasting.task import ForecastRun, predict
+from gpufill.engine.hardware import detect
+from gpufill.forecasting.models import registry
+from gpufill.engine.packs.fused import can_fuse
+from gpufill.engine.packs.train import PackMember, fit_pack
+from gpufill.engine.measure.pack import PackSizeChoice, measure_pack_size
+from gpufill.engine.plan import DataFacts, make_plan
 
 CANDIDATE_SIZES = (1, 2, 4, 8)
 

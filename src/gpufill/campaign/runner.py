@@ -83,7 +83,7 @@ class Campaign:
     def prepare(self, *, gpu_slots: int | Literal["auto"] | None = None, cpu_slots: int | Literal["auto"] | None = None,
                 executor: Executor | None = None) -> Prepared:
         """Trials and lanes; the lanes fit what `executor` runs on (default: this machine)."""
-        from gpufill.data import make_windows
+        from gpufill.forecasting.data import make_windows
 
         projects = self.spec.data.load(self.base_dir)
         task = self.spec.task

@@ -51,10 +51,10 @@ from gpufill.campaign.spec_errors import (
     to_input_error,
 )
 from gpufill.campaign.spec_types import Count, Float, Spec
-from gpufill.data import Project, Split, load_projects
+from gpufill.forecasting.data import Project, Split, load_projects
 from gpufill.errors import InputError
-from gpufill.fit import FitConfig
-from gpufill.models import registry
+from gpufill.engine.config import FitConfig
+from gpufill.forecasting.models import registry
 
 __all__ = [
     "TRAIN_KEYS",

@@ -86,7 +86,7 @@ class TrialRunner:
         self._windows: dict[tuple[str, int], Any] = {}
 
     def windows(self, project: str, lookback: int) -> Any:
-        from gpufill.data import make_windows
+        from gpufill.forecasting.data import make_windows
 
         if self._projects is None:
             self._projects = self.spec.data.load(self.base_dir)
@@ -115,7 +115,7 @@ class TrialRunner:
             return run_global(windows, trial, self.spec, threads=self.threads, device=self.device)
         windows = self.windows(trial["project"], trial["lookback"])
         if trial["kind"] == "classical":
-            from gpufill.models.classical import train_classical
+            from gpufill.forecasting.models.classical import train_classical
 
             return train_classical(windows, trial["family"], trial["params"], threads=self.threads, seed=trial["seed"]).to_dict()
         return self._run_neural(windows, trial)
@@ -123,7 +123,7 @@ class TrialRunner:
     def _run_neural(self, windows: Any, trial: dict[str, Any]) -> dict[str, Any]:
         import torch
 
-        from gpufill.forecast import train_forecaster
+        from gpufill.forecasting.task import train_forecaster
 
         config = self.spec.train.fit_config(trial["train"], trial["seed"])
         config.device = self.device

@@ -36,7 +36,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
                   verbose: bool = False, address: str | None = None) -> None:
     from rich.live import Live
 
-    from gpufill import render
+    from gpufill.cli import render
     from gpufill.campaign.executors import check_executor
     from gpufill.campaign.runner import Campaign, describe_lanes
 
@@ -98,7 +98,7 @@ def status(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Trial counts per status, overall and per lane; Slurm jobs queued or running."""
-    from gpufill import render
+    from gpufill.cli import render
     from gpufill.campaign.runner import find_workdir, read_jobs, read_status
 
     directory = find_workdir(workdir)
@@ -125,7 +125,7 @@ def results(
     summary: bool = typer.Option(False, "--summary", help="Best configuration per project and family."),
 ) -> None:
     """One row per trial (or, with --summary, the best configuration per project and family)."""
-    from gpufill import render
+    from gpufill.cli import render
     from gpufill.campaign.export import write_frame
     from gpufill.campaign.runner import best_per_project, find_workdir, read_results
 
@@ -146,7 +146,7 @@ def estimate(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Predict a campaign's time per lane by timing a sample of each trial shape."""
-    from gpufill import render
+    from gpufill.cli import render
     from gpufill.campaign.estimate import estimate as run_estimate
     from gpufill.campaign.runner import Campaign
 

@@ -55,10 +55,11 @@ def train(
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         raise typer.Exit(_launch_torchrun(nproc))
     quiet = int(os.environ.get("RANK", "0")) != 0  # under DDP rank 0 reports for all
-    from gpufill import forecast, render  # torch is imported only when a command runs
-    from gpufill.data import Split
-    from gpufill.fit import FitConfig
-    from gpufill.models import registry
+    from gpufill.cli import render
+    from gpufill.forecasting import task as forecast  # torch is imported only when a command runs
+    from gpufill.forecasting.data import Split
+    from gpufill.engine.config import FitConfig
+    from gpufill.forecasting.models import registry
 
     params = parse_params(param)
     config = FitConfig(
@@ -89,8 +90,8 @@ def train(
     )
     console = Console(stderr=as_json, quiet=quiet)
     if registry.resolve(model).kind == "classical":
-        from gpufill.hardware import cpu_count
-        from gpufill.models.classical import train_classical
+        from gpufill.engine.hardware import cpu_count
+        from gpufill.forecasting.models.classical import train_classical
 
         outcome = train_classical(windows, model, params, threads=cpu_count(), seed=seed).to_dict()
     elif as_json:

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpufill.hardware import peak_for
-from gpufill.plan import RESIDENT_SHARE
+from gpufill.engine.hardware import peak_for
+from gpufill.engine.plan import RESIDENT_SHARE
 
 __all__ = ["INPUT_SHARE", "MATMUL_SHARE", "SCALING_OVERHEAD", "PhaseTimings", "Verdict", "VerdictKind", "Yardstick", "classify"]
 

@@ -3,7 +3,7 @@
 Each check is a :class:`Check` record (name, value, status, note). ``warn`` marks something
 that costs speed now (``CUDA_LAUNCH_BLOCKING=1``, more OpenMP threads than cores);
 ``info`` is a fact worth knowing; ``ok`` a capability that is there and switched on.
-Device facts come from :func:`gpufill.hardware.detect` (passed in, never re-read here);
+Device facts come from :func:`gpufill.engine.hardware.detect` (passed in, never re-read here);
 NVML is opened through the monitor's own :func:`~gpufill.monitor.sampler.open_gpu_source`.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Literal
 import psutil
 import torch
 
-from gpufill.hardware import Hardware, free_memory_bytes
+from gpufill.engine.hardware import Hardware, free_memory_bytes
 from gpufill.monitor.sampler import NvmlSource, open_gpu_source
 
 __all__ = ["Check", "Status", "check_environment", "check_variables", "load_check"]

@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gpufill.doctor.bottleneck import PhaseTimings
 from gpufill.errors import InputError
-from gpufill.torch_settings import is_out_of_memory, synchronize
+from gpufill.engine.backend import is_out_of_memory, synchronize
 
 __all__ = ["Batch", "TrainingData", "check_positive", "count_flops", "profile_training", "typical_step"]
 

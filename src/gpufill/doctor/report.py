@@ -20,7 +20,7 @@ from gpufill.doctor.environment import Check, check_environment
 from gpufill.doctor.profiler import TrainingData, check_positive, profile_training
 from gpufill.doctor.speedtest import SpeedTest, SpeedTestSizes, run_speed_test
 from gpufill.doctor.target import check_device, forecaster_training
-from gpufill.hardware import Hardware, detect, free_memory_bytes
+from gpufill.engine.hardware import Hardware, detect, free_memory_bytes
 
 __all__ = ["DoctorReport", "diagnose", "run", "yardstick"]
 

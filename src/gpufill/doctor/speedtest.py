@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpufill.hardware import Hardware
-from gpufill.torch_settings import synchronize
+from gpufill.engine.hardware import Hardware
+from gpufill.engine.backend import synchronize
 
 __all__ = ["Rate", "SpeedTest", "SpeedTestSizes", "precisions", "run_speed_test"]
 

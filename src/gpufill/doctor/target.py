@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gpufill.data import Split
+from gpufill.forecasting.data import Split
 from gpufill.doctor.profiler import TrainingData, check_positive
 from gpufill.errors import InputError
 
@@ -39,7 +39,7 @@ class Training:
 def check_device(device: str) -> torch.device:
     """"auto" or a device this process can use, else an InputError that says which exist."""
     if device == "auto":
-        from gpufill.hardware import resolve_device
+        from gpufill.engine.hardware import resolve_device
 
         return resolve_device("auto")
     try:
@@ -73,8 +73,8 @@ def forecaster_training(
 ) -> Training:
     """A gpufill forecaster (family or ``package.module:factory``) on one project's windows, in the guides' loader."""
     from gpufill.bench.loops import WindowDataset
-    from gpufill.forecast import load_windows
-    from gpufill.models import registry
+    from gpufill.forecasting.task import load_windows
+    from gpufill.forecasting.models import registry
 
     check_positive(batch_size=batch_size, lookback=lookback)
     family = registry.resolve(model)

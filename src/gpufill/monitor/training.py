@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufill.fit import EpochRecord, FitCallback
+from gpufill.engine.result import EpochRecord, FitCallback
 from gpufill.monitor.sampler import Sampler
 
 __all__ = ["MonitorCallback", "NullMonitor", "Step", "TrainingMonitor"]

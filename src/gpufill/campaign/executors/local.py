@@ -51,7 +51,7 @@ def plan_here(request: LaneRequest) -> tuple[list[Lane], list[str]]:
     """Lanes for this machine: its cores and every visible GPU's memory (no GPU lane without CUDA)."""
     import torch
 
-    from gpufill.hardware import cpu_count
+    from gpufill.engine.hardware import cpu_count
 
     memories = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     return plan_on(request, cores=cpu_count(), gpu_memory_bytes=memories or None)

@@ -113,7 +113,7 @@ class SlurmExecutor:
                 if "neural" in request.kinds:
                     warnings.append("resources.slurm.gpus_per_job 1 but this machine (cluster: local) has no GPU: neural jobs run on CPUs")
         if s.cluster == "local":
-            from gpufill.hardware import cpu_count
+            from gpufill.engine.hardware import cpu_count
 
             # Local jobs share this machine: as many at once as its cores hold.
             auto_slots = max(1, cpu_count() // s.cpus_per_task)

@@ -1,0 +1,289 @@
+"""Training a fused pack: K same-shape models, each on its own data, with its own lr and seed.
+
+Each model draws the batches plain `fit` would draw for it (its own seeded permutation of
+its own windows, the same batch size), so a pack reproduces K separate trainings up to
+float rounding. Per model: learning rate and weight decay (a fused AdamW that takes them
+as tensors: torch's optimizers take one scalar lr per group), early stopping by masking
+(a stopped model gets no further updates; its best weights are kept), and divergence: a
+model whose loss turns NaN/inf is masked and reported, the others go on.
+The hot loop never reads the device: masks and losses stay on it until the epoch ends.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpufill.engine.config import FitConfig
+from gpufill.engine.result import EpochRecord, FitResult
+from gpufill.engine.hardware import detect
+from gpufill.engine.packs.fused import FusedModule, fuse
+from gpufill.engine.packs.optim import PackAdamW, PackLossScaler
+from gpufill.engine.measure.pack import choose_pack_compile
+from gpufill.engine.plan import Choice, DataFacts, Plan, compile_for_steps, make_plan
+from gpufill.engine.backend import autocast, backend_flags
+from gpufill.engine.measure.cache import TuneCache, shape_key
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class PackMember:
+    """One model of a pack: its data and its own training settings."""
+
+    train: Pair
+    val: Pair | None
+    lr: float
+    weight_decay: float
+    seed: int
+
+
+def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, config: FitConfig) -> list[FitResult]:
+    """Train `models` (same class and shapes) as one fused pack; one FitResult per model."""
+    k = len(models)
+    counts = [int(m.train[0].shape[0]) for m in members]
+    total_bytes = sum(t.numel() * t.element_size() for m in members for pair in (m.train, m.val) if pair is not None for t in pair)
+    hardware = detect(config.device)
+    plan = make_plan(hardware, DataFacts(n_train=max(counts), bytes_total=total_bytes, is_tensor=True), config)
+    batch = plan.effective_batch.value
+    plan = pack_plan(plan, total_steps=math.ceil(max(counts) / batch) * config.epochs)
+    device = torch.device(plan.device.value)
+    with backend_flags(plan):
+        fused = fuse(models).to(device)
+        x, y = _padded([m.train for m in members], device)
+        val = [m.val for m in members]
+        has_val = all(v is not None and v[0].shape[0] > 0 for v in val)
+        vx, vy = _padded(val, device) if has_val else (None, None)
+        n = torch.tensor(counts, device=device)
+        n_val = torch.tensor([v[0].shape[0] for v in val], device=device) if has_val else None
+        lr = torch.tensor([m.lr * plan.lr_scale.value for m in members], device=device)
+        optimizer = PackAdamW(list(fused.parameters()), lr, torch.tensor([m.weight_decay for m in members], device=device))
+        generators = [torch.Generator(device=device).manual_seed(m.seed) for m in members]
+        torch.manual_seed(members[0].seed)  # dropout
+        scaler = PackLossScaler(device, enabled=plan.grad_scaler.value)
+        data = PackData(x=x, y=y, n=n, counts=counts, batch=batch, vx=vx, vy=vy, n_val=n_val)
+        run = _PackRun(fused, optimizer, scaler, config, data, device, plan.autocast_dtype)
+        if plan.compile.value:
+            plan = plan.replace(compile=choose_pack_compile(run, plan.compile, requested=config.compile is True, cache=TuneCache(config.tune_cache),
+                                                            key=shape_key("pack-compile", models[0], x[0, :1], hardware.name, k=k, batch=batch,
+                                                                          precision=plan.precision.value)))
+        histories, status, seconds = run.train(generators)
+        models_out = [fused.unfuse(i) for i in range(k)]
+    steady = statistics.median(seconds[1:] or seconds)  # the first epoch pays warm-up
+    timings = {
+        "pack_size": k,
+        "epoch_s": steady / k,  # this model's share of the pack's time
+        "samples_per_s": sum(counts) / steady,
+        "train_s": sum(seconds) / k,
+        "pack_train_s": sum(seconds),
+    }
+    results = []
+    for i in range(k):
+        best_epoch = run.best_epoch[i]
+        results.append(
+            FitResult(
+                model=models_out[i],
+                plan=plan,
+                history=histories[i],
+                metrics={
+                    "train_loss": histories[i][-1].train_loss if histories[i] else None,
+                    "val_loss": run.best_val[i] if best_epoch is not None else None,
+                    "best_epoch": best_epoch,
+                    "epochs_run": len(histories[i]),
+                },
+                timings=dict(timings),
+                events=run.events[i] + [f"trained in a fused pack of {k}"],
+                status=status[i],
+            )
+        )
+    return results
+
+
+def pack_plan(plan: Plan, *, total_steps: int) -> Plan:
+    """A single training's plan, corrected to what a pack does (the plan is recorded with every trial)."""
+    batch = plan.effective_batch.value
+    return plan.replace(
+        data_placement=Choice("device", "fused packs keep every member's windows on the device, padded to the longest"),
+        loader=Choice(None, "no DataLoader: pack data is resident"),
+        loader_tuning=Choice(False, "off: pack data is resident"),
+        micro_batch=Choice(batch, "each member's whole batch per step (packs do not accumulate)"),
+        accumulation=Choice(1, "1: no accumulation in packs"),
+        batch_search=Choice(False, "off in packs: each member keeps its batch; the pack size is what is measured"),
+        # The same rule as a single training: "auto" on CUDA is measured when the pack trains long enough.
+        compile=compile_for_steps(plan, total_steps).compile,
+        optimizer_kernel=Choice("for-loop", "PackAdamW: one update per stacked parameter for all K models (per-model lr, weight decay and step mask)"),
+        grad_scaler=Choice(plan.grad_scaler.value, f"{plan.grad_scaler.reason}; one dynamic scale for the pack, an overflowed step skipped for all"
+                           if plan.grad_scaler.value else plan.grad_scaler.reason),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PackData:
+    """A pack's data on the device: (K, N_max, ...) tensors padded past each member's own count."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    n: torch.Tensor
+    """(K,) training windows per member."""
+    counts: list[int]
+    batch: int
+    vx: torch.Tensor | None
+    vy: torch.Tensor | None
+    n_val: torch.Tensor | None
+
+
+class _PackRun:
+    def __init__(self, fused: FusedModule, optimizer: PackAdamW, scaler: PackLossScaler, config: FitConfig, data: PackData, device: torch.device,
+                 dtype: torch.dtype | None):
+        self.fused, self.optimizer, self.scaler, self.cfg, self.data, self.device, self.dtype = fused, optimizer, scaler, config, data, device, dtype
+        self.k = k = len(data.counts)
+        self.forward: Callable[[torch.Tensor], torch.Tensor] = fused
+        self.compiled = False
+        self.active = torch.ones(k, dtype=torch.bool, device=device)
+        self.rows = torch.arange(k, device=device).unsqueeze(1)
+        self.best_val = [math.inf] * k
+        self.best_epoch: list[int | None] = [None] * k
+        self.bad = [0] * k
+        self.best_state = {name: t.detach().clone() for name, t in fused.state_dict().items()}
+        self.events: list[list[str]] = [[] for _ in range(k)]
+        self.lrs = optimizer.lr.tolist()
+
+    def use_compiled(self) -> None:
+        self.forward, self.compiled = torch.compile(self.fused), True
+
+    def use_eager(self) -> None:
+        self.forward, self.compiled = self.fused, False
+
+    def step(self, index: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimizer step on columns `index` (K, b) of the padded data; (per-model loss, finite, count), on the device."""
+        d = self.data
+        positions = torch.arange(start, start + index.shape[1], device=self.device)
+        valid = positions.unsqueeze(0) < d.n.unsqueeze(1)  # (K, b): past a model's own windows
+        with autocast(self.device.type, self.dtype):
+            prediction = self.forward(d.x[self.rows, index])
+        per_sample = (prediction.float() - d.y[self.rows, index].float()).pow(2).mean(dim=-1)
+        count = valid.sum(dim=1)
+        per_model = (per_sample * valid).sum(dim=1) / count.clamp(min=1)
+        ok = torch.isfinite(per_model)
+        step_active = self.active & (count > 0) & ok
+        self.scaler.scaled(torch.where(step_active, per_model, torch.zeros_like(per_model)).sum()).backward()
+        finite_grads = self.scaler.unscale(self.optimizer.params)  # fp16: an overflowed step is skipped
+        self.optimizer.step(step_active if finite_grads is None else step_active & finite_grads)
+        self.optimizer.zero_grad()
+        return per_model, ok, count
+
+    def _step_or_fall_back(self, index: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        try:
+            return self.step(index, start)
+        except Exception as error:  # a compile error surfaces at the first call: eager is always correct
+            if not self.compiled:
+                raise
+            self.use_eager()
+            self.optimizer.zero_grad()
+            for events in self.events:
+                events.append(f"compile failed ({type(error).__name__}); the pack fell back to eager")
+            return self.step(index, start)
+
+    def train(self, generators: Sequence[torch.Generator]):
+        k, d = self.k, self.data
+        histories: list[list[EpochRecord]] = [[] for _ in range(k)]
+        status = ["completed"] * k
+        seconds = []
+        for epoch in range(1, self.cfg.epochs + 1):
+            tick = time.perf_counter()
+            order = _orders(generators, d.counts, d.x.shape[1], self.device)
+            loss_sum = torch.zeros(k, device=self.device)
+            finite = torch.ones(k, dtype=torch.bool, device=self.device)
+            self.fused.train()
+            for start in range(0, d.x.shape[1], d.batch):
+                per_model, ok, count = self._step_or_fall_back(order[:, start : start + d.batch], start)
+                finite &= ok | ~(count > 0)
+                loss_sum += torch.where(ok, per_model.detach() * count, torch.zeros_like(per_model))
+            train_loss = (loss_sum / d.n.clamp(min=1)).tolist()  # the epoch's one read
+            seconds.append(time.perf_counter() - tick)
+            val_loss = self._validate(d.vx, d.vy, d.n_val) if d.vx is not None and (epoch % self.cfg.validate_every == 0 or epoch == self.cfg.epochs) else None
+            was_active = self.active.tolist()
+            finite_list = finite.tolist()
+            for i in range(k):
+                if not was_active[i]:
+                    continue
+                record = EpochRecord(epoch=epoch, train_loss=train_loss[i], val_loss=None if val_loss is None else val_loss[i], seconds=seconds[-1] / k, lr=self.lrs[i])
+                histories[i].append(record)
+                if not finite_list[i] or (val_loss is not None and not math.isfinite(val_loss[i])):
+                    status[i] = "diverged"
+                    self.events[i].append(f"diverged at epoch {epoch}: masked, the rest of the pack went on")
+                    self.active[i] = False
+                elif val_loss is not None and self._early_stop(i, val_loss[i], epoch):
+                    status[i] = "early_stopped"
+                    self.events[i].append(f"early stop at epoch {epoch}: masked, no improvement for {self.cfg.patience} validations")
+                    self.active[i] = False
+            self._keep_best(val_loss, was_active)
+            if not bool(self.active.any()):
+                break
+        if self.cfg.restore_best and any(e is not None for e in self.best_epoch):
+            restore = torch.tensor([e is not None and s != "diverged" for e, s in zip(self.best_epoch, status, strict=True)], device=self.device)
+            self._copy_where(restore, source=self.best_state, target=self.fused.state_dict())
+            for i in range(k):
+                if bool(restore[i]):
+                    self.events[i].append(f"restored the best weights (epoch {self.best_epoch[i]}, val loss {self.best_val[i]:.6g})")
+        return histories, status, seconds
+
+    @torch.no_grad()
+    def _validate(self, vx, vy, n_val) -> list[float]:
+        self.fused.eval()
+        rows_total = torch.zeros(self.k, device=self.device)
+        positions_all = torch.arange(vx.shape[1], device=self.device)
+        chunk = 1024
+        for start in range(0, vx.shape[1], chunk):
+            with autocast(self.device.type, self.dtype):
+                prediction = self.forward(vx[:, start : start + chunk])
+            per_sample = (prediction.float() - vy[:, start : start + chunk].float()).pow(2).mean(dim=-1)
+            valid = positions_all[start : start + chunk].unsqueeze(0) < n_val.unsqueeze(1)
+            rows_total += (per_sample * valid).sum(dim=1)
+        return (rows_total / n_val.clamp(min=1)).tolist()
+
+    def _early_stop(self, i: int, val: float, epoch: int) -> bool:
+        if val < self.best_val[i] - self.cfg.min_delta:
+            self.best_val[i], self.best_epoch[i], self.bad[i] = val, epoch, 0
+            return False
+        self.bad[i] += 1
+        return self.cfg.patience is not None and self.bad[i] >= self.cfg.patience
+
+    def _keep_best(self, val_loss: list[float] | None, was_active: list[bool]) -> None:
+        if val_loss is None:
+            return
+        improved = torch.tensor([was_active[i] and self.best_epoch[i] is not None and self.bad[i] == 0 for i in range(self.k)], device=self.device)
+        self._copy_where(improved, source=self.fused.state_dict(), target=self.best_state)
+
+    @staticmethod
+    @torch.no_grad()
+    def _copy_where(mask: torch.Tensor, *, source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> None:
+        for name, tensor in target.items():
+            view = (-1,) + (1,) * (tensor.dim() - 1)
+            tensor.copy_(torch.where(mask.view(view), source[name], tensor))
+
+
+def _padded(pairs: Sequence[Pair | None], device: torch.device) -> Pair:
+    """(K, N_max, ...) tensors: each model's samples first, zeros after (masked by counts)."""
+    longest = max(p[0].shape[0] for p in pairs if p is not None)
+    xs, ys = [], []
+    for inputs, targets in pairs:  # type: ignore[misc]
+        pad = longest - inputs.shape[0]
+        xs.append(torch.cat([inputs, inputs.new_zeros((pad, *inputs.shape[1:]))]))
+        ys.append(torch.cat([targets, targets.new_zeros((pad, *targets.shape[1:]))]))
+    return torch.stack(xs).to(device), torch.stack(ys).to(device)
+
+
+def _orders(generators: Sequence[torch.Generator], counts: Sequence[int], width: int, device: torch.device) -> torch.Tensor:
+    """Each model's own permutation (the one plain fit draws from its seed), padded to `width`."""
+    rows = []
+    for generator, count in zip(generators, counts, strict=True):
+        perm = torch.randperm(count, device=device, generator=generator)
+        rows.append(torch.cat([perm, torch.arange(count, width, device=device)]))
+    return torch.stack(rows)

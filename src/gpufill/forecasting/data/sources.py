@@ -1,0 +1,391 @@
+"""Load projects from "synthetic", a .csv/.parquet file, a directory or a glob pattern.
+
+Layouts: one file per project (file stem = project name), or one file holding many
+projects split by ``project_column``. Shards ``NAME_part1.csv``, ``NAME_part2.csv``, ...
+are merged in numeric order (part10 after part9) before anything else.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from gpufill.forecasting.data.project import Project
+from gpufill.forecasting.data.synthetic import synthetic_projects
+from gpufill.errors import InputError
+
+FILLS = ("none", "ffill", "interpolate", "zero")
+_EXTENSIONS = (".csv", ".parquet")
+_TIME_NAMES = ("time", "date", "timestamp")  # auto-detected time columns (case-insensitive)
+_SHARD = re.compile(r"^(?P<name>.+)_part(?P<num>\d+)$")
+_FORMS = "'synthetic', a .csv or .parquet file, a directory of them, or a glob such as 'data/*.csv'"
+
+
+def load_projects(
+    source: str = "synthetic",
+    *,
+    target: str = "target",
+    project_column: str = "project",
+    time_column: str | None = None,
+    projects: Sequence[str] | None = None,
+    fill: str = "none",
+    n_projects: int = 10,
+    length: int = 2000,
+    seed: int = 0,
+) -> dict[str, Project]:
+    """Projects keyed (and ordered) by name.
+
+    ``time_column=None`` uses a column named time/date/timestamp if there is one, else row order.
+    ``fill``: "none" (NaN is an error), "ffill" (then back-fill, so leading NaNs take the first
+    value), "interpolate" (linear in row order; ends take the nearest value) or "zero".
+    ``n_projects``, ``length`` and ``seed`` apply only to ``source="synthetic"``.
+    """
+    if fill not in FILLS:
+        raise InputError(
+            f"unknown fill {fill!r}",
+            fix=f"set fill to one of {', '.join(FILLS)}",
+            where="load_projects",
+            field="fill",
+        )
+    if isinstance(projects, str):  # a lone name, not its characters
+        projects = [projects]
+    source = os.fspath(source)
+    if source == "synthetic":
+        loaded = synthetic_projects(n_projects=n_projects, length=length, seed=seed)
+        names = _select(source, sorted(loaded), projects)
+        return {name: loaded[name] for name in names}
+
+    frames = _frames_by_project(_resolve(source), project_column)
+    names = _select(source, sorted(frames), projects)
+    return {name: _to_project(name, *frames[name], target, time_column, project_column, fill) for name in names}
+
+
+def _resolve(source: str) -> list[Path]:
+    """The data files a source string names."""
+    if "://" in source:
+        raise InputError(
+            "remote URLs are not read directly",
+            fix=f"download the data first; source must be {_FORMS}",
+            where=source,
+            field="source",
+        )
+    path = Path(source).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in _EXTENSIONS)
+        if not files:
+            raise InputError(
+                "directory holds no .csv or .parquet files",
+                fix="point source at a directory with .csv/.parquet files, or at a file or glob",
+                where=source,
+                field="source",
+            )
+        return files
+    if path.is_file():
+        _check_extension(path, source)
+        return [path]
+    if any(char in source for char in "*?["):
+        matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(source), recursive=True) if Path(p).is_file())
+        if not matches:
+            raise InputError(
+                "glob pattern matches no files",
+                fix=f"check the pattern; source must be {_FORMS}",
+                where=source,
+                field="source",
+            )
+        files = [p for p in matches if p.suffix.lower() in _EXTENSIONS]
+        if not files:
+            _check_extension(matches[0], source)
+        return files  # non-data files matched by a broad glob (README, .json) are skipped
+    if path.suffix.lower() in _EXTENSIONS:
+        raise InputError(
+            "no such file",
+            fix="check the path (relative paths are from the current directory)",
+            where=source,
+            field="source",
+        )
+    raise InputError(
+        "unknown source: not 'synthetic', not an existing file or directory, not a glob pattern",
+        fix=f"set source to {_FORMS}",
+        where=source,
+        field="source",
+    )
+
+
+def _check_extension(path: Path, source: str) -> None:
+    if path.suffix.lower() not in _EXTENSIONS:
+        raise InputError(
+            f"unsupported file type {path.suffix or '(no extension)'!r} ({path.name})",
+            fix="convert the data to .csv or .parquet",
+            where=source,
+            field="source",
+        )
+
+
+def _shard_groups(files: list[Path]) -> dict[str, list[Path]]:
+    """Group files by project stem; shards are ordered by part number and checked for gaps."""
+    groups: dict[str, list[tuple[int | None, Path]]] = {}
+    for path in files:
+        match = _SHARD.match(path.stem)
+        name, num = (match["name"], int(match["num"])) if match else (path.stem, None)
+        groups.setdefault(name, []).append((num, path))
+    out: dict[str, list[Path]] = {}
+    for name, members in groups.items():
+        nums = [num for num, _ in members]
+        if len(members) > 1 and (None in nums or len(set(nums)) < len(nums)):
+            listed = ", ".join(str(path) for _, path in members)
+            raise InputError(
+                f"several files hold project {name!r}: {listed}",
+                fix="keep one file per project, or name shards NAME_part1, NAME_part2, ... with distinct numbers",
+                where=str(members[0][1].parent),
+                field="source",
+            )
+        if nums == [None]:
+            out[name] = [members[0][1]]
+            continue
+        members.sort(key=lambda member: member[0])  # numeric: part10 after part9
+        first = members[0][1]
+        missing = sorted(set(range(1, max(nums) + 1)) - set(nums))
+        if missing:
+            missing_paths = ", ".join(str(first.with_name(f"{name}_part{n}{first.suffix}")) for n in missing[:5])
+            problem = "shard numbering must start at part1" if 1 in missing else "gap in shard numbering"
+            raise InputError(
+                f"{problem}: missing {missing_paths}",
+                fix=f"add the missing shard(s) or renumber {name}_partN files as 1, 2, 3, ...",
+                where=str(first),
+                field="source",
+            )
+        out[name] = [path for _, path in members]
+    return out
+
+
+def _read(path: Path) -> pd.DataFrame:
+    try:
+        if path.suffix.lower() == ".csv":
+            frame = pd.read_csv(path)
+        else:
+            frame = pd.read_parquet(path, engine="pyarrow")
+    except pd.errors.EmptyDataError:
+        raise InputError(
+            "file is empty", fix="write a header and rows to the file, or remove it", where=str(path)
+        ) from None
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise InputError(
+            f"cannot read file ({type(exc).__name__}: {detail})",
+            fix=f"check that it is a valid {path.suffix.lstrip('.')} file (re-export it), or remove it",
+            where=str(path),
+        ) from exc
+    if len(frame) == 0:
+        raise InputError(
+            f"file has columns {[str(c) for c in frame.columns]} but no rows",
+            fix="add data rows to the file, or remove it",
+            where=str(path),
+        )
+    return frame
+
+
+def _merge_shards(paths: list[Path]) -> tuple[pd.DataFrame, str]:
+    """Read and concatenate shards; return the frame and a label naming the file(s)."""
+    frames = [_read(path) for path in paths]
+    if len(paths) == 1:
+        return frames[0], str(paths[0])
+    head = list(frames[0].columns)
+    for path, frame in zip(paths[1:], frames[1:]):
+        if list(frame.columns) != head:
+            raise InputError(
+                f"columns {[str(c) for c in frame.columns]} differ from {paths[0].name}'s {[str(c) for c in head]}",
+                fix="give every shard of a project the same columns in the same order",
+                where=str(path),
+                field="columns",
+            )
+    stem = _SHARD.match(paths[0].stem)["name"]
+    label = str(paths[0].with_name(f"{stem}_part{{1..{len(paths)}}}{paths[0].suffix}"))
+    return pd.concat(frames, ignore_index=True), label
+
+
+def _frames_by_project(files: list[Path], project_column: str) -> dict[str, tuple[pd.DataFrame, str, bool]]:
+    """name -> (frame, label of its file(s), whether it was split out by project_column)."""
+    out: dict[str, tuple[pd.DataFrame, str, bool]] = {}
+    for stem, paths in _shard_groups(files).items():
+        frame, label = _merge_shards(paths)
+        if project_column in frame.columns:
+            keys = frame[project_column]
+            if keys.isna().any():
+                raise InputError(
+                    f"{int(keys.isna().sum())} rows have no project name",
+                    fix=f"fill in {project_column!r} on every row, or drop those rows",
+                    where=label,
+                    field=project_column,
+                )
+            groups = frame.groupby(keys.astype(str), sort=False)  # one pass, no per-row loop
+            parts = {str(key): part.drop(columns=project_column) for key, part in groups}
+            split = True
+        else:
+            parts, split = {stem: frame}, False
+        for name, part in parts.items():
+            if name in out:
+                raise InputError(
+                    f"project {name!r} appears both here and in {out[name][1]}",
+                    fix="give every project one file (or one set of shards), or distinct names",
+                    where=label,
+                    field=project_column if split else "source",
+                )
+            out[name] = (part.reset_index(drop=True), label, split)
+    return out
+
+
+def _select(source: str, available: list[str], wanted: Sequence[str] | None) -> list[str]:
+    if wanted is None:
+        return available
+    wanted = list(dict.fromkeys(str(name) for name in wanted))  # de-duplicate, keep order for the message
+    if not wanted:
+        raise InputError(
+            "no project names given",
+            fix="pass at least one project name, or projects=None for all",
+            where=source,
+            field="projects",
+        )
+    unknown = [name for name in wanted if name not in set(available)]
+    if unknown:
+        shown = ", ".join(available[:5]) + (f", ... ({len(available)} in all)" if len(available) > 5 else "")
+        raise InputError(
+            f"unknown project(s) {', '.join(map(repr, unknown[:5]))}; available: {shown}",
+            fix="pick names from the available projects, or leave projects unset to load all",
+            where=source,
+            field="projects",
+        )
+    return sorted(wanted)
+
+
+def _to_project(
+    name: str,
+    frame: pd.DataFrame,
+    label: str,
+    split: bool,
+    target: str,
+    time_column: str | None,
+    project_column: str,
+    fill: str,
+) -> Project:
+    where = f"{label} (project {name})" if split else label
+    columns = [str(c) for c in frame.columns]
+    if target not in frame.columns:
+        raise InputError(
+            f"no target column {target!r}; columns present: {', '.join(columns)}",
+            fix="pass target=<one of those columns>",
+            where=where,
+            field="target",
+        )
+    frame, time, time_name = _sort_by_time(frame, where, time_column, target)
+    column = frame[target]
+    if not pd.api.types.is_numeric_dtype(column) or pd.api.types.is_bool_dtype(column):
+        bad = column[pd.to_numeric(column, errors="coerce").isna() & column.notna()]
+        example = f", e.g. {bad.iloc[0]!r}" if len(bad) else ""
+        raise InputError(
+            f"target column is not numeric (dtype {column.dtype}{example})",
+            fix="point target= at a numeric column, or clean the non-numeric values",
+            where=where,
+            field=target,
+        )
+    # Covariates: every other numeric column, in file order; text columns are ignored.
+    skip = {target, time_name, project_column}
+    cov_names = [c for c in frame.columns if c not in skip and pd.api.types.is_numeric_dtype(frame[c])]
+    values = frame[[target, *cov_names]].to_numpy(dtype=np.float64, na_value=np.nan)
+    values = _fill(values, [target, *map(str, cov_names)], fill, where)
+    return Project(
+        name=name,
+        target=np.ascontiguousarray(values[:, 0]),
+        covariates=np.ascontiguousarray(values[:, 1:]),
+        covariate_names=tuple(str(c) for c in cov_names),
+        source=label,
+        time=time,
+    )
+
+
+def _sort_by_time(
+    frame: pd.DataFrame, where: str, time_column: str | None, target: str
+) -> tuple[pd.DataFrame, np.ndarray | None, object]:
+    """Sort rows by the time column (stable, so equal stamps keep file order)."""
+    name = time_column
+    if name is None:
+        name = next((c for c in frame.columns if str(c).lower() in _TIME_NAMES and c != target), None)
+        if name is None:
+            return frame, None, None  # row order is time order
+    elif name not in frame.columns:
+        raise InputError(
+            f"no time column {name!r}; columns present: {', '.join(map(str, frame.columns))}",
+            fix="pass time_column=<one of those columns>, or time_column=None to use row order",
+            where=where,
+            field="time_column",
+        )
+    column = frame[name]
+    if pd.api.types.is_numeric_dtype(column):
+        stamps = column  # numeric steps sort as numbers
+    else:
+        try:
+            # utc=True accepts mixed offsets; naive stamps are read as UTC, so nothing shifts
+            stamps = pd.to_datetime(column, utc=True).dt.tz_localize(None)
+        except (ValueError, TypeError) as exc:
+            raise InputError(
+                f"cannot parse time values as dates ({' '.join(str(exc).split())[:120]})",
+                fix=f"write {name!r} in one date format (e.g. 2024-01-31), or set time_column to another column",
+                where=where,
+                field=str(name),
+            ) from exc
+    if stamps.isna().any():
+        raise InputError(
+            f"{int(stamps.isna().sum())} rows have no time value",
+            fix=f"fill in {name!r} on every row, or drop those rows",
+            where=where,
+            field=str(name),
+        )
+    order = np.argsort(stamps.to_numpy(), kind="stable")
+    return frame.iloc[order].reset_index(drop=True), stamps.to_numpy()[order], name
+
+
+def _fill(values: np.ndarray, names: list[str], fill: str, where: str) -> np.ndarray:
+    """Apply the fill policy column-wise (vectorised via pandas); leave no NaN or inf behind."""
+    nan_counts = np.isnan(values).sum(axis=0)
+    if nan_counts.any() and fill == "none":
+        counts = [(names[i], int(nan_counts[i])) for i in np.flatnonzero(nan_counts)]
+        listed = ", ".join(f"{n} in {c!r}" for c, n in counts)
+        raise InputError(
+            f"missing values (NaN): {listed}",
+            fix="clean the data, or set fill to ffill, interpolate or zero",
+            where=where,
+            field=counts[0][0],
+        )
+    if nan_counts.any():
+        table = pd.DataFrame(values)
+        if fill == "ffill":
+            table = table.ffill().bfill()  # back-fill only the leading NaNs that ffill cannot reach
+        elif fill == "interpolate":
+            table = table.interpolate(method="linear", limit_direction="both")
+        else:
+            table = table.fillna(0.0)
+        values = table.to_numpy(dtype=np.float64)
+        empty = [names[i] for i in np.flatnonzero(np.isnan(values).all(axis=0))]
+        if empty:
+            raise InputError(
+                f"column {empty[0]!r} has no values at all, so fill={fill!r} has nothing to fill from",
+                fix="remove the column from the file, or fill it in",
+                where=where,
+                field=empty[0],
+            )
+    infinite = np.isinf(values).sum(axis=0)
+    if infinite.any():
+        i = int(np.flatnonzero(infinite)[0])
+        raise InputError(
+            f"{int(infinite[i])} infinite values in column {names[i]!r}",
+            fix="replace the infinite values in the file with real numbers",
+            where=where,
+            field=names[i],
+        )
+    return values

@@ -1,0 +1,270 @@
+"""Splits, scaling and sliding windows: a Project becomes train/val/test tensors.
+
+A window ending at t (exclusive) has x = features[t-lookback:t] and y = target[t:t+horizon].
+It belongs to the region holding ALL its target steps; its inputs may reach back into
+earlier regions (that is what a forecaster sees at that time, so it is no leak).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import sliding_window_view
+
+from gpufill.forecasting.data.project import Project
+from gpufill.errors import InputError
+
+
+@dataclass(frozen=True)
+class Split:
+    """Sizes of the validation and test regions, taken from the end of the series."""
+
+    val: float | int = 0.1
+    """float in [0, 1): fraction of the series; int >= 0: count of time steps before the test region."""
+    test: float | int = 0.2
+    """Same; e.g. test=18 holds out the last 18 points (competition style)."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_split(split: Split) -> None:
+    for field in ("val", "test"):
+        value = getattr(split, field)
+        if _is_int(value):
+            if value < 0:
+                raise InputError(
+                    f"count {value} is negative",
+                    fix=f"set split.{field} to a count >= 0 or a fraction in [0, 1)",
+                    where="split",
+                    field=field,
+                )
+        elif isinstance(value, (float, np.floating)):
+            if not 0.0 <= value < 1.0:
+                raise InputError(
+                    f"fraction {value} is outside [0, 1)",
+                    fix=f"set split.{field} to a fraction in [0, 1) or an integer count of time steps",
+                    where="split",
+                    field=field,
+                )
+        else:
+            raise InputError(
+                f"{value!r} is neither a fraction nor a count",
+                fix=f"set split.{field} to a float in [0, 1) or an integer >= 0",
+                where="split",
+                field=field,
+            )
+    fractions = [v for v in (split.val, split.test) if not _is_int(v)]
+    if len(fractions) == 2 and sum(fractions) >= 1.0:
+        raise InputError(
+            f"val + test fractions = {sum(fractions):g} leave nothing to train on",
+            fix="make split.val + split.test less than 1 (e.g. val=0.1, test=0.2)",
+            where="split",
+            field="val+test",
+        )
+
+
+def _count(value: float | int, length: int) -> int:
+    # A fraction is rounded to the nearest whole step (0.2 of 2000 -> 400).
+    return int(value) if _is_int(value) else int(round(float(value) * length))
+
+
+def split_bounds(length: int, split: Split) -> tuple[int, int]:
+    """(train_end, val_end): train = [0, train_end), val = [train_end, val_end), test = [val_end, length)."""
+    _check_split(split)
+    n_val, n_test = _count(split.val, length), _count(split.test, length)
+    train_end = length - n_val - n_test
+    if train_end < 1:
+        raise InputError(
+            f"a series of length {length} has no training region left after val={split.val} and test={split.test}",
+            fix="lower split.val / split.test or use a longer series",
+            where="split",
+            field="val+test",
+        )
+    return train_end, length - n_test
+
+
+def _fits(length: int, lookback: int, horizon: int, split: Split) -> bool:
+    n_val, n_test = _count(split.val, length), _count(split.test, length)
+    train_end = length - n_val - n_test
+    val_ok = n_val >= horizon if split.val else True
+    return train_end >= lookback + horizon and n_test >= horizon and val_ok
+
+
+def _minimum_length(lookback: int, horizon: int, split: Split) -> int:
+    """Shortest series that gives one train window and >= horizon test (and val) points."""
+    _check_split(split)
+    # Analytic lower bound, then a short upward scan: rounding makes the exact bound jittery.
+    # Each rounded fraction is at most f*T + 0.5, so train_end <= T*(1 - frac) - fixed + 0.5*n_frac.
+    fixed = sum(int(v) for v in (split.val, split.test) if _is_int(v))
+    fractions = [float(v) for v in (split.val, split.test) if not _is_int(v)]
+    bound = (lookback + horizon + fixed - 0.5 * len(fractions)) / (1.0 - sum(fractions))
+    for v in (split.val, split.test):
+        if not _is_int(v) and v > 0:
+            bound = max(bound, (horizon - 0.5) / float(v))
+    length = max(1, int(bound) - 1)
+    while not _fits(length, lookback, horizon, split):
+        length += 1
+    return length
+
+
+@dataclass(frozen=True)
+class Scaler:
+    """Standard scaling per feature column, fitted on the train region only (no look-ahead)."""
+
+    mean: np.ndarray
+    """(F,)"""
+    std: np.ndarray
+    """(F,), zeros replaced by 1 so constant columns map to 0 instead of NaN."""
+
+    @classmethod
+    def fit(cls, features: np.ndarray) -> Scaler:
+        mean = features.mean(axis=0)
+        std = features.std(axis=0)
+        std = np.where(std > 0, std, 1.0)
+        return cls(mean=mean, std=std)
+
+    def transform(self, features: np.ndarray) -> np.ndarray:
+        return (np.asarray(features, dtype=np.float64) - self.mean) / self.std
+
+    def inverse_target(self, scaled: np.ndarray) -> np.ndarray:
+        """Undo the scaling of column 0 (the target)."""
+        return np.asarray(scaled, dtype=np.float64) * self.std[0] + self.mean[0]
+
+
+@dataclass(frozen=True)
+class WindowedProject:
+    """A project cut into scaled float32 windows, plus what metrics need in original scale."""
+
+    name: str
+    lookback: int
+    horizon: int
+    n_features: int
+    """1 + number of covariates; feature 0 is the target."""
+    x_train: torch.Tensor
+    """(N, lookback, F) float32, scaled."""
+    y_train: torch.Tensor
+    """(N, horizon) float32, scaled."""
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    scaler: Scaler
+    test_truth: np.ndarray
+    """(N_test, horizon) original scale."""
+    naive_test: np.ndarray
+    """(N_test, horizon) last target value of each lookback window, repeated; original scale."""
+    mase_scale: float
+    """Mean |y_t - y_(t-1)| over the train region, original scale (1.0 if that is 0)."""
+
+    def inverse_target(self, scaled_pred: np.ndarray | torch.Tensor) -> np.ndarray:
+        if isinstance(scaled_pred, torch.Tensor):
+            scaled_pred = scaled_pred.detach().to("cpu", torch.float64).numpy()
+        return self.scaler.inverse_target(scaled_pred)
+
+
+def _check_positive(where: str, **values: object) -> None:
+    for field, value in values.items():
+        if not _is_int(value) or value < 1:
+            raise InputError(
+                f"must be an integer >= 1, got {value!r}",
+                fix=f"set {field} to a positive integer",
+                where=where,
+                field=field,
+            )
+
+
+def _starts(first: int, last: int, stride: int) -> np.ndarray:
+    """Window start times in [first, last], thinned by stride, anchored at the most recent window."""
+    if last < first:
+        return np.zeros(0, dtype=np.int64)
+    return np.arange(last, first - 1, -stride, dtype=np.int64)[::-1]
+
+
+def make_windows(
+    project: Project, lookback: int, horizon: int, split: Split = Split(), stride: int = 1
+) -> WindowedProject:
+    """Cut ``project`` into scaled train/val/test windows.
+
+    ``stride`` thins train and val windows (anchored at each region's last window, so the most
+    recent data is always kept). Test windows always use stride 1, so test metrics cover every
+    test point and stay comparable across strides.
+    """
+    where = f"project {project.name} ({project.source})"
+    _check_positive(where, lookback=lookback, horizon=horizon, stride=stride)
+    lookback, horizon, stride = int(lookback), int(horizon), int(stride)
+    _check_split(split)
+    if split.test == 0:
+        raise InputError(
+            "split.test=0 leaves no test region",
+            fix=f"set split.test to a fraction in (0, 1) or a count >= horizon ({horizon})",
+            where=where,
+            field="split.test",
+        )
+    for field in ("val", "test"):  # a count below horizon can never hold one window: no length fixes it
+        value = getattr(split, field)
+        if _is_int(value) and 0 < value < horizon:
+            raise InputError(
+                f"split.{field}={value} is smaller than horizon={horizon}, so it holds no whole window",
+                fix=f"set split.{field} >= {horizon}" + (" or 0" if field == "val" else "") + " or lower horizon",
+                where=where,
+                field=f"split.{field}",
+            )
+    length = project.length
+    if not _fits(length, lookback, horizon, split):
+        need = _minimum_length(lookback, horizon, split)
+        raise InputError(
+            f"series too short: length {length} < {need} needed for lookback={lookback}, horizon={horizon}, "
+            f"split val={split.val} test={split.test} (one train window and >= horizon val/test points)",
+            fix="lower lookback or horizon, or the split sizes, or use a longer series",
+            where=where,
+            field="length",
+        )
+    train_end, val_end = split_bounds(length, split)
+
+    covariates = np.asarray(project.covariates, dtype=np.float64).reshape(length, -1 if project.covariates.size else 0)
+    raw = np.column_stack([np.asarray(project.target, dtype=np.float64), covariates])
+    scaler = Scaler.fit(raw[:train_end])
+    scaled = scaler.transform(raw).astype(np.float32)
+
+    # x_views[s] = scaled[s:s+lookback] as (lookback, F); a window whose targets start at t uses s = t-lookback.
+    x_views = sliding_window_view(scaled, lookback, axis=0).transpose(0, 2, 1)
+    y_views = sliding_window_view(scaled[:, 0], horizon)
+    truth_views = sliding_window_view(raw[:, 0], horizon)
+
+    def cut(starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        x = np.ascontiguousarray(x_views[starts - lookback])  # fancy indexing copies: one allocation
+        y = np.ascontiguousarray(y_views[starts])
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    # Target-start ranges per region: [first, region_end - horizon].
+    train_t = _starts(lookback, train_end - horizon, stride)
+    val_t = _starts(train_end, val_end - horizon, stride)
+    test_t = _starts(val_end, length - horizon, 1)
+    x_train, y_train = cut(train_t)
+    x_val, y_val = cut(val_t)
+    x_test, y_test = cut(test_t)
+
+    target = raw[:, 0]
+    mase_scale = float(np.mean(np.abs(np.diff(target[:train_end])))) if train_end > 1 else 0.0
+    if not np.isfinite(mase_scale) or mase_scale <= 0:
+        mase_scale = 1.0  # constant train region: MASE would divide by 0; fall back to plain MAE
+    return WindowedProject(
+        name=project.name,
+        lookback=lookback,
+        horizon=horizon,
+        n_features=raw.shape[1],
+        x_train=x_train,
+        y_train=y_train,
+        x_val=x_val,
+        y_val=y_val,
+        x_test=x_test,
+        y_test=y_test,
+        scaler=scaler,
+        test_truth=np.ascontiguousarray(truth_views[test_t]),
+        naive_test=np.repeat(target[test_t - 1][:, None], horizon, axis=1),
+        mase_scale=mase_scale,
+    )

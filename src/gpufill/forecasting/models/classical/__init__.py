@@ -1,0 +1,153 @@
+"""Classical forecasters on the CPU lane: ``linear``, ``rf``, ``xgb``, ``lgbm``.
+
+Each sees the same windows as the neural families, flattened: ``(N, lookback, F)`` becomes
+``(N, lookback * F)`` features (lagged target and covariates), and predicts ``(N, horizon)``.
+Every family takes ``(n_features, lookback, horizon, *, <family params>, last_value_norm=True)``
+and is registered by name with ``kind="classical"``.
+
+The scheduler gives every trial an explicit thread count; ``fit(x, y, threads=, seed=)`` passes
+it to the library (``n_jobs``) or, for ``linear``, caps the BLAS pool with threadpoolctl.
+scikit-learn, XGBoost and LightGBM are imported when a model is built, not with
+``gpufill.forecasting.models``: importing scikit-learn's ensembles alone takes seconds, and every CLI
+command would pay it. Built before the fit timer starts, so ``fit_s`` never includes an import.
+
+:func:`train_classical` is the counterpart of ``forecast.train_forecaster``: windows in,
+test metrics next to the naive forecast out, in the same result shape.
+
+The package holds two ideas: :mod:`.base` (the fit/predict contract every family shares:
+shapes, flattening, last-value normalisation, thread caps) and :mod:`.families` (the four
+library adapters, registered on import). The training entry point lives here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpufill.forecasting.data import WindowedProject, forecast_metrics
+from gpufill.errors import InputError
+from gpufill.forecasting.models.classical.base import (
+    ClassicalForecaster,
+    WindowRegressor,
+    _threads_and_seed,
+)
+
+# importing families registers linear, rf, xgb, lgbm (their libraries load when a model is built)
+from gpufill.forecasting.models.classical.families import (
+    LGBMForecaster,
+    LinearForecaster,
+    RandomForestForecaster,
+    XGBForecaster,
+)
+from gpufill.forecasting.models.registry import build, check_params, resolve
+
+__all__ = [
+    "ClassicalForecaster",
+    "ClassicalRun",
+    "LGBMForecaster",
+    "LinearForecaster",
+    "RandomForestForecaster",
+    "WindowRegressor",
+    "XGBForecaster",
+    "train_classical",
+]
+
+
+# --- training entry point --------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ClassicalRun:
+    """A fitted classical forecaster and how it did on the test split, next to the naive forecast."""
+
+    project: str
+    family: str
+    params: dict[str, Any]
+    """The family's defaults updated with the given parameters."""
+    test: dict[str, float]
+    """forecast_metrics of the test predictions, original scale."""
+    naive: dict[str, float]
+    """forecast_metrics of the last-value forecast on the same test windows."""
+    timings: dict[str, float]
+    """fit_s, predict_s, samples_per_s (training windows / fit_s)."""
+    threads: int
+    model: Any = field(default=None, repr=False)
+    """The fitted forecaster (not part of :meth:`to_dict`)."""
+
+    @property
+    def beats_naive(self) -> bool:
+        return self.test["mae"] < self.naive["mae"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The same top-level keys as ``ForecastRun.to_dict``, so a store treats both kinds alike."""
+        return {
+            "project": self.project,
+            "family": self.family,
+            "params": self.params,
+            "status": "completed",
+            "plan": classical_plan(self.threads),
+            "metrics": {"test": self.test, "naive": self.naive},
+            "timings": self.timings,
+            "history": [],  # no epochs: one fit
+            "events": [],
+        }
+
+
+def classical_plan(threads: int) -> dict[str, dict[str, Any]]:
+    """The plan of a classical training, in Plan.to_dict()'s shape."""
+    return {
+        "device": {"value": "cpu", "reason": "classical family: runs on the CPU lane"},
+        "threads": {"value": threads, "reason": "given by the scheduler's CPU budget"},
+    }
+
+
+def train_classical(
+    windows: WindowedProject,
+    family: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    threads: int = 1,
+    seed: int = 0,
+) -> ClassicalRun:
+    """Build classical ``family`` with ``params``, fit it on the project's windows, score it on the test split."""
+    resolved = check_params(family, params or {})
+    kind = resolve(family).kind
+    if kind != "classical":
+        raise InputError(
+            f"model family {family!r} is {kind}, not classical",
+            fix="train neural families with forecast.train_forecaster (gpufill train), classical ones here",
+            field="model",
+        )
+    threads, seed = _threads_and_seed(threads, seed)
+    model = build(family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=resolved)
+    if not isinstance(model, ClassicalForecaster):
+        raise InputError(
+            f"classical family {family!r} built a {type(model).__name__} without fit(x, y, *, threads, seed) and predict(x)",
+            fix="return an object with those two methods from the factory (see models.classical.ClassicalForecaster)",
+            field="model",
+        )
+    # Classical models have no epochs, so nothing to early-stop or select on the validation
+    # split: it is folded into training, and the model sees all data before the test region.
+    x = np.concatenate([windows.x_train.numpy(), windows.x_val.numpy()])
+    y = np.concatenate([windows.y_train.numpy(), windows.y_val.numpy()])
+    started = time.perf_counter()
+    model.fit(x, y, threads=threads, seed=seed)
+    fit_s = time.perf_counter() - started
+    started = time.perf_counter()
+    scaled = model.predict(windows.x_test.numpy())
+    predict_s = time.perf_counter() - started
+    prediction = windows.inverse_target(np.asarray(scaled, dtype=np.float64))
+    return ClassicalRun(
+        project=windows.name,
+        family=family,
+        params=dict(resolved),
+        test=forecast_metrics(windows.test_truth, prediction, windows.mase_scale),
+        naive=forecast_metrics(windows.test_truth, windows.naive_test, windows.mase_scale),
+        timings={"fit_s": fit_s, "predict_s": predict_s, "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0},
+        threads=threads,
+        model=model,
+    )

@@ -1,0 +1,232 @@
+"""Model families by name: the built-in ones and the user's own ``package.module:factory``.
+
+A family is a factory ``(n_features, lookback, horizon, *, **params)`` plus the keyword
+parameters (and defaults) read from its signature. Built-in families register themselves
+with :func:`register` when their module is imported (``gpufill.forecasting.models`` imports them);
+a ``package.module:factory`` path is imported on demand by :func:`resolve`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, TypeVar, get_args
+
+from gpufill.errors import InputError
+
+__all__ = ["Family", "ModelKind", "build", "check_params", "families", "register", "resolve"]
+
+ModelKind = Literal["neural", "classical"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+_KINDS: tuple[str, ...] = get_args(ModelKind)
+# Given by the task, not by the model's parameter grid: every factory receives them from build().
+_SHAPE_ARGS = ("n_features", "lookback", "horizon")
+_PATH_FORM = "'package.module:factory'"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: how to build it and which parameters it accepts."""
+
+    name: str
+    """Registered name (``lstm``) or the ``package.module:factory`` path it was resolved from."""
+    kind: ModelKind
+    """``neural`` runs on the GPU lane, ``classical`` on the CPU lane."""
+    factory: Callable[..., Any]
+    """Called as ``factory(n_features=..., lookback=..., horizon=..., **params)``."""
+    defaults: Mapping[str, Any] = field(hash=False)
+    """Keyword parameters and their defaults (read-only), shape arguments excluded."""
+    accepts_any: bool = field(default=False, compare=False)
+    """True when the factory takes ``**kwargs``: any extra parameter name is passed through."""
+
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register(name: str, *, kind: ModelKind = "neural") -> Callable[[F], F]:
+    """Decorator registering a factory (class or function) as model family ``name``.
+
+    Re-registering a name replaces the earlier family.
+    """
+    if not isinstance(name, str) or not name or ":" in name or name != name.strip():
+        raise InputError(
+            f"family name must be a non-empty string without ':' or surrounding spaces, got {name!r}",
+            fix="register the factory under a plain name such as 'my_lstm'",
+            field="model",
+        )
+    _check_kind(kind)
+
+    def decorate(factory: F) -> F:
+        _FAMILIES[name] = _family(name, kind, factory)
+        return factory
+
+    return decorate
+
+
+def resolve(name: str) -> Family:
+    """The family registered as ``name``, or the factory at ``package.module:factory``.
+
+    An imported factory is ``neural`` unless it carries ``gpufill_kind = "classical"``.
+    """
+    if not isinstance(name, str):
+        raise InputError(
+            f"model family must be a string, got {type(name).__name__}",
+            fix=f"give a family name such as 'lstm' or {_PATH_FORM}",
+            field="model",
+        )
+    if name in _FAMILIES:
+        return _FAMILIES[name]
+    if ":" not in name:
+        raise InputError(
+            f"unknown model family {name!r}{_suggestion(name)}; known: {', '.join(families()) or 'none'}",
+            fix=f"use a known family or point to your own factory as {_PATH_FORM}",
+            field="model",
+        )
+    return _import_family(name)
+
+
+def families(kind: ModelKind | None = None) -> list[str]:
+    """Registered family names, sorted; only those of ``kind`` when given."""
+    if kind is not None:
+        _check_kind(kind)
+    return sorted(name for name, family in _FAMILIES.items() if kind is None or family.kind == kind)
+
+
+def check_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The family's defaults updated with ``params``; an unknown parameter is an error.
+
+    Values are not checked here: the factory checks them when the model is built.
+    """
+    family = resolve(name)
+    if not isinstance(params, Mapping):
+        raise InputError(
+            f"parameters must be a mapping of name to value, got {type(params).__name__}",
+            fix="give the parameters as a dict, e.g. {hidden_size: 64}",
+            field=family.name,
+        )
+    unknown = sorted(str(key) for key in params if key not in family.defaults)
+    if unknown and not family.accepts_any:
+        accepted = ", ".join(family.defaults) or "none"
+        raise InputError(
+            f"unknown parameter(s) {', '.join(unknown)} for model family {family.name!r}; accepted: {accepted}",
+            fix="remove or rename the parameter (training settings such as lr belong to train:)",
+            field=f"{family.name}.{unknown[0]}",
+        )
+    return {**family.defaults, **params}
+
+
+def build(
+    name: str,
+    *,
+    n_features: int,
+    lookback: int,
+    horizon: int,
+    params: Mapping[str, Any] | None = None,
+) -> Any:
+    """Build model family ``name`` for the given shapes with ``params`` over its defaults."""
+    merged = check_params(name, {} if params is None else params)
+    return resolve(name).factory(n_features=n_features, lookback=lookback, horizon=horizon, **merged)
+
+
+# --- internals -------------------------------------------------------------------------------
+
+
+def _check_kind(kind: object) -> None:
+    if kind not in _KINDS:
+        raise InputError(
+            f"model kind must be one of {', '.join(_KINDS)}, got {kind!r}",
+            fix="use kind='neural' (GPU lane) or kind='classical' (CPU lane)",
+            field="kind",
+        )
+
+
+def _family(name: str, kind: ModelKind, factory: Any) -> Family:
+    """Read a factory's parameters from its signature into a Family."""
+    if not callable(factory):
+        raise InputError(
+            f"model factory {name!r} is a {type(factory).__name__}, not callable",
+            fix="point to a class or function that builds the model",
+            field="model",
+        )
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError) as exc:
+        raise InputError(
+            f"cannot read the signature of model factory {name!r}: {exc}",
+            fix="wrap it in a plain Python function (n_features, lookback, horizon, *, params...)",
+            field="model",
+        ) from exc
+    parameters = signature.parameters
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    missing = [arg for arg in _SHAPE_ARGS if arg not in parameters]
+    if missing and not accepts_any:
+        raise InputError(
+            f"model factory {name!r} does not take {', '.join(missing)}",
+            fix="give the factory the signature (n_features, lookback, horizon, *, params with defaults)",
+            field="model",
+        )
+    defaults: dict[str, Any] = {}
+    for param in parameters.values():
+        if param.name in _SHAPE_ARGS or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if param.kind is param.POSITIONAL_ONLY or param.default is param.empty:
+            raise InputError(
+                f"model factory {name!r} parameter {param.name!r} needs a default and a keyword",
+                fix="give every parameter besides n_features, lookback, horizon a default value",
+                field="model",
+            )
+        defaults[param.name] = param.default
+    return Family(name, kind, factory, MappingProxyType(defaults), accepts_any)
+
+
+def _import_family(path: str) -> Family:
+    """Import ``package.module:factory`` (the factory may be dotted: ``module:Class.build``)."""
+    module_name, _, attr_path = path.partition(":")
+    if not module_name or not attr_path or ":" in attr_path:
+        raise InputError(
+            f"model path {path!r} is not of the form {_PATH_FORM}",
+            fix="write it as e.g. 'mypkg.models:make_model'",
+            field="model",
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import-time failure of user code is bad input, reported in one line
+        raise InputError(
+            f"cannot import module {module_name!r} for model {path!r}: {type(exc).__name__}: {exc}",
+            fix="check the module path and that its package is installed or on PYTHONPATH",
+            field="model",
+        ) from exc
+    factory: Any = module
+    for part in attr_path.split("."):
+        if not hasattr(factory, part):
+            raise InputError(
+                f"module {module_name!r} has no attribute {attr_path!r} (model {path!r})",
+                fix=f"check the factory name after ':'; the module defines {_public_names(module)}",
+                field="model",
+            )
+        factory = getattr(factory, part)
+    kind = getattr(factory, "gpufill_kind", "neural")
+    if kind not in _KINDS:
+        raise InputError(
+            f"model factory {path!r} has gpufill_kind={kind!r}",
+            fix="set gpufill_kind to 'neural' or 'classical' (or leave it out for neural)",
+            field="model",
+        )
+    return _family(path, kind, factory)
+
+
+def _suggestion(name: str) -> str:
+    lowered = {known.lower(): known for known in _FAMILIES}
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=1)
+    return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
+
+
+def _public_names(module: Any, limit: int = 8) -> str:
+    names = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
+    shown = ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+    return shown or "no public callables"
