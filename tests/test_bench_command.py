@@ -9,6 +9,7 @@ import statistics
 import pytest
 import torch
 
+from gpufill.engine import batching as batching_module
 from gpufill.engine import plan as plan_module
 from gpufill.bench import (
     BenchSettings,
@@ -28,7 +29,7 @@ from tests.fakes import CPU, H100, T4
 from tests.helpers import run_cli
 
 TINY = ("--epochs", 2, "--repeats", 1, "--length", 300, "--lookback", 12, "--hidden-size", 16, "--device", "cpu")
-SMALL = DataFacts(n_train=10_000, bytes_total=10 * 2**20, is_tensor=True)
+SMALL = DataFacts(n_train=10_000, bytes_total=10 * 2**20)
 
 
 def cpu_speedups() -> set[str]:
@@ -123,7 +124,7 @@ def test_settings_validate_in_the_python_api_too():
 
 @pytest.fixture
 def plenty_of_free_memory(monkeypatch):
-    monkeypatch.setattr(plan_module, "free_memory_bytes", lambda hw: hw.total_memory_bytes)
+    monkeypatch.setattr(batching_module, "free_memory_bytes", lambda hw: hw.total_memory_bytes)
 
 
 def test_gpu_plan_ablates_precision_tf32_cudnn_and_compile(plenty_of_free_memory):

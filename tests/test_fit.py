@@ -1,3 +1,4 @@
+import json
 import os
 import sys
 
@@ -160,11 +161,11 @@ def test_hot_loop_reads_the_device_once_per_epoch_and_per_validation(monkeypatch
         monkeypatch.setattr(torch.Tensor, name, counting(name))
     x, y = make_data()
     fit(model(), (x[:200], y[:200]), (x[200:], y[200:]), epochs=5, batch_size=16, validate_every=2)
-    # 13 steps per epoch; reads: 5 train losses + validations at epochs 2, 4, 5.
-    assert calls == ["item"] * (5 + 3)
+    # 13 steps per epoch; reads (loss and sample count in one transfer): 5 epochs + validations at epochs 2, 4, 5.
+    assert calls == ["tolist"] * (5 + 3)
     calls.clear()
     fit(model(), (x[:200], y[:200]), epochs=2, batch_size=16, sync_every_step=True)
-    assert calls == ["item"] * (2 * 13 + 2)  # the ablation's per-step read, then the epoch's
+    assert calls == (["item"] * 13 + ["tolist"]) * 2  # the ablation's per-step read, then the epoch's
 
 
 def test_early_stopping_restores_the_best_weights():
@@ -234,8 +235,8 @@ def test_mismatched_data_and_output_shapes_are_clear_errors():
         fit(model(), (x, y[:10]))
     with pytest.raises(InputError, match="returns shape"):
         fit(model(), (x, torch.zeros(len(x), 3)))
-    with pytest.raises(InputError, match="tensors or a Dataset"):
-        fit(model(), [x, y])
+    with pytest.raises(InputError, match="expected tensors"):
+        fit(model(), "train.csv")
 
 
 def test_backend_flags_are_restored_after_fit():
@@ -248,9 +249,10 @@ def test_backend_flags_are_restored_after_fit():
 def test_checkpoint_is_written_atomically(tmp_path, monkeypatch):
     x, y = make_data()
     fit(model(), (x, y), epochs=2, checkpoint_dir=tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]  # no .tmp left behind
-    saved = torch.load(tmp_path / "last.pt", weights_only=False)
-    assert saved["state"].epoch == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "meta.json"]  # no .tmp left behind
+    saved = torch.load(tmp_path / "last.pt", weights_only=True)  # tensors and plain containers only
+    meta = json.loads(saved["meta_json"])
+    assert meta["state"]["epoch"] == 2 and json.loads((tmp_path / "meta.json").read_text()) == meta
 
 
 def test_fit_feeds_a_training_monitor_every_step():

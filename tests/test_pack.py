@@ -118,16 +118,16 @@ def test_a_campaign_with_packs_matches_the_same_campaign_with_fusion_off(tmp_pat
 
 
 def test_loss_scaling_skips_an_overflowed_step_for_every_model_and_halves_the_scale():
-    from gpufill.engine.packs.optim import PackLossScaler
+    from gpufill.engine.precision import Precision
 
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(2, 3))
     start = p.detach().clone()
     optimizer = PackAdamW([p], torch.tensor([1e-2, 1e-2]), torch.zeros(2))
-    scaler = PackLossScaler(torch.device("cpu"), enabled=True, init_scale=2.0**127, growth_interval=2)
+    scaler = Precision("fp32", torch.device("cpu"), loss_scaling=True, masked=True, init_scale=2.0**127, growth_interval=2)
     everyone = torch.tensor([True, True])
-    scaler.scaled(1e6 * p.pow(2).sum()).backward()  # 2e6 * p * 2**127 overflows fp32
-    finite = scaler.unscale([p])
+    scaler.backward(1e6 * p.pow(2).sum())  # 2e6 * p * 2**127 overflows fp32
+    finite = scaler.finite_after_unscale([p])
     optimizer.step(everyone & finite)
     assert not bool(finite) and torch.equal(p.detach(), start) and optimizer.steps.tolist() == [0.0, 0.0]
     assert scaler.scale.item() == 2.0**126
@@ -137,8 +137,8 @@ def test_loss_scaling_skips_an_overflowed_step_for_every_model_and_halves_the_sc
     reference = PackAdamW([plain], torch.tensor([1e-2, 1e-2]), torch.zeros(2))
     for _ in range(2):
         optimizer.zero_grad()
-        scaler.scaled(p.pow(2).sum()).backward()
-        optimizer.step(everyone & scaler.unscale([p]))
+        scaler.backward(p.pow(2).sum())
+        optimizer.step(everyone & scaler.finite_after_unscale([p]))
         reference.zero_grad()
         plain.pow(2).sum().backward()
         reference.step(everyone)

@@ -3,17 +3,18 @@ import math
 import pytest
 import torch
 
+from gpufill.engine import batching as batching_module
 from gpufill.engine import plan as plan_module
 from gpufill.errors import InputError
 from gpufill.engine.plan import DataFacts, SpeedSettings, compile_for_steps, lr_scale_factor, make_plan
 from tests.fakes import CPU, H100, T4
 
-SMALL = DataFacts(n_train=10_000, bytes_total=10 * 2**20, is_tensor=True)
+SMALL = DataFacts(n_train=10_000, bytes_total=10 * 2**20)
 
 
 @pytest.fixture(autouse=True)
 def _plenty_of_free_memory(monkeypatch):
-    monkeypatch.setattr(plan_module, "free_memory_bytes", lambda hw: hw.total_memory_bytes)
+    monkeypatch.setattr(batching_module, "free_memory_bytes", lambda hw: hw.total_memory_bytes)
 
 
 def test_every_setting_has_a_value_and_a_reason():
@@ -60,12 +61,12 @@ def test_impossible_precision_is_a_clear_error(hardware, precision, field_text):
 
 def test_small_data_is_resident_large_data_streams(monkeypatch):
     assert make_plan(H100, SMALL, SpeedSettings()).data_placement.value == "device"
-    huge = DataFacts(n_train=10_000, bytes_total=40 * 2**30, is_tensor=True)  # > 25 % of 80 GiB
+    huge = DataFacts(n_train=10_000, bytes_total=40 * 2**30)  # > 25 % of 80 GiB
     plan = make_plan(H100, huge, SpeedSettings())
     assert plan.data_placement.value == "loader"
     loader = plan.loader.value
     assert loader.num_workers == 8 and loader.pin_memory and loader.persistent_workers and loader.prefetch_factor == 4
-    dataset = DataFacts(n_train=100, bytes_total=0, is_tensor=False)
+    dataset = DataFacts(n_train=100, bytes_total=0, kind="dataset")
     cpu_plan = make_plan(CPU, dataset, SpeedSettings())
     assert cpu_plan.data_placement.value == "loader"
     assert cpu_plan.loader.value.num_workers == 0 and not cpu_plan.loader.value.pin_memory
@@ -80,7 +81,7 @@ def test_batching_keeps_the_effective_batch_through_accumulation():
     assert odd.accumulation.value == 4  # 32 + 32 + 32 + 4
     auto = make_plan(CPU, SMALL, SpeedSettings())
     assert auto.effective_batch.value == 128 and auto.accumulation.value == 1
-    tiny = make_plan(CPU, DataFacts(n_train=100, bytes_total=1, is_tensor=True), SpeedSettings())
+    tiny = make_plan(CPU, DataFacts(n_train=100, bytes_total=1), SpeedSettings())
     assert tiny.effective_batch.value == 16  # largest power of two with >= 4 steps per epoch
     with pytest.raises(InputError, match="micro_batch"):
         make_plan(CPU, SMALL, SpeedSettings(batch_size=64, micro_batch=128))

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from gpufill.engine import batching as batching_module
 from gpufill.engine import plan as plan_module
 from gpufill.engine.loop import fit
 from gpufill.engine.plan import Choice, DataFacts, SpeedSettings, make_plan
@@ -22,7 +23,7 @@ MIB = 2**20
 
 @pytest.fixture(autouse=True)
 def fresh_cache(monkeypatch):
-    monkeypatch.setattr(plan_module, "free_memory_bytes", lambda hw: hw.total_memory_bytes)  # fake GPUs
+    monkeypatch.setattr(batching_module, "free_memory_bytes", lambda hw: hw.total_memory_bytes)  # fake GPUs
     cache_module.clear_memory()
     yield
     cache_module.clear_memory()
@@ -155,7 +156,7 @@ def test_a_damaged_cache_is_measured_again(tmp_path):
 
 
 def test_batch_search_is_planned_from_the_device_and_training_length():
-    facts = DataFacts(n_train=10_000, bytes_total=10_000, is_tensor=True)
+    facts = DataFacts(n_train=10_000, bytes_total=10_000)
     cpu, gpu = make_plan(CPU, facts, SpeedSettings()), make_plan(H100, facts, SpeedSettings())
     assert not cpu.batch_search.value and "CPU" in cpu.batch_search.reason
     assert gpu.batch_search.value

@@ -56,7 +56,6 @@ def automatic_plan(config: FitConfig, train: tuple[torch.Tensor, torch.Tensor], 
     facts = DataFacts(
         n_train=int(train[0].shape[0]),
         bytes_total=sum(t.numel() * t.element_size() for t in (*train, *val)),
-        is_tensor=True,
     )
     plan = make_plan(detect(config.device), facts, config)
     # fit settles the choices that pay back only over enough steps (compile; batch search

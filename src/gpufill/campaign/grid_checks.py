@@ -11,18 +11,16 @@ from __future__ import annotations
 import difflib
 import itertools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ValidationError
 
 from gpufill.campaign.spec_errors import LocatedError, explain, first_duplicate, show
-from gpufill.forecasting.data import split_bounds
+from gpufill.forecasting.data import Split, split_bounds
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
 
-if TYPE_CHECKING:
-    from gpufill.campaign.spec import TaskSpec
 
 __all__ = ["TRAIN_KEYS", "check_builds", "check_grid", "check_length"]
 
@@ -83,7 +81,7 @@ def _training_value(train: type[BaseModel], family: str, key: str, index: int | 
         raise LocatedError(loc, problem, fix=fix) from None
 
 
-def check_builds(family: str, axes: Mapping[str, list[Any]], task: TaskSpec) -> None:
+def check_builds(family: str, axes: Mapping[str, list[Any]], *, lookback: int, horizon: int) -> None:
     """Build every grid point once (training axes aside), so bad values fail at load time."""
     fam = registry.resolve(family)
     model_axes = {k: v for k, v in axes.items() if not (fam.kind == "neural" and k in TRAIN_KEYS)}
@@ -92,7 +90,7 @@ def check_builds(family: str, axes: Mapping[str, list[Any]], task: TaskSpec) -> 
         # Building initialises weights: keep the caller's global RNG untouched.
         with torch.random.fork_rng(devices=[]):
             try:
-                registry.build(family, n_features=1, lookback=min(task.lookback), horizon=task.horizon, params=params)
+                registry.build(family, n_features=1, lookback=lookback, horizon=horizon, params=params)
             except InputError as exc:
                 key = str(exc.field or "").rpartition(".")[2]
                 loc = ("models", family, key) if key in params else ("models", family)
@@ -105,21 +103,20 @@ def check_builds(family: str, axes: Mapping[str, list[Any]], task: TaskSpec) -> 
                 ) from None
 
 
-def check_length(length: int, task: TaskSpec) -> None:
-    """A synthetic series must hold a training window and a horizon of val and test points."""
-    split = task.split.to_split()
+def check_length(length: int, split: Split, *, lookback: int, horizon: int) -> None:
+    """A synthetic series must hold a training window (of the longest lookback) and a horizon of val and test points."""
     try:
         train_end, val_end = split_bounds(length, split)
     except InputError as exc:
         raise LocatedError(("task", "split"), exc.problem, fix=exc.fix) from None
-    longest = max(task.lookback)
-    if train_end < longest + task.horizon:
+    longest = lookback
+    if train_end < longest + horizon:
         raise LocatedError(
             ("task", "lookback"),
-            f"lookback {longest} + horizon {task.horizon} does not fit the {train_end} training steps of a synthetic series of length {length}",
+            f"lookback {longest} + horizon {horizon} does not fit the {train_end} training steps of a synthetic series of length {length}",
             fix=f"lower the lookback or raise data.length above {length}",
         )
     for name, size in (("val", val_end - train_end), ("test", length - val_end)):
-        if 0 < size < task.horizon or (name == "test" and size == 0):
-            raise LocatedError(("task", "split", name), f"split.{name} holds {size} steps, fewer than horizon {task.horizon}", fix=f"raise split.{name} or lower the horizon")
+        if 0 < size < horizon or (name == "test" and size == 0):
+            raise LocatedError(("task", "split", name), f"split.{name} holds {size} steps, fewer than horizon {horizon}", fix=f"raise split.{name} or lower the horizon")
 

@@ -10,11 +10,11 @@ has the same shape as an unfused trial's, with the pack's time shared among its 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from gpufill.campaign.worker import TrialRunner, _attempt
+from gpufill.campaign.attempt import attempt
 from gpufill.forecasting.data import forecast_metrics
 from gpufill.forecasting.task import ForecastRun, predict
 from gpufill.engine.hardware import detect
@@ -27,6 +27,17 @@ from gpufill.engine.plan import DataFacts, make_plan
 CANDIDATE_SIZES = (1, 2, 4, 8)
 
 
+class TrialRunner(Protocol):
+    """What packs need of the worker's runner (campaign/worker.py)."""
+
+    spec: Any
+    device: str
+    tune_cache: str | None
+
+    def windows(self, project: str, lookback: int) -> Any: ...
+    def run(self, trial: dict[str, Any]) -> dict[str, Any]: ...
+
+
 def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int | None) -> dict[str, Any]:
     spec = runner.spec
     windows = {t["trial_id"]: runner.windows(t["project"], t["lookback"]) for t in trials}
@@ -35,7 +46,7 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
         first = trials[0]
         sample = windows[first["trial_id"]]
         config = spec.train.fit_config(first["train"], first["seed"])
-        batch = make_plan(detect(runner.device), DataFacts(n_train=sample.x_train.shape[0], bytes_total=0, is_tensor=True), config).effective_batch.value
+        batch = make_plan(detect(runner.device), DataFacts(n_train=sample.x_train.shape[0], bytes_total=0), config).effective_batch.value
 
         def build() -> torch.nn.Module:
             return registry.build(first["family"], n_features=sample.n_features, lookback=sample.lookback, horizon=sample.horizon, params=first["params"])
@@ -53,7 +64,7 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
     trials, returned = trials[:pack_size], [t["trial_id"] for t in trials[pack_size:]]
     results: list[dict[str, Any]] = []
     if pack_size == 1:
-        results = [_attempt(t, lambda t=t: runner.run(t)) for t in trials]
+        results = [attempt(t, lambda t=t: runner.run(t)) for t in trials]
     else:
         # Same shape string, but projects may differ in covariates: fuse only equal widths.
         by_width: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -68,7 +79,7 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
 
 def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict[str, Any], reason: str | None) -> list[dict[str, Any]]:
     if len(chunk) == 1:
-        return [_attempt(chunk[0], lambda: runner.run(chunk[0]))]
+        return [attempt(chunk[0], lambda: runner.run(chunk[0]))]
     spec = runner.spec
     try:
         models, members = [], []
@@ -84,7 +95,7 @@ def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict
         config.tune_cache = runner.tune_cache  # the pack's compile measurement, once per shape
         fits = fit_pack(models, members, config=config)
     except Exception:  # a fused kernel failed: these trials still run, one at a time
-        return [_attempt(t, lambda t=t: runner.run(t)) for t in chunk]
+        return [attempt(t, lambda t=t: runner.run(t)) for t in chunk]
     out = []
     for trial, fitted in zip(chunk, fits, strict=True):
         w = windows[trial["trial_id"]]
@@ -103,7 +114,7 @@ def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict
                 raise FloatingPointError(f"training diverged: {fitted.events[0] if fitted.events else 'non-finite loss'}")
             return result
 
-        message = _attempt(trial, score)
+        message = attempt(trial, score)
         message["seconds"] = fitted.timings["train_s"]  # this trial's share of the pack's time
         out.append(message)
     return out

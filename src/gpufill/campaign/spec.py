@@ -384,9 +384,9 @@ class CampaignSpec(Spec):
     @model_validator(mode="after")
     def _check_against_task(self) -> CampaignSpec:
         if self.data.source == "synthetic":
-            check_length(self.data.length, self.task)
+            check_length(self.data.length, self.task.split.to_split(), lookback=max(self.task.lookback), horizon=self.task.horizon)
         for family in self.models:
-            check_builds(family, self.models[family], self.task)
+            check_builds(family, self.models[family], lookback=min(self.task.lookback), horizon=self.task.horizon)
         return self
 
     # -- helpers for the rest of the campaign -----------------------------------------------

@@ -12,11 +12,11 @@ Run as ``python -m gpufill.campaign.worker FD`` it is a local worker (executors/
 from __future__ import annotations
 
 import os
-import time
-import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+
+from gpufill.campaign.attempt import attempt
 
 
 def start_runner(setup: dict[str, Any]) -> TrialRunner:
@@ -55,22 +55,6 @@ def worker_main(conn: Connection) -> None:
             return
 
 
-def _attempt(trial: dict[str, Any], run: Any) -> dict[str, Any]:
-    """Run one trial's work; its failure is data for the store, not a worker crash."""
-    started = time.perf_counter()
-    try:
-        message = {"trial_id": trial["trial_id"], "ok": True, "result": run()}
-    except Exception as error:
-        message = {
-            "trial_id": trial["trial_id"],
-            "ok": False,
-            "error": f"{type(error).__name__}: {error}".splitlines()[0],
-            "traceback": traceback.format_exc(),
-        }
-    message["seconds"] = time.perf_counter() - started
-    return message
-
-
 class TrialRunner:
     """Loads the campaign's data once per process and trains trials on it."""
 
@@ -100,7 +84,7 @@ class TrialRunner:
         """A task is one trial, or several neural trials of one shape to train as a fused pack."""
         trials = task["trials"]
         if len(trials) == 1 or task.get("pack_size") == 1:
-            return {"results": [_attempt(t, lambda t=t: self.run(t)) for t in trials], "pack": None}
+            return {"results": [attempt(t, lambda t=t: self.run(t)) for t in trials], "pack": None}
         from gpufill.campaign.packs import run_pack
 
         return run_pack(self, trials, task.get("pack_size"))

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from gpufill.forecasting.data import Split
 from gpufill.doctor.profiler import TrainingData, check_positive
+from gpufill.engine import hardware
 from gpufill.errors import InputError
 
 __all__ = ["Training", "check_device", "forecaster_training"]
@@ -37,28 +38,8 @@ class Training:
 
 
 def check_device(device: str) -> torch.device:
-    """"auto" or a device this process can use, else an InputError that says which exist."""
-    if device == "auto":
-        from gpufill.engine.hardware import resolve_device
-
-        return resolve_device("auto")
-    try:
-        parsed = torch.device(device)
-    except RuntimeError as error:
-        raise InputError(f"unknown device {device!r}", where="gpufill doctor", field="--device", fix="pass auto, cpu, cuda or cuda:N") from error
-    if parsed.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise InputError(f"device {device!r}: no CUDA GPU is visible to this process", where="gpufill doctor", field="--device",
-                             fix="pass --device cpu (or auto), or check the driver and CUDA_VISIBLE_DEVICES")
-        index = parsed.index if parsed.index is not None else torch.cuda.current_device()
-        if index >= count:
-            raise InputError(f"device {device!r}: only {count} CUDA GPU(s) visible", where="gpufill doctor", field="--device",
-                             fix=f"pass a device from cuda:0 to cuda:{count - 1}")
-        return torch.device("cuda", index)
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise InputError("device 'mps' is not available here", where="gpufill doctor", field="--device", fix="pass --device cpu or auto")
-    return parsed
+    """"auto" or a device this process can use, else an InputError naming --device."""
+    return hardware.check_device(device, where="gpufill doctor", field="--device")
 
 
 def forecaster_training(

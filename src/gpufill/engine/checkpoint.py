@@ -1,9 +1,20 @@
-"""Training checkpoints: what survives a restart (TrainingState, weights, optimizer, scaler, RNGs),
-written atomically (tmp + os.replace), so a crash never leaves half a file."""
+"""Training checkpoints: state dicts plus JSON metadata, loaded with weights_only=True.
+
+`last.pt` holds only tensors and plain containers (model, optimizer, precision and schedule
+state dicts, RNG states, the best weights) and the metadata as a JSON string, so one atomic
+write (tmp + os.replace) keeps them together; `meta.json` beside it is the same metadata for
+people and tools. Loading with weights_only=True means a crafted file cannot run code.
+
+The metadata says what the checkpoint belongs to (fingerprints of the model, the optimizer
+and the training data): resuming with another one is refused in one line, as is a damaged
+file or one written by an older gpufill.
+"""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
+import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -14,13 +25,19 @@ import torch
 from torch import nn
 
 from gpufill.engine.result import EpochRecord
+from gpufill.errors import InputError
 
 CHECKPOINT_NAME = "last.pt"
+META_NAME = "meta.json"
+FORMAT = 2
+"""Bumped when the layout changes; format 1 was a pickle of Python objects (weights_only=False)."""
+
+_FIX = "point checkpoint_dir at a new directory, or delete the checkpoint to start over (resume=False ignores it)"
 
 
 @dataclass(slots=True)
 class TrainingState:
-    """Everything that must survive a restart to continue exactly where training stopped."""
+    """Everything besides the tensors that must survive a restart to continue exactly where training stopped."""
 
     epoch: int = 0
     history: list[EpochRecord] = field(default_factory=list)
@@ -30,50 +47,113 @@ class TrainingState:
     bad_validations: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What a checkpoint belongs to; a resume must match all three."""
+
+    model: str
+    optimizer: str
+    data: str
+
+    def mismatch(self, saved: dict[str, str]) -> str | None:
+        for what in ("model", "optimizer", "data"):
+            if saved.get(what) != getattr(self, what):
+                return what
+        return None
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """The model's class and every parameter's and buffer's name, shape and dtype."""
+    entries = ";".join(f"{name}:{tuple(t.shape)}:{t.dtype}" for name, t in model.state_dict().items())
+    return hashlib.sha1(f"{type(model).__qualname__}|{entries}".encode()).hexdigest()[:16]
+
+
+def optimizer_fingerprint(optimizer: torch.optim.Optimizer) -> str:
+    """The optimizer's class and its parameter groups' shapes."""
+    groups = "|".join(",".join(str(tuple(p.shape)) for p in group["params"]) for group in optimizer.param_groups)
+    return hashlib.sha1(f"{type(optimizer).__qualname__}|{groups}".encode()).hexdigest()[:16]
+
+
 def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
     return Path(directory) / CHECKPOINT_NAME
 
 
-def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) -> Path:
+def save_checkpoint(directory: str | os.PathLike[str], tensors: dict[str, Any], meta: dict[str, Any]) -> Path:
     path = checkpoint_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(meta, indent=1, default=str)
     tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
+    torch.save({**tensors, "meta_json": text}, tmp)
     os.replace(tmp, path)
+    meta_tmp = path.parent / (META_NAME + ".tmp")
+    meta_tmp.write_text(text + "\n")
+    os.replace(meta_tmp, path.parent / META_NAME)
     return path
 
 
-def load_checkpoint(directory: str | os.PathLike[str], device: torch.device) -> dict[str, Any] | None:
+def load_checkpoint(directory: str | os.PathLike[str], device: torch.device) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(tensors, metadata) of the last checkpoint, None when there is none; a file that is damaged,
+    unsafe or from an older gpufill is an InputError."""
     path = checkpoint_path(directory)
     if not path.exists():
         return None
-    # weights_only=False: the checkpoint holds RNG states and history, which we wrote ourselves.
-    return torch.load(path, map_location=device, weights_only=False)
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:  # torch raises several types for truncated, garbage or unsafe files
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if "weights_only" in str(error) or "Unsupported global" in str(error):
+            reason = "it holds Python objects, not only tensors (an older gpufill, or not a gpufill checkpoint); it was not run"
+        raise InputError(f"{path}: cannot load the checkpoint ({reason[:160]})", field="checkpoint_dir", fix=_FIX) from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("meta_json"), str):
+        raise InputError(f"{path}: not a gpufill checkpoint (no metadata)", field="checkpoint_dir", fix=_FIX)
+    try:
+        meta = json.loads(payload.pop("meta_json"))
+    except json.JSONDecodeError:
+        raise InputError(f"{path}: the checkpoint's metadata is damaged", field="checkpoint_dir", fix=_FIX) from None
+    if meta.get("format") != FORMAT:
+        raise InputError(f"{path}: checkpoint format {meta.get('format')!r}, this gpufill reads format {FORMAT}", field="checkpoint_dir", fix=_FIX)
+    return payload, meta
 
 
-def capture(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, generator: torch.Generator, device: torch.device,
-            state: TrainingState, micro_batch: int) -> dict[str, Any]:
-    """Everything a resumed run needs to continue exactly where this one stands."""
+def check_identity(meta: dict[str, Any], identity: Identity, directory: str | os.PathLike[str]) -> None:
+    what = identity.mismatch(meta.get("identity", {}))
+    if what is not None:
+        other = {"model": "another model (different class or parameter shapes)", "optimizer": "another optimizer or parameter groups",
+                 "data": "other training data (different samples, structure or size)"}[what]
+        raise InputError(f"{checkpoint_path(directory)} was written for {other}; resuming would mix two trainings", field="resume",
+                         fix=f"resume with the same {what}, or {_FIX}")
+
+
+def state_meta(state: TrainingState) -> dict[str, Any]:
     return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict(),
-        "generator": generator.get_state(),
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        "state": copy.deepcopy(state),
-        "micro_batch": micro_batch,
+        "epoch": state.epoch,
+        "history": [dataclasses.asdict(record) for record in state.history],
+        "best_val": state.best_val if math.isfinite(state.best_val) else None,
+        "best_epoch": state.best_epoch,
+        "bad_validations": state.bad_validations,
     }
 
 
-def restore(saved: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, generator: torch.Generator,
-            device: torch.device) -> tuple[TrainingState, int]:
-    """Load `capture`'s dict into the live objects; (the training state, the micro-batch it ran at)."""
-    model.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    scaler.load_state_dict(saved["scaler"])
+def state_from(meta: dict[str, Any], best_weights: dict[str, torch.Tensor] | None) -> TrainingState:
+    return TrainingState(
+        epoch=int(meta["epoch"]),
+        history=[EpochRecord(**record) for record in meta["history"]],
+        best_val=math.inf if meta["best_val"] is None else float(meta["best_val"]),
+        best_epoch=meta["best_epoch"],
+        best_weights=best_weights,
+        bad_validations=int(meta["bad_validations"]),
+    )
+
+
+def rng_state(generator: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:
+    state = {"generator": generator.get_state(), "torch_rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(saved: dict[str, Any], generator: torch.Generator, device: torch.device) -> None:
     generator.set_state(saved["generator"].cpu())  # generator states live on the host
     torch.set_rng_state(saved["torch_rng"].cpu())
     if device.type == "cuda" and saved.get("cuda_rng") is not None:
         torch.cuda.set_rng_state(saved["cuda_rng"].cpu(), device)
-    return saved["state"], saved["micro_batch"]

@@ -1,25 +1,92 @@
-"""FitConfig: what fit() takes, the one home of training defaults."""
+"""FitConfig: what fit() takes, and the one home of every training default.
+
+`SpeedSettings` is what the user asks of the speed-ups (each "auto" becomes a Choice in the
+Plan); `FitConfig` adds what to learn: epochs, learning rate, loss, optimizer, schedule,
+early stopping and checkpoints. `validate()` checks every field once, before anything runs,
+and names the field and the fix.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from gpufill.errors import InputError
-from gpufill.engine.plan import Plan, SpeedSettings
 
-LossName = Literal["mse", "mae", "huber"]
-LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "mse": nn.functional.mse_loss,
-    "mae": nn.functional.l1_loss,
-    "huber": nn.functional.huber_loss,
-}
+Auto = Literal["auto"]
+PrecisionName = Literal["bf16", "fp16", "fp32"]
+LrScaleRule = Literal["linear", "sqrt", "none"]
+OptimizerKernel = Literal["fused", "foreach", "for-loop"]
+OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+ScheduleFn = Callable[[int], float]
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+PLACEMENTS = ("auto", "device", "loader")
+LR_SCALE_RULES = ("linear", "sqrt", "none")
+OPTIMIZER_KERNELS = ("auto", "fused", "foreach", "for-loop")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SCHEDULES = ("constant", "warmup_cosine", "linear")
+
+
+@dataclass(kw_only=True, slots=True)
+class SpeedSettings:
+    """What the user asks for; each "auto" becomes a concrete Choice in the Plan."""
+
+    device: str = "auto"
+    """"auto" (first GPU, else CPU), or a torch device string such as "cuda:1" or "cpu"."""
+    precision: PrecisionName | Auto = "auto"
+    """bf16 / fp16 autocast or plain fp32."""
+    tf32: bool | Auto = "auto"
+    cudnn_benchmark: bool | Auto = "auto"
+    compile: bool | Auto = "auto"
+    data_placement: Literal["device", "loader"] | Auto = "auto"
+    """"device": tensors moved to the device once and batched there by index."""
+    num_workers: int | Auto = "auto"
+    """DataLoader workers when data is not resident."""
+    batch_size: int | Auto = "auto"
+    """Effective batch: samples per optimizer step."""
+    micro_batch: int | Auto = "auto"
+    """Samples per forward/backward; accumulation = ceil(batch_size / micro_batch)."""
+    reference_batch: int | None = None
+    """The batch the learning rate was tuned for (default: batch_size if set, else 128)."""
+    lr_scale_rule: LrScaleRule = "linear"
+    """How lr follows the effective batch when it differs from reference_batch."""
+    memory_margin: float = 0.85
+    """Share of device memory a training may plan to use."""
+    optimizer_kernel: OptimizerKernel | Auto = "auto"
+    """"fused" (one kernel for all parameters), "foreach" (multi-tensor) or "for-loop"."""
+    sync_every_step: bool = False
+    """Read the loss on the host every step, as logging loops do (off: once per epoch). For ablations."""
+    batch_search: bool | Auto = "auto"
+    """Measure samples/s at several micro-batch sizes and keep the fastest within memory_margin."""
+    tune_effective_batch: bool = False
+    """Let the batch search change the effective batch too (lr follows lr_scale_rule)."""
+    tune_cache: str | Path | None = None
+    """Directory caching measured choices per (model shape, device); a campaign passes its workdir."""
+
+    def validate(self) -> None:
+        """Every speed field checked once; the first bad one raises an InputError naming it and the fix."""
+        for name in ("batch_size", "micro_batch", "num_workers"):
+            value = getattr(self, name)
+            if value != "auto":
+                _whole(name, value, minimum=0 if name == "num_workers" else 1, auto=True)
+        if self.reference_batch is not None:
+            _whole("reference_batch", self.reference_batch, minimum=1, none=True)
+        _number("memory_margin", self.memory_margin, "a share in (0, 1], e.g. 0.85", lambda v: 0 < v <= 1)
+        _one_of("precision", self.precision, PRECISIONS)
+        _one_of("data_placement", self.data_placement, PLACEMENTS)
+        _one_of("lr_scale_rule", self.lr_scale_rule, LR_SCALE_RULES)
+        _one_of("optimizer_kernel", self.optimizer_kernel, OPTIMIZER_KERNELS)
+        for name in ("tf32", "cudnn_benchmark", "compile", "batch_search"):
+            _one_of(name, getattr(self, name), (True, False, "auto"))
+        if not isinstance(self.device, str | torch.device):
+            raise InputError(f"device must be a string such as 'cpu' or 'cuda:0', got {type(self.device).__name__}", field="device",
+                             fix="pass auto, cpu, cuda or cuda:N")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -30,8 +97,18 @@ class FitConfig(SpeedSettings):
     lr: float = 1e-3
     """Learning rate at the reference batch; the plan scales it with the effective batch."""
     weight_decay: float = 0.0
-    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
-    loss: LossName = "mse"
+    """AdamW: applied to weight matrices and embeddings only, never to biases and norm weights."""
+    optimizer: str | OptimizerFactory = "adamw"
+    """"adamw", "adam", "sgd" (momentum 0.9), or a factory `params -> torch.optim.Optimizer`."""
+    schedule: str | ScheduleFn = "constant"
+    """"constant", "warmup_cosine", "linear" (warm-up, then linear decay), or `step -> lr multiplier`."""
+    warmup_steps: int | Auto = "auto"
+    """Warm-up of warmup_cosine and linear ("auto": 5 % of the optimizer steps)."""
+    min_lr_ratio: float = 0.0
+    """Where warmup_cosine and linear end, as a share of the peak learning rate."""
+    loss: Any = "mse"
+    """A name (mse, mae, huber, cross_entropy, bce_with_logits), a named loss object such as
+    CrossEntropy(ignore_index=0), or `fn(model, batch) -> Tensor | {"loss": Tensor, **metrics}`."""
     grad_clip: float | None = None
     """Max global gradient norm (None: off). Opt-in: on small models it costs ~8 % of a CPU step."""
     validate_every: int = 1
@@ -44,22 +121,53 @@ class FitConfig(SpeedSettings):
     checkpoint_every: int = 1
     resume: bool = False
     """Continue from checkpoint_dir's last checkpoint if there is one."""
+    steps_per_epoch: int | None = None
+    """Optimizer steps per epoch for an IterableDataset (None: one pass, counted in the first epoch)."""
     seed: int = 0
     """Seeds batch order and dropout (not the model's init, which happens before fit)."""
 
     def validate(self) -> None:
+        """Every field checked once; the first bad one raises an InputError naming it and the fix."""
+        SpeedSettings.validate(self)
         for name in ("epochs", "validate_every", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}", field=name, fix=f"set {name} to a positive integer")
-        if not self.lr > 0:
-            raise InputError(f"lr must be positive, got {self.lr}", field="lr", fix="set lr to a positive number such as 1e-3")
-        if self.loss not in LOSSES:
-            raise InputError(f"unknown loss {self.loss!r}", field="loss", fix=f"use one of {', '.join(LOSSES)}")
-        if self.optimizer not in ("adamw", "adam", "sgd"):
-            raise InputError(f"unknown optimizer {self.optimizer!r}", field="optimizer", fix="use adamw, adam or sgd")
-        if self.patience is not None and self.patience < 1:
-            raise InputError(f"patience must be at least 1, got {self.patience}", field="patience", fix="set patience >= 1 or None to turn early stopping off")
+            _whole(name, getattr(self, name), minimum=1)
+        for name in ("patience", "steps_per_epoch"):
+            if getattr(self, name) is not None:
+                _whole(name, getattr(self, name), minimum=1, none=True)
+        if self.warmup_steps != "auto":
+            _whole("warmup_steps", self.warmup_steps, minimum=0, auto=True)
+        _number("lr", self.lr, "a positive number such as 1e-3", lambda v: v > 0)
+        _number("weight_decay", self.weight_decay, "0 or a positive number such as 0.01", lambda v: v >= 0)
+        _number("min_delta", self.min_delta, "0 or a small positive number", lambda v: v >= 0)
+        _number("min_lr_ratio", self.min_lr_ratio, "a share between 0 and 1, e.g. 0.1", lambda v: 0 <= v <= 1)
+        if self.grad_clip is not None:
+            _number("grad_clip", self.grad_clip, "a positive max norm such as 1.0, or None to turn clipping off", lambda v: v > 0)
+        if not callable(self.optimizer):
+            _one_of("optimizer", self.optimizer, OPTIMIZERS, also="or a factory params -> torch.optim.Optimizer")
+        if not callable(self.schedule):
+            _one_of("schedule", self.schedule, SCHEDULES, also="or a function step -> lr multiplier")
         if self.resume and self.checkpoint_dir is None:
             raise InputError("resume needs a checkpoint directory", field="resume", fix="set checkpoint_dir")
-        if not 0 < self.memory_margin <= 1:
-            raise InputError(f"memory_margin must be in (0, 1], got {self.memory_margin}", field="memory_margin", fix="use e.g. 0.85")
+        if self.checkpoint_dir is not None and Path(self.checkpoint_dir).exists() and not Path(self.checkpoint_dir).is_dir():
+            raise InputError(f"checkpoint_dir {str(self.checkpoint_dir)!r} is a file, not a directory", field="checkpoint_dir",
+                             fix="point checkpoint_dir at a directory (it is created if missing)")
+
+
+def _whole(name: str, value: Any, *, minimum: int, auto: bool = False, none: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        other = " or auto" if auto else " or None" if none else ""
+        raise InputError(f"{name} must be a whole number >= {minimum}, got {value!r}", field=name,
+                         fix=f"set {name} to an integer such as {max(minimum, 1)}{other}")
+
+
+def _number(name: str, value: Any, wanted: str, ok: Callable[[float], bool]) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not ok(value):
+        raise InputError(f"{name} is {value!r}", field=name, fix=f"set {name} to {wanted}")
+
+
+def _one_of(name: str, value: Any, allowed: tuple[Any, ...], also: str = "") -> None:
+    if isinstance(value, bool) and True not in allowed:
+        raise InputError(f"unknown {name} {value!r}", field=name, fix=f"use one of {', '.join(map(str, allowed))} {also}")
+    if value not in allowed or (isinstance(value, int) and not isinstance(value, bool) and value in (0, 1) and True in allowed):
+        shown = ", ".join("true" if a is True else "false" if a is False else str(a) for a in allowed)
+        raise InputError(f"unknown {name} {value!r}", field=name, fix=f"use one of {shown} {also}".strip())

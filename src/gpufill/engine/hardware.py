@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 import psutil
 import torch
 
+from gpufill.errors import InputError
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PeakThroughput:
@@ -129,6 +131,29 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def check_device(device: str | torch.device, *, where: str | None = None, field: str = "device") -> torch.device:
+    """"auto" or a device this process can use, else an InputError that says which exist."""
+    if str(device) == "auto":
+        return resolve_device("auto")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise InputError(f"unknown device {str(device)!r}", where=where, field=field, fix="pass auto, cpu, cuda or cuda:N") from error
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InputError(f"device {str(device)!r}: no CUDA GPU is visible to this process", where=where, field=field,
+                             fix="use the CPU (device cpu, or auto), or check the driver and CUDA_VISIBLE_DEVICES")
+        index = parsed.index if parsed.index is not None else torch.cuda.current_device()
+        if index >= count:
+            raise InputError(f"device {str(device)!r}: only {count} CUDA GPU(s) visible", where=where, field=field,
+                             fix=f"pass a device from cuda:0 to cuda:{count - 1}")
+        return torch.device("cuda", index)
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError("device 'mps' is not available here", where=where, field=field, fix="use cpu or auto")
+    return parsed
 
 
 def detect(device: str | torch.device = "auto") -> Hardware:

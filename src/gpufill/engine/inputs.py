@@ -1,56 +1,180 @@
-"""What `fit` accepts, made uniform: an (inputs, targets) pair of tensors or a Dataset ->
-a checked source, the facts the plan needs, one sample's shape, and the batches the loop draws."""
+"""What `fit` accepts, made uniform: tensors in any structure, a map-style Dataset, a user's
+DataLoader or an IterableDataset -> a checked `Source` with one sample batch, the facts
+the plan needs, and the batches the loop draws.
+
+Tensors (a tensor, a tuple of any length, a dict, nested; numpy arrays are taken as
+tensors) can be made resident; their sample count is the leaves' shared first dimension.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+import numpy as np
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils import _pytree as pytree
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
-from gpufill.engine.batches import LoaderBatches, ResidentBatches
+from gpufill.engine.batches import (
+    Batch,
+    DatasetBatches,
+    GivenLoaderBatches,
+    ResidentBatches,
+    StreamBatches,
+    rows,
+    sample_count,
+    signature,
+    tensors_of,
+)
+from gpufill.engine.batching import DataFacts, LoaderSettings
 from gpufill.engine.distributed import Distributed
+from gpufill.engine.plan import Plan
 from gpufill.errors import InputError
-from gpufill.engine.plan import DataFacts, Plan
 
-Data = tuple[torch.Tensor, torch.Tensor] | Dataset
+Kind = Literal["tensors", "dataset", "loader", "stream"]
+Data = Any
+"""Tensors (any structure), a Dataset, a DataLoader or an IterableDataset."""
 
 
-def as_source(data: Data, name: str) -> tuple[torch.Tensor, torch.Tensor] | Dataset:
-    if isinstance(data, TensorDataset) and len(data.tensors) == 2:
-        return data.tensors[0], data.tensors[1]
-    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
-        inputs, targets = data
-        if inputs.shape[0] != targets.shape[0]:
-            raise InputError(
-                f"inputs have {inputs.shape[0]} samples but targets have {targets.shape[0]}", field=name, fix="pass tensors with the same first dimension"
-            )
-        if inputs.shape[0] == 0:
-            raise InputError("no samples", field=name, fix="pass at least one sample")
-        return inputs, targets
+@dataclass(slots=True)
+class Source:
+    """One data argument of fit (train or val), checked."""
+
+    name: str
+    kind: Kind
+    data: Any
+    """The tensor structure, Dataset, DataLoader or IterableDataset."""
+    n: int | None
+    """Samples (None: unknown before a pass)."""
+    sample: Batch
+    """One batch with a batch axis (tensors: the first row; a loader: its first batch)."""
+    nbytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def as_source(data: Data, name: str) -> Source:
+    """Classify and check `data`; a bad structure is one InputError naming `name`."""
+    if isinstance(data, DataLoader):
+        first = _first(data, name)
+        return Source(name, "loader", data, _length(data.dataset), first)
+    if isinstance(data, IterableDataset):
+        first = _first(DataLoader(data, batch_size=2), name)
+        return Source(name, "stream", data, None, rows(first, 0, 1))
+    if isinstance(data, TensorDataset):
+        data = data.tensors
     if isinstance(data, Dataset):
-        return data
-    raise InputError(f"expected an (inputs, targets) pair of tensors or a Dataset, got {type(data).__name__}", field=name, fix="wrap the data as (x, y) tensors")
+        n = _length(data)
+        if not n:
+            raise InputError("the Dataset is empty" if n == 0 else "the Dataset has no __len__", field=name,
+                             fix="pass a map-style Dataset with samples (or an IterableDataset)")
+        return Source(name, "dataset", data, n, default_collate([data[0]]))
+    return _tensor_source(data, name)
 
 
-def data_facts(train: Any, val: Any) -> DataFacts:
-    is_tensor = isinstance(train, tuple)
-    n_train = int(train[0].shape[0]) if is_tensor else len(train)
-    total = sum(t.numel() * t.element_size() for source in (train, val) if isinstance(source, tuple) for t in source)
-    return DataFacts(n_train=n_train, bytes_total=total, is_tensor=is_tensor)
+def _tensor_source(data: Data, name: str) -> Source:
+    leaves, spec = pytree.tree_flatten(data)
+    if not leaves:
+        raise InputError(f"{name} holds no tensors", field=name, fix="pass tensors, a Dataset or a DataLoader")
+    converted = []
+    for leaf in leaves:
+        if isinstance(leaf, np.ndarray):
+            leaf = torch.from_numpy(leaf)
+        if not isinstance(leaf, torch.Tensor):
+            raise InputError(
+                f"expected tensors (a tuple, list or dict of them), a Dataset or a DataLoader, got {type(leaf).__name__}", field=name,
+                fix="pass e.g. (inputs, targets) tensors, a dict of tensors, a torch Dataset or a DataLoader")
+        converted.append(leaf)
+    data = pytree.tree_unflatten(converted, spec)
+    n = sample_count(data, name)
+    if n == 0:
+        raise InputError("no samples", field=name, fix="pass at least one sample")
+    return Source(name, "tensors", data, n, rows(data, 0, 1), nbytes=sum(t.numel() * t.element_size() for t in converted))
 
 
-def as_dataset(source: Any) -> Dataset:
-    return TensorDataset(*source) if isinstance(source, tuple) else source
+def _first(loader: DataLoader, name: str) -> Batch:
+    for batch in loader:
+        return batch
+    raise InputError("the DataLoader yields no batches", field=name, fix="pass data with at least one sample")
 
 
-def sample_input(source: Any) -> torch.Tensor:
-    """One sample's inputs with a batch axis: the shape key of measured choices."""
-    return source[0][:1] if isinstance(source, tuple) else torch.as_tensor(source[0][0]).unsqueeze(0)
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
 
 
-def make_batches(source: Any, plan: Plan, device: torch.device, shard: Distributed | None = None) -> ResidentBatches | LoaderBatches:
-    if plan.data_placement.value == "device":
-        return ResidentBatches(source[0], source[1], device, shard)
-    assert plan.loader.value is not None
-    return LoaderBatches(as_dataset(source), device, plan.loader.value, shard)
+def harmonise_floats(source: Source, model_dtype: torch.dtype | None) -> torch.dtype | None:
+    """float64 data for a float32 model: resident tensors are cast once, loader batches as they
+    are copied; noted, not refused (numpy arrays are float64 by default). Returns the dtype
+    loader copies cast float64 to (None: no cast)."""
+    if model_dtype is None or model_dtype == torch.float64:
+        return None
+    if not any(t.dtype == torch.float64 for t in tensors_of(source.sample)):
+        return None
+    source.notes.append(f"{source.name}: float64 tensors cast to {str(model_dtype).removeprefix('torch.')} (the model's weights' dtype)")
+    if source.kind == "tensors":
+        source.data = pytree.tree_map(lambda t: t.to(model_dtype) if t.dtype == torch.float64 else t, source.data)
+        source.sample = pytree.tree_map(lambda t: t.to(model_dtype) if t.dtype == torch.float64 else t, source.sample)
+        return None
+    return model_dtype
+
+
+def data_facts(train: Source, val: Source | None, steps_per_epoch: int | None) -> DataFacts:
+    given = None
+    loader_steps = None
+    loader_batch = None
+    if train.kind == "loader":
+        loader: DataLoader = train.data
+        loader_batch = sample_count(train.sample, "train")
+        loader_steps = _length(loader)
+        given = LoaderSettings(num_workers=loader.num_workers, prefetch_factor=loader.prefetch_factor, pin_memory=loader.pin_memory,
+                               persistent_workers=loader.persistent_workers)
+    total = train.nbytes + (val.nbytes if val is not None else 0)
+    return DataFacts(n_train=train.n, bytes_total=total, kind=train.kind, loader_batch=loader_batch, given_loader=given,
+                     loader_steps=loader_steps, steps_per_epoch=steps_per_epoch)
+
+
+def make_batches(source: Source, plan: Plan, device: torch.device, shard: Distributed | None = None, *,
+                 float_dtype: torch.dtype | None = None, steps_per_epoch: int | None = None) -> Any:
+    if source.kind == "tensors" and plan.data_placement.value == "device":
+        return ResidentBatches(source.data, device, shard)
+    if source.kind == "loader":
+        return GivenLoaderBatches(source.data, device, sample_count(source.sample), float_dtype)
+    settings = plan.loader.value
+    assert settings is not None
+    if source.kind == "stream":
+        return StreamBatches(source.data, device, settings, steps_per_epoch if source.name == "train" else None, float_dtype)
+    return DatasetBatches(as_dataset(source), device, settings, shard, float_dtype)
+
+
+def as_dataset(source: Source) -> Dataset:
+    """A map-style Dataset of the source (tensors: one sample per row, any structure)."""
+    return _TreeDataset(source.data) if source.kind == "tensors" else source.data
+
+
+class _TreeDataset(Dataset):
+    """Rows of a tensor structure, one sample per index (for tensors too large to keep resident)."""
+
+    def __init__(self, data: Batch):
+        self.leaves, self.spec = pytree.tree_flatten(data)
+        self.n = int(self.leaves[0].shape[0])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> Batch:
+        return pytree.tree_unflatten([leaf[index] for leaf in self.leaves], self.spec)
+
+
+def fingerprint(source: Source) -> str:
+    """What identifies the data a checkpoint was trained on: kind, size, structure, and for tensors
+    the bytes of up to 256 rows spread over the data (cheap for any size, and it changes when they do)."""
+    digest = hashlib.sha1(f"{source.kind}|{source.n}|{signature(source.sample)}".encode())
+    if source.kind == "tensors" and source.n:
+        picks = torch.linspace(0, source.n - 1, steps=min(256, source.n)).long()
+        for leaf in tensors_of(source.data):
+            digest.update(leaf.index_select(0, picks.to(leaf.device)).detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -1,59 +1,57 @@
-"""The one training loop: any nn.Module on tensors or a Dataset, applying a Plan.
+"""The one training loop: any nn.Module, any loss, any batch, applying a Plan.
 
 Order of application (fixed, and why):
 1. backend flags (TF32, cudnn.benchmark) before anything runs, so every kernel sees them;
 2. model and data to the device, then the optimizer (it must see the device parameters);
-3. resume state loaded before compile, so the compiled graph wraps restored weights;
-4. compile last, wrapping only the forward; the state dict stays the eager module's.
+3. resume state loaded before the measured choices, so they time (and compile wraps) the
+   restored weights;
+4. measured choices (batch search, then compile) on the real training, everything put back;
+5. DDP wrapping after them (they time one process alone); the schedule last, once the
+   effective batch, and so the training's length, is final.
 
-The hot loop never reads a device value: losses accumulate on the device and are read
-once per epoch (one sync), validation every `validate_every` epochs.
+The hot loop (`step.py`) never reads a device value: losses and metrics accumulate on the
+device and are read once per epoch (one sync), validation every `validate_every` epochs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import importlib.metadata
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from gpufill.engine import distributed
+from gpufill.engine import batching, distributed, losses, step
+from gpufill.engine.backend import backend_flags
 from gpufill.engine.checkpoint import (
+    FORMAT,
+    Identity,
     TrainingState,
-    capture,
+    check_identity,
     load_checkpoint,
-    restore,
+    model_fingerprint,
+    optimizer_fingerprint,
+    restore_rng,
+    rng_state,
     save_checkpoint,
+    state_from,
+    state_meta,
 )
-from gpufill.engine.batches import EffectiveBatch, LoaderBatches, ResidentBatches
-from gpufill.engine.inputs import (
-    Data,
-    as_dataset,
-    as_source,
-    data_facts,
-    make_batches,
-    sample_input,
-)
-from gpufill.errors import InputError
-from gpufill.engine.config import FitConfig, LOSSES
-from gpufill.engine.result import EpochRecord, FitCallback, FitResult
-from gpufill.engine.hardware import detect
-from gpufill.engine.plan import Choice, Plan, for_training_length, make_plan
-from gpufill.engine.backend import (
-    autocast,
-    backend_flags,
-    grad_scaler,
-    is_out_of_memory,
-    make_optimizer,
-)
+from gpufill.engine.config import FitConfig
+from gpufill.engine.hardware import check_device, detect
+from gpufill.engine.inputs import Data, Source, as_dataset, as_source, data_facts, fingerprint, harmonise_floats, make_batches
 from gpufill.engine.measure import MeasuredChoices, tune_loader
+from gpufill.engine.optim import make_optimizer, make_schedule
+from gpufill.engine.plan import Choice, Plan, for_training_length, make_plan
+from gpufill.engine.precision import Precision
+from gpufill.engine.result import EpochRecord, FitCallback, FitResult
+from gpufill.errors import InputError
 
-T = TypeVar("T")
+Status = Literal["completed", "early_stopped", "diverged"]
 
 
 def fit(
@@ -66,22 +64,29 @@ def fit(
     monitor: Any = None,
     **overrides: Any,
 ) -> FitResult:
-    """Train `model` on `train` (an (inputs, targets) pair of tensors or a Dataset of pairs).
+    """Train `model` on `train`, scoring `val` (each: tensors in any structure, a Dataset, a
+    DataLoader or an IterableDataset).
 
     Settings come from `config` with `overrides` (any FitConfig field) applied on top.
     `monitor` (a TrainingMonitor) is fed every optimizer step: its host-side time and data
     wait (on a GPU the host time is launch time: fit never syncs per step).
     """
     cfg = _resolve_config(config, overrides)
+    if not isinstance(model, nn.Module):
+        raise InputError(f"model is a {type(model).__name__}, not a torch.nn.Module", field="model",
+                         fix="pass an nn.Module (a factory must return one)")
     ddp = distributed.from_environment()
     if ddp is not None and cfg.device == "auto":
         cfg = dataclasses.replace(cfg, device=ddp.device())
-    train_source, val_source = as_source(train, "train"), as_source(val, "val") if val is not None else None
+    check_device(cfg.device)
+    train_source = as_source(train, "train")
+    val_source = as_source(val, "val") if val is not None else None
+    loss_fn, loss_choice = losses.resolve(cfg.loss)
     hardware = detect(cfg.device)
-    facts = data_facts(train_source, val_source)
+    facts = data_facts(train_source, val_source, cfg.steps_per_epoch)
     plan = make_plan(hardware, facts, cfg)
-    steps = math.ceil(facts.n_train / plan.effective_batch.value) * cfg.epochs
-    plan = for_training_length(plan, steps)
+    per_epoch = batching.steps_per_epoch(facts, plan.effective_batch.value)
+    plan = for_training_length(plan, per_epoch * cfg.epochs if per_epoch else None).replace(loss=loss_choice)
     device = torch.device(plan.device.value)
 
     if plan.loader_tuning.value:
@@ -90,17 +95,29 @@ def fit(
         plan = plan.replace(compile=Choice(False, "off under DDP: compile is measured per process, not across ranks; set compile=True to compile"))
 
     with backend_flags(plan):
-        run = _Run(model.to(device), cfg, plan, device, monitor)
-        train_batches = make_batches(train_source, plan, device, ddp)
-        val_batches = make_batches(val_source, plan, device, ddp) if val_source is not None else None
-        resumed = run.maybe_resume()
-        measured = MeasuredChoices(run, train_batches, hardware, sample_input(train_source), facts.n_train, ddp)
+        model = model.to(device)
+        training = Training(model, cfg, plan, device, loss_fn, monitor)
+
+        def batches_of(source: Source) -> Any:
+            cast = harmonise_floats(source, _float_dtype(model))
+            training.events.extend(source.notes)
+            return make_batches(source, plan, device, ddp, float_dtype=cast, steps_per_epoch=cfg.steps_per_epoch)
+
+        train_batches = batches_of(train_source)
+        val_batches = batches_of(val_source) if val_source is not None else None
+        if cfg.checkpoint_dir is not None:  # what a checkpoint belongs to (reads a sample of the data once)
+            training.identity = Identity(model=model_fingerprint(model), optimizer=optimizer_fingerprint(training.optimizer),
+                                         data=fingerprint(train_source))
+        resumed = training.maybe_resume()
+        measured = MeasuredChoices(training, train_batches, hardware, train_source.sample, facts.n_train, ddp)
         if not resumed:  # a resumed run keeps the checkpoint's micro-batch
             measured.search_batch()
         measured.compile()
         if ddp is not None:
-            run.distribute(ddp)
-        return run.train(train_batches, val_batches, callbacks if ddp is None or ddp.is_main else ())
+            training.distribute(ddp)
+        per_epoch = batching.steps_per_epoch(facts, training.plan.effective_batch.value)
+        training.start_schedule(per_epoch * cfg.epochs if per_epoch else None)
+        return training.train(train_batches, val_batches, callbacks if ddp is None or ddp.is_main else (), train_source)
 
 
 def _resolve_config(config: FitConfig | None, overrides: dict[str, Any]) -> FitConfig:
@@ -108,30 +125,43 @@ def _resolve_config(config: FitConfig | None, overrides: dict[str, Any]) -> FitC
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise InputError(f"unknown fit setting(s) {', '.join(unknown)}", field="fit", fix=f"use FitConfig fields: {', '.join(sorted(known))}")
+    if config is not None and not isinstance(config, FitConfig):
+        raise InputError(f"config is a {type(config).__name__}, not a FitConfig", field="config", fix="pass gpufill.FitConfig(...) or keyword settings")
     cfg = dataclasses.replace(config or FitConfig(), **overrides)
     cfg.validate()
     return cfg
 
 
-_State = TrainingState  # checkpoints written before TrainingState moved to _checkpoint pickled this name
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpufill")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown"
 
 
-class _Run:
-    """One training run: model, optimizer, scaler and state, driven by `train()`."""
+def _float_dtype(model: nn.Module) -> torch.dtype | None:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
 
-    def __init__(self, model: nn.Module, cfg: FitConfig, plan: Plan, device: torch.device, monitor: Any = None):
-        from gpufill.monitor.training import NullMonitor
 
-        self.model, self.cfg, self.plan, self.device = model, cfg, plan, device
-        self.monitor = monitor if monitor is not None else NullMonitor()
-        self.forward: Callable[[torch.Tensor], torch.Tensor] = model
+class _NullMonitor:
+    def log_iteration(self, seconds: float, *, samples: int = 0, data_wait_s: float = 0.0) -> None:
+        """Nothing: fit feeds a monitor only when given one."""
+
+
+class Training:
+    """One training run: model, optimizer, precision, schedule and state, driven by `train()`."""
+
+    def __init__(self, model: nn.Module, cfg: FitConfig, plan: Plan, device: torch.device, loss_fn: Callable[[Any, Any], Any], monitor: Any = None):
+        self.model, self.cfg, self.plan, self.device, self.loss_fn = model, cfg, plan, device, loss_fn
+        self.monitor = monitor if monitor is not None else _NullMonitor()
+        self.forward: Callable[[Any], Any] = model
         # Validation runs each rank's own block through the bare (or compiled) model, never the
         # DDP wrapper, whose forward is a collective every rank would have to call equally often.
-        self.evaluate: Callable[[torch.Tensor], torch.Tensor] = model
-        self.loss_fn = LOSSES[cfg.loss]
-        self.lr = cfg.lr * plan.lr_scale.value
-        self.optimizer = make_optimizer(model, cfg, self.lr, plan.optimizer_kernel.value)
-        self.scaler = grad_scaler(device.type, plan.grad_scaler.value)
+        self.evaluate: Callable[[Any], Any] = model
+        self.optimizer, optimizer_choice = make_optimizer(model, cfg, cfg.lr * plan.lr_scale.value, plan.optimizer_kernel.value)
+        self.plan = plan.replace(optimizer=optimizer_choice)
+        self.precision = Precision(plan.precision.value, device, loss_scaling=plan.grad_scaler.value)
+        self.scheduler: Any = None
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)  # dropout
         self.state = TrainingState()
@@ -141,21 +171,39 @@ class _Run:
         self.ddp: distributed.Distributed | None = None
         self.ddp_module: nn.parallel.DistributedDataParallel | None = None
         self.timing = {"data_s": 0.0, "val_s": 0.0}
+        self._saved_schedule: dict[str, Any] | None = None
+        self.identity: Identity | None = None
+        """What checkpoints belong to (set when checkpoint_dir is)."""
 
     # -- set-up -------------------------------------------------------------------------
     def maybe_resume(self) -> bool:
         """Load the last checkpoint if asked to; True when training continues from one."""
         if not self.cfg.resume:
             return False
-        saved = load_checkpoint(self.cfg.checkpoint_dir, self.device)  # type: ignore[arg-type]
-        if saved is None:
+        loaded = load_checkpoint(self.cfg.checkpoint_dir, self.device)  # type: ignore[arg-type]
+        if loaded is None:
             self.events.append("resume: no checkpoint yet, starting from epoch 1")
             return False
-        self.state, micro = restore(saved, self.model, self.optimizer, self.scaler, self.generator, self.device)
+        saved, meta = loaded
+        assert self.identity is not None
+        check_identity(meta, self.identity, self.cfg.checkpoint_dir)  # type: ignore[arg-type]
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.precision.load_state_dict(saved["precision"])
+        restore_rng(saved["rng"], self.generator, self.device)
+        self._saved_schedule = saved.get("schedule")
+        self.state = state_from(meta["state"], saved.get("best_weights"))
+        micro = int(meta["micro_batch"])
         if micro != self.plan.micro_batch.value:
             self.set_micro_batch(micro, f"{micro}: restored from the checkpoint (reduced after an out-of-memory error)")
         self.events.append(f"resumed after epoch {self.state.epoch} from {self.cfg.checkpoint_dir}")
         return True
+
+    def start_schedule(self, total_steps: int | None) -> None:
+        self.scheduler, choice = make_schedule(self.optimizer, self.cfg, total_steps)
+        self.plan = self.plan.replace(schedule=choice)
+        if self.scheduler is not None and self._saved_schedule is not None:
+            self.scheduler.load_state_dict(self._saved_schedule)
 
     def use_compiled(self, reason: str | None = None) -> None:
         """Wrap the forward with torch.compile (compiles lazily, at the first call)."""
@@ -184,10 +232,10 @@ class _Run:
         self.use_eager(Choice(False, reason))
         self.events.append(f"compile {reason}")
 
-    def set_lr(self, lr: float) -> None:
-        self.lr = lr
+    def rescale_lr(self, factor: float) -> None:
+        """Every group's learning rate times `factor` (the batch search changed the effective batch)."""
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] *= factor
 
     def set_micro_batch(self, micro: int, reason: str) -> None:
         effective = self.plan.effective_batch.value
@@ -197,22 +245,41 @@ class _Run:
             accumulation=Choice(accumulation, f"{accumulation} micro-batches of {micro} keep the effective batch {effective}"),
         )
 
+    def recover_from_oom(self) -> None:
+        old = self.plan.micro_batch.value
+        new = max(1, old // 2)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.set_micro_batch(new, f"{new}: halved from {old} after an out-of-memory error at epoch {self.state.epoch + 1}")
+        self.events.append(f"out of memory at micro-batch {old} (epoch {self.state.epoch + 1}): retried the step with micro-batch {new}, "
+                           f"accumulation {self.plan.accumulation.value}")
+
+    def step(self, batch: Any) -> Any:
+        """One optimizer step (the measured choices time these)."""
+        return step.optimizer_step(self, batch)
+
     # -- the loop -----------------------------------------------------------------------
-    def train(self, train: ResidentBatches | LoaderBatches, val: ResidentBatches | LoaderBatches | None, callbacks: Sequence[FitCallback]) -> FitResult:
-        status: Literal["completed", "early_stopped", "diverged"] = "completed"
+    def train(self, train: Any, val: Any, callbacks: Sequence[FitCallback], source: Source) -> FitResult:
+        status: Status = "completed"
         epoch_seconds: list[float] = []
+        samples_per_epoch = 0
         started = time.perf_counter()
         for callback in callbacks:
             callback.on_fit_start(self.plan, self.cfg.epochs)
         for epoch in range(self.state.epoch + 1, self.cfg.epochs + 1):
             tick = time.perf_counter()
-            train_loss = self._train_epoch(train)
+            train_values, samples_per_epoch = step.train_epoch(self, train)
             seconds = time.perf_counter() - tick
             epoch_seconds.append(seconds)
-            val_loss = None
+            if source.n is None and epoch == self.state.epoch + 1 and self.cfg.steps_per_epoch is None:
+                self.events.append(f"an epoch is {samples_per_epoch} samples (counted in the first epoch)")
+            val_values = None
             if val is not None and (epoch % self.cfg.validate_every == 0 or epoch == self.cfg.epochs):
-                val_loss = self._validate(val)
-            record = EpochRecord(epoch=epoch, train_loss=train_loss, val_loss=val_loss, seconds=seconds, lr=self.lr)
+                val_values = step.validate(self, val)
+            train_loss = train_values.pop("loss")
+            val_loss = val_values.pop("loss") if val_values is not None else None
+            record = EpochRecord(epoch=epoch, train_loss=train_loss, val_loss=val_loss, seconds=seconds, lr=self.optimizer.param_groups[0]["lr"],
+                                 train_metrics=train_values, val_metrics=val_values)
             self.state.history.append(record)
             self.state.epoch = epoch
             if not math.isfinite(train_loss) or (val_loss is not None and not math.isfinite(val_loss)):
@@ -229,123 +296,7 @@ class _Run:
         if self.cfg.restore_best and self.state.best_weights is not None and status != "diverged":
             self.model.load_state_dict(self.state.best_weights)
             self.events.append(f"restored the best weights (epoch {self.state.best_epoch}, val loss {self.state.best_val:.6g})")
-        return self._result(status, epoch_seconds, time.perf_counter() - started, train.n)
-
-    def _train_epoch(self, batches: ResidentBatches | LoaderBatches) -> float:
-        self.model.train()
-        loss_sum = torch.zeros((), device=self.device)
-        seen = 0
-        batch_iter = batches.epoch(self.plan.effective_batch.value, self.generator)
-        while True:
-            tick = time.perf_counter()
-            batch = next(batch_iter, None)
-            wait = time.perf_counter() - tick
-            self.timing["data_s"] += wait
-            if batch is None:
-                break
-            step_loss, weight = self._step_with_retry(batch)
-            if self.plan.step_sync.value:
-                step_loss.item()  # the logging loops' per-step read, kept only when asked for
-            loss_sum.add_(step_loss, alpha=weight)
-            seen += batch.size
-            self.monitor.log_iteration(time.perf_counter() - tick, samples=batch.size, data_wait_s=wait)
-        if self.ddp is not None:  # every rank must see the same loss to take the same decisions
-            totals = self.ddp.sum(torch.stack([loss_sum, torch.tensor(float(seen), device=self.device)]))
-            loss_sum, seen = totals[0], int(totals[1].item())
-        return (loss_sum / max(seen, 1)).item()  # the epoch's one sync
-
-    def _step_with_retry(self, batch: EffectiveBatch) -> tuple[torch.Tensor, int]:
-        """One optimizer step; on OOM halve the micro-batch, double accumulation, retry the same samples."""
-        while True:
-            try:
-                outcome = self.step(batch)
-                self.first_step_done = True
-                return outcome
-            except Exception as error:
-                self.optimizer.zero_grad(set_to_none=True)
-                if is_out_of_memory(error) and self.plan.micro_batch.value > 1:
-                    self._recover_from_oom(error)
-                elif self.compiled and not self.first_step_done:
-                    self.fall_back_to_eager(error)
-                else:
-                    raise
-
-    def _recover_from_oom(self, error: BaseException) -> None:
-        old = self.plan.micro_batch.value
-        new = max(1, old // 2)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        self.set_micro_batch(new, f"{new}: halved from {old} after an out-of-memory error at epoch {self.state.epoch + 1}")
-        self.events.append(f"out of memory at micro-batch {old} (epoch {self.state.epoch + 1}): retried the step with micro-batch {new}, accumulation {self.plan.accumulation.value}")
-
-    def step(self, batch: EffectiveBatch) -> tuple[torch.Tensor, int]:
-        """One optimizer step over `batch` in micro-batches; (loss, weight) with loss x weight the
-        step's summed per-sample loss, on the device (the epoch adds it with one add_)."""
-        micro = self.plan.micro_batch.value
-        parts = batch.micro_batches(micro)
-        if batch.rows <= micro:  # the usual case: one forward/backward, no accumulator
-            inputs, targets = next(parts)
-            loss, weight = self._forward_backward(inputs, targets, batch)
-        else:
-            loss, weight = torch.zeros((), device=self.device), 1
-            for (inputs, targets), last in _with_last(parts):
-                # Under DDP gradients are averaged across ranks once per optimizer step, not per micro-batch.
-                with self.ddp_module.no_sync() if self.ddp_module is not None and not last else contextlib.nullcontext():
-                    part, count = self._forward_backward(inputs, targets, batch)
-                loss.add_(part, alpha=count)
-        if self.cfg.grad_clip is not None:
-            self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip, foreach=self.device.type == "cuda")
-        if self.plan.grad_scaler.value:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss, weight
-
-    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, batch: EffectiveBatch) -> tuple[torch.Tensor, int]:
-        """Forward and backward of one micro-batch; (its mean loss, detached; the samples it counts)."""
-        if self.plan.autocast_dtype is None:
-            prediction = self.forward(inputs)
-        else:
-            with autocast(self.device.type, self.plan.autocast_dtype):
-                prediction = self.forward(inputs)
-        if prediction.shape != targets.shape:  # host-side shape check: no sync
-            raise InputError(
-                f"the model returns shape {tuple(prediction.shape)} but targets have shape {tuple(targets.shape)}",
-                field="model",
-                fix="make the model's output match the targets (batch, horizon)",
-            )
-        # The loss in fp32 whatever autocast computed (the checks skip two no-op dispatches a step).
-        loss = self.loss_fn(prediction if prediction.dtype == torch.float32 else prediction.float(),
-                            targets if targets.dtype == torch.float32 else targets.float())
-        # Weighting each micro-batch mean by its share makes k accumulated micro-batches
-        # give exactly the gradient of one batch, including a short last one (and under
-        # DDP, ranks whose shares differ by one give exactly the global batch's gradient).
-        share = inputs.shape[0] / batch.loss_denominator
-        scaled = loss if share == 1.0 else loss * share
-        (self.scaler.scale(scaled) if self.plan.grad_scaler.value else scaled).backward()
-        return loss.detach(), min(inputs.shape[0], batch.size)  # a stand-in sample counts 0
-
-    @torch.no_grad()
-    def _validate(self, batches: ResidentBatches | LoaderBatches) -> float:
-        tick = time.perf_counter()
-        self.model.eval()
-        loss_sum = torch.zeros((), device=self.device)
-        count = 0
-        # No activations kept for backward, so validation can use larger batches.
-        for inputs, targets in batches.in_order(max(4 * self.plan.micro_batch.value, 1024)):
-            with autocast(self.device.type, self.plan.autocast_dtype):
-                prediction = self.evaluate(inputs)
-            loss_sum += self.loss_fn(prediction.float(), targets.float(), reduction="sum") / targets[0].numel()
-            count += int(targets.shape[0])
-        if self.ddp is not None:  # each rank scored its own block: add them up
-            totals = self.ddp.sum(torch.stack([loss_sum, torch.tensor(float(count), device=self.device)]))
-            loss_sum, count = totals[0], int(totals[1].item())
-        value = (loss_sum / max(count, 1)).item()
-        self.timing["val_s"] += time.perf_counter() - tick
-        return value
+        return self._result(status, epoch_seconds, time.perf_counter() - started, samples_per_epoch)
 
     def _early_stop(self, val_loss: float, epoch: int) -> bool:
         if val_loss < self.state.best_val - self.cfg.min_delta:
@@ -360,17 +311,28 @@ class _Run:
             return
         if self.ddp is not None and not self.ddp.is_main:
             return  # ranks hold the same weights: rank 0 writes for all
-        save_checkpoint(self.cfg.checkpoint_dir, capture(self.model, self.optimizer, self.scaler, self.generator, self.device, self.state,
-                                                     self.plan.micro_batch.value))
+        tensors = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "precision": self.precision.state_dict(),
+            "rng": rng_state(self.generator, self.device),
+            "best_weights": self.state.best_weights,
+        }
+        if self.scheduler is not None:
+            tensors["schedule"] = self.scheduler.state_dict()
+        assert self.identity is not None
+        meta = {"format": FORMAT, "gpufill": _version(), "identity": dataclasses.asdict(self.identity), "state": state_meta(self.state),
+                "micro_batch": self.plan.micro_batch.value, "plan": self.plan.to_dict()}
+        save_checkpoint(self.cfg.checkpoint_dir, tensors, meta)
 
-    def _result(self, status: Literal["completed", "early_stopped", "diverged"], epoch_seconds: list[float], wall: float, n_train: int) -> FitResult:
+    def _result(self, status: Status, epoch_seconds: list[float], wall: float, samples_per_epoch: int) -> FitResult:
         history = self.state.history
         # The first epoch pays warm-up (allocator, cuDNN autotune, compile): report it apart.
         steady = epoch_seconds[1:] or epoch_seconds
         epoch_s = sum(steady) / len(steady) if steady else 0.0
         train_s = sum(epoch_seconds)
         timings = {
-            "samples_per_s": n_train / epoch_s if epoch_s > 0 else 0.0,
+            "samples_per_s": samples_per_epoch / epoch_s if epoch_s > 0 else 0.0,
             "epoch_s": epoch_s,
             "first_epoch_s": epoch_seconds[0] if epoch_seconds else 0.0,
             "train_s": train_s,
@@ -385,17 +347,10 @@ class _Run:
             "best_epoch": self.state.best_epoch,
             "epochs_run": len(history),
         }
+        if history:
+            metrics.update({f"train_{name}": value for name, value in history[-1].train_metrics.items()})
+            best = next((r for r in history if r.epoch == self.state.best_epoch), None)
+            scored = best or next((r for r in reversed(history) if r.val_metrics is not None), None)
+            if scored is not None and scored.val_metrics:
+                metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
         return FitResult(model=self.model, plan=self.plan, history=history, metrics=metrics, timings=timings, events=self.events, status=status)
-
-
-def _with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
-    """Each item with whether it is the last (one item of look-ahead)."""
-    iterator = iter(items)
-    current = next(iterator, _END)
-    while current is not _END:
-        following = next(iterator, _END)
-        yield current, following is _END
-        current = following
-
-
-_END: Any = object()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from torch import nn
@@ -19,10 +19,18 @@ class EpochRecord:
     val_loss: float | None
     seconds: float
     lr: float
+    """The first parameter group's learning rate at the epoch's end."""
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    """The loss's other outputs (e.g. accuracy), sample-weighted means over the epoch."""
+    val_metrics: dict[str, float] | None = None
 
 
 @dataclass(slots=True)
 class FitResult:
+    """The trained model (the best validation's weights unless restore_best=False), the plan it
+    ran with, its history, and `metrics`: train_loss (last epoch), val_loss (best), best_epoch,
+    epochs_run, and the loss's other outputs as train_<name> (last epoch) and val_<name> (best epoch)."""
+
     model: nn.Module
     plan: Plan
     history: list[EpochRecord]

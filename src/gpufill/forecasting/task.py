@@ -25,7 +25,7 @@ from gpufill.engine.config import FitConfig
 from gpufill.engine.loop import fit
 from gpufill.engine.result import FitCallback, FitResult
 from gpufill.forecasting.models import registry
-from gpufill.engine.backend import autocast
+from gpufill.engine.precision import autocast
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """Choices made by measurement: batch size, DataLoader settings, compile.
 
-Each is a small pure decision plus a measurement; fit.py runs the measurements on the
+Each is a small pure decision plus a measurement; the loop runs the measurements on the
 real model (state restored afterwards) and puts the outcome into the Plan with the
 numbers that decided it.
 """

@@ -9,13 +9,17 @@ for the same model shape and device) goes into the Plan with the numbers that de
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
 
-from gpufill.engine.hardware import Hardware
-from gpufill.engine.plan import Choice, lr_reference_batch, lr_scale_factor
 from gpufill.engine.backend import is_out_of_memory
+from gpufill.engine.batches import signature
+from gpufill.engine.batching import lr_reference_batch, lr_scale_factor
+from gpufill.engine.choice import Choice
+from gpufill.engine.config import FitConfig
+from gpufill.engine.hardware import Hardware
 from gpufill.engine.measure.batch import BatchSearchResult, BatchTrial, search_batch
 from gpufill.engine.measure.cache import TuneCache, shape_key
 from gpufill.engine.measure.compile import CompileMeasurement, cached_compile_choice, time_compile
@@ -24,7 +28,8 @@ from gpufill.engine.measure.state import preserved
 
 if TYPE_CHECKING:
     from gpufill.engine.distributed import Distributed
-    from gpufill.engine.loop import _Run
+    from gpufill.engine.plan import Plan
+    from gpufill.engine.precision import Precision
 
 # The smallest micro-batch tried is the effective batch / this (e.g. 128 -> 8).
 MICRO_RANGE = 16
@@ -32,10 +37,30 @@ MICRO_RANGE = 16
 MIN_STEPS_PER_EPOCH = 4
 
 
+class Trainable(Protocol):
+    """What the measurements need of a training (the loop's Training)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    precision: Precision
+    device: torch.device
+    cfg: FitConfig
+    plan: Plan
+    events: list[str]
+    compiled: bool
+
+    def step(self, batch: Any) -> Any: ...
+    def set_micro_batch(self, micro: int, reason: str) -> None: ...
+    def rescale_lr(self, factor: float) -> None: ...
+    def use_compiled(self, reason: str | None = None) -> None: ...
+    def use_eager(self, choice: Choice[bool]) -> None: ...
+    def fall_back_to_eager(self, error: BaseException) -> None: ...
+
+
 class MeasuredChoices:
-    def __init__(self, run: _Run, batches: Any, hardware: Hardware, sample_input: torch.Tensor, n_train: int, ddp: Distributed | None = None):
+    def __init__(self, run: Trainable, batches: Any, hardware: Hardware, sample: Any, n_train: int | None, ddp: Distributed | None = None):
         self.run, self.batches, self.hardware, self.n_train, self.ddp = run, batches, hardware, n_train, ddp
-        self.sample_input = sample_input
+        self.sample_signature = signature(sample)
         self.cache = TuneCache(run.cfg.tune_cache)
 
     # -- batch size ---------------------------------------------------------------------
@@ -46,7 +71,7 @@ class MeasuredChoices:
         scope_effective = run.cfg.tune_effective_batch
         effective = run.plan.effective_batch.value
         if scope_effective:
-            limit = max(effective, _power_of_two_at_most(self.n_train // MIN_STEPS_PER_EPOCH))
+            limit = max(effective, _power_of_two_at_most((self.n_train or effective) // MIN_STEPS_PER_EPOCH))
             start = max(1, effective // 4)
         else:
             limit, start = effective, max(1, effective // MICRO_RANGE)
@@ -80,7 +105,7 @@ class MeasuredChoices:
             effective_batch=Choice(effective, "measuring"), micro_batch=Choice(size, "measuring"), accumulation=Choice(-(-effective // size), "measuring")
         )
         try:
-            with preserved(run.model, run.optimizer, run.scaler, run.device):
+            with preserved(run.model, run.optimizer, run.precision, run.device):
                 return measure_batch(run.step, self.batches, size=size, effective=effective, device=run.device, is_oom=is_out_of_memory)
         finally:
             run.plan = saved
@@ -89,13 +114,13 @@ class MeasuredChoices:
         run, cfg = self.run, self.run.cfg
         reference = lr_reference_batch(cfg)
         factor = lr_scale_factor(size, reference, cfg.lr_scale_rule)
+        run.rescale_lr(factor / run.plan.lr_scale.value)
         run.plan = run.plan.replace(
             effective_batch=Choice(size, f"{size}: {detail}; allowed by tune_effective_batch"),
             micro_batch=Choice(size, "the whole effective batch per step"),
             accumulation=Choice(1, "1: the micro-batch is the whole effective batch"),
             lr_scale=Choice(factor, f"{cfg.lr_scale_rule} rule: effective batch {size} / reference {reference} -> lr x {factor:.3g}"),
         )
-        run.set_lr(cfg.lr * factor)
 
     # -- compile ------------------------------------------------------------------------
     def compile(self) -> None:
@@ -124,12 +149,12 @@ class MeasuredChoices:
             run.use_compiled()
             return run.compiled
 
-        with preserved(run.model, run.optimizer, run.scaler, run.device):
+        with preserved(run.model, run.optimizer, run.precision, run.device):
             stream = batch_stream(self.batches, run.plan.effective_batch.value, run.device)
             return time_compile(run.step, stream, run.device, use_compiled=use_compiled, on_error=run.fall_back_to_eager)
 
     def _key(self, kind: str, **settings: Any) -> str:
-        return shape_key(kind, self.run.model, self.sample_input, self.hardware.name, **settings)
+        return shape_key(kind, self.run.model, self.sample_signature, self.hardware.name, **settings)
 
 
 def _power_of_two_at_most(n: int) -> int:

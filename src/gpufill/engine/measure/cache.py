@@ -13,19 +13,20 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 CACHE_FILE = "tune-cache.json"
 _MEMORY: dict[str, dict[str, Any]] = {}
 
 
-def shape_key(kind: str, model: nn.Module, sample_input: torch.Tensor, device_name: str, **settings: Any) -> str:
-    """What makes two measurements interchangeable: model class and parameter shapes, input shape, device, settings."""
+def shape_key(kind: str, model: nn.Module, sample_signature: str, device_name: str, **settings: Any) -> str:
+    """What makes two measurements interchangeable: model class and parameter shapes, the batch's
+    structure and per-sample shapes (`batches.signature`), device, settings."""
     params = ";".join(f"{name}:{tuple(p.shape)}" for name, p in model.named_parameters())
     digest = hashlib.sha1(f"{type(model).__qualname__}|{params}".encode()).hexdigest()[:12]
+    batch = hashlib.sha1(sample_signature.encode()).hexdigest()[:8]
     extra = ",".join(f"{k}={v}" for k, v in sorted(settings.items()))
-    return f"{kind}|{device_name}|{type(model).__name__}-{digest}|in{tuple(sample_input.shape[1:])}|{extra}"
+    return f"{kind}|{device_name}|{type(model).__name__}-{digest}|batch-{batch}|{extra}"
 
 
 class TuneCache:

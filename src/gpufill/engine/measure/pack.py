@@ -12,27 +12,43 @@ import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from gpufill.engine.packs.fused import fuse
-from gpufill.engine.packs.optim import PackAdamW
-from gpufill.engine.plan import Choice
 from gpufill.engine.backend import synchronize
+from gpufill.engine.choice import Choice
 from gpufill.engine.measure.cache import TuneCache
 from gpufill.engine.measure.compile import CompileMeasurement, cached_compile_choice, time_compile
-from gpufill.engine.measure.timing import MEASURE_SEED
 from gpufill.engine.measure.state import preserved_rng
-
-if TYPE_CHECKING:
-    from gpufill.engine.packs.train import _PackRun
+from gpufill.engine.measure.timing import MEASURE_SEED
+from gpufill.engine.packs.fused import fuse
+from gpufill.engine.packs.optim import PackAdamW
+from gpufill.engine.precision import Precision
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
 
-def choose_pack_compile(run: _PackRun, planned: Choice[bool], *, requested: bool, cache: TuneCache, key: str) -> Choice[bool]:
+class PackTraining(Protocol):
+    """What the compile measurement needs of a pack's training (packs/train.py's run)."""
+
+    fused: nn.Module
+    optimizer: PackAdamW
+    precision: Precision
+    data: Any
+    """x (K, N, ...) and batch."""
+    k: int
+    device: torch.device
+    compiled: bool
+    events: list[list[str]]
+
+    def step(self, index: torch.Tensor, start: int) -> Any: ...
+    def use_compiled(self) -> None: ...
+    def use_eager(self) -> None: ...
+
+
+def choose_pack_compile(run: PackTraining, planned: Choice[bool], *, requested: bool, cache: TuneCache, key: str) -> Choice[bool]:
     """Compile the pack's fused forward if asked to (the plan's choice stands), or if measured
     faster than eager (cached per shape)."""
     if requested:
@@ -50,7 +66,7 @@ def choose_pack_compile(run: _PackRun, planned: Choice[bool], *, requested: bool
     return choice
 
 
-def _measure_compile(run: _PackRun) -> CompileMeasurement | None:
+def _measure_compile(run: PackTraining) -> CompileMeasurement | None:
     def use_compiled() -> bool:
         run.use_compiled()
         return True
@@ -60,7 +76,7 @@ def _measure_compile(run: _PackRun) -> CompileMeasurement | None:
                             on_error=lambda _error: run.use_eager())
 
 
-def _step_stream(run: _PackRun) -> Iterator[tuple[torch.Tensor, int]]:
+def _step_stream(run: PackTraining) -> Iterator[tuple[torch.Tensor, int]]:
     """(index, start) of real batches without end, from a measurement-only permutation."""
     data = run.data
     width = data.x.shape[1]
@@ -72,10 +88,10 @@ def _step_stream(run: _PackRun) -> Iterator[tuple[torch.Tensor, int]]:
 
 
 @contextlib.contextmanager
-def _preserved(run: _PackRun) -> Iterator[None]:
+def _preserved(run: PackTraining) -> Iterator[None]:
     """Put back everything trial steps change: weights, optimizer moments and steps, loss scale, RNGs."""
-    optimizer, scaler = run.optimizer, run.scaler
-    live = [*run.fused.state_dict().values(), optimizer.steps, *optimizer.exp_avg, *optimizer.exp_avg_sq, scaler.scale, scaler._growth_tracker]
+    optimizer = run.optimizer
+    live = [*run.fused.state_dict().values(), optimizer.steps, *optimizer.exp_avg, *optimizer.exp_avg_sq, *run.precision.device_state()]
     saved = [t.detach().clone() for t in live]
     try:
         with preserved_rng(run.device):

@@ -30,10 +30,11 @@ def preserved_rng(device: torch.device) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def preserved(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device) -> Iterator[None]:
+def preserved(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Any, device: torch.device) -> Iterator[None]:
+    """Weights, optimizer state, loss scale and RNGs put back after trial steps."""
     weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     optimizer_state = copy.deepcopy(optimizer.state_dict())
-    scaler_state = copy.deepcopy(scaler.state_dict())
+    precision_state = copy.deepcopy(precision.state_dict())
     was_training = model.training
     try:
         with preserved_rng(device):
@@ -42,5 +43,5 @@ def preserved(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, d
         model.load_state_dict(weights)
         optimizer.load_state_dict(optimizer_state)
         optimizer.zero_grad(set_to_none=True)
-        scaler.load_state_dict(scaler_state)
+        precision.load_state_dict(precision_state)
         model.train(was_training)

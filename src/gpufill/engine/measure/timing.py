@@ -25,7 +25,7 @@ MEASURE_SEED = 1234
 
 
 class Batches(Protocol):
-    n: int
+    n: int | None
 
     def epoch(self, batch: int, generator: torch.Generator) -> Iterator[Any]: ...
 
@@ -66,6 +66,6 @@ def measure_batch(step: Callable[[Any], Any], batches: Batches, *, size: int, ef
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return BatchTrial(size=size, samples_per_s=None)
-    samples = min(effective, batches.n)
+    samples = effective if batches.n is None else min(effective, batches.n)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return BatchTrial(size=size, samples_per_s=samples / per_step, peak_bytes=peak)

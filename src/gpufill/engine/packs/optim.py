@@ -1,8 +1,7 @@
-"""A fused pack's optimizer step: AdamW over stacked parameters, and fp16 loss scaling.
-
-Both take the pack's (K,) step mask, so a model that is stopped, diverged or (this step)
-overflowed is left untouched while the rest of the pack steps, and neither reads the
-device: no host sync in the hot loop.
+"""A fused pack's optimizer step: AdamW over stacked parameters with the pack's (K,) step mask,
+so a model that is stopped, diverged or (this step) overflowed is left untouched while the
+rest of the pack steps, without reading the device: no host sync in the hot loop. (fp16
+loss scaling for packs is the masked mode of `engine.precision.Precision`.)
 """
 
 from __future__ import annotations
@@ -11,10 +10,6 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-
-# torch.amp.GradScaler's defaults: start high, halve on overflow, double after this many clean steps.
-INIT_SCALE = 2.0**16
-GROWTH_INTERVAL = 2000
 
 
 class PackAdamW:
@@ -56,34 +51,3 @@ class PackAdamW:
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
-
-
-class PackLossScaler:
-    """Dynamic loss scaling for fp16 packs, the rule torch.amp.GradScaler applies, kept on the device.
-
-    GradScaler drives a torch.optim.Optimizer and skips its whole step on overflow; here the
-    "gradients are finite" flag is a device tensor that joins the pack's step mask, so the
-    skip costs no sync. One scale serves the pack (as one GradScaler serves one model): an
-    overflow halves it and skips that step for every model, as it would for each alone.
-    """
-
-    def __init__(self, device: torch.device, *, enabled: bool, init_scale: float = INIT_SCALE, growth_interval: int = GROWTH_INTERVAL):
-        self.enabled = enabled
-        self.scale = torch.full((), init_scale, dtype=torch.float32, device=device)
-        self.growth_interval = growth_interval
-        self._growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
-
-    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss * self.scale if self.enabled else loss
-
-    def unscale(self, params: Sequence[nn.Parameter]) -> torch.Tensor | None:
-        """Divide the gradients by the scale in place and update the scale; a () bool tensor,
-        True when every gradient is finite (None when scaling is off)."""
-        if not self.enabled:
-            return None
-        found_inf = torch.zeros((), dtype=torch.float32, device=self.scale.device)
-        grads = [p.grad for p in params if p.grad is not None]
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, self.scale.double().reciprocal().float())
-        finite = found_inf == 0
-        torch._amp_update_scale_(self.scale, self._growth_tracker, found_inf, 2.0, 0.5, self.growth_interval)
-        return finite

@@ -24,10 +24,12 @@ from gpufill.engine.config import FitConfig
 from gpufill.engine.result import EpochRecord, FitResult
 from gpufill.engine.hardware import detect
 from gpufill.engine.packs.fused import FusedModule, fuse
-from gpufill.engine.packs.optim import PackAdamW, PackLossScaler
+from gpufill.engine.packs.optim import PackAdamW
 from gpufill.engine.measure.pack import choose_pack_compile
 from gpufill.engine.plan import Choice, DataFacts, Plan, compile_for_steps, make_plan
-from gpufill.engine.backend import autocast, backend_flags
+from gpufill.engine.backend import backend_flags
+from gpufill.engine.precision import Precision
+from gpufill.engine.batches import signature
 from gpufill.engine.measure.cache import TuneCache, shape_key
 
 Pair = tuple[torch.Tensor, torch.Tensor]
@@ -50,7 +52,7 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     counts = [int(m.train[0].shape[0]) for m in members]
     total_bytes = sum(t.numel() * t.element_size() for m in members for pair in (m.train, m.val) if pair is not None for t in pair)
     hardware = detect(config.device)
-    plan = make_plan(hardware, DataFacts(n_train=max(counts), bytes_total=total_bytes, is_tensor=True), config)
+    plan = make_plan(hardware, DataFacts(n_train=max(counts), bytes_total=total_bytes), config)
     batch = plan.effective_batch.value
     plan = pack_plan(plan, total_steps=math.ceil(max(counts) / batch) * config.epochs)
     device = torch.device(plan.device.value)
@@ -66,12 +68,12 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
         optimizer = PackAdamW(list(fused.parameters()), lr, torch.tensor([m.weight_decay for m in members], device=device))
         generators = [torch.Generator(device=device).manual_seed(m.seed) for m in members]
         torch.manual_seed(members[0].seed)  # dropout
-        scaler = PackLossScaler(device, enabled=plan.grad_scaler.value)
+        precision = Precision(plan.precision.value, device, loss_scaling=plan.grad_scaler.value, masked=True)
         data = PackData(x=x, y=y, n=n, counts=counts, batch=batch, vx=vx, vy=vy, n_val=n_val)
-        run = _PackRun(fused, optimizer, scaler, config, data, device, plan.autocast_dtype)
+        run = _PackRun(fused, optimizer, precision, config, data, device)
         if plan.compile.value:
             plan = plan.replace(compile=choose_pack_compile(run, plan.compile, requested=config.compile is True, cache=TuneCache(config.tune_cache),
-                                                            key=shape_key("pack-compile", models[0], x[0, :1], hardware.name, k=k, batch=batch,
+                                                            key=shape_key("pack-compile", models[0], signature((x[0, :1], y[0, :1])), hardware.name, k=k, batch=batch,
                                                                           precision=plan.precision.value)))
         histories, status, seconds = run.train(generators)
         models_out = [fused.unfuse(i) for i in range(k)]
@@ -139,9 +141,8 @@ class PackData:
 
 
 class _PackRun:
-    def __init__(self, fused: FusedModule, optimizer: PackAdamW, scaler: PackLossScaler, config: FitConfig, data: PackData, device: torch.device,
-                 dtype: torch.dtype | None):
-        self.fused, self.optimizer, self.scaler, self.cfg, self.data, self.device, self.dtype = fused, optimizer, scaler, config, data, device, dtype
+    def __init__(self, fused: FusedModule, optimizer: PackAdamW, precision: Precision, config: FitConfig, data: PackData, device: torch.device):
+        self.fused, self.optimizer, self.precision, self.cfg, self.data, self.device = fused, optimizer, precision, config, data, device
         self.k = k = len(data.counts)
         self.forward: Callable[[torch.Tensor], torch.Tensor] = fused
         self.compiled = False
@@ -165,15 +166,15 @@ class _PackRun:
         d = self.data
         positions = torch.arange(start, start + index.shape[1], device=self.device)
         valid = positions.unsqueeze(0) < d.n.unsqueeze(1)  # (K, b): past a model's own windows
-        with autocast(self.device.type, self.dtype):
+        with self.precision.autocast():
             prediction = self.forward(d.x[self.rows, index])
         per_sample = (prediction.float() - d.y[self.rows, index].float()).pow(2).mean(dim=-1)
         count = valid.sum(dim=1)
         per_model = (per_sample * valid).sum(dim=1) / count.clamp(min=1)
         ok = torch.isfinite(per_model)
         step_active = self.active & (count > 0) & ok
-        self.scaler.scaled(torch.where(step_active, per_model, torch.zeros_like(per_model)).sum()).backward()
-        finite_grads = self.scaler.unscale(self.optimizer.params)  # fp16: an overflowed step is skipped
+        self.precision.backward(torch.where(step_active, per_model, torch.zeros_like(per_model)).sum())
+        finite_grads = self.precision.finite_after_unscale(self.optimizer.params)  # fp16: an overflowed step is skipped
         self.optimizer.step(step_active if finite_grads is None else step_active & finite_grads)
         self.optimizer.zero_grad()
         return per_model, ok, count
@@ -241,7 +242,7 @@ class _PackRun:
         positions_all = torch.arange(vx.shape[1], device=self.device)
         chunk = 1024
         for start in range(0, vx.shape[1], chunk):
-            with autocast(self.device.type, self.dtype):
+            with self.precision.autocast():
                 prediction = self.forward(vx[:, start : start + chunk])
             per_sample = (prediction.float() - vy[:, start : start + chunk].float()).pow(2).mean(dim=-1)
             valid = positions_all[start : start + chunk].unsqueeze(0) < n_val.unsqueeze(1)

@@ -9,13 +9,13 @@ a ``package.module:factory`` path is imported on demand by :func:`resolve`.
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar, get_args
 
+from gpufill import user_code
 from gpufill.errors import InputError
 
 __all__ = ["Family", "ModelKind", "build", "check_params", "families", "register", "resolve"]
@@ -194,7 +194,7 @@ def _import_family(path: str) -> Family:
             field="model",
         )
     try:
-        module = importlib.import_module(module_name)
+        module = user_code.import_module(module_name)
     except Exception as exc:  # any import-time failure of user code is bad input, reported in one line
         raise InputError(
             f"cannot import module {module_name!r} for model {path!r}: {type(exc).__name__}: {exc}",

@@ -1,0 +1,202 @@
+"""What a training minimises: a named loss applied to `model(inputs)` and the targets, or the
+user's own `fn(model, batch) -> Tensor | {"loss": Tensor, **metrics}`.
+
+Either way the loop calls `loss(model, batch)` with the model it prepared (compiled,
+DDP-wrapped, under autocast), so every speed-up applies to any loss. A loss is a mean over
+its batch; the loop weights it by the batch's sample count. The shape checks and their
+messages belong to each named loss: a classifier's speak of classes, a regression's of
+targets (for a forecaster: horizons).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+
+from gpufill.engine.choice import Choice
+from gpufill.errors import InputError
+
+LossOutput = torch.Tensor | Mapping[str, Any]
+LossFn = Callable[[nn.Module, Any], LossOutput]
+
+_FIX_CALLABLE = "pass loss=fn(model, batch) returning the loss (a mean over the batch), or {'loss': ..., **metrics}"
+
+
+@dataclass(frozen=True)
+class NamedLoss:
+    """A loss on `model(inputs)` and the targets of an (inputs, targets) batch."""
+
+    name: ClassVar[str] = ""
+
+    def __call__(self, model: Callable[[Any], Any], batch: Any) -> dict[str, torch.Tensor]:
+        if not (isinstance(batch, tuple | list) and len(batch) == 2):
+            shape = f"a dict with keys {sorted(batch)}" if isinstance(batch, dict) else (
+                f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, tuple | list) else f"a {type(batch).__name__}")
+            raise InputError(f"loss {self.name!r} takes (inputs, targets) batches, but a batch is {shape}", field="loss", fix=_FIX_CALLABLE)
+        inputs, targets = batch
+        output = model(inputs)
+        if not isinstance(output, torch.Tensor):
+            what = f"a {type(output).__name__} of {len(output)}" if isinstance(output, tuple | list) else f"a {type(output).__name__}"
+            raise InputError(f"the model returns {what}, but loss {self.name!r} needs one tensor", field="loss",
+                             fix="pass loss=lambda model, batch: ... that picks the loss from the model's outputs (e.g. model(x, y)[1])")
+        return self.compute(output, targets)
+
+    def compute(self, output: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Regression(NamedLoss):
+    """mse, mae or huber on outputs shaped like the targets."""
+
+    kind: Literal["mse", "mae", "huber"] = "mse"
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.kind
+
+    def compute(self, output: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        if output.shape != targets.shape:  # host-side shape check: no sync
+            raise InputError(
+                f"the model returns shape {tuple(output.shape)} but targets have shape {tuple(targets.shape)}", field="model",
+                fix="make the model's output match the targets' shape (a forecaster: (batch, horizon))")
+        if not targets.is_floating_point():
+            targets = targets.float()  # integer targets of a regression: the values are what count
+        # In fp32 whatever autocast computed (the checks skip no-op dispatches every step).
+        output = output if output.dtype == torch.float32 else output.float()
+        targets = targets if targets.dtype == torch.float32 else targets.float()
+        return {"loss": _REGRESSION[self.kind](output, targets)}
+
+
+_REGRESSION: dict[str, Callable[..., torch.Tensor]] = {
+    "mse": nn.functional.mse_loss,
+    "mae": nn.functional.l1_loss,
+    "huber": nn.functional.huber_loss,
+}
+
+
+@dataclass(frozen=True)
+class CrossEntropy(NamedLoss):
+    """Class scores (batch, classes) against integer labels (batch,); a language model's
+    (batch, positions, vocabulary) against (batch, positions); or class probabilities of the
+    scores' shape. Adds `accuracy` (over labels not equal to ignore_index)."""
+
+    name: ClassVar[str] = "cross_entropy"
+    ignore_index: int = -100
+    label_smoothing: float = 0.0
+
+    def compute(self, output: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        if targets.is_floating_point() and targets.shape == output.shape:  # class probabilities
+            loss = nn.functional.cross_entropy(output.float(), targets.float(), label_smoothing=self.label_smoothing)
+            return {"loss": loss}
+        if targets.is_floating_point():
+            raise InputError(f"cross_entropy needs integer class labels, but the targets are {str(targets.dtype).removeprefix('torch.')}",
+                             field="loss", fix="pass labels as a long tensor (y.long()), or class probabilities of the scores' shape")
+        if output.dim() == targets.dim() + 1 and output.shape[:-1] == targets.shape:
+            scores, labels = output.reshape(-1, output.shape[-1]), targets.reshape(-1)  # classes last: (batch, ..., classes)
+        elif output.dim() == targets.dim() + 1 and output.shape[:1] + output.shape[2:] == targets.shape:
+            scores, labels = output, targets  # torch's own layout: (batch, classes, ...)
+        else:
+            classes = output.shape[-1] if output.dim() > 1 else 1
+            raise InputError(
+                f"the model returns scores of shape {tuple(output.shape)} ({classes} classes) but the labels have shape {tuple(targets.shape)}",
+                field="model", fix=f"return one score per class, (batch, classes), for labels of shape (batch,): e.g. {tuple(targets.shape[:1]) + (classes,)}")
+        loss = nn.functional.cross_entropy(scores.float(), labels, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing)
+        counted = labels != self.ignore_index
+        hits = (scores.argmax(dim=-1 if scores.dim() == 2 else 1) == labels) & counted
+        return {"loss": loss, "accuracy": hits.sum() / counted.sum().clamp(min=1)}
+
+    def describe(self) -> str:
+        extras = [f"ignore_index={self.ignore_index}"] if self.ignore_index != -100 else []
+        extras += [f"label_smoothing={self.label_smoothing}"] if self.label_smoothing else []
+        return f"cross_entropy({', '.join(extras)})" if extras else "cross_entropy"
+
+
+@dataclass(frozen=True)
+class BCEWithLogits(NamedLoss):
+    """One logit per target (0/1 or a probability); (batch, 1) outputs also match (batch,) targets.
+    Adds `accuracy` at logit 0 (probability 0.5)."""
+
+    name: ClassVar[str] = "bce_with_logits"
+    pos_weight: float | None = None
+
+    def compute(self, output: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        if output.dim() == targets.dim() + 1 and output.shape[-1] == 1:
+            output = output.squeeze(-1)
+        if output.shape != targets.shape:
+            raise InputError(f"the model returns {tuple(output.shape)} logits but the labels have shape {tuple(targets.shape)}", field="model",
+                             fix="return one logit per label: (batch,) or (batch, 1) for one label per sample")
+        targets = targets.float()
+        weight = torch.tensor(self.pos_weight, device=output.device) if self.pos_weight is not None else None
+        loss = nn.functional.binary_cross_entropy_with_logits(output.float(), targets, pos_weight=weight)
+        return {"loss": loss, "accuracy": ((output > 0) == (targets > 0.5)).float().mean()}
+
+
+NAMED: dict[str, NamedLoss] = {
+    "mse": Regression("mse"),
+    "mae": Regression("mae"),
+    "huber": Regression("huber"),
+    "cross_entropy": CrossEntropy(),
+    "bce_with_logits": BCEWithLogits(),
+}
+
+
+class _UserLoss:
+    """The user's `fn(model, batch)`, its output checked and made a dict."""
+
+    def __init__(self, fn: LossFn):
+        self.fn = fn
+        self.checked = False
+
+    def __call__(self, model: Callable[[Any], Any], batch: Any) -> dict[str, torch.Tensor]:
+        out = self.fn(model, batch)  # type: ignore[arg-type]
+        values = dict(out) if isinstance(out, Mapping) else {"loss": out}
+        if not self.checked:  # host-side checks once: shapes and types do not change between steps
+            _check_output(values, self.fn)
+            self.checked = True
+        return values
+
+
+def _check_output(values: dict[str, Any], fn: Any) -> None:
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    loss = values.get("loss")
+    if not isinstance(loss, torch.Tensor):
+        raise InputError(f"loss function {name} returned {'a dict without a loss' if 'loss' not in values else type(loss).__name__}",
+                         field="loss", fix=_FIX_CALLABLE)
+    if loss.dim() != 0:
+        raise InputError(f"loss function {name} returned a loss of shape {tuple(loss.shape)}", field="loss",
+                         fix="return one number: the mean over the batch (e.g. loss.mean())")
+    for key, value in values.items():
+        if not isinstance(value, torch.Tensor) or value.dim() != 0:
+            raise InputError(f"loss function {name} returned metric {key!r} as {type(value).__name__}"
+                             + (f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""),
+                             field="loss", fix="return each metric as a 0-dimensional tensor (a mean over the batch), kept on the device")
+
+
+def resolve(loss: Any) -> tuple[Callable[[Any, Any], dict[str, torch.Tensor]], Choice[str]]:
+    """The loss as `fn(model, batch) -> {"loss": ..., **metrics}`, and the plan's record of it."""
+    if isinstance(loss, str):
+        if loss not in NAMED:
+            raise InputError(f"unknown loss {loss!r}", field="loss", fix=f"use one of {', '.join(NAMED)}, or a function fn(model, batch)")
+        return NAMED[loss], Choice(loss, f"named loss on model(inputs) and targets{_METRIC_NOTE.get(loss, '')}")
+    if isinstance(loss, NamedLoss):
+        return loss, Choice(loss.describe(), f"named loss on model(inputs) and targets{_METRIC_NOTE.get(loss.name, '')}")
+    if callable(loss):
+        name = getattr(loss, "__qualname__", type(loss).__name__)
+        return _UserLoss(loss), Choice(name, "your loss function, called as fn(model, batch) with the prepared model (compile, DDP, autocast applied)")
+    raise InputError(f"loss must be a name or a function, got {type(loss).__name__}", field="loss",
+                     fix=f"use one of {', '.join(NAMED)}, or a function fn(model, batch)")
+
+
+_METRIC_NOTE = {"cross_entropy": "; reports accuracy", "bce_with_logits": "; reports accuracy"}
+
+
+def needs_pair(loss: Any) -> bool:
+    return isinstance(loss, str | NamedLoss)

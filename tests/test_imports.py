@@ -1,0 +1,140 @@
+"""The package's import graph: no cycles, dependencies one way, and a light `import gpufill`.
+
+Every import statement counts, at module level, inside functions and under TYPE_CHECKING:
+a cycle through a function-level import is still two modules that need each other.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpufill
+
+PACKAGE = Path(gpufill.__file__).parent
+ROOT = PACKAGE.parent
+
+# What each layer may import besides itself (DESIGN.md: cli -> campaign -> forecasting -> engine;
+# monitor, doctor, bench and report sit beside them). gpufill.errors and gpufill.user_code (loading
+# `package.module:name`) are shared leaves; the engine needs only the first.
+SHARED = {"gpufill.errors", "gpufill.user_code"}
+ALLOWED = {
+    "gpufill.engine": {"gpufill.errors"},
+    "gpufill.forecasting": {*SHARED, "gpufill.engine"},
+    "gpufill.campaign": {*SHARED, "gpufill", "gpufill.engine", "gpufill.forecasting", "gpufill.monitor"},
+    "gpufill.monitor": {*SHARED, "gpufill.engine", "gpufill.campaign"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def imports_of(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("gpufill"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpufill") and node.level == 0:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if is_module(candidate) else node.module)
+    return {name for name in found if is_module(name)}
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {name: imports_of(path) - {name} for name, path in modules.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_is_read_from_every_module():
+    edges = graph()
+    assert len(edges) > 80
+    assert "gpufill.engine.loop" in edges["gpufill.engine"] or edges["gpufill.engine"] == set()  # lazy: no import at all
+    assert "gpufill.engine.step" in edges["gpufill.engine.loop"]
+    assert "gpufill.engine.packs.fused" in edges["gpufill.forecasting.models.fused"]
+
+
+def test_the_package_has_no_import_cycle():
+    assert cycles(graph()) == []
+
+
+def test_cycle_detection_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def within(module: str, package: str) -> bool:
+    """`module` is `package` or inside it (the root package "gpufill" only matches itself)."""
+    return module == package or (package != "gpufill" and module.startswith(package + "."))
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_each_layer_imports_only_what_sits_below_it(layer):
+    outside = {}
+    for module, targets in graph().items():
+        if within(module, layer):
+            bad = sorted(t for t in targets if not within(t, layer) and not any(within(t, allowed) for allowed in ALLOWED[layer]))
+            if bad:
+                outside[module] = bad
+    assert outside == {}
+
+
+def test_importing_gpufill_and_its_cli_loads_no_heavy_library():
+    """`gpufill --help` stays fast: torch, pandas and numpy load only when a command runs."""
+    code = "import sys, gpufill, gpufill.cli; print(sorted(m for m in ('torch', 'pandas', 'numpy', 'pyarrow', 'sklearn') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_lazy_names_resolve():
+    assert gpufill.fit.__module__ == "gpufill.engine.loop"
+    assert gpufill.FitConfig().epochs >= 1
+    assert {"fit", "FitConfig", "Campaign", "TrainingMonitor", "InputError"} <= set(dir(gpufill))
+    with pytest.raises(AttributeError):
+        gpufill.not_a_name  # noqa: B018
