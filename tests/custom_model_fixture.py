@@ -61,3 +61,8 @@ def odd_kind(n_features, lookback, horizon):
 
 
 odd_kind.gpufill_kind = "quantum"
+
+
+def make_not_a_module(n_features: int, lookback: int, horizon: int):
+    """A factory that forgot to return its model (neural by default): gpufill train must say so in one line."""
+    return {"n_features": n_features}

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from gpufill.engine.config import FitConfig
 import torch
 
 from gpufill.campaign import expand, load_campaign
@@ -111,7 +113,9 @@ def test_defaults_and_shorthands(tmp_path):
     # YAML reads 1e-3 (no dot) as a string: the training value is coerced to a float.
     assert spec.models == {"lstm": {"hidden_size": [8], "lr": [0.001], "dropout": [0.0, 0.1]}, "fake_classical": {}}
     assert (spec.task.horizon, spec.task.metric, spec.task.mode, spec.task.stride) == (1, "mae", "local", 1)
-    assert (spec.train.epochs, spec.train.batch_size, spec.train.precision, spec.train.compile) == (20, "auto", "auto", "auto")
+    # The campaign's training defaults are fit's (one home: engine/config.py).
+    assert (spec.train.epochs, spec.train.batch_size, spec.train.precision, spec.train.compile) == (FitConfig().epochs, "auto", "auto", "auto")
+    assert spec.train.fit_config({}, seed=0).lr == FitConfig().lr
     assert spec.data == DataSpec()
     assert (spec.resources.gpu_slots, spec.resources.cpu_slots) == ("auto", "auto")
 

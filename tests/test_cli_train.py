@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from tests.helpers import run_cli
 
@@ -86,6 +87,12 @@ def bad_cases(d):
         (["--model", "lstm", "--batch-search", "sometimes"], ["--batch-search"]),
         (["--model", "lstm", "--nproc", 0], ["--nproc"]),
         (["--model", "lstm", "--project", "nope"], ["nope"]),
+        (["--model", "lstm", "--precision", "banana"], ["--precision", "banana", "bf16"]),
+        (["--model", "lstm", "--lr", -1], ["--lr", "-1"]),
+        (["--model", "lstm", "--patience", 0], ["--patience"]),
+        (["--model", "lstm", "--checkpoint-dir", d / "short.csv"], ["--checkpoint-dir", "is a file"]),
+        (["--model", "tests.custom_model_fixture:make_not_a_module"], ["model", "dict", "nn.Module"]),
+        *([(["--model", "lstm", "--device", "cuda"], ["--device", "no CUDA GPU"])] if not torch.cuda.is_available() else []),
     ]
 
 

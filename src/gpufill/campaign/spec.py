@@ -53,7 +53,7 @@ from gpufill.campaign.spec_errors import (
 from gpufill.campaign.spec_types import Count, Float, Spec
 from gpufill.forecasting.data import Project, Split, load_projects
 from gpufill.errors import InputError
-from gpufill.engine.config import FitConfig
+from gpufill.engine.config import DEFAULTS, FitConfig
 from gpufill.forecasting.models import registry
 
 __all__ = [
@@ -266,18 +266,19 @@ class EarlyStoppingSpec(Spec):
 class TrainSpec(Spec):
     """Training settings for every neural trial (a family's grid may override TRAIN_KEYS)."""
 
-    epochs: Count = 20
-    batch_size: Count | Literal["auto"] = "auto"
+    # Defaults are FitConfig's (engine/config.py), the one home of training defaults.
+    epochs: Count = DEFAULTS.epochs
+    batch_size: Count | Literal["auto"] = DEFAULTS.batch_size
     """Effective batch; "auto": the plan picks it for throughput."""
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    compile: StrictBool | Literal["auto"] = "auto"
-    batch_search: StrictBool | Literal["auto"] = "auto"
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = DEFAULTS.precision
+    compile: StrictBool | Literal["auto"] = DEFAULTS.compile
+    batch_search: StrictBool | Literal["auto"] = DEFAULTS.batch_search
     """Measure micro-batch sizes and keep the fastest (auto: on GPUs for long trainings); cached per shape in the workdir."""
-    lr: Annotated[Float, Field(gt=0)] = 1e-3
-    weight_decay: Annotated[Float, Field(ge=0)] = 0.0
+    lr: Annotated[Float, Field(gt=0)] = DEFAULTS.lr
+    weight_decay: Annotated[Float, Field(ge=0)] = DEFAULTS.weight_decay
     early_stopping: EarlyStoppingSpec | None = EarlyStoppingSpec()
-    """null turns early stopping off."""
-    validate_every: Count = 1
+    """null turns early stopping off (on by default in campaigns: thousands of trainings should not run past their best)."""
+    validate_every: Count = DEFAULTS.validate_every
 
     @field_validator("early_stopping", mode="before")
     @classmethod

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 
 import typer
 from rich.console import Console
@@ -16,6 +18,7 @@ from gpufill.cli.options import (
     parse_split_size,
     parse_switch,
 )
+from gpufill.engine.config import DEFAULTS
 from gpufill.errors import InputError
 
 
@@ -26,17 +29,17 @@ def train(
     project: str | None = typer.Option(None, "--project", help="Project to train on (default: the first one)."),
     lookback: int = typer.Option(30, "--lookback", help="Input window length."),
     horizon: int = typer.Option(1, "--horizon", help="Steps to forecast."),
-    epochs: int = typer.Option(10, "--epochs"),
+    epochs: int = typer.Option(DEFAULTS.epochs, "--epochs"),
     batch_size: str = typer.Option("auto", "--batch-size", help="Effective batch, or auto."),
     precision: str = typer.Option("auto", "--precision", help="auto, bf16, fp16 or fp32."),
     compile_: str = typer.Option("auto", "--compile", help="auto, on or off."),
     batch_search: str = typer.Option("auto", "--batch-search", help="auto, on or off: measure micro-batch sizes, keep the fastest."),
     allow_batch_change: bool = typer.Option(False, "--allow-batch-change", help="Let the batch search change the effective batch (lr scaled by --lr-scale)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
-    lr: float = typer.Option(1e-3, "--lr", help="Learning rate at the reference batch (128)."),
-    lr_scale_rule: str = typer.Option("linear", "--lr-scale", help="linear, sqrt or none: how lr follows the batch."),
+    lr: float = typer.Option(DEFAULTS.lr, "--lr", help="Learning rate at the reference batch (128)."),
+    lr_scale_rule: str = typer.Option(DEFAULTS.lr_scale_rule, "--lr-scale", help="linear, sqrt or none: how lr follows the batch."),
     patience: int | None = typer.Option(None, "--patience", help="Early stopping patience (validations)."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(DEFAULTS.seed, "--seed"),
     param: list[str] = typer.Option([], "--param", "-p", help="Model parameter KEY=VALUE (repeatable)."),
     val: str = typer.Option("0.1", "--val", help="Validation split: fraction or count of final steps."),
     test: str = typer.Option("0.2", "--test", help="Test split: fraction or count of final steps (e.g. 18)."),
@@ -55,28 +58,32 @@ def train(
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         raise typer.Exit(_launch_torchrun(nproc))
     quiet = int(os.environ.get("RANK", "0")) != 0  # under DDP rank 0 reports for all
-    from gpufill.cli import render
-    from gpufill.forecasting import task as forecast  # torch is imported only when a command runs
-    from gpufill.forecasting.data import Split
+    from gpufill.cli import render  # torch is imported only when a command runs
     from gpufill.engine.config import FitConfig
+    from gpufill.engine.hardware import check_device
+    from gpufill.forecasting import task as forecast
+    from gpufill.forecasting.data import Split
     from gpufill.forecasting.models import registry
 
     params = parse_params(param)
-    config = FitConfig(
-        epochs=epochs,
-        lr=lr,
-        patience=patience,
-        seed=seed,
-        device=device,
-        precision=precision,  # type: ignore[arg-type]  # checked by the plan
-        compile=parse_switch(compile_, "--compile"),
-        batch_search=parse_switch(batch_search, "--batch-search"),
-        tune_effective_batch=allow_batch_change,
-        batch_size=parse_auto_int(batch_size, "--batch-size"),
-        lr_scale_rule=lr_scale_rule,  # type: ignore[arg-type]
-        checkpoint_dir=checkpoint_dir,
-        resume=resume,
-    )
+    with _as_options():  # a bad setting names its command-line option, before any data is read
+        config = FitConfig(
+            epochs=epochs,
+            lr=lr,
+            patience=patience,
+            seed=seed,
+            device=device,
+            precision=precision,  # type: ignore[arg-type]  # checked by validate()
+            compile=parse_switch(compile_, "--compile"),
+            batch_search=parse_switch(batch_search, "--batch-search"),
+            tune_effective_batch=allow_batch_change,
+            batch_size=parse_auto_int(batch_size, "--batch-size"),
+            lr_scale_rule=lr_scale_rule,  # type: ignore[arg-type]
+            checkpoint_dir=checkpoint_dir,
+            resume=resume,
+        )
+        config.validate()
+        check_device(device)
     windows = forecast.load_windows(
         data,
         project=project,
@@ -125,3 +132,20 @@ def _launch_torchrun(nproc: int) -> int:
     return subprocess.call(command)
 
 
+# FitConfig fields -> the options that set them (for errors that name what the user typed).
+_OPTIONS = {"epochs": "--epochs", "lr": "--lr", "patience": "--patience", "seed": "--seed", "device": "--device", "precision": "--precision",
+            "compile": "--compile", "batch_search": "--batch-search", "batch_size": "--batch-size", "lr_scale_rule": "--lr-scale",
+            "checkpoint_dir": "--checkpoint-dir", "resume": "--resume"}
+
+
+@contextlib.contextmanager
+def _as_options() -> Iterator[None]:
+    """Re-raise a FitConfig error under the command-line option that set the field."""
+    try:
+        yield
+    except InputError as error:
+        option = _OPTIONS.get(error.field or "")
+        if option is None:
+            raise
+        fix = error.fix.replace(f"set {error.field} to", f"pass {option}").replace(" or None", "")
+        raise InputError(error.problem, where="command line", field=option, fix=fix) from None

@@ -12,17 +12,18 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpufill.errors import InputError
+
+if TYPE_CHECKING:  # torch is not needed to read the defaults (the CLI's --help does, and must stay fast)
+    import torch
 
 Auto = Literal["auto"]
 PrecisionName = Literal["bf16", "fp16", "fp32"]
 LrScaleRule = Literal["linear", "sqrt", "none"]
 OptimizerKernel = Literal["fused", "foreach", "for-loop"]
-OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+OptimizerFactory = Callable[[Iterable["torch.nn.Parameter"]], "torch.optim.Optimizer"]
 ScheduleFn = Callable[[int], float]
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -84,7 +85,7 @@ class SpeedSettings:
         _one_of("optimizer_kernel", self.optimizer_kernel, OPTIMIZER_KERNELS)
         for name in ("tf32", "cudnn_benchmark", "compile", "batch_search"):
             _one_of(name, getattr(self, name), (True, False, "auto"))
-        if not isinstance(self.device, str | torch.device):
+        if not isinstance(self.device, str) and type(self.device).__name__ != "device":  # a str or a torch.device
             raise InputError(f"device must be a string such as 'cpu' or 'cuda:0', got {type(self.device).__name__}", field="device",
                              fix="pass auto, cpu, cuda or cuda:N")
 
@@ -149,20 +150,20 @@ class FitConfig(SpeedSettings):
         if self.resume and self.checkpoint_dir is None:
             raise InputError("resume needs a checkpoint directory", field="resume", fix="set checkpoint_dir")
         if self.checkpoint_dir is not None and Path(self.checkpoint_dir).exists() and not Path(self.checkpoint_dir).is_dir():
-            raise InputError(f"checkpoint_dir {str(self.checkpoint_dir)!r} is a file, not a directory", field="checkpoint_dir",
-                             fix="point checkpoint_dir at a directory (it is created if missing)")
+            raise InputError(f"{str(self.checkpoint_dir)!r} is a file, not a directory", field="checkpoint_dir",
+                             fix="set checkpoint_dir to a directory (it is created if missing)")
 
 
 def _whole(name: str, value: Any, *, minimum: int, auto: bool = False, none: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         other = " or auto" if auto else " or None" if none else ""
-        raise InputError(f"{name} must be a whole number >= {minimum}, got {value!r}", field=name,
+        raise InputError(f"must be a whole number >= {minimum}, got {value!r}", field=name,
                          fix=f"set {name} to an integer such as {max(minimum, 1)}{other}")
 
 
 def _number(name: str, value: Any, wanted: str, ok: Callable[[float], bool]) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not ok(value):
-        raise InputError(f"{name} is {value!r}", field=name, fix=f"set {name} to {wanted}")
+        raise InputError(f"got {value!r}", field=name, fix=f"set {name} to {wanted}")
 
 
 def _one_of(name: str, value: Any, allowed: tuple[Any, ...], also: str = "") -> None:
@@ -171,3 +172,7 @@ def _one_of(name: str, value: Any, allowed: tuple[Any, ...], also: str = "") -> 
     if value not in allowed or (isinstance(value, int) and not isinstance(value, bool) and value in (0, 1) and True in allowed):
         shown = ", ".join("true" if a is True else "false" if a is False else str(a) for a in allowed)
         raise InputError(f"unknown {name} {value!r}", field=name, fix=f"use one of {shown} {also}".strip())
+
+
+DEFAULTS = FitConfig()
+"""Every default in one place, for the command line's options and the campaign file's fields."""
