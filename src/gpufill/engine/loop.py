@@ -109,7 +109,7 @@ def fit(
             training.identity = Identity(model=model_fingerprint(model), optimizer=optimizer_fingerprint(training.optimizer),
                                          data=fingerprint(train_source))
         resumed = training.maybe_resume()
-        measured = MeasuredChoices(training, train_batches, hardware, train_source.sample, facts.n_train, ddp)
+        measured = MeasuredChoices(training, train_batches, hardware, train_source.sample, facts.n_train, ddp, largest_micro=facts.loader_batch)
         if not resumed:  # a resumed run keeps the checkpoint's micro-batch
             measured.search_batch()
         measured.compile()

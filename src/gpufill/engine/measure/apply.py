@@ -58,8 +58,11 @@ class Trainable(Protocol):
 
 
 class MeasuredChoices:
-    def __init__(self, run: Trainable, batches: Any, hardware: Hardware, sample: Any, n_train: int | None, ddp: Distributed | None = None):
+    def __init__(self, run: Trainable, batches: Any, hardware: Hardware, sample: Any, n_train: int | None, ddp: Distributed | None = None,
+                 largest_micro: int | None = None):
         self.run, self.batches, self.hardware, self.n_train, self.ddp = run, batches, hardware, n_train, ddp
+        self.largest_micro = largest_micro
+        """A user's DataLoader: its batch (a micro-batch cannot be larger than what the loader gives)."""
         self.sample_signature = signature(sample)
         self.cache = TuneCache(run.cfg.tune_cache)
 
@@ -74,7 +77,8 @@ class MeasuredChoices:
             limit = max(effective, _power_of_two_at_most((self.n_train or effective) // MIN_STEPS_PER_EPOCH))
             start = max(1, effective // 4)
         else:
-            limit, start = effective, max(1, effective // MICRO_RANGE)
+            limit = min(effective, self.largest_micro or effective)
+            start = max(1, limit // MICRO_RANGE)
         budget = int(self.hardware.total_memory_bytes * run.cfg.memory_margin) if self.hardware.is_cuda else None
         key = self._key("batch", effective=effective, scope="effective" if scope_effective else "micro",
                         precision=run.plan.precision.value, limit=limit)
