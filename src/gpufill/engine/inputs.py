@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
 from gpufill.engine.batches import (
+    describe,
     Batch,
     DatasetBatches,
     GivenLoaderBatches,
@@ -69,7 +70,7 @@ def as_source(data: Data, name: str) -> Source:
         if not n:
             raise InputError("the Dataset is empty" if n == 0 else "the Dataset has no __len__", field=name,
                              fix="pass a map-style Dataset with samples (or an IterableDataset)")
-        return Source(name, "dataset", data, n, default_collate([data[0]]))
+        return Source(name, "dataset", data, n, default_collate([_same_structure(data, n, name)]))
     return _tensor_source(data, name)
 
 
@@ -91,6 +92,19 @@ def _tensor_source(data: Data, name: str) -> Source:
     if n == 0:
         raise InputError("no samples", field=name, fix="pass at least one sample")
     return Source(name, "tensors", data, n, rows(data, 0, 1), nbytes=sum(t.numel() * t.element_size() for t in converted))
+
+
+def _same_structure(dataset: Dataset, n: int, name: str) -> Any:
+    """The first item, after checking that the second and last have its structure (collating
+    mixed items fails deep in a worker otherwise)."""
+    first = dataset[0]
+    spec = pytree.tree_structure(first)
+    for index in sorted({min(1, n - 1), n - 1} - {0}):
+        other = pytree.tree_structure(dataset[index])
+        if other != spec:
+            raise InputError(f"the Dataset's items differ in structure: item 0 is {describe(first)}, item {index} is {describe(dataset[index])}",
+                             field=name, fix="return the same structure (e.g. always (inputs, targets)) from every __getitem__")
+    return first
 
 
 def _first(loader: DataLoader, name: str) -> Batch:

@@ -204,6 +204,10 @@ class Training:
         self.plan = self.plan.replace(schedule=choice)
         if self.scheduler is not None and self._saved_schedule is not None:
             self.scheduler.load_state_dict(self._saved_schedule)
+            # LambdaLR's constructor set each group's lr for step 0 and load_state_dict does not
+            # undo it: put back the lr the interrupted run would take its next step with.
+            for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
+                group["lr"] = lr
 
     def use_compiled(self, reason: str | None = None) -> None:
         """Wrap the forward with torch.compile (compiles lazily, at the first call)."""

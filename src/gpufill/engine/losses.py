@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from gpufill.engine.batches import describe
 from gpufill.engine.choice import Choice
 from gpufill.errors import InputError
 
@@ -34,14 +35,11 @@ class NamedLoss:
 
     def __call__(self, model: Callable[[Any], Any], batch: Any) -> dict[str, torch.Tensor]:
         if not (isinstance(batch, tuple | list) and len(batch) == 2):
-            shape = f"a dict with keys {sorted(batch)}" if isinstance(batch, dict) else (
-                f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, tuple | list) else f"a {type(batch).__name__}")
-            raise InputError(f"loss {self.name!r} takes (inputs, targets) batches, but a batch is {shape}", field="loss", fix=_FIX_CALLABLE)
+            raise InputError(f"loss {self.name!r} takes (inputs, targets) batches, but a batch is {describe(batch)}", field="loss", fix=_FIX_CALLABLE)
         inputs, targets = batch
         output = model(inputs)
         if not isinstance(output, torch.Tensor):
-            what = f"a {type(output).__name__} of {len(output)}" if isinstance(output, tuple | list) else f"a {type(output).__name__}"
-            raise InputError(f"the model returns {what}, but loss {self.name!r} needs one tensor", field="loss",
+            raise InputError(f"the model returns {describe(output)}, but loss {self.name!r} needs one tensor", field="loss",
                              fix="pass loss=lambda model, batch: ... that picks the loss from the model's outputs (e.g. model(x, y)[1])")
         return self.compute(output, targets)
 

@@ -1,0 +1,150 @@
+"""Named losses (values, metrics, shape messages in the task's own terms) and user loss functions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gpufill.engine import losses
+from gpufill.engine.loop import fit
+from tests.engine.common import classification, input_error, linear, mlp, regression
+
+
+def _call(name_or_loss, output: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    fn, _ = losses.resolve(name_or_loss)
+    return fn(lambda _inputs: output, (None, targets))
+
+
+def test_cross_entropy_matches_torch_and_counts_accuracy():
+    scores = torch.tensor([[2.0, 0.1, -1.0], [0.0, 3.0, 0.5], [0.2, 0.1, 0.0], [1.0, 1.5, 4.0]])
+    labels = torch.tensor([0, 1, 2, 2])
+    out = _call("cross_entropy", scores, labels)
+    assert out["loss"].item() == pytest.approx(F.cross_entropy(scores, labels).item(), abs=1e-6)
+    assert out["accuracy"].item() == pytest.approx(0.75)  # sample 3's arg-max is class 0
+
+
+def test_cross_entropy_over_a_language_models_positions_with_ignore_index():
+    """(batch, positions, vocabulary) scores against (batch, positions) ids; -1 positions are not counted."""
+    torch.manual_seed(0)
+    scores = torch.randn(2, 5, 7)
+    ids = torch.randint(0, 7, (2, 5))
+    ids[1, 3:] = -1
+    out = _call(losses.CrossEntropy(ignore_index=-1), scores, ids)
+    expected = F.cross_entropy(scores.reshape(-1, 7), ids.reshape(-1), ignore_index=-1)
+    assert out["loss"].item() == pytest.approx(expected.item(), abs=1e-6)
+    counted = ids.reshape(-1) != -1
+    hits = (scores.reshape(-1, 7).argmax(-1) == ids.reshape(-1)) & counted
+    assert out["accuracy"].item() == pytest.approx(hits.sum().item() / 8)
+
+
+def test_cross_entropy_label_smoothing_and_torch_layout():
+    torch.manual_seed(1)
+    scores = torch.randn(3, 4, 6)  # torch's own layout: (batch, classes, positions)
+    labels = torch.randint(0, 4, (3, 6))
+    out = _call(losses.CrossEntropy(label_smoothing=0.1), scores, labels)
+    assert out["loss"].item() == pytest.approx(F.cross_entropy(scores, labels, label_smoothing=0.1).item(), abs=1e-6)
+    assert losses.resolve(losses.CrossEntropy(label_smoothing=0.1))[1].value == "cross_entropy(label_smoothing=0.1)"
+
+
+def test_bce_with_logits_takes_one_logit_per_label_as_batch_or_batch_by_one():
+    logits = torch.tensor([[2.0], [-1.0], [0.5], [-3.0]])
+    labels = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    out = _call("bce_with_logits", logits, labels)
+    assert out["loss"].item() == pytest.approx(F.binary_cross_entropy_with_logits(logits.squeeze(1), labels).item(), abs=1e-6)
+    assert out["accuracy"].item() == pytest.approx(0.75)
+    weighted = _call(losses.BCEWithLogits(pos_weight=3.0), logits.squeeze(1), labels.long())
+    expected = F.binary_cross_entropy_with_logits(logits.squeeze(1), labels, pos_weight=torch.tensor(3.0))
+    assert weighted["loss"].item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["mse", "mae", "huber"])
+def test_regression_losses_match_torch(kind):
+    output, targets = torch.tensor([[0.0, 2.0], [1.0, -3.0]]), torch.tensor([[0.5, 1.0], [1.0, 0.0]])
+    reference = {"mse": F.mse_loss, "mae": F.l1_loss, "huber": F.huber_loss}[kind](output, targets)
+    assert _call(kind, output, targets)["loss"].item() == pytest.approx(reference.item(), abs=1e-6)
+
+
+def test_a_classifiers_shape_message_speaks_of_classes():
+    error = input_error(_call, "cross_entropy", torch.zeros(8, 10), torch.zeros(8, 3, dtype=torch.long), field="model")
+    assert "10 classes" in str(error) and "horizon" not in str(error)
+
+
+def test_a_regressions_shape_message_speaks_of_targets_and_horizons():
+    error = input_error(_call, "mse", torch.zeros(64, 10), torch.zeros(64), field="model", contains=("(64, 10)", "(64,)"))
+    assert "horizon" in str(error) and "classes" not in str(error)
+
+
+def test_float_labels_for_cross_entropy_are_refused_with_the_cast():
+    input_error(_call, "cross_entropy", torch.zeros(4, 3), torch.zeros(4), field="loss", contains=("float32", "y.long()"))
+
+
+def test_a_model_returning_a_tuple_under_a_named_loss_is_told_to_pass_a_function():
+    """nanoGPT's forward returns (logits, loss): a named loss says to pick the loss with a function."""
+    def model(_x):
+        return torch.zeros(2, 3), torch.tensor(1.0)
+    error = input_error(losses.resolve("cross_entropy")[0], model, (torch.zeros(2), torch.zeros(2, dtype=torch.long)), field="loss")
+    assert "tuple of 2" in str(error) and "model(x, y)[1]" in str(error)
+
+
+def test_a_named_loss_on_dict_batches_names_the_keys():
+    error = input_error(losses.resolve("mse")[0], lambda x: x, {"b": torch.zeros(1), "a": torch.zeros(1)}, field="loss")
+    assert "['a', 'b']" in str(error)
+
+
+def test_unknown_loss_lists_the_names():
+    input_error(losses.resolve, "cross_entropy_loss", field="loss", contains=("mse, mae, huber, cross_entropy, bce_with_logits",))
+    input_error(losses.resolve, 3, field="loss", contains=("int",))
+
+
+@pytest.mark.parametrize(("returned", "words"), [
+    (lambda loss: loss.expand(3), "shape (3,)"),
+    (lambda loss: {"mae": loss}, "without a loss"),
+    (lambda loss: {"loss": loss, "count": 3}, "metric 'count' as int"),
+    (lambda loss: loss.item(), "float"),
+])
+def test_a_loss_function_with_the_wrong_output_is_one_line(returned, words):
+    x, y = regression(32)
+
+    def my_loss(model, batch):
+        return returned(F.mse_loss(model(batch[0]), batch[1]))
+
+    input_error(fit, linear(), (x, y), loss=my_loss, epochs=1, batch_size=16, field="loss", contains=(words, "my_loss"))
+
+
+def test_fit_classifies_with_cross_entropy_and_reports_accuracy_for_train_and_val():
+    x, labels = classification(n=384)
+    result = fit(mlp(outputs=3), (x[:256], labels[:256]), (x[256:], labels[256:]), loss="cross_entropy", epochs=15, lr=0.02, batch_size=32)
+    assert result.plan.loss.value == "cross_entropy" and "accuracy" in result.plan.loss.reason
+    assert result.metrics["val_accuracy"] >= 0.9
+    assert 0 < result.metrics["train_accuracy"] <= 1
+    assert set(result.history[-1].val_metrics) == {"accuracy"}
+
+
+def test_validation_loss_is_the_sample_weighted_mean_over_the_whole_set():
+    """The issue's bug: the val loss divided by the target's element count. Here it equals cross-entropy over all
+    validation samples at once (batches 64, 64, 2 weighted by their sizes), for the returned model."""
+    x, labels = classification(n=322)
+    result = fit(mlp(outputs=3), (x[:192], labels[:192]), (x[192:], labels[192:]), loss="cross_entropy", epochs=2, batch_size=64,
+                 restore_best=False, precision="fp32")
+    with torch.no_grad():
+        expected = F.cross_entropy(result.model(x[192:]), labels[192:]).item()
+        accuracy = (result.model(x[192:]).argmax(1) == labels[192:]).float().mean().item()
+    assert result.history[-1].val_loss == pytest.approx(expected, abs=1e-5)
+    assert result.history[-1].val_metrics["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+
+
+def test_a_loss_function_gets_the_prepared_model_and_its_metrics_are_reported():
+    x, y = regression(96)
+    seen: list[type] = []
+
+    def loss(model, batch):
+        seen.append(type(model))
+        error = model(batch[0]) - batch[1]
+        return {"loss": error.pow(2).mean(), "max_error": error.abs().max()}
+
+    result = fit(linear(), (x, y), (x, y), loss=loss, epochs=3, batch_size=32, lr=0.05)
+    assert result.metrics["train_max_error"] > 0 and result.metrics["val_max_error"] > 0 and set(result.history[0].train_metrics) == {"max_error"}
+    assert len(seen) >= 9 and all(issubclass(t, nn.Module) for t in seen)
+    assert result.plan.loss.value.endswith("loss") and "prepared model" in result.plan.loss.reason

@@ -1,0 +1,115 @@
+"""Optimizers (the no-decay group, factories scaled by the plan) and schedules (values, no device reads)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from gpufill.engine.config import FitConfig
+from gpufill.engine.loop import fit
+from gpufill.engine.optim import Multiplier, make_optimizer, make_schedule
+from tests.engine.common import input_error, linear, regression
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(10, 8)
+        self.proj = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 1, bias=False)
+
+    def forward(self, ids):
+        return self.head(self.norm(self.proj(self.embed(ids)).relu())).mean(1)
+
+
+def test_adamw_keeps_weight_decay_off_biases_and_norm_weights_and_says_so():
+    model = Tiny()
+    optimizer, choice = make_optimizer(model, FitConfig(weight_decay=0.1), lr=1e-3, kernel="for-loop")
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert {id(p) for p in decayed["params"]} == {id(model.embed.weight), id(model.proj.weight), id(model.head.weight)}
+    assert {id(p) for p in plain["params"]} == {id(model.proj.bias), id(model.norm.weight), id(model.norm.bias)}
+    assert choice.value == "adamw"
+    assert "weight decay 0.1 on 3 weight matrices and embeddings (152 values), none on 3 biases and norm weights (24 values)" in choice.reason
+
+
+def test_sgd_and_adam_decay_every_parameter():
+    for name in ("sgd", "adam"):
+        optimizer, choice = make_optimizer(Tiny(), FitConfig(optimizer=name, weight_decay=0.01), lr=0.1, kernel="foreach")
+        assert len(optimizer.param_groups) == 1 and optimizer.param_groups[0]["weight_decay"] == 0.01
+        assert choice.value == name and "every parameter" in choice.reason
+
+
+def test_a_factory_is_used_as_given_with_the_plans_lr_scale():
+    def two_groups(params):
+        params = list(params)
+        return torch.optim.SGD([{"params": params[:1], "lr": 0.5}, {"params": params[1:]}], lr=0.1)
+
+    optimizer, choice = make_optimizer(Tiny(), FitConfig(optimizer=two_groups, lr=0.01), lr=0.02, kernel="fused")
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([1.0, 0.2])  # lr scale 0.02 / 0.01 = 2
+    assert choice.value == "SGD" and "2 parameter group(s)" in choice.reason and "x 2" in choice.reason
+
+
+def test_a_factory_returning_something_else_is_one_line():
+    input_error(make_optimizer, Tiny(), FitConfig(optimizer=lambda params: list(params)), 1e-3, "fused",
+                field="optimizer", contains=("list", "torch.optim.Optimizer"))
+
+
+def test_fit_with_a_factory_trains_and_records_it():
+    x, y = regression(64)
+    result = fit(linear(), (x, y), optimizer=lambda params: torch.optim.SGD(params, lr=0.1), epochs=4, batch_size=16)
+    assert result.plan.optimizer.value == "SGD" and "your factory" in result.plan.optimizer.reason
+    assert result.history[-1].train_loss < 0.5 * result.history[0].train_loss
+
+
+def test_warmup_cosine_rises_then_falls_to_the_floor():
+    multiplier = Multiplier("warmup_cosine", warmup=4, total=20, min_ratio=0.1)
+    assert [multiplier(s) for s in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert multiplier(4) == pytest.approx(1.0)
+    assert multiplier(12) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert multiplier(20) == pytest.approx(0.1) and multiplier(50) == pytest.approx(0.1)
+    linear_decay = Multiplier("linear", warmup=2, total=12, min_ratio=0.0)
+    assert linear_decay(7) == pytest.approx(0.5)
+
+
+def test_auto_warmup_is_five_percent_of_all_steps():
+    optimizer = torch.optim.SGD(linear().parameters(), lr=1.0)
+    scheduler, choice = make_schedule(optimizer, FitConfig(schedule="warmup_cosine", min_lr_ratio=0.0), total_steps=200)
+    assert scheduler.lr_lambdas[0].warmup == 10
+    assert "linear warm-up over 10 steps (5% of 200 steps), then cosine decay to 0 x lr at step 200" == choice.reason
+
+
+def test_fit_follows_the_schedule_step_by_step():
+    """3 epochs x 4 steps: the lr recorded at each epoch's end is the base lr times the multiplier of the steps taken."""
+    x, y = regression(64)
+    result = fit(linear(), (x, y), schedule="linear", warmup_steps=2, min_lr_ratio=0.0, lr=0.1, epochs=3, batch_size=16)
+    expected = Multiplier("linear", warmup=2, total=12, min_ratio=0.0)
+    assert [r.lr for r in result.history] == pytest.approx([0.1 * expected(s) for s in (4, 8, 12)])
+    assert result.plan.schedule.value == "linear"
+
+
+def test_a_schedule_function_of_the_step():
+    x, y = regression(64)
+    result = fit(linear(), (x, y), schedule=lambda step: 0.5 ** step, lr=0.1, epochs=2, batch_size=32)
+    assert [r.lr for r in result.history] == pytest.approx([0.1 * 0.25, 0.1 * 0.5 ** 4])
+
+
+def test_warmup_longer_than_the_training_is_refused():
+    x, y = regression(64)
+    input_error(fit, linear(), (x, y), schedule="warmup_cosine", warmup_steps=100, epochs=2, batch_size=16,
+                field="warmup_steps", contains=("100", "8 optimizer steps"))
+
+
+def test_a_schedule_on_an_iterable_of_unknown_length_asks_for_steps_per_epoch():
+    x, y = regression(64)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(zip(x, y))
+
+    input_error(fit, linear(), Stream(), schedule="warmup_cosine", epochs=2, batch_size=16, field="schedule", contains=("steps_per_epoch",))
