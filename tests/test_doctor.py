@@ -235,7 +235,8 @@ def test_typical_step_drops_disturbed_compute_but_keeps_every_data_wait():
 
 @pytest.mark.parametrize(
     ("data", "match"),
-    [([1, 2, 3], "not an \\(inputs, targets\\) pair"), (object(), "cannot profile data"), ((torch.zeros(0, 2), torch.zeros(0, 1)), "no batches")],
+    [([1, 2, 3], "takes \\(inputs, targets\\) batches, but a batch is a Tensor"), (object(), "expected tensors"),
+         ((torch.zeros(0, 2), torch.zeros(0, 1)), "no samples")],
 )
 def test_unusable_data_is_an_input_error(data, match):
     if isinstance(data, list):

@@ -7,6 +7,10 @@ where the problem is (file or option), the field, what is wrong and the fix.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
+
 
 class InputError(ValueError):
     """Bad user input: one line naming where, the field, the problem and the fix."""
@@ -22,3 +26,13 @@ class InputError(ValueError):
         location = ": ".join(part for part in (self.where, self.field) if part)
         text = f"{location}: {self.problem}" if location else self.problem
         return " ".join(f"{text}; fix: {self.fix}".split())  # one line, always
+
+
+@contextlib.contextmanager
+def exit_on_input_error(program: str) -> Iterator[None]:
+    """For scripts: bad input is one line on stderr and exit code 2, never a traceback."""
+    try:
+        yield
+    except InputError as error:
+        print(f"{program}: error: {error.one_line()}", file=sys.stderr)
+        raise SystemExit(2) from None

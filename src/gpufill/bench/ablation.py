@@ -9,16 +9,13 @@ short for compile to be chosen). Each ablation is a FitConfig override, measured
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Any
 
-import torch
-
-from gpufill.engine import plan as plan_module
+from gpufill.engine import loop
 from gpufill.engine.config import FitConfig
-from gpufill.engine.hardware import detect
-from gpufill.engine.plan import Choice, DataFacts, Plan, make_plan
+from gpufill.engine.inputs import Data
+from gpufill.engine.plan import Choice, Plan
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,17 +48,9 @@ class Ablation:
         return f"{self.setting}={self.value}"
 
 
-def automatic_plan(config: FitConfig, train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor]) -> Plan:
-    """The plan fit() makes for these tensors and settings, compile decided for its step count, as fit does."""
-    facts = DataFacts(
-        n_train=int(train[0].shape[0]),
-        bytes_total=sum(t.numel() * t.element_size() for t in (*train, *val)),
-    )
-    plan = make_plan(detect(config.device), facts, config)
-    # fit settles the choices that pay back only over enough steps (compile; batch search
-    # where this version has it) from the total step count: do the same.
-    settle = getattr(plan_module, "for_training_length", plan_module.compile_for_steps)
-    return settle(plan, math.ceil(facts.n_train / plan.effective_batch.value) * config.epochs)
+def automatic_plan(config: FitConfig, train: Data, val: Data | None) -> Plan:
+    """The plan fit() makes for this data and these settings (compile settled for its step count), as fit does."""
+    return loop.automatic_plan(train, val, config=config)
 
 
 def ablations(plan: Plan) -> list[Ablation]:

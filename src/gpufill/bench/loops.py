@@ -24,14 +24,18 @@ from typing import Any
 import psutil
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils import _pytree as pytree
 
+from gpufill.bench.guides import count_samples, guides_loader, head, validation_loss
 from gpufill.bench.minimal import minimal_fit
-from gpufill.errors import InputError
-from gpufill.engine.config import FitConfig
+from gpufill.engine import losses
+from gpufill.engine.batches import sample_count
+from gpufill.engine.config import DEFAULTS, FitConfig
+from gpufill.engine.hardware import resolve_device
+from gpufill.engine.inputs import Data, as_source
 from gpufill.engine.loop import fit
 from gpufill.engine.result import FitCallback
-from gpufill.engine.hardware import resolve_device
+from gpufill.errors import InputError
 from gpufill.monitor.sampler import GpuSource, Sampler, open_gpu_source
 
 
@@ -45,7 +49,7 @@ class LoopMeasurement:
     epoch_s: float
     first_epoch_s: float
     val_loss: float
-    """MSE of the final model on the validation windows (scaled space)."""
+    """The training's loss for the final model on the validation data (fp32; a forecaster's: MSE in scaled space)."""
     peak_memory_mib: float | None
     """Peak device memory on CUDA; peak process RSS on CPU."""
     val_loss_runs: list[float] = dataclasses.field(default_factory=list)
@@ -67,19 +71,6 @@ class LoopMeasurement:
             "val_loss_runs": [round(v, 6) for v in self.val_loss_runs] or None,
             "samples_per_s_runs": [round(v, 1) for v in self.samples_per_s_runs] or None,
         }
-
-
-class WindowDataset(Dataset):
-    """The guides' per-sample dataset: one Python call and two numpy -> tensor conversions per window."""
-
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
-        self.inputs, self.targets = inputs.numpy(), targets.numpy()
-
-    def __len__(self) -> int:
-        return self.inputs.shape[0]
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.tensor(self.inputs[index], dtype=torch.float32), torch.tensor(self.targets[index], dtype=torch.float32)
 
 
 class _PeakMemory(FitCallback):
@@ -106,46 +97,55 @@ class _PeakMemory(FitCallback):
 
 def baseline_fit(
     model: nn.Module,
-    train: tuple[torch.Tensor, torch.Tensor],
-    val: tuple[torch.Tensor, torch.Tensor],
+    train: Data,
+    val: Data,
     *,
     epochs: int,
-    lr: float = 1e-3,
+    loss: Any = "mse",
+    lr: float = DEFAULTS.lr,
     batch_size: int = 128,
+    micro_batch: int | None = None,
     device: torch.device | str = "cpu",
     seed: int = 0,
     patience: int | None = None,
 ) -> LoopMeasurement:
     """The guides' starting loop (see module docstring). Trains `model` in place.
 
-    With `patience`, it stops after that many epochs without a better validation loss and
-    restores the best weights, as the guides' early-stopping recipe does.
+    With `micro_batch`, loader batches of that size are accumulated to `batch_size` (each
+    loss scaled by its share), as the guides' accumulation recipe does. With `patience`, it
+    stops after that many epochs without a better validation loss and restores the best
+    weights, as the guides' early-stopping recipe does.
     """
     device = torch.device(device)
+    loss_fn, _ = losses.resolve(loss)
     torch.manual_seed(seed)
     model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    loader = DataLoader(WindowDataset(*train), batch_size=batch_size, shuffle=True, num_workers=0)
-    val_loader = DataLoader(WindowDataset(*val), batch_size=batch_size, shuffle=False, num_workers=0)
+    per_step = max(1, batch_size // micro_batch) if micro_batch else 1
+    loader = guides_loader(train, micro_batch or batch_size)
+    val_loader = guides_loader(val, batch_size)
     memory = _PeakMemory(device)
     seconds = []
+    samples = 0
     best, best_state, waited = float("inf"), None, 0
     for _epoch in range(epochs):
         tick = time.perf_counter()
         model.train()
-        for inputs, targets in loader:
-            inputs, targets = inputs.to(device), targets.to(device)
-            optimizer.zero_grad()
-            loss = nn.functional.mse_loss(model(inputs), targets)
-            loss.backward()
-            optimizer.step()
-            _running = loss.item()  # the guides log every step: one sync per step
+        samples = 0
+        for index, batch in enumerate(loader):
+            batch = _blocking_copy(batch, device)
+            value = loss_fn(model, batch)["loss"]
+            (value / per_step).backward()
+            if (index + 1) % per_step == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+            _running = value.item()  # the guides log every step: one sync per step
+            samples += sample_count(batch)
         model.eval()
         total = 0.0
         with torch.no_grad():
-            for inputs, targets in val_loader:
-                prediction = model(inputs.to(device)).cpu()  # per-batch copy back
-                total += nn.functional.mse_loss(prediction, targets, reduction="sum").item()
+            for batch in val_loader:
+                total += loss_fn(model, _blocking_copy(batch, device))["loss"].item() * sample_count(batch)  # a sync per batch
         seconds.append(time.perf_counter() - tick)
         memory.sample()
         if patience is not None:
@@ -157,41 +157,47 @@ def baseline_fit(
                     break
     if best_state is not None:
         model.load_state_dict(best_state)
-    return _measurement("baseline", model, val, seconds, train[0].shape[0], memory)
+    return _measurement("baseline", model, val, loss, seconds, samples, memory)
+
+
+def _blocking_copy(batch: Any, device: torch.device) -> Any:
+    """`.to(device)` leaf by leaf, as the guides write it (no pinned memory, so no overlap)."""
+    return pytree.tree_map(lambda leaf: leaf.to(device) if isinstance(leaf, torch.Tensor) else leaf, batch)
 
 
 def gpufill_fit(
     model: nn.Module,
-    train: tuple[torch.Tensor, torch.Tensor],
-    val: tuple[torch.Tensor, torch.Tensor],
+    train: Data,
+    val: Data,
     *,
     epochs: int,
     config: FitConfig | None = None,
     name: str = "gpufill",
 ) -> LoopMeasurement:
     """gpufill.fit with the automatic plan (or `config`); epoch time includes its validation."""
-    config = copy.copy(config) if config is not None else FitConfig()
-    config.epochs = epochs
+    config = dataclasses.replace(config or FitConfig(), epochs=epochs)
     device = resolve_device(config.device)
     memory = _PeakMemory(device)
     result = fit(model, train, val, config=config, callbacks=[memory])
     seconds = [record.seconds for record in result.history]
     # Validation time is inside the baseline's epochs: add gpufill's share for a fair epoch.
     val_share = result.timings["val_s"] / max(len(seconds), 1)
-    return _measurement(name, result.model, val, [s + val_share for s in seconds], train[0].shape[0], memory)
+    samples = count_samples(train) or round(result.timings["samples_per_s"] * result.timings["epoch_s"])
+    return _measurement(name, result.model, val, config.loss, [s + val_share for s in seconds], samples, memory)
 
 
 def minimal_measured(
-    model: nn.Module, train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor], *, epochs: int, device: str, seed: int
+    model: nn.Module, train: Data, val: Data, *, epochs: int, device: str, seed: int, loss: Any = "mse", lr: float = DEFAULTS.lr,
+    batch_size: int = 128,
 ) -> LoopMeasurement:
     """The careful hand-written fp32 loop (see `minimal`), measured like the others."""
     memory = _PeakMemory(torch.device(device))
-    seconds = minimal_fit(model, train, val, epochs=epochs, device=device, seed=seed)
+    seconds = minimal_fit(model, train, val, epochs=epochs, device=device, seed=seed, loss=loss, lr=lr, batch_size=batch_size)
     memory.sample()
-    return _measurement("minimal", model, val, seconds, train[0].shape[0], memory)
+    return _measurement("minimal", model, val, loss, seconds, sample_count(train), memory)
 
 
-def _measurement(name: str, model: nn.Module, val: tuple[torch.Tensor, torch.Tensor], seconds: list[float], n_train: int, memory: _PeakMemory) -> LoopMeasurement:
+def _measurement(name: str, model: nn.Module, val: Data, loss: Any, seconds: list[float], n_train: int, memory: _PeakMemory) -> LoopMeasurement:
     # Median of the steady epochs: one epoch disturbed by another process does not move it.
     epoch_s = statistics.median(seconds[1:] or seconds)
     return LoopMeasurement(
@@ -199,19 +205,14 @@ def _measurement(name: str, model: nn.Module, val: tuple[torch.Tensor, torch.Ten
         samples_per_s=n_train / epoch_s,
         epoch_s=epoch_s,
         first_epoch_s=seconds[0],
-        val_loss=validation_mse(model, val),
+        val_loss=validation_loss(model, val, loss),
         peak_memory_mib=memory.mib(),
     )
 
 
-@torch.no_grad()
 def validation_mse(model: nn.Module, val: tuple[torch.Tensor, torch.Tensor]) -> float:
-    """The same quality yardstick for every loop: fp32 MSE of the final model on the validation windows."""
-    device = next(model.parameters()).device
-    model.eval()
-    inputs, targets = val
-    prediction = torch.cat([model(inputs[i : i + 4096].to(device)).float().cpu() for i in range(0, inputs.shape[0], 4096)])
-    return nn.functional.mse_loss(prediction, targets).item()
+    """A forecaster's yardstick: fp32 MSE of the final model on the validation windows."""
+    return validation_loss(model, val, "mse")
 
 
 class UtilisationMeter:
@@ -312,15 +313,20 @@ def _paired_ratio(numerator: list[LoopMeasurement], denominator: list[LoopMeasur
 
 
 # One loop's run: (training data, epochs, seed) -> its measurement.
-_Runner = Callable[[tuple[torch.Tensor, torch.Tensor], int, int], LoopMeasurement]
+_Runner = Callable[[Data, int, int], LoopMeasurement]
 
 
 def compare(
     make_model: Callable[[], nn.Module],
-    train: tuple[torch.Tensor, torch.Tensor],
-    val: tuple[torch.Tensor, torch.Tensor],
+    train: Data,
+    val: Data,
     *,
     epochs: int,
+    loss: Any = "mse",
+    lr: float = DEFAULTS.lr,
+    batch_size: int = 128,
+    micro_batch: int | None = None,
+    fit_options: Mapping[str, Any] | None = None,
     device: str = "auto",
     repeats: int = 1,
     variants: Mapping[str, Mapping[str, Any]] | None = None,
@@ -331,35 +337,50 @@ def compare(
     """Baseline, gpufill and each variant, interleaved `repeats` times from the same initial weights.
 
     The order rotates from round to round (see below); run i of every loop uses seed i.
+    Every loop minimises `loss` at `lr`; the baseline feeds batches of `batch_size` (of
+    `micro_batch`, accumulated, when given); gpufill gets `fit_options` (FitConfig fields; its
+    automatic plan for the rest).
 
     `variants` maps a name to FitConfig overrides (e.g. {"data_placement": "loader"}) for a
-    gpufill run with those settings; `minimal` adds the careful hand-written fp32 loop;
-    `meter` adds each run's GPU utilisation; `progress` is told which run starts.
+    gpufill run with those settings; `minimal` adds the careful hand-written fp32 loop (tensor
+    data only); `meter` adds each run's GPU utilisation; `progress` is told which run starts.
     """
     variants = dict(variants or {})
+    options = dict(fit_options or {})
     known = {field.name for field in dataclasses.fields(FitConfig)}
-    for name, overrides in variants.items():
+    for name, overrides in {"fit_options": options, **variants}.items():
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise InputError(f"variant {name!r} changes unknown setting(s) {', '.join(unknown)}", field="variants", fix="use FitConfig fields")
+            raise InputError(f"{name!r} changes unknown setting(s) {', '.join(unknown)}", field="variants" if name in variants else "fit_options",
+                             fix="use FitConfig fields")
+    if minimal and as_source(train, "train").kind != "tensors":
+        raise InputError("the hand loop indexes tensors held in memory, and this training's data is a Dataset or a loader", field="hand_loop",
+                         fix="leave the hand loop out (hand_loop=False, --no-hand-loop)")
     target = str(resolve_device(device))
     say = progress or (lambda _text: None)
     comparison = Comparison(baseline=[], gpufill=[], variants={name: [] for name in variants})
 
     def gpufill_runner(name: str, overrides: Mapping[str, Any]) -> _Runner:
-        return lambda data, epochs, seed: gpufill_fit(make_model(), data, val, epochs=epochs, config=FitConfig(device=target, seed=seed, **overrides), name=name)
+        def run(data: Data, epochs: int, seed: int) -> LoopMeasurement:
+            config = FitConfig(**{"device": target, "seed": seed, "loss": loss, "lr": lr, **options, **overrides})
+            return gpufill_fit(make_model(), data, val, epochs=epochs, config=config, name=name)
+        return run
 
-    def minimal_runner(data: tuple[torch.Tensor, torch.Tensor], epochs: int, seed: int) -> LoopMeasurement:
-        return minimal_measured(make_model(), data, val, epochs=epochs, device=target, seed=seed)
+    def minimal_runner(data: Data, epochs: int, seed: int) -> LoopMeasurement:
+        return minimal_measured(make_model(), data, val, epochs=epochs, device=target, seed=seed, loss=loss, lr=lr, batch_size=batch_size)
+
+    def baseline_runner(data: Data, epochs: int, seed: int) -> LoopMeasurement:
+        return baseline_fit(make_model(), data, val, epochs=epochs, loss=loss, lr=lr, batch_size=batch_size, micro_batch=micro_batch,
+                            device=target, seed=seed)
 
     loops: list[tuple[str, list[LoopMeasurement], _Runner]] = [
-        ("baseline", comparison.baseline, lambda data, epochs, seed: baseline_fit(make_model(), data, val, epochs=epochs, device=target, seed=seed)),
+        ("baseline", comparison.baseline, baseline_runner),
         ("gpufill", comparison.gpufill, gpufill_runner("gpufill", {})),
         *((("minimal", comparison.minimal, minimal_runner),) if minimal else ()),
         *((name, comparison.variants[name], gpufill_runner(name, overrides)) for name, overrides in variants.items()),
     ]
     say("warm-up (untimed)")
-    warm = (train[0][:256], train[1][:256])  # untimed: lazy init, allocator and kernel caches
+    warm = head(train, 2 * batch_size)  # untimed: lazy init, allocator and kernel caches
     for _name, _runs, run in loops:
         run(warm, 1, 0)
     for seed in range(repeats):

@@ -1,9 +1,10 @@
 """`gpufill bench`: the before/after table on this machine, with what each speed-up is worth.
 
-One forecaster on gpufill's synthetic series, trained by the guides' starting loop
-("before"), by gpufill with its automatic plan, and by gpufill with each speed-up the
-plan chose switched off in turn; all interleaved and repeated from the same initial
-weights (`compare`). The record has the same JSON shape as the scripts under bench/.
+One training (by default a forecaster on gpufill's synthetic series; any model, data and
+loss as a `BenchTarget`) run by the guides' starting loop ("before"), by gpufill with its
+automatic plan, and by gpufill with each speed-up the plan chose switched off in turn; all
+interleaved and repeated from the same initial weights (`compare`). The record has the same
+JSON shape as the scripts under bench/.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from rich.table import Table
 
 from gpufill.bench.ablation import Ablation, ablations, automatic_plan
 from gpufill.bench.loops import Comparison, UtilisationMeter, compare
+from gpufill.bench.target import BenchTarget
+from gpufill.engine.inputs import as_source
 from gpufill.forecasting.data import Split, load_projects, make_windows
 from gpufill.errors import InputError
 from gpufill.engine.config import FitConfig
@@ -56,8 +59,9 @@ class BenchSettings:
     """What `gpufill bench` trains. The defaults take 1-2 minutes for the LSTM on 2 CPU cores."""
 
     model: str = "lstm"
-    """A neural family: lstm, gru, tcn, transformer or mlp."""
+    """A neural family: lstm, gru, tcn, transformer or mlp (the forecaster bench; a BenchTarget replaces it)."""
     epochs: int = 8
+    """Sized with the defaults below for 1-2 minutes on 2 CPU cores (fit's own default is DEFAULTS.epochs)."""
     repeats: int = 5
     """Interleaved rounds; each row is the median-speed round, each ratio the median of per-round ratios."""
     length: int = 5000
@@ -71,8 +75,8 @@ class BenchSettings:
     hand_loop: bool = True
     """Also run the careful hand-written fp32 loop (resident tensors, fused AdamW, no per-step sync)."""
 
-    def validate(self) -> None:
-        if self.model not in WIDTH_PARAM:
+    def validate(self, *, forecaster: bool = True) -> None:
+        if forecaster and self.model not in WIDTH_PARAM:
             raise InputError(
                 f"unknown model family {self.model!r} for bench", where="command line", field="--model",
                 fix=f"use one of {', '.join(WIDTH_PARAM)} (bench compares neural training loops)",
@@ -118,14 +122,10 @@ class BenchReport:
         return path
 
 
-def run_bench(settings: BenchSettings | None = None, *, progress: Callable[[str], None] | None = None, meter: UtilisationMeter | None = None) -> BenchReport:
-    """Train before, gpufill and each ablation on one synthetic project; see the module docstring."""
-    settings = settings or BenchSettings()
-    settings.validate()
-    device = str(resolve_device(settings.device))
+def forecaster_target(settings: BenchSettings) -> BenchTarget:
+    """The default training: one family on one synthetic project's windows, batch 128 before, gpufill's automatic batch."""
     project = next(iter(load_projects("synthetic", n_projects=1, length=settings.length, seed=0).values()))
     windows = make_windows(project, settings.lookback, 1, Split(val=0.1, test=0.2))
-    train, val = (windows.x_train, windows.y_train), (windows.x_val, windows.y_val)
     params = {WIDTH_PARAM[settings.model]: settings.hidden_size}
 
     def make_model() -> torch.nn.Module:
@@ -133,22 +133,38 @@ def run_bench(settings: BenchSettings | None = None, *, progress: Callable[[str]
         return registry.build(settings.model, n_features=windows.n_features, lookback=settings.lookback, horizon=1, params=params)
 
     make_model()  # a bad width (e.g. d_model not divisible by nhead) fails here, before any timing
-    plan = automatic_plan(FitConfig(device=device, epochs=settings.epochs), train, val)
+    return BenchTarget(name=settings.model, make_model=make_model, train=(windows.x_train, windows.y_train), val=(windows.x_val, windows.y_val),
+                       epochs=settings.epochs, args={"model": settings.model, **params, "lookback": settings.lookback, "horizon": 1,
+                                                     "series_length": settings.length, "train_windows": int(windows.x_train.shape[0])})
+
+
+def run_bench(settings: BenchSettings | None = None, *, target: BenchTarget | None = None, progress: Callable[[str], None] | None = None,
+              meter: UtilisationMeter | None = None) -> BenchReport:
+    """Train before, gpufill and each ablation on `target` (default: the forecaster `settings` name); see the module docstring.
+
+    `settings` gives the rounds, device, ablation and hand loop for any target."""
+    settings = settings or BenchSettings()
+    settings.validate(forecaster=target is None)
+    target = target or forecaster_target(settings)
+    target.validate()
+    device = str(resolve_device(settings.device))
+    hand_loop = settings.hand_loop and as_source(target.train, "train").kind == "tensors"  # the hand loop indexes tensors in memory
+    config = FitConfig(**{"device": device, "loss": target.loss, "lr": target.lr, "epochs": target.epochs, **target.fit_options})
+    plan = automatic_plan(config, target.train, target.val)
     chosen = ablations(plan) if settings.ablation else []
     own_meter = meter is None
     meter = meter or UtilisationMeter(device, interval=GPU_SAMPLE_S)
     try:
         comparison = compare(
-            make_model, train, val, epochs=settings.epochs, device=device, repeats=settings.repeats,
-            variants={a.label: a.overrides() for a in chosen}, meter=meter, progress=progress, minimal=settings.hand_loop,
+            target.make_model, target.train, target.val, epochs=target.epochs, loss=target.loss, lr=target.lr, batch_size=target.batch_size,
+            micro_batch=target.micro_batch, fit_options=target.fit_options, device=device, repeats=settings.repeats,
+            variants={a.label: a.overrides() for a in chosen}, meter=meter, progress=progress, minimal=hand_loop,
         )
     finally:
         if own_meter:
             meter.close()
-    args = {"model": settings.model, **params, "lookback": settings.lookback, "horizon": 1, "series_length": settings.length,
-            "train_windows": int(train[0].shape[0]), "epochs": settings.epochs, "repeats": settings.repeats, "ablation": settings.ablation,
-            "hand_loop": settings.hand_loop}
-    return BenchReport(environment(device), settings.model, args, plan.to_dict(), _rows(comparison, chosen), _ratios(comparison, chosen))
+    args = {**target.record(), "repeats": settings.repeats, "ablation": settings.ablation, "hand_loop": hand_loop}
+    return BenchReport(environment(device), target.name, args, plan.to_dict(), _rows(comparison, chosen), _ratios(comparison, chosen))
 
 
 def _rows(comparison: Comparison, chosen: list[Ablation]) -> list[dict[str, Any]]:
@@ -180,7 +196,7 @@ def bench_table(report: dict[str, Any]) -> Table:
     args = report["args"]
     rounds = f"{args['repeats']} round" + ("s" if args["repeats"] != 1 else "")
     table = Table(
-        title=f"gpufill bench: {report['model']}, {args['train_windows']} windows x {args['epochs']} epochs, median of {rounds}"
+        title=f"gpufill bench: {report['model']}, {_samples(args)} x {args['epochs']} epochs, median of {rounds}"
         f" — {report['device']}, torch {report['torch']}, {report['date'][:10]}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
@@ -221,3 +237,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
 
 def _maybe(value: float | None, form: str) -> str:
     return "-" if value is None else form.format(value)
+
+
+def _samples(args: dict[str, Any]) -> str:
+    if "train_windows" in args:
+        return f"{args['train_windows']} windows"
+    return f"{args['train_samples']} samples" if args.get("train_samples") else "a stream"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -11,9 +12,36 @@ from rich.console import Console
 from gpufill.cli.app import app
 
 
+_MODEL_HELP = "A forecaster family (lstm, gru, tcn, transformer, mlp), or pkg.mod:factory / file.py:factory (with --data pkg.mod:make_data: any model)."
+_DATA_HELP = ("pkg.mod:make_data or file.py:make_data returning the training data (tensors of any structure, a Dataset, a DataLoader) "
+              "or {'train': ..., 'val': ...}; for a forecaster: synthetic, a .csv/.parquet file, a directory or a glob.")
+_LOSS_HELP = "mse, mae, huber, cross_entropy, bce_with_logits, or pkg.mod:fn with fn(model, batch) -> loss (any model)."
+
+
+def _fit_options(pairs: list[str]) -> dict[str, Any]:
+    """`--fit KEY=VALUE` pairs as FitConfig fields (values read as YAML: 0.1, true, warmup_cosine)."""
+    import yaml
+
+    from gpufill.errors import InputError
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--fit {pair!r} is not KEY=VALUE", where="command line", field="--fit", fix="write e.g. --fit weight_decay=0.1")
+        options[key.strip()] = yaml.safe_load(value)
+    return options
+
+
 @app.command()
 def bench(
-    model: str = typer.Option("lstm", "--model", "-m", help="lstm, gru, tcn, transformer or mlp."),
+    model: str = typer.Option("lstm", "--model", "-m", help=_MODEL_HELP),
+    data: str | None = typer.Option(None, "--data", help="pkg.mod:make_data (any model; see gpufill doctor --help). Default: synthetic series for a forecaster."),
+    loss: str = typer.Option("mse", "--loss", help=_LOSS_HELP),
+    batch_size: int = typer.Option(128, "--batch-size", help="Any model: the batch of the before loop and gpufill's effective batch."),
+    micro_batch: int | None = typer.Option(None, "--micro-batch", help="Any model: the before loop accumulates loader batches of this size."),
+    lr: float | None = typer.Option(None, "--lr", help="Any model: learning rate of every loop (default: fit's)."),
+    fit: list[str] = typer.Option([], "--fit", help="Any model: a gpufill setting KEY=VALUE (a FitConfig field), repeatable: --fit weight_decay=0.1."),
     epochs: int | None = typer.Option(None, "--epochs", help="Epochs per training (default: sized for 1-2 minutes on 2 CPU cores)."),
     repeats: int | None = typer.Option(None, "--repeats", help="Interleaved rounds; each row is the median round."),
     length: int | None = typer.Option(None, "--length", help="Synthetic series length."),
@@ -25,14 +53,21 @@ def bench(
     out: Path | None = typer.Option(None, "--out", help="Also write the JSON record to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
 ) -> None:
-    """Before/after: the guides' starting loop vs gpufill on one model, and what each speed-up is worth here."""
-    from gpufill.bench import BenchSettings, bench_table, run_bench, summary_lines
+    """Before/after: the guides' starting loop vs gpufill on one training, and what each speed-up is worth here."""
+    from gpufill.bench import BenchSettings, bench_table, run_bench, summary_lines, target_from_references
+    from gpufill.engine.config import DEFAULTS
 
     sizes = {"epochs": epochs, "repeats": repeats, "length": length, "lookback": lookback, "hidden_size": hidden_size}
     settings = BenchSettings(model=model, device=device, ablation=ablation, hand_loop=hand_loop, **{k: v for k, v in sizes.items() if v is not None})
+    target = None
+    if data is not None:
+        settings.validate(forecaster=False)  # a bad --repeats or --device fails before the user's code is imported
+        target = target_from_references(model, data, loss=loss, batch_size=batch_size, micro_batch=micro_batch, lr=lr or DEFAULTS.lr,
+                                        epochs=epochs or DEFAULTS.epochs, fit_options=_fit_options(fit), where="gpufill bench")
     console = Console(stderr=as_json)
-    with console.status(f"bench {model}") as spinner:
-        outcome = run_bench(settings, progress=lambda text: spinner.update(f"bench {model}: {text}"))
+    name = target.name if target is not None else model
+    with console.status(f"bench {name}") as spinner:
+        outcome = run_bench(settings, target=target, progress=lambda text: spinner.update(f"bench {name}: {text}"))
     record = outcome.to_dict()
     if out is not None:
         outcome.write(out)
@@ -48,25 +83,43 @@ def bench(
 
 @app.command()
 def doctor(
-    model: str = typer.Option("lstm", "--model", "-m", help="Neural family (lstm, gru, tcn, transformer, mlp) or package.module:factory."),
-    data: str = typer.Option("synthetic", "--data", help="synthetic, a .csv/.parquet file, a directory or a glob (as gpufill train)."),
+    model: str = typer.Option("lstm", "--model", "-m", help=_MODEL_HELP),
+    data: str = typer.Option("synthetic", "--data", help=_DATA_HELP),
+    loss: str = typer.Option("mse", "--loss", help=_LOSS_HELP),
     batch_size: int = typer.Option(128, "--batch-size", help="Batch the training is profiled at (and at twice it)."),
-    lookback: int = typer.Option(30, "--lookback", help="Input window length."),
+    lookback: int = typer.Option(30, "--lookback", help="Input window length (a forecaster)."),
     steps: int = typer.Option(20, "--steps", help="Training steps to profile (after 3 warm-up steps)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Environment checks, a speed test against the peak, and what limits a training (with the fix and its expected gain)."""
     # torch is imported only when a command runs
+    from gpufill.doctor import diagnose
     from gpufill.doctor import run as run_doctor
     from gpufill.doctor.display import print_report
+    from gpufill.doctor.profiler import check_positive
+    from gpufill.doctor.target import check_device
+    from gpufill.user_code import is_reference
 
     console = Console(stderr=as_json)
-    with console.status("speed test and training profile"):
-        record = run_doctor(model=model, data=data, batch_size=batch_size, lookback=lookback, steps=steps, device=device).to_dict()
+    if is_reference(data):
+        check_positive(batch_size=batch_size, steps=steps)
+        check_device(device)  # bad options fail before the user's code is imported
+        from gpufill.bench import target_from_references
+
+        target = target_from_references(model, data, loss=loss, batch_size=batch_size, where="gpufill doctor")
+        with console.status("speed test and training profile"):
+            report = diagnose(target.make_model(), target.train, loss=target.loss, batch_size=batch_size, steps=steps, device=device)
+    else:
+        if loss != "mse":
+            from gpufill.errors import InputError
+
+            raise InputError(f"--loss {loss} needs --data pkg.mod:make_data: a forecaster is profiled with mse", where="gpufill doctor",
+                             field="--loss", fix="drop --loss, or name your model and data with --model pkg.mod:factory --data pkg.mod:make_data")
+        with console.status("speed test and training profile"):
+            report = run_doctor(model=model, data=data, batch_size=batch_size, lookback=lookback, steps=steps, device=device)
+    record = report.to_dict()
     if as_json:
         print(json.dumps(record))
     else:
         print_report(record, console)
-
-

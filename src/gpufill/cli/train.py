@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from collections.abc import Iterator
 
 import typer
@@ -56,7 +55,9 @@ def train(
     if nproc < 1:
         raise InputError(f"--nproc must be at least 1, got {nproc}", where="command line", field="--nproc", fix="pass e.g. --nproc 2")
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        raise typer.Exit(_launch_torchrun(nproc))
+        from gpufill.engine.launch import relaunch_under_torchrun  # re-runs this same `gpufill train` command
+
+        raise typer.Exit(relaunch_under_torchrun(nproc, ["-m", "gpufill.cli"]))
     quiet = int(os.environ.get("RANK", "0")) != 0  # under DDP rank 0 reports for all
     from gpufill.cli import render  # torch is imported only when a command runs
     from gpufill.engine.config import FitConfig
@@ -114,22 +115,6 @@ def train(
         render.print_forecast(outcome, console)
     if outcome["status"] == "diverged":
         raise typer.Exit(1)
-
-
-def _launch_torchrun(nproc: int) -> int:
-    """Re-run this same `gpufill train` command under torchrun with `nproc` processes on this machine."""
-    import subprocess
-
-    args, skip = [], False
-    for arg in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif arg == "--nproc":
-            skip = True
-        elif not arg.startswith("--nproc="):
-            args.append(arg)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "gpufill.cli", *args]
-    return subprocess.call(command)
 
 
 # FitConfig fields -> the options that set them (for errors that name what the user typed).

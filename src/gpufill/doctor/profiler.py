@@ -2,9 +2,10 @@
 
 This is a profiling mode: it synchronises the device after every phase so each phase's
 time is its own (a training loop never should; gpufill.fit does not). The loop is the
-plain one a user writes: ``next(iterator)``, ``.to(device)``, forward + loss,
-``zero_grad`` + ``backward``, ``optimizer.step()`` (Adam). The model is deep-copied
-first, so profiling never changes the caller's weights.
+plain one a user writes: ``next(iterator)``, ``.to(device)`` leaf by leaf, forward + loss,
+``zero_grad`` + ``backward``, ``optimizer.step()`` (Adam). Batches may have any structure
+and the loss is fit's: a name or ``fn(model, batch)``. The model is deep-copied first, so
+profiling never changes the caller's weights.
 """
 
 from __future__ import annotations
@@ -19,18 +20,23 @@ from typing import Any, Self
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpufill.doctor.bottleneck import PhaseTimings
-from gpufill.errors import InputError
+from gpufill.engine import losses
 from gpufill.engine.backend import is_out_of_memory, synchronize
+from gpufill.engine.batches import concat, sample_count, take, tensors_of, to_device
+from gpufill.engine.config import DEFAULTS
+from gpufill.engine.inputs import as_source
+from gpufill.errors import InputError
 
 __all__ = ["Batch", "TrainingData", "check_positive", "count_flops", "profile_training", "typical_step"]
 
-Batch = tuple[torch.Tensor, torch.Tensor]
-TrainingData = DataLoader | Dataset | tuple[torch.Tensor, torch.Tensor]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Batch = Any
+TrainingData = Any
+"""Tensors of any structure, a Dataset, a DataLoader or an IterableDataset (what fit takes)."""
+LossFn = Callable[[nn.Module, Batch], dict[str, torch.Tensor]]
 
 WARMUP_STEPS = 3
 """Untimed first steps: allocation, kernel selection and Adam's state creation happen there."""
@@ -47,16 +53,17 @@ def profile_training(
     batch_size: int,
     steps: int = 20,
     device: torch.device | str = "cpu",
-    lr: float = 1e-3,
-    loss_fn: LossFn = nn.functional.mse_loss,
+    lr: float = DEFAULTS.lr,
+    loss: Any = "mse",
 ) -> PhaseTimings:
     """Time `steps` training steps of `model` on `data`, phase by phase, then probe batch scaling.
 
-    `data` is used as the user would: a DataLoader as given, a Dataset through
-    ``DataLoader(batch_size, shuffle=True, num_workers=0)``, or (inputs, targets) tensors
-    batched on their own device by random index. Batches must be (inputs, targets) pairs.
+    `data` is used as the user would: a DataLoader as given, a Dataset or IterableDataset
+    through ``DataLoader(batch_size, num_workers=0)`` (shuffled when it can be), or tensors of
+    any structure batched on their own device by random index.
     """
     check_positive(batch_size=batch_size, steps=steps)
+    loss_fn, _ = losses.resolve(loss)
     device = torch.device(device)
     model = copy.deepcopy(model).to(device).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -70,14 +77,14 @@ def profile_training(
         batch = next(batches)
         watch.lap()
         with syncs:
-            inputs, targets = _to_device(batch, device)
+            batch = to_device(batch, device)
         watch.lap()
         with syncs:
-            loss = loss_fn(model(inputs), targets)
+            value = loss_fn(model, batch)["loss"]
         watch.lap()
         with syncs:
             optimizer.zero_grad()
-            loss.backward()
+            value.backward()
         watch.lap()
         with syncs:
             optimizer.step()
@@ -86,8 +93,8 @@ def profile_training(
             syncs.reset()
             continue
         laps.append(watch.laps)
-        if largest is None or inputs.shape[0] > largest[0].shape[0]:
-            largest = (inputs, targets)  # a full batch for the probes (the epoch's last may be short)
+        if largest is None or sample_count(batch) > sample_count(largest):
+            largest = batch  # a full batch for the probes (the epoch's last may be short)
     assert largest is not None
     compute_b, compute_2b = _scaling(model, optimizer, loss_fn, largest, device)
     data_s, copy_s, forward_s, backward_s, optimizer_s = typical_step(laps)
@@ -97,7 +104,7 @@ def profile_training(
         forward_s=forward_s,
         backward_s=backward_s,
         optimizer_s=optimizer_s,
-        batch_size=int(largest[0].shape[0]),
+        batch_size=sample_count(largest),
         steps=steps,
         compute_b_s=compute_b,
         compute_2b_s=compute_2b,
@@ -132,15 +139,14 @@ def check_positive(**values: object) -> None:
 def _endless(data: TrainingData, batch_size: int) -> Iterator[Any]:
     """Batches forever: a new epoch (and a new iterator, as a training loop makes) when one ends."""
     epochs: Iterable[Any]
-    if isinstance(data, tuple):
-        epochs = _TensorBatches(data, batch_size)
-    elif isinstance(data, DataLoader):
+    if isinstance(data, DataLoader):
         epochs = data
+    elif isinstance(data, IterableDataset):
+        epochs = DataLoader(data, batch_size=batch_size, num_workers=0)
     elif isinstance(data, Dataset):
         epochs = DataLoader(data, batch_size=batch_size, shuffle=True, num_workers=0)
     else:
-        raise InputError(f"cannot profile data of type {type(data).__name__}", where="doctor", field="data",
-                         fix="pass a DataLoader, a Dataset of (input, target) pairs, or an (inputs, targets) tuple of tensors")
+        epochs = _TensorBatches(as_source(data, "data").data, batch_size)  # a bad structure is one line naming data
     while True:
         empty = True
         for batch in epochs:
@@ -151,24 +157,16 @@ def _endless(data: TrainingData, batch_size: int) -> Iterator[Any]:
 
 
 class _TensorBatches:
-    """Shuffled batches of whole tensors by index, on the tensors' own device (host tensors stay on the host)."""
+    """Shuffled batches of tensors of any structure by index, on the tensors' own device (host tensors stay on the host)."""
 
-    def __init__(self, data: tuple[torch.Tensor, torch.Tensor], batch_size: int):
-        self.inputs, self.targets = data
-        self.batch_size = batch_size
+    def __init__(self, data: Any, batch_size: int):
+        self.data, self.n, self.batch_size = data, sample_count(data, "data"), batch_size
+        self.device = tensors_of(data)[0].device
 
     def __iter__(self) -> Iterator[Batch]:
-        order = torch.randperm(self.inputs.shape[0], device=self.inputs.device)
-        for start in range(0, self.inputs.shape[0], self.batch_size):
-            index = order[start : start + self.batch_size]
-            yield self.inputs[index], self.targets[index]
-
-
-def _to_device(batch: Any, device: torch.device) -> Batch:
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
-        raise InputError(f"a batch is a {type(batch).__name__}, not an (inputs, targets) pair of tensors", where="doctor", field="data",
-                         fix="make the Dataset's __getitem__ return (input, target) tensors")
-    return batch[0].to(device), batch[1].to(device)
+        order = torch.randperm(self.n, device=self.device)
+        for start in range(0, self.n, self.batch_size):
+            yield take(self.data, order[start : start + self.batch_size])
 
 
 class _Stopwatch:
@@ -223,7 +221,7 @@ class _SyncCounter:
 def _compute_seconds(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, batch: Batch, device: torch.device) -> float:
     start = time.perf_counter()
     optimizer.zero_grad()
-    loss_fn(model(batch[0]), batch[1]).backward()
+    loss_fn(model, batch)["loss"].backward()
     optimizer.step()
     synchronize(device)
     return time.perf_counter() - start
@@ -236,7 +234,7 @@ def _scaling(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn
 
     Returns (t(b), t(2b)); t(2b) is None when twice the batch does not fit in memory.
     """
-    double: Batch | None = (torch.cat([batch[0], batch[0]]), torch.cat([batch[1], batch[1]]))
+    double: Batch | None = concat([batch, batch])
     at_b: list[float] = []
     at_2b: list[float] = []
     for rep in range(1 + SCALING_REPS):  # the first round is a warm-up for the new shapes
@@ -269,7 +267,7 @@ def count_flops(model: nn.Module, loss_fn: LossFn, batch: Batch) -> float | None
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*TF32 acceleration on top of oneDNN.*")  # torch's own note on toggling oneDNN
         with torch.backends.cudnn.flags(enabled=False), torch.backends.mkldnn.flags(enabled=False), FlopCounterMode(display=False) as counter:
-            loss_fn(model(batch[0]), batch[1]).backward()
+            loss_fn(model, batch)["loss"].backward()
     for parameter in model.parameters():
         parameter.grad = None
     flops = counter.get_total_flops()

@@ -20,7 +20,10 @@ from gpufill.doctor.environment import Check, check_environment
 from gpufill.doctor.profiler import TrainingData, check_positive, profile_training
 from gpufill.doctor.speedtest import SpeedTest, SpeedTestSizes, run_speed_test
 from gpufill.doctor.target import check_device, forecaster_training
+from gpufill.engine import losses
+from gpufill.engine.config import DEFAULTS
 from gpufill.engine.hardware import Hardware, detect, free_memory_bytes
+from gpufill.engine.inputs import as_source
 
 __all__ = ["DoctorReport", "diagnose", "run", "yardstick"]
 
@@ -99,7 +102,9 @@ def diagnose(
     model: nn.Module,
     data: TrainingData,
     *,
-    batch_size: int,
+    loss: Any = "mse",
+    batch_size: int = 128,
+    lr: float = DEFAULTS.lr,
     steps: int = 20,
     device: str = "auto",
     description: str | None = None,
@@ -109,18 +114,20 @@ def diagnose(
 ) -> DoctorReport:
     """Check the environment, run the speed test, profile `model` on `data` and give the verdict.
 
-    `data`: a DataLoader (used as is), a Dataset of (input, target) pairs (batched by a
-    plain DataLoader) or an (inputs, targets) tuple of tensors. The model is copied; its
+    `data` and `loss` take what fit takes: tensors of any structure (batched by index on their
+    own device), a Dataset or IterableDataset (through a plain DataLoader of `batch_size`), a
+    DataLoader (used as given); a loss name or `fn(model, batch)`. The model is copied; its
     weights do not change.
     """
     start = time.perf_counter()
     check_positive(batch_size=batch_size, steps=steps)
+    losses.resolve(loss)  # an unknown loss fails before the speed test
     hardware = detect(check_device(device))
     environment = check_environment(hardware, environ=environ)
     speed = run_speed_test(hardware, speed_sizes)
-    if data_bytes is None and isinstance(data, tuple):
-        data_bytes = int(sum(t.nbytes for t in data))
-    timings = profile_training(model, data, batch_size=batch_size, steps=steps, device=hardware.device)
+    if data_bytes is None:
+        data_bytes = as_source(data, "data").nbytes or None  # tensors: what moving them to the device would take
+    timings = profile_training(model, data, batch_size=batch_size, steps=steps, device=hardware.device, lr=lr, loss=loss)
     if hardware.is_cuda:
         torch.cuda.empty_cache()  # the profile's copies are gone: free memory reads true for the data-fit check
     verdict = classify(timings, yardstick(hardware, speed, data_bytes=data_bytes, free_bytes=free_memory_bytes(hardware)))
@@ -128,12 +135,18 @@ def diagnose(
         hardware=hardware,
         environment=environment,
         speed_test=speed,
-        description=description or f"{type(model).__name__} on {type(data).__name__} data, batch {batch_size}",
+        description=description or _describe(model, data, loss, timings.batch_size),
         timings=timings,
         data_bytes=data_bytes,
         verdict=verdict,
         seconds=time.perf_counter() - start,
     )
+
+
+def _describe(model: nn.Module, data: TrainingData, loss: Any, batch: int) -> str:
+    count = sum(p.numel() for p in model.parameters())
+    loss_name = losses.resolve(loss)[1].value
+    return f"{type(model).__name__} ({count:,} parameters) on {type(data).__name__} data, batch {batch}, loss {loss_name}, fp32 Adam"
 
 
 def run(

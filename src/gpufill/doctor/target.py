@@ -1,7 +1,7 @@
 """The training the doctor diagnoses, built the way users run it before gpufill.
 
 The default is gpufill's own forecaster (an LSTM on synthetic data) fed by the guides'
-loop: a per-sample :class:`~gpufill.bench.loops.WindowDataset` in
+loop: a per-sample :class:`~gpufill.bench.guides.WindowDataset` in
 ``DataLoader(batch_size, shuffle=True, num_workers=0)``. That is the "before" that
 ``gpufill bench`` compares against, so the verdict speaks about the same loop.
 Every option is checked here, before any timing starts, so bad input fails fast.
@@ -53,7 +53,7 @@ def forecaster_training(
     seed: int = 0,
 ) -> Training:
     """A gpufill forecaster (family or ``package.module:factory``) on one project's windows, in the guides' loader."""
-    from gpufill.bench.loops import WindowDataset
+    from gpufill.bench.guides import WindowDataset
     from gpufill.forecasting.task import load_windows
     from gpufill.forecasting.models import registry
 

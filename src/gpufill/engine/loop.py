@@ -42,7 +42,7 @@ from gpufill.engine.checkpoint import (
     state_meta,
 )
 from gpufill.engine.config import FitConfig
-from gpufill.engine.hardware import check_device, detect
+from gpufill.engine.hardware import Hardware, check_device, detect
 from gpufill.engine.inputs import Data, Source, as_dataset, as_source, data_facts, fingerprint, harmonise_floats, make_batches
 from gpufill.engine.measure import MeasuredChoices, tune_loader
 from gpufill.engine.optim import make_optimizer, make_schedule
@@ -83,10 +83,8 @@ def fit(
     val_source = as_source(val, "val") if val is not None else None
     loss_fn, loss_choice = losses.resolve(cfg.loss)
     hardware = detect(cfg.device)
-    facts = data_facts(train_source, val_source, cfg.steps_per_epoch)
-    plan = make_plan(hardware, facts, cfg)
-    per_epoch = batching.steps_per_epoch(facts, plan.effective_batch.value)
-    plan = for_training_length(plan, per_epoch * cfg.epochs if per_epoch else None).replace(loss=loss_choice)
+    plan, facts = _first_plan(cfg, train_source, val_source, hardware)
+    plan = plan.replace(loss=loss_choice)
     device = torch.device(plan.device.value)
 
     if plan.loader_tuning.value:
@@ -118,6 +116,25 @@ def fit(
         per_epoch = batching.steps_per_epoch(facts, training.plan.effective_batch.value)
         training.start_schedule(per_epoch * cfg.epochs if per_epoch else None)
         return training.train(train_batches, val_batches, callbacks if ddp is None or ddp.is_main else (), train_source)
+
+
+def automatic_plan(train: Data, val: Data | None = None, *, config: FitConfig | None = None, **overrides: Any) -> Plan:
+    """The plan fit() starts from for this data and these settings, before its measured choices
+    (batch search, compile timing, loader tuning) run: nothing is trained."""
+    cfg = _resolve_config(config, overrides)
+    check_device(cfg.device)
+    train_source = as_source(train, "train")
+    plan, _facts = _first_plan(cfg, train_source, as_source(val, "val") if val is not None else None, detect(cfg.device))
+    return plan.replace(loss=losses.resolve(cfg.loss)[1])
+
+
+def _first_plan(cfg: FitConfig, train: Source, val: Source | None, hardware: Hardware) -> tuple[Plan, batching.DataFacts]:
+    """The plan from the settings and the data's facts, with the choices that pay back only over
+    enough steps (compile) settled for the training's length."""
+    facts = data_facts(train, val, cfg.steps_per_epoch)
+    plan = make_plan(hardware, facts, cfg)
+    per_epoch = batching.steps_per_epoch(facts, plan.effective_batch.value)
+    return for_training_length(plan, per_epoch * cfg.epochs if per_epoch else None), facts
 
 
 def _resolve_config(config: FitConfig | None, overrides: dict[str, Any]) -> FitConfig:
