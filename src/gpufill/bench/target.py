@@ -51,6 +51,10 @@ class BenchTarget:
 
     def validate(self, where: str = "bench") -> None:
         losses.resolve(self.loss)
+        unknown = sorted(set(self.fit_options) - {f.name for f in dataclasses.fields(FitConfig)})
+        if unknown:
+            raise InputError(f"unknown setting(s) {', '.join(unknown)}", where=where, field="fit_options",
+                             fix="use FitConfig fields (see help(gpufill.FitConfig))")
         FitConfig(**{"loss": self.loss, "lr": self.lr, "epochs": self.epochs, "batch_size": self.batch_size, **self.fit_options}).validate()
         if self.micro_batch is not None and not (isinstance(self.micro_batch, int) and 1 <= self.micro_batch <= self.batch_size):
             raise InputError(f"micro_batch {self.micro_batch!r} must be a whole number from 1 to the batch {self.batch_size}", where=where,
@@ -103,7 +107,12 @@ def target_from_references(model: str, data: str, *, loss: str = "mse", batch_si
         losses.resolve(loss_value)
     except InputError as error:
         raise InputError(error.problem, where=where, field="--loss", fix=error.fix) from None
-    train, val = split_data(_call(make_data, data, "--data", where), data, where=where)
+    try:
+        train, val = split_data(_call(make_data, data, "--data", where), data, where=where)
+    except InputError as error:
+        if error.field == "--data":
+            raise
+        raise InputError(f"{data}() returned data that fit cannot take: {error.problem}", where=where, field="--data", fix=error.fix) from None
     first = _call(factory, model, "--model", where)
     if not isinstance(first, nn.Module):
         raise InputError(f"{model} returned a {type(first).__name__}, not a torch.nn.Module", where=where, field="--model",
@@ -124,7 +133,7 @@ def target_from_references(model: str, data: str, *, loss: str = "mse", batch_si
     return target
 
 
-_OPTION = {"batch_size": "--batch-size", "micro_batch": "--micro-batch", "lr": "--lr", "epochs": "--epochs", "loss": "--loss"}
+_OPTION = {"batch_size": "--batch-size", "micro_batch": "--micro-batch", "lr": "--lr", "epochs": "--epochs", "loss": "--loss", "fit_options": "--fit"}
 
 
 def _call(fn: Callable[[], Any], reference: str, option: str, where: str) -> Any:
