@@ -4,7 +4,7 @@
 #
 #   ../shared/tools/device-wheels.sh xgboost-cpu pydantic pydantic-core annotated-types typing-inspection lightgbm \
 #       typing-extensions narwhals pytest pluggy iniconfig packaging                                      # here, once
-#   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 2": each part fits one 10-minute call
+#   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 2" and "... 3": each part fits one 10-minute call
 #
 # Installs the wheels the GPU image lacks, runs the GPU tests, then each benchmark with a
 # time limit of its own (one that overruns is cut, the rest still run), and copies every
@@ -43,5 +43,9 @@ if [ "$part" = 2 ] || [ "$part" = all ]; then
   step bench-transformer 150 python3 -m gpufill bench --model transformer --json --out "$out/gpufill_bench-transformer.json"
   step pack_speed 120 python3 bench/pack_speed.py --out "$out/pack_speed.json"
   step campaign_gpu 240 python3 bench/campaign_gpu.py --quick --out "$out/campaign_gpu.json"
+fi
+if [ "$part" = 3 ] || [ "$part" = all ]; then
+  step examples 420 python3 bench/examples.py --device cuda --out "$out/examples.json"
+  step example-lm 120 python3 examples/lm_char.py --epochs 2 --layers 4 --width 256 --heads 4 --device cuda
 fi
 ls -la "$out"

@@ -35,17 +35,17 @@ def dict_loss(model, batch):
 
 
 def hand_loop(model: nn.Module, batches: dict[str, torch.Tensor], *, epochs: int, batch_size: int, lr: float, seed: int,
-              optimizer: str = "sgd", grad_clip: float | None = None, **_ignored) -> list[float]:
+              optimizer: str = "sgd", grad_clip: float | None = None, device: str = "cpu", **_ignored) -> list[float]:
     """Plain PyTorch: whole batches, one backward and one step each; returns each epoch's sample-weighted mean loss."""
     if optimizer == "sgd":
         opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, foreach=False)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
-    generator = torch.Generator("cpu").manual_seed(seed)
+    generator = torch.Generator(device).manual_seed(seed)
     n = len(batches["x"])
     means = []
     for _ in range(epochs):
-        order = torch.randperm(n, generator=generator)
+        order = torch.randperm(n, generator=generator, device=device)
         total = 0.0
         for start in range(0, n, batch_size):
             index = order[start : start + batch_size]
