@@ -20,7 +20,7 @@ from gpufill.bench import (
     run_bench,
     summary_lines,
 )
-from gpufill.bench.loops import _nvml_index
+from gpufill.bench.utilisation import _nvml_index
 from gpufill.errors import InputError
 from gpufill.engine.hardware import fused_optimizer_devices
 from gpufill.monitor.sampler import GpuReading

@@ -4,7 +4,7 @@
   one quality yardstick (the training's loss on the validation data);
 - `target`: what is trained: any model, data and loss (`BenchTarget`), from references too;
 - `loops`: the baseline loop, gpufill's run of the same training, `compare` (interleaved,
-  repeated, from the same weights), GPU utilisation per run;
+  repeated, from the same weights); `utilisation`: GPU utilisation per run;
 - `ablation`: one gpufill run per speed-up its plan turned on, with that speed-up off;
 - `report`: `gpufill bench` (run_bench -> BenchReport) and the environment record every
   benchmark starts with.
@@ -15,13 +15,13 @@ from gpufill.bench.guides import SampleDataset, WindowDataset, validation_loss
 from gpufill.bench.loops import (
     Comparison,
     LoopMeasurement,
-    UtilisationMeter,
     baseline_fit,
     compare,
     gpufill_fit,
     validation_mse,
 )
 from gpufill.bench.target import BenchTarget, target_from_references
+from gpufill.bench.utilisation import UtilisationMeter
 from gpufill.bench.report import (
     BenchReport,
     BenchSettings,

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
@@ -28,6 +26,7 @@ from torch.utils import _pytree as pytree
 
 from gpufill.bench.guides import count_samples, guides_loader, head, validation_loss
 from gpufill.bench.minimal import minimal_fit
+from gpufill.bench.utilisation import UtilisationMeter
 from gpufill.engine import losses
 from gpufill.engine.batches import sample_count
 from gpufill.engine.config import DEFAULTS, FitConfig
@@ -36,7 +35,6 @@ from gpufill.engine.inputs import Data, as_source
 from gpufill.engine.loop import fit
 from gpufill.engine.result import FitCallback
 from gpufill.errors import InputError
-from gpufill.monitor.sampler import GpuSource, Sampler, open_gpu_source
 
 
 @dataclasses.dataclass(slots=True)
@@ -141,6 +139,9 @@ def baseline_fit(
                 optimizer.zero_grad()
             _running = value.item()  # the guides log every step: one sync per step
             samples += sample_count(batch)
+        if samples and (index + 1) % per_step:  # a last, short group of micro-batches: its step too
+            optimizer.step()
+            optimizer.zero_grad()
         model.eval()
         total = 0.0
         with torch.no_grad():
@@ -213,53 +214,6 @@ def _measurement(name: str, model: nn.Module, val: Data, loss: Any, seconds: lis
 def validation_mse(model: nn.Module, val: tuple[torch.Tensor, torch.Tensor]) -> float:
     """A forecaster's yardstick: fp32 MSE of the final model on the validation windows."""
     return validation_loss(model, val, "mse")
-
-
-class UtilisationMeter:
-    """Mean GPU utilisation during a run, from the monitor's Sampler (NVML), one reading per `interval` s.
-
-    Measures nothing (None) on a CPU run or without NVML. NVML numbers GPUs in PCI order
-    and ignores CUDA_VISIBLE_DEVICES, so a torch index is mapped through that variable when
-    it lists indices (on a one-GPU machine both are 0).
-    """
-
-    def __init__(self, device: torch.device | str, *, interval: float = 0.2, source: GpuSource | None | str = "auto"):
-        self.device = torch.device(device)
-        self.interval = interval
-        if source == "auto":
-            source = open_gpu_source() if self.device.type == "cuda" else None
-        self.source: GpuSource | None = source  # type: ignore[assignment]
-        self.gpu = f"gpu{_nvml_index(self.device)}"
-
-    @contextmanager
-    def measure(self) -> Iterator[list[float]]:
-        """Yields the list the readings (percent) go into; it is complete when the block ends."""
-        readings: list[float] = []
-        if self.source is None:
-            yield readings
-            return
-
-        def keep(rows: list[dict[str, Any]]) -> None:
-            readings.extend(row["gpu_util"] for row in rows if row["source"] == self.gpu and row["gpu_util"] is not None)
-
-        sampler = Sampler(self.interval, gpu_source=self.source, sink=keep)
-        with sampler:
-            yield readings
-        if not readings:  # a run shorter than the thread's first reading: read once at its end
-            keep(sampler.read())
-
-    def close(self) -> None:
-        close = getattr(self.source, "close", None)
-        if close is not None:
-            close()
-
-
-def _nvml_index(device: torch.device) -> int:
-    index = device.index or 0
-    visible = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
-    if device.type == "cuda" and index < len(visible) and visible[index].isdigit():
-        return int(visible[index])
-    return index
 
 
 def _metered(meter: UtilisationMeter | None, run: Callable[..., LoopMeasurement], *args: Any, **kwargs: Any) -> LoopMeasurement:

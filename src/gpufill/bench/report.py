@@ -23,8 +23,9 @@ from rich import box
 from rich.table import Table
 
 from gpufill.bench.ablation import Ablation, ablations, automatic_plan
-from gpufill.bench.loops import Comparison, UtilisationMeter, compare
+from gpufill.bench.loops import Comparison, compare
 from gpufill.bench.target import BenchTarget
+from gpufill.bench.utilisation import UtilisationMeter
 from gpufill.engine.inputs import as_source
 from gpufill.forecasting.data import Split, load_projects, make_windows
 from gpufill.errors import InputError
