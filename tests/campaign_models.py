@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -58,3 +59,18 @@ class _ThreadProbe(_Linear):
 
 def thread_probe(n_features: int, lookback: int, horizon: int, *, report_dir: str = "") -> nn.Module:
     return _ThreadProbe(report_dir, n_features, lookback, horizon)
+
+
+class _Gated(_Linear):
+    def __init__(self, gate: str, *shape: int):
+        super().__init__(*shape)
+        self.gate = Path(gate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        while not self.gate.exists():  # holds its trial (and so the run) until the test opens the gate
+            time.sleep(0.05)
+        return super().forward(x)
+
+
+def gated(n_features: int, lookback: int, horizon: int, *, gate: str = "") -> nn.Module:
+    return _Gated(gate, n_features, lookback, horizon)

@@ -63,6 +63,9 @@ def test_kill_9_of_the_scheduler_loses_nothing_finished_and_records_nothing_twic
     assert all(after[tid] == mae for tid, mae in done_before.items())  # finished results unchanged
     finished_first = results[results["trial_id"].isin(done_before)]
     assert (finished_first["attempts"] == 1).all()  # and never run again
+    with sqlite3.connect(workdir / "gpufill.db") as con:  # the killed scheduler's workdir lock was taken over, and said so
+        messages = [m for (m,) in con.execute("SELECT message FROM events WHERE kind = 'run'")]
+    assert any(f"took the workdir over from a run that stopped without releasing it (pid {process.pid}" in m for m in messages), messages
 
 
 def test_a_worker_killed_mid_trial_is_retried_and_the_rest_go_on(tmp_path):

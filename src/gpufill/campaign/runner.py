@@ -21,6 +21,7 @@ import pandas as pd
 from gpufill.campaign.executors import Executor, LaneRequest, make_executor
 from gpufill.campaign.executors.local import plan_here
 from gpufill.campaign.lanes import Lane
+from gpufill.campaign.lock import WorkdirLock
 from gpufill.campaign.scheduler import RunOutcome, Scheduler, Snapshot
 from gpufill.campaign.spec import CampaignSpec, load_campaign
 from gpufill.campaign.store import DB_NAME, Counts, Store
@@ -143,16 +144,20 @@ class Campaign:
         runs = make_executor(executor, spec=self.spec, base_dir=str(self.base_dir), workdir=self.workdir, address=address)
         try:
             prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots, executor=runs)
-            self.check_workdir(fresh=fresh)
-            if fresh:
-                self.delete_store()
-            store = Store.create(self.workdir)
-            try:
-                run_id = store.begin_run(command)
-                with run_log(self.workdir, run_id, verbose=verbose):
-                    return self._run(store, run_id, prepared, runs, on_start, on_update)
-            finally:
-                store.close()
+            with WorkdirLock(self.workdir, command) as lock:  # before --fresh deletes anything: one run per workdir
+                self.check_workdir(fresh=fresh)
+                if fresh:
+                    self.delete_store()
+                store = Store.create(self.workdir)
+                try:
+                    run_id = store.begin_run(command)
+                    if lock.taken_over:
+                        prepared.warnings.append(f"took the workdir over from a run that stopped without releasing it (pid {lock.taken_over.get('pid')} "
+                                                 f"on {lock.taken_over.get('host')})")
+                    with run_log(self.workdir, run_id, verbose=verbose):
+                        return self._run(store, run_id, prepared, runs, on_start, on_update)
+                finally:
+                    store.close()
         finally:
             runs.shutdown()  # the scheduler's own shutdown aside: e.g. leave a Ray cluster joined to plan the lanes
 

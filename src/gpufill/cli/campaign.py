@@ -38,10 +38,12 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
 
     from gpufill.cli import render
     from gpufill.campaign.executors import check_executor
+    from gpufill.campaign.lock import check_free
     from gpufill.campaign.runner import Campaign, describe_lanes
 
     check_executor(executor, address)  # before the file is read or --fresh asks anything
     job = Campaign.from_yaml(campaign, workdir)
+    check_free(job.workdir)  # a live run's workdir: refused before --fresh asks to delete it
     if fresh and (job.workdir / "gpufill.db").exists() and not yes:
         if not sys.stdin.isatty():
             raise InputError("--fresh would delete this workdir's results", where=str(job.workdir), field="--fresh", fix="add --yes to confirm")
