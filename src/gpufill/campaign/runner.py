@@ -24,6 +24,7 @@ from gpufill.campaign.lanes import Lane
 from gpufill.campaign.lock import WorkdirLock
 from gpufill.campaign.scheduler import RunOutcome, Scheduler, Snapshot
 from gpufill.campaign.spec import CampaignSpec, load_campaign
+from gpufill.campaign.stopping import RunInterrupted, from_exception, signals_interrupt
 from gpufill.campaign.store import DB_NAME, Counts, Store
 from gpufill.campaign.trials import Trial, expand
 from gpufill.errors import InputError
@@ -185,8 +186,15 @@ class Campaign:
             pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update, samples=queue.drain,
         )
         try:
-            with sampler:
+            with signals_interrupt(), sampler:
                 outcome = scheduler.run()
+        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: the scheduler's finally has stopped the workers
+            returned = store.recover_interrupted(run_id)  # in-flight trials go back to pending
+            store.end_run(run_id, "interrupted")
+            counts = store.counts().total
+            name, code = from_exception(stop)
+            log.info("run %d interrupted by %s: %d in flight returned to pending", run_id, name, returned)
+            raise RunInterrupted(name, code, returned, counts["done"], counts["pending"]) from None
         except BaseException:
             store.recover_interrupted(run_id)  # in-flight trials go back to pending
             store.end_run(run_id, "interrupted")

@@ -39,6 +39,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
     from gpufill.cli import render
     from gpufill.campaign.executors import check_executor
     from gpufill.campaign.lock import check_free
+    from gpufill.campaign.stopping import RunInterrupted
     from gpufill.campaign.runner import Campaign, describe_lanes
 
     check_executor(executor, address)  # before the file is read or --fresh asks anything
@@ -71,6 +72,11 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
             on_start=on_start,
             on_update=lambda snapshot: live.update(render.campaign_view(snapshot, job.spec.name)),
         )
+    except RunInterrupted as stopped:
+        live.stop()
+        resume = "gpufill demo" if command == "gpufill demo" else f"gpufill run {campaign} --workdir {job.workdir}"
+        print(f"gpufill: {stopped.one_line(resume)}", file=sys.stderr)
+        raise typer.Exit(stopped.exit_code) from None
     finally:
         live.stop()
         if not console.is_terminal:  # rich leaves the last frame without a newline when piped

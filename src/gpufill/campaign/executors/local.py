@@ -84,6 +84,7 @@ class LocalExecutor(NoBatchJobs):
             pass_fds=(theirs.fileno(),),
             env={**os.environ, **thread_env(lane.threads), **gpu_env(lane)},
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C or hang-up reaches the scheduler only; it stops the workers
         )
         theirs.close()  # the child holds its end; closing ours lets recv() see EOF if it dies
         conn = Connection(ours.detach())
@@ -132,6 +133,9 @@ class LocalExecutor(NoBatchJobs):
 
     def shutdown(self) -> None:
         for worker in self.workers:
+            if worker.task is not None:  # in flight (a stopped run): abandoned, so stop it now rather than after its trial
+                worker.process.kill()
+                continue
             try:
                 worker.conn.send(None)  # type: ignore[union-attr]
             except (BrokenPipeError, OSError):
