@@ -48,6 +48,46 @@ def dotted(loc: Iterable[str | int]) -> str:
 # --- reading the file --------------------------------------------------------------------------
 
 
+MAX_VALUES = 1_000_000
+"""A campaign file expands (aliases followed) to at most this many YAML values; real ones have hundreds."""
+
+
+def expanded_size(root: yaml.Node | None) -> int:
+    """How many values the node tree holds with every alias expanded, counted in time linear in the
+    distinct nodes (a shared node's size is computed once), stopping early past MAX_VALUES."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children: list[yaml.Node] = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            children = []
+        for child in children:
+            total += size(child)
+            if total > MAX_VALUES:
+                break
+        sizes[id(node)] = total
+        return total
+
+    return 0 if root is None else size(root)
+
+
+def _check_size(root: yaml.Node | None, path: Path) -> None:
+    try:
+        expanded = expanded_size(root)
+    except RecursionError:
+        expanded = MAX_VALUES + 1  # nested deeper than Python's recursion limit: no real campaign is
+    if expanded > MAX_VALUES:
+        raise InputError(f"its values, aliases expanded, number more than {MAX_VALUES:,} (nested *references to &anchors, or nesting too deep)",
+                         where=str(path), fix="write the campaign without nested aliases; a grid is a list per parameter, expanded by gpufill")
+
+
 def read_yaml(path: Path) -> tuple[yaml.Node, dict[str, Any]]:
     """The file's node tree (for lines) and its values, a mapping; any problem is an InputError."""
     try:
@@ -60,6 +100,7 @@ def read_yaml(path: Path) -> tuple[yaml.Node, dict[str, Any]]:
         raise InputError(f"cannot read the file ({type(exc).__name__}: {exc})", fix="check the file's permissions and that it is UTF-8 text", where=str(path)) from None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_size(root, path)  # before anything walks the values: a few hundred bytes of aliases can expand to billions
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -232,10 +273,22 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 
 def first_duplicate(values: list[Any]) -> int | None:
-    """Index of the first value equal to an earlier one (1 == 1.0 counts), or None."""
+    """Index of the first value equal to an earlier one (1 == 1.0 counts; True is not 1), or None.
+
+    Linear: hashable values go through a set (300,000 seeds check in milliseconds); only
+    unhashable ones (lists) are compared pairwise, among themselves."""
+    seen: set[tuple[bool, Any]] = set()
+    unhashable: list[Any] = []
     for i, value in enumerate(values):
-        if any(_same(value, earlier) for earlier in values[:i]):
-            return i
+        try:
+            key = (isinstance(value, bool), value)
+            if key in seen:
+                return i
+            seen.add(key)
+        except TypeError:
+            if any(_same(value, earlier) for earlier in unhashable):
+                return i
+            unhashable.append(value)
     return None
 
 
