@@ -9,17 +9,33 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gpufill.engine.loop import fit
 from tests.engine.common import assert_same_weights, classification
+from tests.engine.test_batch_structures import DictDataset, dict_cross_entropy
 from tests.engine.equivalence import SETTINGS, data, dict_loss, hand_loop, make_model
 
 pytestmark = pytest.mark.gpu
 
 
-def test_fp32_fit_on_cuda_equals_the_hand_loop_with_tf32_off():
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_fp32_fit_on_cuda_equals_the_hand_loop_with_tf32_off(optimizer):
     """The same batches (fit draws its order from a CUDA generator on CUDA; so does the hand loop here)."""
-    result = fit(make_model(), data(), loss=dict_loss, device="cuda", tf32=False, compile=False, **SETTINGS)
+    result = fit(make_model(), data(), loss=dict_loss, optimizer=optimizer, device="cuda", tf32=False, compile=False, **SETTINGS)
     reference = make_model().cuda()
-    hand_loop(reference, {name: value.cuda() for name, value in data().items()}, device="cuda", **SETTINGS)
+    means = hand_loop(reference, {name: value.cuda() for name, value in data().items()}, optimizer=optimizer, device="cuda", **SETTINGS)
     assert_same_weights(result.model, reference, atol=1e-5)
+    assert [r.train_loss for r in result.history] == pytest.approx(means, abs=1e-5)
+    assert means[-1] < means[0]
+
+
+def test_a_per_sample_dataset_on_cuda_shuffles_from_the_seed():
+    """A Dataset is read through a DataLoader, which shuffles on the host: its order follows fit's (CUDA) generator."""
+    x, labels = classification(n=1024)
+    dataset = DictDataset(x, labels)
+    runs = [fit(make_classifier(), dataset, loss=dict_cross_entropy, epochs=3, lr=0.01, device="cuda", batch_size=64, seed=seed)
+            for seed in (1, 1, 2)]
+    assert runs[0].plan.data_placement.value == "loader"
+    assert_same_weights(runs[0].model, runs[1].model, atol=1e-6)
+    assert runs[0].history[-1].train_loss < 0.6 * runs[0].history[0].train_loss
+    assert runs[0].history[0].train_loss != runs[2].history[0].train_loss  # another seed, another order
 
 
 def test_bf16_classifier_with_a_loss_function_learns_and_reports_its_metric():

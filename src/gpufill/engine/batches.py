@@ -248,6 +248,9 @@ class DatasetBatches:
         self.n: int | None = len(dataset)  # type: ignore[arg-type]
         self._loaders: dict[tuple[int, bool], DataLoader] = {}
         self._epochs = 0
+        self._host_generator = torch.Generator()
+        """A DataLoader shuffles on the host: this one is re-seeded each epoch from the training's
+        generator (which may live on the GPU), so the order still follows the seed and a resumed run."""
 
     def _loader(self, batch: int, shuffle: bool, generator: torch.Generator | None) -> DataLoader:
         key = (batch, shuffle)
@@ -259,7 +262,7 @@ class DatasetBatches:
                 dataset = Subset(self.dataset, self.shard.block(self.n))
             if shuffle and self.shard is not None:
                 # Each rank reads only its share; the global batch is the effective batch.
-                seed = int(torch.randint(2**31 - 1, (1,), generator=generator)) if generator is not None else 0
+                seed = int(torch.randint(2**31 - 1, (1,), generator=generator)) if generator is not None else 0  # host generator
                 sampler = DistributedSampler(self.dataset, self.shard.world_size, self.shard.rank, shuffle=True, seed=seed)
                 batch = max(1, batch // self.shard.world_size)
             self._loaders[key] = DataLoader(
@@ -267,7 +270,7 @@ class DatasetBatches:
                 batch_size=batch,
                 shuffle=shuffle and sampler is None,
                 sampler=sampler,
-                generator=generator if sampler is None else None,
+                generator=self._host_generator if shuffle and sampler is None else None,
                 num_workers=self.settings.num_workers,
                 prefetch_factor=self.settings.prefetch_factor,
                 pin_memory=self.settings.pin_memory,
@@ -276,7 +279,9 @@ class DatasetBatches:
         return self._loaders[key]
 
     def epoch(self, batch: int, generator: torch.Generator) -> Iterator[EffectiveBatch]:
-        loader = self._loader(batch, True, generator)
+        draw = torch.randint(2**62, (1,), device=generator.device, generator=generator)
+        self._host_generator.manual_seed(int(draw))  # one tiny copy per epoch, not per step
+        loader = self._loader(batch, True, self._host_generator)
         if isinstance(loader.sampler, DistributedSampler):
             loader.sampler.set_epoch(self._epochs)  # a new shuffle each epoch, the same on every rank
         self._epochs += 1
