@@ -74,3 +74,4 @@ class _Gated(_Linear):
 
 def gated(n_features: int, lookback: int, horizon: int, *, gate: str = "") -> nn.Module:
     return _Gated(gate, n_features, lookback, horizon)
+

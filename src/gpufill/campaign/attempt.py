@@ -6,16 +6,23 @@ worker crash; every way of running trials (one at a time, in a fused pack) repor
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from typing import Any
+
+
+class NonFiniteMetrics(ValueError):
+    """A trial finished but its test metrics are NaN or infinite: a failure, not a result to rank."""
 
 
 def attempt(trial: dict[str, Any], run: Any) -> dict[str, Any]:
     """Run one trial's work; its failure is data for the store, not a worker crash."""
     started = time.perf_counter()
     try:
-        message = {"trial_id": trial["trial_id"], "ok": True, "result": run()}
+        result = run()
+        _check_finite(result)
+        message = {"trial_id": trial["trial_id"], "ok": True, "result": result}
     except Exception as error:
         message = {
             "trial_id": trial["trial_id"],
@@ -25,3 +32,12 @@ def attempt(trial: dict[str, Any], run: Any) -> dict[str, Any]:
         }
     message["seconds"] = time.perf_counter() - started
     return message
+
+
+def _check_finite(result: dict[str, Any]) -> None:
+    test = result.get("metrics", {}).get("test", {})
+    bad = {name: value for name, value in test.items() if not math.isfinite(value)}
+    if bad:
+        listed = ", ".join(f"{name}={value}" for name, value in bad.items())
+        raise NonFiniteMetrics(f"test metrics are not finite ({listed}): the predictions overflowed or the training diverged; "
+                               "lower the learning rate, or check the data's scale")

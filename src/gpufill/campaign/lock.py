@@ -39,6 +39,7 @@ class WorkdirLock:
         self.release()
 
     def acquire(self) -> None:
+        check_directory(self.path.parent)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -67,8 +68,19 @@ class WorkdirLock:
         self._file = None
 
 
+def check_directory(workdir: Path) -> None:
+    """Refuse a workdir that is (or lies under) a file, before anything tries to create it."""
+    for path in (workdir, *workdir.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise InputError(f"{path} is a file, not a directory", where=str(workdir), field="--workdir",
+                                 fix="pass a directory (a new one is created), not a file")
+            return
+
+
 def check_free(workdir: str | Path) -> None:
     """Refuse (one line naming the holder) when a run holds `workdir`: e.g. before --fresh asks to delete it."""
+    check_directory(Path(workdir))
     record = holder(workdir)
     if record is not None:
         raise _in_use(Path(workdir), record)

@@ -7,9 +7,11 @@ belongs to this campaign), so a refused run never modifies an existing store.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import shutil
+import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ from gpufill.campaign.lock import WorkdirLock
 from gpufill.campaign.scheduler import RunOutcome, Scheduler, Snapshot
 from gpufill.campaign.spec import CampaignSpec, load_campaign
 from gpufill.campaign.stopping import RunInterrupted, from_exception, signals_interrupt
-from gpufill.campaign.store import DB_NAME, Counts, Store
+from gpufill.campaign.store import DB_NAME, Counts, Store, damaged, is_damage, out_of_space
 from gpufill.campaign.trials import Trial, expand
 from gpufill.errors import InputError
 from gpufill.monitor.sampler import QueueSink, Sampler
@@ -144,23 +146,39 @@ class Campaign:
         """
         runs = make_executor(executor, spec=self.spec, base_dir=str(self.base_dir), workdir=self.workdir, address=address)
         try:
-            prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots, executor=runs)
-            with WorkdirLock(self.workdir, command) as lock:  # before --fresh deletes anything: one run per workdir
-                self.check_workdir(fresh=fresh)
-                if fresh:
-                    self.delete_store()
-                store = Store.create(self.workdir)
-                try:
-                    run_id = store.begin_run(command)
-                    if lock.taken_over:
-                        prepared.warnings.append(f"took the workdir over from a run that stopped without releasing it (pid {lock.taken_over.get('pid')} "
-                                                 f"on {lock.taken_over.get('host')})")
-                    with run_log(self.workdir, run_id, verbose=verbose):
-                        return self._run(store, run_id, prepared, runs, on_start, on_update)
-                finally:
-                    store.close()
+            return self._locked_run(runs, gpu_slots, cpu_slots, fresh, command, verbose, on_start, on_update)
+        except (sqlite3.Error, OSError) as error:
+            if out_of_space(error):
+                raise InputError(f"the disk holding the workdir is full ({error}); the run stopped, done trials are kept",
+                                 where=str(self.workdir), field="disk",
+                                 fix=f"free space there (or pass another --workdir), then resume with: {self.resume_command(command)}") from None
+            if is_damage(error):
+                raise damaged(self.workdir / DB_NAME, error) from None
+            raise
         finally:
             runs.shutdown()  # the scheduler's own shutdown aside: e.g. leave a Ray cluster joined to plan the lanes
+
+    def resume_command(self, command: str) -> str:
+        """What to type to carry on where a stopped run left off."""
+        return "gpufill demo" if command == "gpufill demo" else f"gpufill run {self.source} --workdir {self.workdir}"
+
+    def _locked_run(self, runs: Executor, gpu_slots: Any, cpu_slots: Any, fresh: bool, command: str, verbose: bool, on_start: Any,
+                    on_update: Any) -> RunOutcome:
+        prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots, executor=runs)
+        with WorkdirLock(self.workdir, command) as lock:  # before --fresh deletes anything: one run per workdir
+            self.check_workdir(fresh=fresh)
+            if fresh:
+                self.delete_store()
+            store = Store.create(self.workdir)
+            try:
+                run_id = store.begin_run(command)
+                if lock.taken_over:
+                    prepared.warnings.append(f"took the workdir over from a run that stopped without releasing it (pid {lock.taken_over.get('pid')} "
+                                             f"on {lock.taken_over.get('host')})")
+                with run_log(self.workdir, run_id, verbose=verbose):
+                    return self._run(store, run_id, prepared, runs, on_start, on_update)
+            finally:
+                store.close()
 
     def _run(self, store: Store, run_id: int, prepared: Prepared, executor: Executor, on_start: Any, on_update: Any) -> RunOutcome:
         store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json()})
@@ -196,8 +214,11 @@ class Campaign:
             log.info("run %d interrupted by %s: %d in flight returned to pending", run_id, name, returned)
             raise RunInterrupted(name, code, returned, counts["done"], counts["pending"]) from None
         except BaseException:
-            store.recover_interrupted(run_id)  # in-flight trials go back to pending
-            store.end_run(run_id, "interrupted")
+            # In-flight trials go back to pending; when the store cannot be written (a full disk) the
+            # next run does it instead (it retries the trials a stopped run left running).
+            with contextlib.suppress(sqlite3.Error, OSError):
+                store.recover_interrupted(run_id)
+                store.end_run(run_id, "interrupted")
             raise
         store.end_run(run_id, "failed" if outcome.failed else "done")
         log.info("run %d ended: %d done, %d failed, %d retried, %d worker crashes in %.1f s",
@@ -244,7 +265,7 @@ def read_results(workdir: str | Path) -> pd.DataFrame:
 
 def best_per_project(results: pd.DataFrame, metric: str = "mae") -> pd.DataFrame:
     """Per project and family: the configuration (params, lookback) with the best mean test metric over seeds."""
-    done = results[results["status"] == "done"]
+    done = results[(results["status"] == "done") & results[metric].notna()]  # a NaN metric (older stores) ranks nothing
     if done.empty:
         return pd.DataFrame(columns=["project", "family", "params", "lookback", metric, "seeds"])
     grouped = done.groupby(["project", "family", "params", "lookback"], as_index=False).agg(**{metric: (metric, "mean"), "seeds": ("seed", "count")})

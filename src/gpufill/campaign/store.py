@@ -13,6 +13,7 @@ makes recording idempotent: a trial is never recorded twice.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -81,6 +82,35 @@ class Counts:
         return {"total": sum(self.total.values()), **self.total, "lanes": {lane: {"total": sum(c.values()), **c} for lane, c in self.lanes.items()}}
 
 
+def damaged(path: Path, problem: object) -> InputError:
+    """The one line for a store SQLite cannot read; nothing was written to it."""
+    text = str(problem).strip().splitlines()[0] if str(problem).strip() else type(problem).__name__
+    return InputError(f"the campaign store is damaged or not a gpufill store ({text}); nothing was changed", where=str(path), field="store",
+                      fix=f"restore {path.name} from a backup, or start over with `gpufill run FILE --workdir {path.parent} --fresh` (deletes it)")
+
+
+def out_of_space(error: BaseException) -> bool:
+    """A write refused because the disk (or the user's quota) is full: SQLite's SQLITE_FULL or the OS's ENOSPC/EDQUOT."""
+    if isinstance(error, sqlite3.OperationalError):
+        return getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(error)
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_damage(error: BaseException) -> bool:
+    """SQLite found the file is not a database or its pages are corrupt (not: busy, locked, full)."""
+    return isinstance(error, sqlite3.DatabaseError) and not isinstance(error, sqlite3.OperationalError)
+
+
+def _check_intact(db: sqlite3.Connection, path: Path, *, existing: bool) -> None:
+    """SQLite's quick_check (structure of every page, linear in the file) and gpufill's tables, before any use."""
+    verdict = db.execute("PRAGMA quick_check").fetchone()[0]
+    if verdict != "ok":
+        raise damaged(path, verdict)
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if existing and "trials" not in tables:
+        raise damaged(path, "it holds no trials table")
+
+
 class Store:
     """The SQLite store of one workdir. Open with `Store.create` (scheduler) or `Store.open` (readers)."""
 
@@ -94,12 +124,16 @@ class Store:
         """Open (creating if needed) the store for writing: the scheduler's connection."""
         path = Path(workdir) / DB_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in _transaction).
-        db = sqlite3.connect(path, isolation_level=None, timeout=30)
-        db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL is durable against a process crash (kill -9) in WAL mode; FULL adds only power-loss safety.
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(_SCHEMA)
+        try:
+            # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in _transaction).
+            db = sqlite3.connect(path, isolation_level=None, timeout=30)
+            _check_intact(db, path, existing=path.stat().st_size > 0)
+            db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL is durable against a process crash (kill -9) in WAL mode; FULL adds only power-loss safety.
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as error:
+            raise damaged(path, error) from None
         return cls(db, path)
 
     @classmethod
@@ -108,7 +142,11 @@ class Store:
         path = Path(workdir) / DB_NAME
         if not path.exists():
             raise InputError(f"no campaign store ({DB_NAME}) here", where=str(workdir), field="--workdir", fix="pass the workdir a `gpufill run` wrote, or run a campaign first")
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+            _check_intact(db, path, existing=True)
+        except sqlite3.DatabaseError as error:
+            raise damaged(path, error) from None
         return cls(db, path)
 
     def close(self) -> None:
@@ -120,9 +158,15 @@ class Store:
         try:
             yield self.db
         except BaseException:
-            self.db.execute("ROLLBACK")
+            if self.db.in_transaction:  # SQLite has already rolled back after some errors (SQLITE_FULL among them)
+                self.db.execute("ROLLBACK")
             raise
-        self.db.execute("COMMIT")
+        try:
+            self.db.execute("COMMIT")
+        except sqlite3.Error:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
 
     # -- campaign identity --------------------------------------------------------------
     def meta(self, key: str) -> str | None:

@@ -35,6 +35,7 @@ def run(
 def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, cpu_slots: str | None, executor: str, fresh: bool, yes: bool, command: str,
                   verbose: bool = False, address: str | None = None) -> None:
     from rich.live import Live
+    from rich.markup import escape
 
     from gpufill.cli import render
     from gpufill.campaign.executors import check_executor
@@ -54,10 +55,11 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
 
     def on_start(prepared, run_id) -> None:
         for warning in prepared.warnings:
-            console.print(f"[yellow]warning:[/yellow] {warning}")
+            console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
         for lane in describe_lanes(prepared.lanes):
-            console.print(f"lane {lane['lane']}: {lane['slots']} slots x {lane['threads']} threads on {lane['device']} ({', '.join(lane['runs'])}): {lane['reason']}")
-        console.print(f"{len(prepared.trials)} trials; workdir {job.workdir}")
+            console.print(f"lane {lane['lane']}: {lane['slots']} slots x {lane['threads']} threads on {lane['device']} ({', '.join(lane['runs'])}): {lane['reason']}",
+                          markup=False)
+        console.print(f"{len(prepared.trials)} trials; workdir {job.workdir}", markup=False)
         live.start()
 
     try:
@@ -74,8 +76,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
         )
     except RunInterrupted as stopped:
         live.stop()
-        resume = "gpufill demo" if command == "gpufill demo" else f"gpufill run {campaign} --workdir {job.workdir}"
-        print(f"gpufill: {stopped.one_line(resume)}", file=sys.stderr)
+        print(f"gpufill: {stopped.one_line(job.resume_command(command))}", file=sys.stderr)
         raise typer.Exit(stopped.exit_code) from None
     finally:
         live.stop()
@@ -83,7 +84,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
             console.print()
     counts = job.status().to_dict()
     console.print(f"done {counts['done']}, failed {counts['failed']}, pending {counts['pending']} of {counts['total']} trials in {outcome.elapsed_s:.1f} s"
-                  f" ({outcome.retried} retried, {outcome.crashed} worker crashes). Results: gpufill results --workdir {job.workdir}")
+                  f" ({outcome.retried} retried, {outcome.crashed} worker crashes). Results: gpufill results --workdir {job.workdir}", markup=False)
     if counts["failed"]:
         raise typer.Exit(1)
 
@@ -177,6 +178,7 @@ def monitor(
     import time
 
     from rich.live import Live
+    from rich.markup import escape
 
     from gpufill.campaign.runner import find_workdir
     from gpufill.monitor import live as dashboard

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import TaskID, BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from gpufill.engine.result import EpochRecord, FitCallback
 from gpufill.engine.plan import Plan
@@ -19,7 +21,7 @@ def plan_table(plan: Plan | dict[str, dict[str, Any]]) -> Table:
     table.add_column("value")
     table.add_column("reason", style="dim", overflow="fold")
     for name, choice in (plan if isinstance(plan, dict) else plan.to_dict()).items():
-        table.add_row(name, _short(choice["value"]), choice["reason"])
+        table.add_row(name, Text(_short(choice["value"])), Text(str(choice["reason"])))  # reasons quote user names: not markup
     return table
 
 
@@ -95,7 +97,7 @@ def _duration(seconds: float | None) -> str:
 
 def campaign_view(snapshot: Any, title: str = "campaign") -> Table:
     """Per-lane progress, rate and ETA, and the trials running now (fits 80 columns)."""
-    table = Table(title=f"{title}  {_duration(snapshot.elapsed_s)} elapsed  {snapshot.trials_per_min:.1f} trials/min", title_justify="left")
+    table = Table(title=f"{escape(title)}  {_duration(snapshot.elapsed_s)} elapsed  {snapshot.trials_per_min:.1f} trials/min", title_justify="left")
     table.add_column("lane", style="bold")
     table.add_column("progress")
     table.add_column("done", justify="right")
@@ -109,7 +111,7 @@ def campaign_view(snapshot: Any, title: str = "campaign") -> Table:
         bar = "[green]" + "█" * filled + "[/green]" + "░" * (16 - filled)
         table.add_row(f"{name} ({lane.slots}x{lane.threads}t)", bar, str(lane.done), str(lane.failed), str(lane.running), str(lane.pending), _duration(snapshot.eta_s(name)))
     for trial in snapshot.running[:6]:
-        table.add_row("", f"[dim]{trial['family']} {trial['project']}[/dim]", "", "", f"[dim]{trial['seconds']:.0f}s[/dim]", "", "")
+        table.add_row("", Text(f"{trial['family']} {trial['project']}", style="dim"), "", "", f"[dim]{trial['seconds']:.0f}s[/dim]", "", "")
     return table
 
 
@@ -143,7 +145,7 @@ def results_table(frame: Any, *, summary: bool, max_rows: int = 500) -> Table:
             overflow="fold",
         )
     for row in frame[columns].head(max_rows).itertuples(index=False):
-        table.add_row(*(_cell(name, value) for name, value in zip(columns, row, strict=True)))
+        table.add_row(*(Text(_cell(name, value)) for name, value in zip(columns, row, strict=True)))  # names are data, not markup
     return table
 
 

@@ -118,7 +118,7 @@ def render(data: dict[str, Any]) -> Group:
     for column in ("running", "project", "worker", "for"):
         running.add_column(column)
     for trial in data["running"][:8]:
-        running.add_row(trial["family"], trial["project"], trial["worker"] or "", f"{trial['seconds']:.0f}s")
+        running.add_row(Text(trial["family"]), Text(trial["project"]), Text(trial["worker"] or ""), f"{trial['seconds']:.0f}s")
     if data["running"]:
         parts.append(running)
     for message in data.get("alerts", []):

@@ -26,6 +26,8 @@ _EXTENSIONS = (".csv", ".parquet")
 _TIME_NAMES = ("time", "date", "timestamp")  # auto-detected time columns (case-insensitive)
 _SHARD = re.compile(r"^(?P<name>.+)_part(?P<num>\d+)$")
 _FORMS = "'synthetic', a .csv or .parquet file, a directory of them, or a glob such as 'data/*.csv'"
+MAX_ABS_VALUE = 1e150
+"""Larger magnitudes overflow float64 where values are squared (the scaler's variance, RMSE): refused at load."""
 
 
 def load_projects(
@@ -385,6 +387,15 @@ def _fill(values: np.ndarray, names: list[str], fill: str, where: str) -> np.nda
         raise InputError(
             f"{int(infinite[i])} infinite values in column {names[i]!r}",
             fix="replace the infinite values in the file with real numbers",
+            where=where,
+            field=names[i],
+        )
+    largest = np.abs(values).max(axis=0) if len(values) else np.zeros(len(names))
+    if (largest > MAX_ABS_VALUE).any():
+        i = int(np.flatnonzero(largest > MAX_ABS_VALUE)[0])
+        raise InputError(
+            f"values up to {largest[i]:.3g} in column {names[i]!r} overflow the training arithmetic (squares pass float64's 1.8e308)",
+            fix=f"divide the column by a power of ten in the file (e.g. 1e{int(np.log10(largest[i])) - 3}); metrics are then in those units",
             where=where,
             field=names[i],
         )
