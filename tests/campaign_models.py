@@ -75,3 +75,22 @@ class _Gated(_Linear):
 def gated(n_features: int, lookback: int, horizon: int, *, gate: str = "") -> nn.Module:
     return _Gated(gate, n_features, lookback, horizon)
 
+
+
+class _StallsOnFirstTry(_Linear):
+    def __init__(self, marker: str, how: str, *shape: int):
+        super().__init__(*shape)
+        self.marker, self.how = Path(marker), how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.marker.exists():  # first attempt: hang like a deadlock (stopped) or a runaway loop (sleeping)
+            self.marker.write_text(str(os.getpid()))
+            if self.how == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)  # the whole process, heartbeat thread included
+            else:
+                time.sleep(600)  # the process stays alive and keeps sending heartbeats
+        return super().forward(x)
+
+
+def stalls_on_first_try(n_features: int, lookback: int, horizon: int, *, marker: str = "", how: str = "stop") -> nn.Module:
+    return _StallsOnFirstTry(marker, how, n_features, lookback, horizon)

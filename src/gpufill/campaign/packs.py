@@ -36,6 +36,8 @@ class TrialRunner(Protocol):
 
     def windows(self, project: str, lookback: int) -> Any: ...
     def run(self, trial: dict[str, Any]) -> dict[str, Any]: ...
+    def note(self, message: dict[str, Any]) -> None: ...
+    def attempt(self, trial: dict[str, Any], run: Any) -> dict[str, Any]: ...
 
 
 def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int | None) -> dict[str, Any]:
@@ -64,7 +66,7 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
     trials, returned = trials[:pack_size], [t["trial_id"] for t in trials[pack_size:]]
     results: list[dict[str, Any]] = []
     if pack_size == 1:
-        results = [attempt(t, lambda t=t: runner.run(t)) for t in trials]
+        results = [runner.attempt(t, lambda t=t: runner.run(t)) for t in trials]
     else:
         # Same shape string, but projects may differ in covariates: fuse only equal widths.
         by_width: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -79,8 +81,9 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
 
 def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict[str, Any], reason: str | None) -> list[dict[str, Any]]:
     if len(chunk) == 1:
-        return [attempt(chunk[0], lambda: runner.run(chunk[0]))]
+        return [runner.attempt(chunk[0], lambda: runner.run(chunk[0]))]
     spec = runner.spec
+    runner.note({"started": [t["trial_id"] for t in chunk]})
     try:
         models, members = [], []
         for trial in chunk:
@@ -95,7 +98,7 @@ def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict
         config.tune_cache = runner.tune_cache  # the pack's compile measurement, once per shape
         fits = fit_pack(models, members, config=config)
     except Exception:  # a fused kernel failed: these trials still run, one at a time
-        return [attempt(t, lambda t=t: runner.run(t)) for t in chunk]
+        return [runner.attempt(t, lambda t=t: runner.run(t)) for t in chunk]
     out = []
     for trial, fitted in zip(chunk, fits, strict=True):
         w = windows[trial["trial_id"]]
@@ -116,5 +119,6 @@ def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict
 
         message = attempt(trial, score)
         message["seconds"] = fitted.timings["train_s"]  # this trial's share of the pack's time
+        runner.note({"result": message})
         out.append(message)
     return out

@@ -68,6 +68,13 @@ class ResourcesSpec(Spec):
     """Share of device memory the GPU lane may plan to use."""
     threads_per_trial: Count | Literal["auto"] = "auto"
     """CPU threads per classical trial; "auto" keeps slots x threads <= cores."""
+    trial_timeout: Annotated[Float, Field(gt=0)] | Literal["auto"] = "auto"
+    """Seconds one trial may run before it is stopped and retried (under ``retries``). "auto":
+    10x the slowest finished trial of its shape, at least 60 s; the first trials of a shape
+    have no time limit (a worker that stops answering is still caught)."""
+    heartbeat_timeout: Annotated[Float, Field(gt=0)] = 120.0
+    """Seconds of silence after which a local worker counts as hung (workers send a heartbeat
+    every 2 s; a stopped or frozen process sends none): it is stopped and its trial retried."""
     pack_size: Count | Literal["auto"] = "auto"
     """Neural trials of one shape fused into one pack: "auto" measures per shape and device; 1 turns fusion off."""
     slurm: SlurmSpec = SlurmSpec()

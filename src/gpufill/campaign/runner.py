@@ -189,7 +189,8 @@ class Campaign:
         if orphans:  # their results would never be collected: their trials are retried instead
             executor.cancel_jobs(orphans)
             prepared.warnings.append(f"cancelled {len(orphans)} batch job(s) a stopped run left behind: {', '.join(orphans)}")
-        for message in [*prepared.warnings, f"{added} new trials, {skipped} no longer in the file, {recovered} interrupted ones retried"]:
+        for message in [*prepared.warnings, f"{added} new trials, {skipped} no longer in the file, {recovered} interrupted ones retried",
+                        f"trial timeout: {describe_timeout(self.spec.resources)}"]:
             store.event("run", message, run_id=run_id)
             log.info(message)
         for lane in prepared.lanes:
@@ -202,6 +203,7 @@ class Campaign:
         scheduler = Scheduler(
             store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id,
             pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update, samples=queue.drain,
+            trial_timeout=self.spec.resources.trial_timeout, heartbeat_timeout=self.spec.resources.heartbeat_timeout,
         )
         try:
             with signals_interrupt(), sampler:
@@ -284,6 +286,18 @@ def find_workdir(explicit: str | Path | None, candidates: Sequence[Path] | None 
         return found[0]
     listed = ", ".join(str(p) for p in found) or "none here"
     raise InputError(f"which campaign? workdirs found: {listed}", where=str(Path.cwd()), field="--workdir", fix="pass --workdir DIR")
+
+
+def describe_timeout(resources: Any) -> str:
+    """The time limits of the plan, in words (printed when a run starts)."""
+    from gpufill.campaign.scheduler import AUTO_TIMEOUT_FACTOR, AUTO_TIMEOUT_FLOOR_S
+
+    if resources.trial_timeout == "auto":
+        limit = (f"auto: {AUTO_TIMEOUT_FACTOR:g}x the slowest finished trial of the same shape, at least {AUTO_TIMEOUT_FLOOR_S:g} s "
+                 "(none until a trial of the shape finishes)")
+    else:
+        limit = f"{resources.trial_timeout:g} s per trial (resources.trial_timeout)"
+    return f"{limit}; a worker silent for {resources.heartbeat_timeout:g} s is stopped (resources.heartbeat_timeout); either is retried under retries"
 
 
 def describe_lanes(lanes: Sequence[Lane]) -> list[dict[str, Any]]:

@@ -32,6 +32,11 @@ ALERT_EVERY_S = 30.0
 # Trials sent together for a shape whose pack size is not measured yet: the largest size tried.
 PROBE_PACK = 8
 
+# trial_timeout "auto": this many times the slowest finished trial of the shape, and never less
+# than the floor (a fresh worker's start-up and a cold cache fit under it).
+AUTO_TIMEOUT_FACTOR = 10.0
+AUTO_TIMEOUT_FLOOR_S = 60.0
+
 
 @dataclass(slots=True)
 class LaneProgress:
@@ -95,6 +100,8 @@ class Scheduler:
         on_update: Callable[[Snapshot], None] | None = None,
         update_every_s: float = 0.5,
         samples: Callable[[], list[dict[str, Any]]] | None = None,
+        trial_timeout: float | str = "auto",
+        heartbeat_timeout: float = 120.0,
     ):
         self.store, self.executor, self.lanes = store, executor, lanes
         self.max_attempts = retries + 1
@@ -121,6 +128,10 @@ class Scheduler:
         self.last_alert_check = 0.0
         self.job_states: dict[str, tuple[str, str]] = {}
         """Batch job id -> (state, detail) as last written to the store."""
+        self.trial_timeout = trial_timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self.shape_seconds: dict[str, float] = {}
+        """Slowest finished trial per shape: what an "auto" time limit is derived from."""
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -134,6 +145,7 @@ class Scheduler:
                 self._dispatch()
                 for outcome in self.executor.poll(timeout=0.1):
                     self._record(outcome)
+                self._watch()
                 self._sync_jobs()
                 self._monitor()
                 if self.on_update is not None and self.clock() - last_update >= self.update_every_s:
@@ -203,14 +215,9 @@ class Scheduler:
     def _record(self, outcome: Finished | Crashed) -> None:
         if outcome.task is None:
             return
-        lane_name = outcome.worker.lane.name
         trials = {t["trial_id"]: t for t in outcome.task["trials"]}
         if isinstance(outcome, Crashed):
-            self.store.event("worker_crashed", f"{outcome.worker.name}: {outcome.reason}", run_id=self.run_id, trial_id=next(iter(trials)))
-            log.warning("%s: %s; its %d trial(s) will be retried if attempts remain", outcome.worker.name, outcome.reason, len(trials))
-            for trial in trials.values():
-                self.outcome.crashed += 1
-                self._failed(trial, lane_name, outcome.reason, "", self.clock() - self.started_at.pop(trial["trial_id"], self.clock()))
+            self._crashed(outcome, trials)
             return
         pack = outcome.message.get("pack")
         if pack is not None:
@@ -218,15 +225,47 @@ class Scheduler:
             self.pack_sizes[shape] = pack["size"]
             self.store.event("pack_size", f"{shape}: {pack['reason']}", run_id=self.run_id)
             log.info("pack size for %s: %s", shape, pack["reason"])
-        returned = outcome.message.get("returned", [])
-        if returned:  # handed back unstarted: queued again, no attempt counted
-            self.store.release(returned)
-            for trial_id in returned:
-                trial = trials[trial_id]
-                trial["attempts"] -= 1
-                self.started_at.pop(trial_id, None)
-                self.queue[outcome.worker.lane.queue].append(trial)
-        for message in outcome.message["results"]:
+        self._requeue_unstarted([trials[trial_id] for trial_id in outcome.message.get("returned", [])], outcome.worker.lane)
+        # Results the worker sent as each trial ended, and those in its final message (the same trial at most once).
+        messages = {m["trial_id"]: m for m in [*outcome.worker.reported, *outcome.message["results"]]}
+        self._record_messages(trials, messages.values(), outcome.worker.lane.name)
+
+    def _requeue_unstarted(self, unstarted: list[dict[str, Any]], lane: Lane) -> None:
+        """Trials handed back (or never begun) by their worker: queued again, no attempt counted."""
+        if not unstarted:
+            return
+        self.store.release([t["trial_id"] for t in unstarted])
+        for trial in unstarted:
+            trial["attempts"] -= 1
+            self.started_at.pop(trial["trial_id"], None)
+            self.queue[lane.queue].append(trial)
+
+    def _crashed(self, outcome: Crashed, trials: dict[str, dict[str, Any]]) -> None:
+        """The worker died with the task: the trials that finished are kept, the one(s) training fail
+        (an attempt each), the ones not begun go back to the queue without using a retry."""
+        worker, lane_name = outcome.worker, outcome.worker.lane.name
+        finished = {m["trial_id"]: m for m in worker.reported}
+        self._record_messages(trials, finished.values(), lane_name)
+        if worker.reports_progress:
+            started = set(worker.started) - set(finished)
+            if not started and not finished:  # it died before any trial began (loading data, measuring packs): charge the first
+                started = {next(iter(trials))}
+        else:  # a Ray call or a Slurm job says nothing until it ends: every trial counts
+            started = set(trials) - set(finished)
+        unstarted = [t for trial_id, t in trials.items() if trial_id not in started and trial_id not in finished]
+        shape = outcome.task["trials"][0]["shape"] if outcome.task else ""
+        if outcome.task and outcome.task.get("pack_size") is None and len(trials) > 1 and not finished and shape not in self.pack_sizes:
+            self.pack_sizes[shape] = 1  # it died while measuring packs: this shape trains unfused from now on
+            self.store.event("pack_size", f"{shape}: unfused: the worker died while measuring fused packs", run_id=self.run_id)
+        self.store.event("worker_crashed", f"{worker.name}: {outcome.reason}", run_id=self.run_id, trial_id=next(iter(started), None))
+        log.warning("%s: %s; %d trial(s) failed with it, %d not begun went back to the queue", worker.name, outcome.reason, len(started), len(unstarted))
+        self._requeue_unstarted(unstarted, worker.lane)
+        for trial_id in started:
+            self.outcome.crashed += 1
+            self._failed(trials[trial_id], lane_name, outcome.reason, "", self.clock() - self.started_at.pop(trial_id, self.clock()))
+
+    def _record_messages(self, trials: dict[str, dict[str, Any]], messages: Any, lane_name: str) -> None:
+        for message in messages:
             trial = trials[message["trial_id"]]
             self.started_at.pop(trial["trial_id"], None)
             # The worker's own clock: excludes its start-up; a pack's time is shared among its trials.
@@ -238,10 +277,49 @@ class Scheduler:
             peak = result.get("timings", {}).get("peak_memory_bytes")
             if peak:
                 self.shape_memory[trial["shape"]] = max(peak, self.shape_memory.get(trial["shape"], 0))
+            if duration > self.shape_seconds.get(trial["shape"], 0.0):
+                self._slowest(trial["shape"], duration)
             if self.store.record_done(trial["trial_id"], result, duration_s=duration):
                 log.debug("done %s %s %s in %.2f s: test mae %.4g", trial["trial_id"], trial["family"], trial["project"], duration, result["metrics"]["test"]["mae"])
                 self.outcome.done += 1
                 self.finished_this_run[lane_name] += 1
+
+    # -- hung and overlong trials ---------------------------------------------------------
+    def _slowest(self, shape: str, seconds: float) -> None:
+        first = shape not in self.shape_seconds
+        self.shape_seconds[shape] = seconds
+        if first and self.trial_timeout == "auto":
+            self.store.event("trial_timeout", f"{shape}: {self._limit(shape, 1)[1]}", run_id=self.run_id)
+
+    def _limit(self, shape: str, trials: int) -> tuple[float | None, str]:
+        """Seconds the trials training now (a pack: `trials` of them) may take, and why."""
+        if self.trial_timeout != "auto":
+            return float(self.trial_timeout) * trials, f"resources.trial_timeout {float(self.trial_timeout):g} s per trial"
+        slowest = self.shape_seconds.get(shape)
+        if slowest is None:
+            return None, "no limit yet: no trial of this shape has finished"
+        per_trial = max(AUTO_TIMEOUT_FLOOR_S, AUTO_TIMEOUT_FACTOR * slowest)
+        return per_trial * trials, f"auto: {AUTO_TIMEOUT_FACTOR:g}x the slowest finished trial of its shape ({slowest:.1f} s), at least {AUTO_TIMEOUT_FLOOR_S:g} s"
+
+    def _watch(self) -> None:
+        """Stop a worker whose trial ran past its limit, or that stopped sending heartbeats; the crash
+        that follows fails its trial (retried under `retries`)."""
+        now = time.monotonic()
+        for worker in self.executor.busy():
+            if worker.task is None or worker.stop_reason is not None:
+                continue
+            silent = now - worker.last_seen
+            limit, why = self._limit(worker.task["trials"][0]["shape"], worker.training)
+            if worker.reports_progress and silent > self.heartbeat_timeout:
+                reason = f"worker stopped answering: no heartbeat for {silent:.0f} s (resources.heartbeat_timeout {self.heartbeat_timeout:g} s)"
+            elif limit is not None and now - worker.clock_from > limit:
+                reason = f"timed out after {now - worker.clock_from:.0f} s (limit {limit:.0f} s; {why})"
+            else:
+                continue
+            self.store.event("alert_hung", f"{worker.name}: {reason}; stopped, its trial will be retried if attempts remain", run_id=self.run_id,
+                             trial_id=next(iter(worker.started), worker.task["trials"][0]["trial_id"]))
+            log.warning("%s: %s", worker.name, reason)
+            self.executor.stop(worker, reason)
 
     def _failed(self, trial: dict[str, Any], lane_name: str, error: str, trace: str, duration: float) -> None:
         retry = trial["attempts"] < self.max_attempts

@@ -12,11 +12,17 @@ Run as ``python -m gpufill.campaign.worker FD`` it is a local worker (executors/
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from gpufill.campaign.attempt import attempt
+
+HEARTBEAT_EVERY_S = 2.0
+"""A local worker says it is alive this often, busy or idle (resources.heartbeat_timeout is its limit)."""
 
 
 def start_runner(setup: dict[str, Any]) -> TrialRunner:
@@ -41,7 +47,15 @@ def worker_main(conn: Connection) -> None:
         setup = conn.recv()  # see start_runner
     except (EOFError, OSError):
         return
+    sending = threading.Lock()  # the heartbeat thread and the trials share the connection
+
+    def send(message: dict[str, Any]) -> None:
+        with sending:
+            conn.send(message)
+
     runner = start_runner(setup)
+    runner.on_progress = send
+    threading.Thread(target=_heartbeat, args=(send,), name="gpufill-heartbeat", daemon=True).start()
     while True:
         try:
             task = conn.recv()
@@ -50,7 +64,17 @@ def worker_main(conn: Connection) -> None:
         if task is None:  # told to stop: nothing to flush, so skip torch's interpreter teardown (~0.5 s)
             os._exit(0)
         try:
-            conn.send(runner.run_task(task))
+            send(runner.run_task(task))
+        except (BrokenPipeError, OSError):
+            return
+
+
+def _heartbeat(send: Callable[[dict[str, Any]], None]) -> None:
+    """Runs beside the trials: a process that is stopped, frozen or deadlocked in C stops sending."""
+    while True:
+        time.sleep(HEARTBEAT_EVERY_S)
+        try:
+            send({"heartbeat": time.time()})
         except (BrokenPipeError, OSError):
             return
 
@@ -68,6 +92,20 @@ class TrialRunner:
         self.tune_cache = tune_cache
         self._projects: dict[str, Any] | None = None
         self._windows: dict[tuple[str, int], Any] = {}
+        self.on_progress: Callable[[dict[str, Any]], None] | None = None
+        """Where a local worker sends which trials started and finished within a task (None: nowhere)."""
+
+    def note(self, message: dict[str, Any]) -> None:
+        """{"started": [trial ids]} or {"result": a trial's message}: so a crash fails only the trial that was running."""
+        if self.on_progress is not None:
+            self.on_progress(message)
+
+    def attempt(self, trial: dict[str, Any], run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """One trial on its own, reported as it starts and ends."""
+        self.note({"started": [trial["trial_id"]]})
+        message = attempt(trial, run)
+        self.note({"result": message})
+        return message
 
     def windows(self, project: str, lookback: int) -> Any:
         from gpufill.forecasting.data import make_windows
@@ -84,7 +122,7 @@ class TrialRunner:
         """A task is one trial, or several neural trials of one shape to train as a fused pack."""
         trials = task["trials"]
         if len(trials) == 1 or task.get("pack_size") == 1:
-            return {"results": [attempt(t, lambda t=t: self.run(t)) for t in trials], "pack": None}
+            return {"results": [self.attempt(t, lambda t=t: self.run(t)) for t in trials], "pack": None}
         from gpufill.campaign.packs import run_pack
 
         return run_pack(self, trials, task.get("pack_size"))

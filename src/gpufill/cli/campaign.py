@@ -41,7 +41,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
     from gpufill.campaign.executors import check_executor
     from gpufill.campaign.lock import check_free
     from gpufill.campaign.stopping import RunInterrupted
-    from gpufill.campaign.runner import Campaign, describe_lanes
+    from gpufill.campaign.runner import Campaign, describe_lanes, describe_timeout
 
     check_executor(executor, address)  # before the file is read or --fresh asks anything
     job = Campaign.from_yaml(campaign, workdir)
@@ -59,6 +59,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
         for lane in describe_lanes(prepared.lanes):
             console.print(f"lane {lane['lane']}: {lane['slots']} slots x {lane['threads']} threads on {lane['device']} ({', '.join(lane['runs'])}): {lane['reason']}",
                           markup=False)
+        console.print(f"trial timeout: {describe_timeout(job.spec.resources)}", markup=False)
         console.print(f"{len(prepared.trials)} trials; workdir {job.workdir}", markup=False)
         live.start()
 

@@ -11,9 +11,10 @@ what finished (:class:`Finished`) or died (:class:`Crashed`). A task is
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
 
 from gpufill.campaign.lanes import Lane, visible_gpu
 
@@ -54,6 +55,46 @@ class Worker:
     """The task it runs, None while idle."""
     last_shape: str | None = None
     """Shape of its last task: the scheduler prefers to send the same shape again."""
+    reports_progress: ClassVar[bool] = False
+    """Whether the slot says which trials started and finished within a task and sends heartbeats
+    (local processes do; a Ray call or a Slurm job reports only at its end)."""
+    started: set[str] = field(default_factory=set)
+    """Trials of the task that began training (what a crash fails; the rest go back unattempted)."""
+    reported: list[dict[str, Any]] = field(default_factory=list)
+    """Per-trial messages of the task already finished, sent before the task's end."""
+    last_seen: float = field(default_factory=time.monotonic)
+    """time.monotonic() of its last message or heartbeat."""
+    clock_from: float = field(default_factory=time.monotonic)
+    """When the trials now training began (their time limit counts from here)."""
+    training: int = 1
+    """How many trials train together now (a fused pack's size): the time limit scales with it."""
+    stop_reason: str | None = None
+    """Why the scheduler stopped it (timed out, hung): the crash is reported with this reason."""
+
+    def begin(self, task: Task) -> None:
+        """A task was submitted: reset what the slot reports about it."""
+        self.task = task
+        self.last_shape = task["trials"][0]["shape"]
+        self.started.clear()
+        self.reported.clear()
+        self.last_seen = self.clock_from = time.monotonic()
+        self.training = 1
+        self.stop_reason = None
+
+    def note(self, message: dict[str, Any]) -> bool:
+        """A progress message from the slot (True) or its task's final message (False)."""
+        self.last_seen = time.monotonic()
+        if "heartbeat" in message:
+            return True
+        if "started" in message:
+            self.started.update(message["started"])
+            self.clock_from, self.training = self.last_seen, len(message["started"])
+            return True
+        if "result" in message:
+            self.reported.append(message["result"])
+            self.clock_from = self.last_seen
+            return True
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +178,10 @@ class Executor(Protocol):
 
     def shutdown(self) -> None:
         """Stop every worker (idle ones cleanly); in-flight tasks are abandoned, not reported."""
+        ...
+
+    def stop(self, worker: Worker, reason: str) -> None:
+        """Kill a busy worker's task (timed out or hung); a later poll reports it as Crashed with `reason`."""
         ...
 
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, ClassVar
 
 from gpufill.campaign.executors.base import (
     Crashed,
@@ -37,6 +37,7 @@ from gpufill.campaign.lanes import Lane, plan_lanes
 class LocalWorker(Worker):
     process: Any = None
     conn: Connection | None = None
+    reports_progress: ClassVar[bool] = True
 
 
 def plan_on(request: LaneRequest, *, cores: int, gpu_memory_bytes: int | list[int] | None) -> tuple[list[Lane], list[str]]:
@@ -99,9 +100,13 @@ class LocalExecutor(NoBatchJobs):
 
     def submit(self, worker: Worker, task: Task) -> None:
         assert isinstance(worker, LocalWorker) and worker.conn is not None
-        worker.task = task
-        worker.last_shape = task["trials"][0]["shape"]
+        worker.begin(task)
         worker.conn.send(task)
+
+    def stop(self, worker: Worker, reason: str) -> None:
+        assert isinstance(worker, LocalWorker)
+        worker.stop_reason = reason
+        _kill_group(worker.process)  # SIGKILL reaches a stopped (SIGSTOP) process too; its EOF reports the crash
 
     def poll(self, timeout: float) -> list[Finished | Crashed]:
         """Results and deaths that happened within `timeout` seconds."""
@@ -123,7 +128,9 @@ class LocalExecutor(NoBatchJobs):
             self.workers.remove(worker)
             worker.conn.close()
             self.workers.append(self._spawn(worker.lane))  # a fresh worker takes the slot
-            return Crashed(worker, task, death_reason(exitcode))
+            return Crashed(worker, task, worker.stop_reason or death_reason(exitcode))
+        if worker.note(message):  # a heartbeat, or a trial that started or finished: the task goes on
+            return None
         task, worker.task = worker.task, None
         assert task is not None
         return Finished(worker, task, message)
@@ -134,7 +141,7 @@ class LocalExecutor(NoBatchJobs):
     def shutdown(self) -> None:
         for worker in self.workers:
             if worker.task is not None:  # in flight (a stopped run): abandoned, so stop it now rather than after its trial
-                worker.process.kill()
+                _kill_group(worker.process)
                 continue
             try:
                 worker.conn.send(None)  # type: ignore[union-attr]
@@ -148,6 +155,14 @@ class LocalExecutor(NoBatchJobs):
                 worker.process.wait(timeout=5)
             worker.conn.close()  # type: ignore[union-attr]
         self.workers.clear()
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the worker and what it started (it leads its own session: DataLoader workers, compilers)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def death_reason(exitcode: int | None) -> str:

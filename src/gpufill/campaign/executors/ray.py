@@ -186,9 +186,13 @@ class RayExecutor(NoBatchJobs):
 
     def submit(self, worker: Worker, task: Task) -> None:
         assert isinstance(worker, RayWorker)
-        worker.task = task
-        worker.last_shape = task["trials"][0]["shape"]
+        worker.begin(task)
         worker.ref = worker.actor.run.remote(task)
+
+    def stop(self, worker: Worker, reason: str) -> None:
+        assert isinstance(worker, RayWorker)
+        worker.stop_reason = reason
+        _kill(self._ray, worker.actor)  # its call then fails: reported as Crashed with the reason
 
     def poll(self, timeout: float) -> list[Finished | Crashed]:
         ray = self._ray
@@ -214,7 +218,7 @@ class RayExecutor(NoBatchJobs):
         self.workers.remove(worker)
         _kill(ray, worker.actor)
         self.workers.append(self._spawn(worker.lane))  # a fresh actor takes the slot
-        return Crashed(worker, task, reason)
+        return Crashed(worker, task, worker.stop_reason or reason)
 
     # -- monitoring -----------------------------------------------------------------------
     def pids(self) -> list[int]:

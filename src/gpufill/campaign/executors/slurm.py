@@ -16,6 +16,7 @@ scheduler (its only writer), for `gpufill status`.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import time
@@ -184,9 +185,15 @@ class SlurmExecutor:
     def submit(self, worker: Worker, task: Task) -> None:
         """Held until the next poll, so that a round's tasks go in as one job array per lane."""
         assert isinstance(worker, SlurmWorker)
-        worker.task = task
-        worker.last_shape = task["trials"][0]["shape"]
+        worker.begin(task)
         self._unsubmitted.append(worker)
+
+    def stop(self, worker: Worker, reason: str) -> None:
+        assert isinstance(worker, SlurmWorker)
+        worker.stop_reason = reason
+        if worker.job is not None:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):  # the job then ends without a result: Crashed
+                worker.job.cancel(check=False)
 
     def _flush(self) -> None:
         by_lane: dict[str, list[SlurmWorker]] = {}
@@ -236,7 +243,7 @@ class SlurmExecutor:
             except self._uncompleted as error:  # FailedJobError included
                 state = _state(job)
                 self._end(job.job_id, "failed", state)
-                out.append(Crashed(worker, task, f"Slurm job {job.job_id} ended without a result ({state}): {_first_line(error)}"))
+                out.append(Crashed(worker, task, worker.stop_reason or f"Slurm job {job.job_id} ended without a result ({state}): {_first_line(error)}"))
                 continue
             self._end(job.job_id, "done", "COMPLETED")
             out.append(Finished(worker, task, message))
