@@ -328,3 +328,28 @@ def test_missing_time_values(tmp_path):
     _write(tmp_path / "s.csv", time=[1.0, None], target=[1.0, 2.0])
     message = _error(tmp_path / "s.csv")
     assert message.startswith(f"{tmp_path / 's.csv'}: time: 1 rows have no time value; fix: fill in 'time'")
+
+
+def test_a_text_column_holding_several_series_is_an_error_naming_it(tmp_path):
+    """Five stores stacked in one file without project_column: refused, not read as one mixed series."""
+    t = np.arange(120)
+    frame = pd.concat([pd.DataFrame({"store": name, "time": t, "target": np.sin(t / 5) + i}) for i, name in enumerate("abcde")])
+    frame.to_csv(tmp_path / "stores.csv", index=False)
+    with pytest.raises(InputError) as info:
+        load_projects(str(tmp_path / "stores.csv"))
+    assert info.value.field == "project_column"
+    assert "column 'store' looks like a project id (5 text values, about 120 rows each)" in str(info.value)
+    assert "set data.project_column: store" in str(info.value)
+    by_store = load_projects(str(tmp_path / "stores.csv"), project_column="store")
+    assert sorted(by_store) == list("abcde") and all(p.length == 120 for p in by_store.values())
+    frame.sample(frac=1.0, random_state=0).to_csv(tmp_path / "shuffled.csv", index=False)  # rows interleaved: the repeating stamps tell
+    with pytest.raises(InputError, match="'store' looks like a project id"):
+        load_projects(str(tmp_path / "shuffled.csv"))
+
+
+def test_a_cycling_text_covariate_is_not_taken_for_a_project_id(tmp_path):
+    t = np.arange(140)
+    weekdays = np.array(["mon", "tue", "wed", "thu", "fri", "sat", "sun"])[t % 7]
+    pd.DataFrame({"time": t, "target": np.sin(t / 5), "weekday": weekdays}).to_csv(tmp_path / "one.csv", index=False)
+    (project,) = load_projects(str(tmp_path / "one.csv")).values()
+    assert project.length == 140 and project.covariate_names == ()  # text columns are not covariates

@@ -74,9 +74,12 @@ def test_trials_dropped_from_the_file_are_skipped_and_revived_when_back(store):
     store.record_done("t000", result(1.0), duration_s=1.0)
     added, skipped = store.sync_trials([trial(1)], LANES)  # t000 done (kept), t002 pending (skipped)
     assert (added, skipped) == (0, 1)
-    statuses = dict(zip(store.frame(include_skipped=True)["trial_id"], store.frame(include_skipped=True)["status"]))
+    statuses = dict(zip(store.frame(include_stale=True)["trial_id"], store.frame(include_stale=True)["status"]))
     assert statuses == {"t000": "done", "t001": "pending", "t002": "skipped"}
-    assert len(store.frame()) == 2  # results leave skipped trials out
+    assert list(store.frame()["trial_id"]) == ["t001"]  # results show the file as it is now
+    stale = store.frame(include_stale=True).set_index("trial_id")["stale"].to_dict()
+    assert stale == {"t000": True, "t001": False, "t002": True}  # the done t000 is kept, marked stale
+    assert (store.counts().total["done"], store.counts().stale) == (0, 1)
     store.sync_trials([trial(i) for i in range(3)], LANES)
     assert store.counts().to_dict()["pending"] == 2
 

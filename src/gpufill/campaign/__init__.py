@@ -16,12 +16,13 @@ _HOME = {
     "expand": "trials",
     "trial_id": "trials",
     "Campaign": "runner",
-    "best_per_project": "runner",
+    "best_per_project": "reading",
     "demo_campaign_path": "runner",
     "describe_lanes": "runner",
-    "find_workdir": "runner",
-    "read_results": "runner",
-    "read_status": "runner",
+    "find_workdir": "reading",
+    "read_results": "reading",
+    "read_status": "reading",
+    "read_trials": "reading",
     "write_frame": "export",
 }
 __all__ = sorted(_HOME)

@@ -16,9 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpufill.campaign.executors import Executor, LaneRequest, make_executor
 from gpufill.campaign.executors.local import plan_here
@@ -27,10 +25,15 @@ from gpufill.campaign.lock import WorkdirLock
 from gpufill.campaign.scheduler import RunOutcome, Scheduler, Snapshot
 from gpufill.campaign.spec import CampaignSpec, load_campaign
 from gpufill.campaign.stopping import RunInterrupted, from_exception, signals_interrupt
-from gpufill.campaign.store import DB_NAME, Counts, Store, damaged, is_damage, out_of_space
-from gpufill.campaign.trials import Trial, expand
+from gpufill.campaign.reading import best_per_project, find_workdir, read_jobs, read_results, read_status, read_trials
+from gpufill.campaign.store import DB_NAME, Counts, Store
+from gpufill.campaign.store_health import damaged, is_damage, out_of_space
+from gpufill.campaign.trials import Trial, expand, id_base
 from gpufill.errors import InputError
 from gpufill.monitor.sampler import QueueSink, Sampler
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger("gpufill.campaign")
 # A log file per run, rotated past this size so a long campaign cannot fill the disk.
@@ -65,6 +68,8 @@ class Prepared:
     trials: list[Trial]
     lanes: list[Lane]
     warnings: list[str]
+    bases: dict[str, Any]
+    """base_id -> what every trial of a kind shares (stored once: a row's full configuration is base + row)."""
 
 
 class Campaign:
@@ -94,7 +99,9 @@ class Campaign:
         longest = max(task.lookback)
         for project in projects.values():  # fail before the run, naming the project, not in trial 5,000
             make_windows(project, longest, task.horizon, task.split.to_split(), task.stride)
-        trials = expand(self.spec, list(projects))
+        # Each project's values are part of its trials' identity: an edited file re-runs exactly what it changed.
+        trials = expand(self.spec, {name: project.fingerprint() for name, project in projects.items()})
+        bases = {trial.base_id: id_base(self.spec, trial.kind, list(projects)) for trial in {t.kind: t for t in trials}.values()}
         resources = self.spec.resources
         request = LaneRequest(
             kinds=frozenset(trial.kind for trial in trials),
@@ -105,7 +112,7 @@ class Campaign:
             where=self.source,
         )
         lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
-        return Prepared(trials=trials, lanes=lanes, warnings=warnings)
+        return Prepared(trials=trials, lanes=lanes, warnings=warnings, bases=bases)
 
     def check_workdir(self, *, fresh: bool) -> None:
         """Refuse a workdir that holds another campaign (unless fresh); reads only."""
@@ -183,7 +190,7 @@ class Campaign:
     def _run(self, store: Store, run_id: int, prepared: Prepared, executor: Executor, on_start: Any, on_update: Any) -> RunOutcome:
         store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json()})
         lane_of = {kind: lane.queue for lane in prepared.lanes for kind in lane.kinds}  # pending trials belong to a queue
-        added, skipped = store.sync_trials(prepared.trials, lane_of)
+        added, skipped = store.sync_trials(prepared.trials, lane_of, prepared.bases)
         recovered = store.recover_interrupted(run_id)
         orphans = store.orphan_jobs(run_id)
         if orphans:  # their results would never be collected: their trials are retried instead
@@ -238,54 +245,6 @@ class Campaign:
 
     def results(self) -> pd.DataFrame:
         return read_results(self.workdir)
-
-
-def read_status(workdir: str | Path) -> Counts:
-    store = Store.open(workdir)
-    try:
-        return store.counts()
-    finally:
-        store.close()
-
-
-def read_jobs(workdir: str | Path) -> list[dict[str, Any]]:
-    """Batch jobs (Slurm) queued or running, oldest first: what `gpufill status` lists."""
-    store = Store.open(workdir)
-    try:
-        return store.jobs(states=("queued", "running"))
-    finally:
-        store.close()
-
-
-def read_results(workdir: str | Path) -> pd.DataFrame:
-    store = Store.open(workdir)
-    try:
-        return store.frame()
-    finally:
-        store.close()
-
-
-def best_per_project(results: pd.DataFrame, metric: str = "mae") -> pd.DataFrame:
-    """Per project and family: the configuration (params, lookback) with the best mean test metric over seeds."""
-    done = results[(results["status"] == "done") & results[metric].notna()]  # a NaN metric (older stores) ranks nothing
-    if done.empty:
-        return pd.DataFrame(columns=["project", "family", "params", "lookback", metric, "seeds"])
-    grouped = done.groupby(["project", "family", "params", "lookback"], as_index=False).agg(**{metric: (metric, "mean"), "seeds": ("seed", "count")})
-    best = grouped.loc[grouped.groupby(["project", "family"])[metric].idxmin()]
-    return best.sort_values(["project", metric]).reset_index(drop=True)
-
-
-def find_workdir(explicit: str | Path | None, candidates: Sequence[Path] | None = None) -> Path:
-    """--workdir, else the current directory if it holds a store, else the one gpufill-* workdir here."""
-    if explicit is not None:
-        return Path(explicit)
-    if (Path.cwd() / DB_NAME).exists():
-        return Path.cwd()
-    found = sorted(p.parent for p in (candidates or Path.cwd().glob(f"gpufill-*/{DB_NAME}")))
-    if len(found) == 1:
-        return found[0]
-    listed = ", ".join(str(p) for p in found) or "none here"
-    raise InputError(f"which campaign? workdirs found: {listed}", where=str(Path.cwd()), field="--workdir", fix="pass --workdir DIR")
 
 
 def describe_timeout(resources: Any) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpufill.campaign.executors.base import Crashed, Executor, Finished, Worker
 from gpufill.campaign.lanes import Lane
+from gpufill.campaign.queue import ShapeQueue
 from gpufill.campaign.store import Store
 
 log = logging.getLogger("gpufill.scheduler")
@@ -111,7 +112,7 @@ class Scheduler:
         self.update_every_s = update_every_s
         self.queue_of_kind = {kind: lane.queue for lane in lanes for kind in lane.kinds}
         # One queue per lane, except that every per-GPU lane takes from the shared "gpu" queue.
-        self.queue: dict[str, list[dict[str, Any]]] = {lane.queue: [] for lane in lanes}
+        self.queue: dict[str, ShapeQueue] = {lane.queue: ShapeQueue() for lane in lanes}
         self.shape_memory: dict[str, int] = {}
         # shape -> measured pack size; a fixed resources.pack_size (1 = no fusion) presets every shape.
         self.fixed_pack_size = pack_size
@@ -182,30 +183,24 @@ class Scheduler:
             return []
         size = self._pack_size(trial["shape"]) or PROBE_PACK
         queue = self.queue[lane.queue]
-        mates = [t for t in queue if t["shape"] == trial["shape"]][: size - 1]
-        for mate in mates:
-            queue.remove(mate)
-        return mates
+        return queue.take(trial["shape"], size - 1) if queue.has(trial["shape"]) else []
 
     def _next_trial(self, lane: Lane, worker: Worker) -> dict[str, Any] | None:
-        """The first admissible trial of the worker's last shape, else the first admissible one (one pass)."""
+        """The oldest trial of the worker's last shape if admissible, else of the oldest admissible shape
+        (a pass over the waiting shapes, never over the trials)."""
         queue = self.queue[lane.queue]
         running_shapes = [w.task["trials"][0]["shape"] for w in self.executor.busy() if w.lane is lane and w.task is not None]
-        fallback = None
-        for index, trial in enumerate(queue):
-            if not self._admissible(lane, trial, running_shapes):
-                continue
-            if trial["shape"] == worker.last_shape or worker.last_shape is None:
-                return queue.pop(index)
-            if fallback is None:
-                fallback = index
-        return queue.pop(fallback) if fallback is not None else None
+        if queue.has(worker.last_shape) and self._admissible(lane, worker.last_shape, running_shapes):  # type: ignore[arg-type]
+            return queue.take(worker.last_shape)[0]  # type: ignore[arg-type]
+        for shape in queue.shapes():
+            if self._admissible(lane, shape, running_shapes):
+                return queue.take(shape)[0]
+        return None
 
-    def _admissible(self, lane: Lane, trial: dict[str, Any], running_shapes: list[str]) -> bool:
+    def _admissible(self, lane: Lane, shape: str, running_shapes: list[str]) -> bool:
         """GPU lane: the shape's measured memory must fit what running trials leave of the budget."""
         if lane.memory_budget_bytes is None:
             return True
-        shape = trial["shape"]
         if shape not in self.shape_memory:
             return shape not in running_shapes  # measure a new shape with one trial first
         fair_share = lane.memory_budget_bytes // lane.slots

@@ -13,7 +13,6 @@ makes recording idempotent: a trial is never recorded twice.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import socket
@@ -23,13 +22,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from gpufill import __version__
 from gpufill.campaign.trials import Trial
+from gpufill.campaign.store_health import check_intact, damaged
 from gpufill.errors import InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DB_NAME = "gpufill.db"
 STATUSES = ("pending", "running", "done", "failed", "skipped")
@@ -51,9 +52,12 @@ CREATE TABLE IF NOT EXISTS trials (
     started_at REAL, finished_at REAL, duration_s REAL,
     mae REAL, rmse REAL, smape REAL, mase REAL, naive_mae REAL,
     metrics TEXT, timings TEXT, plan TEXT, history TEXT, events TEXT,
-    error TEXT, traceback TEXT
+    error TEXT, traceback TEXT,
+    data_fingerprint TEXT NOT NULL DEFAULT '', config_id TEXT NOT NULL DEFAULT '', base_id TEXT NOT NULL DEFAULT '',
+    current INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS trials_status ON trials (status, position);
+CREATE TABLE IF NOT EXISTS bases (base_id TEXT PRIMARY KEY, base TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS samples (
     ts REAL NOT NULL, source TEXT NOT NULL, gpu_util REAL, mem_used REAL, mem_total REAL,
     power_w REAL, power_limit_w REAL, temp_c REAL, sm_clock_mhz REAL, throttle TEXT,
@@ -70,6 +74,14 @@ CREATE TABLE IF NOT EXISTS events (
 );
 """
 
+TRIAL_COLUMNS = ("trial_id", "project", "family", "kind", "params", "train", "seed", "lookback", "status", "attempts", "lane", "worker",
+                 "duration_s", "mae", "rmse", "smape", "mase", "naive_mae", "error")
+"""What results show of each trial (the rest of a row, its history and plan, is in trial_details)."""
+PROVENANCE_COLUMNS = {"data_fingerprint": "TEXT NOT NULL DEFAULT ''", "config_id": "TEXT NOT NULL DEFAULT ''",
+                      "base_id": "TEXT NOT NULL DEFAULT ''", "current": "INTEGER NOT NULL DEFAULT 1"}
+"""Added after the first stores were written: a run adds them to an older store; readers see their defaults."""
+FRAME_COLUMNS = [*TRIAL_COLUMNS, "data_fingerprint", "config_id", "base_id", "stale"]
+
 
 @dataclass(frozen=True, slots=True)
 class Counts:
@@ -77,38 +89,12 @@ class Counts:
 
     total: dict[str, int]
     lanes: dict[str, dict[str, int]]
+    stale: int = 0
+    """Finished trials of an earlier version of the campaign file (or of its data): kept, not counted above."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"total": sum(self.total.values()), **self.total, "lanes": {lane: {"total": sum(c.values()), **c} for lane, c in self.lanes.items()}}
-
-
-def damaged(path: Path, problem: object) -> InputError:
-    """The one line for a store SQLite cannot read; nothing was written to it."""
-    text = str(problem).strip().splitlines()[0] if str(problem).strip() else type(problem).__name__
-    return InputError(f"the campaign store is damaged or not a gpufill store ({text}); nothing was changed", where=str(path), field="store",
-                      fix=f"restore {path.name} from a backup, or start over with `gpufill run FILE --workdir {path.parent} --fresh` (deletes it)")
-
-
-def out_of_space(error: BaseException) -> bool:
-    """A write refused because the disk (or the user's quota) is full: SQLite's SQLITE_FULL or the OS's ENOSPC/EDQUOT."""
-    if isinstance(error, sqlite3.OperationalError):
-        return getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(error)
-    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
-def is_damage(error: BaseException) -> bool:
-    """SQLite found the file is not a database or its pages are corrupt (not: busy, locked, full)."""
-    return isinstance(error, sqlite3.DatabaseError) and not isinstance(error, sqlite3.OperationalError)
-
-
-def _check_intact(db: sqlite3.Connection, path: Path, *, existing: bool) -> None:
-    """SQLite's quick_check (structure of every page, linear in the file) and gpufill's tables, before any use."""
-    verdict = db.execute("PRAGMA quick_check").fetchone()[0]
-    if verdict != "ok":
-        raise damaged(path, verdict)
-    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if existing and "trials" not in tables:
-        raise damaged(path, "it holds no trials table")
+        return {"total": sum(self.total.values()), **self.total, "lanes": {lane: {"total": sum(c.values()), **c} for lane, c in self.lanes.items()},
+                "stale": self.stale}
 
 
 class Store:
@@ -117,6 +103,7 @@ class Store:
     def __init__(self, connection: sqlite3.Connection, path: Path):
         self.db = connection
         self.path = path
+        self.columns = {row[1] for row in connection.execute("PRAGMA table_info(trials)")}
 
     # -- opening ------------------------------------------------------------------------
     @classmethod
@@ -127,11 +114,15 @@ class Store:
         try:
             # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in _transaction).
             db = sqlite3.connect(path, isolation_level=None, timeout=30)
-            _check_intact(db, path, existing=path.stat().st_size > 0)
+            check_intact(db, path, existing=path.stat().st_size > 0)
             db.execute("PRAGMA journal_mode=WAL")
             # NORMAL is durable against a process crash (kill -9) in WAL mode; FULL adds only power-loss safety.
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
+            present = {row[1] for row in db.execute("PRAGMA table_info(trials)")}
+            for column, declaration in PROVENANCE_COLUMNS.items():
+                if column not in present:
+                    db.execute(f"ALTER TABLE trials ADD COLUMN {column} {declaration}")
         except sqlite3.DatabaseError as error:
             raise damaged(path, error) from None
         return cls(db, path)
@@ -144,7 +135,7 @@ class Store:
             raise InputError(f"no campaign store ({DB_NAME}) here", where=str(workdir), field="--workdir", fix="pass the workdir a `gpufill run` wrote, or run a campaign first")
         try:
             db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-            _check_intact(db, path, existing=True)
+            check_intact(db, path, existing=True)
         except sqlite3.DatabaseError as error:
             raise damaged(path, error) from None
         return cls(db, path)
@@ -258,24 +249,31 @@ class Store:
         return self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'samples'").fetchone() is not None
 
     def samples(self) -> pd.DataFrame:
+        import pandas as pd  # readers that need no frame (status, monitor) skip importing pandas
+
         if not self.has_samples():
             return pd.DataFrame(columns=list(self.SAMPLE_COLUMNS))
         return pd.read_sql_query("SELECT * FROM samples ORDER BY ts", self.db)
 
     # -- trials: the state machine --------------------------------------------------------
-    def sync_trials(self, trials: Sequence[Trial], lane_of: Mapping[str, str]) -> tuple[int, int]:
+    def sync_trials(self, trials: Sequence[Trial], lane_of: Mapping[str, str], bases: Mapping[str, Any] | None = None) -> tuple[int, int]:
         """Add new trials as pending; skip pending/failed ones no longer in the file; revive skipped ones.
+        The file's trials are marked current, every other one stale (kept, shown with `results --all`).
+        `bases`: base_id -> what the trials of a kind share (their full configuration is base + row).
 
         Returns (added, skipped). Done trials are never touched.
         """
         wanted = {trial.trial_id for trial in trials}
         with self._transaction() as db:
             before = db.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+            db.executemany("INSERT OR IGNORE INTO bases (base_id, base) VALUES (?, ?)", [(key, _dumps(base)) for key, base in (bases or {}).items()])
+            db.execute("UPDATE trials SET current = 0 WHERE current = 1")
             db.executemany(
-                "INSERT INTO trials (trial_id, position, project, family, kind, params, train, seed, lookback, shape, lane)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(trial_id) DO UPDATE SET position = excluded.position",
+                "INSERT INTO trials (trial_id, position, project, family, kind, params, train, seed, lookback, shape, lane, data_fingerprint, config_id, base_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(trial_id) DO UPDATE SET position = excluded.position, current = 1",
                 [
-                    (t.trial_id, i, t.project, t.family, t.kind, _dumps(t.params), _dumps(t.train), t.seed, t.lookback, t.shape, lane_of[t.kind])
+                    (t.trial_id, i, t.project, t.family, t.kind, _dumps(t.params), _dumps(t.train), t.seed, t.lookback, t.shape, lane_of[t.kind],
+                     t.data_fingerprint, t.config_id, t.base_id)
                     for i, t in enumerate(trials)
                 ],
             )
@@ -358,21 +356,77 @@ class Store:
 
     # -- reading ------------------------------------------------------------------------
     def counts(self) -> Counts:
+        """Trials of the campaign file as it is now, per status and lane; stale ones only counted."""
         total = dict.fromkeys(STATUSES, 0)
         lanes: dict[str, dict[str, int]] = {}
-        for lane, status, n in self.db.execute("SELECT COALESCE(lane, 'cpu'), status, COUNT(*) FROM trials GROUP BY 1, 2"):
+        current = self._column("current")
+        stale = 0
+        for lane, status, now, n in self.db.execute(f"SELECT COALESCE(lane, 'cpu'), status, {current}, COUNT(*) FROM trials GROUP BY 1, 2, 3"):
+            if not now:
+                stale += n if status in ("done", "failed") else 0
+                continue
             total[status] += n
             lanes.setdefault(lane, dict.fromkeys(STATUSES, 0))[status] += n
-        return Counts(total=total, lanes=lanes)
+        return Counts(total=total, lanes=lanes, stale=stale)
 
-    def frame(self, *, include_skipped: bool = False) -> pd.DataFrame:
-        """One row per trial: identity, status, timing and test metrics (params as JSON text)."""
-        where = "" if include_skipped else " WHERE status != 'skipped'"
-        return pd.read_sql_query(
-            "SELECT trial_id, project, family, kind, params, train, seed, lookback, status, attempts, lane, worker,"
-            " duration_s, mae, rmse, smape, mase, naive_mae, error FROM trials" + where + " ORDER BY position",
-            self.db,
-        )
+    def records(self, *, include_stale: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
+        """One dict per trial of the campaign file as it is now, in campaign order (params and train
+        overrides as JSON text); `include_stale`: every trial the store holds, `stale` True for those
+        of earlier versions of the file or data. Plain SQLite: no pandas, fast for the CLI."""
+        where = "" if include_stale else f" WHERE status != 'skipped' AND {self._column('current')} = 1"
+        provenance = ", ".join(f"{self._column(c)} AS {c}" for c in PROVENANCE_COLUMNS)
+        cursor = self.db.execute(f"SELECT {', '.join(TRIAL_COLUMNS)}, {provenance} FROM trials{where} ORDER BY position"
+                                 + (f" LIMIT {int(limit)}" if limit is not None else ""))
+        names = [column[0] for column in cursor.description]
+        out = []
+        for row in cursor:
+            record = dict(zip(names, row, strict=True))
+            record["stale"] = record.pop("current") == 0
+            out.append(record)
+        return out
+
+    def config_means(self, metric: str = "mae", *, include_stale: bool = False) -> list[dict[str, Any]]:
+        """Per configuration (everything but the seed) of done trials: the mean `metric` over its seeds and
+        how many there are. SQLite aggregates: a summary of 36,000 trials reads a few thousand rows."""
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}")
+        current = self._column("current")
+        where = f"status = 'done' AND {metric} IS NOT NULL" + ("" if include_stale else f" AND {current} = 1")
+        config = self._column("config_id")
+        cursor = self.db.execute(
+            f"SELECT project, family, {current} AS current, {config} AS config_id, params, train, lookback, {self._column('base_id')} AS base_id,"
+            f" AVG({metric}) AS {metric}, COUNT(*) AS seeds FROM trials WHERE {where}"
+            f" GROUP BY project, family, {current}, {config}, CASE WHEN {config} = '' THEN params || train || lookback END")
+        names = [column[0] for column in cursor.description]
+        out = []
+        for row in cursor:
+            record = dict(zip(names, row, strict=True))
+            record["stale"] = record.pop("current") == 0
+            out.append(record)
+        return out
+
+    def count(self, *, include_stale: bool = False) -> int:
+        where = "" if include_stale else f" WHERE status != 'skipped' AND {self._column('current')} = 1"
+        return int(self.db.execute(f"SELECT COUNT(*) FROM trials{where}").fetchone()[0])
+
+    def frame(self, *, include_stale: bool = False) -> pd.DataFrame:
+        """`records` as a DataFrame (the Python API, the report, csv/json/parquet)."""
+        import pandas as pd
+
+        return pd.DataFrame.from_records(self.records(include_stale=include_stale), columns=FRAME_COLUMNS)
+
+    def bases(self) -> dict[str, dict[str, Any]]:
+        """base_id -> what the trials of one kind of one version of the file share."""
+        if "bases" not in {name for (name,) in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}:
+            return {}
+        return {key: json.loads(base) for key, base in self.db.execute("SELECT base_id, base FROM bases")}
+
+    def _column(self, name: str) -> str:
+        """`name`, or its default where an older store lacks it (readers never alter a store)."""
+        if name in self.columns:
+            return name
+        default = PROVENANCE_COLUMNS[name].rsplit("DEFAULT ", 1)[1]
+        return default
 
     def trial_details(self, trial_id: str) -> dict[str, Any] | None:
         row = self.db.execute("SELECT metrics, timings, plan, history, events, traceback FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()

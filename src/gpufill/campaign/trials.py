@@ -3,10 +3,13 @@
 A trial's id is a hash of everything that changes its result, and nothing else, so a
 re-run, a larger grid, more seeds or more projects keep every existing id (and result):
 project, family, model params, training overrides, seed, lookback, the data spec without
-``projects``, the task spec without the lookback list and ``metric`` (which only ranks),
-and, for neural families, the global train spec. Resources never enter it. A global-mode
-trial trains on every project at once, so its id also holds the project names: adding a
-project re-runs it (while a local trial of an old project keeps its id).
+``projects``, the project's data fingerprint (a hash of its values: an edited file re-runs
+exactly the trials of the projects it changed), the task spec without the lookback list and
+``metric`` (which only ranks), and, for neural families, the global train spec. Resources
+never enter it. A global-mode trial trains on every project at once, so its id holds every
+project's name and fingerprint: adding or changing a project re-runs it (while a local trial
+of an untouched project keeps its id). `config_id` is the same hash without the seed: the
+configuration a summary averages seeds over.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from gpufill.errors import InputError
 if TYPE_CHECKING:  # Trial alone stays light (the store imports it); the spec imports torch
     from gpufill.campaign.spec import CampaignSpec
 
-__all__ = ["GLOBAL_PROJECT", "Trial", "expand", "trial_id"]
+__all__ = ["GLOBAL_PROJECT", "Trial", "expand", "id_base", "trial_id"]
 
 GLOBAL_PROJECT = "*"
 """The project of a global-mode trial: one model over all projects."""
@@ -48,18 +51,32 @@ class Trial:
     shape: str
     """Group key for fusing into packs: same family, model params, lookback, batch_size and
     epochs (neural), or family and lookback (classical)."""
+    data_fingerprint: str = ""
+    """Hash of the project's values (in global mode: of every project's); "" when not known."""
+    config_id: str = ""
+    """The id without the seed: trials that differ only in their seed share it."""
+    base_id: str = ""
+    """Hash of what every trial of its kind shares (data and task settings, the train section):
+    the store keeps that once, and with it each row's full effective configuration."""
 
 
-def expand(spec: CampaignSpec, projects: Sequence[str]) -> list[Trial]:
+def expand(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str]) -> list[Trial]:
     """Every trial of the campaign, ordered by project (by name), family (file order), lookback, grid point, seed.
 
-    Grid points are the cartesian product of each family's axes in file key order (the last
-    key varies fastest). In global mode each (family, grid point, lookback, seed) is one
-    trial over all projects, with project "*".
+    `projects`: names, or names -> data fingerprint (`Project.fingerprint()`), which then
+    enters each trial's identity. Grid points are the cartesian product of each family's axes
+    in file key order (the last key varies fastest). In global mode each (family, grid point,
+    lookback, seed) is one trial over all projects, with project "*".
     """
-    names = _check_projects(projects)
-    targets = [GLOBAL_PROJECT] if spec.task.mode == "global" else sorted(names)
+    names = _check_projects(projects if isinstance(projects, str) else list(projects))
+    prints = {name: str(projects[name]) for name in names} if isinstance(projects, Mapping) else dict.fromkeys(names, "")
+    if spec.task.mode == "global":
+        targets = [GLOBAL_PROJECT]
+        prints[GLOBAL_PROJECT] = _digest(sorted(prints.items())) if any(prints.values()) else ""
+    else:
+        targets = sorted(names)
     base = {kind: _id_base(spec, kind, names) for kind in ("neural", "classical")}
+    base_ids = {kind: _digest(value) for kind, value in base.items()}
     families = []
     for family, axes in spec.models.items():
         kind = spec.kind(family)
@@ -71,10 +88,16 @@ def expand(spec: CampaignSpec, projects: Sequence[str]) -> list[Trial]:
             for lookback in spec.task.lookback:
                 for params, train in points:
                     shape = _shape(spec, family, kind, params, train, lookback)
+                    config_id = _hash(base[kind], project, family, params, train, None, lookback, prints[project])
                     for seed in spec.seeds:
-                        tid = _hash(base[kind], project, family, params, train, seed, lookback)
-                        trials.append(Trial(tid, project, family, kind, params, train, seed, lookback, shape))
+                        tid = _hash(base[kind], project, family, params, train, seed, lookback, prints[project])
+                        trials.append(Trial(tid, project, family, kind, params, train, seed, lookback, shape, prints[project], config_id, base_ids[kind]))
     return trials
+
+
+def id_base(spec: CampaignSpec, kind: str, projects: Sequence[str] = ()) -> dict[str, Any]:
+    """What every trial of `kind` shares (stored once per base_id; the rest of a row's configuration is in its columns)."""
+    return _id_base(spec, kind, projects)
 
 
 def trial_id(
@@ -87,12 +110,15 @@ def trial_id(
     lookback: int,
     spec: CampaignSpec,
     projects: Sequence[str] | None = None,
+    data_fingerprint: str = "",
 ) -> str:
-    """The id :func:`expand` gives this trial of ``spec``; a global-mode trial needs all ``projects``."""
+    """The id :func:`expand` gives this trial of ``spec``; a global-mode trial needs all ``projects``.
+
+    `data_fingerprint`: the one expand gave the trial (the project's; global mode: all projects')."""
     if spec.task.mode == "global" and projects is None:
         raise InputError("a global-mode trial id depends on all the campaign's projects", fix="pass projects=[...] (the names given to expand)", field="projects")
     base = _id_base(spec, spec.kind(family), _check_projects(projects) if projects is not None else [])
-    return _hash(base, project, family, dict(params), dict(train), seed, lookback)
+    return _hash(base, project, family, dict(params), dict(train), seed, lookback, data_fingerprint)
 
 
 # --- internals ---------------------------------------------------------------------------------
@@ -125,10 +151,19 @@ def _id_base(spec: CampaignSpec, kind: str, projects: Sequence[str]) -> dict[str
     return base
 
 
-def _hash(base: Mapping[str, Any], project: str, family: str, params: dict[str, Any], train: dict[str, Any], seed: int, lookback: int) -> str:
+def _hash(base: Mapping[str, Any], project: str, family: str, params: dict[str, Any], train: dict[str, Any], seed: int | None, lookback: int,
+          fingerprint: str) -> str:
     task = {**base["task"], "lookback": lookback}
-    payload = {**base, "task": task, "project": project, "family": family, "params": params, "train": train, "seed": seed}
-    return hashlib.sha256(_canonical(payload).encode()).hexdigest()[:16]
+    payload = {**base, "task": task, "project": project, "family": family, "params": params, "train": train}
+    if seed is not None:  # None: the configuration's id (seeds averaged over)
+        payload["seed"] = seed
+    if fingerprint:
+        payload["data_fingerprint"] = fingerprint
+    return _digest(payload)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(_canonical(value).encode()).hexdigest()[:16]
 
 
 def _canonical(value: Any) -> str:

@@ -15,8 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from gpufill.campaign.runner import best_per_project
-from gpufill.campaign.store import Store
+from gpufill.campaign.reading import best_per_project
+from gpufill.campaign.provenance import with_effective_train
+from gpufill.campaign.store import FRAME_COLUMNS, Store
 from gpufill.report import plots
 
 _CSS = """
@@ -61,7 +62,7 @@ def write_report(workdir: str | os.PathLike[str], out: str | os.PathLike[str] | 
 
 def render_report(store: Store) -> str:
     name = store.meta("campaign_name") or "campaign"
-    trials = store.frame()
+    trials = pd.DataFrame.from_records(with_effective_train(store.records(), store.bases()), columns=FRAME_COLUMNS)  # the file as it is now
     samples = store.samples()
     runs = pd.read_sql_query("SELECT run_id, started_at, finished_at, status, command FROM runs ORDER BY run_id", store.db)
     done = trials[trials["status"] == "done"]
@@ -87,7 +88,8 @@ def render_report(store: Store) -> str:
 
 # -- summary ------------------------------------------------------------------------------------
 def summary_rows(store: Store, trials: pd.DataFrame, samples: pd.DataFrame, runs: pd.DataFrame) -> list[list[str]]:
-    counts = store.counts().total
+    all_counts = store.counts()
+    counts = all_counts.total
     wall = 0.0
     for started, finished in zip(runs["started_at"], runs["finished_at"], strict=True):
         # A run still going (or killed) has no finish time: count it up to its last recorded trial.
@@ -105,6 +107,7 @@ def summary_rows(store: Store, trials: pd.DataFrame, samples: pd.DataFrame, runs
         ["trials done", str(counts["done"])],
         ["trials failed", str(counts["failed"])],
         ["trials skipped", str(counts["skipped"])],
+        ["stale trials kept (an earlier file or data; not shown)", str(all_counts.stale)],
         ["trials pending or running", str(counts["pending"] + counts["running"])],
         ["runs", str(len(runs))],
         ["wall time", _duration(wall)],

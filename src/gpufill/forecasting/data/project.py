@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,3 +26,14 @@ class Project:
     @property
     def length(self) -> int:
         return int(self.target.shape[0])
+
+    def fingerprint(self) -> str:
+        """A hash of the values a training sees (target, covariates and their names, in time order):
+        equal for an unchanged file however it was re-saved, different after any edit of a value."""
+        digest = hashlib.sha256()
+        for array in (self.target, self.covariates):
+            values = np.ascontiguousarray(array, dtype=np.float64)
+            digest.update(str(values.shape).encode())
+            digest.update(values.tobytes())
+        digest.update("\x00".join(self.covariate_names).encode())
+        return digest.hexdigest()[:16]

@@ -11,15 +11,17 @@ import glob
 import os
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 
 from gpufill.forecasting.data.project import Project
 from gpufill.forecasting.data.synthetic import synthetic_projects
 from gpufill.errors import InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FILLS = ("none", "ffill", "interpolate", "zero")
 _EXTENSIONS = (".csv", ".parquet")
@@ -168,6 +170,9 @@ def _shard_groups(files: list[Path]) -> dict[str, list[Path]]:
 
 
 def _read(path: Path) -> pd.DataFrame:
+    import pandas as pd  # pandas and pyarrow load here, not at import: a synthetic campaign's scheduler never needs them
+    import pyarrow as pa
+
     try:
         if path.suffix.lower() == ".csv":
             frame = pd.read_csv(path)
@@ -195,6 +200,8 @@ def _read(path: Path) -> pd.DataFrame:
 
 def _merge_shards(paths: list[Path]) -> tuple[pd.DataFrame, str]:
     """Read and concatenate shards; return the frame and a label naming the file(s)."""
+    import pandas as pd
+
     frames = [_read(path) for path in paths]
     if len(paths) == 1:
         return frames[0], str(paths[0])
@@ -230,6 +237,7 @@ def _frames_by_project(files: list[Path], project_column: str) -> dict[str, tupl
             parts = {str(key): part.drop(columns=project_column) for key, part in groups}
             split = True
         else:
+            _refuse_hidden_projects(frame, label, project_column)
             parts, split = {stem: frame}, False
         for name, part in parts.items():
             if name in out:
@@ -241,6 +249,32 @@ def _frames_by_project(files: list[Path], project_column: str) -> dict[str, tupl
                 )
             out[name] = (part.reset_index(drop=True), label, split)
     return out
+
+
+def _refuse_hidden_projects(frame: pd.DataFrame, label: str, project_column: str) -> None:
+    """A text column that splits the rows into a few long runs (or repeats the timestamps per value) holds
+    several series: read as one, they would be silently mixed."""
+    import pandas as pd
+
+    n = len(frame)
+    times = [c for c in frame.columns if str(c).lower() in _TIME_NAMES]
+    for column in frame.columns:
+        values = frame[column]
+        if column in times or pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+            continue
+        distinct = values.nunique(dropna=True)
+        if not 2 <= distinct <= n // 2:
+            continue
+        blocks = int((values != values.shift()).sum())  # a project column comes in runs; a weekday cycles
+        stamps_repeat = bool(times) and frame[times[0]].duplicated().any() and not frame[[times[0], column]].duplicated().any()
+        if blocks <= 2 * distinct or stamps_repeat:
+            raise InputError(
+                f"column {str(column)!r} looks like a project id ({distinct} text values, about {n // distinct} rows each), "
+                f"but no {project_column!r} column splits the file, so its series would be read as one",
+                fix=f"set data.project_column: {column} (or remove the column if it is not a series id)",
+                where=label,
+                field="project_column",
+            )
 
 
 def _select(source: str, available: list[str], wanted: Sequence[str] | None) -> list[str]:
@@ -276,6 +310,8 @@ def _to_project(
     project_column: str,
     fill: str,
 ) -> Project:
+    import pandas as pd
+
     where = f"{label} (project {name})" if split else label
     columns = [str(c) for c in frame.columns]
     if target not in frame.columns:
@@ -315,6 +351,8 @@ def _sort_by_time(
     frame: pd.DataFrame, where: str, time_column: str | None, target: str
 ) -> tuple[pd.DataFrame, np.ndarray | None, object]:
     """Sort rows by the time column (stable, so equal stamps keep file order)."""
+    import pandas as pd
+
     name = time_column
     if name is None:
         name = next((c for c in frame.columns if str(c).lower() in _TIME_NAMES and c != target), None)
@@ -354,6 +392,8 @@ def _sort_by_time(
 
 def _fill(values: np.ndarray, names: list[str], fill: str, where: str) -> np.ndarray:
     """Apply the fill policy column-wise (vectorised via pandas); leave no NaN or inf behind."""
+    import pandas as pd
+
     nan_counts = np.isnan(values).sum(axis=0)
     if nan_counts.any() and fill == "none":
         counts = [(names[i], int(nan_counts[i])) for i in np.flatnonzero(nan_counts)]

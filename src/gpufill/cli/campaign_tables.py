@@ -1,0 +1,137 @@
+"""Rich tables of a campaign: live progress, status counts, results, the estimate.
+
+Apart from the training renders (render.py) so that `status` and `results` import neither torch nor
+the engine: they answer from a large store in well under a second.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def campaign_view(snapshot: Any, title: str = "campaign") -> Table:
+    """Per-lane progress, rate and ETA, and the trials running now (fits 80 columns)."""
+    table = Table(title=f"{escape(title)}  {_duration(snapshot.elapsed_s)} elapsed  {snapshot.trials_per_min:.1f} trials/min", title_justify="left")
+    table.add_column("lane", style="bold")
+    table.add_column("progress")
+    table.add_column("done", justify="right")
+    table.add_column("fail", justify="right")
+    table.add_column("run", justify="right")
+    table.add_column("wait", justify="right")
+    table.add_column("ETA", justify="right")
+    for name, lane in snapshot.lanes.items():
+        total = max(lane.total, 1)
+        filled = int(16 * (lane.done + lane.failed) / total)
+        bar = "[green]" + "█" * filled + "[/green]" + "░" * (16 - filled)
+        table.add_row(f"{name} ({lane.slots}x{lane.threads}t)", bar, str(lane.done), str(lane.failed), str(lane.running), str(lane.pending), _duration(snapshot.eta_s(name)))
+    for trial in snapshot.running[:6]:
+        table.add_row("", Text(f"{trial['family']} {trial['project']}", style="dim"), "", "", f"[dim]{trial['seconds']:.0f}s[/dim]", "", "")
+    return table
+
+
+def status_table(counts: dict[str, Any]) -> Table:
+    table = Table(title="trials", title_justify="left")
+    columns = ("total", "pending", "running", "done", "failed", "skipped")
+    table.add_column("lane", style="bold")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for lane, lane_counts in counts["lanes"].items():
+        table.add_row(lane, *(str(lane_counts.get(c, 0)) for c in columns))
+    table.add_row("all", *(str(counts[c]) for c in columns), style="bold")
+    return table
+
+
+# The table view shows what a reader scans; csv/json/parquet keep every column.
+_TRIAL_COLUMNS = ("trial_id", "project", "family", "params", "train", "seed", "lookback", "status", "attempts", "lane", "duration_s",
+                  "mae", "rmse", "smape", "mase")
+_STALE_COLUMNS = ("trial_id", "project", "family", "params", "train", "seed", "lookback", "stale", "status", "mae", "differs")
+_WRAPPED = ("params", "train", "differs")
+"""Columns that wrap onto more lines; the others keep one line (cut, not wrapped, when the terminal is narrow)."""
+
+
+SUMMARY_COLUMNS = ("project", "family", "params", "train", "lookback", "stale", "mae", "seeds", "config_id")
+TABLE_ROWS = 100
+"""Rows the table view prints (a terminal's worth; --format csv has them all)."""
+
+
+def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_view: bool = False, max_rows: int = TABLE_ROWS) -> Table:
+    """`rows`: dicts (or a DataFrame) of trials, or of best configurations with `summary`; `total`: how many
+    there are in all when `rows` holds only the first ones; `stale_view`: --all (stale rows and what differs)."""
+    if hasattr(rows, "to_dict"):
+        stale_view = stale_view or "differs" in rows.columns
+        rows = rows.to_dict("records")
+    total = len(rows) if total is None else total
+    rows = [dict(row) for row in rows[:max_rows]]
+    if rows and "train" in rows[0]:
+        for row, shown in zip(rows, _varying_settings([row["train"] for row in rows]), strict=True):
+            row["train"] = shown
+    if summary:
+        columns = [c for c in SUMMARY_COLUMNS if c != "stale" or stale_view]
+    else:
+        columns = list(_STALE_COLUMNS if stale_view else _TRIAL_COLUMNS)  # with --all: room for what differs
+    columns = [c for c in columns if not rows or c in rows[0]]
+    stale = sum(1 for row in rows if row.get("stale"))
+    what = "best configuration per project and family (mean over seeds)" if summary else f"{total} trials"
+    title = what + (f", {stale} shown are stale (from an earlier file or data)" if stale else "")
+    if total > max_rows:
+        title += f" (first {max_rows}; --format csv for all)"
+    table = Table(title=title, title_justify="left", pad_edge=False, box=None, header_style="bold")
+    for column in columns:
+        numeric = any(isinstance(row.get(column), int | float) and not isinstance(row.get(column), bool) for row in rows)
+        table.add_column(_HEADERS.get(column, column), justify="right" if numeric else "left", no_wrap=column not in _WRAPPED, overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(_cell(name, row.get(name))) for name in columns))  # names are data, not markup
+    return table
+
+
+_HEADERS = {"trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config"}
+
+
+def _varying_settings(train: Any) -> list[str]:
+    """Per row, the train settings that differ between the rows shown (the same everywhere: not repeated)."""
+    import json
+
+    cache: dict[str, dict[str, Any]] = {}
+    parsed = [cache[text] if text in cache else cache.setdefault(text, json.loads(text)) for text in train]
+    keys = sorted({key for settings in parsed for key in settings})
+    varying = [key for key in keys if len({json.dumps(settings.get(key), sort_keys=True) for settings in parsed}) > 1]
+    return [", ".join(f"{key}={settings.get(key)}" for key in varying) for settings in parsed]
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None or value != value:  # None or NaN
+        return ""
+    if column in ("trial_id", "config_id"):
+        return str(value)[:8]
+    if column == "stale":
+        return "stale" if value else ""
+    if column == "params":
+        return str(value).replace('"', "").replace(",", ", ").strip("{}")
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def estimate_table(estimate: dict[str, Any]) -> Table:
+    table = Table(title=f"estimate (sampling took {estimate['sampling_s']:.0f} s; neural figures are upper bounds: early stopping ends trials sooner)", title_justify="left")
+    for column in ("lane", "trials", "slots x threads", "device", "wall time"):
+        table.add_column(column, justify="left" if column in ("lane", "device") else "right")
+    for name, lane in estimate["lanes"].items():
+        table.add_row(name, str(lane["trials"]), f"{lane['slots']} x {lane['threads']}", lane["device"], _duration(lane["seconds"]))
+    table.add_row("campaign", str(sum(lane["trials"] for lane in estimate["lanes"].values())), "", "lanes run at once", _duration(estimate["total_seconds"]), style="bold")
+    for family, numbers in estimate["families"].items():
+        table.add_row(f"  {family}", str(numbers["trials"]), "", "trial-time", _duration(numbers["trial_seconds"]), style="dim")
+    return table
