@@ -204,6 +204,7 @@ class Campaign:
             log.info("lane %s: %d slots x %d threads on %s (%s): %s", lane.name, lane.slots, lane.threads, lane.device, ", ".join(lane.kinds), lane.reason)
         if on_start is not None:
             on_start(prepared, run_id)
+        prepared.trials.clear()  # in the store now: the scheduler works from its rows (36,000 Trial objects are ~20 MB)
         pack_size = self.spec.resources.pack_size
         queue = QueueSink()
         sampler = Sampler(interval=1.0, gpu_source="auto", pids=executor.pids, sink=queue)

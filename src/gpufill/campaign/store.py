@@ -298,16 +298,23 @@ class Store:
 
     def runnable(self, max_attempts: int) -> list[dict[str, Any]]:
         """Pending trials, and failed ones with attempts left, in campaign order."""
-        rows = self.db.execute(
+        cursor = self.db.execute(
             "SELECT trial_id, project, family, kind, params, train, seed, lookback, shape, lane, attempts FROM trials"
             " WHERE status = 'pending' OR (status = 'failed' AND attempts < ?) ORDER BY position",
             (max_attempts,),
-        ).fetchall()
+        )
         keys = ("trial_id", "project", "family", "kind", "params", "train", "seed", "lookback", "shape", "lane", "attempts")
+        # Tens of thousands of trials share a few hundred projects, shapes and parameter sets: one object
+        # each (read-only here), so the scheduler's queue stays small.
+        shared: dict[Any, Any] = {}
         out = []
-        for row in rows:
+        for row in cursor:
             record = dict(zip(keys, row, strict=True))
-            record["params"], record["train"] = json.loads(record["params"]), json.loads(record["train"])
+            for key in ("project", "family", "kind", "shape", "lane"):
+                record[key] = shared.setdefault(record[key], record[key])
+            for key in ("params", "train"):
+                text = record[key]
+                record[key] = shared[("json", text)] if ("json", text) in shared else shared.setdefault(("json", text), json.loads(text))
             out.append(record)
         return out
 

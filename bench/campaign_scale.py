@@ -1,0 +1,190 @@
+"""The scheduler and the readers at campaign scale: 36,000 trials.
+
+    python bench/campaign_scale.py [--trials 36000] [--out PATH]
+
+A campaign of 100 synthetic projects x 18 configurations (linear and mlp grids) x 2 lookbacks x
+10 seeds is registered and dispatched by a real run (`Campaign.run`: the lock, the store, the sampler,
+the scheduler) in a fresh process, against an executor that finishes every task
+at once with a fixed result: what is measured is the scheduler's own cost, not training. Then
+`gpufill status`, `gpufill results` and `gpufill results --summary` are timed on the full store
+(fresh processes, median of 3, imports included: what a user waits for).
+
+Targets (issue 13): registered and first task dispatched < 5 s after imports; scheduler RSS
+< 300 MB; status and results < 1 s. Before the per-shape queue, a 36,000-trial campaign spent
+42 s of each minute picking the next trial; `status`/`results` took 8 s (mostly imports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+TARGETS = {"first_dispatch_s": 5.0, "scheduler_rss_mb": 300.0, "status_s": 1.0, "results_s": 1.0}
+SIZES = [8, 12, 16, 24, 32, 48, 64, 96, 128]
+ALPHAS = [0.0, 0.001, 0.01, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0]
+
+
+def write_campaign(folder: Path, trials: int) -> Path:
+    per_project = 2 * len(SIZES) * 2 * 10  # families' grids x lookbacks x seeds
+    projects = max(1, trials // per_project)
+    path = folder / "scale.yaml"
+    path.write_text(
+        "name: scale\n"
+        f"data: {{source: synthetic, projects: {projects}, length: 300, seed: 0}}\n"
+        "task: {lookback: [12, 24], horizon: 1}\n"
+        f"models:\n  linear: {{alpha: {ALPHAS}}}\n  mlp: {{hidden_size: {SIZES}}}\n"
+        "train: {epochs: 2, early_stopping: null}\n"
+        f"seeds: {list(range(10))}\n"
+        "resources: {retries: 0, cpu_slots: 2}\n"
+    )
+    return path
+
+
+def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
+    """Runs in its own process: imports, then registration, dispatch of every trial, and the costs."""
+    import psutil
+
+    started_imports = time.perf_counter()
+    from gpufill.campaign import runner
+    from gpufill.campaign.executors.base import Finished, Worker
+    from gpufill.campaign.runner import Campaign
+    from gpufill.campaign.scheduler import Scheduler
+
+    imports_s = time.perf_counter() - started_imports
+    process = psutil.Process()
+    marks: dict[str, float] = {}
+    metrics = {"mae": 1.0, "rmse": 1.0, "smape": 1.0, "mase": 1.0}
+    result = {"metrics": {"test": metrics, "naive": metrics}, "timings": {}, "plan": {}, "history": [], "events": []}
+
+    class InstantExecutor:
+        """Every submitted task finishes at the next poll: the scheduler's cost alone."""
+
+        def __init__(self):
+            self.workers: list[Worker] = []
+
+        def plan(self, request):
+            from gpufill.campaign.executors.local import plan_here
+            return plan_here(request)
+
+        def start(self, lanes):
+            self.workers += [Worker(name=f"{lane.name}-{i}", lane=lane) for lane in lanes for i in range(lane.slots)]
+
+        def idle(self, lane):
+            return [w for w in self.workers if w.lane is lane and w.task is None]
+
+        def busy(self):
+            return [w for w in self.workers if w.task is not None]
+
+        def submit(self, worker, task):
+            if "first_dispatch" not in marks:
+                marks["first_dispatch"] = time.perf_counter()
+                marks["rss_first"] = process.memory_info().rss
+            worker.begin(task)
+
+        def poll(self, timeout):
+            out = []
+            for worker in self.busy():
+                task, worker.task = worker.task, None
+                messages = [{"trial_id": t["trial_id"], "ok": True, "result": result, "seconds": 0.01} for t in task["trials"]]
+                out.append(Finished(worker, task, {"results": messages, "pack": {"size": len(task["trials"]), "reason": "bench"}}))
+            return out
+
+        def stop(self, worker, reason):
+            pass
+
+        def jobs(self):
+            return []
+
+        def cancel_jobs(self, job_ids):
+            pass
+
+        def pids(self):
+            return []
+
+        def shutdown(self):
+            pass
+
+    picking = [0.0]
+    original = Scheduler._next_trial
+
+    def timed_next_trial(self, lane, worker):
+        began = time.perf_counter()
+        try:
+            return original(self, lane, worker)
+        finally:
+            picking[0] += time.perf_counter() - began
+
+    Scheduler._next_trial = timed_next_trial  # type: ignore[method-assign]
+    runner.make_executor = lambda *args, **kwargs: InstantExecutor()  # the real run, but tasks finish at once
+    registered: list[float] = []
+    t0 = time.perf_counter()
+    campaign = Campaign.from_yaml(path, workdir)
+    outcome = campaign.run(on_start=lambda prepared, run_id: registered.append(time.perf_counter()))  # the run's own path: lock, store, sampler
+    finished = time.perf_counter()
+    peak = process.memory_info().rss
+    return {
+        "trials": outcome.done,
+        "imports_s": round(imports_s, 2),
+        "registered_s": round(registered[0] - t0, 2),
+        "first_dispatch_s": round(marks["first_dispatch"] - t0, 2),
+        "scheduler_rss_mb": round(max(marks["rss_first"], peak) / 2**20, 1),
+        "dispatch_all_s": round(finished - registered[0], 1),
+        "trials_per_s": round(outcome.done / (finished - registered[0]), 1),
+        "picking_share": round(picking[0] / (finished - registered[0]), 4),
+    }
+
+
+def timed_command(args: list[str], repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "gpufill.cli", *args], check=True, capture_output=True)
+        times.append(time.perf_counter() - began)
+    return round(statistics.median(times), 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=36_000)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--phase", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--folder", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase == "scheduler":  # the child process
+        print(json.dumps(scheduler_phase(args.folder / "scale.yaml", args.folder / "work")))
+        return
+
+    from _common import environment, finish
+
+    with tempfile.TemporaryDirectory(prefix="gpufill-scale-") as tmp:
+        folder = Path(tmp)
+        write_campaign(folder, args.trials)
+        child = subprocess.run([sys.executable, __file__, "--phase", "scheduler", "--folder", str(folder)], capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCH.parent / "src"), os.environ.get("PYTHONPATH")]))})
+        if child.returncode != 0:
+            sys.exit(f"the scheduler phase failed:\n{child.stderr[-3000:]}")
+        figures = json.loads(child.stdout.strip().splitlines()[-1])
+        work = str(folder / "work")
+        figures["status_s"] = timed_command(["status", "--workdir", work])
+        figures["results_s"] = timed_command(["results", "--workdir", work])
+        figures["results_summary_s"] = timed_command(["results", "--summary", "--workdir", work])
+        figures["store_mb"] = round((folder / "work" / "gpufill.db").stat().st_size / 2**20, 1)
+    rows = [{"figure": name, "value": value, "target": TARGETS.get(name, "-"),
+             "ok": ("yes" if value < TARGETS[name] else "NO") if name in TARGETS else "-"} for name, value in figures.items()]
+    ratios = {f"{name} / target": figures[name] / target for name, target in TARGETS.items()}
+    finish("campaign_scale", f"{figures['trials']} trials: the scheduler and the readers", environment("cpu"), vars(args) | {"out": str(args.out)},
+           rows, ratios, args.out)
+
+
+if __name__ == "__main__":
+    main()
