@@ -83,6 +83,8 @@ def _training_value(train: type[BaseModel], family: str, key: str, index: int | 
 
 def check_builds(family: str, axes: Mapping[str, list[Any]], *, lookback: int, horizon: int) -> None:
     """Build every grid point once (training axes aside), so bad values fail at load time."""
+    if registry.is_remembered(family):  # a user's factory, built in a child process already (campaign/user_models.py)
+        return
     fam = registry.resolve(family)
     model_axes = {k: v for k, v in axes.items() if not (fam.kind == "neural" and k in TRAIN_KEYS)}
     for combo in itertools.product(*model_axes.values()):

@@ -28,7 +28,9 @@ from gpufill.campaign.stopping import RunInterrupted, from_exception, signals_in
 from gpufill.campaign.reading import best_per_project, find_workdir, read_jobs, read_results, read_status, read_trials
 from gpufill.campaign.store import DB_NAME, Counts, Store
 from gpufill.campaign.store_health import damaged, is_damage, out_of_space
+from gpufill.campaign import user_models
 from gpufill.campaign.trials import Trial, expand, id_base
+from gpufill.campaign.user_models import checked_elsewhere
 from gpufill.errors import InputError
 from gpufill.monitor.sampler import QueueSink, Sampler
 
@@ -82,7 +84,9 @@ class Campaign:
 
     @classmethod
     def from_yaml(cls, path: str | Path, workdir: str | Path | None = None) -> Campaign:
-        return cls(load_campaign(Path(path)), workdir)
+        """The scheduler's side of a campaign file: its own `module:factory` models are checked in a child process."""
+        with checked_elsewhere():
+            return cls(load_campaign(Path(path)), workdir)
 
     @property
     def base_dir(self) -> Path:
@@ -112,6 +116,7 @@ class Campaign:
             where=self.source,
         )
         lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
+        warnings = [*(user_models.notes[family] for family in self.spec.models if family in user_models.notes), *warnings]
         return Prepared(trials=trials, lanes=lanes, warnings=warnings, bases=bases)
 
     def check_workdir(self, *, fresh: bool) -> None:

@@ -28,6 +28,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -39,6 +40,7 @@ from gpufill.campaign.grid_checks import (
     check_length,
 )
 from gpufill.campaign.resources_spec import ResourcesSpec, SlurmSpec
+from gpufill.campaign.user_models import inspect_in_child
 from gpufill.campaign.spec_errors import (
     LocatedError,
     allowed_keys,
@@ -377,15 +379,27 @@ class CampaignSpec(Spec):
 
     @field_validator("models")
     @classmethod
-    def _check_models(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
+    def _check_models(cls, value: dict[str, dict[str, Any]], info: ValidationInfo) -> dict[str, dict[str, list[Any]]]:
         if not value:
             raise InputError("no model families given", fix="add at least one family, e.g. models: {lstm: {hidden_size: [64]}}")
+        if _checked_already(info):  # a worker: the scheduler checked these grids; importing a factory is for building it
+            return value
+        task = info.data.get("task")
+        # The scheduler's own `module:factory` models: imported, checked and built in a child process.
+        inspected = inspect_in_child(value, min(task.lookback) if task else None, task.horizon if task else None)
+        for family, found in inspected.items():
+            if found.get("error"):
+                error = found["error"]
+                loc = tuple(error["loc"][1:]) if error["loc"] and error["loc"][0] == "models" else tuple(error["loc"])  # relative to models
+                raise LocatedError(loc, error["problem"], fix=error["fix"])
         return {family: check_grid(family, grid, TrainSpec) for family, grid in value.items()}
 
     @model_validator(mode="after")
-    def _check_against_task(self) -> CampaignSpec:
+    def _check_against_task(self, info: ValidationInfo) -> CampaignSpec:
         if self.data.source == "synthetic":
             check_length(self.data.length, self.task.split.to_split(), lookback=max(self.task.lookback), horizon=self.task.horizon)
+        if _checked_already(info):
+            return self
         for family in self.models:
             check_builds(family, self.models[family], lookback=min(self.task.lookback), horizon=self.task.horizon)
         return self
@@ -422,6 +436,15 @@ class CampaignSpec(Spec):
         config = self.train.fit_config(train, seed)
         config.memory_margin = self.resources.memory_margin
         return config
+
+
+CHECKED = {"checked": True}
+"""Validation context of a spec the scheduler checked already (`CampaignSpec.model_validate(payload, context=CHECKED)`
+in the workers): its model grids are taken as they are, so a worker imports only the factories it builds."""
+
+
+def _checked_already(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("checked"))
 
 
 def load_campaign(path: str | Path) -> CampaignSpec:

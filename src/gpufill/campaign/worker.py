@@ -83,9 +83,9 @@ class TrialRunner:
     """Loads the campaign's data once per process and trains trials on it."""
 
     def __init__(self, spec_payload: dict[str, Any], base_dir: Path, *, threads: int, device: str, tune_cache: str | None = None):
-        from gpufill.campaign.spec import CampaignSpec
+        from gpufill.campaign.spec import CHECKED, CampaignSpec
 
-        self.spec = CampaignSpec.model_validate(spec_payload)
+        self.spec = CampaignSpec.model_validate(spec_payload, context=CHECKED)
         self.base_dir = base_dir
         self.threads = threads
         self.device = device

@@ -81,6 +81,8 @@ def resolve(name: str) -> Family:
         )
     if name in _FAMILIES:
         return _FAMILIES[name]
+    if name in _REMEMBERED:
+        return _REMEMBERED[name]
     if ":" not in name:
         raise InputError(
             f"unknown model family {name!r}{_suggestion(name)}; known: {', '.join(families()) or 'none'}",
@@ -130,7 +132,21 @@ def build(
 ) -> Any:
     """Build model family ``name`` for the given shapes with ``params`` over its defaults."""
     merged = check_params(name, {} if params is None else params)
-    return resolve(name).factory(n_features=n_features, lookback=lookback, horizon=horizon, **merged)
+    family = _import_family(name) if name in _REMEMBERED else resolve(name)  # building runs the user's code: here, never a stand-in
+    return family.factory(n_features=n_features, lookback=lookback, horizon=horizon, **merged)
+
+
+_REMEMBERED: dict[str, Family] = {}
+"""`module:factory` families described by a child process (campaign/user_models.py): resolved without importing them here."""
+
+
+def remember(family: Family) -> None:
+    """Answer `resolve(family.name)` with this description from now on (its module is not imported here)."""
+    _REMEMBERED[family.name] = family
+
+
+def is_remembered(name: str) -> bool:
+    return name in _REMEMBERED
 
 
 # --- internals -------------------------------------------------------------------------------
