@@ -115,3 +115,11 @@ def test_an_older_store_without_provenance_columns_is_read_and_upgraded(tmp_path
     store = Store.create(work)  # a run's writer adds the columns
     assert {"data_fingerprint", "config_id", "base_id", "current"} <= store.columns
     store.close()
+
+
+def test_the_table_shows_only_the_train_settings_that_differ_between_rows():
+    from gpufill.cli.campaign_tables import _varying_settings
+
+    neural = json.dumps({"epochs": 12, "lr": 0.001})
+    assert _varying_settings([neural, "{}", neural]) == ["", "", ""]  # a classical row has no settings: nothing varies
+    assert _varying_settings([neural, "{}", json.dumps({"epochs": 40, "lr": 0.001})]) == ["epochs=12", "", "epochs=40"]

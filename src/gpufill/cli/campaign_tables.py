@@ -107,8 +107,9 @@ def _varying_settings(train: Any) -> list[str]:
     cache: dict[str, dict[str, Any]] = {}
     parsed = [cache[text] if text in cache else cache.setdefault(text, json.loads(text)) for text in train]
     keys = sorted({key for settings in parsed for key in settings})
-    varying = [key for key in keys if len({json.dumps(settings.get(key), sort_keys=True) for settings in parsed}) > 1]
-    return [", ".join(f"{key}={settings.get(key)}" for key in varying) for settings in parsed]
+    # Among the rows that have a setting (classical models have none): does its value differ?
+    varying = [key for key in keys if len({json.dumps(settings[key], sort_keys=True) for settings in parsed if key in settings}) > 1]
+    return [", ".join(f"{key}={settings[key]}" for key in varying if key in settings) for settings in parsed]
 
 
 def _cell(column: str, value: Any) -> str:
