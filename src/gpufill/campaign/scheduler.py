@@ -305,7 +305,7 @@ class Scheduler:
                 continue
             silent = now - worker.last_seen
             limit, why = self._limit(worker.task["trials"][0]["shape"], worker.training)
-            if worker.reports_progress and silent > self.heartbeat_timeout:
+            if worker.reports_progress and worker.ready and silent > self.heartbeat_timeout:
                 reason = f"worker stopped answering: no heartbeat for {silent:.0f} s (resources.heartbeat_timeout {self.heartbeat_timeout:g} s)"
             elif limit is not None and now - worker.clock_from > limit:
                 reason = f"timed out after {now - worker.clock_from:.0f} s (limit {limit:.0f} s; {why})"

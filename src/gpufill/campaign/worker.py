@@ -33,6 +33,10 @@ def start_runner(setup: dict[str, Any]) -> TrialRunner:
     import torch
 
     torch.set_num_threads(setup["threads"])
+    if setup["device"].startswith("cuda"):
+        # Creating the CUDA context holds the interpreter for seconds on a large GPU: do it at start-up,
+        # not inside the first trial, where it would silence the heartbeat.
+        torch.zeros(1, device=setup["device"])
     return TrialRunner(setup["spec"], Path(setup["base_dir"]), threads=setup["threads"], device=setup["device"], tune_cache=setup.get("tune_cache"))
 
 
@@ -55,6 +59,7 @@ def worker_main(conn: Connection) -> None:
 
     runner = start_runner(setup)
     runner.on_progress = send
+    send({"ready": os.getpid()})  # heartbeats count from here: start-up (imports, CUDA) is not a hang
     threading.Thread(target=_heartbeat, args=(send,), name="gpufill-heartbeat", daemon=True).start()
     while True:
         try:

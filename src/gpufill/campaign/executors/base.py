@@ -70,6 +70,8 @@ class Worker:
     """How many trials train together now (a fused pack's size): the time limit scales with it."""
     stop_reason: str | None = None
     """Why the scheduler stopped it (timed out, hung): the crash is reported with this reason."""
+    ready: bool = False
+    """It finished starting (imports, CUDA context) and sends heartbeats from now on."""
 
     def begin(self, task: Task) -> None:
         """A task was submitted: reset what the slot reports about it."""
@@ -85,6 +87,9 @@ class Worker:
         """A progress message from the slot (True) or its task's final message (False)."""
         self.last_seen = time.monotonic()
         if "heartbeat" in message:
+            return True
+        if "ready" in message:
+            self.ready = True
             return True
         if "started" in message:
             self.started.update(message["started"])
