@@ -64,3 +64,23 @@ def test_a_signal_stops_the_run_in_one_line_and_a_rerun_finishes_everything_once
     results = read_results(workdir)
     assert len(results) == 4 and results["trial_id"].is_unique and (results["status"] == "done").all()
     assert (results[results["family"] == "linear"]["attempts"] == 1).all()  # finished before the signal: never run again
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_first_signal_is_recorded_and_raised_at_the_next_check_a_second_raises_at_once(signum):
+    import os
+
+    from gpufill.campaign.stopping import Interrupted, from_exception, signals_interrupt
+
+    before = signal.getsignal(signum)
+    with signals_interrupt() as request:
+        os.kill(os.getpid(), signum)  # handled between bytecodes: recorded, nothing raised here
+        time.sleep(0.05)
+        assert request.signum == signum
+        with pytest.raises(Interrupted) as first:
+            request.check()
+        assert from_exception(first.value) == (signal.Signals(signum).name, 128 + int(signum))
+        with pytest.raises(Interrupted):
+            os.kill(os.getpid(), signum)
+            time.sleep(0.05)
+    assert signal.getsignal(signum) == before  # the previous handler is back

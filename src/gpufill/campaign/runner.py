@@ -219,8 +219,8 @@ class Campaign:
             trial_timeout=self.spec.resources.trial_timeout, heartbeat_timeout=self.spec.resources.heartbeat_timeout,
         )
         try:
-            with signals_interrupt(), sampler:
-                outcome = scheduler.run()
+            with signals_interrupt() as stop_request, sampler:
+                outcome = scheduler.run(check_stop=stop_request.check)
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: the scheduler's finally has stopped the workers
             returned = store.recover_interrupted(run_id)  # in-flight trials go back to pending
             store.end_run(run_id, "interrupted")

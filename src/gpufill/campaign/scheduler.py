@@ -135,7 +135,8 @@ class Scheduler:
         """Slowest finished trial per shape: what an "auto" time limit is derived from."""
 
     # -- the loop -----------------------------------------------------------------------
-    def run(self) -> RunOutcome:
+    def run(self, check_stop: Callable[[], None] = lambda: None) -> RunOutcome:
+        """Runs every runnable trial; `check_stop` raises (a signal's Interrupted) at the top of an iteration."""
         start = self.clock()
         for trial in self.store.runnable(self.max_attempts):
             self.queue[self.queue_of_kind[trial["kind"]]].append(trial)
@@ -143,6 +144,7 @@ class Scheduler:
         last_update = -float("inf")
         try:
             while any(self.queue.values()) or self.executor.busy():
+                check_stop()
                 self._dispatch()
                 for outcome in self.executor.poll(timeout=0.1):
                     self._record(outcome)

@@ -1,8 +1,11 @@
 """Stopping a run on SIGINT, SIGTERM or SIGHUP: workers stopped, in-flight trials back to pending,
 the run marked interrupted, and one line for the user (no worker tracebacks).
 
-The scheduler's process turns SIGTERM and SIGHUP into the same exception Ctrl-C raises
-(`Interrupted`), so one path stops everything however the run was stopped. Local workers
+While the scheduler runs, SIGINT, SIGTERM and SIGHUP are recorded, not raised: the scheduler's
+loop (every 0.1 s) raises `Interrupted` at the top of an iteration, so the stop never lands
+inside a half-finished step: a store write, a worker spawn, or the live display's lock (a
+KeyboardInterrupt raised there once left rich's lock held and the run hung in `Live.stop`).
+A second signal raises at once, for a user whose run is stuck in a long call. Local workers
 run in their own session, so a terminal's Ctrl-C or hang-up reaches only the scheduler,
 which stops them.
 """
@@ -15,8 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-HANDLED = (signal.SIGTERM, signal.SIGHUP)
-"""Raised as Interrupted in the scheduler (SIGINT already raises KeyboardInterrupt)."""
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -51,19 +53,33 @@ def from_exception(error: BaseException) -> tuple[str, int]:
     return signal.Signals(signum).name, 128 + int(signum)
 
 
+class StopRequest:
+    """The first stopping signal received, acted on by `check` at the scheduler's next safe point."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def record(self, signum: int, _frame: FrameType | None = None) -> None:
+        if self.signum is not None:  # the second signal: the user insists, stop wherever the run is
+            raise Interrupted(signum)
+        self.signum = signum
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+
 @contextmanager
-def signals_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise Interrupted in the main thread (elsewhere: unchanged)."""
+def signals_interrupt() -> Iterator[StopRequest]:
+    """Within the block, SIGINT, SIGTERM and SIGHUP are recorded in the StopRequest it yields
+    (outside the main thread, where handlers cannot be set: nothing is recorded)."""
+    request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield request
         return
-
-    def raise_interrupted(signum: int, _frame: FrameType | None) -> None:
-        raise Interrupted(signum)
-
-    previous = {signum: signal.signal(signum, raise_interrupted) for signum in HANDLED}
+    previous = {signum: signal.signal(signum, request.record) for signum in HANDLED}
     try:
-        yield
+        yield request
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
