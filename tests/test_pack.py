@@ -55,6 +55,32 @@ def test_pack_adamw_matches_torch_adamw_per_model_and_skips_masked_models():
         assert torch.equal(p.detach()[2], start[i][2])  # masked: untouched
 
 
+def test_pack_adamw_steps_a_model_only_when_active_and_ignores_a_masked_models_nan_gradient():
+    torch.manual_seed(1)
+    params = [torch.nn.Parameter(torch.randn(2, 6, 3)), torch.nn.Parameter(torch.randn(2, 6))]
+    ours = PackAdamW(params, torch.tensor([1e-2, 1e-2]), torch.tensor([0.05, 0.05]))
+    assert all(p.data_ptr() >= ours.flat.data_ptr() for p in params)  # the parameters are views of one flat buffer
+    plain = [torch.nn.Parameter(p.detach()[0].clone()) for p in params]
+    theirs = torch.optim.AdamW(plain, lr=1e-2, weight_decay=0.05)
+    frozen = [p.detach()[1].clone() for p in params]
+    for step in range(12):
+        active = step % 3 != 1  # model 0 skips every third step; model 1 is masked with NaN gradients throughout
+        grads = [torch.randn_like(p) for p in params]
+        for p, g in zip(params, grads, strict=True):
+            g[1] = float("nan")
+            p.grad = g
+        ours.step(torch.tensor([active, False]))
+        if active:
+            for q, g in zip(plain, grads, strict=True):
+                q.grad = g[0].clone()
+            theirs.step()
+    for p, q, still in zip(params, plain, frozen, strict=True):
+        torch.testing.assert_close(p.detach()[0], q.detach(), atol=2e-6, rtol=0)
+        assert torch.equal(p.detach()[1], still)
+    assert ours.steps.tolist() == [8.0, 0.0]
+    assert torch.isfinite(ours.exp_avg).all() and torch.isfinite(ours.exp_avg_sq).all()
+
+
 @pytest.mark.parametrize("family", ["mlp", "lstm"])
 def test_a_pack_reproduces_separate_fits(family):
     ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]

@@ -91,7 +91,7 @@ def _step_stream(run: PackTraining) -> Iterator[tuple[torch.Tensor, int]]:
 def _preserved(run: PackTraining) -> Iterator[None]:
     """Put back everything trial steps change: weights, optimizer moments and steps, loss scale, RNGs."""
     optimizer = run.optimizer
-    live = [*run.fused.state_dict().values(), optimizer.steps, *optimizer.exp_avg, *optimizer.exp_avg_sq, *run.precision.device_state()]
+    live = [*run.fused.state_dict().values(), optimizer.steps, optimizer.exp_avg, optimizer.exp_avg_sq, *run.precision.device_state()]
     saved = [t.detach().clone() for t in live]
     try:
         with preserved_rng(run.device):

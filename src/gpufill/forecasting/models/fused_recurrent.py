@@ -6,8 +6,8 @@ sequential launches of every step. Written as batched matmuls, one `baddbmm` per
 step advances all K models at once.
 
 Per layer, the input projection of every time step is one batched matmul before the loop;
-the loop then does one `baddbmm` (hidden projection) and a few element-wise ops per step.
-Gate order and math are PyTorch's, so fused model k computes what plain model k computes:
+the recurrence itself (`recurrences.py`) is an autograd Function with a hand-written
+backward: one `baddbmm` and a few element-wise ops per step each way. Gate order and math are PyTorch's, so fused model k computes what plain model k computes:
 
     LSTM  i, f, g, o = chunks;  c' = σ(f) c + σ(i) tanh(g);  h' = σ(o) tanh(c')
     GRU   r, z, n = chunks;  r = σ(x_r + h_r);  z = σ(x_z + h_z)
@@ -26,14 +26,15 @@ from torch import nn
 from gpufill.engine.packs.fused import fuses, linear
 from gpufill.forecasting.models.fused import FusedForecaster
 from gpufill.forecasting.models.neural import GRUForecaster, LSTMForecaster, _Recurrent
+from gpufill.forecasting.models.recurrences import gru_layer, lstm_layer
 
 __all__ = ["FusedGRU", "FusedLSTM"]
 
 
-def _ifog(t: torch.Tensor, hidden: int) -> torch.Tensor:
-    """LSTM gate rows (dim 1 of a (K, 4H, ...) tensor) from (i, f, g, o) to (i, f, o, g)."""
+def _oifg(t: torch.Tensor, hidden: int) -> torch.Tensor:
+    """LSTM gate rows (dim 1 of a (K, 4H, ...) tensor) from PyTorch's (i, f, g, o) to (o, i, f, g)."""
     i_f, g, o = t.split((2 * hidden, hidden, hidden), dim=1)
-    return torch.cat((i_f, o, g), dim=1)
+    return torch.cat((o, i_f, g), dim=1)
 
 
 class _FusedRecurrent(FusedForecaster):
@@ -101,29 +102,12 @@ class FusedLSTM(_FusedRecurrent):
     def _layer(self, x: torch.Tensor, layer: int, *, keep_sequence: bool) -> torch.Tensor:
         w_ih, w_hh, b_ih, b_hh = self._weights(layer)
         hidden = self.hidden_size
-        # Gate rows go from PyTorch's (i, f, g, o) to (i, f, o, g), once per forward: each step
-        # then takes one sigmoid over a 3H block and one tanh over an H block.
-        w_ih, w_hh, bias = (_ifog(t, hidden) for t in (w_ih, w_hh, b_ih + b_hh))
-        # Both biases enter the gates additively: folded into the input projection once,
-        # the step is a single baddbmm(projected input, h, W_hh^T).
-        steps = linear(x, w_ih, bias).unbind(1)  # T x (K, B, 4H); backward: one stack
-        w_hh_t = w_hh.transpose(1, 2)  # (K, H, 4H), a view: BLAS reads it transposed
-        # Gates are cut with split/chunk, never sliced: each slice's backward zero-fills a whole
-        # gate-sized tensor, a split's backward is one cat.
-        # h = c = 0 at t = 0: no hidden matmul, no forget term.
-        sig, g = steps[0].split((3 * hidden, hidden), dim=2)
-        i, _, o = sig.sigmoid().chunk(3, dim=2)
-        c = i * g.tanh()
-        h = o * c.tanh()
-        outputs = [h]
-        for step in steps[1:]:
-            sig, g = torch.baddbmm(step, h, w_hh_t).split((3 * hidden, hidden), dim=2)
-            i, f, o = sig.sigmoid().chunk(3, dim=2)
-            c = torch.addcmul(f * c, i, g.tanh())
-            h = o * c.tanh()
-            if keep_sequence:
-                outputs.append(h)
-        return torch.stack(outputs, dim=1) if keep_sequence else h
+        # Gate rows from PyTorch's (i, f, g, o) to the layer's (o, i, f, g), once per forward.
+        # Both biases enter the gates additively: folded into the input projection of every
+        # step, one batched matmul before the loop.
+        w_ih, w_hh, bias = (_oifg(t, hidden) for t in (w_ih, w_hh, b_ih + b_hh))
+        hs = lstm_layer(linear(x, w_ih, bias), w_hh)
+        return hs if keep_sequence else hs[:, -1]
 
 
 @fuses(GRUForecaster)
@@ -134,26 +118,6 @@ class FusedGRU(_FusedRecurrent):
 
     def _layer(self, x: torch.Tensor, layer: int, *, keep_sequence: bool) -> torch.Tensor:
         w_ih, w_hh, b_ih, b_hh = self._weights(layer)
-        hidden = self.hidden_size
-        steps = linear(x, w_ih, b_ih).unbind(1)  # T x (K, B, 3H); backward: one stack
-        w_hh_t = w_hh.transpose(1, 2)  # (K, H, 3H), a view
-        # b_hn sits inside r * (W_hn h + b_hn), so b_hh stays in the hidden projection.
-        b_hh = b_hh.unsqueeze(1)  # (K, 1, 3H), broadcast over the batch
-        # h = 0 at t = 0: the hidden projection is the bias alone, and h' = (1 - z) n.
-        # The bias takes the gates' dtype so that h does too (bf16 under autocast, as baddbmm's
-        # output is in every later step): torch.lerp wants one dtype.
-        x_rz, x_n = steps[0].split((2 * hidden, hidden), dim=2)
-        b_rz, b_n = b_hh.to(x_rz.dtype).split((2 * hidden, hidden), dim=2)
-        r, z = (x_rz + b_rz).sigmoid().chunk(2, dim=2)
-        n = torch.addcmul(x_n, r, b_n).tanh()
-        h = n - z * n
-        outputs = [h]
-        for step in steps[1:]:
-            x_rz, x_n = step.split((2 * hidden, hidden), dim=2)
-            h_rz, h_n = torch.baddbmm(b_hh, h, w_hh_t).split((2 * hidden, hidden), dim=2)
-            r, z = (x_rz + h_rz).sigmoid().chunk(2, dim=2)
-            n = torch.addcmul(x_n, r, h_n).tanh()
-            h = torch.lerp(n, h, z)  # n + z (h - n) = (1 - z) n + z h
-            if keep_sequence:
-                outputs.append(h)
-        return torch.stack(outputs, dim=1) if keep_sequence else h
+        # b_hn sits inside r * (W_hn h + b_hn), so b_hh stays with the hidden projection.
+        hs = gru_layer(linear(x, w_ih, b_ih), w_hh, b_hh)
+        return hs if keep_sequence else hs[:, -1]
