@@ -6,6 +6,9 @@ For each family and size, a few training steps (forward, backward, AdamW) of K f
 models against the plain model (K = 1: one model at a time, its own kernels, e.g.
 cuDNN/oneDNN RNNs), all in this run. The ratio is fused samples/s over plain samples/s:
 above 1, fusing K trials beats running them one after another on this device.
+`ops_per_step` counts the computing operators of one step (forward, loss, backward,
+optimizer; `gpufill.engine.measure.ops`): about one kernel launch each, so on a GPU it is
+what a small pack's step costs in host time (5-10 us a launch), on any machine.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     device = str(resolve_device(args.device))
-    sizes = (1, 2, 4, 8) if args.quick else (1, 2, 4, 8, 16)
+    sizes = (1, 2, 4, 8) if args.quick else (1, 2, 4, 8, 16, 32, 64)
     shapes = {"small (demo)": SHAPES["small (demo)"]} if args.quick else SHAPES
     env = environment(device)
     x = torch.randn(args.batch, args.lookback, 3)
@@ -51,10 +54,11 @@ def main() -> None:
             def build(family=family, params=params) -> torch.nn.Module:
                 return registry.build(family, n_features=3, lookback=args.lookback, horizon=1, params=params)
 
-            choice = measure_pack_size(build, (x, y), batch=args.batch, device=device, candidates=sizes, steps=3 if args.quick else 6)
+            choice = measure_pack_size(build, (x, y), batch=args.batch, device=device, candidates=sizes, steps=3 if args.quick else 6, count=True)
             plain = choice.samples_per_s[1]
             for k, rate in choice.samples_per_s.items():
-                rows.append({"config": f"{family} {shape_name}", "params": str(params), "K": k, "samples_per_s": round(rate, 1), "vs_plain": round(rate / plain, 3)})
+                rows.append({"config": f"{family} {shape_name}", "params": str(params), "K": k, "samples_per_s": round(rate, 1), "vs_plain": round(rate / plain, 3),
+                             "ops_per_step": choice.ops_per_step[k]})
             ratios[f"{family} {shape_name}: best fused / plain"] = max(r for k, r in choice.samples_per_s.items() if k > 1) / plain
     run_args = {"lookback": args.lookback, "batch": args.batch, "sizes": list(sizes), "quick": args.quick, "device": device}
     finish("pack_speed", "fused packs vs one model at a time", env, run_args, rows, ratios, args.out)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -21,6 +21,7 @@ from gpufill.engine.backend import synchronize
 from gpufill.engine.choice import Choice
 from gpufill.engine.measure.cache import TuneCache
 from gpufill.engine.measure.compile import CompileMeasurement, cached_compile_choice, time_compile
+from gpufill.engine.measure.ops import count_ops
 from gpufill.engine.measure.state import preserved_rng
 from gpufill.engine.measure.timing import MEASURE_SEED
 from gpufill.engine.packs.fused import fuse
@@ -110,10 +111,14 @@ class PackSizeChoice:
     size: int
     samples_per_s: dict[int, float]
     reason: str
+    ops_per_step: dict[int, int] = field(default_factory=dict)
+    """Computing operators (about one kernel launch each) of one training step per K, when counted."""
 
 
-def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidates: Sequence[int] = (1, 2, 4, 8), steps: int = 4) -> PackSizeChoice:
+def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidates: Sequence[int] = (1, 2, 4, 8), steps: int = 4,
+                      count: bool = False) -> PackSizeChoice:
     """Time a few training steps unfused (size 1) and fused at each candidate K; keep the fastest.
+    With `count`, also count each step's operators (a benchmark's figure; one extra step each).
 
     `build()` returns a fresh plain model. Fusion is used only where it measured faster
     than the plain path on this device (on a small CPU, plain cuDNN-free kernels can win).
@@ -121,6 +126,7 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
     dev = torch.device(device)
     x, y = sample[0][:batch].to(dev), sample[1][:batch].to(dev)
     rates: dict[int, float] = {}
+    ops: dict[int, int] = {}
     for k in candidates:
         models = [build() for _ in range(k)]
         if k == 1:
@@ -143,6 +149,8 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
                 pack_optimizer.zero_grad()
 
         step()  # warm-up: allocator, kernel selection
+        if count:
+            ops[k] = count_ops(step).total
         synchronize(dev)
         tick = time.perf_counter()
         for _ in range(steps):
@@ -156,4 +164,4 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
         if best > 1
         else f"unfused: no fused pack size beat one model at a time on {dev.type} (best {max(r for kk, r in rates.items() if kk > 1) / rates[1]:.2f}x)"
     )
-    return PackSizeChoice(size=best, samples_per_s=rates, reason=reason)
+    return PackSizeChoice(size=best, samples_per_s=rates, reason=reason, ops_per_step=ops)
