@@ -54,12 +54,12 @@ def sequential(campaign: Campaign, *, plain: bool) -> tuple[float, dict[str, flo
         elif plain:
             maes[trial.trial_id] = _plain_neural(windows, trial, spec)
         else:
-            maes[trial.trial_id] = train_forecaster(windows, trial.family, trial.params, config=spec.train.fit_config(trial.train, trial.seed)).test["mae"]
+            maes[trial.trial_id] = train_forecaster(windows, trial.family, trial.params, config=spec.fit_config(trial.train, trial.seed)).test["mae"]
     return time.perf_counter() - started, maes
 
 
 def _plain_neural(windows, trial, spec) -> float:
-    config = spec.train.fit_config(trial.train, trial.seed)
+    config = spec.fit_config(trial.train, trial.seed)
     torch.manual_seed(trial.seed)
     model = registry.build(trial.family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=trial.params)
     baseline_fit(model, (windows.x_train, windows.y_train), (windows.x_val, windows.y_val), epochs=config.epochs, lr=config.lr, seed=trial.seed, patience=config.patience)

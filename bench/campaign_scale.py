@@ -115,16 +115,16 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
             pass
 
     picking = [0.0]
-    original = Scheduler._next_trial
+    original = Scheduler._next_task
 
-    def timed_next_trial(self, lane, worker):
+    def timed_next_task(self, lane, worker):
         began = time.perf_counter()
         try:
             return original(self, lane, worker)
         finally:
             picking[0] += time.perf_counter() - began
 
-    Scheduler._next_trial = timed_next_trial  # type: ignore[method-assign]
+    Scheduler._next_task = timed_next_task  # type: ignore[method-assign]
     runner.make_executor = lambda *args, **kwargs: InstantExecutor()  # the real run, but tasks finish at once
     registered: list[float] = []
     t0 = time.perf_counter()

@@ -127,7 +127,7 @@ def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tup
     y = torch.cat([w.y_train for w in windows])
     n_full = x.shape[0]
     sample = min(n_full, SAMPLE_WINDOWS)
-    config = spec.train.fit_config(trial.train, trial.seed)
+    config = spec.fit_config(trial.train, trial.seed)
     epochs = config.epochs
     config.epochs, config.patience, config.device = 2, None, lane.device
     torch.manual_seed(trial.seed)

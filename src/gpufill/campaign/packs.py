@@ -1,10 +1,12 @@
 """A worker's side of fused packs: same-shape neural trials trained as one pack, each scored alone.
 
 For a shape the scheduler has not sized yet, the worker first measures one model at a
-time against fused packs of 2, 4, 8 on its device (`pack_tuning.measure_pack_size`), trains one
-pack of the measured size, and hands the other trials back (not attempted); later packs
-of that shape arrive at the measured size. Each trial's result
-has the same shape as an unfused trial's, with the pack's time shared among its models.
+time against fused packs of 2, 4, ... 64 on its device (`engine.measure.pack.measure_pack_size`),
+tells the scheduler at once (the size, and each size's peak memory with the trials' data,
+which GPU admission adds up), trains one pack of the measured size, and hands the other
+trials back (not attempted); later packs of that shape arrive at the measured size. Each
+trial's result has the same shape as an unfused trial's, with the pack's time shared among
+its models and the pack's peak memory.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ from gpufill.engine.hardware import detect
 from gpufill.forecasting.models import registry
 from gpufill.engine.packs.fused import can_fuse
 from gpufill.engine.packs.train import PackMember, fit_pack
-from gpufill.engine.measure.pack import PackSizeChoice, measure_pack_size
+from gpufill.engine.measure.pack import CANDIDATE_SIZES, PackSizeChoice, measure_pack_size
 from gpufill.engine.plan import DataFacts, make_plan
 
-CANDIDATE_SIZES = (1, 2, 4, 8)
 
 
 class TrialRunner(Protocol):
@@ -35,19 +36,19 @@ class TrialRunner(Protocol):
     tune_cache: str | None
 
     def windows(self, project: str, lookback: int) -> Any: ...
+    def fit_config(self, trial: dict[str, Any]) -> Any: ...
     def run(self, trial: dict[str, Any]) -> dict[str, Any]: ...
     def note(self, message: dict[str, Any]) -> None: ...
     def attempt(self, trial: dict[str, Any], run: Any) -> dict[str, Any]: ...
 
 
 def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int | None) -> dict[str, Any]:
-    spec = runner.spec
     windows = {t["trial_id"]: runner.windows(t["project"], t["lookback"]) for t in trials}
     choice = None
     if pack_size is None:  # a new shape: measure on this device
         first = trials[0]
         sample = windows[first["trial_id"]]
-        config = spec.train.fit_config(first["train"], first["seed"])
+        config = runner.fit_config(first)
         batch = make_plan(detect(runner.device), DataFacts(n_train=sample.x_train.shape[0], bytes_total=0), config).effective_batch.value
 
         def build() -> torch.nn.Module:
@@ -58,10 +59,12 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
             if not can_fuse(build()):
                 choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: {first['family']} has no fused kernel")
             else:
-                choice = measure_pack_size(build, (sample.x_train, sample.y_train), batch=batch, device=runner.device, candidates=candidates)
+                choice = measure_pack_size(build, (sample.x_train, sample.y_train), batch=batch, device=runner.device, candidates=candidates,
+                                           data_bytes=_data_bytes(sample), memory_budget=_memory_budget(runner.device, config.memory_margin))
         except Exception as error:  # the trials themselves will report it, one by one
             choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: measuring packs failed ({type(error).__name__})")
         pack_size = choice.size
+        runner.note({"pack": _pack_message(choice)})  # the scheduler sizes and admits this shape from now on
     # Run one pack of the measured size; hand the rest back, so other workers share them.
     trials, returned = trials[:pack_size], [t["trial_id"] for t in trials[pack_size:]]
     results: list[dict[str, Any]] = []
@@ -75,28 +78,51 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
         for group in by_width.values():
             for start in range(0, len(group), pack_size):
                 results += _train_chunk(runner, group[start : start + pack_size], windows, choice.reason if choice else None)
-    pack = None if choice is None else {"size": choice.size, "reason": choice.reason, "samples_per_s": {str(k): v for k, v in choice.samples_per_s.items()}}
+    pack = None if choice is None else _pack_message(choice)
     return {"results": results, "pack": pack, "returned": returned}
+
+
+def _pack_message(choice: PackSizeChoice) -> dict[str, Any]:
+    """What the scheduler learns of a shape: the size, why, and a pack's peak device memory per K
+    (the measured step's peak plus K trials' data, which a pack keeps on the device)."""
+    return {"size": choice.size, "reason": choice.reason, "samples_per_s": {str(k): v for k, v in choice.samples_per_s.items()},
+            "peak_bytes": {str(k): peak for k, peak in choice.peak_bytes.items()}}
+
+
+def _memory_budget(device: str, margin: float) -> int | None:
+    """memory_margin of the device, less what this process holds outside the allocator (CUDA only)."""
+    if not device.startswith("cuda"):
+        return None
+    from gpufill.campaign.worker import context_bytes
+
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return int(margin * total) - (context_bytes(device) or 0)
+
+
+def _data_bytes(windows: Any) -> int:
+    """One trial's windows as a pack holds them on the device (train and validation)."""
+    return sum(int(t.numel()) * t.element_size() for t in (windows.x_train, windows.y_train, windows.x_val, windows.y_val))
 
 
 def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict[str, Any], reason: str | None) -> list[dict[str, Any]]:
     if len(chunk) == 1:
         return [runner.attempt(chunk[0], lambda: runner.run(chunk[0]))]
-    spec = runner.spec
     runner.note({"started": [t["trial_id"] for t in chunk]})
+    on_cuda = runner.device.startswith("cuda")
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats()
     try:
         models, members = [], []
         for trial in chunk:
             w = windows[trial["trial_id"]]
-            config = spec.train.fit_config(trial["train"], trial["seed"])
+            config = runner.fit_config(trial)
             torch.manual_seed(trial["seed"])  # the same initial weights as the unfused trial
             models.append(registry.build(trial["family"], n_features=w.n_features, lookback=w.lookback, horizon=w.horizon, params=trial["params"]))
             members.append(PackMember(train=(w.x_train, w.y_train), val=(w.x_val, w.y_val) if w.x_val.shape[0] else None,
                                       lr=config.lr, weight_decay=config.weight_decay, seed=trial["seed"]))
-        config = spec.train.fit_config(chunk[0]["train"], chunk[0]["seed"])
-        config.device = runner.device
-        config.tune_cache = runner.tune_cache  # the pack's compile measurement, once per shape
+        config = runner.fit_config(chunk[0])  # tune cache: the pack's compile measurement, once per shape
         fits = fit_pack(models, members, config=config)
+        peak = int(torch.cuda.max_memory_reserved()) if on_cuda else None  # the pack's, for GPU admission
     except Exception:  # a fused kernel failed: these trials still run, one at a time
         return [runner.attempt(t, lambda t=t: runner.run(t)) for t in chunk]
     out = []
@@ -111,6 +137,7 @@ def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict
                 naive=forecast_metrics(w.test_truth, w.naive_test, w.mase_scale),
             )
             result = run.to_dict()
+            result["timings"]["peak_memory_bytes"] = peak
             if reason:
                 result["plan"]["pack_size"] = {"value": len(chunk), "reason": reason}
             if fitted.status == "diverged":

@@ -38,6 +38,14 @@ class ShapeQueue:
     def has(self, shape: str | None) -> bool:
         return shape in self._by_shape
 
+    def peek(self, shape: str) -> Trial:
+        """The oldest trial of `shape`, left in place."""
+        return self._by_shape[shape][0]
+
+    def count(self, shape: str) -> int:
+        """Trials of `shape` waiting."""
+        return len(self._by_shape.get(shape, ()))
+
     def take(self, shape: str, count: int = 1) -> list[Trial]:
         """Up to `count` trials of `shape`, oldest first."""
         waiting = self._by_shape[shape]

@@ -3,9 +3,10 @@
 Per idle worker it picks the next runnable trial of that worker's lane, preferring the
 shape the worker just ran, and for neural trials adds same-shape trials to make a fused
 pack: of the size the worker measured for that shape, or, for a shape not sized yet, up
-to `PROBE_PACK` so the worker can measure. The GPU lane admits a task only if its
-shape's measured memory fits the lane's budget; a shape not measured yet runs alone
-first. Failures and worker crashes are retried up to the limit; everything else goes on.
+to `PROBE_PACK` so the worker can measure (one worker per shape; the size is kept in the
+store for the rest of the campaign). The GPU lane admits tasks of any shapes while their
+measured peak memory and the workers' CUDA contexts fit its budget; a shape not measured
+yet runs alone first (admission.py). Failures and worker crashes are retried up to the limit; everything else goes on.
 How tasks run (processes, Ray actors, Slurm jobs) is the executor's business
 (executors/base.py); the scheduler is the store's only writer, whichever executor runs.
 """
@@ -20,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufill.campaign.executors.base import Crashed, Executor, Finished, Worker
+from gpufill.campaign.admission import META_KEY, Running, ShapeBook, admits
 from gpufill.campaign.lanes import Lane
+from gpufill.engine.measure.pack import CANDIDATE_SIZES
 from gpufill.campaign.queue import ShapeQueue
 from gpufill.campaign.store import Store
 
@@ -30,8 +33,8 @@ log = logging.getLogger("gpufill.scheduler")
 ALERT_WINDOW_S = 600.0
 ALERT_EVERY_S = 30.0
 
-# Trials sent together for a shape whose pack size is not measured yet: the largest size tried.
-PROBE_PACK = 8
+PROBE_PACK = max(CANDIDATE_SIZES)
+"""Trials sent together for a shape whose pack size is not measured yet: the largest size tried."""
 
 # trial_timeout "auto": this many times the slowest finished trial of the shape, and never less
 # than the floor (a fresh worker's start-up and a cold cache fit under it).
@@ -113,10 +116,8 @@ class Scheduler:
         self.queue_of_kind = {kind: lane.queue for lane in lanes for kind in lane.kinds}
         # One queue per lane, except that every per-GPU lane takes from the shared "gpu" queue.
         self.queue: dict[str, ShapeQueue] = {lane.queue: ShapeQueue() for lane in lanes}
-        self.shape_memory: dict[str, int] = {}
         # shape -> measured pack size; a fixed resources.pack_size (1 = no fusion) presets every shape.
-        self.fixed_pack_size = pack_size
-        self.pack_sizes: dict[str, int] = {}
+        self.book = ShapeBook.from_json(store.meta(META_KEY), fixed_pack_size=pack_size)
         self.started_at: dict[str, float] = {}
         self.finished_this_run: dict[str, int] = {lane.name: 0 for lane in lanes}
         self.outcome = RunOutcome(done=0, failed=0, retried=0, crashed=0, elapsed_s=0.0)
@@ -147,7 +148,10 @@ class Scheduler:
                 check_stop()
                 self._dispatch()
                 for outcome in self.executor.poll(timeout=0.1):
+                    self._learn_measured(outcome.worker, outcome.task)
                     self._record(outcome)
+                for worker in self.executor.busy():
+                    self._learn_measured(worker, worker.task)
                 self._watch()
                 self._sync_jobs()
                 self._monitor()
@@ -166,48 +170,74 @@ class Scheduler:
     def _dispatch(self) -> None:
         for lane in self.lanes:
             for worker in self.executor.idle(lane):
-                trial = self._next_trial(lane, worker)
-                if trial is None:
+                task = self._next_task(lane, worker)
+                if task is None:
                     break
-                trials = [trial, *self._pack_mates(lane, trial)]
+                trials, size = task
                 self.store.mark_running([t["trial_id"] for t in trials], lane=lane.name, worker=worker.name, run_id=self.run_id)
                 for t in trials:
                     t["attempts"] += 1
                     self.started_at[t["trial_id"]] = self.clock()
-                self.executor.submit(worker, {"trials": trials, "pack_size": self._pack_size(trial["shape"])})
+                if size is None and trials[0]["kind"] == "neural":
+                    self.book.measuring.add((lane.name, trials[0]["shape"]))
+                self.executor.submit(worker, {"trials": trials, "pack_size": size})
 
-    def _pack_size(self, shape: str) -> int | None:
-        return self.fixed_pack_size or self.pack_sizes.get(shape)
+    def _next_task(self, lane: Lane, worker: Worker) -> tuple[list[dict[str, Any]], int | None] | None:
+        """Trials for `worker` (one, or a fused pack of one shape) and the pack size to send (None: measure it).
 
-    def _pack_mates(self, lane: Lane, trial: dict[str, Any]) -> list[dict[str, Any]]:
-        """Queued trials of the same shape to fuse with `trial` (neural only)."""
-        if trial["kind"] != "neural":
-            return []
-        size = self._pack_size(trial["shape"]) or PROBE_PACK
+        The worker's last shape goes first if admissible, else the oldest admissible shape (a pass
+        over the waiting shapes, never over the trials).
+        """
         queue = self.queue[lane.queue]
-        return queue.take(trial["shape"], size - 1) if queue.has(trial["shape"]) else []
-
-    def _next_trial(self, lane: Lane, worker: Worker) -> dict[str, Any] | None:
-        """The oldest trial of the worker's last shape if admissible, else of the oldest admissible shape
-        (a pass over the waiting shapes, never over the trials)."""
-        queue = self.queue[lane.queue]
-        running_shapes = [w.task["trials"][0]["shape"] for w in self.executor.busy() if w.lane is lane and w.task is not None]
-        if queue.has(worker.last_shape) and self._admissible(lane, worker.last_shape, running_shapes):  # type: ignore[arg-type]
-            return queue.take(worker.last_shape)[0]  # type: ignore[arg-type]
-        for shape in queue.shapes():
-            if self._admissible(lane, shape, running_shapes):
-                return queue.take(shape)[0]
+        busy = [w for w in self.executor.busy() if w.lane is lane and w.task is not None]
+        running = [Running(w.task["trials"][0]["shape"], w.training if w.started else self._running_size(lane, w)) for w in busy]  # type: ignore[index]
+        # Every worker process of the lane holds its CUDA context, busy or idle.
+        contexts = [w.context_bytes for w in [*busy, *self.executor.idle(lane)]] if lane.memory_budget_bytes is not None else []
+        shapes = [worker.last_shape] if queue.has(worker.last_shape) else []
+        for shape in [*shapes, *queue.shapes()]:
+            if (lane.name, shape) in self.book.measuring:  # one worker measures a shape's pack size
+                continue
+            count = self._admitted_count(lane, shape, running, contexts)  # type: ignore[arg-type]
+            if count:
+                return queue.take(shape, count), self.book.pack_size(lane.name, shape)  # type: ignore[arg-type]
         return None
 
-    def _admissible(self, lane: Lane, shape: str, running_shapes: list[str]) -> bool:
-        """GPU lane: the shape's measured memory must fit what running trials leave of the budget."""
-        if lane.memory_budget_bytes is None:
-            return True
-        if shape not in self.shape_memory:
-            return shape not in running_shapes  # measure a new shape with one trial first
-        fair_share = lane.memory_budget_bytes // lane.slots
-        in_use = sum(self.shape_memory.get(s, fair_share) for s in running_shapes)
-        return in_use + self.shape_memory[shape] <= lane.memory_budget_bytes
+    def _admitted_count(self, lane: Lane, shape: str, running: list[Running], contexts: list[int | None]) -> int:
+        """How many trials of `shape` to send now (0: none fits beside what runs). A measured pack that
+        does not fit is halved until it does; alone on the lane, at least one trial goes."""
+        queue = self.queue[lane.queue]
+        if queue.peek(shape)["kind"] != "neural":
+            return 1 if admits(lane, self.book, shape, 1, running, contexts) else 0
+        size = self.book.pack_size(lane.name, shape)
+        count = min(queue.count(shape), PROBE_PACK if size is None else size)
+        if size is None:
+            return count if admits(lane, self.book, shape, count, running, contexts) else 0
+        while count >= 1:
+            if admits(lane, self.book, shape, count, running, contexts):
+                return count
+            count //= 2
+        return 0 if running else 1
+
+    def _running_size(self, lane: Lane, worker: Worker) -> int:
+        """Trials a task trains at once before its worker says: its pack size, or all of it while measuring."""
+        trials = worker.task["trials"]  # type: ignore[index]
+        size = self.book.pack_size(lane.name, trials[0]["shape"])
+        return len(trials) if size is None else min(size, len(trials))
+
+    def _learn_measured(self, worker: Worker, task: dict[str, Any] | None) -> None:
+        """A pack size (and its peak memory per K) the worker measured, taken as soon as it reports it."""
+        if worker.measured_pack is None or task is None:
+            return
+        pack, worker.measured_pack = worker.measured_pack, None
+        self._learn_pack(worker.lane, task["trials"][0]["shape"], pack)
+
+    def _learn_pack(self, lane: Lane, shape: str, pack: dict[str, Any]) -> None:
+        known = self.book.pack_size(lane.name, shape) is not None and (lane.name, shape) not in self.book.measuring
+        self.book.learn_pack(lane.name, shape, pack)
+        self.store.set_meta({META_KEY: self.book.to_json()})
+        if not known:
+            self.store.event("pack_size", f"{shape}: {pack['reason']}", run_id=self.run_id)
+            log.info("pack size for %s: %s", shape, pack["reason"])
 
     def _record(self, outcome: Finished | Crashed) -> None:
         if outcome.task is None:
@@ -217,11 +247,10 @@ class Scheduler:
             self._crashed(outcome, trials)
             return
         pack = outcome.message.get("pack")
-        if pack is not None:
-            shape = outcome.task["trials"][0]["shape"]
-            self.pack_sizes[shape] = pack["size"]
-            self.store.event("pack_size", f"{shape}: {pack['reason']}", run_id=self.run_id)
-            log.info("pack size for %s: %s", shape, pack["reason"])
+        shape = outcome.task["trials"][0]["shape"]
+        if pack is not None and (outcome.worker.lane.name, shape) in self.book.measuring:  # not reported mid-task (Ray, Slurm)
+            self._learn_pack(outcome.worker.lane, shape, pack)
+        self.book.measuring.discard((outcome.worker.lane.name, shape))
         self._requeue_unstarted([trials[trial_id] for trial_id in outcome.message.get("returned", [])], outcome.worker.lane)
         # Results the worker sent as each trial ended, and those in its final message (the same trial at most once).
         messages = {m["trial_id"]: m for m in [*outcome.worker.reported, *outcome.message["results"]]}
@@ -251,9 +280,11 @@ class Scheduler:
             started = set(trials) - set(finished)
         unstarted = [t for trial_id, t in trials.items() if trial_id not in started and trial_id not in finished]
         shape = outcome.task["trials"][0]["shape"] if outcome.task else ""
-        if outcome.task and outcome.task.get("pack_size") is None and len(trials) > 1 and not finished and shape not in self.pack_sizes:
-            self.pack_sizes[shape] = 1  # it died while measuring packs: this shape trains unfused from now on
-            self.store.event("pack_size", f"{shape}: unfused: the worker died while measuring fused packs", run_id=self.run_id)
+        measuring = (worker.lane.name, shape) in self.book.measuring
+        self.book.measuring.discard((worker.lane.name, shape))
+        if measuring and len(trials) > 1 and not finished:
+            # It died while measuring packs: this shape trains unfused from now on.
+            self._learn_pack(worker.lane, shape, {"size": 1, "reason": "unfused: the worker died while measuring fused packs"})
         self.store.event("worker_crashed", f"{worker.name}: {outcome.reason}", run_id=self.run_id, trial_id=next(iter(started), None))
         log.warning("%s: %s; %d trial(s) failed with it, %d not begun went back to the queue", worker.name, outcome.reason, len(started), len(unstarted))
         self._requeue_unstarted(unstarted, worker.lane)
@@ -271,9 +302,9 @@ class Scheduler:
                 self._failed(trial, lane_name, message["error"], message["traceback"], duration)
                 continue
             result = message["result"]
-            peak = result.get("timings", {}).get("peak_memory_bytes")
-            if peak:
-                self.shape_memory[trial["shape"]] = max(peak, self.shape_memory.get(trial["shape"], 0))
+            timings = result.get("timings", {})
+            if timings.get("peak_memory_bytes"):  # what this trial's task (a pack: all of it) held at its peak
+                self.book.learn_peak(lane_name, trial["shape"], int(timings.get("pack_size", 1)), int(timings["peak_memory_bytes"]))
             if duration > self.shape_seconds.get(trial["shape"], 0.0):
                 self._slowest(trial["shape"], duration)
             if self.store.record_done(trial["trial_id"], result, duration_s=duration):

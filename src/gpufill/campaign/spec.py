@@ -431,10 +431,14 @@ class CampaignSpec(Spec):
         """The campaign's projects (``data.load`` with this file's folder and location)."""
         return self.data.load(self.base_dir, where=self.where("data", "projects"))
 
-    def fit_config(self, train: Mapping[str, Any], seed: int) -> FitConfig:
-        """A trial's FitConfig: train settings + overrides + seed, and resources.memory_margin."""
+    def fit_config(self, train: Mapping[str, Any], seed: int, *, device: str | None = None, tune_cache: str | None = None) -> FitConfig:
+        """A trial's FitConfig (every trial and pack takes its settings from here): train settings +
+        overrides + seed, resources.memory_margin, and the worker's device and tune cache."""
         config = self.train.fit_config(train, seed)
         config.memory_margin = self.resources.memory_margin
+        if device is not None:
+            config.device = device
+        config.tune_cache = tune_cache
         return config
 
 

@@ -59,7 +59,8 @@ def worker_main(conn: Connection) -> None:
 
     runner = start_runner(setup)
     runner.on_progress = send
-    send({"ready": os.getpid()})  # heartbeats count from here: start-up (imports, CUDA) is not a hang
+    # Heartbeats count from here: start-up (imports, CUDA) is not a hang. GPU admission counts the context's memory.
+    send({"ready": os.getpid(), "context_bytes": context_bytes(setup["device"])})
     threading.Thread(target=_heartbeat, args=(send,), name="gpufill-heartbeat", daemon=True).start()
     while True:
         try:
@@ -72,6 +73,36 @@ def worker_main(conn: Connection) -> None:
             send(runner.run_task(task))
         except (BrokenPipeError, OSError):
             return
+        release_cached_memory(setup["device"])
+
+
+def context_bytes(device: str) -> int | None:
+    """Device memory this process holds beyond PyTorch's allocator (its CUDA context, library
+    workspaces), from NVML's per-process accounting; None off a GPU or without NVML."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        index = torch.cuda.current_device()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        physical = int(visible.split(",")[index]) if visible and visible.split(",")[index].strip().isdigit() else index
+        handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
+        used = next((p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == os.getpid()), None)
+        return None if used is None else max(0, int(used) - int(torch.cuda.memory_reserved()))
+    except Exception:  # noqa: BLE001 - NVML absent or restricted (containers): admission uses its default
+        return None
+
+
+def release_cached_memory(device: str) -> None:
+    """Between tasks a GPU worker gives its allocator's cached blocks back, so an idle worker holds
+    only its context and GPU admission's sum of running packs is the GPU's real use."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def _heartbeat(send: Callable[[dict[str, Any]], None]) -> None:
@@ -99,6 +130,10 @@ class TrialRunner:
         self._windows: dict[tuple[str, int], Any] = {}
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
         """Where a local worker sends which trials started and finished within a task (None: nowhere)."""
+
+    def fit_config(self, trial: dict[str, Any]) -> Any:
+        """The trial's FitConfig on this worker's device (the campaign's settings and memory margin)."""
+        return self.spec.fit_config(trial["train"], trial["seed"], device=self.device, tune_cache=self.tune_cache)
 
     def note(self, message: dict[str, Any]) -> None:
         """{"started": [trial ids]} or {"result": a trial's message}: so a crash fails only the trial that was running."""
@@ -152,9 +187,7 @@ class TrialRunner:
 
         from gpufill.forecasting.task import train_forecaster
 
-        config = self.spec.train.fit_config(trial["train"], trial["seed"])
-        config.device = self.device
-        config.tune_cache = self.tune_cache
+        config = self.fit_config(trial)
         on_cuda = self.device.startswith("cuda")
         if on_cuda:
             torch.cuda.reset_peak_memory_stats()

@@ -72,6 +72,10 @@ class Worker:
     """Why the scheduler stopped it (timed out, hung): the crash is reported with this reason."""
     ready: bool = False
     """It finished starting (imports, CUDA context) and sends heartbeats from now on."""
+    context_bytes: int | None = None
+    """Device memory its CUDA context holds outside PyTorch's allocator, as it measured at start (None: not on a GPU, or unknown)."""
+    measured_pack: dict[str, Any] | None = None
+    """A pack-size measurement it reported in the middle of its task, not yet taken by the scheduler."""
 
     def begin(self, task: Task) -> None:
         """A task was submitted: reset what the slot reports about it."""
@@ -82,14 +86,21 @@ class Worker:
         self.last_seen = self.clock_from = time.monotonic()
         self.training = 1
         self.stop_reason = None
+        self.measured_pack = None
 
     def note(self, message: dict[str, Any]) -> bool:
         """A progress message from the slot (True) or its task's final message (False)."""
         self.last_seen = time.monotonic()
+        if "results" in message:  # the task's final message (it may carry a "pack" too)
+            return False
         if "heartbeat" in message:
             return True
         if "ready" in message:
             self.ready = True
+            self.context_bytes = message.get("context_bytes")
+            return True
+        if "pack" in message:
+            self.measured_pack = message["pack"]
             return True
         if "started" in message:
             self.started.update(message["started"])

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from gpufill.engine.backend import synchronize
+from gpufill.engine.backend import is_out_of_memory, synchronize
 from gpufill.engine.choice import Choice
 from gpufill.engine.measure.cache import TuneCache
 from gpufill.engine.measure.compile import CompileMeasurement, cached_compile_choice, time_compile
@@ -104,6 +104,13 @@ def _preserved(run: PackTraining) -> Iterator[None]:
         optimizer.zero_grad()
 
 
+CANDIDATE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+"""Pack sizes tried, doubling: a GPU's step stays launch-bound well past 8 small models."""
+
+MIN_GAIN = 1.05
+"""Doubling K stops once it adds less than this to the best samples/s so far (the curve has flattened)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PackSizeChoice:
     """How many models to fuse for one shape on this device, measured, with the reason."""
@@ -113,55 +120,97 @@ class PackSizeChoice:
     reason: str
     ops_per_step: dict[int, int] = field(default_factory=dict)
     """Computing operators (about one kernel launch each) of one training step per K, when counted."""
+    peak_bytes: dict[int, int] = field(default_factory=dict)
+    """Device memory a step of K models allocated at its peak (CUDA only): what admission adds up."""
 
 
-def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidates: Sequence[int] = (1, 2, 4, 8), steps: int = 4,
-                      count: bool = False) -> PackSizeChoice:
+def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidates: Sequence[int] = CANDIDATE_SIZES, steps: int = 4,
+                      count: bool = False, data_bytes: int = 0, memory_budget: int | None = None) -> PackSizeChoice:
     """Time a few training steps unfused (size 1) and fused at each candidate K; keep the fastest.
-    With `count`, also count each step's operators (a benchmark's figure; one extra step each).
 
     `build()` returns a fresh plain model. Fusion is used only where it measured faster
     than the plain path on this device (on a small CPU, plain cuDNN-free kernels can win).
+    Candidates are tried in increasing order until one adds less than MIN_GAIN or does not
+    fit in memory: a pack's peak (the step's, plus `data_bytes` per model that a pack keeps on
+    the device) must stay within `memory_budget` (CUDA; the campaign's memory_margin of the
+    device). With `count`, each step's operators are counted too (one extra step).
     """
     dev = torch.device(device)
     x, y = sample[0][:batch].to(dev), sample[1][:batch].to(dev)
     rates: dict[int, float] = {}
     ops: dict[int, int] = {}
-    for k in candidates:
-        models = [build() for _ in range(k)]
-        if k == 1:
-            model = models[0].to(dev)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-            def step() -> None:
-                nn.functional.mse_loss(model(x), y).backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-        else:
-            fused = fuse(models).to(dev)
-            pack_optimizer = PackAdamW(list(fused.parameters()), torch.full((k,), 1e-3, device=dev), torch.zeros(k, device=dev))
-            xs, ys = x.expand(k, *x.shape).contiguous(), y.expand(k, *y.shape).contiguous()
-            everyone = torch.ones(k, dtype=torch.bool, device=dev)
-
-            def step() -> None:
-                (fused(xs) - ys).pow(2).mean(dim=(1, 2)).sum().backward()
-                pack_optimizer.step(everyone)
-                pack_optimizer.zero_grad()
-
-        step()  # warm-up: allocator, kernel selection
-        if count:
-            ops[k] = count_ops(step).total
-        synchronize(dev)
-        tick = time.perf_counter()
-        for _ in range(steps):
-            step()
-        synchronize(dev)
+    peaks: dict[int, int] = {}
+    stopped = ""
+    for k in sorted(candidates):
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        try:
+            step = _training_step(build, k, x, y, dev)
+            step()  # warm-up: allocator, kernel selection
+            if count:
+                ops[k] = count_ops(step).total
+            synchronize(dev)
+            tick = time.perf_counter()
+            for _ in range(steps):
+                step()
+            synchronize(dev)
+        except Exception as error:
+            if k == 1 or not is_out_of_memory(error):
+                raise
+            del error
+            stopped = f"; {k} did not fit in memory"
+            break
+        finally:
+            step = None  # type: ignore[assignment]  # the pack's tensors go before the next one is built
         rates[k] = k * x.shape[0] * steps / (time.perf_counter() - tick)
+        if dev.type == "cuda":
+            peaks[k] = int(torch.cuda.max_memory_allocated(dev)) + k * data_bytes
+            torch.cuda.empty_cache()
+            if k > 1 and memory_budget is not None and peaks[k] > memory_budget:
+                del rates[k], peaks[k]
+                stopped = f"; {k} would pass the memory margin ({peaks_text(memory_budget)})"
+                break
+        best_before = max((r for kk, r in rates.items() if kk < k), default=0.0)
+        if k > 1 and rates[k] < MIN_GAIN * best_before:
+            stopped = f"; stopped at {k}: less than {MIN_GAIN - 1:.0%} over the best so far"
+            break
     best = max(rates, key=rates.__getitem__)
     gain = rates[best] / rates[1]
-    reason = (
-        f"fused packs of {best}: {gain:.2f}x the samples/s of one model at a time (measured on {dev.type})"
-        if best > 1
-        else f"unfused: no fused pack size beat one model at a time on {dev.type} (best {max(r for kk, r in rates.items() if kk > 1) / rates[1]:.2f}x)"
-    )
-    return PackSizeChoice(size=best, samples_per_s=rates, reason=reason, ops_per_step=ops)
+    fused_rates = [r for kk, r in rates.items() if kk > 1]
+    if best > 1:
+        reason = f"fused packs of {best}: {gain:.2f}x the samples/s of one model at a time (measured on {dev.type}, K up to {max(rates)}{stopped})"
+    elif fused_rates:
+        reason = f"unfused: no fused pack size beat one model at a time on {dev.type} (best {max(fused_rates) / rates[1]:.2f}x{stopped})"
+    else:
+        reason = f"unfused: no fused pack size could be measured on {dev.type}{stopped}"
+    return PackSizeChoice(size=best, samples_per_s=rates, reason=reason, ops_per_step=ops, peak_bytes=peaks)
+
+
+def peaks_text(budget: int) -> str:
+    return f"{budget / 2**30:.1f} GiB"
+
+
+def _training_step(build, k: int, x: torch.Tensor, y: torch.Tensor, dev: torch.device):
+    """One training step of a plain model (k = 1, torch's AdamW) or of a fused pack of k, as a closure."""
+    models = [build() for _ in range(k)]
+    if k == 1:
+        model = models[0].to(dev)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step() -> None:
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+    fused = fuse(models).to(dev)
+    pack_optimizer = PackAdamW(list(fused.parameters()), torch.full((k,), 1e-3, device=dev), torch.zeros(k, device=dev))
+    xs, ys = x.expand(k, *x.shape).contiguous(), y.expand(k, *y.shape).contiguous()
+    everyone = torch.ones(k, dtype=torch.bool, device=dev)
+
+    def fused_step() -> None:
+        (fused(xs) - ys).pow(2).mean(dim=(1, 2)).sum().backward()
+        pack_optimizer.step(everyone)
+        pack_optimizer.zero_grad()
+
+    return fused_step
