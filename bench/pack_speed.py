@@ -54,7 +54,7 @@ def main() -> None:
             def build(family=family, params=params) -> torch.nn.Module:
                 return registry.build(family, n_features=3, lookback=args.lookback, horizon=1, params=params)
 
-            choice = measure_pack_size(build, (x, y), batch=args.batch, device=device, candidates=sizes, steps=3 if args.quick else 6, count=True)
+            choice = measure_pack_size(build, (x, y), batch=args.batch, device=device, candidates=sizes, steps=3 if args.quick else 6, count=True, min_gain=None)
             plain = choice.samples_per_s[1]
             for k, rate in choice.samples_per_s.items():
                 rows.append({"config": f"{family} {shape_name}", "params": str(params), "K": k, "samples_per_s": round(rate, 1), "vs_plain": round(rate / plain, 3),

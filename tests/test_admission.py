@@ -183,3 +183,29 @@ def test_memory_margin_reaches_every_trial_and_pack(tmp_path, monkeypatch):
     assert [m["ok"] for m in single["results"] + packed["results"]] == [True] * 4
     assert seen == [0.6, 0.6]  # one single trial, one pack of three
     assert runner.fit_config(trials[0]).memory_margin == 0.6 and runner.fit_config(trials[0]).tune_cache == str(tmp_path / "tune")
+
+
+# --- GPU -------------------------------------------------------------------------------------
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_three_shapes_run_within_the_memory_margin(tmp_path):
+    """A real campaign on the GPU lane with three LSTM shapes: the measured facts are stored, and
+    the device memory NVML saw while it ran stayed within memory_margin of the device."""
+    import sqlite3
+
+    from gpufill.campaign.runner import Campaign
+    from tests.helpers import write_campaign
+
+    path = write_campaign(tmp_path, models="lstm: {hidden_size: [16, 64, 128]}", projects=12, epochs=2)
+    path.write_text(path.read_text().replace("seeds: [0]", "seeds: [0, 1]").replace("resources: {retries: 1}", "resources: {retries: 1, memory_margin: 0.3, gpu_slots: 4}"))
+    campaign = Campaign.from_yaml(path, tmp_path / "work")
+    outcome = campaign.run()
+    assert outcome.done == 72 and outcome.failed == 0
+    with sqlite3.connect(tmp_path / "work" / "gpufill.db") as con:
+        facts = ShapeBook.from_json(con.execute("SELECT value FROM meta WHERE key = ?", (META_KEY,)).fetchone()[0])
+        used = con.execute("SELECT max(mem_used), max(mem_total) FROM samples WHERE source LIKE 'gpu%'").fetchone()
+    assert len(facts.facts) == 3 and all(f.peak_bytes for f in facts.facts.values())
+    assert used[0] is not None and used[0] <= 0.3 * used[1] + 2**30, used  # + 1 GiB: other processes on a shared GPU

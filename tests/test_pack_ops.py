@@ -69,6 +69,6 @@ def test_measuring_pack_sizes_can_count_each_candidates_operators():
     def build() -> torch.nn.Module:
         return registry.build("lstm", n_features=3, lookback=12, horizon=1, params={"hidden_size": 8})
 
-    choice = measure_pack_size(build, (torch.randn(32, 12, 3), torch.randn(32, 1)), batch=16, device="cpu", candidates=(1, 2, 4), steps=1, count=True)
+    choice = measure_pack_size(build, (torch.randn(32, 12, 3), torch.randn(32, 1)), batch=16, device="cpu", candidates=(1, 2, 4), steps=1, count=True, min_gain=None)
     assert set(choice.ops_per_step) == {1, 2, 4}
     assert choice.ops_per_step[2] == choice.ops_per_step[4]  # a pack's launches do not grow with K

@@ -45,6 +45,8 @@ class SpeedSettings:
     tf32: bool | Auto = "auto"
     cudnn_benchmark: bool | Auto = "auto"
     compile: bool | Auto = "auto"
+    cuda_graph: bool | Auto = "auto"
+    """Fused packs on CUDA: replay the whole step as one captured CUDA graph (auto: when measured faster)."""
     data_placement: Literal["device", "loader"] | Auto = "auto"
     """"device": tensors moved to the device once and batched there by index."""
     num_workers: int | Auto = "auto"
@@ -83,7 +85,7 @@ class SpeedSettings:
         _one_of("data_placement", self.data_placement, PLACEMENTS)
         _one_of("lr_scale_rule", self.lr_scale_rule, LR_SCALE_RULES)
         _one_of("optimizer_kernel", self.optimizer_kernel, OPTIMIZER_KERNELS)
-        for name in ("tf32", "cudnn_benchmark", "compile", "batch_search"):
+        for name in ("tf32", "cudnn_benchmark", "compile", "cuda_graph", "batch_search"):
             _one_of(name, getattr(self, name), (True, False, "auto"))
         if not isinstance(self.device, str) and type(self.device).__name__ != "device":  # a str or a torch.device
             raise InputError(f"device must be a string such as 'cpu' or 'cuda:0', got {type(self.device).__name__}", field="device",

@@ -67,6 +67,7 @@ class Plan:
     loss: Choice[str] = _UNSET
     optimizer: Choice[str] = _UNSET
     schedule: Choice[str] = _UNSET
+    step_graph: Choice[bool] = Choice(False, "off: single trainings step eagerly (fused packs measure it)")
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:

@@ -1,107 +1,23 @@
-"""A pack's measured choices: how many models to fuse (per shape and device), and whether
-compiling the fused forward pays.
-
-Both time real training steps. The pack size is measured on a sample batch before any
-pack exists (`campaign/packs.py` asks); the compile measurement runs on the real pack
-before its first epoch and puts every weight, optimizer moment and random state back.
+"""How many models to fuse, per shape and device: measured on a sample batch before any pack
+exists (`campaign/packs.py` asks). How a pack's step runs (compiled, graph-captured) is
+measured on the real pack: `pack_step.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from gpufill.engine.backend import is_out_of_memory, synchronize
-from gpufill.engine.choice import Choice
-from gpufill.engine.measure.cache import TuneCache
-from gpufill.engine.measure.compile import CompileMeasurement, cached_compile_choice, time_compile
 from gpufill.engine.measure.ops import count_ops
-from gpufill.engine.measure.state import preserved_rng
-from gpufill.engine.measure.timing import MEASURE_SEED
 from gpufill.engine.packs.fused import fuse
 from gpufill.engine.packs.optim import PackAdamW
-from gpufill.engine.precision import Precision
 
 Pair = tuple[torch.Tensor, torch.Tensor]
-
-
-class PackTraining(Protocol):
-    """What the compile measurement needs of a pack's training (packs/train.py's run)."""
-
-    fused: nn.Module
-    optimizer: PackAdamW
-    precision: Precision
-    data: Any
-    """x (K, N, ...) and batch."""
-    k: int
-    device: torch.device
-    compiled: bool
-    events: list[list[str]]
-
-    def step(self, index: torch.Tensor, start: int) -> Any: ...
-    def use_compiled(self) -> None: ...
-    def use_eager(self) -> None: ...
-
-
-def choose_pack_compile(run: PackTraining, planned: Choice[bool], *, requested: bool, cache: TuneCache, key: str) -> Choice[bool]:
-    """Compile the pack's fused forward if asked to (the plan's choice stands), or if measured
-    faster than eager (cached per shape)."""
-    if requested:
-        run.use_compiled()
-        return planned
-    choice = cached_compile_choice(cache, key, lambda: _measure_compile(run))
-    if choice is None:
-        return Choice(False, "off: compile failed while measuring; the pack runs eager")
-    if choice.value and not run.compiled:
-        run.use_compiled()
-    elif not choice.value:
-        run.use_eager()
-    for events in run.events:
-        events.append(f"compile: {choice.reason}")
-    return choice
-
-
-def _measure_compile(run: PackTraining) -> CompileMeasurement | None:
-    def use_compiled() -> bool:
-        run.use_compiled()
-        return True
-
-    with _preserved(run):
-        return time_compile(lambda args: run.step(*args), _step_stream(run), run.device, use_compiled=use_compiled,
-                            on_error=lambda _error: run.use_eager())
-
-
-def _step_stream(run: PackTraining) -> Iterator[tuple[torch.Tensor, int]]:
-    """(index, start) of real batches without end, from a measurement-only permutation."""
-    data = run.data
-    width = data.x.shape[1]
-    generator = torch.Generator(device=run.device).manual_seed(MEASURE_SEED)
-    order = torch.stack([torch.randperm(width, device=run.device, generator=generator) for _ in range(run.k)])
-    while True:
-        for start in range(0, width, data.batch):
-            yield order[:, start : start + data.batch], start
-
-
-@contextlib.contextmanager
-def _preserved(run: PackTraining) -> Iterator[None]:
-    """Put back everything trial steps change: weights, optimizer moments and steps, loss scale, RNGs."""
-    optimizer = run.optimizer
-    live = [*run.fused.state_dict().values(), optimizer.steps, optimizer.exp_avg, optimizer.exp_avg_sq, *run.precision.device_state()]
-    saved = [t.detach().clone() for t in live]
-    try:
-        with preserved_rng(run.device):
-            yield
-    finally:
-        with torch.no_grad():
-            for tensor, copy in zip(live, saved, strict=True):
-                tensor.copy_(copy)
-        optimizer.zero_grad()
 
 
 CANDIDATE_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -125,12 +41,12 @@ class PackSizeChoice:
 
 
 def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidates: Sequence[int] = CANDIDATE_SIZES, steps: int = 4,
-                      count: bool = False, data_bytes: int = 0, memory_budget: int | None = None) -> PackSizeChoice:
+                      count: bool = False, data_bytes: int = 0, memory_budget: int | None = None, min_gain: float | None = MIN_GAIN) -> PackSizeChoice:
     """Time a few training steps unfused (size 1) and fused at each candidate K; keep the fastest.
 
     `build()` returns a fresh plain model. Fusion is used only where it measured faster
     than the plain path on this device (on a small CPU, plain cuDNN-free kernels can win).
-    Candidates are tried in increasing order until one adds less than MIN_GAIN or does not
+    Candidates are tried in increasing order until one adds less than `min_gain` (None: try them all) or does not
     fit in memory: a pack's peak (the step's, plus `data_bytes` per model that a pack keeps on
     the device) must stay within `memory_budget` (CUDA; the campaign's memory_margin of the
     device). With `count`, each step's operators are counted too (one extra step).
@@ -171,8 +87,8 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
                 stopped = f"; {k} would pass the memory margin ({peaks_text(memory_budget)})"
                 break
         best_before = max((r for kk, r in rates.items() if kk < k), default=0.0)
-        if k > 1 and rates[k] < MIN_GAIN * best_before:
-            stopped = f"; stopped at {k}: less than {MIN_GAIN - 1:.0%} over the best so far"
+        if k > 1 and min_gain is not None and rates[k] < min_gain * best_before:
+            stopped = f"; stopped at {k}: less than {min_gain - 1:.0%} over the best so far"
             break
     best = max(rates, key=rates.__getitem__)
     gain = rates[best] / rates[1]

@@ -25,7 +25,7 @@ from gpufill.engine.result import EpochRecord, FitResult
 from gpufill.engine.hardware import detect
 from gpufill.engine.packs.fused import FusedModule, fuse
 from gpufill.engine.packs.optim import PackAdamW
-from gpufill.engine.measure.pack import choose_pack_compile
+from gpufill.engine.measure.pack_step import choose_pack_compile, choose_step_graph
 from gpufill.engine.plan import Choice, DataFacts, Plan, compile_for_steps, make_plan
 from gpufill.engine.backend import backend_flags
 from gpufill.engine.precision import Precision
@@ -71,10 +71,17 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
         precision = Precision(plan.precision.value, device, loss_scaling=plan.grad_scaler.value, masked=True)
         data = PackData(x=x, y=y, n=n, counts=counts, batch=batch, vx=vx, vy=vy, n_val=n_val)
         run = _PackRun(fused, optimizer, precision, config, data, device)
+        cache = TuneCache(config.tune_cache)
+
+        def key(kind: str) -> str:
+            return shape_key(kind, models[0], signature((x[0, :1], y[0, :1])), hardware.name, k=k, batch=batch, precision=plan.precision.value)
+
         if plan.compile.value:
-            plan = plan.replace(compile=choose_pack_compile(run, plan.compile, requested=config.compile is True, cache=TuneCache(config.tune_cache),
-                                                            key=shape_key("pack-compile", models[0], signature((x[0, :1], y[0, :1])), hardware.name, k=k, batch=batch,
-                                                                          precision=plan.precision.value)))
+            plan = plan.replace(compile=choose_pack_compile(run, plan.compile, requested=config.compile is True, cache=cache, key=key("pack-compile")))
+        plan = plan.replace(step_graph=choose_step_graph(run, config.cuda_graph, cache=cache, key=key("pack-graph")))
+        if plan.step_graph.value or device.type == "cuda":
+            for events in run.events:
+                events.append(f"step graph: {plan.step_graph.reason}")
         histories, status, seconds = run.train(generators)
         models_out = [fused.unfuse(i) for i in range(k)]
     steady = statistics.median(seconds[1:] or seconds)  # the first epoch pays warm-up
@@ -119,7 +126,7 @@ def pack_plan(plan: Plan, *, total_steps: int) -> Plan:
         batch_search=Choice(False, "off in packs: each member keeps its batch; the pack size is what is measured"),
         # The same rule as a single training: "auto" on CUDA is measured when the pack trains long enough.
         compile=compile_for_steps(plan, total_steps).compile,
-        optimizer_kernel=Choice("for-loop", "PackAdamW: one update per stacked parameter for all K models (per-model lr, weight decay and step mask)"),
+        optimizer_kernel=Choice("fused", "PackAdamW: ~20 operators over one flat (K, P) buffer of every parameter of all K models (per-model lr, weight decay and step mask)"),
         grad_scaler=Choice(plan.grad_scaler.value, f"{plan.grad_scaler.reason}; one dynamic scale for the pack, an overflowed step skipped for all"
                            if plan.grad_scaler.value else plan.grad_scaler.reason),
     )
@@ -146,8 +153,22 @@ class _PackRun:
         self.k = k = len(data.counts)
         self.forward: Callable[[torch.Tensor], torch.Tensor] = fused
         self.compiled = False
+        self.graph: torch.cuda.CUDAGraph | None = None
+        """The whole step captured (CUDA): replayed instead of `step` when set."""
         self.active = torch.ones(k, dtype=torch.bool, device=device)
         self.rows = torch.arange(k, device=device).unsqueeze(1)
+        # The step's inputs are static buffers filled by copy, so a captured step reads new batches:
+        # each model's sample indices, and their positions in its permutation (past its own count,
+        # or past the padded width for the last, short batch: masked).
+        width = data.x.shape[1]
+        self.steps_per_epoch = -(-width // data.batch)
+        self.index = torch.zeros(k, data.batch, dtype=torch.long, device=device)
+        self.positions = torch.zeros(data.batch, dtype=torch.long, device=device)
+        self._all_positions = torch.arange(self.steps_per_epoch * data.batch, device=device)
+        self.loss_sum = torch.zeros(k, device=device)
+        """The epoch's per-model sum of sample losses, added to by every step on the device."""
+        self.finite = torch.ones(k, dtype=torch.bool, device=device)
+        self._zero = torch.zeros((), device=device)
         self.best_val = [math.inf] * k
         self.best_epoch: list[int | None] = [None] * k
         self.bad = [0] * k
@@ -161,27 +182,41 @@ class _PackRun:
     def use_eager(self) -> None:
         self.forward, self.compiled = self.fused, False
 
-    def step(self, index: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One optimizer step on columns `index` (K, b) of the padded data; (per-model loss, finite, count), on the device."""
+    def load_batch(self, order: torch.Tensor, start: int) -> None:
+        """Columns start..start+batch of `order` (K, width) into the static index buffer (padded past the width)."""
+        batch, width = self.data.batch, order.shape[1]
+        taken = min(batch, width - start)
+        self.index[:, :taken].copy_(order[:, start : start + taken])
+        if taken < batch:
+            self.index[:, taken:].zero_()
+        self.positions.copy_(self._all_positions[start : start + batch])
+
+    def step(self) -> None:
+        """One optimizer step on the loaded batch; adds each model's loss to the epoch's sums. On the device, no sync."""
         d = self.data
-        positions = torch.arange(start, start + index.shape[1], device=self.device)
-        valid = positions.unsqueeze(0) < d.n.unsqueeze(1)  # (K, b): past a model's own windows
+        valid = self.positions.unsqueeze(0) < d.n.unsqueeze(1)  # (K, b): past a model's own windows, or padding
         with self.precision.autocast():
-            prediction = self.forward(d.x[self.rows, index])
-        per_sample = (prediction.float() - d.y[self.rows, index].float()).pow(2).mean(dim=-1)
+            prediction = self.forward(d.x[self.rows, self.index])
+        per_sample = (prediction.float() - d.y[self.rows, self.index].float()).pow(2).mean(dim=-1)
         count = valid.sum(dim=1)
         per_model = (per_sample * valid).sum(dim=1) / count.clamp(min=1)
         ok = torch.isfinite(per_model)
-        step_active = self.active & (count > 0) & ok
-        self.precision.backward(torch.where(step_active, per_model, torch.zeros_like(per_model)).sum())
+        has_samples = count > 0
+        step_active = self.active & has_samples & ok
+        self.precision.backward(torch.where(step_active, per_model, self._zero).sum())
         finite_grads = self.precision.finite_after_unscale(self.optimizer.params)  # fp16: an overflowed step is skipped
         self.optimizer.step(step_active if finite_grads is None else step_active & finite_grads)
         self.optimizer.zero_grad()
-        return per_model, ok, count
+        self.finite &= ok | ~has_samples
+        self.loss_sum += torch.where(ok, per_model.detach() * count, self._zero)
 
-    def _step_or_fall_back(self, index: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _advance(self, order: torch.Tensor, start: int) -> None:
+        self.load_batch(order, start)
+        if self.graph is not None:
+            self.graph.replay()
+            return
         try:
-            return self.step(index, start)
+            self.step()
         except Exception as error:  # a compile error surfaces at the first call: eager is always correct
             if not self.compiled:
                 raise
@@ -189,7 +224,7 @@ class _PackRun:
             self.optimizer.zero_grad()
             for events in self.events:
                 events.append(f"compile failed ({type(error).__name__}); the pack fell back to eager")
-            return self.step(index, start)
+            self.step()
 
     def train(self, generators: Sequence[torch.Generator]):
         k, d = self.k, self.data
@@ -199,18 +234,16 @@ class _PackRun:
         for epoch in range(1, self.cfg.epochs + 1):
             tick = time.perf_counter()
             order = _orders(generators, d.counts, d.x.shape[1], self.device)
-            loss_sum = torch.zeros(k, device=self.device)
-            finite = torch.ones(k, dtype=torch.bool, device=self.device)
+            self.loss_sum.zero_()
+            self.finite.fill_(True)
             self.fused.train()
             for start in range(0, d.x.shape[1], d.batch):
-                per_model, ok, count = self._step_or_fall_back(order[:, start : start + d.batch], start)
-                finite &= ok | ~(count > 0)
-                loss_sum += torch.where(ok, per_model.detach() * count, torch.zeros_like(per_model))
-            train_loss = (loss_sum / d.n.clamp(min=1)).tolist()  # the epoch's one read
+                self._advance(order, start)
+            train_loss = (self.loss_sum / d.n.clamp(min=1)).tolist()  # the epoch's one read
             seconds.append(time.perf_counter() - tick)
             val_loss = self._validate(d.vx, d.vy, d.n_val) if d.vx is not None and (epoch % self.cfg.validate_every == 0 or epoch == self.cfg.epochs) else None
             was_active = self.active.tolist()
-            finite_list = finite.tolist()
+            finite_list = self.finite.tolist()
             for i in range(k):
                 if not was_active[i]:
                     continue
