@@ -1,24 +1,37 @@
-"""N same-shape trials three ways: one at a time, as P concurrent processes, as fused packs.
+"""A campaign of same-shape trials the way gpufill's scheduler runs it, against the other ways to run them.
 
-    python bench/campaign_gpu.py [--quick] [--families lstm,gru,tcn,transformer] [--trials N]
-                                 [--procs P] [--pack K] [--device auto|cpu|cuda] [--out PATH]
+    python bench/campaign_gpu.py [--shapes lstm-h128-l30,...] [--projects P] [--seeds S] [--epochs E]
+                                 [--procs 16] [--quick] [--device auto|cpu|cuda] [--out PATH]
 
-(a) one at a time: `gpufill.fit` per trial in this process;
-(b) P concurrent worker processes, one trial each at a time (the guides' "run 16 at once");
-(c) fused packs of K trials (`gpufill.engine.packs.train.fit_pack`) in this process.
-Each trial is one project with its own seed. Reported per family and way: trials/hour,
-mean GPU utilisation (NVML; "n/a" without a GPU), peak memory, the ratios against (a)
-and (b), and how closely the per-trial test MAE of (c) matches (a). Defaults follow the
-issue (64 trials, hidden 128, lookback 60, 16 processes); --quick shrinks them for a CPU.
+Per shape (the ablation's: LSTM, GRU, TCN, Transformer; hidden 128 and 256; lookback 30 and
+90), P projects x S seeds trials, each trained for E epochs, four ways, all in this run:
+
+(campaign) `gpufill run` as a user runs it: `Campaign.run` on a campaign file, its scheduler
+           choosing the pack size (measured, up to 64) and the GPU lane's concurrency;
+(a) one at a time in one process (the campaign's own trial code, unfused);
+(b) P concurrent processes, one trial each at a time (the guides' "16 at once");
+(c) the same under CUDA MPS, where the daemon can be started here.
+
+Per way: trials/hour, mean GPU utilisation (NVML "utilization.gpu": the share of time a
+kernel ran; SM activity needs DCGM's profiling counters, not NVML, so it is not reported),
+peak device memory used (NVML, whole device), and per shape the operators per training step
+(about one kernel launch each) of one model and of the chosen pack. Agreement: the largest
+relative difference of a trial's test MAE between the campaign and (a).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -30,33 +43,42 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
+from gpufill.campaign.admission import META_KEY, ShapeBook  # noqa: E402
+from gpufill.campaign.runner import Campaign, read_results  # noqa: E402
+from gpufill.campaign.trials import expand  # noqa: E402
+from gpufill.campaign.worker import TrialRunner  # noqa: E402
 from gpufill.engine.hardware import resolve_device  # noqa: E402
-from gpufill.forecasting.data import forecast_metrics, load_projects, make_windows  # noqa: E402
-from gpufill.engine.config import FitConfig  # noqa: E402
-from gpufill.forecasting.task import predict, train_forecaster  # noqa: E402
+from gpufill.engine.measure.pack import measure_pack_size  # noqa: E402
 from gpufill.forecasting.models import registry  # noqa: E402
-from gpufill.engine.packs.train import PackMember, fit_pack  # noqa: E402
 
-PARAMS = {"lstm": {"hidden_size": 128}, "gru": {"hidden_size": 128}, "tcn": {"channels": 128}, "transformer": {"d_model": 128, "nhead": 4, "num_layers": 2}}
-QUICK_PARAMS = {"lstm": {"hidden_size": 32}, "gru": {"hidden_size": 32}, "tcn": {"channels": 32}, "transformer": {"d_model": 32, "nhead": 4, "num_layers": 1}}
+SHAPES: dict[str, tuple[str, dict[str, Any], int]] = {
+    "lstm-h128-l30": ("lstm", {"hidden_size": 128}, 30),
+    "lstm-h256-l30": ("lstm", {"hidden_size": 256}, 30),
+    "lstm-h128-l90": ("lstm", {"hidden_size": 128}, 90),
+    "gru-h128-l30": ("gru", {"hidden_size": 128}, 30),
+    "tcn-c128-l30": ("tcn", {"channels": 128}, 30),
+    "transformer-d128-l30": ("transformer", {"d_model": 128, "nhead": 4, "num_layers": 2}, 30),
+}
+QUICK_SHAPES = {"lstm-h16-l12": ("lstm", {"hidden_size": 16}, 12), "mlp-h16-l12": ("mlp", {"hidden_size": 16}, 12)}
 
 
-class Utilisation:
-    """Mean GPU utilisation while a block runs, sampled through NVML every 0.2 s (None without NVML)."""
+class GpuWatch:
+    """NVML every 0.2 s while a block runs: mean utilisation and peak memory used (None without NVML)."""
 
     def __init__(self) -> None:
-        self.samples: list[int] = []
+        self.util: list[int] = []
+        self.memory: list[int] = []
         self._stop = threading.Event()
         try:
             import pynvml
 
             pynvml.nvmlInit()
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            self._nvml = pynvml
-        except Exception:
+            self._nvml: Any = pynvml
+        except Exception:  # noqa: BLE001 - no GPU or no NVML: figures are None
             self._nvml = None
 
-    def __enter__(self) -> Utilisation:
+    def __enter__(self) -> GpuWatch:
         if self._nvml is not None:
             self._thread = threading.Thread(target=self._run, daemon=True)
             self._thread.start()
@@ -64,113 +86,204 @@ class Utilisation:
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
-            self.samples.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+            self.util.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+            self.memory.append(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._nvml is not None:
             self._thread.join()
 
-    def mean(self) -> float | None:
-        return statistics.fmean(self.samples) if self.samples else None
+    def figures(self) -> dict[str, float | None]:
+        return {"gpu_util_pct": round(statistics.fmean(self.util), 1) if self.util else None,
+                "peak_memory_mib": round(max(self.memory) / 2**20, 1) if self.memory else None}
 
 
-def _trial(args: tuple[str, dict[str, Any], int, int, int, int, str, int]) -> tuple[float, float]:
-    """One trial in a worker process: (test MAE, peak memory in MiB)."""
-    family, params, seed, lookback, length, epochs, device, threads = args
+def campaign_file(folder: Path, name: str, family: str, params: dict[str, Any], lookback: int, projects: int, seeds: int, length: int, epochs: int) -> Path:
+    inline = ", ".join(f"{k}: {v}" for k, v in params.items())
+    path = folder / f"{name}.yaml"
+    path.write_text("\n".join([
+        f"name: bench-{name}",
+        f"data: {{source: synthetic, projects: {projects}, length: {length}, seed: 0}}",
+        f"task: {{lookback: [{lookback}], horizon: 1}}",
+        "models:",
+        f"  {family}: {{{inline}}}",
+        f"train: {{epochs: {epochs}}}",
+        f"seeds: [{', '.join(str(s) for s in range(seeds))}]",
+        "resources: {retries: 0}",
+    ]) + "\n")
+    return path
+
+
+def the_campaign(path: Path, workdir: Path) -> tuple[float, dict[str, float], dict[str, Any]]:
+    """`gpufill run`'s own path; (seconds, test MAE per trial, what the scheduler chose)."""
+    campaign = Campaign.from_yaml(path, workdir)
+    lanes: list[str] = []
+    tick = time.perf_counter()
+    outcome = campaign.run(on_start=lambda prepared, run_id: lanes.extend(f"{lane.name}: {lane.slots} slots" for lane in prepared.lanes))
+    seconds = time.perf_counter() - tick
+    results = read_results(workdir)
+    assert outcome.failed == 0, f"{outcome.failed} trials failed"
+    from gpufill.campaign.store import Store
+
+    store = Store.open(workdir)
+    try:
+        book = ShapeBook.from_json(store.meta(META_KEY))
+    finally:
+        store.close()
+    sizes = sorted({fact.pack_size for fact in book.facts.values() if fact.pack_size})
+    reasons = [fact.reason for fact in book.facts.values()]
+    return seconds, dict(zip(results["trial_id"], results["mae"], strict=True)), {"lanes": lanes, "pack_sizes": sizes, "pack_reason": reasons}
+
+
+_RUNNER: TrialRunner | None = None
+
+
+def _start(payload: dict[str, Any], base_dir: str, device: str, threads: int) -> None:
+    global _RUNNER
     torch.set_num_threads(threads)
-    project = load_projects("synthetic", n_projects=seed + 1, length=length, seed=0, projects=[f"p{seed:03d}"])[f"p{seed:03d}"]
-    windows = make_windows(project, lookback, 1)
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-    run = train_forecaster(windows, family, params, config=FitConfig(epochs=epochs, seed=seed, device=device))
-    peak = torch.cuda.max_memory_reserved() / 2**20 if device.startswith("cuda") else psutil.Process().memory_info().rss / 2**20
-    return run.test["mae"], peak
+    _RUNNER = TrialRunner(payload, Path(base_dir), threads=threads, device=device)
 
 
-def one_at_a_time(family, params, windows, epochs, device) -> tuple[float, list[float], float]:
-    maes = []
-    start = time.perf_counter()
-    for seed, w in enumerate(windows):
-        maes.append(train_forecaster(w, family, params, config=FitConfig(epochs=epochs, seed=seed, device=device)).test["mae"])
-    return time.perf_counter() - start, maes, _peak(device)
+def _one(trial: dict[str, Any]) -> tuple[str, float]:
+    assert _RUNNER is not None
+    return trial["trial_id"], _RUNNER.run(trial)["metrics"]["test"]["mae"]
 
 
-def concurrent(family, params, n, lookback, length, epochs, device, procs) -> tuple[float, list[float], float]:
+def one_at_a_time(payload: dict[str, Any], base_dir: str, trials: list[dict[str, Any]], device: str) -> tuple[float, dict[str, float]]:
+    _start(payload, base_dir, device, torch.get_num_threads())
+    tick = time.perf_counter()
+    maes = dict(_one(t) for t in trials)
+    return time.perf_counter() - tick, maes
+
+
+def processes(payload: dict[str, Any], base_dir: str, trials: list[dict[str, Any]], device: str, procs: int, env: dict[str, str] | None = None) -> tuple[float, dict[str, float]]:
     threads = 1 if device.startswith("cuda") else max(1, psutil.cpu_count(logical=True) // procs)
-    jobs = [(family, params, seed, lookback, length, epochs, device, threads) for seed in range(n)]
-    start = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=procs, mp_context=get_context("spawn")) as pool:
-        out = list(pool.map(_trial, jobs))
-    # Peak: all processes hold their memory (and, on a GPU, their own CUDA context) at once.
-    return time.perf_counter() - start, [m for m, _ in out], max(p for _, p in out) * min(procs, n)
+    with _environment(env or {}):
+        tick = time.perf_counter()
+        with ProcessPoolExecutor(max_workers=procs, mp_context=get_context("spawn"), initializer=_start, initargs=(payload, base_dir, device, threads)) as pool:
+            maes = dict(pool.map(_one, trials))
+        return time.perf_counter() - tick, maes
 
 
-def packed(family, params, windows, epochs, device, pack) -> tuple[float, list[float], float]:
-    maes = []
-    start = time.perf_counter()
-    for first in range(0, len(windows), pack):
-        chunk = windows[first : first + pack]
-        models, members = [], []
-        for seed, w in enumerate(chunk, start=first):
-            torch.manual_seed(seed)
-            models.append(registry.build(family, n_features=w.n_features, lookback=w.lookback, horizon=w.horizon, params=params))
-            members.append(PackMember(train=(w.x_train, w.y_train), val=(w.x_val, w.y_val), lr=1e-3, weight_decay=0.0, seed=seed))
-        for w, fitted in zip(chunk, fit_pack(models, members, config=FitConfig(epochs=epochs, device=device)), strict=True):
-            prediction = w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype))
-            maes.append(forecast_metrics(w.test_truth, prediction, w.mase_scale)["mae"])
-    return time.perf_counter() - start, maes, _peak(device)
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
-def _peak(device: str) -> float:
-    if device.startswith("cuda"):
-        value = torch.cuda.max_memory_reserved() / 2**20
-        torch.cuda.reset_peak_memory_stats()
-        return value
-    return psutil.Process().memory_info().rss / 2**20
+@contextlib.contextmanager
+def mps_daemon(folder: Path) -> Iterator[dict[str, str] | str]:
+    """CUDA MPS for this run's processes: yields their environment, or why it could not start."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        yield "nvidia-cuda-mps-control not found"
+        return
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "mps-pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "mps-log")}
+    for directory in env.values():
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    started = subprocess.run([control, "-d"], env={**os.environ, **env}, capture_output=True, text=True)
+    if started.returncode != 0:
+        yield f"MPS daemon did not start: {(started.stderr or started.stdout).strip()[:160]}"
+        return
+    try:
+        yield env
+    finally:
+        subprocess.run([control], input="quit\n", env={**os.environ, **env}, capture_output=True, text=True)
+
+
+def ops_per_step(family: str, params: dict[str, Any], lookback: int, pack: int, device: str) -> dict[int, int]:
+    def build() -> torch.nn.Module:
+        return registry.build(family, n_features=1, lookback=lookback, horizon=1, params=params)
+
+    sample = (torch.randn(256, lookback, 1), torch.randn(256, 1))
+    sizes = (1, pack) if pack > 1 else (1, 2)
+    return measure_pack_size(build, sample, batch=128, device=device, candidates=sizes, steps=1, count=True, min_gain=None).ops_per_step
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CPU-sized: 8 trials, small models, lookback 30, 2 epochs")
-    parser.add_argument("--families", default="lstm,gru,tcn,transformer")
-    parser.add_argument("--trials", type=int, default=None)
-    parser.add_argument("--procs", type=int, default=None, help="concurrent processes for (b): 16 on a GPU, the core count on a CPU")
-    parser.add_argument("--pack", type=int, default=None, help="models per fused pack (default: all trials, up to 64)")
+    parser.add_argument("--quick", action="store_true", help="CPU-sized: small models, 8 projects x 2 seeds, 2 epochs, 2 processes")
+    parser.add_argument("--shapes", default=None, help=f"comma-separated, of: {', '.join(SHAPES)} (default: all; --quick: {', '.join(QUICK_SHAPES)})")
+    parser.add_argument("--projects", type=int, default=None)
+    parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--length", type=int, default=None, help="series length (default 1000; --quick 300)")
+    parser.add_argument("--procs", type=int, default=None, help="concurrent processes for (b), (c): 16 on a GPU, the core count on a CPU")
+    parser.add_argument("--skip", default="", help="ways to leave out, comma-separated: one,procs,mps")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     device = str(resolve_device(args.device))
-    n = args.trials or (8 if args.quick else 64)
-    lookback, length, epochs = (30, 600, args.epochs or 2) if args.quick else (60, 2000, args.epochs or 5)
-    procs = args.procs or (16 if device.startswith("cuda") else psutil.cpu_count(logical=True))
-    pack = args.pack or min(n, 64)
-    params_by_family = QUICK_PARAMS if args.quick else PARAMS
+    catalogue = {**SHAPES, **QUICK_SHAPES}
+    names = args.shapes.split(",") if args.shapes else list(QUICK_SHAPES if args.quick else SHAPES)
+    projects, seeds = args.projects or (8 if args.quick else 64), args.seeds or 2
+    epochs, length = args.epochs or (2 if args.quick else 5), args.length or (300 if args.quick else 1000)
+    procs = args.procs or (16 if device.startswith("cuda") else min(2, psutil.cpu_count(logical=True)))
+    skip = set(filter(None, args.skip.split(",")))
     env = environment(device)
-    projects = load_projects("synthetic", n_projects=n, length=length, seed=0)
-    windows = [make_windows(p, lookback, 1) for p in projects.values()]
-    rows, ratios = [], {}
-    for family in args.families.split(","):
-        params = params_by_family[family]
-        measured = {}
-        for way, run in (
-            ("one at a time", lambda: one_at_a_time(family, params, windows, epochs, device)),
-            (f"{procs} processes", lambda: concurrent(family, params, n, lookback, length, epochs, device, procs)),
-            (f"fused packs of {pack}", lambda: packed(family, params, windows, epochs, device, pack)),
-        ):
-            with Utilisation() as gpu:
-                seconds, maes, peak = run()
-            measured[way] = (seconds, maes)
-            rows.append({"config": family, "way": way, "trials": n, "seconds": round(seconds, 2), "trials_per_hour": round(3600 * n / seconds, 1),
-                         "gpu_util_pct": None if gpu.mean() is None else round(gpu.mean(), 1), "peak_memory_mib": round(peak, 1)})
-        (t_one, mae_one), (t_procs, _), (t_pack, mae_pack) = measured.values()
-        ratios[f"{family}: fused vs one at a time"] = t_one / t_pack
-        ratios[f"{family}: fused vs {procs} processes"] = t_procs / t_pack
-        ratios[f"{family}: max relative MAE difference fused vs one at a time"] = max(abs(a - b) / abs(b) for a, b in zip(mae_pack, mae_one, strict=True))
-    run_args = {"trials": n, "lookback": lookback, "series_length": length, "epochs": epochs, "procs": procs, "pack": pack, "quick": args.quick, "device": device,
-                "params": {f: params_by_family[f] for f in args.families.split(",")}}
-    finish("campaign_gpu", "N trials one at a time vs concurrent processes vs fused packs", env, run_args, rows, ratios, args.out)
+    rows: list[dict[str, Any]] = []
+    ratios: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="gpufill-campaign-gpu-") as scratch:
+        folder = Path(scratch)
+        for name in names:
+            family, params, lookback = catalogue[name]
+            path = campaign_file(folder, name, family, params, lookback, projects, seeds, length, epochs)
+            with GpuWatch() as watch:
+                seconds, campaign_maes, chosen = the_campaign(path, folder / f"work-{name}")
+            n = len(campaign_maes)
+            pack = max(chosen["pack_sizes"] or [1])
+            ops = ops_per_step(family, params, lookback, pack, device)
+            rows.append({"config": name, "way": "gpufill campaign", "trials": n, "seconds": round(seconds, 2), "trials_per_hour": round(3600 * n / seconds),
+                         **watch.figures(), "pack_size": pack, "ops_per_step": ops.get(pack), "chosen": chosen})
+            spec = Campaign.from_yaml(path, folder / f"work-{name}").spec
+            payload, base_dir = spec.model_dump(mode="json"), str(path.parent)
+            trials = [vars_of(t) for t in expand(spec, {p: project.fingerprint() for p, project in spec.load_projects().items()})]  # the campaign's ids
+            ways: list[tuple[str, Any]] = []
+            if "one" not in skip:
+                ways.append(("one at a time", lambda: one_at_a_time(payload, base_dir, trials, device)))
+            if "procs" not in skip:
+                ways.append((f"{procs} processes", lambda: processes(payload, base_dir, trials, device, procs)))
+            measured: dict[str, tuple[float, dict[str, float]]] = {}
+            for way, run in ways:
+                with GpuWatch() as watch:
+                    measured[way] = run()
+                rows.append({"config": name, "way": way, "trials": n, "seconds": round(measured[way][0], 2), "trials_per_hour": round(3600 * n / measured[way][0]),
+                             **watch.figures(), "pack_size": 1, "ops_per_step": ops.get(1), "chosen": None})
+            if "mps" not in skip and device.startswith("cuda"):
+                with mps_daemon(folder) as mps:
+                    if isinstance(mps, str):
+                        rows.append({"config": name, "way": f"{procs} processes + MPS", "trials": n, "seconds": None, "trials_per_hour": None,
+                                     "gpu_util_pct": None, "peak_memory_mib": None, "pack_size": 1, "ops_per_step": ops.get(1), "chosen": mps})
+                    else:
+                        with GpuWatch() as watch:
+                            measured["mps"] = processes(payload, base_dir, trials, device, procs, env=mps)
+                        rows.append({"config": name, "way": f"{procs} processes + MPS", "trials": n, "seconds": round(measured["mps"][0], 2),
+                                     "trials_per_hour": round(3600 * n / measured["mps"][0]), **watch.figures(), "pack_size": 1, "ops_per_step": ops.get(1), "chosen": None})
+            for way, (other_seconds, maes) in measured.items():
+                label = way if way != "mps" else f"{procs} processes + MPS"
+                ratios[f"{name}: campaign vs {label}"] = other_seconds / seconds
+                if way == "one at a time":
+                    ratios[f"{name}: max relative test-MAE difference campaign vs one at a time"] = max(
+                        abs(campaign_maes[t] - maes[t]) / abs(maes[t]) for t in maes)
+    run_args = {"shapes": {n: catalogue[n] for n in names}, "projects": projects, "seeds": seeds, "epochs": epochs, "series_length": length,
+                "procs": procs, "device": device, "quick": args.quick, "skip": sorted(skip)}
+    finish("campaign_gpu", "a campaign as gpufill's scheduler runs it vs one at a time vs concurrent processes (vs MPS)", env, run_args, rows, ratios, args.out)
+
+
+def vars_of(trial: Any) -> dict[str, Any]:
+    """A Trial as the scheduler's row (what TrialRunner.run takes)."""
+    import dataclasses
+
+    return {**dataclasses.asdict(trial), "attempts": 0}
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 #
 #   ../shared/tools/device-wheels.sh xgboost-cpu pydantic pydantic-core annotated-types typing-inspection lightgbm \
 #       typing-extensions narwhals pytest pluggy iniconfig packaging                                      # here, once
-#   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 2" and "... 3": each part fits one 10-minute call
+#   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 2" to "... 6": each part fits one 10-minute call
+#   (4 is issue 14's headline: the campaign vs one at a time vs 16 processes vs MPS at LSTM hidden 128, lookback 30)
 #
 # Installs the wheels the GPU image lacks, runs the GPU tests, then each benchmark with a
 # time limit of its own (one that overruns is cut, the rest still run), and copies every
@@ -34,15 +35,23 @@ step() {  # step NAME SECONDS COMMAND...: run one item, keep its log, never stop
 
 part=${1:-all}
 if [ "$part" = 1 ] || [ "$part" = all ]; then
-  step gpu-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  step gpu-tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests
   step fit_speed 200 python3 bench/fit_speed.py --out "$out/fit_speed.json"
   step doctor 60 sh -c "python3 -m gpufill doctor --json > $out/doctor.json"
-  step bench-lstm 150 python3 -m gpufill bench --model lstm --json --out "$out/gpufill_bench-lstm.json"
 fi
 if [ "$part" = 2 ] || [ "$part" = all ]; then
+  step bench-lstm 150 python3 -m gpufill bench --model lstm --json --out "$out/gpufill_bench-lstm.json"
   step bench-transformer 150 python3 -m gpufill bench --model transformer --json --out "$out/gpufill_bench-transformer.json"
-  step pack_speed 120 python3 bench/pack_speed.py --out "$out/pack_speed.json"
-  step campaign_gpu 240 python3 bench/campaign_gpu.py --quick --out "$out/campaign_gpu.json"
+  step pack_speed 240 python3 bench/pack_speed.py --out "$out/pack_speed.json"
+fi
+if [ "$part" = 4 ] || [ "$part" = all ]; then
+  step campaign_gpu-lstm 570 python3 bench/campaign_gpu.py --shapes lstm-h128-l30 --out "$out/campaign_gpu-lstm-h128-l30.json"
+fi
+if [ "$part" = 5 ] || [ "$part" = all ]; then
+  step campaign_gpu-gru-tcn 570 python3 bench/campaign_gpu.py --shapes gru-h128-l30,tcn-c128-l30 --skip mps --out "$out/campaign_gpu-gru-tcn.json"
+fi
+if [ "$part" = 6 ] || [ "$part" = all ]; then
+  step campaign_gpu-more 570 python3 bench/campaign_gpu.py --shapes transformer-d128-l30,lstm-h256-l30,lstm-h128-l90 --skip mps,one --out "$out/campaign_gpu-more.json"
 fi
 if [ "$part" = 3 ] || [ "$part" = all ]; then
   step examples 420 python3 bench/examples.py --device cuda --out "$out/examples.json"

@@ -204,8 +204,9 @@ def test_train_settings_change_neural_ids_only(spec_of):
         {"horizon: 1": "horizon: 1, metric: smape"},  # the metric only ranks results
         {"name: study": "name: renamed"},
         {"lookback: [30, 60]": "lookback: [60, 30]"},
+        {"train: {epochs: 10}": "train: {epochs: 10, cuda_graph: false, batch_search: true}"},  # how steps are launched and split
     ],
-    ids=["resources", "metric", "name", "lookback_order"],
+    ids=["resources", "metric", "name", "lookback_order", "step_mechanics"],
 )
 def test_edits_that_change_no_result_change_no_id(spec_of, edit):
     assert set(ids(expand(spec_of(**edit), PROJECTS))) == set(ids(expand(spec_of(), PROJECTS)))

@@ -274,6 +274,8 @@ class TrainSpec(Spec):
     """Effective batch; "auto": the plan picks it for throughput."""
     precision: Literal["auto", "bf16", "fp16", "fp32"] = DEFAULTS.precision
     compile: StrictBool | Literal["auto"] = DEFAULTS.compile
+    cuda_graph: StrictBool | Literal["auto"] = DEFAULTS.cuda_graph
+    """Fused packs on a GPU: replay each step as one captured CUDA graph (auto: when measured faster; cached per shape)."""
     batch_search: StrictBool | Literal["auto"] = DEFAULTS.batch_search
     """Measure micro-batch sizes and keep the fastest (auto: on GPUs for long trainings); cached per shape in the workdir."""
     lr: Annotated[Float, Field(gt=0)] = DEFAULTS.lr
@@ -318,6 +320,7 @@ class TrainSpec(Spec):
             batch_size=merged.batch_size,
             precision=merged.precision,
             compile=merged.compile,
+            cuda_graph=merged.cuda_graph,
             batch_search=merged.batch_search,
             validate_every=merged.validate_every,
             patience=stop.patience if stop else None,

@@ -145,9 +145,10 @@ def _id_base(spec: CampaignSpec, kind: str, projects: Sequence[str]) -> dict[str
     if spec.task.mode == "global":  # one model over all projects: which ones changes its result
         base["projects"] = sorted(projects)
     if kind == "neural":  # classical models have no epochs, lr or batch: train: never moves their results
-        # batch_search only picks how a step is split into micro-batches (float rounding), so it is
-        # not part of the identity: turning it on must not re-run a finished campaign.
-        base["train_spec"] = spec.train.model_dump(mode="json", exclude={"batch_search"})
+        # batch_search (how a step is split into micro-batches) and cuda_graph (how a pack's step is
+        # launched) change results by float rounding at most, so they are not part of the identity:
+        # turning them on must not re-run a finished campaign.
+        base["train_spec"] = spec.train.model_dump(mode="json", exclude={"batch_search", "cuda_graph"})
     return base
 
 
