@@ -144,6 +144,12 @@ def test_measured_shapes_run_side_by_side_and_never_past_the_memory_margin(tmp_p
     assert any(shapes == {"large"} for shapes in executor.side_by_side) and any(len(shapes) > 1 and "large" in shapes for shapes in executor.side_by_side)
 
 
+def test_the_scheduler_probes_with_as_many_trials_as_the_largest_pack_measured():
+    from gpufill.engine.measure.pack import CANDIDATE_SIZES
+
+    assert PROBE_PACK == max(CANDIDATE_SIZES) == 64
+
+
 def test_admission_rule_with_a_fake_memory_model():
     lane = gpu_lane(slots=2)
     book = ShapeBook({("gpu", "a"): ShapeFact(8, "", {8: 4 * GIB}), ("gpu", "b"): ShapeFact(8, "", {1: GIB, 8: 5 * GIB})})

@@ -19,7 +19,7 @@ import torch
 from gpufill.campaign.attempt import attempt
 from gpufill.forecasting.data import forecast_metrics
 from gpufill.forecasting.task import ForecastRun, predict
-from gpufill.engine.hardware import detect
+from gpufill.engine.hardware import context_bytes, detect
 from gpufill.forecasting.models import registry
 from gpufill.engine.packs.fused import can_fuse
 from gpufill.engine.packs.train import PackMember, fit_pack
@@ -93,8 +93,6 @@ def _memory_budget(device: str, margin: float) -> int | None:
     """memory_margin of the device, less what this process holds outside the allocator (CUDA only)."""
     if not device.startswith("cuda"):
         return None
-    from gpufill.campaign.worker import context_bytes
-
     total = torch.cuda.get_device_properties(torch.device(device)).total_memory
     return int(margin * total) - (context_bytes(device) or 0)
 

@@ -23,7 +23,6 @@ from typing import Any
 from gpufill.campaign.executors.base import Crashed, Executor, Finished, Worker
 from gpufill.campaign.admission import META_KEY, Running, ShapeBook, admits
 from gpufill.campaign.lanes import Lane
-from gpufill.engine.measure.pack import CANDIDATE_SIZES
 from gpufill.campaign.queue import ShapeQueue
 from gpufill.campaign.store import Store
 
@@ -33,8 +32,9 @@ log = logging.getLogger("gpufill.scheduler")
 ALERT_WINDOW_S = 600.0
 ALERT_EVERY_S = 30.0
 
-PROBE_PACK = max(CANDIDATE_SIZES)
-"""Trials sent together for a shape whose pack size is not measured yet: the largest size tried."""
+PROBE_PACK = 64
+"""Trials sent together for a shape whose pack size is not measured yet: the largest size the worker
+tries (engine.measure.pack.CANDIDATE_SIZES; a literal here keeps torch out of the scheduler's imports)."""
 
 # trial_timeout "auto": this many times the slowest finished trial of the shape, and never less
 # than the floor (a fresh worker's start-up and a cold cache fit under it).

@@ -57,6 +57,8 @@ def worker_main(conn: Connection) -> None:
         with sending:
             conn.send(message)
 
+    from gpufill.engine.hardware import context_bytes
+
     runner = start_runner(setup)
     runner.on_progress = send
     # Heartbeats count from here: start-up (imports, CUDA) is not a hang. GPU admission counts the context's memory.
@@ -74,26 +76,6 @@ def worker_main(conn: Connection) -> None:
         except (BrokenPipeError, OSError):
             return
         release_cached_memory(setup["device"])
-
-
-def context_bytes(device: str) -> int | None:
-    """Device memory this process holds beyond PyTorch's allocator (its CUDA context, library
-    workspaces), from NVML's per-process accounting; None off a GPU or without NVML."""
-    if not device.startswith("cuda"):
-        return None
-    try:
-        import pynvml
-        import torch
-
-        pynvml.nvmlInit()
-        index = torch.cuda.current_device()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        physical = int(visible.split(",")[index]) if visible and visible.split(",")[index].strip().isdigit() else index
-        handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
-        used = next((p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == os.getpid()), None)
-        return None if used is None else max(0, int(used) - int(torch.cuda.memory_reserved()))
-    except Exception:  # noqa: BLE001 - NVML absent or restricted (containers): admission uses its default
-        return None
 
 
 def release_cached_memory(device: str) -> None:

@@ -217,3 +217,22 @@ def free_memory_bytes(hardware: Hardware) -> int:
         free, _total = torch.cuda.mem_get_info(torch.device(hardware.device))
         return int(free)
     return int(psutil.virtual_memory().available)
+
+
+def context_bytes(device: str) -> int | None:
+    """Device memory this process holds beyond PyTorch's allocator (its CUDA context, library
+    workspaces), from NVML's per-process accounting; None off a GPU or without NVML."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = torch.cuda.current_device()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        physical = int(visible.split(",")[index]) if visible and visible.split(",")[index].strip().isdigit() else index
+        handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
+        used = next((p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == os.getpid()), None)
+        return None if used is None else max(0, int(used) - int(torch.cuda.memory_reserved()))
+    except Exception:  # noqa: BLE001 - NVML absent or restricted (containers): admission uses its default
+        return None
