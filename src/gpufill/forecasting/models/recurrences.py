@@ -35,8 +35,13 @@ def _no_autocast(device: torch.device) -> Any:
 
 
 def _previous(states: torch.Tensor) -> torch.Tensor:
-    """(K, T, B, H) states at t - 1 for every t (zeros at t = 0)."""
-    return torch.cat((torch.zeros_like(states[:, :1]), states[:, :-1]), dim=1)
+    """(T, K, B, H) states at t - 1 for every t (zeros at t = 0)."""
+    return torch.cat((torch.zeros_like(states[:1]), states[:-1]), dim=0)
+
+
+# Buffers are time-major (T, K, B, ...): each step reads and writes one contiguous block, which
+# keeps the CPU's kernels vectorised and a GPU's accesses coalesced. Inputs and outputs keep
+# the (K, T, B, ...) layout of the callers (transposed views).
 
 
 class LSTMLayer(torch.autograd.Function):
@@ -46,31 +51,33 @@ class LSTMLayer(torch.autograd.Function):
     def forward(ctx: Any, xproj: torch.Tensor, w_hh: torch.Tensor) -> torch.Tensor:
         k, steps, batch, width = xproj.shape
         hidden = width // 4
-        acts = torch.empty_like(xproj)  # sigmoid(o, i, f), tanh(g) per step
-        cells = xproj.new_empty(k, steps, batch, hidden)
+        x = xproj.transpose(0, 1)  # (T, K, B, 4H) view
+        acts = xproj.new_empty(steps, k, batch, width)  # sigmoid(o, i, f), tanh(g) per step
+        cells = xproj.new_empty(steps, k, batch, hidden)
         cells_tanh = torch.empty_like(cells)
         hs = torch.empty_like(cells)
         w_t = w_hh.transpose(1, 2)
         with _no_autocast(xproj.device):
             for t in range(steps):
-                pre = xproj[:, t] if t == 0 else torch.baddbmm(xproj[:, t], hs[:, t - 1], w_t)
-                torch.sigmoid(pre[..., : 3 * hidden], out=acts[:, t, :, : 3 * hidden])
-                torch.tanh(pre[..., 3 * hidden :], out=acts[:, t, :, 3 * hidden :])
-                o, i, f, g = acts[:, t].split(hidden, dim=-1)
+                pre = x[t] if t == 0 else torch.baddbmm(x[t], hs[t - 1], w_t)
+                torch.sigmoid(pre[..., : 3 * hidden], out=acts[t, ..., : 3 * hidden])
+                torch.tanh(pre[..., 3 * hidden :], out=acts[t, ..., 3 * hidden :])
+                o, i, f, g = acts[t].split(hidden, dim=-1)
                 if t == 0:  # c = 0 before the first step: no forget term
-                    torch.mul(i, g, out=cells[:, t])
+                    torch.mul(i, g, out=cells[t])
                 else:
-                    torch.addcmul(f * cells[:, t - 1], i, g, out=cells[:, t])
-                torch.tanh(cells[:, t], out=cells_tanh[:, t])
-                torch.mul(o, cells_tanh[:, t], out=hs[:, t])
+                    torch.addcmul(f * cells[t - 1], i, g, out=cells[t])
+                torch.tanh(cells[t], out=cells_tanh[t])
+                torch.mul(o, cells_tanh[t], out=hs[t])
         ctx.save_for_backward(acts, cells, cells_tanh, hs, w_hh)
-        return hs
+        return hs.transpose(0, 1)
 
     @staticmethod
-    def backward(ctx: Any, grad_hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         acts, cells, cells_tanh, hs, w_hh = ctx.saved_tensors
-        k, steps, batch, width = acts.shape
+        steps, k, batch, width = acts.shape
         hidden = width // 4
+        grad_hs = grad_out.transpose(0, 1)
         o, i, f, g = acts.split(hidden, dim=-1)
         # Every factor that does not depend on the recurrence, for all steps at once:
         # d pre_o = dh * tanh(c) o (1 - o); d pre_(i, f, g) = dc * (g i (1 - i), c_prev f (1 - f), i (1 - g^2));
@@ -79,16 +86,15 @@ class LSTMLayer(torch.autograd.Function):
         by_dc = torch.cat((_sigmoid_backward(g, i), _sigmoid_backward(_previous(cells), f), _tanh_backward(i, g)), dim=-1)
         dc_from_dh = _tanh_backward(o, cells_tanh)
         grad_pre = torch.empty_like(acts)
-        dh = grad_hs[:, steps - 1]
+        dh = grad_hs[steps - 1]
         dc = None
         for t in range(steps - 1, -1, -1):
-            dc = dh * dc_from_dh[:, t] if dc is None else torch.addcmul(dc * f[:, t + 1], dh, dc_from_dh[:, t])
-            torch.mul(by_dh[:, t], dh, out=grad_pre[:, t, :, :hidden])
-            torch.mul(by_dc[:, t].unflatten(-1, (3, hidden)), dc.unsqueeze(2), out=grad_pre[:, t, :, hidden:].unflatten(-1, (3, hidden)))
+            dc = dh * dc_from_dh[t] if dc is None else torch.addcmul(dc * f[t + 1], dh, dc_from_dh[t])
+            torch.mul(by_dh[t], dh, out=grad_pre[t, ..., :hidden])
+            torch.mul(by_dc[t].unflatten(-1, (3, hidden)), dc.unsqueeze(2), out=grad_pre[t, ..., hidden:].unflatten(-1, (3, hidden)))
             if t > 0:  # through the hidden projection, plus what h_(t-1) gets from above
-                dh = torch.baddbmm(grad_hs[:, t - 1], grad_pre[:, t], w_hh)
-        grad_w_hh = _summed_outer(grad_pre, hs)
-        return grad_pre, grad_w_hh
+                dh = torch.baddbmm(grad_hs[t - 1], grad_pre[t], w_hh)
+        return grad_pre.transpose(0, 1), _summed_outer(grad_pre, hs)
 
 
 class GRULayer(torch.autograd.Function):
@@ -98,34 +104,36 @@ class GRULayer(torch.autograd.Function):
     def forward(ctx: Any, xproj: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
         k, steps, batch, width = xproj.shape
         hidden = width // 3
+        x = xproj.transpose(0, 1)  # (T, K, B, 3H) view
         with _no_autocast(xproj.device):
             # The hidden projection's additive term per step: (x_r + b_hr, x_z + b_hz, b_hn), so that one
             # baddbmm gives the r and z pre-activations and W_hn h + b_hn (which r scales) at once.
-            base = torch.cat((xproj[..., : 2 * hidden] + b_hh[:, None, None, : 2 * hidden],
-                              b_hh[:, None, None, 2 * hidden :].expand(k, steps, batch, hidden)), dim=-1)
-            projected = torch.empty_like(xproj)  # (r, z pre-activations, W_hn h + b_hn) per step
-            gates = xproj.new_empty(k, steps, batch, 2 * hidden)  # sigmoid(r, z)
-            news = xproj.new_empty(k, steps, batch, hidden)  # n
+            base = torch.cat((x[..., : 2 * hidden] + b_hh[:, None, : 2 * hidden],
+                              b_hh[:, None, 2 * hidden :].expand(steps, k, batch, hidden)), dim=-1)
+            projected = torch.empty_like(base)  # (r, z pre-activations, W_hn h + b_hn) per step
+            gates = xproj.new_empty(steps, k, batch, 2 * hidden)  # sigmoid(r, z)
+            news = xproj.new_empty(steps, k, batch, hidden)  # n
             hs = torch.empty_like(news)
             zero = xproj.new_zeros(k, batch, hidden)
             w_t = w_hh.transpose(1, 2)
             for t in range(steps):
                 if t == 0:  # h = 0 before the first step: the projection is the bias alone
-                    projected[:, 0] = base[:, 0]
+                    projected[0] = base[0]
                 else:
-                    torch.baddbmm(base[:, t], hs[:, t - 1], w_t, out=projected[:, t])
-                torch.sigmoid(projected[:, t, :, : 2 * hidden], out=gates[:, t])
-                r, z = gates[:, t].split(hidden, dim=-1)
-                torch.tanh(torch.addcmul(xproj[:, t, :, 2 * hidden :], r, projected[:, t, :, 2 * hidden :]), out=news[:, t])
-                torch.lerp(news[:, t], zero if t == 0 else hs[:, t - 1], z, out=hs[:, t])  # (1 - z) n + z h
+                    torch.baddbmm(base[t], hs[t - 1], w_t, out=projected[t])
+                torch.sigmoid(projected[t, ..., : 2 * hidden], out=gates[t])
+                r, z = gates[t].split(hidden, dim=-1)
+                torch.tanh(torch.addcmul(x[t, ..., 2 * hidden :], r, projected[t, ..., 2 * hidden :]), out=news[t])
+                torch.lerp(news[t], zero if t == 0 else hs[t - 1], z, out=hs[t])  # (1 - z) n + z h
         ctx.save_for_backward(projected, gates, news, hs, w_hh)
-        return hs
+        return hs.transpose(0, 1)
 
     @staticmethod
-    def backward(ctx: Any, grad_hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         projected, gates, news, hs, w_hh = ctx.saved_tensors
-        k, steps, batch, width = projected.shape
+        steps, k, batch, width = projected.shape
         hidden = width // 3
+        grad_hs = grad_out.transpose(0, 1)
         r, z = gates.split(hidden, dim=-1)
         hidden_n = projected[..., 2 * hidden :]
         # For all steps at once: d pre_n = dh (1 - z)(1 - n^2); d pre_z = dh (h_prev - n) z (1 - z);
@@ -135,26 +143,27 @@ class GRULayer(torch.autograd.Function):
         r_factor = _sigmoid_backward(hidden_n, r)
         grad_projected = torch.empty_like(projected)  # also d(x_r, x_z): they enter the same sums
         grad_x_n = torch.empty_like(news)
-        dh = grad_hs[:, steps - 1]
+        dh = grad_hs[steps - 1]
         for t in range(steps - 1, -1, -1):
-            torch.mul(dh, n_factor[:, t], out=grad_x_n[:, t])
-            torch.mul(dh, z_factor[:, t], out=grad_projected[:, t, :, hidden : 2 * hidden])
-            torch.mul(grad_x_n[:, t], r_factor[:, t], out=grad_projected[:, t, :, :hidden])
-            torch.mul(grad_x_n[:, t], r[:, t], out=grad_projected[:, t, :, 2 * hidden :])
+            torch.mul(dh, n_factor[t], out=grad_x_n[t])
+            torch.mul(dh, z_factor[t], out=grad_projected[t, ..., hidden : 2 * hidden])
+            torch.mul(grad_x_n[t], r_factor[t], out=grad_projected[t, ..., :hidden])
+            torch.mul(grad_x_n[t], r[t], out=grad_projected[t, ..., 2 * hidden :])
             if t > 0:
-                dh = torch.baddbmm(torch.addcmul(grad_hs[:, t - 1], dh, z[:, t]), grad_projected[:, t], w_hh)
+                dh = torch.baddbmm(torch.addcmul(grad_hs[t - 1], dh, z[t]), grad_projected[t], w_hh)
         grad_xproj = torch.cat((grad_projected[..., : 2 * hidden], grad_x_n), dim=-1)
-        grad_b_hh = grad_projected.sum(dim=(1, 2))
-        return grad_xproj, _summed_outer(grad_projected, hs), grad_b_hh
+        grad_b_hh = grad_projected.sum(dim=(0, 2))
+        return grad_xproj.transpose(0, 1), _summed_outer(grad_projected, hs), grad_b_hh
 
 
 def _summed_outer(grad_pre: torch.Tensor, hs: torch.Tensor) -> torch.Tensor:
-    """Sum over steps t >= 1 and the batch of grad_pre_t^T h_(t-1): the hidden weights' gradient (K, G*H, H)."""
-    k, steps, batch, width = grad_pre.shape
+    """Sum over steps t >= 1 and the batch of grad_pre_t^T h_(t-1): the hidden weights' gradient (K, G*H, H).
+    Time-major inputs (T, K, B, ...)."""
+    steps, k, batch, width = grad_pre.shape
     if steps == 1:
         return grad_pre.new_zeros(k, width, hs.shape[-1])
-    later = grad_pre[:, 1:].reshape(k, (steps - 1) * batch, width)
-    earlier = hs[:, :-1].reshape(k, (steps - 1) * batch, hs.shape[-1])
+    later = grad_pre[1:].transpose(0, 1).reshape(k, (steps - 1) * batch, width)
+    earlier = hs[:-1].transpose(0, 1).reshape(k, (steps - 1) * batch, hs.shape[-1])
     return torch.bmm(later.transpose(1, 2), earlier)
 
 
