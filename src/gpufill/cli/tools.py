@@ -81,8 +81,9 @@ def bench(
         console.print(f"wrote {out}")
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def doctor(
+    ctx: typer.Context,
     model: str = typer.Option("lstm", "--model", "-m", help=_MODEL_HELP),
     data: str = typer.Option("synthetic", "--data", help=_DATA_HELP),
     loss: str = typer.Option("mse", "--loss", help=_LOSS_HELP),
@@ -92,7 +93,13 @@ def doctor(
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
-    """Environment checks, a speed test against the peak, and what limits a training (with the fix and its expected gain)."""
+    """Environment checks, a speed test against the peak, and what limits a training (with the fix and its expected gain).
+
+    gpufill doctor [--steps N] [--json] -- COMMAND ...: diagnose your own training script, unchanged.
+    """
+    if ctx.args:
+        _doctor_script(ctx.args, steps=steps, as_json=as_json)
+        return
     # torch is imported only when a command runs
     from gpufill.doctor import diagnose
     from gpufill.doctor import run as run_doctor
@@ -123,3 +130,20 @@ def doctor(
         print(json.dumps(record))
     else:
         print_report(record, console)
+
+
+def _doctor_script(command: list[str], *, steps: int, as_json: bool) -> None:
+    """`gpufill doctor -- COMMAND`: the script's own exit code passes through when it crashed or ended early."""
+    from gpufill.doctor.profiler import check_positive
+    from gpufill.doctor.script import diagnose_script
+    from gpufill.doctor.script_display import print_script_report
+
+    check_positive(steps=steps)
+    console = Console(stderr=as_json)
+    diagnosis = diagnose_script(command, steps=steps, quiet_output=as_json)
+    if as_json:
+        print(json.dumps(diagnosis.to_dict()))
+    else:
+        print_script_report(diagnosis.to_dict(), console)
+    if diagnosis.exit_code:
+        raise typer.Exit(diagnosis.exit_code)

@@ -159,7 +159,7 @@ def classify(timings: PhaseTimings, yardstick: Yardstick) -> Verdict:
         return _input_bound(timings, yardstick, evidence)
     if scaling is not None and scaling < SCALING_OVERHEAD:
         return _overhead_bound(timings, yardstick, evidence, scaling)
-    scales = f"t(2b)/t(b) = {scaling:.2f} (>= {SCALING_OVERHEAD})" if scaling is not None else "2b did not fit, so scaling is not measured"
+    scales = f"t(2b)/t(b) = {scaling:.2f} (>= {SCALING_OVERHEAD})" if scaling is not None else "scaling with the batch not measured (2b did not fit, or the batch is the script's own)"
     if matmul_share is None:
         # Without a FLOP count the two cannot be told apart; compute-bound is the verdict whose fix
         # (a faster precision or device) also helps a memory-bound training.

@@ -1,0 +1,289 @@
+"""What `gpufill doctor -- COMMAND` runs inside the user's own process, loaded at interpreter start
+(`doctor/inject/sitecustomize.py`), with no edit to the script.
+
+It watches the training through public hooks and a few wrapped entry points, and writes one
+JSON report per process (per rank under torchrun) to GPUFILL_DOCTOR_OUT:
+
+- optimizer steps: torch's global step hooks (every optimizer, whatever the script builds);
+- data wait: `next()` on any DataLoader iterator, and the DataLoader's settings and the line
+  that built it;
+- host-device copies: `Tensor.to` / `.cuda` from the host to a GPU;
+- backward: `Tensor.backward`;
+- host reads of device values (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`): each is a
+  host-device sync on a GPU, counted per line of the script;
+- one step under torch's FlopCounterMode and a dispatch mode that records the matmuls' dtypes
+  (the precision actually in effect), plus the TF32 / cudnn.benchmark flags and compile.
+
+After the warm-up and N measured steps it writes the report and stops the process with
+SystemExit(0) (the script's own `finally` blocks run); a script that crashes or ends first
+gets a partial report from an atexit handler, with what stopped it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+OUT_ENV = "GPUFILL_DOCTOR_OUT"
+STEPS_ENV = "GPUFILL_DOCTOR_STEPS"
+WARMUP_ENV = "GPUFILL_DOCTOR_WARMUP"
+STOPPED_EXIT = 0
+
+_HERE = str(Path(__file__).resolve().parent.parent)  # the gpufill package: its frames are not "the script's line"
+
+
+class _Recorder:
+    def __init__(self, out: Path, steps: int, warmup: int):
+        self.out, self.steps, self.warmup = out, steps, warmup
+        self.step_count = 0
+        self.last_post: float | None = None
+        self.pre_at: float | None = None
+        self.data_s = self.copy_s = self.backward_s = 0.0
+        self.records: list[dict[str, float]] = []
+        self.syncs: Counter[str] = Counter()
+        self.loaders: list[dict[str, Any]] = []
+        self.optimizers: dict[int, dict[str, Any]] = {}
+        self.batch_size: int | None = None
+        self.flops: float | None = None
+        self.matmul_dtypes: Counter[str] = Counter()
+        self.autocast_seen: set[str] = set()
+        self.devices: set[str] = set()
+        self.written = False
+        self.stop_reason = "the script ended before the measured steps"
+        self.error: str | None = None
+        self._flop_mode: Any = None
+        self._dtype_mode: Any = None
+
+    # -- measuring ------------------------------------------------------------------------
+    @property
+    def measuring(self) -> bool:
+        return self.warmup <= self.step_count < self.warmup + self.steps
+
+    def pre_step(self, optimizer: Any, *_: Any) -> None:
+        self.pre_at = time.perf_counter()
+        if id(optimizer) not in self.optimizers:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self.optimizers[id(optimizer)] = {"class": type(optimizer).__name__, "parameters": int(sum(p.numel() for p in params)),
+                                              "tensors": len(params), "lr": optimizer.param_groups[0].get("lr"),
+                                              "foreach": optimizer.defaults.get("foreach"), "fused": optimizer.defaults.get("fused")}
+            self.devices.update(str(p.device) for p in params)
+
+    def post_step(self, optimizer: Any, *_: Any) -> None:
+        now = time.perf_counter()
+        if self.measuring and self.last_post is not None and self.pre_at is not None:
+            step = now - self.last_post
+            optimizer_s = now - self.pre_at
+            self.records.append({"step_s": step, "data_s": self.data_s, "copy_s": self.copy_s, "backward_s": self.backward_s,
+                                 "optimizer_s": optimizer_s, "forward_s": max(0.0, step - self.data_s - self.copy_s - self.backward_s - optimizer_s)})
+        self._count_flops_around(self.step_count)
+        self.step_count += 1
+        self.data_s = self.copy_s = self.backward_s = 0.0
+        self.last_post = time.perf_counter()
+        if self.step_count >= self.warmup + self.steps:
+            self.stop_reason = f"stopped after {self.warmup} warm-up and {self.steps} measured steps"
+            self.write()
+            raise SystemExit(STOPPED_EXIT)
+
+    def _count_flops_around(self, finished_step: int) -> None:
+        """Enter the FLOP counter after the first warm-up step; leave it after the next one."""
+        if self._flop_mode is not None:
+            self._dtype_mode.__exit__(None, None, None)
+            self._flop_mode.__exit__(None, None, None)
+            self.flops = float(self._flop_mode.get_total_flops())
+            self._flop_mode = None
+        elif finished_step == max(0, self.warmup - 2) and self.flops is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            self._flop_mode = FlopCounterMode(display=False)
+            self._flop_mode.__enter__()
+            self._dtype_mode = _MatmulDtypes(self.matmul_dtypes)
+            self._dtype_mode.__enter__()
+
+    def note_sync(self, what: str) -> None:
+        if self.measuring:
+            self.syncs[f"{what} at {_script_line()}"] += 1
+
+    # -- the report -----------------------------------------------------------------------
+    def write(self) -> None:
+        if self.written:
+            return
+        self.written = True
+        import torch
+
+        report = {
+            "pid": os.getpid(),
+            "rank": int(os.environ.get("RANK", "0")),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "argv": sys.argv,
+            "steps_seen": self.step_count,
+            "warmup": self.warmup,
+            "steps_wanted": self.steps,
+            "stop_reason": self.stop_reason,
+            "error": self.error,
+            "records": self.records,
+            "syncs": dict(self.syncs),
+            "loaders": self.loaders,
+            "optimizers": list(self.optimizers.values()),
+            "batch_size": self.batch_size,
+            "flops_per_step": self.flops,
+            "matmul_dtypes": dict(self.matmul_dtypes),
+            "devices": sorted(self.devices),
+            "flags": {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+                      "cudnn_benchmark": torch.backends.cudnn.benchmark, "float32_matmul_precision": torch.get_float32_matmul_precision()},
+            "compiled": _compiled(),
+            "torch": torch.__version__,
+        }
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"report-{report['rank']}-{os.getpid()}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(report))
+        os.replace(path.with_suffix(".tmp"), path)
+
+
+class _MatmulDtypes:
+    """Counts the dtypes of matmul-like operators (what autocast actually ran)."""
+
+    _NAMES = ("mm", "addmm", "bmm", "baddbmm", "matmul", "convolution", "_scaled_dot_product_flash_attention",
+              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention")
+
+    def __init__(self, counts: Counter[str]):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        names = self._NAMES
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                if func.overloadpacket.__name__ in names and args and hasattr(args[0], "dtype"):
+                    counts[str(args[0].dtype).replace("torch.", "")] += 1
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+
+    def __enter__(self) -> _MatmulDtypes:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+
+def _compiled() -> bool:
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        return False
+    try:
+        return bool(dynamo.counters["stats"].get("unique_graphs", 0))
+    except Exception:  # noqa: BLE001 - private counters moved: say "not seen"
+        return False
+
+
+def _script_line() -> str:
+    """file:line of the innermost frame outside torch and gpufill: the user's line."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not (filename.startswith(_HERE) or "/torch/" in filename or filename.startswith("<")):
+            return f"{os.path.relpath(filename) if not filename.startswith('..') else filename}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "unknown"
+
+
+def install() -> None:
+    """Hook the training (called by sitecustomize when GPUFILL_DOCTOR_OUT is set)."""
+    out = os.environ.get(OUT_ENV)
+    if not out:
+        return
+    import torch
+    import torch.utils.data
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    recorder = _Recorder(Path(out), steps=int(os.environ.get(STEPS_ENV, "20")), warmup=int(os.environ.get(WARMUP_ENV, "3")))
+    register_optimizer_step_pre_hook(recorder.pre_step)
+    register_optimizer_step_post_hook(recorder.post_step)
+    _wrap_loader(recorder, torch.utils.data)
+    _wrap_tensor(recorder, torch)
+    _wrap_exit(recorder)
+
+
+def _wrap_loader(recorder: _Recorder, data: Any) -> None:
+    loader_init = data.DataLoader.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        loader_init(self, *args, **kwargs)
+        recorder.loaders.append({"at": _script_line(), "batch_size": self.batch_size, "num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                                 "prefetch_factor": self.prefetch_factor, "persistent_workers": self.persistent_workers})
+        if recorder.batch_size is None and self.batch_size is not None:
+            recorder.batch_size = int(self.batch_size)
+
+    data.DataLoader.__init__ = init
+    iterator = data.dataloader._BaseDataLoaderIter
+    next_batch = iterator.__next__
+
+    def timed_next(self: Any) -> Any:
+        tick = time.perf_counter()
+        try:
+            return next_batch(self)
+        finally:
+            recorder.data_s += time.perf_counter() - tick
+
+    iterator.__next__ = timed_next
+
+
+def _wrap_tensor(recorder: _Recorder, torch: Any) -> None:
+    tensor = torch.Tensor
+    backward = tensor.backward
+
+    def timed_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tick = time.perf_counter()
+        try:
+            return backward(self, *args, **kwargs)
+        finally:
+            recorder.backward_s += time.perf_counter() - tick
+
+    tensor.backward = timed_backward
+    for name in ("to", "cuda"):
+        original = getattr(tensor, name)
+
+        def timed_copy(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            tick = time.perf_counter()
+            result = _original(self, *args, **kwargs)
+            if self.device.type == "cpu" and getattr(result, "device", self.device).type != "cpu":
+                recorder.copy_s += time.perf_counter() - tick
+            return result
+
+        setattr(tensor, name, timed_copy)
+    for name in ("item", "tolist", "cpu", "numpy"):
+        original = getattr(tensor, name)
+
+        def noted(self: Any, *args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            recorder.note_sync(f"{_name}()")
+            return _original(self, *args, **kwargs)
+
+        setattr(tensor, name, noted)
+
+
+def _wrap_exit(recorder: _Recorder) -> None:
+    hook = sys.excepthook
+
+    def excepthook(kind: Any, error: BaseException, trace: Any) -> None:
+        frames = traceback.extract_tb(trace)
+        where = next((f"{os.path.relpath(f.filename)}:{f.lineno}" for f in reversed(frames) if not f.filename.startswith(_HERE) and "/torch/" not in f.filename), "")
+        recorder.error = f"{kind.__name__}: {error}" + (f" at {where}" if where else "")
+        recorder.stop_reason = f"the script raised {kind.__name__} after {recorder.step_count} steps"
+        recorder.write()
+        hook(kind, error, trace)
+
+    sys.excepthook = excepthook
+
+    def at_exit() -> None:
+        if not recorder.written:
+            recorder.stop_reason = f"the script ended after {recorder.step_count} optimizer steps (wanted {recorder.warmup} warm-up + {recorder.steps})"
+            recorder.write()
+
+    atexit.register(at_exit)

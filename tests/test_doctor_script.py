@@ -1,0 +1,67 @@
+"""`gpufill doctor -- COMMAND` on plain PyTorch scripts written the way the guides' users write them
+(tests/user_scripts/, none of them uses gpufill): the verdict, the script's own lines, partial
+reports and the script's exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "user_scripts"
+
+
+def doctor(script: str, *args: str, steps: int = 5) -> tuple[int, dict, str]:
+    command = [sys.executable, "-m", "gpufill", "doctor", "--steps", str(steps), "--json", "--", sys.executable, str(SCRIPTS / script), *args]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.stdout.strip(), run.stderr
+    return run.returncode, json.loads(run.stdout), run.stderr
+
+
+def test_a_loader_bound_script_is_input_bound_and_its_dataloader_line_is_named():
+    code, report, _ = doctor("loader_bound.py")
+    assert code == 0 and report["stopped_by_doctor"]
+    assert report["verdict"]["kind"] == "input-bound"
+    assert report["shares"]["data_wait"] >= 0.4
+    first = report["findings"][0]
+    assert "DataLoader(num_workers=0" in first["what"] and "loader_bound.py:22" in first["what"]
+    share = report["shares"]["data_wait"] + report["shares"]["copy"]
+    assert first["expected_gain"] == pytest.approx(1 / (1 - share), rel=0.02)
+    assert report["training"]["loaders"][0]["batch_size"] == 32 and report["training"]["parameters"] == 16 * 32 + 32 + 32 + 1
+
+
+def test_a_per_step_item_is_named_with_its_line_and_counted_once_per_step():
+    code, report, _ = doctor("item_every_step.py", steps=6)
+    assert code == 0
+    assert list(report["syncs"].values()) == [6] and list(report["syncs"])[0].startswith("item() at ")
+    assert list(report["syncs"])[0].endswith("item_every_step.py:17")
+    assert any("item() at" in f["what"] and "1 per step" in f["what"] for f in report["findings"])
+
+
+def test_a_compute_heavy_script_is_compute_bound_with_its_flops_counted():
+    code, report, _ = doctor("compute_heavy.py", steps=3)
+    assert code == 0
+    assert report["verdict"]["kind"] == "compute-bound"
+    first, layers = 1024 * 2048, 1024 * 2048 + 2048 * 2048 + 2048 * 1024
+    # Forward 2 FLOPs per weight and sample, backward 4 (2 for the first layer: its input needs no gradient).
+    assert report["training"]["flops_per_step"] == 512 * (6 * layers - 2 * first)
+    assert report["training"]["precision"].startswith("float32 (")
+
+
+def test_a_script_that_crashes_gets_a_partial_report_and_keeps_its_exit_code():
+    code, report, stderr = doctor("crash_at_step3.py")
+    assert code == 1 and not report["stopped_by_doctor"]
+    assert report["verdict"] is None and report["shares"] is None
+    assert "RuntimeError" in report["error"] and "crash_at_step3.py:12" in report["error"]
+    assert any("raised RuntimeError after 3 steps" in item for item in report["not_measured"])
+    assert report["training"]["optimizer"] == "SGD"
+    assert "Traceback" in stderr  # the script's own output passes through
+
+
+def test_a_command_that_is_not_there_is_one_line_and_exit_2():
+    run = subprocess.run([sys.executable, "-m", "gpufill", "doctor", "--", "no-such-command-here", "x"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "'no-such-command-here' is not a command here" in run.stderr and len(run.stderr.strip().splitlines()) == 1
