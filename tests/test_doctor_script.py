@@ -65,3 +65,14 @@ def test_a_command_that_is_not_there_is_one_line_and_exit_2():
     run = subprocess.run([sys.executable, "-m", "gpufill", "doctor", "--", "no-such-command-here", "x"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "'no-such-command-here' is not a command here" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_under_torchrun_each_rank_is_instrumented_and_rank_0_is_reported():
+    command = [sys.executable, "-m", "gpufill", "doctor", "--steps", "4", "--json", "--",
+               sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "ddp_train.py")]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    report = json.loads(run.stdout)
+    assert run.returncode == 0 and report["stopped_by_doctor"], run.stderr
+    assert report["ranks"] == 2 and report["training"]["world_size"] == 2  # the torchrun launcher is not counted as a rank
+    assert report["training"]["optimizer"] == "AdamW" and report["training"]["loaders"][0]["at"].endswith("ddp_train.py:14")
+    assert report["verdict"]["kind"] in ("input-bound", "compute-bound", "memory-bound")

@@ -83,7 +83,10 @@ def diagnose_script(command: list[str], *, steps: int, quiet_output: bool = Fals
         # The script's own output goes to stderr under --json, so stdout stays one JSON object.
         completed = subprocess.run(command, env=env, stdout=sys.stderr if quiet_output else None)
         reports = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("report-*.json"))]
-    reports.sort(key=lambda r: r["rank"])
+    # A launcher (torchrun) is a Python process too: only processes that trained count as ranks.
+    trained = [r for r in reports if r["optimizers"] or r["loaders"] or r["error"]] or reports
+    trained.sort(key=lambda r: (r["rank"], -r["steps_seen"]))
+    reports = trained
     report = reports[0] if reports else None
     stopped = report is not None and report["stop_reason"].startswith("stopped after")
     diagnosis = ScriptDiagnosis(command=command, exit_code=0 if stopped else completed.returncode, stopped_by_doctor=stopped, report=report,
