@@ -106,9 +106,11 @@ class _Recorder:
             self._dtype_mode = _MatmulDtypes(self.matmul_dtypes)
             self._dtype_mode.__enter__()
 
-    def note_sync(self, what: str) -> None:
-        if self.measuring:
-            self.syncs[f"{what} at {_script_line()}"] += 1
+    def note_sync(self, what: str, caller: Any) -> None:
+        """A host read of a tensor's value made by the script itself (calls from inside torch, such as a
+        sampler's tolist(), are the library's business and cost nothing to look up: one frame checked)."""
+        if self.measuring and not _in_library(caller.f_code.co_filename):
+            self.syncs[f"{what} at {_short(caller.f_code.co_filename)}:{caller.f_lineno}"] += 1
 
     # -- the report -----------------------------------------------------------------------
     def write(self) -> None:
@@ -183,13 +185,27 @@ def _compiled() -> bool:
         return False
 
 
+def _in_library(filename: str) -> bool:
+    return filename.startswith(_HERE) or "/torch/" in filename or filename.startswith("<")
+
+
+_SHORT: dict[str, str] = {}
+
+
+def _short(filename: str) -> str:
+    """The file as the user would write it (relative to the working directory when inside it); cached."""
+    if filename not in _SHORT:
+        relative = os.path.relpath(filename)
+        _SHORT[filename] = filename if relative.startswith("..") else relative
+    return _SHORT[filename]
+
+
 def _script_line() -> str:
     """file:line of the innermost frame outside torch and gpufill: the user's line."""
     frame = sys._getframe(2)
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not (filename.startswith(_HERE) or "/torch/" in filename or filename.startswith("<")):
-            return f"{os.path.relpath(filename) if not filename.startswith('..') else filename}:{frame.f_lineno}"
+        if not _in_library(frame.f_code.co_filename):
+            return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return "unknown"
 
@@ -261,8 +277,8 @@ def _wrap_tensor(recorder: _Recorder, torch: Any) -> None:
     for name in ("item", "tolist", "cpu", "numpy"):
         original = getattr(tensor, name)
 
-        def noted(self: Any, *args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
-            recorder.note_sync(f"{_name}()")
+        def noted(self: Any, *args: Any, _original: Any = original, _name: str = f"{name}()", **kwargs: Any) -> Any:
+            recorder.note_sync(_name, sys._getframe(1))
             return _original(self, *args, **kwargs)
 
         setattr(tensor, name, noted)
