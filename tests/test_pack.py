@@ -153,7 +153,7 @@ def test_loss_scaling_skips_an_overflowed_step_for_every_model_and_halves_the_sc
     scaler = Precision("fp32", torch.device("cpu"), loss_scaling=True, masked=True, init_scale=2.0**127, growth_interval=2)
     everyone = torch.tensor([True, True])
     scaler.backward(1e6 * p.pow(2).sum())  # 2e6 * p * 2**127 overflows fp32
-    finite = scaler.finite_after_unscale([p])
+    finite = scaler.finite_after_unscale([p.grad])
     optimizer.step(everyone & finite)
     assert not bool(finite) and torch.equal(p.detach(), start) and optimizer.steps.tolist() == [0.0, 0.0]
     assert scaler.scale.item() == 2.0**126
@@ -164,7 +164,7 @@ def test_loss_scaling_skips_an_overflowed_step_for_every_model_and_halves_the_sc
     for _ in range(2):
         optimizer.zero_grad()
         scaler.backward(p.pow(2).sum())
-        optimizer.step(everyone & scaler.finite_after_unscale([p]))
+        optimizer.step(everyone & scaler.finite_after_unscale([p.grad]))
         reference.zero_grad()
         plain.pow(2).sum().backward()
         reference.step(everyone)
@@ -190,6 +190,25 @@ def test_a_pack_with_loss_scaling_trains_exactly_as_without_and_its_plan_says_wh
     assert not plan.compile.value and "off on CPU" in plan.compile.reason
     assert not plan.batch_search.value and plan.micro_batch.value == plan.effective_batch.value == 64 and plan.accumulation.value == 1
     assert plan.data_placement.value == "device" and "PackAdamW" in plan.optimizer_kernel.reason
+
+
+def test_with_loss_scaling_a_model_that_overflows_is_masked_and_the_others_still_train(monkeypatch):
+    """Its loss is inf, its gradient NaN (0 x inf in the backward): the scaler must not see that row."""
+    from gpufill.engine.packs import train as pack_module
+    from gpufill.engine.plan import Choice
+
+    ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
+    huge = [PackMember(train=(w.x_train * (1e30 if i == 1 else 1), w.y_train), val=(w.x_val, w.y_val), lr=lr, weight_decay=0.0, seed=s)
+            for i, (w, lr, s) in enumerate(zip(ws, lrs, seeds, strict=True))]
+    make_plan = pack_module.make_plan
+    monkeypatch.setattr(pack_module, "make_plan", lambda *a, **kw: make_plan(*a, **kw).replace(grad_scaler=Choice(True, "forced by the test")))
+    before = [m.state_dict() for m in models("mlp", ws, seeds)]
+    results = fit_pack(models("mlp", ws, seeds), huge, config=FitConfig(epochs=2, batch_size=64))
+    assert results[1].status == "diverged"
+    for i in (0, 2):
+        assert results[i].status == "completed"
+        moved = [not torch.equal(before[i][name], tensor) for name, tensor in results[i].model.state_dict().items()]
+        assert all(moved)  # every tensor of the healthy models trained
 
 
 def _same_packs(a, b):

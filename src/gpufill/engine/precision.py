@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 # torch.amp.GradScaler's defaults: start high, halve on overflow, double after this many clean steps.
 INIT_SCALE = 2.0**16
@@ -80,13 +79,14 @@ class Precision:
             self._scaler.update()
 
     # -- packs: a masked optimizer -----------------------------------------------------------
-    def finite_after_unscale(self, params: Sequence[nn.Parameter]) -> torch.Tensor | None:
-        """Divide the gradients by the scale in place and update the scale; a () bool tensor,
-        True when every gradient is finite (None when scaling is off)."""
+    def finite_after_unscale(self, gradients: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """Divide `gradients` by the scale in place and update the scale; a () bool tensor,
+        True when every gradient is finite (None when scaling is off). A pack passes its flat
+        gradient with the rows of models not stepping zeroed: their NaNs must not skip the others' step."""
         if not self.loss_scaling:
             return None
         found_inf = torch.zeros((), dtype=torch.float32, device=self.device)
-        grads = [p.grad for p in params if p.grad is not None]
+        grads = list(gradients)
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, self.scale.double().reciprocal().float())
         finite = found_inf == 0
         torch._amp_update_scale_(self.scale, self._growth_tracker, found_inf, 2.0, 0.5, self.growth_interval)

@@ -29,22 +29,34 @@ def capture_step(step: Callable[[], None], preserved: Callable[[], AbstractConte
     after the warm-up steps; the capture itself records kernels without running them."""
     if device.type != "cuda":
         return None, "eager: CUDA graphs need a CUDA device"
+    inner: list[BaseException] = []  # the op that failed inside capture (capture_end then raises its own error)
+
+    def captured() -> None:
+        try:
+            step()
+        except Exception as error:
+            inner.append(error)
+            raise
+
     try:
         with preserved():
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_STEPS):
-                    step()
-            torch.cuda.current_stream(device).wait_stream(side)
+            try:
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_STEPS):
+                        step()
+            finally:  # the state is put back on the default stream: after the side stream's last kernel
+                torch.cuda.current_stream(device).wait_stream(side)
         zero_grad()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            step()
+            captured()
         return graph, "the whole step (forward, loss, backward, PackAdamW, loss scale) captured once and replayed"
     except Exception as error:  # noqa: BLE001 - an op that cannot be captured: eager is always correct
         zero_grad()
         torch.cuda.synchronize(device)
-        return None, f"eager: the step could not be captured ({type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''})"
+        cause = inner[0] if inner else error
+        return None, f"eager: the step could not be captured ({type(cause).__name__}: {str(cause).splitlines()[0][:120] if str(cause) else ''})"
 
 

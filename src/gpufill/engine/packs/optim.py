@@ -65,8 +65,11 @@ class PackAdamW:
         return torch.cat([p.grad.reshape(k, -1) if p.grad is not None else torch.zeros_like(p.detach()).reshape(k, -1) for p in self.params], dim=1)
 
     @torch.no_grad()
-    def step(self, active: torch.Tensor) -> None:
-        """One update for the models where `active` (K,) is true; the others keep p, m and v."""
+    def step(self, active: torch.Tensor, gradients: torch.Tensor | None = None) -> None:
+        """One update for the models where `active` (K,) is true; the others keep p, m and v.
+
+        `gradients`: the flat (K, P) gradient with inactive rows already zeroed (a pack's step
+        gathers it first for the loss scaler); None: gathered here from the parameters."""
         a = active.to(self.flat.dtype)
         self.steps.add_(a)
         bias = 1 - self.betas ** self.steps.clamp(min=1).unsqueeze(1)  # (K, 2): 1 - beta1^t, 1 - beta2^t
@@ -75,7 +78,7 @@ class PackAdamW:
         bias2_sqrt = bias2.sqrt().unsqueeze(1)
         keep = active.unsqueeze(1)
         a = a.unsqueeze(1)
-        g = torch.where(keep, self.gradients(), self._zero)
+        g = torch.where(keep, self.gradients(), self._zero) if gradients is None else gradients
         self.exp_avg.lerp_(g, a * (1 - self.beta1))  # masked: m + 0 * (0 - m) = m
         self.exp_avg_sq.mul_(torch.rsub(a, 1.0, alpha=1 - self.beta2)).addcmul_(g, g, value=1 - self.beta2)  # masked: v * 1 + 0
         self.flat.mul_(torch.addcmul(self._ones, self.lr_wd, a, value=-1.0))  # 1 - lr * wd (1 for a masked model)

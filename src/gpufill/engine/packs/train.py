@@ -204,8 +204,11 @@ class _PackRun:
         has_samples = count > 0
         step_active = self.active & has_samples & ok
         self.precision.backward(torch.where(step_active, per_model, self._zero).sum())
-        finite_grads = self.precision.finite_after_unscale(self.optimizer.params)  # fp16: an overflowed step is skipped
-        self.optimizer.step(step_active if finite_grads is None else step_active & finite_grads)
+        # A model not stepping (stopped, diverged, no samples) may have NaN gradients (0 x inf in its backward):
+        # its row is zeroed before the loss scaler looks, so it cannot skip every other model's step.
+        gradients = torch.where(step_active.unsqueeze(1), self.optimizer.gradients(), self._zero)
+        finite_grads = self.precision.finite_after_unscale([gradients])  # fp16: an overflowed step is skipped
+        self.optimizer.step(step_active if finite_grads is None else step_active & finite_grads, gradients)
         self.optimizer.zero_grad()
         self.finite &= ok | ~has_samples
         self.loss_sum += torch.where(ok, per_model.detach() * count, self._zero)
