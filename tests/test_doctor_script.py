@@ -31,6 +31,8 @@ def test_a_loader_bound_script_is_input_bound_and_its_dataloader_line_is_named()
     share = report["shares"]["data_wait"] + report["shares"]["copy"]
     assert first["expected_gain"] == pytest.approx(1 / (1 - share), rel=0.02)
     assert report["training"]["loaders"][0]["batch_size"] == 32 and report["training"]["parameters"] == 16 * 32 + 32 + 32 + 1
+    host = report["machine"]["host"]  # the campaign sampler ran beside the script
+    assert host["samples"] >= 2 and 0 < host["cpu_percent_mean"] <= 100 and host["ram_used_gib_peak"] > 0
 
 
 def test_a_per_step_item_is_named_with_its_line_and_counted_once_per_step():

@@ -24,9 +24,12 @@ import gpufill
 from gpufill.doctor.bottleneck import PhaseTimings, Verdict, classify
 from gpufill.doctor.instrument import OUT_ENV, STEPS_ENV, WARMUP_ENV
 from gpufill.errors import InputError
+from gpufill.monitor.sampler import QueueSink, Sampler
 
 INJECT_DIR = Path(__file__).resolve().parent / "inject"
 WARMUP_STEPS = 3
+SAMPLE_EVERY_S = 0.25
+"""NVML and psutil while the command runs: a short diagnosis still gets several samples."""
 
 
 @dataclass(slots=True)
@@ -52,6 +55,8 @@ class ScriptDiagnosis:
     verdict: Verdict | None
     findings: list[Finding] = field(default_factory=list)
     not_measured: list[str] = field(default_factory=list)
+    machine: dict[str, Any] = field(default_factory=dict)
+    """The run as the campaign sampler saw it (host CPU and memory; GPU utilisation, memory, power, clocks)."""
 
     def to_dict(self) -> dict[str, Any]:
         report = self.report or {}
@@ -66,6 +71,7 @@ class ScriptDiagnosis:
             "syncs": report.get("syncs", {}),
             "verdict": None if self.verdict is None else self.verdict.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
+            "machine": self.machine,
             "not_measured": self.not_measured,
             "stop_reason": report.get("stop_reason"),
             "error": report.get("error"),
@@ -81,7 +87,9 @@ def diagnose_script(command: list[str], *, steps: int, quiet_output: bool = Fals
     with tempfile.TemporaryDirectory(prefix="gpufill-doctor-") as folder:
         env = _environment(Path(folder), steps)
         # The script's own output goes to stderr under --json, so stdout stays one JSON object.
-        completed = subprocess.run(command, env=env, stdout=sys.stderr if quiet_output else None)
+        samples = QueueSink()
+        with Sampler(interval=SAMPLE_EVERY_S, gpu_source="auto", sink=samples):
+            completed = subprocess.run(command, env=env, stdout=sys.stderr if quiet_output else None)
         reports = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("report-*.json"))]
     # A launcher (torchrun) is a Python process too: only processes that trained count as ranks.
     trained = [r for r in reports if r["optimizers"] or r["loaders"] or r["error"]] or reports
@@ -90,7 +98,7 @@ def diagnose_script(command: list[str], *, steps: int, quiet_output: bool = Fals
     report = reports[0] if reports else None
     stopped = report is not None and report["stop_reason"].startswith("stopped after")
     diagnosis = ScriptDiagnosis(command=command, exit_code=0 if stopped else completed.returncode, stopped_by_doctor=stopped, report=report,
-                                ranks=len(reports), timings=None, verdict=None)
+                                ranks=len(reports), timings=None, verdict=None, machine=summarise(samples.drain()))
     if report is None:
         diagnosis.not_measured.append("everything: no Python process of the command loaded gpufill's instrumentation (not a Python command, "
                                       "or one that resets PYTHONPATH)")
@@ -182,6 +190,30 @@ def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Ver
                                     None, "the optimizer step's launches shrink from several per tensor to a few"))
     findings.sort(key=lambda f: -(f.gain or 0.0))
     return findings
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means and peaks of the sampled timeline, per source (host; gpu0, gpu1, ...)."""
+
+    def mean(values: list[float]) -> float | None:
+        return round(statistics.fmean(values), 2) if values else None
+
+    out: dict[str, Any] = {}
+    for source in sorted({row["source"] for row in rows}):
+        mine = [row for row in rows if row["source"] == source]
+
+        def values(key: str, mine: list[dict[str, Any]] = mine) -> list[float]:
+            return [float(row[key]) for row in mine if row.get(key) is not None]
+
+        if source == "host":
+            out[source] = {"samples": len(mine), "cpu_percent_mean": mean(values("cpu_percent")),
+                           "ram_used_gib_peak": round(max(values("ram_used"), default=0.0) / 2**30, 2)}
+        else:
+            out[source] = {"samples": len(mine), "util_percent_mean": mean(values("gpu_util")),
+                           "memory_used_gib_peak": round(max(values("mem_used"), default=0.0) / 2**30, 2),
+                           "power_w_mean": mean(values("power_w")), "sm_clock_mhz_mean": mean(values("sm_clock_mhz")),
+                           "throttled_samples": sum(1 for row in mine if row.get("throttle"))}
+    return out
 
 
 def describe(report: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,8 @@ def print_script_report(record: dict[str, Any], console: Console) -> None:
             shares.add_column(name.replace("_", " "), justify="right")
         shares.add_row(*(f"{v:.0%}" for v in record["shares"].values()))
         console.print(shares)
+    for source, figures in record.get("machine", {}).items():
+        console.print(Text(f"{source}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in figures.items() if v is not None), style="dim"))
     verdict = record["verdict"]
     if verdict:
         console.print(Text(f"verdict: {verdict['kind']}: {verdict['reason']}", style="bold"))
