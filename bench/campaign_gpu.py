@@ -25,11 +25,9 @@ import argparse
 import contextlib
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -47,9 +45,11 @@ from gpufill.campaign.admission import META_KEY, ShapeBook  # noqa: E402
 from gpufill.campaign.runner import Campaign, read_results  # noqa: E402
 from gpufill.campaign.trials import expand  # noqa: E402
 from gpufill.campaign.worker import TrialRunner  # noqa: E402
+from gpufill.doctor.script import summarise  # noqa: E402
 from gpufill.engine.hardware import resolve_device  # noqa: E402
 from gpufill.engine.measure.pack import measure_pack_size  # noqa: E402
 from gpufill.forecasting.models import registry  # noqa: E402
+from gpufill.monitor.sampler import QueueSink, Sampler  # noqa: E402
 
 SHAPES: dict[str, tuple[str, dict[str, Any], int]] = {
     "lstm-h128-l30": ("lstm", {"hidden_size": 128}, 30),
@@ -63,40 +63,21 @@ QUICK_SHAPES = {"lstm-h16-l12": ("lstm", {"hidden_size": 16}, 12), "mlp-h16-l12"
 
 
 class GpuWatch:
-    """NVML every 0.2 s while a block runs: mean utilisation and peak memory used (None without NVML)."""
-
-    def __init__(self) -> None:
-        self.util: list[int] = []
-        self.memory: list[int] = []
-        self._stop = threading.Event()
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            self._nvml: Any = pynvml
-        except Exception:  # noqa: BLE001 - no GPU or no NVML: figures are None
-            self._nvml = None
+    """The campaign sampler (NVML) every 0.2 s while a block runs: mean utilisation and peak memory of GPU 0
+    (None without a GPU)."""
 
     def __enter__(self) -> GpuWatch:
-        if self._nvml is not None:
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
+        self._rows = QueueSink()
+        self._sampler = Sampler(interval=0.2, gpu_source="auto", sink=self._rows).start()
         return self
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.util.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
-            self.memory.append(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._nvml is not None:
-            self._thread.join()
+        self._sampler.stop()
 
     def figures(self) -> dict[str, float | None]:
-        return {"gpu_util_pct": round(statistics.fmean(self.util), 1) if self.util else None,
-                "peak_memory_mib": round(max(self.memory) / 2**20, 1) if self.memory else None}
+        gpu = summarise(self._rows.drain()).get("gpu0", {})
+        peak = gpu.get("memory_used_gib_peak")
+        return {"gpu_util_pct": gpu.get("util_percent_mean"), "peak_memory_mib": None if peak is None else round(peak * 1024, 1)}
 
 
 def campaign_file(folder: Path, name: str, family: str, params: dict[str, Any], lookback: int, projects: int, seeds: int, length: int, epochs: int) -> Path:

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
-from gpufill.doctor.script import _environment  # noqa: E402
+from gpufill.doctor.script import instrumented_environment  # noqa: E402
 
 TARGET = Path(__file__).parent / "_overhead_target.py"
 
@@ -46,7 +46,7 @@ def main() -> None:
     env = environment("cpu")
     rows, ratios = [], {}
     with tempfile.TemporaryDirectory() as folder:
-        instrumented = _environment(Path(folder), steps=10**9)  # measure every step, never stop the script
+        instrumented = instrumented_environment(Path(folder), steps=10**9)  # measure every step, never stop the script
         plain = dict(os.environ)
         for width in map(int, args.widths.split(",")):
             times: dict[str, list[float]] = {"plain": [], "instrumented": []}

@@ -37,3 +37,47 @@ CPU = Hardware(
     peak_name=None,
     peak=None,
 )
+
+
+class FakeExecutor:
+    """An executor without processes for scheduler tests: workers are plain Worker records;
+    subclasses say what `submit` and `poll` do."""
+
+    def __init__(self) -> None:
+        self.workers: list = []
+
+    def make_worker(self, name: str, lane):  # noqa: ANN001, ANN201 - a Worker
+        from gpufill.campaign.executors.base import Worker
+
+        return Worker(name=name, lane=lane)
+
+    def start(self, lanes) -> None:  # noqa: ANN001
+        for lane in lanes:
+            self.workers += [self.make_worker(f"{lane.name}-{i}", lane) for i in range(lane.slots)]
+
+    def idle(self, lane):  # noqa: ANN001, ANN201
+        return [w for w in self.workers if w.lane is lane and w.task is None]
+
+    def busy(self):  # noqa: ANN201
+        return [w for w in self.workers if w.task is not None]
+
+    def stop(self, worker, reason: str) -> None:  # noqa: ANN001
+        pass
+
+    def jobs(self) -> list:
+        return []
+
+    def cancel_jobs(self, job_ids) -> None:  # noqa: ANN001
+        pass
+
+    def pids(self) -> list[int]:
+        return []
+
+    def shutdown(self) -> None:
+        self.workers.clear()
+
+
+def done_result(timings: dict) -> dict:
+    """A finished trial's result as a worker reports it, with constant metrics."""
+    metrics = ("mae", "rmse", "smape", "mase")
+    return {"metrics": {"test": dict.fromkeys(metrics, 1.0), "naive": dict.fromkeys(metrics, 2.0)}, "timings": timings, "plan": {}}

@@ -15,6 +15,7 @@ from gpufill.campaign.lanes import Lane
 from gpufill.campaign.scheduler import PROBE_PACK, Scheduler
 from gpufill.campaign.store import Store
 from gpufill.campaign.trials import Trial
+from tests.fakes import FakeExecutor, done_result
 
 GIB = 2**30
 CONTEXT = GIB // 2
@@ -31,11 +32,11 @@ def true_peak(shape: str, k: int) -> int:
     return GIB // 4 + k * PEAK_PER_TRIAL[shape]
 
 
-class MemoryModelExecutor:
+class MemoryModelExecutor(FakeExecutor):
     """Tasks take `polls` polls; a task of an unmeasured shape reports its measurement at its first poll."""
 
     def __init__(self, polls: int = 3):
-        self.workers: list[Worker] = []
+        super().__init__()
         self.polls = polls
         self.age: dict[str, int] = {}
         self.in_use: list[int] = []
@@ -44,16 +45,8 @@ class MemoryModelExecutor:
         self.measured: list[str] = []
         self.alone_while_unmeasured: list[bool] = []
 
-    def start(self, lanes):
-        for lane in lanes:
-            for i in range(lane.slots):
-                self.workers.append(Worker(name=f"{lane.name}-{i}", lane=lane, ready=True, context_bytes=CONTEXT))
-
-    def idle(self, lane):
-        return [w for w in self.workers if w.lane is lane and w.task is None]
-
-    def busy(self):
-        return [w for w in self.workers if w.task is not None]
+    def make_worker(self, name, lane):
+        return Worker(name=name, lane=lane, ready=True, context_bytes=CONTEXT)
 
     def submit(self, worker, task):
         worker.begin(task)
@@ -81,27 +74,11 @@ class MemoryModelExecutor:
             if self.age[worker.name] < self.polls:
                 continue
             worker.task = None
-            result = {"metrics": {"test": dict.fromkeys(("mae", "rmse", "smape", "mase"), 1.0), "naive": dict.fromkeys(("mae", "rmse", "smape", "mase"), 2.0)},
-                      "timings": {"peak_memory_bytes": true_peak(shape, size), "pack_size": size}, "plan": {}}
+            result = done_result({"peak_memory_bytes": true_peak(shape, size), "pack_size": size})
             message = {"results": [{"trial_id": t["trial_id"], "ok": True, "result": result, "seconds": 0.1} for t in task["trials"][:size]],
                        "pack": None, "returned": [t["trial_id"] for t in task["trials"][size:]]}
             out.append(Finished(worker, task, message))
         return out
-
-    def stop(self, worker, reason):
-        pass
-
-    def jobs(self):
-        return []
-
-    def cancel_jobs(self, job_ids):
-        pass
-
-    def pids(self):
-        return []
-
-    def shutdown(self):
-        self.workers.clear()
 
 
 def shape_trials(per_shape: int, prefix: str = "") -> list[Trial]:

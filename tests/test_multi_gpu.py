@@ -1,10 +1,11 @@
 """Several GPUs on one machine: one lane per GPU, workers pinned to theirs, one shared queue."""
 
-from gpufill.campaign.executors.base import Finished, Worker, gpu_env
+from gpufill.campaign.executors.base import Finished, gpu_env
 from gpufill.campaign.lanes import plan_lanes, visible_gpu
 from gpufill.campaign.scheduler import Scheduler
 from gpufill.campaign.store import Store
 from gpufill.campaign.trials import Trial
+from tests.fakes import FakeExecutor, done_result
 
 GIB = 2**30
 
@@ -36,22 +37,12 @@ def test_workers_are_pinned_with_cuda_visible_devices(monkeypatch):
     assert visible_gpu(5, "2,3") == "5" and gpu0.device == gpu1.device == "cuda:0"
 
 
-class InstantExecutor:
+class InstantExecutor(FakeExecutor):
     """Runs every task at the next poll; remembers which lane ran which trials."""
 
     def __init__(self):
-        self.workers: list[Worker] = []
+        super().__init__()
         self.ran: dict[str, list[str]] = {}
-
-    def start(self, lanes):
-        for lane in lanes:
-            self.workers += [Worker(name=f"{lane.name}-{i}", lane=lane) for i in range(lane.slots)]
-
-    def idle(self, lane):
-        return [w for w in self.workers if w.lane is lane and w.task is None]
-
-    def busy(self):
-        return [w for w in self.workers if w.task is not None]
 
     def submit(self, worker, task):
         worker.task = task
@@ -61,22 +52,9 @@ class InstantExecutor:
         for worker in self.busy():
             task, worker.task = worker.task, None
             self.ran.setdefault(worker.lane.name, []).extend(t["trial_id"] for t in task["trials"])
-            result = {"metrics": {"test": dict.fromkeys(("mae", "rmse", "smape", "mase"), 1.0), "naive": dict.fromkeys(("mae", "rmse", "smape", "mase"), 2.0)},
-                      "timings": {"peak_memory_bytes": GIB}, "plan": {}}
+            result = done_result({"peak_memory_bytes": GIB})
             out.append(Finished(worker, task, {"results": [{"trial_id": t["trial_id"], "ok": True, "result": result, "seconds": 0.1} for t in task["trials"]], "pack": {"size": 1, "reason": "test"}}))
         return out
-
-    def jobs(self):
-        return []
-
-    def cancel_jobs(self, job_ids):
-        pass
-
-    def pids(self):
-        return []
-
-    def shutdown(self):
-        self.workers.clear()
 
 
 def test_trials_of_the_shared_queue_spread_across_both_gpus(tmp_path):

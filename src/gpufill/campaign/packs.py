@@ -31,9 +31,7 @@ from gpufill.engine.plan import DataFacts, make_plan
 class TrialRunner(Protocol):
     """What packs need of the worker's runner (campaign/worker.py)."""
 
-    spec: Any
     device: str
-    tune_cache: str | None
 
     def windows(self, project: str, lookback: int) -> Any: ...
     def fit_config(self, trial: dict[str, Any]) -> Any: ...

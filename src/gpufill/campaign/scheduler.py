@@ -148,7 +148,6 @@ class Scheduler:
                 check_stop()
                 self._dispatch()
                 for outcome in self.executor.poll(timeout=0.1):
-                    self._learn_measured(outcome.worker, outcome.task)
                     self._record(outcome)
                 for worker in self.executor.busy():
                     self._learn_measured(worker, worker.task)
@@ -242,6 +241,7 @@ class Scheduler:
     def _record(self, outcome: Finished | Crashed) -> None:
         if outcome.task is None:
             return
+        self._learn_measured(outcome.worker, outcome.task)  # reported mid-task, in the same poll as the end
         trials = {t["trial_id"]: t for t in outcome.task["trials"]}
         if isinstance(outcome, Crashed):
             self._crashed(outcome, trials)

@@ -85,7 +85,7 @@ def diagnose_script(command: list[str], *, steps: int, quiet_output: bool = Fals
     if shutil.which(command[0]) is None and not Path(command[0]).exists():
         raise InputError(f"{command[0]!r} is not a command here", where=command[0], field="COMMAND", fix="give the command as you run it, e.g. python train.py")
     with tempfile.TemporaryDirectory(prefix="gpufill-doctor-") as folder:
-        env = _environment(Path(folder), steps)
+        env = instrumented_environment(Path(folder), steps)
         # The script's own output goes to stderr under --json, so stdout stays one JSON object.
         samples = QueueSink()
         with Sampler(interval=SAMPLE_EVERY_S, gpu_source="auto", sink=samples):
@@ -107,7 +107,8 @@ def diagnose_script(command: list[str], *, steps: int, quiet_output: bool = Fals
     return diagnosis
 
 
-def _environment(folder: Path, steps: int) -> dict[str, str]:
+def instrumented_environment(folder: Path, steps: int) -> dict[str, str]:
+    """This process's environment plus what loads the instrumentation in the command's Python processes."""
     package_root = str(Path(gpufill.__file__).resolve().parent.parent)  # gpufill importable in the child, however it was installed
     path = [str(INJECT_DIR), package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), OUT_ENV: str(folder), STEPS_ENV: str(steps), WARMUP_ENV: str(WARMUP_STEPS)}

@@ -61,30 +61,21 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         try:
-            step = _training_step(build, k, x, y, dev)
-            step()  # warm-up: allocator, kernel selection
-            if count:
-                ops[k] = count_ops(step).total
-            synchronize(dev)
-            tick = time.perf_counter()
-            for _ in range(steps):
-                step()
-            synchronize(dev)
+            seconds, counted = _time_candidate(_training_step(build, k, x, y, dev), steps, dev, count=count)
         except Exception as error:
             if k == 1 or not is_out_of_memory(error):
                 raise
-            del error
             stopped = f"; {k} did not fit in memory"
             break
-        finally:
-            step = None  # type: ignore[assignment]  # the pack's tensors go before the next one is built
-        rates[k] = k * x.shape[0] * steps / (time.perf_counter() - tick)
+        rates[k] = k * x.shape[0] * steps / seconds
+        if counted is not None:
+            ops[k] = counted
         if dev.type == "cuda":
             peaks[k] = int(torch.cuda.max_memory_allocated(dev)) + k * data_bytes
             torch.cuda.empty_cache()
             if k > 1 and memory_budget is not None and peaks[k] > memory_budget:
                 del rates[k], peaks[k]
-                stopped = f"; {k} would pass the memory margin ({peaks_text(memory_budget)})"
+                stopped = f"; {k} would pass the memory margin ({memory_budget / 2**30:.1f} GiB)"
                 break
         best_before = max((r for kk, r in rates.items() if kk < k), default=0.0)
         if k > 1 and min_gain is not None and rates[k] < min_gain * best_before:
@@ -102,8 +93,17 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
     return PackSizeChoice(size=best, samples_per_s=rates, reason=reason, ops_per_step=ops, peak_bytes=peaks)
 
 
-def peaks_text(budget: int) -> str:
-    return f"{budget / 2**30:.1f} GiB"
+def _time_candidate(step, steps: int, dev: torch.device, *, count: bool) -> tuple[float, int | None]:
+    """Seconds for `steps` steps after one warm-up step (allocator, kernel selection), and the
+    operators of one step when counted. The candidate's tensors go when this returns."""
+    step()
+    counted = count_ops(step).total if count else None
+    synchronize(dev)
+    tick = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize(dev)
+    return time.perf_counter() - tick, counted
 
 
 def _training_step(build, k: int, x: torch.Tensor, y: torch.Tensor, dev: torch.device):

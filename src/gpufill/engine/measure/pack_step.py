@@ -91,14 +91,17 @@ def choose_step_graph(run: PackTraining, requested: bool | str, *, cache: TuneCa
         return Choice(False, "off: CUDA graphs need a CUDA device")
     if run.compiled:
         return Choice(False, "off: the forward is compiled (torch.compile schedules its own graphs)")
+    cached = None if requested is True else cache.get(key)
+    note = ", cached measurement" if cached is not None else ""
+    if cached is not None and cached["eager_step_s"] / cached["graph_step_s"] < GRAPH_MIN_GAIN:  # decided before: no capture needed
+        return Choice(False, f"off: replaying the step measured {cached['eager_step_s'] / cached['graph_step_s']:.2f}x eager steps "
+                             f"(below {GRAPH_MIN_GAIN:g}x{note})")
     graph, how = capture_step(run.step, lambda: preserved(run), run.optimizer.zero_grad, run.device)
     if graph is None:
         return Choice(False, how)
     if requested is True:
         run.graph = graph
         return Choice(True, f"requested: {how}")
-    cached = cache.get(key)
-    note = ", cached measurement" if cached is not None else ""
     if cached is None:
         with preserved(run):
             eager = seconds_per_step(lambda batch: _eager_step(run, batch), _step_stream(run), run.device)
