@@ -45,7 +45,7 @@ from gpufill.campaign.admission import META_KEY, ShapeBook  # noqa: E402
 from gpufill.campaign.runner import Campaign, read_results  # noqa: E402
 from gpufill.campaign.trials import expand  # noqa: E402
 from gpufill.campaign.worker import TrialRunner  # noqa: E402
-from gpufill.doctor.script import summarise  # noqa: E402
+from gpufill.monitor.summary import summarise  # noqa: E402
 from gpufill.engine.hardware import resolve_device  # noqa: E402
 from gpufill.engine.measure.pack import measure_pack_size  # noqa: E402
 from gpufill.forecasting.models import registry  # noqa: E402

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
-from gpufill.doctor.script import instrumented_environment  # noqa: E402
+from gpufill.script.launch import instrumented_environment  # noqa: E402
 
 TARGET = Path(__file__).parent / "_overhead_target.py"
 

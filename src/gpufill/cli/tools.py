@@ -135,8 +135,8 @@ def doctor(
 def _doctor_script(command: list[str], *, steps: int, as_json: bool) -> None:
     """`gpufill doctor -- COMMAND`: the script's own exit code passes through when it crashed or ended early."""
     from gpufill.doctor.profiler import check_positive
-    from gpufill.doctor.script import diagnose_script
-    from gpufill.doctor.script_display import print_script_report
+    from gpufill.script.diagnose import diagnose_script
+    from gpufill.script.display import print_script_report
 
     check_positive(steps=steps)
     console = Console(stderr=as_json)

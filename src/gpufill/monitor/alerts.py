@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HARMFUL_THROTTLE", "Alert", "all_alerts", "high_memory", "idle_lane", "low_gpu_utilisation", "throttling"]
+__all__ = ["HARMFUL_THROTTLE", "Alert", "all_alerts", "harmful_reasons", "high_memory", "idle_lane", "low_gpu_utilisation", "throttling"]
 
 # Longer than any sensible sampling interval, shorter than a stopped-and-restarted sampler.
 MAX_GAP_S = 60.0
@@ -108,7 +108,8 @@ def high_memory(rows: Iterable[Row], threshold: float = 0.90) -> list[Alert]:
     return alerts
 
 
-def _reasons(row: Row) -> tuple[str, ...]:
+def harmful_reasons(row: Row) -> tuple[str, ...]:
+    """The throttle reasons of a row that cost speed (heat, power), from a list or JSON text."""
     value = _value(row, "throttle")
     if isinstance(value, str):
         value = json.loads(value) if value else []
@@ -119,8 +120,8 @@ def throttling(rows: Iterable[Row]) -> list[Alert]:
     """Clocks held down by heat or power (thermal, power cap, hardware slowdown), one alert per episode."""
     alerts = []
     for source, series in _gpu_rows(rows).items():
-        for episode in _episodes(series, lambda r: r["ts"], lambda r: bool(_reasons(r))):
-            seen = sorted({reason for row in episode for reason in _reasons(row)}, key=HARMFUL_THROTTLE.index)
+        for episode in _episodes(series, lambda r: r["ts"], lambda r: bool(harmful_reasons(r))):
+            seen = sorted({reason for row in episode for reason in harmful_reasons(row)}, key=HARMFUL_THROTTLE.index)
             duration = episode[-1]["ts"] - episode[0]["ts"]
             alerts.append(Alert("throttling", f"{source}: clocks throttled ({', '.join(seen)}) for {duration:.0f} s",
                                 episode[0]["ts"], source, duration))

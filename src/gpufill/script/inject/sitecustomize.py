@@ -1,5 +1,5 @@
-"""Loaded at interpreter start by `gpufill doctor -- COMMAND` (this folder is put first on
-PYTHONPATH): installs gpufill's instrumentation, then runs the environment's own
+"""Loaded at interpreter start by `gpufill doctor|watch|bench -- COMMAND` (this folder is put first
+on PYTHONPATH, in the command's environment only): installs gpufill's instrumentation, then runs the environment's own
 sitecustomize, if there is one, so nothing of the user's set-up is lost."""
 
 import importlib.util
@@ -8,11 +8,11 @@ import sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
 try:
-    from gpufill.doctor.instrument import install
+    from gpufill.script.instrument import install
 
     install()
 except Exception as error:  # noqa: BLE001 - never stop the user's script
-    print(f"gpufill doctor: instrumentation not installed ({type(error).__name__}: {error})", file=sys.stderr)
+    print(f"gpufill: instrumentation not installed ({type(error).__name__}: {error})", file=sys.stderr)
 
 for entry in sys.path:
     if os.path.abspath(entry or ".") == _here:

@@ -1,35 +1,29 @@
-"""`gpufill doctor -- COMMAND`: diagnose a user's own training script, unchanged.
+"""The diagnosis of a user's own script: what the training is, where a step's time goes, the
+verdict and the fixes in the script's own terms (its file:line), ranked by expected gain.
 
-The command runs with `doctor/inject` first on PYTHONPATH, so `instrument.py` is installed at
-interpreter start in every Python process it starts (each rank under torchrun). Each process
-writes a JSON report; this module reads rank 0's, turns its step records into the profiler's
-PhaseTimings, and reuses the doctor's verdict (`bottleneck.classify`) against a speed test of
-the same device. Findings name the script's own lines, ranked by expected gain.
+`analyse` turns a ScriptRun (launch.py) into a ScriptDiagnosis: rank 0's step records become
+the profiler's PhaseTimings, judged by the doctor's own verdict (`bottleneck.classify`) against
+a speed test of the same device. `diagnose_script` is `gpufill doctor -- COMMAND`: a short
+instrumented run, stopped after the warm-up and N steps.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import gpufill
 from gpufill.doctor.bottleneck import PhaseTimings, Verdict, classify
-from gpufill.doctor.instrument import OUT_ENV, STEPS_ENV, WARMUP_ENV
-from gpufill.errors import InputError
-from gpufill.monitor.sampler import QueueSink, Sampler
+from gpufill.monitor.summary import summarise
+from gpufill.script.launch import ScriptRun, check_command, run_instrumented
 
-INJECT_DIR = Path(__file__).resolve().parent / "inject"
 WARMUP_STEPS = 3
 SAMPLE_EVERY_S = 0.25
-"""NVML and psutil while the command runs: a short diagnosis still gets several samples."""
+"""NVML and psutil while a diagnosis runs: a short one still gets several samples."""
 
 
 @dataclass(slots=True)
@@ -80,41 +74,30 @@ class ScriptDiagnosis:
 
 def diagnose_script(command: list[str], *, steps: int, quiet_output: bool = False) -> ScriptDiagnosis:
     """Run `command` instrumented for WARMUP_STEPS + `steps` optimizer steps and diagnose it."""
-    if not command:
-        raise InputError("no command to diagnose", field="COMMAND", fix="gpufill doctor -- python train.py [its arguments]")
-    if shutil.which(command[0]) is None and not Path(command[0]).exists():
-        raise InputError(f"{command[0]!r} is not a command here", where=command[0], field="COMMAND", fix="give the command as you run it, e.g. python train.py")
+    check_command(command, "doctor")
     with tempfile.TemporaryDirectory(prefix="gpufill-doctor-") as folder:
-        env = instrumented_environment(Path(folder), steps)
         # The script's own output goes to stderr under --json, so stdout stays one JSON object.
-        samples = QueueSink()
-        with Sampler(interval=SAMPLE_EVERY_S, gpu_source="auto", sink=samples):
-            completed = subprocess.run(command, env=env, stdout=sys.stderr if quiet_output else None)
-        reports = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("report-*.json"))]
-    # A launcher (torchrun) is a Python process too: only processes that trained count as ranks.
-    trained = [r for r in reports if r["optimizers"] or r["loaders"] or r["error"]] or reports
-    trained.sort(key=lambda r: (r["rank"], -r["steps_seen"]))
-    reports = trained
-    report = reports[0] if reports else None
-    stopped = report is not None and report["stop_reason"].startswith("stopped after")
-    diagnosis = ScriptDiagnosis(command=command, exit_code=0 if stopped else completed.returncode, stopped_by_doctor=stopped, report=report,
-                                ranks=len(reports), timings=None, verdict=None, machine=summarise(samples.drain()))
+        run = run_instrumented(command, Path(folder), steps=steps, warmup=WARMUP_STEPS, sample_every_s=SAMPLE_EVERY_S,
+                               stdout=sys.stderr if quiet_output else None)
+    return analyse(run)
+
+
+def analyse(run: ScriptRun, *, statistic: Literal["median", "mean"] = "median") -> ScriptDiagnosis:
+    """The diagnosis of a finished run. `median`: per-step medians (a doctor's few steps); `mean`: the whole
+    run's totals (a watch: where the run's time went, slow stretches included)."""
+    report = run.report
+    stopped = run.stopped_by_gpufill
+    diagnosis = ScriptDiagnosis(command=run.command, exit_code=0 if stopped else run.exit_code, stopped_by_doctor=stopped, report=report,
+                                ranks=len(run.reports), timings=None, verdict=None, machine=summarise(run.samples))
     if report is None:
         diagnosis.not_measured.append("everything: no Python process of the command loaded gpufill's instrumentation (not a Python command, "
                                       "or one that resets PYTHONPATH)")
         return diagnosis
-    _analyse(diagnosis, report)
+    _analyse(diagnosis, report, statistic)
     return diagnosis
 
 
-def instrumented_environment(folder: Path, steps: int) -> dict[str, str]:
-    """This process's environment plus what loads the instrumentation in the command's Python processes."""
-    package_root = str(Path(gpufill.__file__).resolve().parent.parent)  # gpufill importable in the child, however it was installed
-    path = [str(INJECT_DIR), package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), OUT_ENV: str(folder), STEPS_ENV: str(steps), WARMUP_ENV: str(WARMUP_STEPS)}
-
-
-def _analyse(diagnosis: ScriptDiagnosis, report: dict[str, Any]) -> None:
+def _analyse(diagnosis: ScriptDiagnosis, report: dict[str, Any], statistic: Literal["median", "mean"]) -> None:
     records = report["records"]
     missing = diagnosis.not_measured
     if not report["optimizers"]:
@@ -128,21 +111,21 @@ def _analyse(diagnosis: ScriptDiagnosis, report: dict[str, Any]) -> None:
     if report["flops_per_step"] is None:
         missing.append("FLOPs per step: fewer than two optimizer steps were seen")
     if records:
-        diagnosis.timings = _timings(report)
+        diagnosis.timings = _timings(report, statistic)
         diagnosis.verdict = classify(diagnosis.timings, _yardstick(report))
     diagnosis.findings = _findings(report, diagnosis.timings, diagnosis.verdict)
 
 
-def _timings(report: dict[str, Any]) -> PhaseTimings:
-    records = report["records"]
+def _timings(report: dict[str, Any], statistic: Literal["median", "mean"]) -> PhaseTimings:
+    records, measured = report["records"], report["measured_steps"]
 
-    def median(key: str) -> float:
-        return statistics.median(r[key] for r in records)
+    def typical(key: str) -> float:
+        return report["totals"][key] / measured if statistic == "mean" else statistics.median(r[key] for r in records)
 
-    compute = median("forward_s") + median("backward_s") + median("optimizer_s")
-    syncs = sum(report["syncs"].values()) / len(records)
-    return PhaseTimings(data_s=median("data_s"), copy_s=median("copy_s"), forward_s=median("forward_s"), backward_s=median("backward_s"),
-                        optimizer_s=median("optimizer_s"), batch_size=report["batch_size"] or 0, steps=len(records), compute_b_s=compute,
+    compute = typical("forward_s") + typical("backward_s") + typical("optimizer_s")
+    syncs = sum(report["syncs"].values()) / measured
+    return PhaseTimings(data_s=typical("data_s"), copy_s=typical("copy_s"), forward_s=typical("forward_s"), backward_s=typical("backward_s"),
+                        optimizer_s=typical("optimizer_s"), batch_size=report["batch_size"] or 0, steps=measured, compute_b_s=compute,
                         compute_2b_s=None, flops_per_step=report["flops_per_step"], syncs_per_step=syncs)
 
 
@@ -172,7 +155,7 @@ def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Ver
             findings.append(Finding(verdict.fix, verdict.expected_gain, verdict.expected_gain_reason))
     elif verdict is not None:
         findings.append(Finding(verdict.fix, verdict.expected_gain, verdict.expected_gain_reason))
-    steps = max(1, len(report["records"]))
+    steps = max(1, report["measured_steps"])
     for site, count in sorted(report["syncs"].items(), key=lambda item: -item[1]):
         per_step = count / steps
         findings.append(Finding(f"{site}, {per_step:.3g} per step: on a GPU each read of a device value waits for every queued kernel (a host-device "
@@ -191,30 +174,6 @@ def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Ver
                                     None, "the optimizer step's launches shrink from several per tensor to a few"))
     findings.sort(key=lambda f: -(f.gain or 0.0))
     return findings
-
-
-def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Means and peaks of the sampled timeline, per source (host; gpu0, gpu1, ...)."""
-
-    def mean(values: list[float]) -> float | None:
-        return round(statistics.fmean(values), 2) if values else None
-
-    out: dict[str, Any] = {}
-    for source in sorted({row["source"] for row in rows}):
-        mine = [row for row in rows if row["source"] == source]
-
-        def values(key: str, mine: list[dict[str, Any]] = mine) -> list[float]:
-            return [float(row[key]) for row in mine if row.get(key) is not None]
-
-        if source == "host":
-            out[source] = {"samples": len(mine), "cpu_percent_mean": mean(values("cpu_percent")),
-                           "ram_used_gib_peak": round(max(values("ram_used"), default=0.0) / 2**30, 2)}
-        else:
-            out[source] = {"samples": len(mine), "util_percent_mean": mean(values("gpu_util")),
-                           "memory_used_gib_peak": round(max(values("mem_used"), default=0.0) / 2**30, 2),
-                           "power_w_mean": mean(values("power_w")), "sm_clock_mhz_mean": mean(values("sm_clock_mhz")),
-                           "throttled_samples": sum(1 for row in mine if row.get("throttle"))}
-    return out
 
 
 def describe(report: dict[str, Any]) -> dict[str, Any]:

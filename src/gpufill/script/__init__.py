@@ -1,0 +1,9 @@
+"""A user's own training script, unchanged: `gpufill doctor|watch|bench -- COMMAND`.
+
+- `instrument`: what runs inside the script's processes (hooks, step times, syncs, FLOPs);
+- `launch`: runs the command with it and the sampler beside it -> ScriptRun;
+- `diagnose`: a ScriptRun -> the training, step breakdown, verdict and fixes (`doctor`);
+- `watch`: a whole run recorded, alerts, files and the HTML report;
+- `bench`: the script as it is and with the speed-ups switchable from outside, samples/s each;
+- `display`: their one-screen texts.
+"""

@@ -1,0 +1,144 @@
+"""Run a user's command with gpufill's instrumentation loaded in its Python processes, and the
+campaign sampler (NVML + psutil) beside it.
+
+`inject/` goes first on PYTHONPATH of the command's environment only (the caller's own
+environment and files are not touched), so `instrument.py` is installed at interpreter start
+in every Python process the command starts (each rank under torchrun). Each process writes a
+JSON report (and, for a whole run, its step timeline) into the run's folder; this module
+reads them back with the sampler's rows. The command's output and exit code pass through;
+SIGTERM and SIGHUP sent to gpufill are passed on to the command (Ctrl-C reaches it directly:
+it shares the terminal's process group).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+import gpufill
+from gpufill.errors import InputError
+from gpufill.monitor.sampler import JsonlSink, Sampler
+from gpufill.script.instrument import BUCKET_ENV, OUT_ENV, SETTINGS, SETTINGS_ENV, STEPS_ENV, WARMUP_ENV, WHOLE_RUN
+
+INJECT_DIR = Path(__file__).resolve().parent / "inject"
+SAMPLES_FILE = "samples.jsonl"
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(slots=True)
+class ScriptRun:
+    """What one instrumented run of a command left: its exit code, each training process's report,
+    rank 0's step timeline (a whole run) and the sampler's rows."""
+
+    command: list[str]
+    exit_code: int
+    """The command's own; 128 + N when a signal N ended it (as a shell reports it)."""
+    started_at: float
+    ended_at: float
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    """One per process that trained (an optimizer, a DataLoader or an error seen), rank order."""
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def report(self) -> dict[str, Any] | None:
+        return self.reports[0] if self.reports else None
+
+    @property
+    def stopped_by_gpufill(self) -> bool:
+        return self.report is not None and self.report["stop_reason"].startswith("stopped after")
+
+
+def check_command(command: list[str], tool: str) -> None:
+    """One line (exit 2) for a missing or unknown command, before anything runs."""
+    if not command:
+        raise InputError("no command to run", field="COMMAND", fix=f"gpufill {tool} -- python train.py [its arguments]")
+    if shutil.which(command[0]) is None and not Path(command[0]).exists():
+        raise InputError(f"{command[0]!r} is not a command here", where=command[0], field="COMMAND",
+                         fix="give the command as you run it, e.g. python train.py")
+
+
+def instrumented_environment(folder: Path, steps: int, *, warmup: int = 3, settings: tuple[str, ...] = (), bucket_s: float = 1.0,
+                             extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment plus what loads the instrumentation in the command's Python processes."""
+    unknown = [s for s in settings if s not in SETTINGS]
+    if unknown:
+        raise ValueError(f"unknown settings {unknown} (known: {', '.join(SETTINGS)})")
+    package_root = str(Path(gpufill.__file__).resolve().parent.parent)  # gpufill importable in the child, however it was installed
+    path = [str(INJECT_DIR), package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, **(extra or {}), "PYTHONPATH": os.pathsep.join(path), OUT_ENV: str(folder), STEPS_ENV: str(steps),
+            WARMUP_ENV: str(warmup), SETTINGS_ENV: ",".join(settings), BUCKET_ENV: str(bucket_s)}
+
+
+def run_instrumented(command: list[str], folder: Path, *, steps: int = WHOLE_RUN, warmup: int = 3, settings: tuple[str, ...] = (),
+                     extra_env: dict[str, str] | None = None, sample_every_s: float = 1.0, bucket_s: float = 1.0,
+                     stdout: IO[str] | int | None = None) -> ScriptRun:
+    """Run `command` to its end (steps=0) or for `warmup` + `steps` optimizer steps; files go to `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = instrumented_environment(folder, steps, warmup=warmup, settings=settings, bucket_s=bucket_s, extra=extra_env)
+    started = time.time()
+    process = subprocess.Popen(command, env=env, stdout=stdout)
+    sampler = Sampler(interval=sample_every_s, gpu_source="auto", pids=lambda: _tree(process.pid), sink=JsonlSink(folder / SAMPLES_FILE))
+    with sampler, _passing_signals_to(process):
+        code = process.wait()
+    run = ScriptRun(command=command, exit_code=128 - code if code < 0 else code, started_at=started, ended_at=time.time())
+    run.reports = _training_reports(folder)
+    run.timeline = _timeline(folder, run.report)
+    run.samples = read_samples(folder / SAMPLES_FILE)
+    return run
+
+
+def read_samples(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _training_reports(folder: Path) -> list[dict[str, Any]]:
+    reports = [json.loads(p.read_text()) for p in sorted(folder.glob("report-*.json"))]
+    # A launcher (torchrun) is a Python process too: only processes that trained count as ranks.
+    trained = [r for r in reports if r["optimizers"] or r["loaders"] or r["error"]] or reports
+    return sorted(trained, key=lambda r: (r["rank"], -r["steps_seen"]))
+
+
+def _timeline(folder: Path, report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    if report is None:
+        return []
+    path = folder / f"steps-{report['rank']}-{report['pid']}.jsonl"
+    return read_samples(path)
+
+
+def _tree(pid: int) -> list[int]:
+    """The command's process and its children (DataLoader workers, torchrun's ranks): their RSS is sampled."""
+    try:
+        return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+@contextmanager
+def _passing_signals_to(process: subprocess.Popen[Any]) -> Iterator[None]:
+    """SIGTERM/SIGHUP go on to the command (its report is written; gpufill then writes its own);
+    SIGINT is left to the command, which receives Ctrl-C from the terminal itself."""
+    def forward(number: int, _frame: Any) -> None:
+        if process.poll() is None:
+            process.send_signal(number)
+
+    previous = {number: signal.signal(number, forward) for number in FORWARDED_SIGNALS}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
