@@ -1,13 +1,16 @@
-"""Shared test helpers: small campaign files and the real CLI entry point run in-process."""
+"""Shared test helpers: small campaign files, the real CLI entry point run in-process, HTML reports in headless Chromium."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from gpufill import cli
+
+CHROMIUM = Path("/usr/bin/chromium")
 
 
 def run_cli(capsys, *args):
@@ -38,3 +41,30 @@ def write_campaign(directory: Path, name: str = "tiny", models: str = "mlp: {hid
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync", "--enable-logging=stderr",
+               f"--user-data-dir={profile}", "--virtual-time-budget=5000", *args, page.as_uri()]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def console_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "Uncaught" in line or ("CONSOLE" in line and ("ERROR" in line or "rror" in line.split("CONSOLE", 1)[1]))]
+
+
+def check_in_chromium(report: Path, tmp_path: Path, must_contain: tuple[str, ...] = ('<table id="summary">',)) -> int:
+    """Screenshot and DOM of the report in headless Chromium; returns the number of plots that rendered."""
+    n_images = report.read_text().count("<img class='plot'")
+    shot = tmp_path / "shot.png"
+    shown = chromium(report, tmp_path / "profile-1", f"--screenshot={shot}", "--window-size=1280,4000")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    dumped = chromium(report, tmp_path / "profile-2", "--dump-dom")
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    for fragment in must_contain:
+        assert fragment in dumped.stdout, fragment
+    assert f'data-plots="{n_images}/{n_images}"' in dumped.stdout
+    assert not console_errors(shown.stderr + dumped.stderr)
+    return n_images

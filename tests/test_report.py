@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import base64
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from gpufill.campaign.runner import Campaign, best_per_project, read_results
 from gpufill.campaign.store import Store
-from tests.helpers import run_cli, write_campaign
+from tests.helpers import CHROMIUM, check_in_chromium, run_cli, write_campaign
 
-CHROMIUM = Path("/usr/bin/chromium")
 GIB = 1024**3
 IMAGE = re.compile(r"<img class='plot' alt='([^']+)' src='data:image/png;base64,([A-Za-z0-9+/=]+)'>")
 
@@ -137,37 +135,11 @@ def test_report_on_a_missing_workdir_exits_2_with_one_line(tmp_path, capsys):
     assert len(lines) == 1 and "nowhere" in lines[0] and "--workdir" in lines[0] and "gpufill.db" in lines[0]
 
 
-def _chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync", "--enable-logging=stderr",
-               f"--user-data-dir={profile}", "--virtual-time-budget=5000", *args, page.as_uri()]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-
-
-def _console_errors(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if "Uncaught" in line or ("CONSOLE" in line and ("ERROR" in line or "rror" in line.split("CONSOLE", 1)[1]))]
-
-
-def _check_in_chromium(report: Path, tmp_path: Path) -> int:
-    """Screenshot and DOM of the report in headless Chromium; returns the number of plots that rendered."""
-    n_images = report.read_text().count("<img class='plot'")
-    shot = tmp_path / "shot.png"
-    shown = _chromium(report, tmp_path / "profile-1", f"--screenshot={shot}", "--window-size=1280,4000")
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
-    dumped = _chromium(report, tmp_path / "profile-2", "--dump-dom")
-    assert dumped.returncode == 0, dumped.stderr[-2000:]
-    assert "<table id=\"summary\">" in dumped.stdout
-    assert f'data-plots="{n_images}/{n_images}"' in dumped.stdout
-    assert not _console_errors(shown.stderr + dumped.stderr)
-    return n_images
-
-
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (make test installs it)")
 def test_report_renders_every_plot_in_headless_chromium(campaign_workdir, tmp_path, capsys):
     code, stdout, _ = run_cli(capsys, "report", "--workdir", campaign_workdir, "--out", tmp_path / "report.html")
     assert code == 0
-    assert _check_in_chromium(Path(stdout.strip()), tmp_path) == 9
+    assert check_in_chromium(Path(stdout.strip()), tmp_path) == 9
 
 
 def test_report_after_the_demo(tmp_path, capsys, monkeypatch):
@@ -184,4 +156,4 @@ def test_report_after_the_demo(tmp_path, capsys, monkeypatch):
     for family in ("lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm"):
         assert f"<td>{family}</td>" in page  # every family has a plan row
     if CHROMIUM.exists():
-        assert _check_in_chromium(report, tmp_path) >= 2  # metric per family, durations (plus timelines once sampled)
+        assert check_in_chromium(report, tmp_path) >= 2  # metric per family, durations (plus timelines once sampled)

@@ -147,3 +147,20 @@ def _doctor_script(command: list[str], *, steps: int, as_json: bool) -> None:
         print_script_report(diagnosis.to_dict(), console)
     if diagnosis.exit_code:
         raise typer.Exit(diagnosis.exit_code)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def watch(
+    ctx: typer.Context,
+    out: Path | None = typer.Option(None, "--out", help="Folder for the recording and report.html (default: gpufill-watch-DATE-TIME, or gpufill-watch-JOBID in a Slurm job)."),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between samples of the GPUs and the host."),
+) -> None:
+    """gpufill watch [--out DIR] -- COMMAND ...: run your command to its end, recorded (GPU and host timeline, the training's
+    step and data-wait times, alerts), then write an HTML report and print a summary. Its output and exit code pass through."""
+    from gpufill.script.display import print_watch_summary
+    from gpufill.script.watch import watch as watch_command
+
+    outcome = watch_command(list(ctx.args), out, sample_every_s=interval)
+    print_watch_summary(outcome.to_dict(), Console(stderr=True))  # stdout stays the command's own
+    if outcome.run.exit_code:
+        raise typer.Exit(outcome.run.exit_code)

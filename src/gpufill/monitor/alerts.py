@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HARMFUL_THROTTLE", "Alert", "all_alerts", "harmful_reasons", "high_memory", "idle_lane", "low_gpu_utilisation", "throttling"]
+__all__ = ["HARMFUL_THROTTLE", "Alert", "all_alerts", "harmful_reasons", "high_memory", "idle_lane", "input_wait", "low_gpu_utilisation", "throttling"]
 
 # Longer than any sensible sampling interval, shorter than a stopped-and-restarted sampler.
 MAX_GAP_S = 60.0
@@ -30,7 +30,7 @@ Row = Mapping[str, Any]
 @dataclass(frozen=True, slots=True)
 class Alert:
     kind: str
-    """``low_gpu_util``, ``high_memory``, ``throttling`` or ``idle_lane``."""
+    """``low_gpu_util``, ``high_memory``, ``throttling``, ``idle_lane`` or ``input_wait``."""
     message: str
     ts: float
     """Start of the episode."""
@@ -72,7 +72,7 @@ def _episodes(series: Sequence[Any], ts: Callable[[Any], float], holds: Callable
 
 
 def low_gpu_utilisation(rows: Iterable[Row], *, threshold: float = 30.0, min_duration_s: float = 60.0,
-                        busy: Callable[[float], bool] = lambda ts: True) -> list[Alert]:
+                        busy: Callable[[float], bool] = lambda ts: True, work: str = "trials ran") -> list[Alert]:
     """Utilisation below ``threshold`` % for at least ``min_duration_s`` while work was running (``busy(ts)``)."""
     alerts = []
     for source, series in _gpu_rows(rows).items():
@@ -86,7 +86,7 @@ def low_gpu_utilisation(rows: Iterable[Row], *, threshold: float = 30.0, min_dur
                 continue
             mean = sum(r["gpu_util"] for r in episode) / len(episode)
             alerts.append(Alert("low_gpu_util", f"{source}: utilisation {mean:.0f}% on average for {duration:.0f} s "
-                                f"while trials ran (below {threshold:g}%): the GPU is waiting on data, the CPU or too small work",
+                                f"while {work} (below {threshold:g}%): the GPU is waiting on data, the CPU or too small work",
                                 episode[0]["ts"], source, duration))
     return alerts
 
@@ -146,14 +146,31 @@ def idle_lane(snapshots: Iterable[tuple[float, str, int, int]], min_duration_s: 
     return alerts
 
 
+def input_wait(buckets: Iterable[Row], *, share: float, min_duration_s: float = 30.0) -> list[Alert]:
+    """A training's own step timeline (summed step and data-wait seconds per interval, `t0`/`t1`):
+    waiting for data (and its copy) at or above ``share`` of the step time for ``min_duration_s``."""
+    def waiting(bucket: Row) -> bool:
+        return bucket["step_s"] > 0 and (bucket["data_s"] + bucket["copy_s"]) / bucket["step_s"] >= share
+
+    alerts = []
+    for episode in _episodes(sorted(buckets, key=lambda b: b["t0"]), lambda b: b["t0"], waiting):
+        duration = episode[-1]["t1"] - episode[0]["t0"]
+        if duration < min_duration_s:
+            continue
+        waited = sum(b["data_s"] + b["copy_s"] for b in episode) / sum(b["step_s"] for b in episode)
+        alerts.append(Alert("input_wait", f"the training waited for data {waited:.0%} of its step time for {duration:.0f} s "
+                            f"(at or above {share:.0%}): the DataLoader cannot keep up", episode[0]["t0"], "training", duration))
+    return alerts
+
+
 def all_alerts(rows: Iterable[Row], *, snapshots: Iterable[tuple[float, str, int, int]] = (),
                busy: Callable[[float], bool] = lambda ts: True, util_threshold: float = 30.0,
                util_min_duration_s: float = 60.0, memory_threshold: float = 0.90,
-               idle_min_duration_s: float = 30.0) -> list[Alert]:
+               idle_min_duration_s: float = 30.0, work: str = "trials ran") -> list[Alert]:
     """Every check, ordered by time."""
     rows = list(rows)
     alerts = [
-        *low_gpu_utilisation(rows, threshold=util_threshold, min_duration_s=util_min_duration_s, busy=busy),
+        *low_gpu_utilisation(rows, threshold=util_threshold, min_duration_s=util_min_duration_s, busy=busy, work=work),
         *high_memory(rows, threshold=memory_threshold),
         *throttling(rows),
         *idle_lane(snapshots, min_duration_s=idle_min_duration_s),

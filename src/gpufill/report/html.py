@@ -1,7 +1,7 @@
 """`write_report`: one self-contained HTML file for a campaign workdir.
 
-Everything is inline (CSS, base64 PNG images, one small script), so the file opens
-without network access and can be mailed or attached to a paper's supplement.
+Everything is inline (report/page.py: CSS, base64 PNG images, one small script), so the file
+opens without network access and can be mailed or attached to a paper's supplement.
 """
 
 from __future__ import annotations
@@ -19,29 +19,7 @@ from gpufill.campaign.reading import best_per_project
 from gpufill.campaign.provenance import with_effective_train
 from gpufill.campaign.store import FRAME_COLUMNS, Store
 from gpufill.report import plots
-
-_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }
-h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
-table { border-collapse: collapse; margin: .8em 0; font-size: .9em; }
-th, td { border: 1px solid #ddd; padding: .3em .6em; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.scroll { overflow-x: auto; } .note { color: #666; font-style: italic; }
-img.plot { display: block; max-width: 100%; margin: .8em 0; border: 1px solid #eee; }
-small.reason { color: #666; display: block; } pre { white-space: pre-wrap; font-size: .85em; background: #f8f8f8; padding: .5em; }
-"""
-
-# Runs last: reports how many plots decoded (a headless browser test reads body[data-plots]).
-_CHECK_SCRIPT = """
-<script>
-function gpufillCheckPlots() {
-  var imgs = document.querySelectorAll("img.plot"), ok = 0;
-  for (var i = 0; i < imgs.length; i++) { if (imgs[i].complete && imgs[i].naturalWidth > 0) { ok++; } }
-  document.body.dataset.plots = ok + "/" + imgs.length;
-}
-if (document.readyState === "complete") { gpufillCheckPlots(); } else { window.addEventListener("load", gpufillCheckPlots); }
-</script>
-"""
+from gpufill.report.page import img, page, plot_or_note, section, table, write_atomically
 
 
 def write_report(workdir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
@@ -49,15 +27,10 @@ def write_report(workdir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     workdir = Path(workdir)
     store = Store.open(workdir)  # InputError (exit 2) when there is no store
     try:
-        page = render_report(store)
+        text = render_report(store)
     finally:
         store.close()
-    path = Path(out) if out is not None else workdir / "report.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)  # a reader never sees half a report
-    return path
+    return write_atomically(Path(out) if out is not None else workdir / "report.html", text)
 
 
 def render_report(store: Store) -> str:
@@ -68,22 +41,16 @@ def render_report(store: Store) -> str:
     done = trials[trials["status"] == "done"]
     t0 = float(runs["started_at"].min()) if not runs.empty else float(samples["ts"].min()) if not samples.empty else 0.0
     sections = [
-        f"<h1>gpufill report: {escape(name)}</h1>",
         f"<p class='note'>Written {escape(time.strftime('%Y-%m-%d %H:%M:%S'))} from {escape(str(store.path))}.</p>",
-        _section("Campaign summary", _table(["quantity", "value"], summary_rows(store, trials, samples, runs), table_id="summary")),
-        _section("Model comparison", _model_comparison(trials, done)),
-        _section("Resource timelines", _resources(samples, t0)),
-        _section("Trial durations", _plot_or_note(plots.durations(trials), "no finished trials yet")),
-        _section("Failures", _failures(store, trials)),
-        _section("Alerts", _alerts(store, t0)),
-        _section("Plan chosen per shape", _plans(store)),
+        section("Campaign summary", table(["quantity", "value"], summary_rows(store, trials, samples, runs), table_id="summary")),
+        section("Model comparison", _model_comparison(trials, done)),
+        section("Resource timelines", _resources(samples, t0)),
+        section("Trial durations", plot_or_note(plots.durations(trials), "no finished trials yet")),
+        section("Failures", _failures(store, trials)),
+        section("Alerts", _alerts(store, t0)),
+        section("Plan chosen per shape", _plans(store)),
     ]
-    body = "\n".join(sections)
-    return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>gpufill report: {escape(name)}</title><style>{_CSS}</style></head>\n"
-        f"<body>\n{body}\n{_CHECK_SCRIPT}</body></html>\n"
-    )
+    return page(f"gpufill report: {name}", sections)
 
 
 # -- summary ------------------------------------------------------------------------------------
@@ -137,7 +104,7 @@ def _duration(seconds: float) -> str:
 
 # -- sections -----------------------------------------------------------------------------------
 def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame) -> str:
-    parts = ["<h3>Test MAE per family</h3>", _plot_or_note(plots.metric_per_family(done), "no finished trials yet")]
+    parts = ["<h3>Test MAE per family</h3>", plot_or_note(plots.metric_per_family(done), "no finished trials yet")]
     best = best_per_project(trials)
     if best.empty:
         parts.append("<p class='note'>no finished trials yet</p>")
@@ -149,8 +116,8 @@ def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame) -> str:
             for r in top.itertuples()
         ]
         parts += ["<h3>Best configuration per project</h3>",
-                  _table(["project", "family", "params", "lookback", "test MAE", "seeds", "families compared"], rows, table_id="best", numeric={3, 4, 5, 6})]
-    parts += ["<h3>Hyper-parameter effects</h3>", _plot_or_note(plots.parameter_effects(done), "no grid parameter varies within a family")]
+                  table(["project", "family", "params", "lookback", "test MAE", "seeds", "families compared"], rows, table_id="best", numeric={3, 4, 5, 6})]
+    parts += ["<h3>Hyper-parameter effects</h3>", plot_or_note(plots.parameter_effects(done), "no grid parameter varies within a family")]
     return "\n".join(parts)
 
 
@@ -159,8 +126,8 @@ def _resources(samples: pd.DataFrame, t0: float) -> str:
         return "<p class='note'>no monitor samples in this workdir (the sampler was not running)</p>"
     gpu = plots.gpu_timelines(samples, t0)
     host = plots.host_timelines(samples, t0)
-    parts = [_img(p) for p in gpu] or ["<p class='note' id='no-gpu'>no GPU samples: this campaign ran without a GPU (or without NVML)</p>"]
-    parts += [_img(p) for p in host] or ["<p class='note'>no host samples</p>"]
+    parts = [img(p) for p in gpu] or ["<p class='note' id='no-gpu'>no GPU samples: this campaign ran without a GPU (or without NVML)</p>"]
+    parts += [img(p) for p in host] or ["<p class='note'>no host samples</p>"]
     return "\n".join(parts)
 
 
@@ -176,7 +143,7 @@ def _failures(store: Store, trials: pd.DataFrame) -> str:
         if trace:
             error += f"<details><summary>traceback</summary><pre>{escape(trace)}</pre></details>"
         rows.append([escape(r.trial_id), escape(r.family), escape(r.project), str(r.attempts), error])
-    return _table(["trial", "family", "project", "attempts", "error"], rows, table_id="failures", numeric={3})
+    return table(["trial", "family", "project", "attempts", "error"], rows, table_id="failures", numeric={3})
 
 
 def _alerts(store: Store, t0: float) -> str:
@@ -184,7 +151,7 @@ def _alerts(store: Store, t0: float) -> str:
     if not alerts:
         return "<p class='note'>no alerts</p>"
     rows = [[f"{e['ts'] - t0:.1f}", escape(e["kind"]), escape(e["trial_id"] or ""), escape(e["message"])] for e in alerts]
-    return _table(["time since start (s)", "alert", "trial", "message"], rows, table_id="alerts", numeric={0})
+    return table(["time since start (s)", "alert", "trial", "message"], rows, table_id="alerts", numeric={0})
 
 
 def _plans(store: Store) -> str:
@@ -208,28 +175,7 @@ def _plans(store: Store) -> str:
             else:
                 cells.append("" if entry is None else escape(json.dumps(entry)))
         rows.append([escape(family), escape(shape), str(n), *cells])
-    return "<div class='scroll'>" + _table(["family", "shape", "trials", *settings], rows, table_id="plans", numeric={2}) + "</div>"
-
-
-# -- html helpers ---------------------------------------------------------------------------------
-def _section(title: str, content: str) -> str:
-    anchor = title.lower().replace(" ", "-")
-    return f"<section id='{anchor}-section'><h2>{escape(title)}</h2>\n{content}\n</section>"
-
-
-def _table(header: list[str], rows: list[list[str]], *, table_id: str, numeric: set[int] = frozenset()) -> str:
-    """Cells are HTML already (escaped by the caller); header cells are escaped here."""
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "\n".join("<tr>" + "".join(f"<td class='num'>{c}</td>" if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row)) + "</tr>" for row in rows)
-    return f"<table id='{table_id}'><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>"
-
-
-def _img(plot: plots.Plot) -> str:
-    return f"<img class='plot' alt='{escape(plot.alt, quote=True)}' src='data:image/png;base64,{plot.png_base64}'>"
-
-
-def _plot_or_note(plot: plots.Plot | None, note: str) -> str:
-    return _img(plot) if plot is not None else f"<p class='note'>{escape(note)}</p>"
+    return "<div class='scroll'>" + table(["family", "shape", "trials", *settings], rows, table_id="plans", numeric={2}) + "</div>"
 
 
 def _params(text: str) -> str:

@@ -102,7 +102,8 @@ def _order(value: object) -> tuple[int, float, str]:
 
 
 # -- resources --------------------------------------------------------------------------------
-def _timeline(frames: dict[str, pd.DataFrame], column: str, scale: float, t0: float, title: str, ylabel: str, alt: str) -> Plot | None:
+def _timeline(frames: dict[str, pd.DataFrame], column: str, scale: float, t0: float, title: str, ylabel: str, alt: str,
+              since: str = "campaign start") -> Plot | None:
     fig, ax = plt.subplots(figsize=(10, 3.2))
     drawn = False
     for source, rows in sorted(frames.items()):
@@ -115,15 +116,15 @@ def _timeline(frames: dict[str, pd.DataFrame], column: str, scale: float, t0: fl
         plt.close(fig)
         return None
     ax.set_title(title)
-    ax.set_xlabel("time since campaign start (s)")
+    ax.set_xlabel(f"time since {since} (s)")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize="small")
     return _render(fig, alt)
 
 
-def gpu_timelines(samples: pd.DataFrame, t0: float) -> list[Plot]:
-    """Utilisation, memory, power and temperature per GPU (empty when there are no GPU rows)."""
+def gpu_timelines(samples: pd.DataFrame, t0: float, since: str = "campaign start") -> list[Plot]:
+    """Utilisation, memory, power, temperature and SM clock per GPU (empty when there are no GPU rows)."""
     gpus = {source: rows for source, rows in samples.groupby("source") if str(source).startswith("gpu")}
     if not gpus:
         return []
@@ -132,19 +133,20 @@ def gpu_timelines(samples: pd.DataFrame, t0: float) -> list[Plot]:
         ("mem_used", GIB, "GPU memory used per GPU", "memory used (GiB)"),
         ("power_w", 1, "GPU power draw per GPU", "power (W)"),
         ("temp_c", 1, "GPU temperature per GPU", "temperature (°C)"),
+        ("sm_clock_mhz", 1, "GPU SM clock per GPU", "SM clock (MHz)"),
     ]
-    plots = [_timeline(gpus, col, scale, t0, title, ylabel, f"Line chart: {title.lower()} over time") for col, scale, title, ylabel in specs]
+    plots = [_timeline(gpus, col, scale, t0, title, ylabel, f"Line chart: {title.lower()} over time", since) for col, scale, title, ylabel in specs]
     return [p for p in plots if p is not None]
 
 
-def host_timelines(samples: pd.DataFrame, t0: float) -> list[Plot]:
+def host_timelines(samples: pd.DataFrame, t0: float, since: str = "campaign start") -> list[Plot]:
     """CPU utilisation and RAM used by the host."""
     host = {"host": samples[samples["source"] == "host"]}
     if host["host"].empty:
         return []
     plots = [
-        _timeline(host, "cpu_percent", 1, t0, "Host CPU utilisation (all cores)", "CPU utilisation (%)", "Line chart: host CPU utilisation over time"),
-        _timeline(host, "ram_used", GIB, t0, "Host RAM used", "RAM used (GiB)", "Line chart: host RAM used over time"),
+        _timeline(host, "cpu_percent", 1, t0, "Host CPU utilisation (all cores)", "CPU utilisation (%)", "Line chart: host CPU utilisation over time", since),
+        _timeline(host, "ram_used", GIB, t0, "Host RAM used", "RAM used (GiB)", "Line chart: host RAM used over time", since),
     ]
     return [p for p in plots if p is not None]
 
@@ -169,3 +171,52 @@ def durations(trials: pd.DataFrame) -> Plot | None:
     ax.set_ylabel("duration (s)")
     ax.grid(axis="y", alpha=0.3)
     return _render(fig, f"Box plot of trial durations in seconds for {len(labels)} family/lane groups")
+
+
+# -- a watched script's steps -----------------------------------------------------------------
+PHASE_COLOURS = {"data_wait": "tab:red", "copy": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:purple"}
+
+
+def step_timelines(buckets: pd.DataFrame, t0: float) -> list[Plot]:
+    """Mean step time and data wait per time bucket, and optimizer steps per second (a watched script's timeline)."""
+    if buckets.empty:
+        return []
+    middle = (buckets["t0"] + buckets["t1"]) / 2 - t0
+    steps = buckets["steps"].clip(lower=1)
+    marker = "o" if len(buckets) < 30 else None  # a short run has a few points: show them
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    ax.plot(middle, buckets["step_s"] / steps * 1e3, label="step", linewidth=1.2, color="black", marker=marker)
+    ax.plot(middle, buckets["data_s"] / steps * 1e3, label="waiting for data", linewidth=1.2, color=PHASE_COLOURS["data_wait"], marker=marker)
+    ax.plot(middle, buckets["copy_s"] / steps * 1e3, label="host-to-device copy", linewidth=1.0, color=PHASE_COLOURS["copy"], marker=marker)
+    ax.set_title("Training step time and data wait (mean per interval)")
+    ax.set_xlabel("time since the command started (s)")
+    ax.set_ylabel("time per step (ms)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize="small")
+    timeline = _render(fig, "Line chart: mean training step time and data wait per interval over time")
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    ax.plot(middle, buckets["steps"] / (buckets["t1"] - buckets["t0"]).clip(lower=1e-9), linewidth=1.2, marker=marker)
+    ax.set_title("Optimizer steps per second")
+    ax.set_xlabel("time since the command started (s)")
+    ax.set_ylabel("steps/s")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    return [timeline, _render(fig, "Line chart: optimizer steps per second over time")]
+
+
+def step_breakdown(shares: dict[str, float], step_ms: float) -> Plot:
+    """One horizontal bar: each phase's share of a step."""
+    fig, ax = plt.subplots(figsize=(10, 2.4))
+    left = 0.0
+    for phase, share in shares.items():
+        ax.barh([0], [share * 100], left=left, color=PHASE_COLOURS.get(phase, "grey"), label=f"{phase.replace('_', ' ')} {share:.0%}")
+        left += share * 100
+    ax.set_xlim(0, 100)
+    ax.set_yticks([])
+    ax.set_xlabel(f"share of a {step_ms:.3g} ms step (%)")
+    ax.set_title("Where a training step's time goes", pad=24)  # room for the legend above the bar
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.15), ncol=len(shares), fontsize="small", frameon=False)
+    return _render(fig, "Stacked bar: " + ", ".join(f"{phase} {share:.0%}" for phase, share in shares.items()))

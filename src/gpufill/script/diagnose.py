@@ -22,6 +22,8 @@ from gpufill.monitor.summary import summarise
 from gpufill.script.launch import ScriptRun, check_command, run_instrumented
 
 WARMUP_STEPS = 3
+SYNCS_WORTH_A_FINDING = 0.25
+"""Host reads per step from one line at or above this are a finding (rarer ones are the recommended practice)."""
 SAMPLE_EVERY_S = 0.25
 """NVML and psutil while a diagnosis runs: a short one still gets several samples."""
 
@@ -158,6 +160,8 @@ def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Ver
     steps = max(1, report["measured_steps"])
     for site, count in sorted(report["syncs"].items(), key=lambda item: -item[1]):
         per_step = count / steps
+        if per_step < SYNCS_WORTH_A_FINDING:
+            continue  # once per epoch or every N steps: what the fix recommends
         findings.append(Finding(f"{site}, {per_step:.3g} per step: on a GPU each read of a device value waits for every queued kernel (a host-device "
                                 "sync); keep the value on the device (accumulate losses in a tensor) and read it once per epoch or every N steps",
                                 None, "not estimable from here: the gain is the time the GPU's queue drains, largest for small models"))
@@ -195,3 +199,10 @@ def describe(report: dict[str, Any]) -> dict[str, Any]:
         "device": ", ".join(report["devices"]) or None,
         "world_size": report["world_size"],
     }
+
+
+def loader_text(loader: dict[str, Any]) -> str:
+    """A DataLoader as the script built it, in one line."""
+    built = f" (built {loader['created']} times)" if loader.get("created", 1) > 1 else ""
+    return (f"{loader['at']}{built}: batch {loader['batch_size']}, num_workers {loader['num_workers']}, pin_memory {loader['pin_memory']}, "
+            f"persistent {loader['persistent_workers']}")

@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpufill.script.diagnose import loader_text
+
 
 def print_script_report(record: dict[str, Any], console: Console) -> None:
     training = record["training"]
@@ -18,8 +20,7 @@ def print_script_report(record: dict[str, Any], console: Console) -> None:
             value = training.get(key)
             table.add_row(key.replace("_", " "), "-" if value is None else (f"{value:.3g}" if isinstance(value, float) else str(value)))
         for loader in training.get("loaders", []):
-            table.add_row("DataLoader", Text(f"{loader['at']}: batch {loader['batch_size']}, num_workers {loader['num_workers']}, "
-                                             f"pin_memory {loader['pin_memory']}, persistent {loader['persistent_workers']}"))
+            table.add_row("DataLoader", Text(loader_text(loader)))
         console.print(table)
     if record["shares"]:
         shares = Table(title=f"where a step's {record['step_ms']:.3g} ms go (medians)", title_justify="left")
@@ -38,3 +39,29 @@ def print_script_report(record: dict[str, Any], console: Console) -> None:
     for item in record["not_measured"]:
         console.print(Text(f"not measured: {item}", style="yellow"))
     console.print(Text(f"the script: {record['stop_reason']}" + (f"; exit code {record['exit_code']}" if record["exit_code"] else "")))
+
+
+def print_watch_summary(record: dict[str, Any], console: Console) -> None:
+    """One screen after `gpufill watch`: the run, its steps, the machine, alerts, verdict and top fixes."""
+    slurm = record["slurm"]
+    job = f" · Slurm job {slurm['job_id']}" + (f" task {slurm['task']}" if "task" in slurm else "") if "job_id" in slurm else ""
+    console.print(Text(f"gpufill watch: {' '.join(record['command'])}", style="bold"))
+    console.print(Text(f"ran {record['duration_s']:.1f} s on {record['host']}, exit code {record['exit_code']}{job}; {record['stop_reason']}"))
+    if record["step_ms"] is not None:
+        rate = f", {record['samples_per_s']:.4g} samples/s (batch {record['training']['batch_size']})" if record["samples_per_s"] else ""
+        console.print(Text(f"training: {record['optimizer_steps']} optimizer steps, {record['step_ms']:.3g} ms per step (mean){rate}"))
+        console.print(Text("step time: " + " · ".join(f"{name.replace('_', ' ')} {share:.0%}" for name, share in record["shares"].items())))
+    for source, figures in record["machine"].items():
+        console.print(Text(f"{source}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in figures.items() if v is not None), style="dim"))
+    for alert in record["alerts"][:5]:
+        console.print(Text(f"alert at {alert['at_s']:.0f} s: {alert['message']}", style="yellow"))
+    if len(record["alerts"]) > 5:
+        console.print(Text(f"... and {len(record['alerts']) - 5} more alerts (in the report)", style="yellow"))
+    if record["verdict"]:
+        console.print(Text(f"verdict: {record['verdict']['kind']}: {record['verdict']['reason']}", style="bold"))
+    for rank, finding in enumerate(record["findings"][:3], start=1):
+        gain = f" (expected {finding['expected_gain']:.2f}x)" if finding["expected_gain"] else ""
+        console.print(Text(f"{rank}. {finding['what']}{gain}"))
+    for item in record["not_measured"]:
+        console.print(Text(f"not measured: {item}", style="yellow"))
+    console.print(Text(f"report: {record['folder']}/report.html (timelines, step breakdown, verdict); data: {record['folder']}/"))

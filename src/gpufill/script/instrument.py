@@ -314,8 +314,13 @@ def _wrap_loader(recorder: _Recorder, data: Any) -> None:
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         loader_init(self, *args, **kwargs)
-        recorder.loaders.append({"at": _script_line(), "batch_size": self.batch_size, "num_workers": self.num_workers, "pin_memory": self.pin_memory,
-                                 "prefetch_factor": self.prefetch_factor, "persistent_workers": self.persistent_workers})
+        settings = {"at": _script_line(), "batch_size": self.batch_size, "num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                    "prefetch_factor": self.prefetch_factor, "persistent_workers": self.persistent_workers}
+        same = next((seen for seen in recorder.loaders if all(seen[k] == v for k, v in settings.items())), None)
+        if same is None:
+            recorder.loaders.append({**settings, "created": 1})
+        else:  # one built per epoch at the same line
+            same["created"] += 1
         if recorder.batch_size is None and self.batch_size is not None:
             recorder.batch_size = int(self.batch_size)
 
