@@ -33,8 +33,9 @@ def _fit_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(
+    ctx: typer.Context,
     model: str = typer.Option("lstm", "--model", "-m", help=_MODEL_HELP),
     data: str | None = typer.Option(None, "--data", help="pkg.mod:make_data (any model; see gpufill doctor --help). Default: synthetic series for a forecaster."),
     loss: str = typer.Option("mse", "--loss", help=_LOSS_HELP),
@@ -52,8 +53,18 @@ def bench(
     hand_loop: bool = typer.Option(True, "--hand-loop/--no-hand-loop", help="Also run a careful hand-written fp32 loop (resident data, fused AdamW, no per-step sync)."),
     out: Path | None = typer.Option(None, "--out", help="Also write the JSON record to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
+    steps: int = typer.Option(30, "--steps", help="-- COMMAND: optimizer steps measured per run (after 3 warm-up steps)."),
+    tries: list[str] = typer.Option([], "--try", help="-- COMMAND: only this speed-up (tf32, cudnn_benchmark, allocator, all), repeatable; "
+                                                       "default: every one that applies to the script's device."),
 ) -> None:
-    """Before/after: the guides' starting loop vs gpufill on one training, and what each speed-up is worth here."""
+    """Before/after: the guides' starting loop vs gpufill on one training, and what each speed-up is worth here.
+
+    gpufill bench [--steps N] [--try NAME] [--repeats R] -- COMMAND ...: your own script as it is and with each speed-up
+    gpufill can switch on from outside it (TF32, cudnn.benchmark, the allocator), samples/s each; code changes are listed with their line.
+    """
+    if ctx.args:
+        _bench_script(list(ctx.args), steps=steps, tries=tuple(tries), repeats=repeats or 1, out=out, as_json=as_json)
+        return
     from gpufill.bench import BenchSettings, bench_table, run_bench, summary_lines, target_from_references
     from gpufill.engine.config import DEFAULTS
 
@@ -147,6 +158,28 @@ def _doctor_script(command: list[str], *, steps: int, as_json: bool) -> None:
         print_script_report(diagnosis.to_dict(), console)
     if diagnosis.exit_code:
         raise typer.Exit(diagnosis.exit_code)
+
+
+def _bench_script(command: list[str], *, steps: int, tries: tuple[str, ...], repeats: int, out: Path | None, as_json: bool) -> None:
+    """`gpufill bench -- COMMAND`: a command that does not reach its measured steps is one line (its own exit code, or 2)."""
+    from gpufill.script.bench import ScriptNotMeasured, bench_script
+    from gpufill.script.display import print_script_bench
+
+    console = Console(stderr=as_json)
+    try:
+        with console.status("gpufill bench") as spinner:
+            outcome = bench_script(command, steps=steps, repeats=repeats, tries=tries, progress=lambda text: spinner.update(f"gpufill bench: {text}"))
+    except ScriptNotMeasured as failure:
+        typer.echo(str(failure) + ("" if failure.run.exit_code else f"; fix: fewer --steps than {steps}, or a longer run"), err=True)
+        raise typer.Exit(failure.run.exit_code or 2) from None
+    record = outcome.to_dict()
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1))
+    if as_json:
+        print(json.dumps(record))
+    else:
+        print_script_bench(record, console)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

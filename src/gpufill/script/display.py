@@ -65,3 +65,27 @@ def print_watch_summary(record: dict[str, Any], console: Console) -> None:
     for item in record["not_measured"]:
         console.print(Text(f"not measured: {item}", style="yellow"))
     console.print(Text(f"report: {record['folder']}/report.html (timelines, step breakdown, verdict); data: {record['folder']}/"))
+
+
+def print_script_bench(record: dict[str, Any], console: Console) -> None:
+    """`gpufill bench -- COMMAND`: one row per variant, the noise, what was skipped, then the code changes with their lines."""
+    rounds = f"median of {record['repeats']} round" + ("s" if record["repeats"] != 1 else "")
+    table = Table(title=f"gpufill bench: {' '.join(record['command'])} — {record['steps']} steps per run, {rounds}; {record['device']} "
+                        f"({record['device_type']}), torch {record['torch']}, {record['date'][:10]}", title_justify="left")
+    for column, justify in (("variant", "left"), (record["unit"], "right"), ("vs as is", "right"), ("note", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for row in record["variants"]:
+        gain = "" if row["vs_as_is"] is None or row["variant"] == "as is" else f"{row['vs_as_is']:.2f}x" + (" (noise)" if row["within_noise"] else "")
+        table.add_row(row["variant"], "-" if row["rate"] is None else f"{row['rate']:.4g}", gain, Text(row["note"] or row["what"]))
+    console.print(table)
+    if record["noise"] is not None:
+        runs = ", ".join(f"{rate:.4g}" for rate in record["variants"][0]["runs"])
+        console.print(Text(f"noise: the as-is runs ({runs} {record['unit']}; the first and the last of the bench) differ by {record['noise']:.1%}; "
+                           "a gain inside that is marked (noise)", style="dim"))
+    for line in record["skipped"]:
+        console.print(Text(f"not run: {line}", style="dim"))
+    if record["code_changes"]:
+        console.print(Text("changes to the script itself (not applied; from the diagnosis of the as-is run):", style="bold"))
+        for rank, change in enumerate(record["code_changes"], start=1):
+            gain = f" (expected {change['expected_gain']:.2f}x)" if change["expected_gain"] else ""
+            console.print(Text(f"{rank}. {change['what']}{gain}"))

@@ -1,0 +1,191 @@
+"""`gpufill bench [--steps N] [--try NAME] [--repeats R] -- COMMAND`: a user's script as it is and with
+each speed-up gpufill can switch on from outside it, so the fix list's gains are measured.
+
+Each variant is one instrumented run of the unchanged command, stopped after the warm-up and N
+optimizer steps (launch.py); its rate is the batch size over the median step time (samples/s;
+optimizer steps/s when no DataLoader tells the batch). Rounds are interleaved (every variant
+once per round, the as-is run first) and one more as-is run closes the last round: the two
+as-is rates bound the machine's run-to-run noise, and a gain inside it is called so. What needs
+a change to the script (a DataLoader's settings, a per-step sync, autocast, a fused optimizer)
+comes from the doctor's diagnosis of the as-is run, with its line, and is not applied.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufill.errors import InputError
+from gpufill.script.diagnose import WARMUP_STEPS, analyse
+from gpufill.script.instrument import SETTINGS
+from gpufill.script.launch import ScriptRun, check_command, run_instrumented
+
+ALLOCATOR = "expandable_segments:True"
+"""PyTorch's caching allocator maps memory in growing segments: less fragmentation and fewer cudaMalloc
+retries when shapes vary (sequence lengths, last batches)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    name: str
+    what: str
+    settings: tuple[str, ...] = ()
+    allocator: bool = False
+    cuda_only: bool = True
+
+    def env(self) -> dict[str, str]:
+        if not self.allocator:
+            return {}
+        current = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        return {"PYTORCH_CUDA_ALLOC_CONF": current if "expandable_segments" in current else ",".join(filter(None, [current, ALLOCATOR]))}
+
+
+AS_IS = Variant("as is", "the command unchanged", cuda_only=False)
+VARIANTS = (
+    Variant("tf32", SETTINGS["tf32"], ("tf32",)),
+    Variant("cudnn_benchmark", SETTINGS["cudnn_benchmark"], ("cudnn_benchmark",)),
+    Variant("allocator", f"PYTORCH_CUDA_ALLOC_CONF={ALLOCATOR}: the caching allocator grows segments instead of fragmenting", allocator=True),
+    Variant("all", "tf32 + cudnn_benchmark + allocator together", ("tf32", "cudnn_benchmark"), allocator=True),
+)
+"""What can be switched on from outside the script; each is CUDA-only (on a CPU they change nothing)."""
+
+
+@dataclass(slots=True)
+class VariantResult:
+    variant: Variant
+    rates: list[float] = field(default_factory=list)
+    flags: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def rate(self) -> float | None:
+        return statistics.median(self.rates) if self.rates else None
+
+
+@dataclass(slots=True)
+class ScriptBench:
+    command: list[str]
+    steps: int
+    repeats: int
+    unit: str
+    device: str
+    results: list[VariantResult]
+    closing_as_is: float | None
+    code_changes: list[dict[str, Any]]
+    skipped: list[str]
+    environment: dict[str, Any]
+
+    @property
+    def as_is(self) -> float:
+        """The baseline: the median of every as-is run (the closing one included)."""
+        rate = self.results[0].rate
+        assert rate is not None
+        return rate
+
+    @property
+    def noise(self) -> float | None:
+        """The spread of the as-is runs (max / min - 1): what the machine's run-to-run noise alone gives."""
+        rates = self.results[0].rates
+        return max(rates) / min(rates) - 1 if len(rates) >= 2 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = []
+        for result in self.results:
+            gain = result.rate / self.as_is if result.rate else None
+            noisy = gain is not None and self.noise is not None and abs(gain - 1) <= self.noise
+            rows.append({"variant": result.variant.name, "what": result.variant.what, "settings": list(result.variant.settings),
+                         "env": result.variant.env(), "rate": _round(result.rate), "runs": [_round(r) for r in result.rates],
+                         "vs_as_is": _round(gain), "within_noise": noisy if result.variant is not AS_IS else None,
+                         "flags_in_effect": result.flags, "note": result.note})
+        return {"command": self.command, "steps": self.steps, "warmup": WARMUP_STEPS, "repeats": self.repeats, "unit": self.unit,
+                "training_device": self.device, "variants": rows, "closing_as_is": _round(self.closing_as_is), "noise": _round(self.noise),
+                "skipped": self.skipped, "code_changes": self.code_changes, **self.environment}
+
+
+def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tuple[str, ...] = (), progress: Any = None) -> ScriptBench:
+    """Measure the command as it is, then with each variant (all that apply to its device, or those in `tries`)."""
+    check_command(command, "bench")
+    known = {v.name: v for v in VARIANTS}
+    unknown = [name for name in tries if name not in known]
+    if unknown:
+        raise InputError(f"--try {unknown[0]} is not a speed-up gpufill can switch on from outside", where="command line", field="--try",
+                         fix=f"one of {', '.join(known)} (the rest need a change to the script: see the list after the table)")
+    if steps < 1 or repeats < 1:
+        raise InputError(f"--steps {steps} / --repeats {repeats}: both must be at least 1", where="command line", field="--steps", fix="e.g. --steps 30")
+    report = lambda text: progress(text) if progress else None  # noqa: E731
+    as_is = VariantResult(AS_IS)
+    report("the command as it is")
+    first = _measure(command, AS_IS, steps)
+    if first.report is None or not first.stopped_by_gpufill:
+        raise ScriptNotMeasured(first)
+    device = next((d for d in first.report["devices"] if d.startswith("cuda")), first.report["devices"][0] if first.report["devices"] else "cpu")
+    unit = "samples/s" if first.report["batch_size"] else "steps/s"
+    as_is.rates.append(_rate(first))
+    as_is.flags = first.report["flags"]
+    on_gpu = device.startswith("cuda")
+    chosen = [known[name] for name in tries] if tries else [v for v in VARIANTS if on_gpu or not v.cuda_only]
+    skipped = [] if tries or on_gpu else [f"{v.name}: CUDA only, and the training runs on {device}" for v in VARIANTS]
+    results = [as_is, *(VariantResult(v, note="" if on_gpu or not v.cuda_only else f"CUDA only: no effect expected on {device}") for v in chosen)]
+    closing: float | None = None
+    for round_index in range(repeats):
+        for result in results:
+            if result is as_is and round_index == 0:
+                continue
+            report(f"round {round_index + 1}/{repeats}: {result.variant.name}")
+            run = _measure(command, result.variant, steps)
+            if run.report is None or not run.stopped_by_gpufill:
+                result.note = f"did not finish {steps} steps: {run.report['stop_reason'] if run.report else 'no report'} (exit code {run.exit_code})"
+                continue
+            result.rates.append(_rate(run))
+            result.flags = run.report["flags"]
+            result.note = result.note or _did_not_stick(result.variant, run.report["flags"])
+    report("the command as it is, again (the noise)")
+    again = _measure(command, AS_IS, steps)
+    if again.report is not None and again.stopped_by_gpufill:
+        closing = _rate(again)
+        as_is.rates.append(closing)
+    from gpufill.bench.report import environment
+
+    diagnosis = analyse(first)
+    changes = [f.to_dict() for f in diagnosis.findings if " at " in f.what]  # the ones that name a line of the script
+    return ScriptBench(command=command, steps=steps, repeats=repeats, unit=unit, device=device, results=results, closing_as_is=closing,
+                       code_changes=changes, skipped=skipped, environment=environment(device))
+
+
+class ScriptNotMeasured(Exception):
+    """The as-is run did not reach its measured steps: nothing to compare against."""
+
+    def __init__(self, run: ScriptRun):
+        self.run = run
+        reason = run.report["stop_reason"] if run.report else "no Python process of the command was instrumented"
+        super().__init__(f"gpufill bench: the command was not measured: {reason} (exit code {run.exit_code})")
+
+
+def _measure(command: list[str], variant: Variant, steps: int) -> ScriptRun:
+    # The script's standard output goes to /dev/null (a table of rates is the product here); its errors still show.
+    with tempfile.TemporaryDirectory(prefix="gpufill-bench-") as folder, open(os.devnull, "w") as quiet:
+        return run_instrumented(command, Path(folder), steps=steps, warmup=WARMUP_STEPS, settings=variant.settings, extra_env=variant.env(),
+                                sample_every_s=5.0, stdout=quiet)
+
+
+def _rate(run: ScriptRun) -> float:
+    report = run.report
+    assert report is not None
+    step_s = statistics.median(r["step_s"] for r in report["records"])
+    return (report["batch_size"] or 1) / step_s
+
+
+def _did_not_stick(variant: Variant, flags: dict[str, Any]) -> str:
+    if "tf32" in variant.settings and not flags["tf32_matmul"]:
+        return "the script switched TF32 off again"
+    if "cudnn_benchmark" in variant.settings and not flags["cudnn_benchmark"]:
+        return "the script switched cudnn.benchmark off again"
+    return ""
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -1,0 +1,68 @@
+"""`gpufill bench -- COMMAND` on plain PyTorch scripts (tests/user_scripts/): each speed-up switched on
+from outside is in effect inside the script, rates and ratios add up, code changes name their line,
+and a command that cannot be measured is one line."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "user_scripts"
+
+
+def bench(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "gpufill", "bench", *args, "--", sys.executable, str(SCRIPTS / script)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def test_each_speed_up_is_in_effect_inside_the_script_and_the_ratios_add_up():
+    run = bench("item_every_step.py", "--steps", "8", "--try", "tf32", "--try", "cudnn_benchmark", "--try", "allocator", "--json")
+    assert run.returncode == 0, run.stderr
+    record = json.loads(run.stdout)
+    rows = {row["variant"]: row for row in record["variants"]}
+    assert list(rows) == ["as is", "tf32", "cudnn_benchmark", "allocator"]
+    assert record["unit"] == "steps/s" and record["training_device"] == "cpu" and record["steps"] == 8  # no DataLoader: no batch size seen
+    # The flags as the script saw them at its end: each variant switched on what it names, and nothing else.
+    flags = {name: row["flags_in_effect"] for name, row in rows.items()}
+    assert (flags["as is"]["tf32_matmul"], flags["tf32"]["tf32_matmul"], flags["cudnn_benchmark"]["tf32_matmul"]) == (False, True, False)
+    assert (flags["as is"]["cudnn_benchmark"], flags["cudnn_benchmark"]["cudnn_benchmark"]) == (False, True)
+    assert flags["allocator"]["cuda_alloc_conf"] == "expandable_segments:True" and flags["as is"]["cuda_alloc_conf"] is None
+    as_is = rows["as is"]
+    assert len(as_is["runs"]) == 2 and as_is["rate"] == pytest.approx(statistics.median(as_is["runs"]), rel=1e-3)  # first and closing run
+    assert record["noise"] == pytest.approx(max(as_is["runs"]) / min(as_is["runs"]) - 1, abs=1e-3)
+    for name in ("tf32", "cudnn_benchmark", "allocator"):
+        assert rows[name]["vs_as_is"] == pytest.approx(rows[name]["rate"] / as_is["rate"], rel=1e-3)
+        assert rows[name]["note"] == "CUDA only: no effect expected on cpu"
+        assert rows[name]["within_noise"] == (abs(rows[name]["vs_as_is"] - 1) <= record["noise"])
+    (change,) = record["code_changes"]
+    assert change["what"].startswith("item() at ") and "item_every_step.py:17, 1 per step" in change["what"]
+    assert record["torch"] and record["date"].startswith("20") and record["device_type"] == "cpu"
+
+
+def test_on_a_cpu_the_cuda_speed_ups_are_not_run_and_the_loader_fix_names_its_line(tmp_path):
+    out = tmp_path / "bench.json"
+    run = bench("loader_bound.py", "--steps", "5", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    record = json.loads(out.read_text())
+    assert [row["variant"] for row in record["variants"]] == ["as is"] and record["unit"] == "samples/s"
+    assert len(record["skipped"]) == 4 and all("CUDA only, and the training runs on cpu" in line for line in record["skipped"])
+    assert record["code_changes"][0]["what"].startswith("DataLoader(num_workers=0") and "loader_bound.py:22" in record["code_changes"][0]["what"]
+    assert "not run: tf32: CUDA only" in run.stdout and "loader_bound.py:22" in run.stdout and "samples/s" in run.stdout
+
+
+def test_a_command_that_cannot_be_measured_is_one_line():
+    crashed = bench("crash_at_step3.py")
+    assert crashed.returncode == 1 and "Traceback" in crashed.stderr  # the script's own error shows
+    assert crashed.stdout == "" and crashed.stderr.strip().splitlines()[-1] == (
+        "gpufill bench: the command was not measured: the script raised RuntimeError after 3 steps (exit code 1)")
+    too_short = bench("item_every_step.py", "--steps", "500")
+    assert too_short.returncode == 2 and too_short.stderr.strip().splitlines() == [
+        "gpufill bench: the command was not measured: the script ended after 200 optimizer steps (wanted 3 warm-up + 500) (exit code 0); "
+        "fix: fewer --steps than 500, or a longer run"]
+    unknown = bench("item_every_step.py", "--try", "amp", timeout=60)
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr and "--try amp is not a speed-up" in unknown.stderr
