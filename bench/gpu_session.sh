@@ -5,7 +5,8 @@
 #   ../shared/tools/device-wheels.sh xgboost-cpu pydantic pydantic-core annotated-types typing-inspection lightgbm \
 #       typing-extensions narwhals pytest pluggy iniconfig packaging                                      # here, once
 #   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 2" to "... 6": each part fits one 10-minute call
-#   (4 is issue 14's headline: the campaign vs one at a time vs 16 processes vs MPS at LSTM hidden 128, lookback 30)
+#   (4 is issue 14's headline: the campaign vs one at a time vs 16 processes vs MPS at LSTM hidden 128, lookback 30;
+#    7 is issue 15's: the instrumentation's overhead on the GPU, and gpufill bench|watch -- a plain CUDA script)
 #
 # Installs the wheels the GPU image lacks, runs the GPU tests, then each benchmark with a
 # time limit of its own (one that overruns is cut, the rest still run), and copies every
@@ -56,5 +57,10 @@ fi
 if [ "$part" = 3 ] || [ "$part" = all ]; then
   step examples 420 python3 bench/examples.py --device cuda --out "$out/examples.json"
   step example-lm 120 python3 examples/lm_char.py --epochs 2 --layers 4 --width 256 --heads 4 --device cuda
+fi
+if [ "$part" = 7 ] || [ "$part" = all ]; then
+  step doctor_overhead 300 python3 bench/doctor_overhead.py --device cuda --widths 256,1024,4096 --out "$out/doctor_overhead.json"
+  step bench-script 200 sh -c "python3 -m gpufill bench --json --out $out/gpufill_bench-script-cuda_training.json -- python3 tests/user_scripts/cuda_training.py 20"
+  step watch-script 120 python3 -m gpufill watch --out "$out/watch-cuda_training" -- python3 tests/user_scripts/cuda_training.py 20
 fi
 ls -la "$out"

@@ -66,3 +66,16 @@ def test_a_command_that_cannot_be_measured_is_one_line():
         "fix: fewer --steps than 500, or a longer run"]
     unknown = bench("item_every_step.py", "--try", "amp", timeout=60)
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr and "--try amp is not a speed-up" in unknown.stderr
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_every_speed_up_is_measured_against_the_script_as_it_is():
+    run = bench("cuda_training.py", "--steps", "10", "--json", timeout=600)
+    assert run.returncode == 0, run.stderr
+    record = json.loads(run.stdout)
+    rows = {row["variant"]: row for row in record["variants"]}
+    assert list(rows) == ["as is", "tf32", "cudnn_benchmark", "allocator", "all"] and record["skipped"] == []
+    assert record["unit"] == "samples/s" and record["training_device"].startswith("cuda")
+    assert rows["all"]["flags_in_effect"]["tf32_matmul"] and rows["all"]["flags_in_effect"]["cudnn_benchmark"]
+    assert all(row["rate"] > 0 and row["vs_as_is"] == pytest.approx(row["rate"] / rows["as is"]["rate"], rel=1e-3) for row in rows.values())
+    assert any("cuda_training.py:29" in change["what"] for change in record["code_changes"])

@@ -78,3 +78,13 @@ def test_under_torchrun_each_rank_is_instrumented_and_rank_0_is_reported():
     assert report["ranks"] == 2 and report["training"]["world_size"] == 2  # the torchrun launcher is not counted as a rank
     assert report["training"]["optimizer"] == "AdamW" and report["training"]["loaders"][0]["at"].endswith("ddp_train.py:14")
     assert report["verdict"]["kind"] in ("input-bound", "compute-bound", "memory-bound")
+
+
+def test_a_script_that_never_steps_an_optimizer_says_what_could_not_be_measured():
+    code, report, stderr = doctor("no_optimizer.py")
+    assert code == 0 and not report["stopped_by_doctor"] and report["verdict"] is None
+    assert report["stop_reason"] == "the script ended after 0 optimizer steps (wanted 3 warm-up + 5)"
+    assert "step times: the script never called an optimizer's step()" in report["not_measured"]
+    assert "FLOPs per step: fewer than two optimizer steps were seen" in report["not_measured"]
+    assert any(item.startswith("GPU utilisation, memory and syncs: the training ran on") for item in report["not_measured"])
+    assert report["training"]["loaders"][0]["batch_size"] == 64 and report["training"]["loaders"][0]["at"].endswith("no_optimizer.py:9")

@@ -126,3 +126,18 @@ def test_only_harmful_throttling_counts_in_the_summary():
              "throttle": reasons} for i, reasons in enumerate([["idle"], ["power_cap"], '["thermal"]', [], ["sync_boost"]])]
     gpu = summarise(rows)["gpu0"]
     assert gpu["throttled_samples"] == 2 and gpu["temp_c_peak"] == 64.0 and gpu["util_percent_mean"] == 50.0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_watch_records_the_gpu_and_the_copies(tmp_path):
+    out = tmp_path / "gpu"
+    run = subprocess.run(watch_command("--out", str(out), "--interval", "0.5", script="cuda_training.py", script_args=("3",)),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    record = json.loads((out / "watch.json").read_text())
+    assert record["training"]["device"].startswith("cuda") and record["optimizer_steps"] == 3 * 32
+    assert record["machine"]["gpu0"]["samples"] >= 2 and record["machine"]["gpu0"]["memory_used_gib_peak"] > 0
+    assert record["shares"]["copy"] > 0  # the host-to-device copies were timed
+    assert any(site.endswith("cuda_training.py:29") for site in record["syncs"])  # loss.item() every step: a sync on a GPU
+    page = (out / "report.html").read_text()
+    assert page.count("<img class='plot'") >= 5 + 4  # + GPU utilisation, memory, power, temperature (and the SM clock)

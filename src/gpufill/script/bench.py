@@ -151,7 +151,7 @@ def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tup
     from gpufill.bench.report import environment
 
     diagnosis = analyse(first)
-    changes = [f.to_dict() for f in diagnosis.findings if " at " in f.what]  # the ones that name a line of the script
+    changes = [f.to_dict() for f in diagnosis.findings if f.where]  # the ones that name a line of the script
     return ScriptBench(command=command, steps=steps, repeats=repeats, unit=unit, device=device, results=results, closing_as_is=closing,
                        code_changes=changes, skipped=skipped, environment=environment(device))
 

@@ -35,9 +35,11 @@ class Finding:
     what: str
     gain: float | None
     why: str
+    where: str | None = None
+    """file:line of the script to edit (None: a setting outside the script, or no line seen)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"what": self.what, "expected_gain": None if self.gain is None else round(self.gain, 2), "why": self.why}
+        return {"what": self.what, "expected_gain": None if self.gain is None else round(self.gain, 2), "why": self.why, "where": self.where}
 
 
 @dataclass(slots=True)
@@ -152,7 +154,7 @@ def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Ver
             settings = f"num_workers={loader['num_workers']}, pin_memory={loader['pin_memory']}"
             findings.append(Finding(f"DataLoader({settings}) at {loader['at']}: {share:.0%} of each step waits for data; try num_workers={workers}, "
                                     f"persistent_workers=True" + (", pin_memory=True" if on_gpu else ""),
-                                    gain, f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x"))
+                                    gain, f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x", where=loader["at"]))
         if not report["loaders"]:
             findings.append(Finding(verdict.fix, verdict.expected_gain, verdict.expected_gain_reason))
     elif verdict is not None:
@@ -164,18 +166,22 @@ def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Ver
             continue  # once per epoch or every N steps: what the fix recommends
         findings.append(Finding(f"{site}, {per_step:.3g} per step: on a GPU each read of a device value waits for every queued kernel (a host-device "
                                 "sync); keep the value on the device (accumulate losses in a tensor) and read it once per epoch or every N steps",
-                                None, "not estimable from here: the gain is the time the GPU's queue drains, largest for small models"))
+                                None, "not estimable from here: the gain is the time the GPU's queue drains, largest for small models",
+                                where=site.split(" at ", 1)[1]))
     dtypes = report["matmul_dtypes"]
     if on_gpu and dtypes and set(dtypes) <= {"float32"}:
-        findings.append(Finding("every matmul runs in float32: wrap the forward and loss in torch.autocast('cuda', dtype=torch.bfloat16)",
-                                None, "the compute-bound verdict's gain applies when that is the verdict"))
+        backward_at = report.get("backward_at")
+        before = f" (the forward and loss before the backward at {backward_at})" if backward_at else ""
+        findings.append(Finding(f"every matmul runs in float32: wrap the forward and loss in torch.autocast('cuda', dtype=torch.bfloat16){before}",
+                                None, "the compute-bound verdict's gain applies when that is the verdict", where=backward_at))
         if not report["flags"]["tf32_matmul"] and report["flags"]["float32_matmul_precision"] == "highest":
             findings.append(Finding("TF32 is off: torch.backends.cuda.matmul.allow_tf32 = True (or torch.set_float32_matmul_precision('high'))",
                                     None, "float32 matmuls on tensor cores, ~8x the fp32 rate on A100/H100"))
     for optimizer in report["optimizers"]:
         if on_gpu and not optimizer.get("fused"):
-            findings.append(Finding(f"{optimizer['class']}(..., fused=True): one kernel for all {optimizer['tensors']} parameter tensors",
-                                    None, "the optimizer step's launches shrink from several per tensor to a few"))
+            built = f" at {optimizer['at']}" if optimizer.get("at") else ""
+            findings.append(Finding(f"{optimizer['class']}(..., fused=True){built}: one kernel for all {optimizer['tensors']} parameter tensors",
+                                    None, "the optimizer step's launches shrink from several per tensor to a few", where=optimizer.get("at")))
     findings.sort(key=lambda f: -(f.gain or 0.0))
     return findings
 

@@ -37,7 +37,10 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,28 +52,47 @@ BUCKET_ENV = "GPUFILL_SCRIPT_BUCKET_S"
 WHOLE_RUN = 0
 """GPUFILL_SCRIPT_STEPS for a watch: never stop the script."""
 STOPPED_EXIT = 0
+DIGEST_EVERY = 4096
+"""Marks digested at the latest after this many steps (very fast steps within one timeline interval)."""
 RECORDS_KEPT = 10_000
 """Per-step records kept for medians (a doctor's few dozen; a day-long watch keeps totals and its timeline)."""
 PHASES = ("step_s", "data_s", "copy_s", "backward_s", "optimizer_s", "forward_s")
 
+_clock = time.perf_counter
 _HERE = str(Path(__file__).resolve().parent.parent)  # the gpufill package: its frames are not "the script's line"
 
 
 class _Recorder:
+    """The hooks' shared state. The hot path (every optimizer step) only appends one tuple of clock
+    readings, (end, optimizer start, data wait, copy, backward); `_digest` turns them into per-step
+    phases, (step, data, copy, backward, optimizer, forward) seconds in PHASES order, once per
+    timeline interval (a whole run) or at the end (a doctor's N steps)."""
+
     def __init__(self, out: Path, steps: int, warmup: int, bucket_s: float = 1.0, settings: tuple[str, ...] = ()):
         self.out, self.steps, self.warmup, self.bucket_s, self.settings = out, steps, warmup, bucket_s, settings
+        self.whole_run = steps == WHOLE_RUN
+        self.stop_at = -1 if self.whole_run else warmup + steps
+        self.flop_step = max(1, warmup - 1)  # FLOPs counted on the next step: the last warm-up step (compiled, autotuned)
         self.rank = int(os.environ.get("RANK", "0"))
         self.step_count = 0
-        self.last_post: float | None = None
+        self.measuring = warmup == 0
         self.pre_at: float | None = None
         self.data_s = self.copy_s = self.backward_s = 0.0
-        self.records: list[dict[str, float]] = []
-        self.totals = dict.fromkeys(PHASES, 0.0)
+        self.marks: list[tuple[float, float | None, float, float, float]] = []
+        self.first_mark = 1
+        """The step number (1-based) whose end is marks[0]: after a digest the last mark stays, the next step starts at it."""
+        self.next_digest = time.perf_counter() + bucket_s
+        self.wall_offset = time.time() - time.perf_counter()
+        self.records: list[tuple[float, ...]] = []
+        self.totals = [0.0] * len(PHASES)
         self.measured = 0
-        self.bucket: dict[str, float] = {}
         self.syncs: Counter[str] = Counter()
+        self._sites: dict[tuple[str, str, int], str | None] = {}
         self.loaders: list[dict[str, Any]] = []
         self.optimizers: dict[int, dict[str, Any]] = {}
+        self.built_at: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        """The script's line that built each optimizer (for `fused=True` there)."""
+        self.backward_at: str | None = None
         self.batch_size: int | None = None
         self.flops: float | None = None
         self.matmul_dtypes: Counter[str] = Counter()
@@ -82,77 +104,73 @@ class _Recorder:
         self._flop_mode: Any = None
         self._dtype_mode: Any = None
 
-    # -- measuring ------------------------------------------------------------------------
-    @property
-    def whole_run(self) -> bool:
-        return self.steps == WHOLE_RUN
-
-    @property
-    def measuring(self) -> bool:
-        return self.step_count >= self.warmup and (self.whole_run or self.step_count < self.warmup + self.steps)
-
+    # -- the hot path -----------------------------------------------------------------------
     def pre_step(self, optimizer: Any, *_: Any) -> None:
-        self.pre_at = time.perf_counter()
+        self.pre_at = _clock()
         if id(optimizer) not in self.optimizers:
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            self.optimizers[id(optimizer)] = {"class": type(optimizer).__name__, "parameters": int(sum(p.numel() for p in params)),
-                                              "tensors": len(params), "lr": optimizer.param_groups[0].get("lr"),
-                                              "foreach": optimizer.defaults.get("foreach"), "fused": optimizer.defaults.get("fused")}
-            self.devices.update(str(p.device) for p in params)
+            self._first_seen(optimizer)
 
     def post_step(self, optimizer: Any, *_: Any) -> None:
-        now = time.perf_counter()
-        if self.last_post is not None and self.pre_at is not None:
-            step = now - self.last_post
-            optimizer_s = now - self.pre_at
-            record = {"step_s": step, "data_s": self.data_s, "copy_s": self.copy_s, "backward_s": self.backward_s, "optimizer_s": optimizer_s,
-                      "forward_s": max(0.0, step - self.data_s - self.copy_s - self.backward_s - optimizer_s)}
-            if self.measuring:
-                self.measured += 1
-                for phase in PHASES:
-                    self.totals[phase] += record[phase]
-                if len(self.records) < RECORDS_KEPT:
-                    self.records.append(record)
-            if self.whole_run:
-                self._add_to_bucket(record)
-        self._count_flops_around(self.step_count)
-        self.step_count += 1
+        now = _clock()
+        self.marks.append((now, self.pre_at, self.data_s, self.copy_s, self.backward_s))
         self.data_s = self.copy_s = self.backward_s = 0.0
-        self.last_post = time.perf_counter()
-        if not self.whole_run and self.step_count >= self.warmup + self.steps:
+        self.step_count += 1
+        self.measuring = self.step_count >= self.warmup  # for the syncs: a doctor's run stops at stop_at
+        if self._flop_mode is not None or self.step_count == self.flop_step:
+            self._count_flops_around()
+        if now >= self.next_digest or len(self.marks) >= DIGEST_EVERY:
+            self._digest()
+        if self.step_count == self.stop_at:
             self.stop_reason = f"stopped after {self.warmup} warm-up and {self.steps} measured steps"
             self.write()
             raise SystemExit(STOPPED_EXIT)
 
-    def _add_to_bucket(self, record: dict[str, float]) -> None:
-        """Sum the step into the current time bucket; a full bucket is one line of the timeline file."""
-        wall = time.time()
-        if not self.bucket:
-            self.bucket = {"t0": wall - record["step_s"], "steps": 0, **dict.fromkeys(PHASES, 0.0)}
-        self.bucket["steps"] += 1
-        for phase in PHASES:
-            self.bucket[phase] += record[phase]
-        self.bucket["t1"] = wall
-        if wall - self.bucket["t0"] >= self.bucket_s:
-            self._flush_bucket()
+    # -- off the hot path -------------------------------------------------------------------
+    def _first_seen(self, optimizer: Any) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.optimizers[id(optimizer)] = {"class": type(optimizer).__name__, "parameters": int(sum(p.numel() for p in params)),
+                                          "tensors": len(params), "lr": optimizer.param_groups[0].get("lr"),
+                                          "foreach": optimizer.defaults.get("foreach"), "fused": optimizer.defaults.get("fused"),
+                                          "at": self.built_at.get(optimizer)}
+        self.devices.update(str(p.device) for p in params)
 
-    def _flush_bucket(self) -> None:
-        if not self.bucket:
-            return
-        line = json.dumps({k: round(v, 6) for k, v in self.bucket.items()}) + "\n"
-        self.bucket = {}
+    def _digest(self) -> None:
+        """Per-step phases of the marks so far; a whole run writes them as one line of its timeline."""
+        marks = self.marks
+        bucket, steps = [0.0] * len(PHASES), 0
+        for number, (previous, mark) in enumerate(zip(marks, marks[1:]), start=self.first_mark + 1):
+            end, pre_at, data_s, copy_s, backward_s = mark
+            step = end - previous[0]
+            optimizer_s = end - pre_at if pre_at is not None else 0.0
+            record = (step, data_s, copy_s, backward_s, optimizer_s, max(0.0, step - data_s - copy_s - backward_s - optimizer_s))
+            if number > self.warmup:  # the step ending at this mark is past the warm-up
+                self.measured += 1
+                self.totals = [total + value for total, value in zip(self.totals, record, strict=True)]
+                if len(self.records) < RECORDS_KEPT:
+                    self.records.append(record)
+            bucket = [total + value for total, value in zip(bucket, record, strict=True)]
+            steps += 1
+        if self.whole_run and steps:
+            self._write_timeline(marks[0][0], marks[-1][0], steps, bucket)
+        self.first_mark += max(0, len(marks) - 1)
+        self.marks = marks[-1:]
+        self.next_digest = _clock() + self.bucket_s
+
+    def _write_timeline(self, start: float, end: float, steps: int, sums: list[float]) -> None:
+        line = json.dumps({"t0": round(start + self.wall_offset, 6), "t1": round(end + self.wall_offset, 6), "steps": steps,
+                           **{phase: round(value, 6) for phase, value in zip(PHASES, sums, strict=True)}}) + "\n"
         self.out.mkdir(parents=True, exist_ok=True)
-        with open(self.out / f"steps-{self.rank}-{os.getpid()}.jsonl", "a") as timeline:  # open per line: a kill loses one bucket at most
+        with open(self.out / f"steps-{self.rank}-{os.getpid()}.jsonl", "a") as timeline:  # open per line: a kill loses one interval at most
             timeline.write(line)
 
-    def _count_flops_around(self, finished_step: int) -> None:
+    def _count_flops_around(self) -> None:
         """Enter the FLOP counter after the first warm-up step; leave it after the next one."""
         if self._flop_mode is not None:
             self._dtype_mode.__exit__(None, None, None)
             self._flop_mode.__exit__(None, None, None)
             self.flops = float(self._flop_mode.get_total_flops())
             self._flop_mode = None
-        elif finished_step == max(0, self.warmup - 2) and self.flops is None:
+        elif self.flops is None:
             from torch.utils.flop_counter import FlopCounterMode
 
             self._flop_mode = FlopCounterMode(display=False)
@@ -162,9 +180,15 @@ class _Recorder:
 
     def note_sync(self, what: str, caller: Any) -> None:
         """A host read of a tensor's value made by the script itself (calls from inside torch, such as a
-        sampler's tolist(), are the library's business and cost nothing to look up: one frame checked)."""
-        if self.measuring and not _in_library(caller.f_code.co_filename):
-            self.syncs[f"{what} at {_short(caller.f_code.co_filename)}:{caller.f_lineno}"] += 1
+        sampler's tolist(), are the library's business: one frame checked, the answer cached per line)."""
+        if not self.measuring:
+            return
+        key = (what, caller.f_code.co_filename, caller.f_lineno)
+        site = self._sites.get(key, "")
+        if site == "":
+            site = self._sites[key] = None if _in_library(key[1]) else f"{what} at {_short(key[1])}:{key[2]}"
+        if site is not None:
+            self.syncs[site] += 1
 
     # -- the report -----------------------------------------------------------------------
     def write(self) -> None:
@@ -173,7 +197,7 @@ class _Recorder:
         self.written = True
         import torch
 
-        self._flush_bucket()
+        self._digest()
         report = {
             "pid": os.getpid(),
             "rank": self.rank,
@@ -184,14 +208,15 @@ class _Recorder:
             "steps_wanted": self.steps,
             "stop_reason": self.stop_reason,
             "error": self.error,
-            "records": self.records,
+            "records": [dict(zip(PHASES, record, strict=True)) for record in self.records],
             "measured_steps": self.measured,
-            "totals": {k: round(v, 6) for k, v in self.totals.items()},
+            "totals": {phase: round(value, 6) for phase, value in zip(PHASES, self.totals, strict=True)},
             "started_at": self.started_at,
             "ended_at": time.time(),
             "settings": list(self.settings),
             "syncs": dict(self.syncs),
             "loaders": self.loaders,
+            "backward_at": self.backward_at,
             "optimizers": list(self.optimizers.values()),
             "batch_size": self.batch_size,
             "flops_per_step": self.flops,
@@ -271,24 +296,47 @@ def _script_line() -> str:
     return "unknown"
 
 
-def install() -> None:
-    """Hook the training (called by sitecustomize when GPUFILL_SCRIPT_OUT is set)."""
-    out = os.environ.get(OUT_ENV)
-    if not out:
-        return
+@dataclass(slots=True)
+class Installed:
+    """The instrumentation in this process; `remove()` puts back everything it changed."""
+
+    recorder: _Recorder
+    undo: list[Callable[[], None]] = field(default_factory=list)
+
+    def remove(self) -> None:
+        for step in reversed(self.undo):
+            step()
+        self.undo.clear()
+
+
+def install(out: Path | None = None, *, steps: int | None = None, warmup: int | None = None, bucket_s: float | None = None) -> Installed | None:
+    """Hook the training. At interpreter start (sitecustomize) everything comes from the environment and
+    nothing happens without GPUFILL_SCRIPT_OUT; in-process callers (bench/doctor_overhead.py) pass it."""
+    folder = out or (Path(os.environ[OUT_ENV]) if os.environ.get(OUT_ENV) else None)
+    if folder is None:
+        return None
     import torch
     import torch.utils.data
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     settings = tuple(filter(None, os.environ.get(SETTINGS_ENV, "").split(",")))
     _apply(settings, torch)
-    recorder = _Recorder(Path(out), steps=int(os.environ.get(STEPS_ENV, "20")), warmup=int(os.environ.get(WARMUP_ENV, "3")),
-                         bucket_s=float(os.environ.get(BUCKET_ENV, "1")), settings=settings)
-    register_optimizer_step_pre_hook(recorder.pre_step)
-    register_optimizer_step_post_hook(recorder.post_step)
-    _wrap_loader(recorder, torch.utils.data)
-    _wrap_tensor(recorder, torch)
-    _wrap_exit(recorder)
+    recorder = _Recorder(folder, steps=int(os.environ.get(STEPS_ENV, "20")) if steps is None else steps,
+                         warmup=int(os.environ.get(WARMUP_ENV, "3")) if warmup is None else warmup,
+                         bucket_s=float(os.environ.get(BUCKET_ENV, "1")) if bucket_s is None else bucket_s, settings=settings)
+    installed = Installed(recorder)
+    installed.undo += [register_optimizer_step_pre_hook(recorder.pre_step).remove, register_optimizer_step_post_hook(recorder.post_step).remove]
+    installed.undo += _wrap_optimizer_init(recorder, torch.optim.Optimizer)
+    installed.undo += _wrap_loader(recorder, torch.utils.data)
+    installed.undo += _wrap_tensor(recorder, torch)
+    installed.undo += _wrap_exit(recorder)
+    return installed
+
+
+def _restore(owner: Any, name: str) -> Callable[[], None]:
+    """An undo step: put `owner.name` back as it is now."""
+    original = getattr(owner, name)
+    return lambda: setattr(owner, name, original)
 
 
 SETTINGS = {
@@ -309,7 +357,21 @@ def _apply(settings: tuple[str, ...], torch: Any) -> None:
             raise ValueError(f"unknown setting {name!r} (known: {', '.join(SETTINGS)})")
 
 
-def _wrap_loader(recorder: _Recorder, data: Any) -> None:
+def _wrap_optimizer_init(recorder: _Recorder, optimizer_class: Any) -> list[Callable[[], None]]:
+    undo = [_restore(optimizer_class, "__init__")]
+    original = optimizer_class.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        recorder.built_at.setdefault(self, _script_line())  # a subclass's __init__ calls this one: its caller's line
+
+    optimizer_class.__init__ = init
+    return undo
+
+
+def _wrap_loader(recorder: _Recorder, data: Any) -> list[Callable[[], None]]:
+    iterator = data.dataloader._BaseDataLoaderIter
+    undo = [_restore(data.DataLoader, "__init__"), _restore(iterator, "__next__")]
     loader_init = data.DataLoader.__init__
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -325,7 +387,6 @@ def _wrap_loader(recorder: _Recorder, data: Any) -> None:
             recorder.batch_size = int(self.batch_size)
 
     data.DataLoader.__init__ = init
-    iterator = data.dataloader._BaseDataLoaderIter
     next_batch = iterator.__next__
 
     def timed_next(self: Any) -> Any:
@@ -336,13 +397,22 @@ def _wrap_loader(recorder: _Recorder, data: Any) -> None:
             recorder.data_s += time.perf_counter() - tick
 
     iterator.__next__ = timed_next
+    return undo
 
 
-def _wrap_tensor(recorder: _Recorder, torch: Any) -> None:
+def _wrap_tensor(recorder: _Recorder, torch: Any) -> list[Callable[[], None]]:
     tensor = torch.Tensor
+    # A build of torch without an accelerator makes no host-to-device copies: `.to` stays untouched (the
+    # most called of these methods: dtype casts inside models go through it too).
+    accelerated = bool(torch.version.cuda or torch.version.hip or torch.backends.mps.is_built())
+    copies = ("to", "cuda") if accelerated else ()
+    reads = ("item", "tolist", "cpu", "numpy")
+    undo = [_restore(tensor, name) for name in ("backward", *copies, *reads)]
     backward = tensor.backward
 
     def timed_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if recorder.backward_at is None:
+            recorder.backward_at = _script_line()
         tick = time.perf_counter()
         try:
             return backward(self, *args, **kwargs)
@@ -350,18 +420,18 @@ def _wrap_tensor(recorder: _Recorder, torch: Any) -> None:
             recorder.backward_s += time.perf_counter() - tick
 
     tensor.backward = timed_backward
-    for name in ("to", "cuda"):
+    for name in copies:
         original = getattr(tensor, name)
 
         def timed_copy(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
             tick = time.perf_counter()
             result = _original(self, *args, **kwargs)
-            if self.device.type == "cpu" and getattr(result, "device", self.device).type != "cpu":
+            if self.is_cpu and not result.is_cpu:
                 recorder.copy_s += time.perf_counter() - tick
             return result
 
         setattr(tensor, name, timed_copy)
-    for name in ("item", "tolist", "cpu", "numpy"):
+    for name in reads:
         original = getattr(tensor, name)
 
         def noted(self: Any, *args: Any, _original: Any = original, _name: str = f"{name}()", **kwargs: Any) -> Any:
@@ -369,9 +439,11 @@ def _wrap_tensor(recorder: _Recorder, torch: Any) -> None:
             return _original(self, *args, **kwargs)
 
         setattr(tensor, name, noted)
+    return undo
 
 
-def _wrap_exit(recorder: _Recorder) -> None:
+def _wrap_exit(recorder: _Recorder) -> list[Callable[[], None]]:
+    undo = [_restore(sys, "excepthook")]
     hook = sys.excepthook
 
     def excepthook(kind: Any, error: BaseException, trace: Any) -> None:
@@ -391,6 +463,7 @@ def _wrap_exit(recorder: _Recorder) -> None:
             recorder.write()
 
     atexit.register(at_exit)
+    undo.append(lambda: atexit.unregister(at_exit))
     # SIGTERM (Slurm's time limit, a scheduler, `gpufill watch` passing one on) ends Python without
     # atexit: write the report, then die of the signal as the script would have. A script that
     # installs its own handler later replaces this one.
@@ -402,3 +475,5 @@ def _wrap_exit(recorder: _Recorder) -> None:
             os.kill(os.getpid(), number)
 
         signal.signal(signal.SIGTERM, on_term)
+        undo.append(lambda: signal.getsignal(signal.SIGTERM) is on_term and signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    return undo
