@@ -41,7 +41,7 @@ def run_global(windows: Sequence[WindowedProject], trial: dict[str, Any], spec: 
         predictions, plan, timings, history, events, status = _neural(first, trial, spec, train_x, train_y, val_x, val_y, windows, device)
     per_project = {
         w.name: {
-            "test": forecast_metrics(w.test_truth, w.inverse_target(pred), w.mase_scale),
+            "test": forecast_metrics(w.test_truth, pred, w.mase_scale),
             "naive": forecast_metrics(w.test_truth, w.naive_test, w.mase_scale),
         }
         for w, pred in zip(windows, predictions, strict=True)
@@ -71,15 +71,24 @@ def _neural(first, trial, spec, train_x, train_y, val_x, val_y, windows, device)
     torch.manual_seed(trial["seed"])
     model = registry.build(trial["family"], n_features=first.n_features, lookback=first.lookback, horizon=first.horizon, params=trial["params"])
     result = fit(model, (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=config)
-    predictions = [predict(result.model, w.x_test, dtype=result.plan.autocast_dtype) for w in windows]
+    predictions = [w.inverse_target(predict(result.model, w.x_test, dtype=result.plan.autocast_dtype)) for w in windows]
     history = result.to_dict()["history"]
     return predictions, result.plan.to_dict(), dict(result.timings), history, result.events, result.status
 
 
 def _classical(first, trial, train_x, train_y, val_x, val_y, windows, threads):
-    from gpufill.forecasting.models.classical import classical_plan
+    from gpufill.forecasting.models.classical import SeriesForecaster, classical_plan, fit_and_forecast
 
     model = registry.build(trial["family"], n_features=first.n_features, lookback=first.lookback, horizon=first.horizon, params=trial["params"])
+    if isinstance(model, SeriesForecaster):  # a statistical reference is a model of one series: fitted per project in either mode
+        predictions, fit_s, predict_s = [], 0.0, 0.0
+        for w in windows:
+            model = registry.build(trial["family"], n_features=w.n_features, lookback=w.lookback, horizon=w.horizon, params=trial["params"])
+            prediction, spent = fit_and_forecast(model, w, threads=threads, seed=trial["seed"])
+            predictions.append(prediction)
+            fit_s, predict_s = fit_s + spent["fit_s"], predict_s + spent["predict_s"]
+        points = sum(w.fit_end for w in windows)
+        return predictions, classical_plan(threads), {"fit_s": fit_s, "predict_s": predict_s, "samples_per_s": points / fit_s if fit_s > 0 else 0.0}, [], [], "completed"
     # No epochs to validate: the validation windows are training data for classical models.
     x = torch.cat([train_x, val_x]).numpy()
     y = torch.cat([train_y, val_y]).numpy()
@@ -87,6 +96,6 @@ def _classical(first, trial, train_x, train_y, val_x, val_y, windows, threads):
     model.fit(x, y, threads=threads, seed=trial["seed"])
     fit_s = time.perf_counter() - tick
     tick = time.perf_counter()
-    predictions = [np.asarray(model.predict(w.x_test.numpy())) for w in windows]
+    predictions = [w.inverse_target(np.asarray(model.predict(w.x_test.numpy()))) for w in windows]
     timings = {"fit_s": fit_s, "predict_s": time.perf_counter() - tick, "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0}
     return predictions, classical_plan(threads), timings, [], [], "completed"

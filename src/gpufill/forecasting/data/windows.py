@@ -159,6 +159,14 @@ class WindowedProject:
     """(N_test, horizon) last target value of each lookback window, repeated; original scale."""
     mase_scale: float
     """Mean |y_t - y_(t-1)| over the train region, original scale (1.0 if that is 0)."""
+    series: np.ndarray
+    """(T,) the whole target, original scale: what a statistical (series) model fits and forecasts from."""
+    fit_end: int
+    """Where the test region starts: series models fit on series[:fit_end] (train + validation)."""
+    test_origins: np.ndarray
+    """(N_test,) the time each test window's forecast starts at (its lookback ends there)."""
+    season_length: int
+    """The season of the project's time index (statistical.season_length_of)."""
 
     def inverse_target(self, scaled_pred: np.ndarray | torch.Tensor) -> np.ndarray:
         if isinstance(scaled_pred, torch.Tensor):
@@ -182,6 +190,25 @@ def _starts(first: int, last: int, stride: int) -> np.ndarray:
     if last < first:
         return np.zeros(0, dtype=np.int64)
     return np.arange(last, first - 1, -stride, dtype=np.int64)[::-1]
+
+
+def season_length_of(time: np.ndarray | None, source: str) -> int:
+    """The season of a project's time index (1 when there is none or it is irregular): M4's
+    conventions (daily 7, weekly 52, monthly 12, quarterly 4, hourly 24); synthetic data is daily."""
+    if source == "synthetic":
+        return 7  # gpufill's synthetic projects are daily, with a weekly cycle
+    if time is None or len(time) < 3:
+        return 1
+    import pandas as pd
+
+    frequency = pd.infer_freq(pd.DatetimeIndex(time))
+    if frequency is None:
+        return 1
+    return SEASONS.get(frequency.split("-")[0].lstrip("0123456789"), 1)
+
+
+SEASONS = {"D": 7, "B": 5, "W": 52, "MS": 12, "ME": 12, "M": 12, "QS": 4, "QE": 4, "Q": 4, "h": 24, "H": 24, "YS": 1, "YE": 1, "Y": 1, "A": 1}
+"""A pandas frequency's code -> its season length."""
 
 
 def make_windows(
@@ -267,4 +294,8 @@ def make_windows(
         test_truth=np.ascontiguousarray(truth_views[test_t]),
         naive_test=np.repeat(target[test_t - 1][:, None], horizon, axis=1),
         mase_scale=mase_scale,
+        series=target,
+        fit_end=val_end,
+        test_origins=test_t,
+        season_length=season_length_of(project.time, project.source),
     )

@@ -13,7 +13,7 @@ from gpufill.forecasting.models.neural import (
     TCNForecaster,
     TransformerForecaster,
 )
-# importing classical registers linear, rf, xgb, lgbm (their libraries load on first fit)
+# importing classical registers linear, rf, xgb, lgbm and snaive, ets, theta (their libraries load on first fit)
 from gpufill.forecasting.models import classical  # noqa: F401  (registers the classical families)
 # importing the fused kernels registers them with the engine's packs (engine.packs.fused.fuses)
 from gpufill.forecasting.models import fused_feedforward, fused_recurrent  # noqa: F401

@@ -1,4 +1,5 @@
-"""Classical forecasters on the CPU lane: ``linear``, ``rf``, ``xgb``, ``lgbm``.
+"""Classical forecasters on the CPU lane: ``linear``, ``rf``, ``xgb``, ``lgbm``, and the statistical
+references ``snaive``, ``ets``, ``theta`` (:mod:`.statistical`: series models, fitted per project).
 
 Each sees the same windows as the neural families, flattened: ``(N, lookback, F)`` becomes
 ``(N, lookback * F)`` features (lagged target and covariates), and predicts ``(N, horizon)``.
@@ -43,14 +44,25 @@ from gpufill.forecasting.models.classical.families import (
     RandomForestForecaster,
     XGBForecaster,
 )
+from gpufill.forecasting.models.classical.statistical import (
+    ETSForecaster,
+    SeasonalNaiveForecaster,
+    SeriesForecaster,
+    ThetaForecaster,
+    fit_and_forecast,
+)
 from gpufill.forecasting.models.registry import build, check_params, resolve
 
 __all__ = [
     "ClassicalForecaster",
     "ClassicalRun",
+    "ETSForecaster",
     "LGBMForecaster",
     "LinearForecaster",
     "RandomForestForecaster",
+    "SeasonalNaiveForecaster",
+    "SeriesForecaster",
+    "ThetaForecaster",
     "WindowRegressor",
     "XGBForecaster",
     "train_classical",
@@ -124,6 +136,12 @@ def train_classical(
         )
     threads, seed = _threads_and_seed(threads, seed)
     model = build(family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=resolved)
+    if isinstance(model, SeriesForecaster):  # snaive, ets, theta: fitted on the series, not on windows
+        prediction, timings = fit_and_forecast(model, windows, threads=threads, seed=seed)
+        return ClassicalRun(project=windows.name, family=family, params=dict(resolved),
+                            test=forecast_metrics(windows.test_truth, prediction, windows.mase_scale),
+                            naive=forecast_metrics(windows.test_truth, windows.naive_test, windows.mase_scale),
+                            timings=timings, threads=threads, model=model)
     if not isinstance(model, ClassicalForecaster):
         raise InputError(
             f"classical family {family!r} built a {type(model).__name__} without fit(x, y, *, threads, seed) and predict(x)",

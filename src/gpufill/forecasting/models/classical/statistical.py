@@ -1,0 +1,141 @@
+"""Statistical reference families: ``snaive`` (seasonal naive), ``ets`` (AutoETS) and ``theta``,
+the lines forecasting practitioners put beside every network. ETS and Theta come from
+statsforecast (a well-kept library; nothing of them is written here).
+
+They are series models, not window regressors: each is fitted on one project's whole history
+before the test region (train + validation, as the other classical families) and then, at each
+test window's origin t, forecasts the next ``horizon`` steps from the series up to t with the
+fitted parameters (statsforecast's ``forward``: the state is updated with the actual values, the
+parameters are not refitted). So they are scored on exactly the test windows every other family
+is scored on. They run on the CPU lane like the classical families and see the target only.
+
+The season length is ``season_length`` (an int) or ``auto``: the project's
+(``data.windows.season_length_of``: daily 7, weekly 52, monthly 12, quarterly 4, hourly 24;
+synthetic data is daily; else 1). A series shorter than two seasons is fitted without one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from gpufill.errors import InputError
+from gpufill.forecasting.models.checks import whole_number
+from gpufill.forecasting.models.registry import register
+
+__all__ = ["ETSForecaster", "SeasonalNaiveForecaster", "SeriesForecaster", "ThetaForecaster", "fit_and_forecast"]
+
+@runtime_checkable
+class SeriesForecaster(Protocol):
+    """What a statistical family builds: fitted on a series, forecasting from any prefix of it."""
+
+    def fit_series(self, series: np.ndarray, *, season_length: int, threads: int, seed: int) -> None:
+        """``series`` (T,) float64, original scale: the history before the test region."""
+
+    def forecast_from(self, series: np.ndarray, origins: np.ndarray) -> np.ndarray:
+        """(len(origins), horizon): each row forecasts ``series[t:t + horizon]`` from ``series[:t]``."""
+
+
+class _StatisticalForecaster:
+    family: ClassVar[str] = "statistical"
+
+    def __init__(self, n_features: int, lookback: int, horizon: int, *, season_length: int | str = "auto"):
+        self.n_features, self.lookback, self.horizon = n_features, lookback, horizon
+        if season_length != "auto":
+            season_length = whole_number(self.family, "season_length", season_length)
+        self.season_length_param = season_length
+        self.season_length = 1
+        self.history: np.ndarray | None = None
+
+    def fit_series(self, series: np.ndarray, *, season_length: int, threads: int, seed: int) -> None:
+        self.season_length = season_length if self.season_length_param == "auto" else int(self.season_length_param)
+        if len(series) < 2 * self.season_length:  # too short for a seasonal model: a practitioner would drop the season too
+            self.season_length = 1
+        self.history = np.asarray(series, dtype=np.float64)
+        self._fit(self.history)
+
+    def _fit(self, series: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def forecast_from(self, series: np.ndarray, origins: np.ndarray) -> np.ndarray:
+        series = np.asarray(series, dtype=np.float64)
+        return np.stack([self._forecast(series[:origin]) for origin in origins]) if len(origins) else np.zeros((0, self.horizon))
+
+    def _forecast(self, prefix: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+@register("snaive", kind="classical")
+class SeasonalNaiveForecaster(_StatisticalForecaster):
+    """Each step repeats the value one season before it: y[t + h] = y[t + h - m * ceil((h + 1) / m)]."""
+
+    family = "snaive"
+
+    def _fit(self, series: np.ndarray) -> None:
+        pass  # nothing to estimate
+
+    def _forecast(self, prefix: np.ndarray) -> np.ndarray:
+        m = self.season_length
+        last_season = prefix[-m:]
+        return np.resize(last_season, self.horizon)  # repeats the last season over the horizon
+
+
+class _StatsforecastForecaster(_StatisticalForecaster):
+    """A statsforecast model: fitted once, then `forward` on each prefix with the fitted parameters."""
+
+    def _model(self) -> Any:
+        raise NotImplementedError
+
+    def _fit(self, series: np.ndarray) -> None:
+        self.model_ = self._model().fit(y=series)
+
+    def _forecast(self, prefix: np.ndarray) -> np.ndarray:
+        try:
+            return np.asarray(self.model_.forward(y=prefix, h=self.horizon)["mean"], dtype=np.float64)
+        except Exception as error:  # noqa: BLE001 - statsforecast's own errors, named with the family
+            raise InputError(f"{self.family} could not forecast from a series of length {len(prefix)}: {error}",
+                             field=f"{self.family}.season_length", fix="use season_length: 1, or a longer series") from None
+
+
+@register("ets", kind="classical")
+class ETSForecaster(_StatsforecastForecaster):
+    """statsforecast's AutoETS: error, trend and season chosen by AICc (``model: ZZZ``), or fixed (e.g. ``AAN``)."""
+
+    family = "ets"
+
+    def __init__(self, n_features: int, lookback: int, horizon: int, *, season_length: int | str = "auto", model: str = "ZZZ"):
+        super().__init__(n_features, lookback, horizon, season_length=season_length)
+        if not (isinstance(model, str) and len(model) == 3 and model[0] in "ZAM" and model[1] in "ZANM" and model[2] in "ZANM"):
+            raise InputError(f"model must be three letters (error, trend, season) from Z/A/M/N, got {model!r}",
+                             field="ets.model", fix="use ZZZ (chosen by AICc) or e.g. AAN")
+        self.model = model
+
+    def _model(self) -> Any:
+        from statsforecast.models import AutoETS
+
+        return AutoETS(season_length=self.season_length, model=self.model)
+
+
+@register("theta", kind="classical")
+class ThetaForecaster(_StatsforecastForecaster):
+    """statsforecast's standard Theta method (the M3 winner's), with its seasonality test."""
+
+    family = "theta"
+
+    def _model(self) -> Any:
+        from statsforecast.models import Theta
+
+        return Theta(season_length=self.season_length)
+
+
+def fit_and_forecast(model: SeriesForecaster, windows: Any, *, threads: int, seed: int) -> tuple[np.ndarray, dict[str, float]]:
+    """Fit on one project's history before its test region; forecast every test window (original scale)."""
+    started = time.perf_counter()
+    model.fit_series(windows.series[: windows.fit_end], season_length=windows.season_length, threads=threads, seed=seed)
+    fit_s = time.perf_counter() - started
+    started = time.perf_counter()
+    prediction = model.forecast_from(windows.series, windows.test_origins)
+    predict_s = time.perf_counter() - started
+    return prediction, {"fit_s": fit_s, "predict_s": predict_s, "samples_per_s": windows.fit_end / fit_s if fit_s > 0 else 0.0}

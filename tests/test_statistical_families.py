@@ -1,0 +1,70 @@
+"""The statistical reference families (snaive, ets, theta): series models scored on the same test
+windows as every other family, in local and global campaigns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpufill.campaign.runner import Campaign, read_results
+from gpufill.errors import InputError
+from gpufill.forecasting.data.project import Project
+from gpufill.forecasting.data.windows import Split, make_windows, season_length_of
+from gpufill.forecasting.models.classical import train_classical
+from tests.helpers import write_campaign
+
+
+def _monthly(values: np.ndarray, name: str = "shop") -> Project:
+    time = pd.date_range("2000-01-01", periods=len(values), freq="MS").to_numpy()
+    return Project(name=name, target=values.astype(np.float64), covariates=np.zeros((len(values), 0)), covariate_names=(), source="shop.csv", time=time)
+
+
+def test_the_season_comes_from_the_time_index():
+    def stamps(freq: str) -> np.ndarray:
+        return pd.date_range("2020-01-06", periods=30, freq=freq).to_numpy()
+
+    assert [season_length_of(stamps(f), "x.csv") for f in ("MS", "ME", "D", "W-MON", "QS", "h")] == [12, 12, 7, 52, 4, 24]
+    assert season_length_of(None, "x.csv") == 1 and season_length_of(None, "synthetic") == 7
+    irregular = np.array(["2020-01-01", "2020-01-02", "2020-01-05", "2020-01-09"], dtype="datetime64[ns]")
+    assert season_length_of(irregular, "x.csv") == 1
+
+
+def test_seasonal_naive_on_a_pure_seasonal_series_is_exact():
+    season = np.array([10.0, 12, 15, 11, 9, 8, 14, 20, 18, 13, 11, 10])
+    windows = make_windows(_monthly(np.tile(season, 12)), lookback=12, horizon=3, split=Split(val=12, test=24))
+    assert windows.season_length == 12
+    run = train_classical(windows, "snaive")
+    assert run.test["mae"] == 0.0 and run.test["smape"] == 0.0 and run.naive["mae"] > 1.0
+    assert run.model.forecast_from(windows.series, np.array([15])).tolist() == [[11.0, 9.0, 8.0]]  # y[15:18] = y[3:6]
+
+
+def test_ets_and_theta_beat_the_last_value_on_a_trending_seasonal_series():
+    rng = np.random.default_rng(0)
+    t = np.arange(144)
+    values = 100 + 0.5 * t + 10 * np.sin(2 * np.pi * t / 12) + rng.normal(0, 1, t.size)
+    windows = make_windows(_monthly(values), lookback=24, horizon=6, split=Split(val=12, test=24))
+    for family in ("ets", "theta"):
+        run = train_classical(windows, family)
+        assert np.isfinite(list(run.test.values())).all()
+        assert run.test["mae"] < 0.5 * run.naive["mae"], family  # the season alone is worth most of the error
+    fixed = train_classical(windows, "ets", {"model": "AAA", "season_length": 12})
+    assert fixed.params == {"season_length": 12, "model": "AAA"} and fixed.test["mae"] < fixed.naive["mae"]
+    with pytest.raises(InputError) as bad:
+        train_classical(windows, "ets", {"model": "XYZ"})
+    assert bad.value.field == "ets.model"
+
+
+def test_in_a_campaign_the_references_run_on_the_cpu_lane_and_global_mode_fits_them_per_project(tmp_path):
+    scores = {}
+    for mode in ("local", "global"):
+        path = write_campaign(tmp_path, name=f"refs-{mode}", models="snaive: {}\n  theta: {}", projects=2)
+        path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}", f"task: {{lookback: [12], horizon: 2, mode: {mode}}}"))
+        outcome = Campaign.from_yaml(path, tmp_path / mode).run()
+        assert (outcome.done, outcome.failed) == ((4, 0) if mode == "local" else (2, 0))
+        scores[mode] = read_results(tmp_path / mode)
+    local = scores["local"].set_index(["family", "project"])["mae"]
+    global_ = scores["global"]
+    assert set(global_["lane"]) == {"cpu"} and set(scores["local"]["lane"]) == {"cpu"}
+    for row in global_.itertuples():  # a series model is the same model in either mode: the mean of the local scores
+        assert row.mae == pytest.approx(local.loc[row.family].mean(), rel=1e-9)
