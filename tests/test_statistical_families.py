@@ -68,3 +68,20 @@ def test_in_a_campaign_the_references_run_on_the_cpu_lane_and_global_mode_fits_t
     assert set(global_["lane"]) == {"cpu"} and set(scores["local"]["lane"]) == {"cpu"}
     for row in global_.itertuples():  # a series model is the same model in either mode: the mean of the local scores
         assert row.mae == pytest.approx(local.loc[row.family].mean(), rel=1e-9)
+
+
+def test_the_summary_measures_every_family_against_the_seasonal_naive(tmp_path, capsys):
+    from gpufill.campaign.reading import best_per_project, read_best
+    from tests.helpers import run_cli
+
+    path = write_campaign(tmp_path, name="ratio", models="snaive: {}\n  linear: {}", projects=2)
+    Campaign.from_yaml(path, tmp_path / "w").run()
+    rows = read_best(tmp_path / "w")
+    by = {(row["project"], row["family"]): row for row in rows}
+    for project in ("p000", "p001"):
+        assert by[(project, "snaive")]["vs_snaive"] == 1.0
+        assert by[(project, "linear")]["vs_snaive"] == pytest.approx(by[(project, "linear")]["mae"] / by[(project, "snaive")]["mae"])
+    frame = best_per_project(read_results(tmp_path / "w"))  # the pandas path (csv, report) says the same
+    assert frame.set_index(["project", "family"])["vs_snaive"].to_dict() == pytest.approx({key: row["vs_snaive"] for key, row in by.items()})
+    code, out, _ = run_cli(capsys, "results", "--summary", "--workdir", tmp_path / "w")
+    assert code == 0 and "vs snaive" in out

@@ -75,8 +75,12 @@ def best_per_project(results: pd.DataFrame, metric: str = "mae") -> pd.DataFrame
     return pd.DataFrame.from_records(best_configurations(results.to_dict("records"), metric), columns=summary_columns(metric, stale=stale))
 
 
+REFERENCE = "snaive"
+"""The family every summary row is also measured against (a ratio below 1 beats it): what practitioners read."""
+
+
 def summary_columns(metric: str = "mae", *, stale: bool = False) -> list[str]:
-    return ["project", "family", "params", "train", "lookback", *(["stale"] if stale else []), metric, "seeds", "config_id"]
+    return ["project", "family", "params", "train", "lookback", *(["stale"] if stale else []), metric, f"vs_{REFERENCE}", "seeds", "config_id"]
 
 
 def read_best(workdir: str | Path, *, include_stale: bool = False, metric: str = "mae") -> list[dict[str, Any]]:
@@ -121,6 +125,11 @@ def _pick_best(configurations: list[dict[str, Any]], metric: str) -> list[dict[s
         slot = (group["project"], group["family"], bool(group["stale"]))
         if slot not in best or group[metric] < best[slot][metric]:
             best[slot] = group
+    # Each row's metric over the seasonal naive's on the same project (None where the campaign has no snaive).
+    references = {(g["project"], g["stale"]): g[metric] for g in best.values() if g["family"] == REFERENCE}
+    for group in best.values():
+        reference = references.get((group["project"], group["stale"]))
+        group[f"vs_{REFERENCE}"] = group[metric] / reference if reference else None
     return sorted(best.values(), key=lambda g: (g["project"], g["stale"], g[metric]))
 
 

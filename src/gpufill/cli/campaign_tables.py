@@ -12,6 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from gpufill.campaign.reading import REFERENCE, summary_columns
+
 
 def _duration(seconds: float | None) -> str:
     if seconds is None:
@@ -62,7 +64,7 @@ _WRAPPED = ("params", "train", "differs")
 """Columns that wrap onto more lines; the others keep one line (cut, not wrapped, when the terminal is narrow)."""
 
 
-SUMMARY_COLUMNS = ("project", "family", "params", "train", "lookback", "stale", "mae", "seeds", "config_id")
+SUMMARY_COLUMNS = tuple(summary_columns("mae", stale=True))
 TABLE_ROWS = 100
 """Rows the table view prints (a terminal's worth; --format csv has them all)."""
 
@@ -83,6 +85,8 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
     else:
         columns = list(_STALE_COLUMNS if stale_view else _TRIAL_COLUMNS)  # with --all: room for what differs
     columns = [c for c in columns if not rows or c in rows[0]]
+    if not any(row.get(f"vs_{REFERENCE}") is not None for row in rows):  # no seasonal naive in this campaign
+        columns = [c for c in columns if c != f"vs_{REFERENCE}"]
     stale = sum(1 for row in rows if row.get("stale"))
     what = "best configuration per project and family (mean over seeds)" if summary else f"{total} trials"
     title = what + (f", {stale} shown are stale (from an earlier file or data)" if stale else "")
@@ -97,7 +101,7 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
     return table
 
 
-_HEADERS = {"trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config"}
+_HEADERS = {"trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config", f"vs_{REFERENCE}": f"vs {REFERENCE}"}
 
 
 def _varying_settings(train: Any) -> list[str]:

@@ -112,11 +112,13 @@ def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame) -> str:
         top = best.groupby("project", sort=True).head(1)  # best_per_project sorts by project, then metric
         families = best.groupby("project")["family"].count()
         rows = [
-            [escape(r.project), escape(r.family), escape(_params(r.params)), str(r.lookback), f"{r.mae:.4g}", str(r.seeds), str(families[r.project])]
+            [escape(r.project), escape(r.family), escape(_params(r.params)), str(r.lookback), f"{r.mae:.4g}",
+             "" if r.vs_snaive is None or r.vs_snaive != r.vs_snaive else f"{r.vs_snaive:.3f}", str(r.seeds), str(families[r.project])]
             for r in top.itertuples()
         ]
         parts += ["<h3>Best configuration per project</h3>",
-                  table(["project", "family", "params", "lookback", "test MAE", "seeds", "families compared"], rows, table_id="best", numeric={3, 4, 5, 6})]
+                  table(["project", "family", "params", "lookback", "test MAE", "MAE / seasonal naive's", "seeds", "families compared"], rows,
+                        table_id="best", numeric={3, 4, 5, 6, 7})]
     parts += ["<h3>Hyper-parameter effects</h3>", plot_or_note(plots.parameter_effects(done), "no grid parameter varies within a family")]
     return "\n".join(parts)
 

@@ -16,9 +16,12 @@ import matplotlib
 matplotlib.use("Agg")  # no display, no GUI toolkit: the report renders on headless servers
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 GIB = 1024**3
+REFERENCE_FAMILIES = ("snaive", "ets", "theta")
+"""Statistical references drawn as lines across the family comparison."""
 DPI = 90  # ~1000 px wide figures: sharp enough on screen, small enough to keep the page light
 
 
@@ -57,6 +60,11 @@ def metric_per_family(done: pd.DataFrame, metric: str = "mae") -> Plot | None:
     ax.set_xticks(range(1, len(families) + 1), [_short(f) for f in families], rotation=20, ha="right")
     for i, vals in enumerate(values, start=1):
         ax.plot([i] * len(vals), vals, "o", alpha=0.5, markersize=3, color="tab:blue")
+    references = [(f, float(np.median(v))) for f, v in zip(families, values, strict=True) if f in REFERENCE_FAMILIES]
+    for (family, median), style in zip(references, ("--", ":", "-."), strict=False):  # the statistical references as lines across
+        ax.axhline(median, linestyle=style, color="tab:red", linewidth=1.0, label=f"{family} (median)")
+    if references:
+        ax.legend(loc="upper left", fontsize="small")
     ax.set_title(f"Test {metric.upper()} per model family across projects (each point: one trial)")
     ax.set_xlabel("model family (sorted by median)")
     ax.set_ylabel(f"test {metric.upper()} (original scale)")
