@@ -85,3 +85,28 @@ def test_the_summary_measures_every_family_against_the_seasonal_naive(tmp_path, 
     assert frame.set_index(["project", "family"])["vs_snaive"].to_dict() == pytest.approx({key: row["vs_snaive"] for key, row in by.items()})
     code, out, _ = run_cli(capsys, "results", "--summary", "--workdir", tmp_path / "w")
     assert code == 0 and "vs snaive" in out
+
+
+def test_in_local_mode_a_too_short_project_sits_out_the_lookbacks_it_cannot_hold(tmp_path):
+    rng = np.random.default_rng(0)
+    lengths = {"long": 200, "short": 45}
+    frame = pd.concat([pd.DataFrame({"store": name, "y": 50 + np.sin(np.arange(n) / 2) * 5 + rng.normal(0, 1, n)}) for name, n in lengths.items()])
+    frame.to_csv(tmp_path / "sales.csv", index=False)
+    path = tmp_path / "c.yaml"
+    path.write_text("name: short\ndata: {source: sales.csv, target: y, project_column: store}\n"
+                    "task: {lookback: [8, 40], horizon: 1, split: {val: 0.1, test: 0.2}}\nmodels: {linear: {}, snaive: {season_length: 4}}\nseeds: [0]\n")
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run()
+    assert (outcome.done, outcome.failed) == (6, 0)  # long x 2 lookbacks x 2 families + short x lookback 8 x 2
+    results = read_results(tmp_path / "w")
+    assert sorted(zip(results["project"], results["lookback"], strict=True)) == sorted([("long", 8), ("long", 40)] * 2 + [("short", 8)] * 2)
+    from gpufill.campaign.store import Store
+
+    store = Store.open(tmp_path / "w")
+    try:
+        notes = [e["message"] for e in store.events() if "left out" in e["message"]]
+    finally:
+        store.close()
+    assert len(notes) == 1 and notes[0].startswith("project short left out at lookback 40 (2 trials): series too short: length 45")
+    path.write_text(path.read_text().replace("horizon: 1,", "horizon: 1, mode: global,"))
+    with pytest.raises(InputError, match="series too short"):  # one model over all series: padding is not there yet
+        Campaign.from_yaml(path, tmp_path / "g").run()

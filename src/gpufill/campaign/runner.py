@@ -100,11 +100,21 @@ class Campaign:
 
         projects = self.spec.data.load(self.base_dir)
         task = self.spec.task
-        longest = max(task.lookback)
-        for project in projects.values():  # fail before the run, naming the project, not in trial 5,000
-            make_windows(project, longest, task.horizon, task.split.to_split(), task.stride)
+        too_short = _too_short(projects, task)  # fails before the run on any other data problem, naming the project
         # Each project's values are part of its trials' identity: an edited file re-runs exactly what it changed.
         trials = expand(self.spec, {name: project.fingerprint() for name, project in projects.items()})
+        notes = []
+        if too_short:  # local mode: a project too short for a lookback sits out that lookback; the others run
+            left_out = [t for t in trials if (t.project, t.lookback) in too_short]
+            trials = [t for t in trials if (t.project, t.lookback) not in too_short]
+            if not trials:
+                raise InputError(f"every project is too short for every lookback: {next(iter(too_short.values()))}", where=self.source,
+                                 field="task.lookback", fix="lower the lookback or horizon, or the split sizes")
+            for name in sorted({project for project, _ in too_short}):
+                lookbacks = sorted(lookback for project, lookback in too_short if project == name)
+                count = sum(1 for t in left_out if t.project == name)
+                notes.append(f"project {name} left out at lookback {', '.join(map(str, lookbacks))} ({count} trials): "
+                             f"{too_short[(name, lookbacks[0])]}")
         bases = {trial.base_id: id_base(self.spec, trial.kind, list(projects)) for trial in {t.kind: t for t in trials}.values()}
         resources = self.spec.resources
         request = LaneRequest(
@@ -116,7 +126,7 @@ class Campaign:
             where=self.source,
         )
         lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
-        warnings = [*(user_models.notes[family] for family in self.spec.models if family in user_models.notes), *warnings]
+        warnings = [*(user_models.notes[family] for family in self.spec.models if family in user_models.notes), *notes, *warnings]
         return Prepared(trials=trials, lanes=lanes, warnings=warnings, bases=bases)
 
     def check_workdir(self, *, fresh: bool) -> None:
@@ -275,3 +285,22 @@ def demo_campaign_path() -> Path:
     if not path.exists():
         raise InputError("the demo campaign file is not next to this installation", where=str(path), field="demo", fix="run from a source checkout (pip install -e .) or pass a campaign to `gpufill run`")
     return path
+
+
+def _too_short(projects: dict[str, Any], task: Any) -> dict[tuple[str, int], str]:
+    """(project, lookback) pairs whose series cannot hold a training window and the splits, with the reason.
+    Local mode only: in global mode (and for any other data problem) the first one is raised."""
+    from gpufill.forecasting.data import make_windows
+
+    found: dict[tuple[str, int], str] = {}
+    for project in projects.values():
+        for lookback in sorted(set(task.lookback), reverse=True):
+            try:
+                make_windows(project, lookback, task.horizon, task.split.to_split(), task.stride)
+            except InputError as error:
+                if task.mode != "local" or error.field != "length":
+                    raise
+                found[(project.name, lookback)] = error.problem
+            else:
+                break  # a shorter lookback fits too
+    return found
