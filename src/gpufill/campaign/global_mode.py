@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpufill.forecasting.data import WindowedProject, forecast_metrics
+from gpufill.forecasting.data import WindowedProject
+from gpufill.forecasting.data.scoring import score
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
 
@@ -39,13 +40,10 @@ def run_global(windows: Sequence[WindowedProject], trial: dict[str, Any], spec: 
         predictions, plan, timings, history, events, status = _classical(first, trial, train_x, train_y, val_x, val_y, windows, threads)
     else:
         predictions, plan, timings, history, events, status = _neural(first, trial, spec, train_x, train_y, val_x, val_y, windows, device)
-    per_project = {
-        w.name: {
-            "test": forecast_metrics(w.test_truth, pred, w.mase_scale),
-            "naive": forecast_metrics(w.test_truth, w.naive_test, w.mase_scale),
-        }
-        for w, pred in zip(windows, predictions, strict=True)
-    }
+    per_project, forecasts = {}, {}
+    for w, prediction in zip(windows, predictions, strict=True):
+        test, naive, forecasts[w.name] = score(w, prediction)
+        per_project[w.name] = {"test": test, "naive": naive}
     average = {
         part: {key: statistics.fmean(scores[part][key] for scores in per_project.values()) for key in METRIC_KEYS}
         for part in ("test", "naive")
@@ -60,6 +58,7 @@ def run_global(windows: Sequence[WindowedProject], trial: dict[str, Any], spec: 
         "timings": timings,
         "history": history,
         "events": events,
+        "forecasts": forecasts,
     }
 
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from gpufill.campaign.attempt import attempt
-from gpufill.forecasting.data import forecast_metrics
+from gpufill.forecasting.data.scoring import score as score_test
 from gpufill.forecasting.task import ForecastRun, predict
 from gpufill.engine.hardware import context_bytes, detect
 from gpufill.forecasting.models import registry
@@ -126,12 +126,8 @@ def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict
         w = windows[trial["trial_id"]]
 
         def score(trial: dict[str, Any] = trial, fitted: Any = fitted, w: Any = w) -> dict[str, Any]:
-            prediction = w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype))
-            run = ForecastRun(
-                project=trial["project"], family=trial["family"], params=trial["params"], fit=fitted,
-                test=forecast_metrics(w.test_truth, prediction, w.mase_scale),
-                naive=forecast_metrics(w.test_truth, w.naive_test, w.mase_scale),
-            )
+            test, naive, kept = score_test(w, w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype)))
+            run = ForecastRun(project=trial["project"], family=trial["family"], params=trial["params"], fit=fitted, test=test, naive=naive, forecast=kept)
             result = run.to_dict()
             result["timings"]["peak_memory_bytes"] = peak
             if reason:

@@ -96,8 +96,6 @@ class Campaign:
     def prepare(self, *, gpu_slots: int | Literal["auto"] | None = None, cpu_slots: int | Literal["auto"] | None = None,
                 executor: Executor | None = None) -> Prepared:
         """Trials and lanes; the lanes fit what `executor` runs on (default: this machine)."""
-        from gpufill.forecasting.data import make_windows
-
         projects = self.spec.data.load(self.base_dir)
         task = self.spec.task
         too_short = _too_short(projects, task)  # fails before the run on any other data problem, naming the project

@@ -58,6 +58,10 @@ CREATE TABLE IF NOT EXISTS trials (
 );
 CREATE INDEX IF NOT EXISTS trials_status ON trials (status, position);
 CREATE TABLE IF NOT EXISTS bases (base_id TEXT PRIMARY KEY, base TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS forecasts (
+    trial_id TEXT NOT NULL, project TEXT NOT NULL, horizon INTEGER NOT NULL, mase_scale REAL NOT NULL,
+    origins BLOB NOT NULL, forecast BLOB NOT NULL, truth BLOB NOT NULL, PRIMARY KEY (trial_id, project)
+);
 CREATE TABLE IF NOT EXISTS samples (
     ts REAL NOT NULL, source TEXT NOT NULL, gpu_util REAL, mem_used REAL, mem_total REAL,
     power_w REAL, power_limit_w REAL, temp_c REAL, sm_clock_mhz REAL, throttle TEXT,
@@ -350,7 +354,17 @@ class Store:
                     _dumps(result.get("history", [])), _dumps(result.get("events", [])), trial_id,
                 ),
             )
-            return cursor.rowcount == 1
+            if cursor.rowcount != 1:
+                return False
+            import numpy as np  # here: readers of the store (status, results) never need it
+
+            db.executemany(  # the test forecasts, compact: int32 origins, float32 values (data/scoring.py)
+                "INSERT OR REPLACE INTO forecasts VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(trial_id, project, int(np.shape(kept["forecast"])[1]), kept["mase_scale"], np.asarray(kept["origins"], np.int32).tobytes(),
+                  np.asarray(kept["forecast"], np.float32).tobytes(), np.asarray(kept["truth"], np.float32).tobytes())
+                 for project, kept in result.get("forecasts", {}).items()],
+            )
+            return True
 
     def record_failed(self, trial_id: str, error: str, traceback: str, *, duration_s: float, retry: bool) -> bool:
         """Record a failed attempt; with `retry` the trial goes back to pending."""
@@ -434,6 +448,20 @@ class Store:
             return name
         default = PROVENANCE_COLUMNS[name].rsplit("DEFAULT ", 1)[1]
         return default
+
+    def forecasts(self, trial_ids: Sequence[str]) -> dict[tuple[str, str], dict[str, Any]]:
+        """(trial_id, project) -> origins (N,), forecast and truth (N, horizon) float32, mase_scale."""
+        import numpy as np
+
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for chunk in (trial_ids[i : i + 500] for i in range(0, len(trial_ids), 500)):  # SQLite's bound-variable limit
+            marks = ",".join("?" * len(chunk))
+            for trial_id, project, horizon, scale, origins, forecast, truth in self.db.execute(
+                    f"SELECT trial_id, project, horizon, mase_scale, origins, forecast, truth FROM forecasts WHERE trial_id IN ({marks})", list(chunk)):
+                out[(trial_id, project)] = {"origins": np.frombuffer(origins, np.int32), "mase_scale": scale,
+                                            "forecast": np.frombuffer(forecast, np.float32).reshape(-1, horizon),
+                                            "truth": np.frombuffer(truth, np.float32).reshape(-1, horizon)}
+        return out
 
     def trial_details(self, trial_id: str) -> dict[str, Any] | None:
         row = self.db.execute("SELECT metrics, timings, plan, history, events, traceback FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()

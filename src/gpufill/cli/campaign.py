@@ -137,6 +137,9 @@ def results(
     out: Path | None = typer.Option(None, "--out", help="Write to this file instead of stdout (parquet needs it)."),
     summary: bool = typer.Option(False, "--summary", help="Best configuration per project and family."),
     all_: bool = typer.Option(False, "--all", help="Also the trials of earlier versions of the file or data (stale), with what differs."),
+    forecasts: bool = typer.Option(False, "--forecasts", help="The stored test forecasts: one row per trial, project, test window and step (with the actual value)."),
+    ensemble: str | None = typer.Option(None, "--ensemble", help="median or mean: combine the forecasts of every seed of a configuration per project, and score that."),
+    ensemble_over: str = typer.Option("seed", "--ensemble-over", help="seed, or seed,lookback: what the ensemble's members may differ in."),
 ) -> None:
     """One row per trial of the campaign file as it is now (or, with --summary, the best configuration per project and family)."""
     from gpufill.cli import campaign_tables
@@ -145,6 +148,9 @@ def results(
     if format_ not in ("table", "csv", "parquet", "json"):
         raise InputError(f"unknown format {format_!r}", where="command line", field="--format", fix="use table, csv, parquet or json")
     directory = reading.find_workdir(workdir)
+    if forecasts or ensemble is not None:
+        _forecast_views(directory, forecasts=forecasts, ensemble=ensemble, over=tuple(ensemble_over.split(",")), format_=format_, out=out)
+        return
     if format_ == "table" and out is None:  # plain SQLite, no pandas: answers in well under a second from 36,000 trials
         if summary:
             rows = reading.read_best(directory, include_stale=all_)
@@ -159,6 +165,24 @@ def results(
     if summary:
         frame = reading.best_per_project(frame)
     write_frame(frame, "csv" if format_ == "table" else format_, out)
+
+
+def _forecast_views(directory: Path, *, forecasts: bool, ensemble: str | None, over: tuple[str, ...], format_: str, out: Path | None) -> None:
+    import pandas as pd
+
+    from gpufill.campaign.ensembles import ensembles, forecast_rows
+    from gpufill.campaign.export import write_frame
+    from gpufill.cli import campaign_tables
+
+    if forecasts and ensemble is not None:
+        raise InputError("--forecasts and --ensemble are two views", where="command line", field="--ensemble", fix="ask for one of them")
+    rows = forecast_rows(directory) if forecasts else ensembles(directory, ensemble, over=over)  # type: ignore[arg-type]
+    if format_ == "table" and out is None:
+        if forecasts:  # long: thousands of rows; the table view would be useless
+            raise InputError("--forecasts is a long table", where="command line", field="--format", fix="add --format csv (or parquet with --out)")
+        Console().print(campaign_tables.ensemble_table(rows))
+        return
+    write_frame(pd.DataFrame.from_records(rows), "csv" if format_ == "table" else format_, out)
 
 
 @app.command()

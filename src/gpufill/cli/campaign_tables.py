@@ -130,6 +130,20 @@ def _cell(column: str, value: Any) -> str:
     return str(value)
 
 
+def ensemble_table(rows: list[dict[str, Any]], max_rows: int = TABLE_ROWS) -> Table:
+    """`results --ensemble`: per configuration and project, the ensemble against its members."""
+    how = rows[0]["ensemble"] if rows else "median"
+    table = Table(title=f"{how} ensembles of each configuration's seeds, per project (test metrics)", title_justify="left", pad_edge=False, box=None,
+                  header_style="bold")
+    columns = ("project", "family", "params", "lookback", "members", "mae", "member_mae_mean", "member_mae_best", "smape", "mase")
+    headers = {"lookback": "lb", "member_mae_mean": "members' mae", "member_mae_best": "best member"}
+    for column in columns:
+        table.add_column(headers.get(column, column), justify="left" if column in ("project", "family", "params") else "right")
+    for row in rows[:max_rows]:
+        table.add_row(*(Text(_cell(name, row.get(name))) for name in columns))
+    return table
+
+
 def estimate_table(estimate: dict[str, Any]) -> Table:
     table = Table(title=f"estimate (sampling took {estimate['sampling_s']:.0f} s; neural figures are upper bounds: early stopping ends trials sooner)", title_justify="left")
     for column in ("lane", "trials", "slots x threads", "device", "wall time"):

@@ -17,10 +17,10 @@ from torch import nn
 from gpufill.forecasting.data import (
     Split,
     WindowedProject,
-    forecast_metrics,
     load_projects,
     make_windows,
 )
+from gpufill.forecasting.data.scoring import score
 from gpufill.engine.config import FitConfig
 from gpufill.engine.loop import fit
 from gpufill.engine.result import FitCallback, FitResult
@@ -38,6 +38,8 @@ class ForecastRun:
     fit: FitResult
     test: dict[str, float]
     naive: dict[str, float]
+    forecast: dict[str, Any] | None = None
+    """The test forecasts kept (data.scoring)."""
 
     @property
     def beats_naive(self) -> bool:
@@ -54,6 +56,7 @@ class ForecastRun:
             "timings": self.fit.timings,
             "history": self.fit.to_dict()["history"],
             "events": self.fit.events,
+            "forecasts": {self.project: self.forecast} if self.forecast is not None else {},
         }
 
 
@@ -79,15 +82,8 @@ def train_forecaster(
         callbacks=callbacks,
     )
     scaled = predict(result.model, windows.x_test, dtype=result.plan.autocast_dtype)
-    prediction = windows.inverse_target(scaled)
-    return ForecastRun(
-        project=windows.name,
-        family=family,
-        params=dict(resolved),
-        fit=result,
-        test=forecast_metrics(windows.test_truth, prediction, windows.mase_scale),
-        naive=forecast_metrics(windows.test_truth, windows.naive_test, windows.mase_scale),
-    )
+    test, naive, kept = score(windows, windows.inverse_target(scaled))
+    return ForecastRun(project=windows.name, family=family, params=dict(resolved), fit=result, test=test, naive=naive, forecast=kept)
 
 
 @torch.no_grad()

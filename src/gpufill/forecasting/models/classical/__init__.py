@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from gpufill.forecasting.data import WindowedProject, forecast_metrics
+from gpufill.forecasting.data import WindowedProject
+from gpufill.forecasting.data.scoring import score
 from gpufill.errors import InputError
 from gpufill.forecasting.models.classical.base import (
     ClassicalForecaster,
@@ -88,6 +89,8 @@ class ClassicalRun:
     """fit_s, predict_s, samples_per_s (training windows / fit_s)."""
     threads: int
     model: Any = field(default=None, repr=False)
+    forecast: dict[str, Any] | None = field(default=None, repr=False)
+    """The test forecasts kept (data.scoring)."""
     """The fitted forecaster (not part of :meth:`to_dict`)."""
 
     @property
@@ -106,6 +109,7 @@ class ClassicalRun:
             "timings": self.timings,
             "history": [],  # no epochs: one fit
             "events": [],
+            "forecasts": {self.project: self.forecast} if self.forecast is not None else {},
         }
 
 
@@ -138,10 +142,9 @@ def train_classical(
     model = build(family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=resolved)
     if isinstance(model, SeriesForecaster):  # snaive, ets, theta: fitted on the series, not on windows
         prediction, timings = fit_and_forecast(model, windows, threads=threads, seed=seed)
-        return ClassicalRun(project=windows.name, family=family, params=dict(resolved),
-                            test=forecast_metrics(windows.test_truth, prediction, windows.mase_scale),
-                            naive=forecast_metrics(windows.test_truth, windows.naive_test, windows.mase_scale),
-                            timings=timings, threads=threads, model=model)
+        test, naive, kept = score(windows, prediction)
+        return ClassicalRun(project=windows.name, family=family, params=dict(resolved), test=test, naive=naive, timings=timings,
+                            threads=threads, model=model, forecast=kept)
     if not isinstance(model, ClassicalForecaster):
         raise InputError(
             f"classical family {family!r} built a {type(model).__name__} without fit(x, y, *, threads, seed) and predict(x)",
@@ -158,13 +161,14 @@ def train_classical(
     started = time.perf_counter()
     scaled = model.predict(windows.x_test.numpy())
     predict_s = time.perf_counter() - started
-    prediction = windows.inverse_target(np.asarray(scaled, dtype=np.float64))
+    test, naive, kept = score(windows, windows.inverse_target(np.asarray(scaled, dtype=np.float64)))
     return ClassicalRun(
         project=windows.name,
         family=family,
         params=dict(resolved),
-        test=forecast_metrics(windows.test_truth, prediction, windows.mase_scale),
-        naive=forecast_metrics(windows.test_truth, windows.naive_test, windows.mase_scale),
+        test=test,
+        naive=naive,
+        forecast=kept,
         timings={"fit_s": fit_s, "predict_s": predict_s, "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0},
         threads=threads,
         model=model,

@@ -1,0 +1,86 @@
+"""The stored test forecasts (`results --forecasts`) and ensembles of them (`results --ensemble`).
+
+An ensemble combines, per project, the forecasts of every finished trial of one configuration
+that differs only in the seed (and, with `over=("seed", "lookback")`, in the lookback too: the
+test windows are the same for every lookback), by the median or the mean of each forecast
+value, and scores the combination with the same metrics as a trial. Packs make its members
+almost free: a campaign with 5 seeds already holds a 5-member ensemble of every configuration.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from gpufill.campaign.store import Store
+from gpufill.errors import InputError
+from gpufill.forecasting.data.metrics import forecast_metrics
+
+__all__ = ["ENSEMBLE_HOW", "ensembles", "forecast_rows"]
+
+ENSEMBLE_HOW = ("median", "mean")
+COMBINE = {"median": np.median, "mean": np.mean}
+METRICS = ("mae", "rmse", "smape", "mase")
+
+
+def _done(store: Store) -> list[dict[str, Any]]:
+    return [r for r in store.records() if r["status"] == "done"]
+
+
+def ensembles(workdir: str | Path, how: Literal["median", "mean"] = "median", *, over: tuple[str, ...] = ("seed",)) -> list[dict[str, Any]]:
+    """One row per configuration and project: the ensemble's metrics, its members, and the members' mean and best MAE."""
+    if how not in COMBINE:
+        raise InputError(f"unknown ensemble {how!r}", where="command line", field="--ensemble", fix=f"use {' or '.join(ENSEMBLE_HOW)}")
+    unknown = set(over) - {"seed", "lookback"}
+    if "seed" not in over or unknown:
+        raise InputError(f"an ensemble is over {', '.join(over)}", where="command line", field="--ensemble-over", fix="use seed, or seed,lookback")
+    store = Store.open(workdir)
+    try:
+        records = _done(store)
+        kept = store.forecasts([r["trial_id"] for r in records])
+    finally:
+        store.close()
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        key = (record["family"], record["params"], record["train"], "*" if "lookback" in over else record["lookback"])
+        groups[key].append(record)
+    rows = []
+    for (family, params, train, lookback), members in groups.items():
+        per_project: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for member in members:
+            for (trial_id, project), forecast in kept.items():
+                if trial_id == member["trial_id"]:
+                    per_project[project].append(forecast)
+        for project, forecasts in sorted(per_project.items()):
+            first = forecasts[0]
+            same = [f for f in forecasts if np.array_equal(f["origins"], first["origins"])]  # the same test windows
+            combined = COMBINE[how](np.stack([f["forecast"] for f in same]).astype(np.float64), axis=0)
+            truth = first["truth"].astype(np.float64)
+            scores = forecast_metrics(truth, combined, first["mase_scale"])
+            member_mae = [forecast_metrics(truth, f["forecast"].astype(np.float64), first["mase_scale"])["mae"] for f in same]
+            rows.append({"project": project, "family": family, "params": params, "train": train, "lookback": lookback, "ensemble": how,
+                         "members": len(same), **scores, "member_mae_mean": statistics.fmean(member_mae), "member_mae_best": min(member_mae)})
+    return sorted(rows, key=lambda r: (r["project"], r["mae"]))
+
+
+def forecast_rows(workdir: str | Path) -> list[dict[str, Any]]:
+    """Long format: one row per finished trial, project, test window and horizon step."""
+    store = Store.open(workdir)
+    try:
+        records = {r["trial_id"]: r for r in _done(store)}
+        kept = store.forecasts(list(records))
+    finally:
+        store.close()
+    rows = []
+    for (trial_id, project), forecast in kept.items():
+        record = records[trial_id]
+        for origin, values, truths in zip(forecast["origins"], forecast["forecast"], forecast["truth"], strict=True):
+            for step, (value, truth) in enumerate(zip(values, truths, strict=True), start=1):
+                rows.append({"trial_id": trial_id, "project": project, "family": record["family"], "params": record["params"],
+                             "lookback": record["lookback"], "seed": record["seed"], "origin": int(origin), "step": step,
+                             "forecast": float(value), "actual": float(truth)})
+    return rows

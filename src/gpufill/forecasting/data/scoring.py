@@ -1,0 +1,31 @@
+"""A trial's test forecasts scored, and kept: every family (neural, fused, classical, statistical,
+global) goes through `score`, so metrics and the stored forecasts always describe the same numbers.
+
+The forecast kept per project: the test windows' origins, the forecasts and the actual values
+((N, horizon), float32 precision; the store keeps them as bytes) and the MASE scale; enough to export them, plot them and
+score ensembles of several trials without reading the data again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpufill.forecasting.data.metrics import forecast_metrics
+from gpufill.forecasting.data.windows import WindowedProject
+
+__all__ = ["Scored", "score"]
+
+Scored = tuple[dict[str, float], dict[str, float], dict[str, Any]]
+"""(test metrics, the last-value forecast's metrics on the same windows, the forecast kept)."""
+
+
+def score(windows: WindowedProject, prediction: np.ndarray) -> Scored:
+    """`prediction` (N_test, horizon) in the original scale."""
+    prediction = np.asarray(prediction, dtype=np.float64)
+    # Plain lists: a result stays JSON (gpufill train --json); the store keeps them as float32 bytes.
+    kept = {"origins": windows.test_origins.tolist(), "forecast": prediction.astype(np.float32).tolist(),
+            "truth": windows.test_truth.astype(np.float32).tolist(), "mase_scale": float(windows.mase_scale)}
+    return (forecast_metrics(windows.test_truth, prediction, windows.mase_scale),
+            forecast_metrics(windows.test_truth, windows.naive_test, windows.mase_scale), kept)
