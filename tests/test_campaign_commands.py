@@ -50,16 +50,16 @@ def test_global_mode_trains_one_model_over_all_projects(tmp_path):
 def test_the_demo_runs_and_results_show_every_project_and_family(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli(capsys, "demo")
-    assert code == 0 and "done 64, failed 0" in out
+    assert code == 0 and "done 80, failed 0" in out
     code, out, _ = run_cli(capsys, "results", "--format", "json")
     rows = json.loads(out)
     pairs = {(row["project"], row["family"]) for row in rows}
-    families = {"lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm"}
-    assert len(rows) == 64 and pairs == {(f"p{i:03d}", f) for i in range(8) for f in families}
+    families = {"lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm", "snaive", "theta"}
+    assert len(rows) == 80 and pairs == {(f"p{i:03d}", f) for i in range(8) for f in families}
     beats = sum(row["mae"] < row["naive_mae"] for row in rows)
     assert beats >= 0.9 * len(rows)  # nearly every trained model beats the naive forecast
     code, out, _ = run_cli(capsys, "results")  # the table view
-    assert code == 0 and "64 trials" in out and "lgbm" in out
+    assert code == 0 and "80 trials" in out and "lgbm" in out
     code, out, _ = run_cli(capsys, "status", "--json")
     status = json.loads(out)
     code, out, _ = run_cli(capsys, "monitor", "--once")  # the dashboard shows what status reports

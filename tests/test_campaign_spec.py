@@ -356,10 +356,10 @@ def classical_families(monkeypatch):
 @pytest.mark.usefixtures("classical_families")
 def test_examples_load_with_their_trial_counts():
     demo = load_campaign(EXAMPLES / "demo.yaml")
-    assert list(demo.models) == ["lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm"]
+    assert list(demo.models) == ["lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm", "snaive", "theta"]
     demo_trials = expand(demo, [f"p{i:03d}" for i in range(demo.data.projects)])
-    # 8 projects x 8 families x 1 grid point x 1 lookback x 1 seed
-    assert len(demo_trials) == 8 * 8 == 64
+    # 8 projects x (8 families + 2 references) x 1 grid point x 1 lookback x 1 seed
+    assert len(demo_trials) == 8 * 10 == 80
     assert sum(t.kind == "neural" for t in demo_trials) == 32
 
     ablation = load_campaign(EXAMPLES / "ablation.yaml")

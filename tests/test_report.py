@@ -107,8 +107,8 @@ def test_report_has_summary_comparison_failures_alerts_and_plans(campaign_workdi
     # Self-contained: no network resources, every image an inline non-trivial PNG with alt text.
     assert "http://" not in page and "https://" not in page and "<link" not in page and "<script src" not in page
     images = _images(page)
-    # metric per family, parameter effects, 4 GPU timelines, CPU and RAM, durations
-    assert len(images) == page.count("<img") == 1 + 1 + 4 + 2 + 1
+    # metric per family, parameter effects, forecasts, 4 GPU timelines, CPU and RAM, durations
+    assert len(images) == page.count("<img") == 1 + 1 + 1 + 4 + 2 + 1
     for alt, png in images:
         assert alt and png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1024
     assert "no GPU samples" not in page
@@ -125,7 +125,7 @@ def test_without_gpu_rows_the_gpu_plots_are_a_note(tmp_path, capsys):
     assert "no GPU samples" in page and "GPU utilisation per GPU" not in page
     assert _summary(page)["achieved mean GPU utilisation"] == "n/a" and "no failed trials" in page
     assert "no grid parameter varies" in page
-    assert len(_images(page)) == page.count("<img") == 1 + 2 + 1  # metric per family, CPU and RAM, durations
+    assert len(_images(page)) == page.count("<img") == 1 + 1 + 2 + 1  # metric per family, forecasts, CPU and RAM, durations
 
 
 def test_report_on_a_missing_workdir_exits_2_with_one_line(tmp_path, capsys):
@@ -139,7 +139,7 @@ def test_report_on_a_missing_workdir_exits_2_with_one_line(tmp_path, capsys):
 def test_report_renders_every_plot_in_headless_chromium(campaign_workdir, tmp_path, capsys):
     code, stdout, _ = run_cli(capsys, "report", "--workdir", campaign_workdir, "--out", tmp_path / "report.html")
     assert code == 0
-    assert check_in_chromium(Path(stdout.strip()), tmp_path) == 9
+    assert check_in_chromium(Path(stdout.strip()), tmp_path) == 10  # + the forecasts
 
 
 def test_report_after_the_demo(tmp_path, capsys, monkeypatch):
@@ -151,9 +151,12 @@ def test_report_after_the_demo(tmp_path, capsys, monkeypatch):
     report = tmp_path / "gpufill-demo" / "report.html"
     assert code == 0 and Path(stdout.strip()).resolve() == report.resolve()
     summary = _summary(report.read_text())
-    assert (summary["campaign"], summary["trials total"], summary["trials done"], summary["trials failed"]) == ("demo", "64", "64", "0")
+    assert (summary["campaign"], summary["trials total"], summary["trials done"], summary["trials failed"]) == ("demo", "80", "80", "0")
     page = report.read_text()
-    for family in ("lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm"):
+    for family in ("lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm", "snaive", "theta"):
         assert f"<td>{family}</td>" in page  # every family has a plan row
+    # The references: drawn across the family comparison, and every family measured against the seasonal naive.
+    assert re.search(r"reference lines: (snaive, theta|theta, snaive)'", page) and "MAE / seasonal naive&#x27;s" in page
+    assert "Line charts: actual vs forecast over the test windows, best and worst project of 10 families" in page
     if CHROMIUM.exists():
-        assert check_in_chromium(report, tmp_path) >= 2  # metric per family, durations (plus timelines once sampled)
+        assert check_in_chromium(report, tmp_path) >= 3  # metric per family, forecasts, durations (plus timelines once sampled)

@@ -13,6 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpufill.campaign.reading import best_per_project
@@ -44,6 +45,7 @@ def render_report(store: Store) -> str:
         f"<p class='note'>Written {escape(time.strftime('%Y-%m-%d %H:%M:%S'))} from {escape(str(store.path))}.</p>",
         section("Campaign summary", table(["quantity", "value"], summary_rows(store, trials, samples, runs), table_id="summary")),
         section("Model comparison", _model_comparison(trials, done)),
+        section("Forecasts", _forecasts(store, trials)),
         section("Resource timelines", _resources(samples, t0)),
         section("Trial durations", plot_or_note(plots.durations(trials), "no finished trials yet")),
         section("Failures", _failures(store, trials)),
@@ -121,6 +123,31 @@ def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame) -> str:
                         table_id="best", numeric={3, 4, 5, 6, 7})]
     parts += ["<h3>Hyper-parameter effects</h3>", plot_or_note(plots.parameter_effects(done), "no grid parameter varies within a family")]
     return "\n".join(parts)
+
+
+def _forecasts(store: Store, trials: pd.DataFrame) -> str:
+    """Per family, its best configuration's forecasts on the project it does best and worst on (first seed)."""
+    best = best_per_project(trials)
+    if best.empty:
+        return "<p class='note'>no finished trials yet</p>"
+    done = trials[trials["status"] == "done"]
+    panels, picks = [], []
+    for family, rows in best.groupby("family", sort=True):
+        ranked = rows.sort_values("mae")
+        for which, row in (("best", ranked.iloc[0]), ("worst", ranked.iloc[-1])) if len(ranked) > 1 else (("best", ranked.iloc[0]),):
+            trial = done[(done["project"] == row["project"]) & (done["config_id"] == row["config_id"])]
+            if not trial.empty:
+                picks.append((family, which, row["project"], trial["trial_id"].iloc[0]))
+    kept = store.forecasts([trial_id for *_, trial_id in picks])
+    for family, which, project, trial_id in picks:
+        if (trial_id, project) in kept:
+            panels.append((family, which, project, kept[(trial_id, project)]))
+        elif project == "*":  # a global model: its best and worst project are among its per-project forecasts
+            mine = {p: f for (t, p), f in kept.items() if t == trial_id}
+            if mine:
+                scored = sorted(mine, key=lambda p: float(np.abs(mine[p]["forecast"] - mine[p]["truth"]).mean()))
+                panels += [(family, "best", scored[0], mine[scored[0]]), (family, "worst", scored[-1], mine[scored[-1]])]
+    return plot_or_note(plots.forecasts(panels), "no stored forecasts (trials finished before forecasts were kept)")
 
 
 def _resources(samples: pd.DataFrame, t0: float) -> str:

@@ -69,7 +69,8 @@ def metric_per_family(done: pd.DataFrame, metric: str = "mae") -> Plot | None:
     ax.set_xlabel("model family (sorted by median)")
     ax.set_ylabel(f"test {metric.upper()} (original scale)")
     ax.grid(axis="y", alpha=0.3)
-    return _render(fig, f"Box plot of test {metric.upper()} per model family across {done['project'].nunique()} projects")
+    lines = f"; reference lines: {', '.join(f for f, _ in references)}" if references else ""
+    return _render(fig, f"Box plot of test {metric.upper()} per model family across {done['project'].nunique()} projects{lines}")
 
 
 def parameter_effects(done: pd.DataFrame, metric: str = "mae", limit: int = 12) -> Plot | None:
@@ -228,3 +229,27 @@ def step_breakdown(shares: dict[str, float], step_ms: float) -> Plot:
     ax.set_title("Where a training step's time goes", pad=24)  # room for the legend above the bar
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.15), ncol=len(shares), fontsize="small", frameon=False)
     return _render(fig, "Stacked bar: " + ", ".join(f"{phase} {share:.0%}" for phase, share in shares.items()))
+
+
+# -- forecasts --------------------------------------------------------------------------------
+def forecasts(panels: list[tuple[str, str, str, dict[str, np.ndarray]]]) -> Plot | None:
+    """Actual vs one-step-ahead forecast over the test windows: one row per family, its best and worst
+    project side by side. `panels`: (family, "best"/"worst", project, stored forecast) in row order."""
+    if not panels:
+        return None
+    families = list(dict.fromkeys(family for family, *_ in panels))
+    fig, axes = plt.subplots(len(families), 2, figsize=(10, 1.9 * len(families) + 0.6), squeeze=False)
+    for ax in axes.ravel():
+        ax.set_visible(False)
+    for family, which, project, kept in panels:
+        ax = axes[families.index(family), 0 if which == "best" else 1]
+        ax.set_visible(True)
+        ax.plot(kept["origins"], kept["truth"][:, 0], color="black", linewidth=1.0, label="actual")
+        ax.plot(kept["origins"], kept["forecast"][:, 0], color="tab:orange", linewidth=1.0, label="forecast (1 step ahead)")
+        ax.set_title(f"{_short(family)}: {which} project {project}", fontsize="small")
+        ax.tick_params(labelsize="x-small")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(loc="upper left", fontsize="x-small")
+    fig.supxlabel("time step (test region)", fontsize="small")
+    fig.supylabel("target (original scale)", fontsize="small")
+    return _render(fig, f"Line charts: actual vs forecast over the test windows, best and worst project of {len(families)} families")
