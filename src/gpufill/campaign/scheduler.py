@@ -205,7 +205,8 @@ class Scheduler:
         """How many trials of `shape` to send now (0: none fits beside what runs). A measured pack that
         does not fit is halved until it does; alone on the lane, at least one trial goes."""
         queue = self.queue[lane.queue]
-        if queue.peek(shape)["kind"] != "neural":
+        first = queue.peek(shape)
+        if first["kind"] != "neural" or first["project"] == "*":  # a global model trains on every project at once: not fused
             return 1 if admits(lane, self.book, shape, 1, running, contexts) else 0
         size = self.book.pack_size(lane.name, shape)
         count = min(queue.count(shape), PROBE_PACK if size is None else size)
