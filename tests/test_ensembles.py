@@ -46,3 +46,20 @@ def test_forecasts_are_kept_and_an_ensemble_of_one_member_is_that_member(tmp_pat
     assert code == 0 and "median ensembles" in out
     code, _, err = run_cli(capsys, "results", "--forecasts", "--workdir", tmp_path / "w")
     assert code == 2 and "--format csv" in err
+
+
+def test_global_models_of_several_seeds_train_alone_and_ensemble_per_project(tmp_path):
+    from gpufill.campaign.ensembles import ensembles
+
+    path = write_campaign(tmp_path, name="glob", models="mlp: {hidden_size: 8}\n  snaive: {}", projects=3, epochs=2)
+    text = path.read_text().replace("seeds: [0]", "seeds: [0, 1]").replace("task: {lookback: [12], horizon: 1}", "task: {lookback: [12], horizon: 2, mode: global}")
+    path.write_text(text)
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run()  # two global mlp trials of one shape: not a fused pack (it knows no '*')
+    assert (outcome.done, outcome.failed) == (4, 0)
+    median = pd.DataFrame(ensembles(tmp_path / "w", "median"))
+    assert sorted(median["project"].unique()) == ["p000", "p001", "p002"]  # a global model's forecasts are kept per project
+    assert median.groupby("family")["members"].max().to_dict() == {"mlp": 2, "snaive": 2}
+    results = read_results(tmp_path / "w")
+    mlp = median[median["family"] == "mlp"]
+    # The global trials' MAE is the mean over projects of their per-project MAE: the members' mean MAE averages to it.
+    assert mlp["member_mae_mean"].mean() == pytest.approx(results[results["family"] == "mlp"]["mae"].mean(), rel=1e-5)
