@@ -110,3 +110,38 @@ def test_in_local_mode_a_too_short_project_sits_out_the_lookbacks_it_cannot_hold
     path.write_text(path.read_text().replace("horizon: 1,", "horizon: 1, mode: global,"))
     with pytest.raises(InputError, match="series too short"):  # one model over all series: padding is not there yet
         Campaign.from_yaml(path, tmp_path / "g").run()
+
+
+def test_a_backtest_scores_each_rolling_origin_and_its_metrics_are_their_mean(tmp_path):
+    from gpufill.campaign.store import Store
+
+    path = write_campaign(tmp_path, name="bt", models="linear: {}\n  snaive: {}\n  mlp: {hidden_size: 8}", projects=2, epochs=2)
+    path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}",
+                                             "task: {lookback: [12], horizon: 3, split: {val: 0.1, test: {backtest: {windows: 3, step: 6}}}}"))
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run()
+    assert (outcome.done, outcome.failed) == (6, 0)
+    results = read_results(tmp_path / "w")
+    store = Store.open(tmp_path / "w")
+    try:
+        for trial in results.itertuples():
+            details = store.trial_details(trial.trial_id)
+            origins = details["metrics"]["per_origin"]
+            # 300 points: the last origin forecasts points 297-299, the others 6 and 12 steps before it.
+            assert [o["origin"] for o in origins] == [285, 291, 297]
+            for metric in ("mae", "rmse", "smape", "mase"):
+                assert getattr(trial, metric) == pytest.approx(np.mean([o[metric] for o in origins]), rel=1e-9)
+            kept = store.forecasts([trial.trial_id])[(trial.trial_id, trial.project)]
+            assert kept["forecast"].shape == (3, 3) and kept["origins"].tolist() == [285, 291, 297]
+    finally:
+        store.close()
+    with pytest.raises(InputError, match="windows"):
+        path.write_text(path.read_text().replace("windows: 3", "windows: 0"))
+        Campaign.from_yaml(path, tmp_path / "x")
+
+
+def test_the_backtest_needs_room_for_its_origins():
+    values = np.arange(40, dtype=np.float64)
+    with pytest.raises(InputError, match="series too short"):
+        make_windows(_monthly(values), lookback=12, horizon=3, split=Split(val=0, test=0, backtest=(5, 6)))  # needs 12 + 3 + 27
+    windows = make_windows(_monthly(np.arange(42, dtype=np.float64)), lookback=12, horizon=3, split=Split(val=0, test=0, backtest=(5, 6)))
+    assert windows.test_origins.tolist() == [15, 21, 27, 33, 39] and windows.backtest

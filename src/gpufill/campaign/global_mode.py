@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from gpufill.forecasting.data import WindowedProject
-from gpufill.forecasting.data.scoring import score
+from gpufill.forecasting.data.scoring import per_origin, score
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
 
@@ -43,7 +43,7 @@ def run_global(windows: Sequence[WindowedProject], trial: dict[str, Any], spec: 
     per_project, forecasts = {}, {}
     for w, prediction in zip(windows, predictions, strict=True):
         test, naive, forecasts[w.name] = score(w, prediction)
-        per_project[w.name] = {"test": test, "naive": naive}
+        per_project[w.name] = {"test": test, "naive": naive, **per_origin(forecasts[w.name])}
     average = {
         part: {key: statistics.fmean(scores[part][key] for scores in per_project.values()) for key in METRIC_KEYS}
         for part in ("test", "naive")

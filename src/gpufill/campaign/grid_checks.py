@@ -108,7 +108,7 @@ def check_builds(family: str, axes: Mapping[str, list[Any]], *, lookback: int, h
 def check_length(length: int, split: Split, *, lookback: int, horizon: int) -> None:
     """A synthetic series must hold a training window (of the longest lookback) and a horizon of val and test points."""
     try:
-        train_end, val_end = split_bounds(length, split)
+        train_end, val_end = split_bounds(length, split, horizon)
     except InputError as exc:
         raise LocatedError(("task", "split"), exc.problem, fix=exc.fix) from None
     longest = lookback

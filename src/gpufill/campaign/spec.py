@@ -196,16 +196,31 @@ class DataSpec(Spec):
 # --- task --------------------------------------------------------------------------------------
 
 
+class RollingOrigins(Spec):
+    windows: Count
+    """How many forecast origins (each scored on its horizon)."""
+    step: Count
+    """Time steps between two origins."""
+
+
+class BacktestSpec(Spec):
+    """`test: {backtest: {windows: 3, step: 6}}`: the last origin forecasts the series' last horizon, each
+    earlier one `step` before it; one training per trial, scored at every origin (metrics: their mean)."""
+
+    backtest: RollingOrigins
+
+
 class SplitSpec(Spec):
-    """Validation and test regions at the end of each series: a fraction in [0, 1) or a count."""
+    """Validation and test regions at the end of each series: a fraction in [0, 1) or a count; the test
+    region may be a backtest's rolling origins instead."""
 
     val: StrictInt | Float = 0.1
-    test: StrictInt | Float = 0.2
+    test: StrictInt | Float | BacktestSpec = 0.2
     """Must hold test points: the campaign ranks trials on them."""
 
     @field_validator("val", "test")
     @classmethod
-    def _check_size(cls, value: int | float) -> int | float:
+    def _check_size(cls, value: int | float | BacktestSpec) -> int | float | BacktestSpec:
         if isinstance(value, int) and value < 0:
             raise InputError(f"count {value} is negative", fix="give a count >= 0 or a fraction in [0, 1)")
         if isinstance(value, float) and not 0.0 <= value < 1.0:
@@ -222,6 +237,8 @@ class SplitSpec(Spec):
         return self
 
     def to_split(self) -> Split:
+        if isinstance(self.test, BacktestSpec):
+            return Split(val=self.val, test=0, backtest=(self.test.backtest.windows, self.test.backtest.step))
         return Split(val=self.val, test=self.test)
 
 

@@ -20,7 +20,7 @@ from gpufill.forecasting.data import (
     load_projects,
     make_windows,
 )
-from gpufill.forecasting.data.scoring import score
+from gpufill.forecasting.data.scoring import per_origin, score
 from gpufill.engine.config import FitConfig
 from gpufill.engine.loop import fit
 from gpufill.engine.result import FitCallback, FitResult
@@ -52,7 +52,7 @@ class ForecastRun:
             "params": self.params,
             "status": self.fit.status,
             "plan": self.fit.plan.to_dict(),
-            "metrics": {"test": self.test, "naive": self.naive, **{f"fit_{k}": v for k, v in self.fit.metrics.items()}},
+            "metrics": {"test": self.test, "naive": self.naive, **{f"fit_{k}": v for k, v in self.fit.metrics.items()}, **per_origin(self.forecast)},
             "timings": self.fit.timings,
             "history": self.fit.to_dict()["history"],
             "events": self.fit.events,

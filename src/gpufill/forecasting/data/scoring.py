@@ -15,17 +15,33 @@ import numpy as np
 from gpufill.forecasting.data.metrics import forecast_metrics
 from gpufill.forecasting.data.windows import WindowedProject
 
-__all__ = ["Scored", "score"]
+__all__ = ["Scored", "per_origin", "score"]
 
 Scored = tuple[dict[str, float], dict[str, float], dict[str, Any]]
 """(test metrics, the last-value forecast's metrics on the same windows, the forecast kept)."""
 
 
 def score(windows: WindowedProject, prediction: np.ndarray) -> Scored:
-    """`prediction` (N_test, horizon) in the original scale."""
+    """`prediction` (N_test, horizon) in the original scale. A backtest's metrics are the mean over its
+    origins of each origin's metrics (kept as `per_origin`); otherwise every test value weighs the same."""
     prediction = np.asarray(prediction, dtype=np.float64)
     # Plain lists: a result stays JSON (gpufill train --json); the store keeps them as float32 bytes.
-    kept = {"origins": windows.test_origins.tolist(), "forecast": prediction.astype(np.float32).tolist(),
-            "truth": windows.test_truth.astype(np.float32).tolist(), "mase_scale": float(windows.mase_scale)}
-    return (forecast_metrics(windows.test_truth, prediction, windows.mase_scale),
-            forecast_metrics(windows.test_truth, windows.naive_test, windows.mase_scale), kept)
+    kept: dict[str, Any] = {"origins": windows.test_origins.tolist(), "forecast": prediction.astype(np.float32).tolist(),
+                            "truth": windows.test_truth.astype(np.float32).tolist(), "mase_scale": float(windows.mase_scale)}
+    if not windows.backtest:
+        return (forecast_metrics(windows.test_truth, prediction, windows.mase_scale),
+                forecast_metrics(windows.test_truth, windows.naive_test, windows.mase_scale), kept)
+    per_origin = [{"origin": int(origin), **forecast_metrics(windows.test_truth[i : i + 1], prediction[i : i + 1], windows.mase_scale)}
+                  for i, origin in enumerate(windows.test_origins)]
+    naive = [forecast_metrics(windows.test_truth[i : i + 1], windows.naive_test[i : i + 1], windows.mase_scale) for i in range(len(per_origin))]
+    kept["per_origin"] = per_origin
+    return _mean(per_origin), _mean(naive), kept
+
+
+def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {key: float(np.mean([row[key] for row in rows])) for key in ("mae", "rmse", "smape", "mase")}
+
+
+def per_origin(kept: dict[str, Any] | None) -> dict[str, Any]:
+    """{"per_origin": [...]} for a backtest's metrics (each origin's), else nothing."""
+    return {"per_origin": kept["per_origin"]} if kept and "per_origin" in kept else {}

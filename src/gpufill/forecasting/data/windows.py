@@ -25,6 +25,9 @@ class Split:
     """float in [0, 1): fraction of the series; int >= 0: count of time steps before the test region."""
     test: float | int = 0.2
     """Same; e.g. test=18 holds out the last 18 points (competition style)."""
+    backtest: tuple[int, int] | None = None
+    """(windows, step): rolling origins instead of `test`: the last origin forecasts the last horizon, each
+    earlier one `step` before it; the test region is (windows - 1) * step + horizon points."""
 
 
 def _is_int(value: object) -> bool:
@@ -32,7 +35,7 @@ def _is_int(value: object) -> bool:
 
 
 def _check_split(split: Split) -> None:
-    for field in ("val", "test"):
+    for field in ("val",) if split.backtest else ("val", "test"):
         value = getattr(split, field)
         if _is_int(value):
             if value < 0:
@@ -58,7 +61,7 @@ def _check_split(split: Split) -> None:
                 field=field,
             )
     fractions = [v for v in (split.val, split.test) if not _is_int(v)]
-    if len(fractions) == 2 and sum(fractions) >= 1.0:
+    if len(fractions) == 2 and sum(fractions) >= 1.0 and not split.backtest:
         raise InputError(
             f"val + test fractions = {sum(fractions):g} leave nothing to train on",
             fix="make split.val + split.test less than 1 (e.g. val=0.1, test=0.2)",
@@ -72,10 +75,17 @@ def _count(value: float | int, length: int) -> int:
     return int(value) if _is_int(value) else int(round(float(value) * length))
 
 
-def split_bounds(length: int, split: Split) -> tuple[int, int]:
+def _n_test(split: Split, length: int, horizon: int) -> int:
+    if split.backtest:
+        windows, step = split.backtest
+        return (windows - 1) * step + horizon
+    return _count(split.test, length)
+
+
+def split_bounds(length: int, split: Split, horizon: int = 1) -> tuple[int, int]:
     """(train_end, val_end): train = [0, train_end), val = [train_end, val_end), test = [val_end, length)."""
     _check_split(split)
-    n_val, n_test = _count(split.val, length), _count(split.test, length)
+    n_val, n_test = _count(split.val, length), _n_test(split, length, horizon)
     train_end = length - n_val - n_test
     if train_end < 1:
         raise InputError(
@@ -88,7 +98,7 @@ def split_bounds(length: int, split: Split) -> tuple[int, int]:
 
 
 def _fits(length: int, lookback: int, horizon: int, split: Split) -> bool:
-    n_val, n_test = _count(split.val, length), _count(split.test, length)
+    n_val, n_test = _count(split.val, length), _n_test(split, length, horizon)
     train_end = length - n_val - n_test
     val_ok = n_val >= horizon if split.val else True
     return train_end >= lookback + horizon and n_test >= horizon and val_ok
@@ -99,10 +109,11 @@ def _minimum_length(lookback: int, horizon: int, split: Split) -> int:
     _check_split(split)
     # Analytic lower bound, then a short upward scan: rounding makes the exact bound jittery.
     # Each rounded fraction is at most f*T + 0.5, so train_end <= T*(1 - frac) - fixed + 0.5*n_frac.
-    fixed = sum(int(v) for v in (split.val, split.test) if _is_int(v))
-    fractions = [float(v) for v in (split.val, split.test) if not _is_int(v)]
+    sizes = (split.val,) if split.backtest else (split.val, split.test)
+    fixed = sum(int(v) for v in sizes if _is_int(v)) + (_n_test(split, 0, horizon) if split.backtest else 0)
+    fractions = [float(v) for v in sizes if not _is_int(v)]
     bound = (lookback + horizon + fixed - 0.5 * len(fractions)) / (1.0 - sum(fractions))
-    for v in (split.val, split.test):
+    for v in sizes:
         if not _is_int(v) and v > 0:
             bound = max(bound, (horizon - 0.5) / float(v))
     length = max(1, int(bound) - 1)
@@ -167,6 +178,8 @@ class WindowedProject:
     """(N_test,) the time each test window's forecast starts at (its lookback ends there)."""
     season_length: int
     """The season of the project's time index (statistical.season_length_of)."""
+    backtest: bool = False
+    """Test windows are rolling origins: metrics are the mean over origins, each origin's kept."""
 
     def inverse_target(self, scaled_pred: np.ndarray | torch.Tensor) -> np.ndarray:
         if isinstance(scaled_pred, torch.Tensor):
@@ -224,14 +237,14 @@ def make_windows(
     _check_positive(where, lookback=lookback, horizon=horizon, stride=stride)
     lookback, horizon, stride = int(lookback), int(horizon), int(stride)
     _check_split(split)
-    if split.test == 0:
+    if split.test == 0 and not split.backtest:
         raise InputError(
             "split.test=0 leaves no test region",
             fix=f"set split.test to a fraction in (0, 1) or a count >= horizon ({horizon})",
             where=where,
             field="split.test",
         )
-    for field in ("val", "test"):  # a count below horizon can never hold one window: no length fixes it
+    for field in ("val",) if split.backtest else ("val", "test"):  # a count below horizon can never hold one window: no length fixes it
         value = getattr(split, field)
         if _is_int(value) and 0 < value < horizon:
             raise InputError(
@@ -250,7 +263,7 @@ def make_windows(
             where=where,
             field="length",
         )
-    train_end, val_end = split_bounds(length, split)
+    train_end, val_end = split_bounds(length, split, horizon)
 
     covariates = np.asarray(project.covariates, dtype=np.float64).reshape(length, -1 if project.covariates.size else 0)
     raw = np.column_stack([np.asarray(project.target, dtype=np.float64), covariates])
@@ -270,7 +283,8 @@ def make_windows(
     # Target-start ranges per region: [first, region_end - horizon].
     train_t = _starts(lookback, train_end - horizon, stride)
     val_t = _starts(train_end, val_end - horizon, stride)
-    test_t = _starts(val_end, length - horizon, 1)
+    # Every test point is scored (stride 1), or, for a backtest, its rolling origins only.
+    test_t = val_end + split.backtest[1] * np.arange(split.backtest[0], dtype=np.int64) if split.backtest else _starts(val_end, length - horizon, 1)
     x_train, y_train = cut(train_t)
     x_val, y_val = cut(val_t)
     x_test, y_test = cut(test_t)
@@ -298,4 +312,5 @@ def make_windows(
         fit_end=val_end,
         test_origins=test_t,
         season_length=season_length_of(project.time, project.source),
+        backtest=split.backtest is not None,
     )

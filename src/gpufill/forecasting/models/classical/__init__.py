@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from gpufill.forecasting.data import WindowedProject
-from gpufill.forecasting.data.scoring import score
+from gpufill.forecasting.data.scoring import per_origin, score
 from gpufill.errors import InputError
 from gpufill.forecasting.models.classical.base import (
     ClassicalForecaster,
@@ -105,7 +105,7 @@ class ClassicalRun:
             "params": self.params,
             "status": "completed",
             "plan": classical_plan(self.threads),
-            "metrics": {"test": self.test, "naive": self.naive},
+            "metrics": {"test": self.test, "naive": self.naive, **per_origin(self.forecast)},
             "timings": self.timings,
             "history": [],  # no epochs: one fit
             "events": [],
