@@ -66,7 +66,7 @@ def test_the_demo_runs_and_results_show_every_project_and_family(tmp_path, capsy
     assert code == 0 and f"{status['done']}/{status['total']} done, {status['failed']} failed" in out
     assert "ETA done" in out
     code, out, _ = run_cli(capsys, "demo")  # a second run resumes: nothing left to do
-    assert code == 0 and "done 64" in out
+    assert code == 0 and "done 80" in out
 
 
 @pytest.mark.parametrize("family", ["linear", "rf", "xgb", "lgbm"])
