@@ -48,13 +48,15 @@ def ensembles(workdir: str | Path, how: Literal["median", "mean"] = "median", *,
     for record in records:
         key = (record["family"], record["params"], record["train"], "*" if "lookback" in over else record["lookback"])
         groups[key].append(record)
+    by_trial: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)  # one pass: a global trial has one per project
+    for (trial_id, project), forecast in kept.items():
+        by_trial[trial_id].append((project, forecast))
     rows = []
     for (family, params, train, lookback), members in groups.items():
         per_project: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for member in members:
-            for (trial_id, project), forecast in kept.items():
-                if trial_id == member["trial_id"]:
-                    per_project[project].append(forecast)
+            for project, forecast in by_trial[member["trial_id"]]:
+                per_project[project].append(forecast)
         for project, forecasts in sorted(per_project.items()):
             first = forecasts[0]
             same = [f for f in forecasts if np.array_equal(f["origins"], first["origins"])]  # the same test windows

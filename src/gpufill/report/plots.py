@@ -197,23 +197,23 @@ def step_timelines(buckets: pd.DataFrame, t0: float) -> list[Plot]:
     ax.plot(middle, buckets["step_s"] / steps * 1e3, label="step", linewidth=1.2, color="black", marker=marker)
     ax.plot(middle, buckets["data_s"] / steps * 1e3, label="waiting for data", linewidth=1.2, color=PHASE_COLOURS["data_wait"], marker=marker)
     ax.plot(middle, buckets["copy_s"] / steps * 1e3, label="host-to-device copy", linewidth=1.0, color=PHASE_COLOURS["copy"], marker=marker)
-    ax.set_title("Training step time and data wait (mean per interval)")
-    ax.set_xlabel("time since the command started (s)")
-    ax.set_ylabel("time per step (ms)")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
+    _since_start(ax, "Training step time and data wait (mean per interval)", "time per step (ms)")
     ax.legend(loc="upper right", fontsize="small")
     timeline = _render(fig, "Line chart: mean training step time and data wait per interval over time")
     fig, ax = plt.subplots(figsize=(10, 3.2))
     ax.plot(middle, buckets["steps"] / (buckets["t1"] - buckets["t0"]).clip(lower=1e-9), linewidth=1.2, marker=marker)
-    ax.set_title("Optimizer steps per second")
+    _since_start(ax, "Optimizer steps per second", "steps/s")
+    return [timeline, _render(fig, "Line chart: optimizer steps per second over time")]
+
+
+def _since_start(ax: plt.Axes, title: str, ylabel: str) -> None:
+    """A watched run's axes: time from the command's start, both axes from zero."""
+    ax.set_title(title)
     ax.set_xlabel("time since the command started (s)")
-    ax.set_ylabel("steps/s")
+    ax.set_ylabel(ylabel)
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    return [timeline, _render(fig, "Line chart: optimizer steps per second over time")]
 
 
 def step_breakdown(shares: dict[str, float], step_ms: float) -> Plot:
