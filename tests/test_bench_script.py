@@ -79,3 +79,8 @@ def test_on_a_gpu_every_speed_up_is_measured_against_the_script_as_it_is():
     assert rows["all"]["flags_in_effect"]["tf32_matmul"] and rows["all"]["flags_in_effect"]["cudnn_benchmark"]
     assert all(row["rate"] > 0 and row["vs_as_is"] == pytest.approx(row["rate"] / rows["as is"]["rate"], rel=1e-3) for row in rows.values())
     assert any("cuda_training.py:29" in change["what"] for change in record["code_changes"])
+
+
+def test_impossible_steps_are_one_line_before_anything_runs():
+    run = bench("item_every_step.py", "--steps", "0", timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr and "--steps 0" in run.stderr and len(run.stderr.strip().splitlines()) == 1

@@ -63,3 +63,14 @@ def test_global_models_of_several_seeds_train_alone_and_ensemble_per_project(tmp
     mlp = median[median["family"] == "mlp"]
     # The global trials' MAE is the mean over projects of their per-project MAE: the members' mean MAE averages to it.
     assert mlp["member_mae_mean"].mean() == pytest.approx(results[results["family"] == "mlp"]["mae"].mean(), rel=1e-5)
+
+
+@pytest.mark.parametrize(("args", "field"), [(("--ensemble", "best"), "--ensemble"), (("--ensemble", "median", "--ensemble-over", "lookback"), "--ensemble-over"),
+                                             (("--ensemble", "median", "--forecasts"), "--ensemble")])
+def test_bad_forecast_views_are_one_line_and_exit_2(tmp_path, capsys, args, field):
+    from tests.helpers import run_cli
+
+    path = write_campaign(tmp_path, name="views", models="linear: {}", projects=1)
+    Campaign.from_yaml(path, tmp_path / "w").run()
+    code, _, err = run_cli(capsys, "results", *args, "--workdir", tmp_path / "w")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and field in err and "Traceback" not in err
