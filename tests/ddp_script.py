@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
+from gpufill.engine.distributed import leave_together
 from gpufill.engine.loop import fit
 from tests.test_fit import make_data, model
 
@@ -31,4 +32,4 @@ if __name__ == "__main__":
                            "events": result.events}
     if dist.get_rank() == 0:
         torch.save({"outcomes": outcomes, "world": dist.get_world_size()}, out)
-    dist.destroy_process_group()
+    leave_together()

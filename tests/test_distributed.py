@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,15 +9,11 @@ from pathlib import Path
 import torch
 
 from gpufill.engine.loop import fit
+from tests.helpers import run_ranks
 from tests.test_fit import assert_same_weights, make_data, model
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def streams(done: subprocess.CompletedProcess) -> str:
@@ -28,8 +23,8 @@ def streams(done: subprocess.CompletedProcess) -> str:
 
 def torchrun(*args, nproc=2, timeout=180):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", *map(str, args)]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *map(str, args)]
+    return run_ranks(command, cwd=ROOT, env=env, timeout=timeout)
 
 
 def test_two_gloo_processes_match_one_process_on_the_same_global_batch(tmp_path):
@@ -64,9 +59,9 @@ def test_two_gloo_processes_match_one_process_on_the_same_global_batch(tmp_path)
 
 def test_gpufill_train_nproc_launches_torchrun_and_prints_once(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
+    done = run_ranks(
         [sys.executable, "-m", "gpufill.cli", "train", "--model", "mlp", "--epochs", "2", "--batch-size", "64", "--nproc", "2", "--json"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+        cwd=tmp_path, env=env, timeout=180,
     )
     assert done.returncode == 0, streams(done)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_ranks
+
 SCRIPTS = Path(__file__).parent / "user_scripts"
 
 
@@ -72,7 +74,7 @@ def test_a_command_that_is_not_there_is_one_line_and_exit_2():
 def test_under_torchrun_each_rank_is_instrumented_and_rank_0_is_reported():
     command = [sys.executable, "-m", "gpufill", "doctor", "--steps", "4", "--json", "--",
                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "ddp_train.py")]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    run = run_ranks(command, timeout=300)
     report = json.loads(run.stdout)
     assert run.returncode == 0 and report["stopped_by_doctor"], run.stderr
     assert report["ranks"] == 2 and report["training"]["world_size"] == 2  # the torchrun launcher is not counted as a rank

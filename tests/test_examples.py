@@ -12,6 +12,7 @@ import pytest
 
 from gpufill.errors import exit_on_input_error
 from gpufill.user_code import import_module
+from tests.helpers import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -23,7 +24,7 @@ def example(name: str):
 
 def script(name: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_ranks([sys.executable, str(EXAMPLES / f"{name}.py"), *args], cwd=ROOT, env=env, timeout=timeout)
 
 
 def test_the_language_model_halves_its_validation_loss_with_accumulation():

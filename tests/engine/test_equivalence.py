@@ -4,8 +4,6 @@ without accumulation, with accumulation (short last batch and micro-batch), and 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import torch
 from gpufill.engine.loop import fit
 from tests.engine.common import assert_same_weights
 from tests.engine.equivalence import SETTINGS, data, dict_loss, hand_loop, make_model
+from tests.helpers import run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,11 +47,6 @@ def test_accumulated_micro_batches_equal_whole_batches_of_a_hand_loop(optimizer,
     assert 0 < result.metrics["train_mae"] < 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_two_gloo_processes_equal_one_process_and_the_hand_loop(tmp_path):
     """Under torchrun (2 gloo processes), fit with a loss callable on dict batches ends with the weights of one
@@ -60,9 +54,8 @@ def test_two_gloo_processes_equal_one_process_and_the_hand_loop(tmp_path):
     sample: rank 1 runs a zero-weight stand-in), each with micro-batches of 8 under no_sync."""
     out = tmp_path / "ddp.pt"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
-               "tests/engine/ddp_fit_script.py", str(out)]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "tests/engine/ddp_fit_script.py", str(out)]
+    done = run_ranks(command, cwd=ROOT, env=env, timeout=240)
     assert done.returncode == 0, f"stdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-4000:]}"
     saved = torch.load(out, weights_only=True)
     assert saved["world"] == 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TypeVar
 
 import torch
@@ -56,9 +57,21 @@ class Distributed:
         return box[0]
 
 
-def _destroy_process_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+# How long a rank waits at exit for the others before tearing down alone (a peer that died is not waited for longer).
+LEAVE_TOGETHER_TIMEOUT = timedelta(seconds=10)
+
+
+def leave_together() -> None:
+    """Wait for every rank, then destroy the group: gloo can abort a rank ("terminate called without an
+    active exception") whose peer closed its connections first, after training succeeded."""
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
+        try:
+            dist.monitored_barrier(timeout=LEAVE_TOGETHER_TIMEOUT)
+        except RuntimeError:
+            pass  # a peer failed or left: tear down anyway, torchrun reports that rank
+    dist.destroy_process_group()
 
 
 def from_environment() -> Distributed | None:
@@ -71,7 +84,7 @@ def from_environment() -> Distributed | None:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         # We started it, so we end it: a group left to interpreter shutdown can abort the
         # process ("terminate called without an active exception") after training succeeded.
-        atexit.register(_destroy_process_group)
+        atexit.register(leave_together)
     if dist.get_world_size() <= 1:
         return None
     return Distributed(
