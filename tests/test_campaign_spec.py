@@ -182,7 +182,7 @@ def test_fit_config_maps_train_settings_and_overrides(tmp_path):
     assert config.batch_search == "auto"
     off = TrainSpec(early_stopping=None, precision="fp32", compile=False, batch_search=True).fit_config({}, seed=1)
     assert (off.patience, off.precision, off.compile, off.batch_search) == (None, "fp32", False, True)
-    assert CampaignSpec.model_validate({**spec.model_dump(), "resources": {"memory_margin": 0.5}}).fit_config({}, 0).memory_margin == 0.5
+    assert CampaignSpec.model_validate({**spec.model_dump(), "resources": {"memory_margin": 0.5}}).fit_config("lstm", {}, 0).memory_margin == 0.5
 
 
 def test_fit_config_rejects_bad_overrides():
@@ -194,7 +194,7 @@ def test_fit_config_rejects_bad_overrides():
     assert info.value.field == "train.lr"
     with pytest.raises(InputError, match="expected an integer or 'auto', got 'big'"):
         TrainSpec().fit_config({"batch_size": "big"}, seed=0)
-    assert TRAIN_KEYS == {"lr", "weight_decay", "batch_size", "epochs"}
+    assert TRAIN_KEYS == {"lr", "weight_decay", "batch_size", "epochs", "loss", "schedule"}
 
 
 # --- data selection --------------------------------------------------------------------------------
@@ -309,6 +309,10 @@ CASES = [
     ("duplicate_key", "name: x\nmodels:\n  lstm: {}\n  gru: {}\n  lstm: {hidden_size: 8}\n", 5, "models.lstm", "duplicate key 'lstm' (also at line 3)", "keep one"),
     ("early_stopping_false", GOOD + "train: {early_stopping: false}\n", 4, "train.early_stopping", "not a setting", "early_stopping: null"),
     ("length_not_synthetic", GOOD + "data: {source: data.csv, length: 100}\n", 4, "data.length", "only to source: synthetic", "remove length"),
+    ("smape_needs_mean", "name: x\nmodels:\n  lstm:\n    scaling: [mean, standard]\n    loss: smape\n", 5, "models.lstm.loss", "loss smape with scaling standard for lstm", "scaling: mean"),
+    ("smape_train_level", "name: x\nmodels:\n  lstm: {}\n  mlp: {}\ntrain: {loss: smape}\n", 5, "train.loss", "loss smape with scaling last for mlp", "scaling: mean"),
+    ("scaling_unknown", "name: x\nmodels:\n  gru: {scaling: [max]}\n", 3, "models.gru.scaling", "'auto', 'project', 'last', 'mean' or 'standard'", "models.gru.scaling"),
+    ("scaling_series_model", "name: x\nmodels:\n  theta: {scaling: [last]}\n", 3, "models.theta.scaling", "'theta' fits each series itself", "remove scaling"),
     ("projects_not_names", GOOD + "data:\n  projects: [store_a, 7]\n", 5, "data.projects", "project names are strings, got 7", "'7'"),
 ]
 

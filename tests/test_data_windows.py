@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from gpufill.forecasting.data import Project, Split, make_windows, split_bounds
+from gpufill.forecasting.data.window_scaling import scale_windows
 from gpufill.errors import InputError
 
 
@@ -224,3 +225,49 @@ def test_split_counts_that_no_length_can_fix(split, field, words):
         make_windows(_project(500), lookback=10, horizon=5, split=split)
     message = str(err.value)
     assert message.startswith(f"project demo (/data/demo.csv): {field}:") and words in message and "fix: set" in message
+
+
+# --- padding (global mode) and per-window scaling ------------------------------------------------
+
+
+def test_a_short_series_is_left_padded_with_real_targets_and_a_long_one_is_cut_as_without_padding():
+    short = _project(length=30, n_covariates=1)
+    with pytest.raises(InputError, match="series too short: length 30 < 42"):
+        make_windows(short, 24, 6, Split(val=6, test=6))
+    w = make_windows(short, 24, 6, Split(val=6, test=6), pad=True)
+    assert w.padding.size == 23 and (w.x_train.shape, w.x_val.shape, w.x_test.shape) == ((12, 24, 2), (1, 24, 2), (1, 24, 2))
+    assert w.padding.real_train.tolist() == list(range(1, 13)) and w.padding.real_val.tolist() == [18] and w.padding.real_test.tolist() == [24]
+    scaled = w.scaler.transform(_raw(short)).astype(np.float32)
+    for i, real in enumerate(w.padding.real_train):  # window i forecasts from time i + 1: its last `real` inputs are the series' first
+        assert torch.equal(w.x_train[i, 24 - real :], torch.from_numpy(scaled[:real])) and not w.x_train[i, : 24 - real].any()
+        assert torch.equal(w.y_train[i], torch.from_numpy(scaled[real : real + 6, 0]))
+    assert w.test_origins.tolist() == [24] and np.allclose(w.test_truth, short.target[24:30])
+    long = _project(length=100)
+    padded, plain = make_windows(long, 24, 6, Split(val=6, test=6), pad=True), make_windows(long, 24, 6, Split(val=6, test=6))
+    assert padded.padding is None and torch.equal(padded.x_train, plain.x_train) and torch.equal(padded.y_test, plain.y_test)
+    with pytest.raises(InputError, match=r"series too short: length 12 < 13 .*one real input"):  # no training target is left
+        make_windows(_project(length=12), 24, 6, Split(val=0, test=6), pad=True)
+
+
+@pytest.mark.parametrize("how", ["last", "mean", "standard"])
+def test_each_window_scaling_inverts_exactly_and_ignores_padding(how):
+    w = make_windows(_project(length=30, n_covariates=1), 24, 6, Split(val=6, test=6), pad=True)
+    scaled = scale_windows(w, how)
+    assert torch.equal(scaled.x_train[:, :, 1], w.x_train[:, :, 1])  # covariates keep the project's scaling
+    for region in ("train", "val", "test"):
+        x, y = getattr(scaled, f"x_{region}"), getattr(scaled, f"y_{region}")
+        loc, scale = getattr(scaled.window_scaling, region)
+        real = getattr(w.padding, f"real_{region}")
+        original = getattr(w, f"y_{region}").double().numpy() * w.scaler.std[0] + w.scaler.mean[0]
+        np.testing.assert_allclose(y.double().numpy() * scale + loc, original, rtol=1e-5)
+        for i, n in enumerate(real):
+            assert not x[i, : 24 - n, 0].any()  # padding stays 0
+            inputs = x[i, 24 - n :, 0].double().numpy()
+            if how == "last":
+                assert inputs[-1] == 0
+            elif how == "mean" and n > 0:
+                assert np.mean(np.abs(inputs)) == pytest.approx(1.0, rel=1e-5)
+            elif how == "standard" and n > 1:
+                assert (inputs.mean(), inputs.std()) == (pytest.approx(0.0, abs=1e-5), pytest.approx(1.0, rel=1e-4))
+    np.testing.assert_allclose(scaled.inverse_target(scaled.y_test.numpy()), w.test_truth, rtol=1e-5)
+    assert scale_windows(w, "project") is w

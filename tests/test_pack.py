@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
+
 import pytest
 import torch
 
 from gpufill.campaign.runner import Campaign
 from gpufill.forecasting.data import load_projects, make_windows
+from gpufill.forecasting.data.window_scaling import scale_windows
 from gpufill.engine.config import FitConfig
 from gpufill.engine.loop import fit
 from gpufill.forecasting.models import registry
@@ -81,13 +85,15 @@ def test_pack_adamw_steps_a_model_only_when_active_and_ignores_a_masked_models_n
     assert torch.isfinite(ours.exp_avg).all() and torch.isfinite(ours.exp_avg_sq).all()
 
 
-@pytest.mark.parametrize("family", ["mlp", "lstm"])
-def test_a_pack_reproduces_separate_fits(family):
-    ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
-    config = FitConfig(epochs=3, batch_size=64, patience=None)
+@pytest.mark.parametrize(("family", "loss", "scaling"), [("mlp", "mse", "project"), ("lstm", "mse", "project"), ("mlp", "mae", "last"),
+                                                       ("gru", "smape", "mean")])
+def test_a_pack_reproduces_separate_fits(family, loss, scaling):
+    ws, seeds, lrs = [scale_windows(w, scaling) for w in windows()], [0, 1, 2], [1e-3, 3e-3, 2e-3]
+    config = FitConfig(epochs=3, batch_size=64, patience=None, loss=loss)
     packed = fit_pack(models(family, ws, seeds), members(ws, lrs, seeds), config=config)
     for w, seed, lr, model, result in zip(ws, seeds, lrs, models(family, ws, seeds), packed, strict=True):
-        alone = fit(model, (w.x_train, w.y_train), (w.x_val, w.y_val), config=FitConfig(epochs=3, batch_size=64, lr=lr, seed=seed))
+        alone = fit(model, (w.x_train, w.y_train), (w.x_val, w.y_val), config=FitConfig(epochs=3, batch_size=64, lr=lr, seed=seed, loss=loss))
+        assert [r.val_loss for r in result.history] == pytest.approx([r.val_loss for r in alone.history], rel=1e-4)
         assert [r.train_loss for r in result.history] == pytest.approx([r.train_loss for r in alone.history], rel=1e-4)
         for (name, a), (_, b) in zip(alone.model.state_dict().items(), result.model.state_dict().items(), strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
@@ -126,6 +132,20 @@ def test_pack_size_is_measured_and_explained():
     assert set(choice.samples_per_s) == {1, 2, 4} and all(v > 0 for v in choice.samples_per_s.values())
     assert choice.size == max(choice.samples_per_s, key=choice.samples_per_s.get)
     assert ("fused packs of" in choice.reason) == (choice.size > 1)
+
+
+def test_a_pack_refuses_a_schedule_and_a_campaign_trains_scheduled_trials_alone(tmp_path):
+    ws, seeds = windows(n=2), [0, 1]
+    with pytest.raises(ValueError, match="a pack runs a constant lr, not schedule 'warmup_cosine'"):
+        fit_pack(models("mlp", ws, seeds), members(ws, [1e-3, 1e-3], seeds), config=FitConfig(epochs=2, schedule="warmup_cosine"))
+    path = write_campaign(tmp_path, name="scheduled", projects=2, epochs=2, models="mlp: {hidden_size: 8, schedule: warmup_cosine}")
+    Campaign.from_yaml(path, tmp_path / "w").run()
+    with sqlite3.connect(tmp_path / "w" / "gpufill.db") as con:
+        plans = [json.loads(plan) for (plan,) in con.execute("SELECT plan FROM trials WHERE status = 'done'")]
+    assert len(plans) == 2
+    for plan in plans:
+        assert plan["schedule"] == {"value": "warmup_cosine", "reason": "set in the campaign"} and "pack_size" not in plan
+        assert plan["scaling"]["value"] == "last" and plan["loss"]["value"] == "mae"  # the mlp recipe's other settings
 
 
 def test_a_campaign_with_packs_matches_the_same_campaign_with_fusion_off(tmp_path):

@@ -3,6 +3,9 @@ windows as every other family, in local and global campaigns."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,6 +15,7 @@ from gpufill.errors import InputError
 from gpufill.forecasting.data.project import Project
 from gpufill.forecasting.data.windows import Split, make_windows, season_length_of
 from gpufill.forecasting.models.classical import train_classical
+from gpufill.forecasting.recipes import RECIPES
 from tests.helpers import write_campaign
 
 
@@ -107,9 +111,38 @@ def test_in_local_mode_a_too_short_project_sits_out_the_lookbacks_it_cannot_hold
     finally:
         store.close()
     assert len(notes) == 1 and notes[0].startswith("project short left out at lookback 40 (2 trials): series too short: length 45")
-    path.write_text(path.read_text().replace("horizon: 1,", "horizon: 1, mode: global,"))
-    with pytest.raises(InputError, match="series too short"):  # one model over all series: padding is not there yet
-        Campaign.from_yaml(path, tmp_path / "g").run()
+
+
+
+def test_in_global_mode_a_padded_short_series_trains_and_scores(tmp_path):
+    """One model over a long and a short series: at lookback 40 the short one (45 points, 31 before its
+    validation) is left-padded; a network, a window regressor and seasonal naive all score it."""
+    rng = np.random.default_rng(0)
+    lengths = {"long": 200, "short": 45}
+    frame = pd.concat([pd.DataFrame({"store": name, "y": 50 + np.sin(np.arange(n) / 2) * 5 + rng.normal(0, 1, n)}) for name, n in lengths.items()])
+    frame.to_csv(tmp_path / "sales.csv", index=False)
+    path = tmp_path / "c.yaml"
+    path.write_text("name: padded\ndata: {source: sales.csv, target: y, project_column: store}\n"
+                    "task: {lookback: [40], horizon: 2, mode: global, split: {val: 0.1, test: 0.2}}\n"
+                    "models: {linear: {}, snaive: {season_length: 4}, mlp: {hidden_size: 8}}\ntrain: {epochs: 3}\nseeds: [0]\n")
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run()
+    assert (outcome.done, outcome.failed) == (3, 0)
+    with sqlite3.connect(tmp_path / "w" / "gpufill.db") as con:
+        rows = {family: (json.loads(metrics), json.loads(plan)) for family, metrics, plan in con.execute("SELECT family, metrics, plan FROM trials")}
+    for family, (metrics, _plan) in rows.items():
+        short = metrics["per_project"]["short"]
+        assert np.isfinite(short["test"]["mae"]) and short["test"]["mae"] < 20, (family, short)  # level 50, swing 5
+    plan = rows["mlp"][1]
+    assert plan["scaling"] == {"value": "last", "reason": RECIPES["mlp"].why["scaling"]} and plan["loss"]["value"] == "mae"
+    assert rows["linear"][1]["scaling"]["value"] == "project" and "loss" not in rows["linear"][1] and "scaling" not in rows["snaive"][1]
+    from gpufill.campaign.store import Store
+
+    store = Store.open(tmp_path / "w")
+    try:
+        notes = [e["message"] for e in store.events() if "left-padded" in e["message"]]
+    finally:
+        store.close()
+    assert len(notes) == 1 and notes[0].startswith("project short (length 45) is left-padded at lookback 40")
 
 
 def test_a_backtest_scores_each_rolling_origin_and_its_metrics_are_their_mean(tmp_path):

@@ -87,7 +87,6 @@ class Estimate:
 
 
 def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = None) -> Estimate:
-    from gpufill.forecasting.data import make_windows
 
     started = time.perf_counter()
     prepared = campaign.prepare()
@@ -105,7 +104,7 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
             lane = lane_of[sample.kind]
             torch.set_num_threads(lane.threads)
             names = list(projects) if sample.project == "*" else [sample.project]
-            windows = [make_windows(projects[n], sample.lookback, spec.task.horizon, spec.task.split.to_split(), spec.task.stride) for n in names]
+            windows = [spec.windows(projects[n], sample.lookback) for n in names]
             if progress is not None:
                 progress(f"{sample.family} lookback {sample.lookback} {sample.params}")
             if sample.kind == "neural":
@@ -127,7 +126,7 @@ def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tup
     y = torch.cat([w.y_train for w in windows])
     n_full = x.shape[0]
     sample = min(n_full, SAMPLE_WINDOWS)
-    config = spec.fit_config(trial.train, trial.seed)
+    config = spec.fit_config(trial.family, trial.train, trial.seed)
     epochs = config.epochs
     config.epochs, config.patience, config.device = 2, None, lane.device
     torch.manual_seed(trial.seed)

@@ -66,7 +66,7 @@ def _neural(first, trial, spec, train_x, train_y, val_x, val_y, windows, device)
     from gpufill.engine.loop import fit
     from gpufill.forecasting.task import predict
 
-    config = spec.fit_config(trial["train"], trial["seed"], device=device)
+    config = spec.fit_config(trial["family"], trial["train"], trial["seed"], device=device)
     torch.manual_seed(trial["seed"])
     model = registry.build(trial["family"], n_features=first.n_features, lookback=first.lookback, horizon=first.horizon, params=trial["params"])
     result = fit(model, (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=config)

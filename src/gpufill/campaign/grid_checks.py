@@ -22,14 +22,32 @@ from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
 
 
-__all__ = ["TRAIN_KEYS", "check_builds", "check_grid", "check_length"]
+__all__ = ["TRAIN_KEYS", "WINDOW_KEYS", "check_builds", "check_grid", "check_length", "is_series_model", "is_setting"]
 
-TRAIN_KEYS = frozenset({"lr", "weight_decay", "batch_size", "epochs"})
+TRAIN_KEYS = frozenset({"lr", "weight_decay", "batch_size", "epochs", "loss", "schedule"})
 """Training settings a neural family's grid may override (``lstm: {lr: [1e-3, 3e-4]}``)."""
+WINDOW_KEYS = frozenset({"scaling"})
+"""How windows are presented, which any window model's grid may override (``lgbm: {scaling: [project, last]}``)."""
 
 
-def check_grid(family: str, grid: dict[str, Any], train: type[BaseModel]) -> dict[str, list[Any]]:
-    """One family's grid with every value an axis; training values validated and coerced by ``train`` (TrainSpec)."""
+def is_series_model(fam: registry.Family) -> bool:
+    """A statistical family fits the series itself, not windows (forecasting.models.classical.statistical)."""
+    return callable(getattr(fam.factory, "fit_series", None))
+
+
+def is_setting(fam: registry.Family, key: str) -> bool:
+    """Whether grid key `key` of `fam` is a training or window setting rather than a factory parameter
+    (a neural family's settings win over a same-named parameter; a classical factory's own parameter wins)."""
+    if is_series_model(fam):
+        return False
+    if fam.kind == "neural":
+        return key in TRAIN_KEYS | WINDOW_KEYS
+    return key in WINDOW_KEYS and key not in fam.defaults
+
+
+def check_grid(family: str, grid: dict[str, Any], train: type[BaseModel], task: type[BaseModel]) -> dict[str, list[Any]]:
+    """One family's grid with every value an axis; training and window settings validated and coerced by
+    ``train`` (TrainSpec) and ``task`` (TaskSpec)."""
     try:
         fam = registry.resolve(family)
     except InputError as exc:
@@ -40,8 +58,12 @@ def check_grid(family: str, grid: dict[str, Any], train: type[BaseModel]) -> dic
         if not values:
             default = fam.defaults.get(key, "...")
             raise LocatedError((family, key), f"empty grid for {key!r}: [] gives no trials", fix=f"give at least one value, e.g. {key}: [{default}], or remove {key} to use the default")
-        if key in TRAIN_KEYS and fam.kind == "neural":
-            values = [_training_value(train, family, key, i if isinstance(value, list) else None, v) for i, v in enumerate(values)]
+        if is_setting(fam, key):
+            model = task if key in WINDOW_KEYS else train
+            values = [_training_value(model, family, key, i if isinstance(value, list) else None, v) for i, v in enumerate(values)]
+        elif key in WINDOW_KEYS and key not in fam.defaults:
+            raise LocatedError((family, key), f"{family!r} fits each series itself, so {key!r} (how windows are scaled) does not apply",
+                               fix=f"remove {key} from {family}")
         elif key in TRAIN_KEYS and key not in fam.defaults:
             raise LocatedError(
                 (family, key),
@@ -86,7 +108,7 @@ def check_builds(family: str, axes: Mapping[str, list[Any]], *, lookback: int, h
     if registry.is_remembered(family):  # a user's factory, built in a child process already (campaign/user_models.py)
         return
     fam = registry.resolve(family)
-    model_axes = {k: v for k, v in axes.items() if not (fam.kind == "neural" and k in TRAIN_KEYS)}
+    model_axes = {k: v for k, v in axes.items() if not is_setting(fam, k)}
     for combo in itertools.product(*model_axes.values()):
         params = dict(zip(model_axes, combo))
         # Building initialises weights: keep the caller's global RNG untouched.

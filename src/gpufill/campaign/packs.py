@@ -33,7 +33,8 @@ class TrialRunner(Protocol):
 
     device: str
 
-    def windows(self, project: str, lookback: int) -> Any: ...
+    def trial_windows(self, trial: dict[str, Any]) -> Any: ...
+    def recipe(self, trial: dict[str, Any]) -> Any: ...
     def fit_config(self, trial: dict[str, Any]) -> Any: ...
     def run(self, trial: dict[str, Any]) -> dict[str, Any]: ...
     def note(self, message: dict[str, Any]) -> None: ...
@@ -41,7 +42,7 @@ class TrialRunner(Protocol):
 
 
 def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int | None) -> dict[str, Any]:
-    windows = {t["trial_id"]: runner.windows(t["project"], t["lookback"]) for t in trials}
+    windows = {t["trial_id"]: runner.trial_windows(t) for t in trials}
     choice = None
     if pack_size is None:  # a new shape: measure on this device
         first = trials[0]
@@ -54,7 +55,9 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
 
         candidates = [k for k in CANDIDATE_SIZES if k <= len(trials)]
         try:
-            if not can_fuse(build()):
+            if config.schedule != "constant":
+                choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: schedule {config.schedule} (a pack runs a constant lr)")
+            elif not can_fuse(build()):
                 choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: {first['family']} has no fused kernel")
             else:
                 choice = measure_pack_size(build, (sample.x_train, sample.y_train), batch=batch, device=runner.device, candidates=candidates,
@@ -129,6 +132,7 @@ def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict
             test, naive, kept = score_test(w, w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype)))
             run = ForecastRun(project=trial["project"], family=trial["family"], params=trial["params"], fit=fitted, test=test, naive=naive, forecast=kept)
             result = run.to_dict()
+            runner.recipe(trial).record(result["plan"], neural=True)
             result["timings"]["peak_memory_bytes"] = peak
             if reason:
                 result["plan"]["pack_size"] = {"value": len(chunk), "reason": reason}

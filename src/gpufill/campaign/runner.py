@@ -97,11 +97,9 @@ class Campaign:
                 executor: Executor | None = None) -> Prepared:
         """Trials and lanes; the lanes fit what `executor` runs on (default: this machine)."""
         projects = self.spec.data.load(self.base_dir)
-        task = self.spec.task
-        too_short = _too_short(projects, task)  # fails before the run on any other data problem, naming the project
+        too_short, notes = _too_short(projects, self.spec)  # fails before the run on any other data problem, naming the project
         # Each project's values are part of its trials' identity: an edited file re-runs exactly what it changed.
         trials = expand(self.spec, {name: project.fingerprint() for name, project in projects.items()})
-        notes = []
         if too_short:  # local mode: a project too short for a lookback sits out that lookback; the others run
             left_out = [t for t in trials if (t.project, t.lookback) in too_short]
             trials = [t for t in trials if (t.project, t.lookback) not in too_short]
@@ -285,20 +283,27 @@ def demo_campaign_path() -> Path:
     return path
 
 
-def _too_short(projects: dict[str, Any], task: Any) -> dict[tuple[str, int], str]:
-    """(project, lookback) pairs whose series cannot hold a training window and the splits, with the reason.
-    Local mode only: in global mode (and for any other data problem) the first one is raised."""
-    from gpufill.forecasting.data import make_windows
-
+def _too_short(projects: dict[str, Any], spec: Any) -> tuple[dict[tuple[str, int], str], list[str]]:
+    """(project, lookback) pairs whose series cannot hold a training window and the splits, with the reason,
+    and a note per project that global mode pads. Local mode leaves too-short pairs out; in global mode
+    (which pads short series) a project too short even for that, and any other data problem, is raised."""
+    task = spec.task
     found: dict[tuple[str, int], str] = {}
+    padded: dict[str, list[int]] = {}
     for project in projects.values():
         for lookback in sorted(set(task.lookback), reverse=True):
             try:
-                make_windows(project, lookback, task.horizon, task.split.to_split(), task.stride)
+                windows = spec.windows(project, lookback)
             except InputError as error:
                 if task.mode != "local" or error.field != "length":
                     raise
                 found[(project.name, lookback)] = error.problem
             else:
+                if windows.padding is not None:
+                    padded.setdefault(project.name, []).append(lookback)
+                    continue
                 break  # a shorter lookback fits too
-    return found
+    notes = [f"project {name} (length {projects[name].length}) is left-padded at lookback {', '.join(map(str, sorted(lookbacks)))}: "
+             "shorter than a full lookback before its first training target; its padded inputs are 0 after scaling and its targets are all real"
+             for name, lookbacks in sorted(padded.items())]
+    return found, notes

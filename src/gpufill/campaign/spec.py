@@ -35,9 +35,11 @@ from pydantic import (
 
 from gpufill.campaign.grid_checks import (
     TRAIN_KEYS,
+    WINDOW_KEYS,
     check_builds,
     check_grid,
     check_length,
+    is_setting,
 )
 from gpufill.campaign.resources_spec import ResourcesSpec, SlurmSpec
 from gpufill.campaign.user_models import inspect_in_child
@@ -53,10 +55,11 @@ from gpufill.campaign.spec_errors import (
     to_input_error,
 )
 from gpufill.campaign.spec_types import Count, Float, Spec
-from gpufill.forecasting.data import Project, Split, load_projects
+from gpufill.forecasting.data import Project, Split, WindowedProject, load_projects, make_windows
 from gpufill.errors import InputError
 from gpufill.engine.config import DEFAULTS, FitConfig
 from gpufill.forecasting.models import registry
+from gpufill.forecasting.recipes import Recipe, recipe
 
 __all__ = [
     "TRAIN_KEYS",
@@ -255,6 +258,8 @@ class TaskSpec(Spec):
     """local: one model per project; global: one model over all projects."""
     stride: Count = 1
     """Step between training windows."""
+    scaling: Literal["auto", "project", "last", "mean", "standard"] = "auto"
+    """How each window's target is scaled (forecasting.data.window_scaling); auto: the family's recipe (forecasting.recipes)."""
 
     @field_validator("lookback", mode="before")
     @classmethod
@@ -300,6 +305,10 @@ class TrainSpec(Spec):
     early_stopping: EarlyStoppingSpec | None = EarlyStoppingSpec()
     """null turns early stopping off (on by default in campaigns: thousands of trainings should not run past their best)."""
     validate_every: Count = DEFAULTS.validate_every
+    loss: Literal["auto", "mse", "mae", "huber", "smape"] = "auto"
+    """auto: the family's recipe (forecasting.recipes): MAE for the built-in networks."""
+    schedule: Literal["auto", "constant", "warmup_cosine", "linear"] = "auto"
+    """Learning-rate schedule; auto: the family's recipe (constant, with early stopping deciding the length)."""
 
     @field_validator("early_stopping", mode="before")
     @classmethod
@@ -412,7 +421,7 @@ class CampaignSpec(Spec):
                 error = found["error"]
                 loc = tuple(error["loc"][1:]) if error["loc"] and error["loc"][0] == "models" else tuple(error["loc"])  # relative to models
                 raise LocatedError(loc, error["problem"], fix=error["fix"])
-        return {family: check_grid(family, grid, TrainSpec) for family, grid in value.items()}
+        return {family: check_grid(family, grid, TrainSpec, TaskSpec) for family, grid in value.items()}
 
     @model_validator(mode="after")
     def _check_against_task(self, info: ValidationInfo) -> CampaignSpec:
@@ -422,7 +431,22 @@ class CampaignSpec(Spec):
             return self
         for family in self.models:
             check_builds(family, self.models[family], lookback=min(self.task.lookback), horizon=self.task.horizon)
+            self._check_recipes(family)
         return self
+
+    def _check_recipes(self, family: str) -> None:
+        """Every scaling and loss the family's grid can combine makes a valid recipe (sMAPE needs mean scaling)."""
+        grid = self.models[family]
+        fam = registry.resolve(family)
+        if not (is_setting(fam, "scaling") and fam.kind == "neural"):
+            return
+        for scaling in grid.get("scaling", [self.task.scaling]):
+            for loss in grid.get("loss", [self.train.loss]):
+                try:
+                    self.recipe(family, {"scaling": scaling, "loss": loss})
+                except InputError as exc:
+                    loc = ("models", family, "loss") if "loss" in grid else ("train", "loss") if loss != "auto" else ("task", "scaling")
+                    raise LocatedError(loc, exc.problem, fix=exc.fix) from None
 
     # -- helpers for the rest of the campaign -----------------------------------------------
 
@@ -435,11 +459,21 @@ class CampaignSpec(Spec):
         return registry.resolve(family).kind
 
     def split_point(self, family: str, point: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A grid point as (model params, training overrides), each sorted by key."""
-        neural = self.kind(family) == "neural"
-        params = {k: point[k] for k in sorted(point) if not (neural and k in TRAIN_KEYS)}
-        train = {k: point[k] for k in sorted(point) if neural and k in TRAIN_KEYS}
+        """A grid point as (model params, training and window overrides), each sorted by key."""
+        fam = registry.resolve(family)
+        params = {k: point[k] for k in sorted(point) if not is_setting(fam, k)}
+        train = {k: point[k] for k in sorted(point) if is_setting(fam, k)}
         return params, train
+
+    def recipe(self, family: str, train: Mapping[str, Any]) -> Recipe:
+        """How a trial of `family` with these overrides is trained: scaling, loss, schedule (auto: the family's recipe)."""
+        return recipe(family, scaling=train.get("scaling", self.task.scaling), loss=train.get("loss", self.train.loss),
+                      schedule=train.get("schedule", self.train.schedule))
+
+    def windows(self, project: Project, lookback: int) -> WindowedProject:
+        """`project` cut for this task at `lookback` (global mode left-pads a series too short for it)."""
+        task = self.task
+        return make_windows(project, lookback, task.horizon, task.split.to_split(), task.stride, pad=task.mode == "global")
 
     def where(self, *loc: str | int) -> str:
         """``file:line`` of the deepest key of ``loc`` present in the file (the file alone if unknown)."""
@@ -451,10 +485,12 @@ class CampaignSpec(Spec):
         """The campaign's projects (``data.load`` with this file's folder and location)."""
         return self.data.load(self.base_dir, where=self.where("data", "projects"))
 
-    def fit_config(self, train: Mapping[str, Any], seed: int, *, device: str | None = None, tune_cache: str | None = None) -> FitConfig:
+    def fit_config(self, family: str, train: Mapping[str, Any], seed: int, *, device: str | None = None, tune_cache: str | None = None) -> FitConfig:
         """A trial's FitConfig (every trial and pack takes its settings from here): train settings +
-        overrides + seed, resources.memory_margin, and the worker's device and tune cache."""
-        config = self.train.fit_config(train, seed)
+        overrides + seed, the family's loss and schedule, resources.memory_margin, and the worker's device and tune cache."""
+        config = self.train.fit_config({k: v for k, v in train.items() if k not in WINDOW_KEYS}, seed)
+        settings = self.recipe(family, train)
+        config.loss, config.schedule = settings.loss, settings.schedule
         config.memory_margin = self.resources.memory_margin
         if device is not None:
             config.device = device

@@ -179,4 +179,6 @@ def _shape(spec: CampaignSpec, family: str, kind: str, params: dict[str, Any], t
     batch = train.get("batch_size", spec.train.batch_size)
     epochs = train.get("epochs", spec.train.epochs)
     model = " ".join(f"{key}={_canonical(value)}" for key, value in params.items())
-    return f"{family}[lookback={lookback} batch_size={batch} epochs={epochs} | {model}]"
+    # A pack's members share one loss and schedule (lr and scaling are each member's own).
+    shared = "".join(f" {key}={train[key]}" for key in ("loss", "schedule") if key in train)
+    return f"{family}[lookback={lookback} batch_size={batch} epochs={epochs}{shared} | {model}]"

@@ -109,13 +109,13 @@ class TrialRunner:
         self.device = device
         self.tune_cache = tune_cache
         self._projects: dict[str, Any] | None = None
-        self._windows: dict[tuple[str, int], Any] = {}
+        self._windows: dict[tuple[str, int, str], Any] = {}
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
         """Where a local worker sends which trials started and finished within a task (None: nowhere)."""
 
     def fit_config(self, trial: dict[str, Any]) -> Any:
         """The trial's FitConfig on this worker's device (the campaign's settings and memory margin)."""
-        return self.spec.fit_config(trial["train"], trial["seed"], device=self.device, tune_cache=self.tune_cache)
+        return self.spec.fit_config(trial["family"], trial["train"], trial["seed"], device=self.device, tune_cache=self.tune_cache)
 
     def note(self, message: dict[str, Any]) -> None:
         """{"started": [trial ids]} or {"result": a trial's message}: so a crash fails only the trial that was running."""
@@ -129,16 +129,26 @@ class TrialRunner:
         self.note({"result": message})
         return message
 
-    def windows(self, project: str, lookback: int) -> Any:
-        from gpufill.forecasting.data import make_windows
+    def windows(self, project: str, lookback: int, scaling: str = "project") -> Any:
+        """The project's windows at `lookback`, scaled per window by `scaling` (each cut and scaling made once)."""
+        from gpufill.forecasting.data.window_scaling import scale_windows
 
         if self._projects is None:
             self._projects = self.spec.data.load(self.base_dir)
-        key = (project, lookback)
+        key = (project, lookback, scaling)
         if key not in self._windows:
-            task = self.spec.task
-            self._windows[key] = make_windows(self._projects[project], lookback, task.horizon, task.split.to_split(), task.stride)
+            base = self._windows.get((project, lookback, "project")) or self.spec.windows(self._projects[project], lookback)
+            self._windows[(project, lookback, "project")] = base
+            self._windows[key] = scale_windows(base, scaling)
         return self._windows[key]
+
+    def recipe(self, trial: dict[str, Any]) -> Any:
+        """The trial's scaling, loss and schedule, each with its reason (forecasting.recipes)."""
+        return self.spec.recipe(trial["family"], trial["train"])
+
+    def trial_windows(self, trial: dict[str, Any], project: str | None = None) -> Any:
+        """The windows `trial` trains on (of `project` in global mode), scaled as its recipe says."""
+        return self.windows(project or trial["project"], trial["lookback"], self.recipe(trial).scaling)
 
     def run_task(self, task: dict[str, Any]) -> dict[str, Any]:
         """A task is one trial, or several neural trials of one shape to train as a fused pack."""
@@ -150,14 +160,23 @@ class TrialRunner:
         return run_pack(self, trials, task.get("pack_size"))
 
     def run(self, trial: dict[str, Any]) -> dict[str, Any]:
+        from gpufill.campaign.grid_checks import is_series_model
+        from gpufill.forecasting.models import registry
+
+        result = self._run(trial)
+        if not is_series_model(registry.resolve(trial["family"])):
+            self.recipe(trial).record(result["plan"], neural=trial["kind"] == "neural")
+        return result
+
+    def _run(self, trial: dict[str, Any]) -> dict[str, Any]:
         if trial["project"] == "*":
             from gpufill.campaign.global_mode import run_global
 
             if self._projects is None:
                 self._projects = self.spec.data.load(self.base_dir)
-            windows = [self.windows(name, trial["lookback"]) for name in self._projects]
+            windows = [self.trial_windows(trial, name) for name in self._projects]
             return run_global(windows, trial, self.spec, threads=self.threads, device=self.device)
-        windows = self.windows(trial["project"], trial["lookback"])
+        windows = self.trial_windows(trial)
         if trial["kind"] == "classical":
             from gpufill.forecasting.models.classical import train_classical
 

@@ -110,7 +110,7 @@ class FitConfig(SpeedSettings):
     min_lr_ratio: float = 0.0
     """Where warmup_cosine and linear end, as a share of the peak learning rate."""
     loss: Any = "mse"
-    """A name (mse, mae, huber, cross_entropy, bce_with_logits), a named loss object such as
+    """A name (mse, mae, huber, smape, cross_entropy, bce_with_logits), a named loss object such as
     CrossEntropy(ignore_index=0), or `fn(model, batch) -> Tensor | {"loss": Tensor, **metrics}`."""
     grad_clip: float | None = None
     """Max global gradient norm (None: off). Opt-in: on small models it costs ~8 % of a CPU step."""

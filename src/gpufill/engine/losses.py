@@ -52,9 +52,9 @@ class NamedLoss:
 
 @dataclass(frozen=True)
 class Regression(NamedLoss):
-    """mse, mae or huber on outputs shaped like the targets."""
+    """mse, mae, huber or smape on outputs shaped like the targets."""
 
-    kind: Literal["mse", "mae", "huber"] = "mse"
+    kind: Literal["mse", "mae", "huber", "smape"] = "mse"
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -73,11 +73,25 @@ class Regression(NamedLoss):
         return {"loss": _REGRESSION[self.kind](output, targets)}
 
 
+def smape_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Symmetric absolute percentage error, 2|y - f| / (|y| + |f|) (0 where both are 0): scale-free,
+    so values must keep their zero (a forecaster's windows scaled by their mean, not standardised)."""
+    error = 2 * (output - targets).abs() / (output.abs() + targets.abs()).clamp(min=1e-8)
+    return error.mean() if reduction == "mean" else error
+
+
 _REGRESSION: dict[str, Callable[..., torch.Tensor]] = {
     "mse": nn.functional.mse_loss,
     "mae": nn.functional.l1_loss,
     "huber": nn.functional.huber_loss,
+    "smape": smape_loss,
 }
+
+
+def per_sample_regression(kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(..., N) loss of each sample, the mean over its last dimension: what a fused pack masks and
+    averages per model (the mean of these over a batch is the named loss)."""
+    return _REGRESSION[kind](output, targets, reduction="none").mean(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -141,6 +155,7 @@ NAMED: dict[str, NamedLoss] = {
     "mse": Regression("mse"),
     "mae": Regression("mae"),
     "huber": Regression("huber"),
+    "smape": Regression("smape"),
     "cross_entropy": CrossEntropy(),
     "bce_with_logits": BCEWithLogits(),
 }

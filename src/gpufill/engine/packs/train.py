@@ -30,9 +30,14 @@ from gpufill.engine.plan import Choice, DataFacts, Plan, compile_for_steps, make
 from gpufill.engine.backend import backend_flags
 from gpufill.engine.precision import Precision
 from gpufill.engine.batches import signature
+from gpufill.engine.losses import per_sample_regression
 from gpufill.engine.measure.cache import TuneCache, shape_key
 
 Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+PACK_LOSSES = ("mse", "mae", "huber", "smape")
+"""The named regression losses a pack computes per sample and masks per model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,10 @@ class PackMember:
 
 def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, config: FitConfig) -> list[FitResult]:
     """Train `models` (same class and shapes) as one fused pack; one FitResult per model."""
+    if not (isinstance(config.loss, str) and config.loss in PACK_LOSSES):
+        raise ValueError(f"a pack trains on a regression loss ({', '.join(PACK_LOSSES)}), not {config.loss!r}: train these models one by one")
+    if config.schedule != "constant":
+        raise ValueError(f"a pack runs a constant lr, not schedule {config.schedule!r}: train these models one by one")
     k = len(models)
     counts = [int(m.train[0].shape[0]) for m in members]
     total_bytes = sum(t.numel() * t.element_size() for m in members for pair in (m.train, m.val) if pair is not None for t in pair)
@@ -197,7 +206,7 @@ class _PackRun:
         valid = self.positions.unsqueeze(0) < d.n.unsqueeze(1)  # (K, b): past a model's own windows, or padding
         with self.precision.autocast():
             prediction = self.forward(d.x[self.rows, self.index])
-        per_sample = (prediction.float() - d.y[self.rows, self.index].float()).pow(2).mean(dim=-1)
+        per_sample = per_sample_regression(self.cfg.loss, prediction.float(), d.y[self.rows, self.index].float())
         count = valid.sum(dim=1)
         per_model = (per_sample * valid).sum(dim=1) / count.clamp(min=1)
         ok = torch.isfinite(per_model)
@@ -280,7 +289,7 @@ class _PackRun:
         for start in range(0, vx.shape[1], chunk):
             with self.precision.autocast():
                 prediction = self.forward(vx[:, start : start + chunk])
-            per_sample = (prediction.float() - vy[:, start : start + chunk].float()).pow(2).mean(dim=-1)
+            per_sample = per_sample_regression(self.cfg.loss, prediction.float(), vy[:, start : start + chunk].float())
             valid = positions_all[start : start + chunk].unsqueeze(0) < n_val.unsqueeze(1)
             rows_total += (per_sample * valid).sum(dim=1)
         return (rows_total / n_val.clamp(min=1)).tolist()

@@ -97,16 +97,18 @@ def split_bounds(length: int, split: Split, horizon: int = 1) -> tuple[int, int]
     return train_end, length - n_test
 
 
-def _fits(length: int, lookback: int, horizon: int, split: Split) -> bool:
+def _fits(length: int, lookback: int, horizon: int, split: Split, *, pad: bool = False) -> bool:
+    """One training window and >= horizon val/test points; padded, the window needs one real input only."""
     n_val, n_test = _count(split.val, length), _n_test(split, length, horizon)
     train_end = length - n_val - n_test
     val_ok = n_val >= horizon if split.val else True
-    return train_end >= lookback + horizon and n_test >= horizon and val_ok
+    return train_end >= (1 if pad else lookback) + horizon and n_test >= horizon and val_ok
 
 
-def _minimum_length(lookback: int, horizon: int, split: Split) -> int:
+def _minimum_length(lookback: int, horizon: int, split: Split, *, pad: bool = False) -> int:
     """Shortest series that gives one train window and >= horizon test (and val) points."""
     _check_split(split)
+    lookback = 1 if pad else lookback  # padded, a window needs one real input
     # Analytic lower bound, then a short upward scan: rounding makes the exact bound jittery.
     # Each rounded fraction is at most f*T + 0.5, so train_end <= T*(1 - frac) - fixed + 0.5*n_frac.
     sizes = (split.val,) if split.backtest else (split.val, split.test)
@@ -180,11 +182,43 @@ class WindowedProject:
     """The season of the project's time index (statistical.season_length_of)."""
     backtest: bool = False
     """Test windows are rolling origins: metrics are the mean over origins, each origin's kept."""
+    padding: Padding | None = None
+    """Set when the series was too short for a full lookback and was left-padded (global mode)."""
+    window_scaling: WindowScaling | None = None
+    """Set when each window's target was scaled by its own inputs (forecasting.data.window_scaling)."""
 
     def inverse_target(self, scaled_pred: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Test predictions back in the original scale (each window's own scale when windows are scaled)."""
         if isinstance(scaled_pred, torch.Tensor):
             scaled_pred = scaled_pred.detach().to("cpu", torch.float64).numpy()
+        if self.window_scaling is not None:
+            return self.window_scaling.inverse_test(scaled_pred)
         return self.scaler.inverse_target(scaled_pred)
+
+
+@dataclass(frozen=True)
+class Padding:
+    """A short series left-padded by `size` steps (as neuralforecast does): padded inputs are 0 after
+    scaling (the scaler's centre); targets are always real. `real_*`: each window's count of real inputs."""
+
+    size: int
+    real_train: np.ndarray
+    real_val: np.ndarray
+    real_test: np.ndarray
+
+
+@dataclass(frozen=True)
+class WindowScaling:
+    """Each window's target scale: original = scaled * scale + loc, per window of each region ((N, 1) each)."""
+
+    how: str
+    train: tuple[np.ndarray, np.ndarray]
+    val: tuple[np.ndarray, np.ndarray]
+    test: tuple[np.ndarray, np.ndarray]
+
+    def inverse_test(self, scaled: np.ndarray) -> np.ndarray:
+        loc, scale = self.test
+        return np.asarray(scaled, dtype=np.float64) * scale + loc
 
 
 def _check_positive(where: str, **values: object) -> None:
@@ -225,13 +259,18 @@ SEASONS = {"D": 7, "B": 5, "W": 52, "MS": 12, "ME": 12, "M": 12, "QS": 4, "QE": 
 
 
 def make_windows(
-    project: Project, lookback: int, horizon: int, split: Split = Split(), stride: int = 1
+    project: Project, lookback: int, horizon: int, split: Split = Split(), stride: int = 1, *, pad: bool = False
 ) -> WindowedProject:
     """Cut ``project`` into scaled train/val/test windows.
 
     ``stride`` thins train and val windows (anchored at each region's last window, so the most
     recent data is always kept). Test windows always use stride 1, so test metrics cover every
     test point and stay comparable across strides.
+
+    ``pad``: a series too short for one full lookback before its first training target is
+    left-padded by lookback - 1 steps, and every window with at least one real input is kept
+    (global mode: short series are the norm in competition data). A series long enough is cut
+    exactly as without ``pad``.
     """
     where = f"project {project.name} ({project.source})"
     _check_positive(where, lookback=lookback, horizon=horizon, stride=stride)
@@ -254,11 +293,13 @@ def make_windows(
                 field=f"split.{field}",
             )
     length = project.length
-    if not _fits(length, lookback, horizon, split):
-        need = _minimum_length(lookback, horizon, split)
+    padded = pad and not _fits(length, lookback, horizon, split)
+    if not _fits(length, lookback, horizon, split, pad=pad):
+        need = _minimum_length(lookback, horizon, split, pad=pad)
+        needs = "one real input before its first training target" if pad else "one train window"
         raise InputError(
             f"series too short: length {length} < {need} needed for lookback={lookback}, horizon={horizon}, "
-            f"split val={split.val} test={split.test} (one train window and >= horizon val/test points)",
+            f"split val={split.val} test={split.test} ({needs} and >= horizon val/test points)",
             fix="lower lookback or horizon, or the split sizes, or use a longer series",
             where=where,
             field="length",
@@ -269,6 +310,10 @@ def make_windows(
     raw = np.column_stack([np.asarray(project.target, dtype=np.float64), covariates])
     scaler = Scaler.fit(raw[:train_end])
     scaled = scaler.transform(raw).astype(np.float32)
+    # Padded, times below are shifted by `shift`: the padding is 0 after scaling, the scaler's centre.
+    shift = lookback - 1 if padded else 0
+    if shift:
+        scaled = np.concatenate([np.zeros((shift, scaled.shape[1]), dtype=np.float32), scaled])
 
     # x_views[s] = scaled[s:s+lookback] as (lookback, F); a window whose targets start at t uses s = t-lookback.
     x_views = sliding_window_view(scaled, lookback, axis=0).transpose(0, 2, 1)
@@ -280,14 +325,18 @@ def make_windows(
         y = np.ascontiguousarray(y_views[starts])
         return torch.from_numpy(x), torch.from_numpy(y)
 
-    # Target-start ranges per region: [first, region_end - horizon].
-    train_t = _starts(lookback, train_end - horizon, stride)
+    # Target-start ranges per region: [first, region_end - horizon], in original times.
+    train_t = _starts(max(1, lookback - shift), train_end - horizon, stride)
     val_t = _starts(train_end, val_end - horizon, stride)
     # Every test point is scored (stride 1), or, for a backtest, its rolling origins only.
     test_t = val_end + split.backtest[1] * np.arange(split.backtest[0], dtype=np.int64) if split.backtest else _starts(val_end, length - horizon, 1)
-    x_train, y_train = cut(train_t)
-    x_val, y_val = cut(val_t)
-    x_test, y_test = cut(test_t)
+    x_train, y_train = cut(train_t + shift)
+    x_val, y_val = cut(val_t + shift)
+    x_test, y_test = cut(test_t + shift)
+    padding = None
+    if shift:
+        padding = Padding(size=shift, real_train=np.minimum(train_t, lookback), real_val=np.minimum(val_t, lookback),
+                          real_test=np.minimum(test_t, lookback))
 
     target = raw[:, 0]
     mase_scale = float(np.mean(np.abs(np.diff(target[:train_end])))) if train_end > 1 else 0.0
@@ -313,4 +362,5 @@ def make_windows(
         test_origins=test_t,
         season_length=season_length_of(project.time, project.source),
         backtest=split.backtest is not None,
+        padding=padding,
     )

@@ -1,0 +1,72 @@
+"""Per-window scaling of the target: each window's inputs set its own location and scale.
+
+Windows come out of `make_windows` standard-scaled per project (fitted on the train region).
+A global model over series of very different levels, or a series whose level drifts, often
+learns better from windows scaled by their own inputs, as neural forecasters do:
+
+- ``project``: the project's standard scaling only (no per-window step).
+- ``last``: subtract the window's last input value (NLinear): the model sees the path relative
+  to where it ends, in the project's units.
+- ``mean``: divide by the window's mean absolute input (DeepAR's mean scaling): level-free and
+  the origin stays at zero, so an sMAPE loss on scaled values is the sMAPE of the forecast.
+- ``standard``: subtract the window's mean, divide by its standard deviation (RevIN, PatchTST).
+
+Only the target (feature 0) is rescaled; covariates keep the project's scaling. Statistics use
+real inputs only (a padded window's padding is left out and stays 0). A zero scale (a flat
+window) falls back to the project's. Predictions come back through `WindowedProject.inverse_target`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, get_args
+
+import numpy as np
+import torch
+
+from gpufill.forecasting.data.windows import WindowedProject, WindowScaling
+
+ScalingName = Literal["project", "last", "mean", "standard"]
+SCALINGS: tuple[str, ...] = get_args(ScalingName)
+
+
+def scale_windows(windows: WindowedProject, how: str) -> WindowedProject:
+    """`windows` with each window's target scaled by `how` (the same object for ``project``)."""
+    if how not in SCALINGS:
+        raise ValueError(f"unknown scaling {how!r}; known: {', '.join(SCALINGS)}")
+    if how == "project":
+        return windows
+    padding = windows.padding
+    mean0, std0 = float(windows.scaler.mean[0]), float(windows.scaler.std[0])
+    regions = {}
+    for region in ("train", "val", "test"):
+        x, y = getattr(windows, f"x_{region}"), getattr(windows, f"y_{region}")
+        real = getattr(padding, f"real_{region}") if padding is not None else np.full(x.shape[0], windows.lookback)
+        regions[region] = _scale_region(x, y, real, how, mean0, std0)
+    changed = {f"{part}_{region}": tensors[i] for region, tensors in regions.items() for i, part in enumerate(("x", "y"))}
+    scaling = WindowScaling(how, **{region: tensors[2] for region, tensors in regions.items()})
+    return dataclasses.replace(windows, window_scaling=scaling, **changed)
+
+
+def _scale_region(x: torch.Tensor, y: torch.Tensor, real: np.ndarray, how: str, mean0: float, std0: float):
+    n, lookback = x.shape[0], x.shape[1]
+    if n == 0:
+        empty = np.zeros((0, 1))
+        return x, y, (empty, empty)
+    raw_x = x[:, :, 0].double().numpy() * std0 + mean0  # (N, lookback) the target's inputs, original scale
+    raw_y = y.double().numpy() * std0 + mean0
+    is_real = np.arange(lookback)[None, :] >= (lookback - np.asarray(real))[:, None]  # padding sits at the start
+    count = is_real.sum(axis=1, keepdims=True)
+    if how == "last":
+        loc, scale = raw_x[:, -1:], np.full((n, 1), std0)
+    elif how == "mean":
+        loc = np.zeros((n, 1))
+        scale = np.where(is_real, np.abs(raw_x), 0.0).sum(axis=1, keepdims=True) / count
+    else:  # standard
+        loc = np.where(is_real, raw_x, 0.0).sum(axis=1, keepdims=True) / count
+        scale = np.sqrt(np.where(is_real, (raw_x - loc) ** 2, 0.0).sum(axis=1, keepdims=True) / count)
+    scale = np.where(scale > 1e-12 * max(1.0, abs(mean0)), scale, std0)  # a flat window: the project's scale
+    scaled_x = x.clone()
+    scaled_x[:, :, 0] = torch.from_numpy(np.where(is_real, (raw_x - loc) / scale, 0.0).astype(np.float32))
+    scaled_y = torch.from_numpy(((raw_y - loc) / scale).astype(np.float32))
+    return scaled_x, scaled_y, (loc, scale)

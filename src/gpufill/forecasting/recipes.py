@@ -1,0 +1,78 @@
+"""How each built-in family is trained when the campaign leaves it to gpufill, and why.
+
+Three settings shape a forecaster's training beyond its architecture: how each window is
+scaled (`task.scaling`), the loss (`train.loss`) and the learning-rate schedule
+(`train.schedule`). Each is "auto" by default, which means the family's recipe below; a value
+in the campaign (or in a family's grid: ``lstm: {scaling: [mean, standard]}``) wins.
+The reasons are printed with the plan, so an ablation's reader knows what every family got.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpufill.errors import InputError
+
+AUTO = "auto"
+LOSSES = ("mse", "mae", "huber", "smape")
+SCHEDULES = ("constant", "warmup_cosine", "linear")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    scaling: str
+    loss: str
+    schedule: str
+    why: dict[str, str] = field(default_factory=dict, compare=False)
+    """setting -> the reason for its value."""
+
+    def record(self, plan: dict[str, Any], *, neural: bool) -> dict[str, Any]:
+        """`plan` (a result's {setting: {value, reason}}) with this recipe's settings and reasons; loss and
+        schedule only for a network (a classical model has neither)."""
+        for name in ("scaling", "loss", "schedule") if neural else ("scaling",):
+            plan[name] = {"value": getattr(self, name), "reason": self.why.get(name, "")}
+        return plan
+
+
+_MAE = "absolute error, as the competition metrics (MAE, MASE, sMAPE) are, and neuralforecast's default for every model: robust to outlying windows"
+_CONSTANT = ("constant lr with early stopping on validation: the stop decides the length; a decay would tie the result to the epoch "
+             "budget (warmup_cosine or linear on request)")
+
+RECIPES: dict[str, Recipe] = {
+    "mlp": Recipe("last", "mae", "constant", {
+        "scaling": "last value subtracted (NLinear): a feed-forward map learns the path's shape, not every level it may start from",
+        "loss": _MAE, "schedule": _CONSTANT}),
+    "lstm": Recipe("mean", "mae", "constant", {
+        "scaling": "mean scaling (DeepAR): the recurrence sees levels near 1, where its gates do not saturate",
+        "loss": _MAE, "schedule": _CONSTANT}),
+    "gru": Recipe("mean", "mae", "constant", {
+        "scaling": "mean scaling (DeepAR): the recurrence sees levels near 1, where its gates do not saturate",
+        "loss": _MAE, "schedule": _CONSTANT}),
+    "tcn": Recipe("standard", "mae", "constant", {
+        "scaling": "each window standardised (RevIN): convolutions see one range of values across series and time",
+        "loss": _MAE, "schedule": _CONSTANT}),
+    "transformer": Recipe("standard", "mae", "constant", {
+        "scaling": "each window standardised (RevIN, as PatchTST does): attention compares shapes, not levels",
+        "loss": _MAE, "schedule": _CONSTANT}),
+}
+
+GENERIC = Recipe("project", "mse", "constant", {
+    "scaling": "the project's standard scaling (fitted on its train region): what a window model gets unless its family has a recipe",
+    "loss": "mean squared error, the engine's default", "schedule": "constant lr, the engine's default"})
+"""Classical window models and the user's own families."""
+
+
+def recipe(family: str, *, scaling: str = AUTO, loss: str = AUTO, schedule: str = AUTO) -> Recipe:
+    """The family's recipe with the given (non-auto) settings in place of its defaults."""
+    base = RECIPES.get(family, GENERIC)
+    given = {name: value for name, value in (("scaling", scaling), ("loss", loss), ("schedule", schedule)) if value != AUTO}
+    resolved = replace(base, **given, why={**base.why, **dict.fromkeys(given, "set in the campaign")})
+    if resolved.loss == "smape" and resolved.scaling != "mean":
+        raise InputError(
+            f"loss smape with scaling {resolved.scaling} for {family}: sMAPE needs values whose zero is the series' zero",
+            fix="use scaling: mean with loss: smape (mean scaling keeps the origin), or loss: mae",
+            field="loss",
+        )
+    return resolved
+
