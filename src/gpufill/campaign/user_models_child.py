@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufill.campaign.grid_checks import check_builds, check_grid
-from gpufill.campaign.spec import TrainSpec
+from gpufill.campaign.spec import TaskSpec, TrainSpec
 from gpufill.campaign.spec_errors import LocatedError
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
@@ -27,7 +27,7 @@ def main(request: Path, answer: Path) -> None:
             continue
         entry: dict[str, Any] = {"kind": family.kind, "defaults": dict(family.defaults), "accepts_any": family.accepts_any, "error": None}
         try:
-            axes = check_grid(ref, grid, TrainSpec)
+            axes = check_grid(ref, grid, TrainSpec, TaskSpec)
             if asked["lookback"] is not None and asked["horizon"] is not None:
                 check_builds(ref, axes, lookback=asked["lookback"], horizon=asked["horizon"])
         except LocatedError as error:
