@@ -245,6 +245,9 @@ def test_a_short_series_is_left_padded_with_real_targets_and_a_long_one_is_cut_a
     long = _project(length=100)
     padded, plain = make_windows(long, 24, 6, Split(val=6, test=6), pad=True), make_windows(long, 24, 6, Split(val=6, test=6))
     assert padded.padding is None and torch.equal(padded.x_train, plain.x_train) and torch.equal(padded.y_test, plain.y_test)
+    # Too short for the validation split as well (M1's shortest: 30 + 18 held out): it trains on its whole history.
+    unvalidated = make_windows(_project(length=48), 24, 18, Split(val=18, test=18), pad=True)
+    assert unvalidated.x_val.shape[0] == 0 and unvalidated.x_train.shape[0] == 12 and unvalidated.fit_end == 30
     with pytest.raises(InputError, match=r"series too short: length 12 < 13 .*one real input"):  # no training target is left
         make_windows(_project(length=12), 24, 6, Split(val=0, test=6), pad=True)
 

@@ -290,6 +290,7 @@ def _too_short(projects: dict[str, Any], spec: Any) -> tuple[dict[tuple[str, int
     task = spec.task
     found: dict[tuple[str, int], str] = {}
     padded: dict[str, list[int]] = {}
+    unvalidated: set[str] = set()
     for project in projects.values():
         for lookback in sorted(set(task.lookback), reverse=True):
             try:
@@ -301,9 +302,12 @@ def _too_short(projects: dict[str, Any], spec: Any) -> tuple[dict[tuple[str, int
             else:
                 if windows.padding is not None:
                     padded.setdefault(project.name, []).append(lookback)
+                    if task.split.val and windows.x_val.shape[0] == 0:
+                        unvalidated.add(project.name)
                     continue
                 break  # a shorter lookback fits too
     notes = [f"project {name} (length {projects[name].length}) is left-padded at lookback {', '.join(map(str, sorted(lookbacks)))}: "
              "shorter than a full lookback before its first training target; its padded inputs are 0 after scaling and its targets are all real"
+             + ("; too short for the validation split as well, it trains on its whole history (the other projects validate)" if name in unvalidated else "")
              for name, lookbacks in sorted(padded.items())]
     return found, notes

@@ -7,7 +7,7 @@ earlier regions (that is what a forecaster sees at that time, so it is no leak).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -294,6 +294,9 @@ def make_windows(
             )
     length = project.length
     padded = pad and not _fits(length, lookback, horizon, split)
+    if pad and split.val and not _fits(length, lookback, horizon, split, pad=True) and _fits(length, lookback, horizon, replace(split, val=0), pad=True):
+        # One model over many series validates on the others: this one keeps its history for training.
+        split = replace(split, val=0)
     if not _fits(length, lookback, horizon, split, pad=pad):
         need = _minimum_length(lookback, horizon, split, pad=pad)
         needs = "one real input before its first training target" if pad else "one train window"
