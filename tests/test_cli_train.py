@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from gpufill.forecasting.recipes import RECIPES
 from tests.helpers import run_cli
 
 
@@ -24,6 +25,9 @@ def test_every_family_beats_the_naive_forecast_in_five_epochs(capsys, family):
     assert all(set(choice) == {"value", "reason"} for choice in result["plan"].values())
     assert result["timings"]["samples_per_s"] > 0 and result["timings"]["epoch_s"] > 0
     assert len(result["history"]) == 5
+    recipe = RECIPES[family]  # the campaign's recipe for the family: its scaling and loss, with the reasons
+    assert (result["plan"]["scaling"]["value"], result["plan"]["loss"]["value"]) == (recipe.scaling, recipe.loss)
+    assert result["plan"]["scaling"]["reason"] == recipe.why["scaling"]
 
 
 def test_human_output_shows_plan_metrics_and_speed(capsys):
@@ -86,6 +90,8 @@ def bad_cases(d):
         (["--model", "lstm", "--compile", "maybe"], ["--compile"]),
         (["--model", "lstm", "--batch-search", "sometimes"], ["--batch-search"]),
         (["--model", "lstm", "--nproc", 0], ["--nproc"]),
+        (["--model", "lstm", "--scaling", "max"], ["--scaling", "'max'", "mean"]),
+        (["--model", "mlp", "--loss", "smape"], ["--loss", "smape with scaling last", "scaling: mean"]),
         (["--model", "lstm", "--project", "nope"], ["nope"]),
         (["--model", "lstm", "--precision", "banana"], ["--precision", "banana", "bf16"]),
         (["--model", "lstm", "--lr", -1], ["--lr", "-1"]),

@@ -46,6 +46,8 @@ def train(
     project_column: str = typer.Option("project", "--project-column", help="Project column (csv/parquet)."),
     time_column: str | None = typer.Option(None, "--time-column", help="Time column (default: time/date/timestamp if present)."),
     fill: str = typer.Option("none", "--fill", help="NaN handling: none (error), ffill, interpolate or zero."),
+    scaling: str = typer.Option("auto", "--scaling", help="Per-window scaling: auto (the family's recipe), project, last, mean or standard."),
+    loss: str = typer.Option("auto", "--loss", help="Loss of a network: auto (the family's recipe), mse, mae, huber or smape."),
     checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="Save a checkpoint every epoch here."),
     resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint-dir's last checkpoint."),
     nproc: int = typer.Option(1, "--nproc", help="Processes for data-parallel training (DDP through torchrun): one per GPU, or CPU processes on gloo."),
@@ -64,7 +66,10 @@ def train(
     from gpufill.engine.hardware import check_device
     from gpufill.forecasting import task as forecast
     from gpufill.forecasting.data import Split
+    from gpufill.campaign.grid_checks import is_series_model
+    from gpufill.forecasting.data.window_scaling import SCALINGS, scale_windows
     from gpufill.forecasting.models import registry
+    from gpufill.forecasting.recipes import LOSSES, recipe
 
     params = parse_params(param)
     with _as_options():  # a bad setting names its command-line option, before any data is read
@@ -96,6 +101,12 @@ def train(
         time_column=time_column,
         fill=fill,
     )
+    settings = None
+    if not is_series_model(registry.resolve(model)):  # the campaign's recipe for the family (forecasting/recipes.py)
+        with _as_options():
+            settings = recipe(model, scaling=_one_of("--scaling", scaling, ("auto", *SCALINGS)), loss=_one_of("--loss", loss, ("auto", *LOSSES)))
+        windows = scale_windows(windows, settings.scaling)
+        config.loss, config.schedule = settings.loss, settings.schedule
     console = Console(stderr=as_json, quiet=quiet)
     if registry.resolve(model).kind == "classical":
         from gpufill.engine.hardware import cpu_count
@@ -107,6 +118,8 @@ def train(
     else:
         with render.EpochProgress(console) as progress:
             outcome = forecast.train_forecaster(windows, model, params, config=config, callbacks=[progress]).to_dict()
+    if settings is not None:
+        settings.record(outcome["plan"], neural=registry.resolve(model).kind == "neural")
     if quiet:
         pass
     elif as_json:
@@ -120,7 +133,13 @@ def train(
 # FitConfig fields -> the options that set them (for errors that name what the user typed).
 _OPTIONS = {"epochs": "--epochs", "lr": "--lr", "patience": "--patience", "seed": "--seed", "device": "--device", "precision": "--precision",
             "compile": "--compile", "batch_search": "--batch-search", "batch_size": "--batch-size", "lr_scale_rule": "--lr-scale",
-            "checkpoint_dir": "--checkpoint-dir", "resume": "--resume"}
+            "checkpoint_dir": "--checkpoint-dir", "resume": "--resume", "loss": "--loss"}
+
+
+def _one_of(option: str, value: str, known: tuple[str, ...]) -> str:
+    if value not in known:
+        raise InputError(f"{option} {value!r} is not a choice", where="command line", field=option, fix=f"pass {option} as one of {', '.join(known)}")
+    return value
 
 
 @contextlib.contextmanager
