@@ -67,6 +67,6 @@ if [ "$part" = 7 ] || [ "$part" = all ]; then
   step watch-script 120 python3 -m gpufill watch --out "$out/watch-cuda_training" -- python3 tests/user_scripts/cuda_training.py 20
 fi
 if [ "$part" = 8 ] || [ "$part" = all ]; then
-  step forecast_quality 570 python3 bench/forecast_quality.py --families lstm,gru,tcn,transformer,mlp,linear --seeds 3 --epochs 30 --out "$out/forecast_quality.json"
+  step forecast_quality 570 python3 bench/forecast_quality.py --families lstm,gru,tcn,transformer,mlp,linear --seeds 3 --epochs 30 --lookback 24 --val --out "$out/forecast_quality.json"
 fi
 ls -la "$out"
