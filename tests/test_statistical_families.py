@@ -91,11 +91,16 @@ def test_the_summary_measures_every_family_against_the_seasonal_naive(tmp_path, 
     assert code == 0 and "vs snaive" in out
 
 
-def test_in_local_mode_a_too_short_project_sits_out_the_lookbacks_it_cannot_hold(tmp_path):
+def _long_and_short_sales(folder) -> None:
+    """sales.csv: a 200- and a 45-point store around 50, swinging by 5."""
     rng = np.random.default_rng(0)
     lengths = {"long": 200, "short": 45}
     frame = pd.concat([pd.DataFrame({"store": name, "y": 50 + np.sin(np.arange(n) / 2) * 5 + rng.normal(0, 1, n)}) for name, n in lengths.items()])
-    frame.to_csv(tmp_path / "sales.csv", index=False)
+    frame.to_csv(folder / "sales.csv", index=False)
+
+
+def test_in_local_mode_a_too_short_project_sits_out_the_lookbacks_it_cannot_hold(tmp_path):
+    _long_and_short_sales(tmp_path)
     path = tmp_path / "c.yaml"
     path.write_text("name: short\ndata: {source: sales.csv, target: y, project_column: store}\n"
                     "task: {lookback: [8, 40], horizon: 1, split: {val: 0.1, test: 0.2}}\nmodels: {linear: {}, snaive: {season_length: 4}}\nseeds: [0]\n")
@@ -117,10 +122,7 @@ def test_in_local_mode_a_too_short_project_sits_out_the_lookbacks_it_cannot_hold
 def test_in_global_mode_a_padded_short_series_trains_and_scores(tmp_path):
     """One model over a long and a short series: at lookback 40 the short one (45 points, 31 before its
     validation) is left-padded; a network, a window regressor and seasonal naive all score it."""
-    rng = np.random.default_rng(0)
-    lengths = {"long": 200, "short": 45}
-    frame = pd.concat([pd.DataFrame({"store": name, "y": 50 + np.sin(np.arange(n) / 2) * 5 + rng.normal(0, 1, n)}) for name, n in lengths.items()])
-    frame.to_csv(tmp_path / "sales.csv", index=False)
+    _long_and_short_sales(tmp_path)
     path = tmp_path / "c.yaml"
     path.write_text("name: padded\ndata: {source: sales.csv, target: y, project_column: store}\n"
                     "task: {lookback: [40], horizon: 2, mode: global, split: {val: 0.1, test: 0.2}}\n"

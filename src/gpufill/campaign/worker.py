@@ -137,9 +137,8 @@ class TrialRunner:
             self._projects = self.spec.data.load(self.base_dir)
         key = (project, lookback, scaling)
         if key not in self._windows:
-            base = self._windows.get((project, lookback, "project")) or self.spec.windows(self._projects[project], lookback)
-            self._windows[(project, lookback, "project")] = base
-            self._windows[key] = scale_windows(base, scaling)
+            cut = self.windows(project, lookback) if scaling != "project" else self.spec.windows(self._projects[project], lookback)
+            self._windows[key] = scale_windows(cut, scaling)  # the cut itself for "project"
         return self._windows[key]
 
     def recipe(self, trial: dict[str, Any]) -> Any:

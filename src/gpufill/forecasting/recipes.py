@@ -39,22 +39,19 @@ _MAE = "absolute error, as the competition metrics (MAE, MASE, sMAPE) are, and n
 _CONSTANT = ("constant lr with early stopping on validation: the stop decides the length; a decay would tie the result to the epoch "
              "budget (warmup_cosine or linear on request)")
 
+def _network(scaling: str, why: str) -> Recipe:
+    """A built-in network's recipe: its own scaling, MAE and a constant lr (the reasons above)."""
+    return Recipe(scaling, "mae", "constant", {"scaling": why, "loss": _MAE, "schedule": _CONSTANT})
+
+
+_RECURRENT = _network("mean", "mean scaling (DeepAR): the recurrence sees levels near 1, where its gates do not saturate")
+
 RECIPES: dict[str, Recipe] = {
-    "mlp": Recipe("last", "mae", "constant", {
-        "scaling": "last value subtracted (NLinear): a feed-forward map learns the path's shape, not every level it may start from",
-        "loss": _MAE, "schedule": _CONSTANT}),
-    "lstm": Recipe("mean", "mae", "constant", {
-        "scaling": "mean scaling (DeepAR): the recurrence sees levels near 1, where its gates do not saturate",
-        "loss": _MAE, "schedule": _CONSTANT}),
-    "gru": Recipe("mean", "mae", "constant", {
-        "scaling": "mean scaling (DeepAR): the recurrence sees levels near 1, where its gates do not saturate",
-        "loss": _MAE, "schedule": _CONSTANT}),
-    "tcn": Recipe("standard", "mae", "constant", {
-        "scaling": "each window standardised (RevIN): convolutions see one range of values across series and time",
-        "loss": _MAE, "schedule": _CONSTANT}),
-    "transformer": Recipe("standard", "mae", "constant", {
-        "scaling": "each window standardised (RevIN, as PatchTST does): attention compares shapes, not levels",
-        "loss": _MAE, "schedule": _CONSTANT}),
+    "mlp": _network("last", "last value subtracted (NLinear): a feed-forward map learns the path's shape, not every level it may start from"),
+    "lstm": _RECURRENT,
+    "gru": _RECURRENT,
+    "tcn": _network("standard", "each window standardised (RevIN): convolutions see one range of values across series and time"),
+    "transformer": _network("standard", "each window standardised (RevIN, as PatchTST does): attention compares shapes, not levels"),
 }
 
 GENERIC = Recipe("project", "mse", "constant", {
