@@ -93,6 +93,23 @@ def test_overhead_bound_when_doubling_the_batch_barely_costs_time():
     assert "micro-batch" in verdict.fix and "pack" in verdict.fix and "CUDA graphs" in verdict.fix
 
 
+def test_without_the_batch_probe_the_roofline_finds_a_fixed_cost():
+    # A script's own batch: no t(2b). 10 ms of compute; FLOPs worth 1 ms and bytes worth 2 ms at the measured rates.
+    script = dict(compute_2b_s=None, flops_per_step=0.001 * 50e12, bytes_per_step=0.002 * 3000e9, ops_per_step=400)
+    verdict = classify(timings(**script), H100_YARDSTICK)
+    assert verdict.kind == "launch/overhead-bound"
+    assert verdict.evidence["flops_share_of_compute"] == pytest.approx(0.1)
+    assert verdict.evidence["bytes_share_of_compute"] == pytest.approx(0.2)
+    assert verdict.expected_gain == pytest.approx(2 / 1.2)  # twice the batch adds at most the explained 20 %
+    assert "400 operators, 25.0 us each" in verdict.reason and "1.20x the time" in verdict.reason
+    # Bytes explaining 40 % of the time: memory-bound (the FLOP share is 10 %), never overhead.
+    assert classify(timings(**{**script, "bytes_per_step": 0.004 * 3000e9}), H100_YARDSTICK).kind == "memory-bound"
+    # A measured probe outranks the roofline: scaling 1.9 with the same counts is not overhead-bound.
+    assert classify(timings(**{**script, "compute_2b_s": 0.019}), H100_YARDSTICK).kind == "memory-bound"
+    # Without a byte count the roofline is not used (the old rule: FLOP share 10 % -> memory-bound).
+    assert classify(timings(**{**script, "bytes_per_step": None}), H100_YARDSTICK).kind == "memory-bound"
+
+
 def test_input_share_wins_over_overhead():
     verdict = classify(timings(data_s=0.05, compute_2b_s=0.0101), CPU_YARDSTICK)
     assert verdict.kind == "input-bound"

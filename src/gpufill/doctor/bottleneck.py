@@ -8,7 +8,11 @@ tested with constructed numbers. The rules, checked in this order, first match w
    >= 40 % of a step. Nothing else matters until that is fixed, so it is checked first.
 2. ``launch/overhead-bound``: doubling the micro-batch raises the compute time by less
    than 1.3x: a fixed cost per step (kernel launches, Python, the optimizer's per-tensor
-   loop) dominates, not the work on the samples.
+   loop) dominates, not the work on the samples. Where the batch cannot be doubled (a
+   user's own script runs at its own batch), the roofline stands in for the probe: when
+   neither the step's FLOPs at the measured matmul rate nor its bytes at the measured copy
+   rate explain 30 % of the compute time, the rest is a fixed cost, and doubling the batch
+   would add at most the explained share: the same 1.3x threshold.
 3. ``compute-bound``: the time scales with the batch and the achieved FLOP/s is >= 30 %
    of the matmul rate the speed test measured on this device, in the same precision.
 4. ``memory-bound``: the time scales with the batch but the FLOP/s is far below the
@@ -62,6 +66,10 @@ class PhaseTimings:
     """Forward + backward FLOPs at `batch_size` (torch's FlopCounterMode); None: not countable."""
     syncs_per_step: float | None = None
     """Implicit host-device syncs per step (CUDA sync debug mode); None where not measurable."""
+    bytes_per_step: float | None = None
+    """Bytes the step's operators read and write (inputs + outputs, counted once per operator); None: not counted."""
+    ops_per_step: int | None = None
+    """Computing operators (kernel launches on a GPU) per step; None: not counted."""
 
     @property
     def step_s(self) -> float:
@@ -95,6 +103,15 @@ class PhaseTimings:
     @property
     def achieved_tflops(self) -> float | None:
         return None if self.flops_per_step is None else self.flops_per_step / self.compute_s / 1e12
+
+    def roofline_shares(self, yardstick: Yardstick) -> tuple[float, float] | None:
+        """Shares of the compute time the step's FLOPs (at the measured matmul rate) and its bytes (at the
+        measured copy rate) account for; None where either was not counted."""
+        if self.flops_per_step is None or self.bytes_per_step is None or self.compute_s <= 0:
+            return None
+        flops_s = self.flops_per_step / (yardstick.matmul_tflops * 1e12)
+        bytes_s = self.bytes_per_step / (yardstick.memory_gbps * 1e9)
+        return flops_s / self.compute_s, bytes_s / self.compute_s
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -154,11 +171,24 @@ def classify(timings: PhaseTimings, yardstick: Yardstick) -> Verdict:
         "measured_matmul_tflops": yardstick.matmul_tflops,
         "matmul_share": matmul_share,
         "syncs_per_step": timings.syncs_per_step,
+        "ops_per_step": timings.ops_per_step,
+        "bytes_per_step": timings.bytes_per_step,
     }
     if timings.input_share >= INPUT_SHARE:
         return _input_bound(timings, yardstick, evidence)
     if scaling is not None and scaling < SCALING_OVERHEAD:
-        return _overhead_bound(timings, yardstick, evidence, scaling)
+        reason = (f"compute at batch {2 * timings.batch_size} takes {scaling:.2f}x the time at {timings.batch_size} (< {SCALING_OVERHEAD}): "
+                  "a fixed cost per step dominates, not the samples")
+        return _overhead_bound(yardstick, evidence, scaling, reason)
+    roofline = timings.roofline_shares(yardstick) if scaling is None else None
+    if roofline is not None and 1.0 + max(roofline) < SCALING_OVERHEAD:
+        explained = max(roofline)
+        evidence |= {"flops_share_of_compute": roofline[0], "bytes_share_of_compute": roofline[1]}
+        ops = f" ({timings.ops_per_step} operators, {timings.compute_s / timings.ops_per_step * 1e6:.1f} us each)" if timings.ops_per_step else ""
+        reason = (f"the step's FLOPs explain {roofline[0]:.0%} and its bytes {roofline[1]:.0%} of its {timings.compute_s * 1e3:.2f} ms of compute "
+                  f"at the rates measured here (< {SCALING_OVERHEAD - 1:.0%}): the rest{ops} is a fixed cost per step, so twice the batch "
+                  f"would take about {1 + explained:.2f}x the time")
+        return _overhead_bound(yardstick, evidence, 1.0 + explained, reason)
     scales = f"t(2b)/t(b) = {scaling:.2f} (>= {SCALING_OVERHEAD})" if scaling is not None else "scaling with the batch not measured (2b did not fit, or the batch is the script's own)"
     if matmul_share is None:
         # Without a FLOP count the two cannot be told apart; compute-bound is the verdict whose fix
@@ -194,9 +224,7 @@ def _input_bound(t: PhaseTimings, y: Yardstick, evidence: dict[str, float | None
                    expected_gain_reason=f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x: the step shrinks to its compute when the input wait is gone")
 
 
-def _overhead_bound(t: PhaseTimings, y: Yardstick, evidence: dict[str, float | None], scaling: float) -> Verdict:
-    reason = (f"compute at batch {2 * t.batch_size} takes {scaling:.2f}x the time at {t.batch_size} (< {SCALING_OVERHEAD}): "
-              "a fixed cost per step dominates, not the samples")
+def _overhead_bound(y: Yardstick, evidence: dict[str, float | None], scaling: float, reason: str) -> Verdict:
     graphs = "torch.compile (mode='reduce-overhead' uses CUDA graphs)" if y.device_type == "cuda" else "torch.compile to cut per-op Python and dispatch cost"
     fix = (f"raise the micro-batch (gpufill.fit's batch choice and gpufill's batch search do), fuse several same-shape models into one "
            f"pack (gpufill campaigns do), or {graphs}")

@@ -66,6 +66,7 @@ class ScriptDiagnosis:
             "training": describe(report),
             "shares": None if self.timings is None else {k: round(v, 4) for k, v in self.timings.shares.items()},
             "step_ms": None if self.timings is None else round(self.timings.step_s * 1e3, 4),
+            "timed_on": report.get("timeline"),
             "syncs": report.get("syncs", {}),
             "verdict": None if self.verdict is None else self.verdict.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
@@ -130,7 +131,8 @@ def _timings(report: dict[str, Any], statistic: Literal["median", "mean"]) -> Ph
     syncs = sum(report["syncs"].values()) / measured
     return PhaseTimings(data_s=typical("data_s"), copy_s=typical("copy_s"), forward_s=typical("forward_s"), backward_s=typical("backward_s"),
                         optimizer_s=typical("optimizer_s"), batch_size=report["batch_size"] or 0, steps=measured, compute_b_s=compute,
-                        compute_2b_s=None, flops_per_step=report["flops_per_step"], syncs_per_step=syncs)
+                        compute_2b_s=None, flops_per_step=report["flops_per_step"], syncs_per_step=syncs,
+                        ops_per_step=report.get("ops_per_step"), bytes_per_step=report.get("bytes_per_step"))
 
 
 def _yardstick(report: dict[str, Any]) -> Any:
@@ -143,22 +145,47 @@ def _yardstick(report: dict[str, Any]) -> Any:
     return yardstick(hardware, run_speed_test(hardware), data_bytes=None, free_bytes=free_memory_bytes(hardware))
 
 
+FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD"})
+"""Optimizers with a fused implementation on both CPU and CUDA in torch >= 2.4."""
+
+
 def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Verdict | None) -> list[Finding]:
-    findings: list[Finding] = []
     on_gpu = any(d.startswith("cuda") for d in report["devices"])
-    if verdict is not None and verdict.kind == "input-bound" and timings is not None:
+    findings = _verdict_findings(report, timings, verdict, on_gpu)
+    findings += _sync_findings(report)
+    findings += _precision_findings(report, on_gpu)
+    findings += _optimizer_findings(report, timings)
+    findings.sort(key=lambda f: -(f.gain or 0.0))
+    return findings
+
+
+def _verdict_findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Verdict | None, on_gpu: bool) -> list[Finding]:
+    """The verdict's fix, named at the DataLoader line where the script sets what it depends on."""
+    if verdict is None or timings is None:
+        return []
+    loaders = report["loaders"]
+    if verdict.kind == "input-bound" and loaders:
         share = timings.input_share
         gain = 1.0 / max(1.0 - share, 1e-9)
-        for loader in report["loaders"]:
-            workers = max(1, (os.cpu_count() or 2) - 1)
-            settings = f"num_workers={loader['num_workers']}, pin_memory={loader['pin_memory']}"
-            findings.append(Finding(f"DataLoader({settings}) at {loader['at']}: {share:.0%} of each step waits for data; try num_workers={workers}, "
-                                    f"persistent_workers=True" + (", pin_memory=True" if on_gpu else ""),
-                                    gain, f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x", where=loader["at"]))
-        if not report["loaders"]:
-            findings.append(Finding(verdict.fix, verdict.expected_gain, verdict.expected_gain_reason))
-    elif verdict is not None:
-        findings.append(Finding(verdict.fix, verdict.expected_gain, verdict.expected_gain_reason))
+        workers = max(1, (os.cpu_count() or 2) - 1)
+        return [Finding(f"DataLoader(num_workers={loader['num_workers']}, pin_memory={loader['pin_memory']}) at {loader['at']}: {share:.0%} of each "
+                        f"step waits for data; try num_workers={workers}, persistent_workers=True" + (", pin_memory=True" if on_gpu else ""),
+                        gain, f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x", where=loader["at"]) for loader in loaders]
+    sized = [loader for loader in loaders if loader["batch_size"]]
+    if verdict.kind != "launch/overhead-bound" or not sized:
+        return [Finding(verdict.fix, verdict.expected_gain, verdict.expected_gain_reason)]
+    findings = [Finding(f"DataLoader(batch_size={loader['batch_size']}) at {loader['at']}: each step's fixed cost does not grow with the batch; "
+                        f"try batch_size={2 * loader['batch_size']}, {4 * loader['batch_size']}, {8 * loader['batch_size']} and scale the lr "
+                        "with it (linearly for SGD, by the square root for Adam)", verdict.expected_gain, verdict.expected_gain_reason,
+                        where=loader["at"]) for loader in sized]
+    compile_how = "torch.compile(model, mode='reduce-overhead') (CUDA graphs)" if on_gpu else "torch.compile(model)"
+    findings.append(Finding(f"{compile_how}: fewer, fused operators per step cut the fixed cost itself", None,
+                            "not estimable before trying: it depends on how much of the model compiles into one graph"))
+    return findings
+
+
+def _sync_findings(report: dict[str, Any]) -> list[Finding]:
+    findings = []
     steps = max(1, report["measured_steps"])
     for site, count in sorted(report["syncs"].items(), key=lambda item: -item[1]):
         per_step = count / steps
@@ -168,21 +195,36 @@ def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Ver
                                 "sync); keep the value on the device (accumulate losses in a tensor) and read it once per epoch or every N steps",
                                 None, "not estimable from here: the gain is the time the GPU's queue drains, largest for small models",
                                 where=site.split(" at ", 1)[1]))
+    return findings
+
+
+def _precision_findings(report: dict[str, Any], on_gpu: bool) -> list[Finding]:
     dtypes = report["matmul_dtypes"]
-    if on_gpu and dtypes and set(dtypes) <= {"float32"}:
-        backward_at = report.get("backward_at")
-        before = f" (the forward and loss before the backward at {backward_at})" if backward_at else ""
-        findings.append(Finding(f"every matmul runs in float32: wrap the forward and loss in torch.autocast('cuda', dtype=torch.bfloat16){before}",
-                                None, "the compute-bound verdict's gain applies when that is the verdict", where=backward_at))
-        if not report["flags"]["tf32_matmul"] and report["flags"]["float32_matmul_precision"] == "highest":
-            findings.append(Finding("TF32 is off: torch.backends.cuda.matmul.allow_tf32 = True (or torch.set_float32_matmul_precision('high'))",
-                                    None, "float32 matmuls on tensor cores, ~8x the fp32 rate on A100/H100"))
+    if not (on_gpu and dtypes and set(dtypes) <= {"float32"}):
+        return []
+    backward_at = report.get("backward_at")
+    before = f" (the forward and loss before the backward at {backward_at})" if backward_at else ""
+    findings = [Finding(f"every matmul runs in float32: wrap the forward and loss in torch.autocast('cuda', dtype=torch.bfloat16){before}",
+                        None, "the compute-bound verdict's gain applies when that is the verdict", where=backward_at)]
+    if not report["flags"]["tf32_matmul"] and report["flags"]["float32_matmul_precision"] == "highest":
+        findings.append(Finding("TF32 is off: torch.backends.cuda.matmul.allow_tf32 = True (or torch.set_float32_matmul_precision('high'))",
+                                None, "float32 matmuls on tensor cores, ~8x the fp32 rate on A100/H100"))
+    return findings
+
+
+def _optimizer_findings(report: dict[str, Any], timings: PhaseTimings | None) -> list[Finding]:
+    """A fused optimizer (one kernel for all parameters instead of several per tensor), on CPU and GPU alike."""
+    findings = []
+    share = None if timings is None else timings.shares["optimizer"]
     for optimizer in report["optimizers"]:
-        if on_gpu and not optimizer.get("fused"):
-            built = f" at {optimizer['at']}" if optimizer.get("at") else ""
-            findings.append(Finding(f"{optimizer['class']}(..., fused=True){built}: one kernel for all {optimizer['tensors']} parameter tensors",
-                                    None, "the optimizer step's launches shrink from several per tensor to a few", where=optimizer.get("at")))
-    findings.sort(key=lambda f: -(f.gain or 0.0))
+        if optimizer.get("fused") or optimizer["class"] not in FUSED_OPTIMIZERS:
+            continue
+        built = f" at {optimizer['at']}" if optimizer.get("at") else ""
+        gain = None if share is None else 1.0 / max(1.0 - share, 1e-9)
+        why = ("not estimable: no step times" if gain is None else
+               f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x if the optimizer's {share:.0%} of the step went to nothing; fused cuts it several-fold")
+        findings.append(Finding(f"{optimizer['class']}(..., fused=True){built}: one kernel for all {optimizer['tensors']} parameter tensors "
+                                f"instead of several per tensor", gain, why, where=optimizer.get("at")))
     return findings
 
 
@@ -196,6 +238,7 @@ def describe(report: dict[str, Any]) -> dict[str, Any]:
         "parameters": sum(o["parameters"] for o in optimizers),
         "optimizer": ", ".join(o["class"] for o in optimizers) or None,
         "flops_per_step": report["flops_per_step"],
+        "ops_per_step": report.get("ops_per_step"),
         "batch_size": report["batch_size"],
         "precision": ", ".join(f"{d} ({n} matmuls)" for d, n in sorted(dtypes.items())) or None,
         "tf32": report["flags"]["tf32_matmul"] or report["flags"]["float32_matmul_precision"] != "highest",

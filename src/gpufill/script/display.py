@@ -23,7 +23,8 @@ def print_script_report(record: dict[str, Any], console: Console) -> None:
             table.add_row("DataLoader", Text(loader_text(loader)))
         console.print(table)
     if record["shares"]:
-        shares = Table(title=f"where a step's {record['step_ms']:.3g} ms go (medians)", title_justify="left")
+        clock = "; on the GPU's timeline (CUDA events)" if record.get("timed_on") == "gpu" else ""
+        shares = Table(title=f"where a step's {record['step_ms']:.3g} ms go (medians{clock})", title_justify="left")
         for name in record["shares"]:
             shares.add_column(name.replace("_", " "), justify="right")
         shares.add_row(*(f"{v:.0%}" for v in record["shares"].values()))

@@ -1,0 +1,324 @@
+"""The state of gpufill's instrumentation inside a user's process (instrument.py installs the hooks that
+feed it): each optimizer step's marks, their digest into per-step phases (data wait, copy, backward,
+optimizer, the rest as forward) on the host's or the GPU's clock (clocks.py), host reads of device
+values per script line, one step's census (FLOPs, operators, bytes, matmul dtypes), and the JSON
+report written per process (per rank under torchrun).
+
+The hot path (every optimizer step) only appends one tuple of marks; everything else happens once
+per timeline interval (a whole run) or at the end (a doctor's N steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpufill.script.clocks import Clock, CudaClock, HostClock
+
+WHOLE_RUN = 0
+"""GPUFILL_SCRIPT_STEPS for a watch: never stop the script."""
+STOPPED_EXIT = 0
+DIGEST_EVERY = 4096
+"""Marks digested at the latest after this many steps (very fast steps within one timeline interval)."""
+RECORDS_KEPT = 10_000
+"""Per-step records kept for medians (a doctor's few dozen; a day-long watch keeps totals and its timeline)."""
+PHASES = ("step_s", "data_s", "copy_s", "backward_s", "optimizer_s", "forward_s")
+
+_clock = time.perf_counter
+_HERE = str(Path(__file__).resolve().parent.parent)  # the gpufill package: its frames are not "the script's line"
+
+
+class Recorder:
+    """The hooks' shared state. The hot path (every optimizer step) only appends one tuple of clock
+    marks, (end, optimizer start, the step's data/copy/backward spans); `_digest` turns them into
+    per-step phases, (step, data, copy, backward, optimizer, forward) seconds in PHASES order, once
+    per timeline interval (a whole run) or at the end (a doctor's N steps)."""
+
+    def __init__(self, out: Path, steps: int, warmup: int, bucket_s: float = 1.0, settings: tuple[str, ...] = ()):
+        self.out, self.steps, self.warmup, self.bucket_s, self.settings = out, steps, warmup, bucket_s, settings
+        self.whole_run = steps == WHOLE_RUN
+        self.stop_at = -1 if self.whole_run else warmup + steps
+        self.flop_step = max(1, warmup - 1)  # FLOPs counted on the next step: the last warm-up step (compiled, autotuned)
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.step_count = 0
+        self.measuring = warmup == 0
+        self.clock: Clock = HostClock()
+        self.now: Callable[[], Any] = self.clock.now
+        """A mark on the clock the phases are timed by (the host's; the GPU's once a doctor's training is seen on one)."""
+        self.pre_at: Any = None
+        self.spans: list[Any] = self.clock.fresh()
+        self.marks: list[tuple[Any, Any, list[Any]]] = []
+        """(end of the step, start of its optimizer step, its spans) per step not yet digested."""
+        self.first_mark = 1
+        """The step number (1-based) whose end is marks[0]: after a digest the last mark stays, the next step starts at it."""
+        self.next_digest = time.perf_counter() + bucket_s
+        self.wall_offset = time.time() - time.perf_counter()
+        self.records: list[tuple[float, ...]] = []
+        self.totals = [0.0] * len(PHASES)
+        self.measured = 0
+        self.syncs: Counter[str] = Counter()
+        self._sites: dict[tuple[str, str, int], str | None] = {}
+        self.loaders: list[dict[str, Any]] = []
+        self.optimizers: dict[int, dict[str, Any]] = {}
+        self.built_at: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        """The script's line that built each optimizer (for `fused=True` there)."""
+        self.backward_at: str | None = None
+        self.batch_size: int | None = None
+        self.flops: float | None = None
+        self.matmul_dtypes: Counter[str] = Counter()
+        self.devices: set[str] = set()
+        self.written = False
+        self.started_at = time.time()
+        self.stop_reason = "the script ended before the measured steps"
+        self.error: str | None = None
+        self.ops: int | None = None
+        self.bytes: int | None = None
+        self._flop_mode: Any = None
+        self._census: Any = None
+
+    # -- the hot path -----------------------------------------------------------------------
+    def pre_step(self, optimizer: Any, *_: Any) -> None:
+        if id(optimizer) not in self.optimizers:
+            self._first_seen(optimizer)
+        self.pre_at = self.now()
+
+    def add(self, kind: int, start: Any) -> None:
+        """A data wait, copy or backward (clocks.DATA, COPY, BACKWARD) that began at `start` ends now."""
+        self.spans[kind] += _clock() - start
+
+    def _add_on_gpu(self, kind: int, start: Any) -> None:
+        self.spans.append((kind, start, self.now()))
+
+    def post_step(self, optimizer: Any, *_: Any) -> None:
+        self.marks.append((self.now(), self.pre_at, self.spans))
+        self.spans = self.clock.fresh()
+        now = _clock()
+        self.step_count += 1
+        self.measuring = self.step_count >= self.warmup  # for the syncs: a doctor's run stops at stop_at
+        if self._flop_mode is not None or self.step_count == self.flop_step:
+            self._count_flops_around()
+        if now >= self.next_digest or len(self.marks) >= DIGEST_EVERY:
+            self._digest()
+        if self.step_count == self.stop_at:
+            self.stop_reason = f"stopped after {self.warmup} warm-up and {self.steps} measured steps"
+            self.write()
+            raise SystemExit(STOPPED_EXIT)
+
+    # -- off the hot path -------------------------------------------------------------------
+    def _first_seen(self, optimizer: Any) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.optimizers[id(optimizer)] = {"class": type(optimizer).__name__, "parameters": int(sum(p.numel() for p in params)),
+                                          "tensors": len(params), "lr": optimizer.param_groups[0].get("lr"),
+                                          "foreach": optimizer.defaults.get("foreach"), "fused": optimizer.defaults.get("fused"),
+                                          "at": self.built_at.get(optimizer)}
+        self.devices.update(str(p.device) for p in params)
+        if not self.whole_run and isinstance(self.clock, HostClock) and any(p.is_cuda for p in params):
+            self._time_on_the_gpu()
+
+    def _time_on_the_gpu(self, clock: Clock | None = None) -> None:
+        """From this step on, the phases are timed on the GPU's timeline (clocks.py says why). The steps
+        before it (warm-up: a training is seen at its first optimizer step) had host marks: dropped."""
+        if clock is None:
+            import torch
+
+            clock = CudaClock(torch)
+        self.clock = clock
+        self.now = self.clock.now
+        self.add = self._add_on_gpu  # type: ignore[method-assign]
+        self.spans = self.clock.fresh()
+        self.marks.clear()
+        self.first_mark = self.step_count + 1
+
+    def _digest(self, *, final: bool = False) -> None:
+        """Per-step phases of the marks so far; a whole run writes them as one line of its timeline.
+        On the GPU's clock the marks are read once the GPU has passed the last one (waiting for it
+        only at the end, or when DIGEST_EVERY steps are pending)."""
+        marks, clock = self.marks, self.clock
+        self.next_digest = _clock() + self.bucket_s
+        if marks and not clock.ready(marks[-1][0]):
+            if not (final or len(marks) >= DIGEST_EVERY):
+                return
+            clock.wait(marks[-1][0])
+        bucket, steps = [0.0] * len(PHASES), 0
+        for number, (previous, mark) in enumerate(zip(marks, marks[1:]), start=self.first_mark + 1):
+            end, pre_at, spans = mark
+            step = clock.seconds(previous[0], end)
+            optimizer_s = clock.seconds(pre_at, end) if pre_at is not None else 0.0
+            data_s, copy_s, backward_s = clock.totals(spans)
+            record = (step, data_s, copy_s, backward_s, optimizer_s, max(0.0, step - data_s - copy_s - backward_s - optimizer_s))
+            if number > self.warmup:  # the step ending at this mark is past the warm-up
+                self.measured += 1
+                self.totals = [total + value for total, value in zip(self.totals, record, strict=True)]
+                if len(self.records) < RECORDS_KEPT:
+                    self.records.append(record)
+            bucket = [total + value for total, value in zip(bucket, record, strict=True)]
+            steps += 1
+        if self.whole_run and steps:
+            self._write_timeline(marks[0][0], marks[-1][0], steps, bucket)
+        self.first_mark += max(0, len(marks) - 1)
+        self.marks = marks[-1:]
+
+    def _write_timeline(self, start: float, end: float, steps: int, sums: list[float]) -> None:
+        line = json.dumps({"t0": round(start + self.wall_offset, 6), "t1": round(end + self.wall_offset, 6), "steps": steps,
+                           **{phase: round(value, 6) for phase, value in zip(PHASES, sums, strict=True)}}) + "\n"
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / f"steps-{self.rank}-{os.getpid()}.jsonl", "a") as timeline:  # open per line: a kill loses one interval at most
+            timeline.write(line)
+
+    def _count_flops_around(self) -> None:
+        """Enter the FLOP counter after the first warm-up step; leave it after the next one."""
+        if self._flop_mode is not None:
+            self._census.__exit__(None, None, None)
+            self._flop_mode.__exit__(None, None, None)
+            self.flops = float(self._flop_mode.get_total_flops())
+            self.ops, self.bytes = self._census.ops, self._census.bytes
+            self._flop_mode = None
+        elif self.flops is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            self._flop_mode = FlopCounterMode(display=False)
+            self._flop_mode.__enter__()
+            self._census = _StepCensus(self.matmul_dtypes)
+            self._census.__enter__()
+
+    def note_sync(self, what: str, caller: Any) -> None:
+        """A host read of a tensor's value made by the script itself (calls from inside torch, such as a
+        sampler's tolist(), are the library's business: one frame checked, the answer cached per line)."""
+        if not self.measuring:
+            return
+        key = (what, caller.f_code.co_filename, caller.f_lineno)
+        site = self._sites.get(key, "")
+        if site == "":
+            site = self._sites[key] = None if in_library(key[1]) else f"{what} at {short_path(key[1])}:{key[2]}"
+        if site is not None:
+            self.syncs[site] += 1
+
+    # -- the report -----------------------------------------------------------------------
+    def write(self) -> None:
+        if self.written:
+            return
+        self.written = True
+        import torch
+
+        try:
+            self._digest(final=True)
+        except Exception as error:  # noqa: BLE001 - a CUDA error that ended the script also ends its events: keep what was read
+            self.marks = self.marks[-1:]
+            self.error = self.error or f"the last steps' GPU timings could not be read: {error}"
+        report = {
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "argv": sys.argv,
+            "steps_seen": self.step_count,
+            "warmup": self.warmup,
+            "steps_wanted": self.steps,
+            "stop_reason": self.stop_reason,
+            "error": self.error,
+            "records": [dict(zip(PHASES, record, strict=True)) for record in self.records],
+            "measured_steps": self.measured,
+            "timeline": self.clock.timeline,
+            "totals": {phase: round(value, 6) for phase, value in zip(PHASES, self.totals, strict=True)},
+            "started_at": self.started_at,
+            "ended_at": time.time(),
+            "settings": list(self.settings),
+            "syncs": dict(self.syncs),
+            "loaders": self.loaders,
+            "backward_at": self.backward_at,
+            "optimizers": list(self.optimizers.values()),
+            "batch_size": self.batch_size,
+            "flops_per_step": self.flops,
+            "ops_per_step": self.ops,
+            "bytes_per_step": self.bytes,
+            "matmul_dtypes": dict(self.matmul_dtypes),
+            "devices": sorted(self.devices),
+            "flags": {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+                      "cudnn_benchmark": torch.backends.cudnn.benchmark, "float32_matmul_precision": torch.get_float32_matmul_precision(),
+                      "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")},
+            "compiled": _compiled(),
+            "torch": torch.__version__,
+        }
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"report-{report['rank']}-{os.getpid()}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(report))
+        os.replace(path.with_suffix(".tmp"), path)
+
+
+class _StepCensus:
+    """One step's operators as dispatched: how many launch a kernel, the bytes they read and write
+    (inputs + outputs), and the dtypes of the matmul-like ones (what autocast actually ran)."""
+
+    _MATMULS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "convolution", "_scaled_dot_product_flash_attention",
+                "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention")
+
+    def __init__(self, dtypes: Counter[str]):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        from gpufill.engine.measure.ops import launches_kernel
+
+        census, matmuls, tensor = self, self._MATMULS, torch.Tensor
+        self.ops = 0
+        self.bytes = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                out = func(*args, **(kwargs or {}))
+                if launches_kernel(func):
+                    census.ops += 1
+                    census.bytes += sum(leaf.nbytes for leaf in tree_leaves((args, kwargs, out)) if isinstance(leaf, tensor))
+                    if func.overloadpacket.__name__ in matmuls and args and hasattr(args[0], "dtype"):
+                        dtypes[str(args[0].dtype).replace("torch.", "")] += 1
+                return out
+
+        self._mode = Mode()
+
+    def __enter__(self) -> _StepCensus:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+
+def _compiled() -> bool:
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        return False
+    try:
+        return bool(dynamo.counters["stats"].get("unique_graphs", 0))
+    except Exception:  # noqa: BLE001 - private counters moved: say "not seen"
+        return False
+
+
+def in_library(filename: str) -> bool:
+    return filename.startswith(_HERE) or "/torch/" in filename or filename.startswith("<")
+
+
+_SHORT: dict[str, str] = {}
+
+
+def short_path(filename: str) -> str:
+    """The file as the user would write it (relative to the working directory when inside it); cached."""
+    if filename not in _SHORT:
+        relative = os.path.relpath(filename)
+        _SHORT[filename] = filename if relative.startswith("..") else relative
+    return _SHORT[filename]
+
+
+def script_line() -> str:
+    """file:line of the innermost frame outside torch and gpufill: the user's line."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if not in_library(frame.f_code.co_filename):
+            return f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "unknown"

@@ -1,0 +1,80 @@
+"""The doctor's GPU clock on constructed event times (the arithmetic; tests/test_doctor_script.py's
+gpu-marked tests run it on a device): phases read off the GPU's timeline, so a host that waits for
+data while queued work keeps the GPU busy is not an input-bound step, and marks are read only once
+the GPU has passed them."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from gpufill.script.clocks import BACKWARD, COPY, DATA, CudaClock
+from gpufill.script.recorder import PHASES, Recorder
+
+
+class FakeEvent:
+    """A CUDA event whose GPU time the test sets: `elapsed_time` in ms as torch's."""
+
+    def __init__(self, at_s: float):
+        self.at_s, self.done = at_s, True
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return (end.at_s - self.at_s) * 1e3
+
+
+def gpu_recorder(tmp_path, times: list[float]) -> Recorder:
+    """A doctor's recorder on a CUDA clock whose events complete at `times` (seconds on the GPU), in order."""
+    pending = iter(times)
+    recorder = Recorder(tmp_path, steps=100, warmup=1)
+    recorder._time_on_the_gpu(CudaClock(SimpleNamespace(cuda=SimpleNamespace(Event=lambda enable_timing: FakeEvent(next(pending))))))
+    return recorder
+
+
+def one_step(recorder: Recorder) -> None:
+    """What the wrappers and hooks do in one step, in a script's order: next(loader), .to('cuda'), backward, step."""
+    for kind in (DATA, COPY, BACKWARD):
+        start = recorder.now()
+        recorder.add(kind, start)
+    recorder.pre_at = recorder.now()
+    recorder.post_step(None)
+
+
+def test_phases_are_read_off_the_gpu_timeline(tmp_path):
+    # GPU times per step: data (start, end), copy, backward, optimizer start, step end.
+    step_1 = [0.000, 0.000, 0.000, 0.001, 0.001, 0.005, 0.005, 0.006]  # warm-up: its end is the first mark
+    # The GPU was still busy when the host asked for data: the data events complete together (no idle).
+    step_2 = [0.009, 0.009, 0.009, 0.010, 0.012, 0.020, 0.020, 0.022]
+    # The GPU ran dry and idled 5 ms until the batch arrived: that is the data wait.
+    step_3 = [0.022, 0.027, 0.027, 0.028, 0.030, 0.038, 0.038, 0.040]
+    recorder = gpu_recorder(tmp_path, step_1 + step_2 + step_3)
+    for _ in range(3):
+        one_step(recorder)
+    recorder._digest(final=True)
+    records = [dict(zip(PHASES, record, strict=True)) for record in recorder.records]
+    assert recorder.measured == 2 and len(records) == 2  # step 1 is the warm-up
+    assert records[0] == pytest.approx({"step_s": 0.016, "data_s": 0.0, "copy_s": 0.001, "backward_s": 0.008, "optimizer_s": 0.002,
+                                        "forward_s": 0.005})
+    assert records[1] == pytest.approx({"step_s": 0.018, "data_s": 0.005, "copy_s": 0.001, "backward_s": 0.008, "optimizer_s": 0.002,
+                                        "forward_s": 0.002})
+    assert recorder.clock.timeline == "gpu"
+
+
+def test_marks_the_gpu_has_not_passed_are_read_later_and_waited_for_only_at_the_end(tmp_path):
+    recorder = gpu_recorder(tmp_path, [0.001 * i for i in range(24)])
+    for _ in range(3):
+        one_step(recorder)
+    recorder.marks[-1][0].done = False  # the last step's end is still queued on the GPU
+    recorder._digest()
+    assert recorder.records == [] and len(recorder.marks) == 3  # nothing read, nothing lost
+    recorder._digest(final=True)  # the end of the run waits for it
+    assert recorder.measured == 2 and recorder.records[0][0] == pytest.approx(0.008)
