@@ -3,8 +3,11 @@ backward, AdamW, .item() every step) run in blocks of steps, alternately plain a
 instrumentation installed in this process (the same code `gpufill watch` loads at interpreter
 start, recording the whole run); prints each block's median step time as JSON.
 
-    python bench/_overhead_target.py WIDTH DEVICE STEPS_PER_BLOCK PAIRS
-    python bench/_overhead_target.py null DEVICE STEPS REPEATS
+    python bench/_overhead_target.py WIDTH DEVICE STEPS_PER_BLOCK PAIRS [watch|doctor]
+    python bench/_overhead_target.py null DEVICE STEPS REPEATS [watch|doctor]
+
+`watch` (default) records the whole run on the host's clock; `doctor` is a doctor's run (never
+stopped here), which on a GPU times every step with CUDA events on the GPU's timeline.
 
 `null`: the instrumentation's own cost per step, measured directly: a step that does almost
 nothing (next() on a DataLoader, .to(), a one-element forward and backward, SGD, .item()),
@@ -26,6 +29,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from gpufill.script.instrument import WHOLE_RUN, install
 
 SKIP = 5  # each block's first steps: the instrumentation counts FLOPs on one of them; plain blocks skip as many
+MODE = sys.argv[5] if len(sys.argv) > 5 else "watch"
+STEPS = {"watch": WHOLE_RUN, "doctor": 10**9}[MODE]
 
 
 def null_cost(device: str, steps: int, repeats: int) -> dict[str, float]:
@@ -50,7 +55,7 @@ def null_cost(device: str, steps: int, repeats: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(repeats):
             plain.append(run())
-            installed = install(Path(folder), steps=WHOLE_RUN, warmup=0)
+            installed = install(Path(folder), steps=STEPS, warmup=0)
             run()  # its first steps count FLOPs once
             instrumented.append(run())
             installed.remove()
@@ -95,7 +100,7 @@ with tempfile.TemporaryDirectory() as folder:
             if way == "plain":
                 plain.append(run_block())
             else:
-                installed = install(Path(folder) / str(pair), steps=WHOLE_RUN, warmup=0)
+                installed = install(Path(folder) / str(pair), steps=STEPS, warmup=0)
                 instrumented.append(run_block())
                 installed.remove()
 print(json.dumps({"plain_s": plain, "instrumented_s": instrumented}))

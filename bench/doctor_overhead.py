@@ -1,6 +1,9 @@
 """What gpufill's instrumentation (`gpufill doctor|watch|bench -- COMMAND`) costs a training step.
 
-    python bench/doctor_overhead.py [--widths 64,256,1024] [--device cpu|cuda] [--pairs 20] [--block 200] [--out PATH]
+    python bench/doctor_overhead.py [--widths 64,256,1024] [--device cpu|cuda] [--mode watch|doctor] [--pairs 20] [--block 200] [--out PATH]
+
+--mode doctor measures a doctor's run, which on a GPU adds about ten CUDA events per step (the
+phases on the GPU's timeline); watch (default) is the host-clock recording of a whole run.
 
 bench/_overhead_target.py runs a plain PyTorch loop (DataLoader, .to(), forward, backward,
 AdamW, .item() every step) in blocks of steps, alternately plain and with the instrumentation
@@ -42,6 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--widths", default="64,256,1024")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--mode", choices=("watch", "doctor"), default="watch")
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--block", type=int, default=200, help="steps per block")
     parser.add_argument("--quick", action="store_true", help="6 pairs of 60-step blocks")
@@ -50,7 +54,7 @@ def main() -> None:
     pairs, block = (6, 60) if args.quick else (args.pairs, args.block)
     env = environment(args.device)
     rows, ratios = [], {}
-    null = json.loads(subprocess.run([sys.executable, str(TARGET), "null", args.device, "1000", "10" if args.quick else "40"],
+    null = json.loads(subprocess.run([sys.executable, str(TARGET), "null", args.device, "1000", "10" if args.quick else "40", args.mode],
                                      capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
     cost_us = null["null_instrumented_us"] - null["null_plain_us"]
     rows.append({"config": "null step", "plain_step_us": round(null["null_plain_us"], 2), "instrumented_step_us": round(null["null_instrumented_us"], 2),
@@ -58,7 +62,7 @@ def main() -> None:
                  "cost_us_per_step": round(cost_us, 2),
                  "direct_overhead_pct": None})
     for width in map(int, args.widths.split(",")):
-        run = subprocess.run([sys.executable, str(TARGET), str(width), args.device, str(block), str(pairs)], capture_output=True, text=True, check=True)
+        run = subprocess.run([sys.executable, str(TARGET), str(width), args.device, str(block), str(pairs), args.mode], capture_output=True, text=True, check=True)
         times = json.loads(run.stdout.strip().splitlines()[-1])
         plain, instrumented = times["plain_s"], times["instrumented_s"]
         pair_ratios = [i / p for i, p in zip(instrumented, plain, strict=True)]
@@ -75,7 +79,7 @@ def main() -> None:
         ratios[f"width {width}: overhead, alternating blocks (median instrumented / plain step - 1)"] = statistics.median(pair_ratios) - 1
         ratios[f"width {width}: overhead, direct (null-step cost / plain step)"] = cost_us / (statistics.median(plain) * 1e6)
     finish("doctor_overhead", "gpufill's script instrumentation vs the same loop plain, alternating blocks in one process", env,
-           {"pairs": pairs, "block": block, "widths": args.widths, "device": args.device}, rows, ratios, args.out)
+           {"pairs": pairs, "block": block, "widths": args.widths, "device": args.device, "mode": args.mode}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,8 @@ if [ "$part" = 3 ] || [ "$part" = all ]; then
 fi
 if [ "$part" = 7 ] || [ "$part" = all ]; then
   step doctor_overhead 300 python3 bench/doctor_overhead.py --device cuda --widths 256,1024,4096 --out "$out/doctor_overhead.json"
+  step doctor_overhead-doctor 300 python3 bench/doctor_overhead.py --device cuda --mode doctor --widths 256,1024,4096 --out "$out/doctor_overhead-doctor.json"
+  step doctor-pageable 120 sh -c "python3 -m gpufill doctor --json --steps 10 -- python3 tests/user_scripts/gpu_pageable_copies.py > $out/doctor-gpu_pageable_copies.json"
   step bench-script 200 sh -c "python3 -m gpufill bench --json --out $out/gpufill_bench-script-cuda_training.json -- python3 tests/user_scripts/cuda_training.py 20"
   step watch-script 120 python3 -m gpufill watch --out "$out/watch-cuda_training" -- python3 tests/user_scripts/cuda_training.py 20
 fi
