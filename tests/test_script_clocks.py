@@ -32,11 +32,13 @@ class FakeEvent:
         return (end.at_s - self.at_s) * 1e3
 
 
-def gpu_recorder(tmp_path, times: list[float]) -> Recorder:
-    """A doctor's recorder on a CUDA clock whose events complete at `times` (seconds on the GPU), in order."""
-    pending = iter(times)
+def gpu_recorder(tmp_path, times: list[float], capturing: list[bool] | None = None) -> Recorder:
+    """A doctor's recorder on a CUDA clock whose events complete at `times` (seconds on the GPU), in order;
+    `capturing` says, per mark asked for, whether a CUDA graph is being captured then."""
+    pending, capture = iter(times), iter(capturing or [])
+    cuda = SimpleNamespace(Event=lambda enable_timing: FakeEvent(next(pending)), is_current_stream_capturing=lambda: next(capture, False))
     recorder = Recorder(tmp_path, steps=100, warmup=1)
-    recorder._time_on_the_gpu(CudaClock(SimpleNamespace(cuda=SimpleNamespace(Event=lambda enable_timing: FakeEvent(next(pending))))))
+    recorder._time_on_the_gpu(CudaClock(SimpleNamespace(cuda=cuda)))
     return recorder
 
 
@@ -78,3 +80,14 @@ def test_marks_the_gpu_has_not_passed_are_read_later_and_waited_for_only_at_the_
     assert recorder.records == [] and len(recorder.marks) == 3  # nothing read, nothing lost
     recorder._digest(final=True)  # the end of the run waits for it
     assert recorder.measured == 2 and recorder.records[0][0] == pytest.approx(0.008)
+
+
+def test_steps_touching_a_cuda_graph_capture_are_not_timed(tmp_path):
+    # Step 2 is captured (whole-network capture: its backward and optimizer step too): no event may be recorded,
+    # so neither it nor step 3 (which starts at its end) has a time; step 4 has.
+    capturing = [False] * 8 + [True] * 8 + [False] * 16
+    recorder = gpu_recorder(tmp_path, [0.001 * i for i in range(24)], capturing)
+    for _ in range(4):
+        one_step(recorder)
+    recorder._digest(final=True)
+    assert recorder.measured == 1 and recorder.records[0][0] == pytest.approx(0.008)

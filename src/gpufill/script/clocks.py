@@ -72,29 +72,39 @@ class HostClock:
 
 
 class CudaClock:
-    """CUDA events on the current stream: recording one costs a few microseconds and never waits."""
+    """CUDA events on the current stream: recording one costs a few microseconds and never waits.
+
+    While the script captures a CUDA graph (the whole-network capture of PyTorch's docs puts the
+    backward and the optimizer step inside it) no timing event may be recorded: the mark is None
+    and spans ending or starting at it count zero (a capture computes nothing anyway)."""
 
     timeline = "gpu"
 
     def __init__(self, torch: Any):
         self._event = torch.cuda.Event
+        self._capturing = torch.cuda.is_current_stream_capturing
 
     def now(self) -> Any:
+        if self._capturing():
+            return None
         event = self._event(enable_timing=True)
         event.record()
         return event
 
     @staticmethod
     def seconds(start: Any, end: Any) -> float:
+        if start is None or end is None:
+            return 0.0
         return start.elapsed_time(end) / 1e3  # milliseconds between the two on the GPU
 
     @staticmethod
     def ready(mark: Any) -> bool:
-        return bool(mark.query())
+        return mark is None or bool(mark.query())
 
     @staticmethod
     def wait(mark: Any) -> None:
-        mark.synchronize()
+        if mark is not None:
+            mark.synchronize()
 
     @staticmethod
     def fresh() -> list[tuple[int, Any, Any]]:
@@ -104,5 +114,5 @@ class CudaClock:
     def totals(spans: list[tuple[int, Any, Any]]) -> tuple[float, float, float]:
         sums = [0.0, 0.0, 0.0]
         for kind, start, end in spans:
-            sums[kind] += start.elapsed_time(end) / 1e3
+            sums[kind] += CudaClock.seconds(start, end)
         return sums[DATA], sums[COPY], sums[BACKWARD]

@@ -149,6 +149,8 @@ class Recorder:
         bucket, steps = [0.0] * len(PHASES), 0
         for number, (previous, mark) in enumerate(zip(marks, marks[1:]), start=self.first_mark + 1):
             end, pre_at, spans = mark
+            if previous[0] is None or end is None:
+                continue  # a step captured into a CUDA graph, or the one after it: no clock reading to time it by
             step = clock.seconds(previous[0], end)
             optimizer_s = clock.seconds(pre_at, end) if pre_at is not None else 0.0
             data_s, copy_s, backward_s = clock.totals(spans)
