@@ -94,20 +94,25 @@ def test_overhead_bound_when_doubling_the_batch_barely_costs_time():
 
 
 def test_without_the_batch_probe_the_roofline_finds_a_fixed_cost():
-    # A script's own batch: no t(2b). 10 ms of compute; FLOPs worth 1 ms and bytes worth 2 ms at the measured rates.
-    script = dict(compute_2b_s=None, flops_per_step=0.001 * 50e12, bytes_per_step=0.002 * 3000e9, ops_per_step=400)
+    # A script's own batch: no t(2b). 10 ms of compute; FLOPs worth 0.5 ms and bytes worth 1.5 ms at the measured rates.
+    script = dict(compute_2b_s=None, flops_per_step=0.0005 * 50e12, bytes_per_step=0.0015 * 3000e9, ops_per_step=400)
     verdict = classify(timings(**script), H100_YARDSTICK)
     assert verdict.kind == "launch/overhead-bound"
-    assert verdict.evidence["flops_share_of_compute"] == pytest.approx(0.1)
-    assert verdict.evidence["bytes_share_of_compute"] == pytest.approx(0.2)
-    assert verdict.expected_gain == pytest.approx(2 / 1.2)  # twice the batch adds at most the explained 20 %
+    assert verdict.evidence["flops_share_of_compute"] == pytest.approx(0.05)
+    assert verdict.evidence["bytes_share_of_compute"] == pytest.approx(0.15)
+    assert verdict.expected_gain == pytest.approx(2 / 1.2)  # twice the batch adds at most the explained 5 + 15 %
     assert "400 operators, 25.0 us each" in verdict.reason and "1.20x the time" in verdict.reason
-    # Bytes explaining 40 % of the time: memory-bound (the FLOP share is 10 %), never overhead.
-    assert classify(timings(**{**script, "bytes_per_step": 0.004 * 3000e9}), H100_YARDSTICK).kind == "memory-bound"
+    assert "estimated from the roofline" in verdict.expected_gain_reason
+    # FLOPs and bytes explaining 10 + 20 % together reach the threshold: not overhead-bound (memory-bound by the FLOP share).
+    assert classify(timings(**{**script, "flops_per_step": 0.001 * 50e12, "bytes_per_step": 0.002 * 3000e9}), H100_YARDSTICK).kind == "memory-bound"
     # A measured probe outranks the roofline: scaling 1.9 with the same counts is not overhead-bound.
     assert classify(timings(**{**script, "compute_2b_s": 0.019}), H100_YARDSTICK).kind == "memory-bound"
-    # Without a byte count the roofline is not used (the old rule: FLOP share 10 % -> memory-bound).
+    # Without a byte count the roofline is not used (the old rule: FLOP share 5 % -> memory-bound).
     assert classify(timings(**{**script, "bytes_per_step": None}), H100_YARDSTICK).kind == "memory-bound"
+    # FLOPs worth 5 ms at the fp32 rate are compute-bound; run in bf16 (10x the rate here) they are 0.5 ms: a fixed cost.
+    heavy = {**script, "flops_per_step": 0.005 * 50e12}
+    assert classify(timings(**heavy), H100_YARDSTICK).kind == "compute-bound"
+    assert classify(timings(**heavy, fast_matmuls=True), H100_YARDSTICK).kind == "launch/overhead-bound"
 
 
 def test_input_share_wins_over_overhead():

@@ -5,6 +5,7 @@ the GPU has passed them."""
 
 from __future__ import annotations
 
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +20,7 @@ class FakeEvent:
     def __init__(self, at_s: float):
         self.at_s, self.done = at_s, True
 
-    def record(self) -> None:
+    def record(self, stream=None) -> None:
         pass
 
     def query(self) -> bool:
@@ -91,3 +92,42 @@ def test_steps_touching_a_cuda_graph_capture_are_not_timed(tmp_path):
         one_step(recorder)
     recorder._digest(final=True)
     assert recorder.measured == 1 and recorder.records[0][0] == pytest.approx(0.008)
+
+
+def test_a_span_begun_on_the_host_clock_is_dropped_after_the_switch(tmp_path):
+    # The optimizer stepped from a gradient hook, inside backward: the backward began on the host's clock.
+    recorder = gpu_recorder(tmp_path, [0.001 * i for i in range(24)])
+    recorder.add(BACKWARD, 12.5)  # a perf_counter reading
+    assert recorder.spans == []
+    for _ in range(3):
+        one_step(recorder)
+    recorder._digest(final=True)
+    assert recorder.measured == 2 and recorder.error is None
+
+
+def test_a_digest_that_fails_stops_the_timing_never_the_training(tmp_path):
+    recorder = gpu_recorder(tmp_path, [0.001 * i for i in range(24)])
+    for _ in range(2):
+        one_step(recorder)
+    recorder.marks[-1][2].append((DATA, object(), recorder.marks[-1][0]))  # a mark that cannot be read
+    recorder.next_digest = 0.0
+    one_step(recorder)  # post_step digests: the error is recorded, not raised
+    assert "step timing stopped after 0 measured steps" in recorder.error
+    assert recorder.marks == [] and recorder.now() is None
+    one_step(recorder)  # and the training goes on, untimed
+    assert recorder.step_count == 4
+
+
+def test_the_census_counts_bytes_of_dense_tensors_and_gives_up_on_sparse_ones():
+    import torch
+
+    from gpufill.script.recorder import _StepCensus
+
+    dtypes: Counter[str] = Counter()
+    a, b, sparse = torch.ones(4, 8), torch.ones(8, 2), torch.eye(4).to_sparse()
+    with _StepCensus(dtypes) as census:
+        torch.mm(a, b)
+    assert census.ops == 1 and census.bytes == 4 * (32 + 16 + 8) and dtypes == {"float32": 1}
+    with _StepCensus(dtypes) as census:
+        torch.sparse.mm(sparse, b[:4])  # nbytes would raise on a sparse tensor
+    assert census.ops >= 1 and census.bytes is None

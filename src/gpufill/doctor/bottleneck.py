@@ -9,10 +9,11 @@ tested with constructed numbers. The rules, checked in this order, first match w
 2. ``launch/overhead-bound``: doubling the micro-batch raises the compute time by less
    than 1.3x: a fixed cost per step (kernel launches, Python, the optimizer's per-tensor
    loop) dominates, not the work on the samples. Where the batch cannot be doubled (a
-   user's own script runs at its own batch), the roofline stands in for the probe: when
-   neither the step's FLOPs at the measured matmul rate nor its bytes at the measured copy
-   rate explain 30 % of the compute time, the rest is a fixed cost, and doubling the batch
-   would add at most the explained share: the same 1.3x threshold.
+   user's own script runs at its own batch), the roofline stands in for the probe: when the
+   step's FLOPs at the measured matmul rate (of the precision its matmuls ran in) and its
+   bytes at the measured copy rate together explain under 30 % of the compute time, the rest
+   is a fixed cost, and doubling the batch would add at most the explained share: the same
+   1.3x threshold.
 3. ``compute-bound``: the time scales with the batch and the achieved FLOP/s is >= 30 %
    of the matmul rate the speed test measured on this device, in the same precision.
 4. ``memory-bound``: the time scales with the batch but the FLOP/s is far below the
@@ -70,6 +71,8 @@ class PhaseTimings:
     """Bytes the step's operators read and write (inputs + outputs, counted once per operator); None: not counted."""
     ops_per_step: int | None = None
     """Computing operators (kernel launches on a GPU) per step; None: not counted."""
+    fast_matmuls: bool = False
+    """The matmuls ran in bf16/fp16 (autocast): the roofline takes the fast precision's rate."""
 
     @property
     def step_s(self) -> float:
@@ -109,7 +112,8 @@ class PhaseTimings:
         measured copy rate) account for; None where either was not counted."""
         if self.flops_per_step is None or self.bytes_per_step is None or self.compute_s <= 0:
             return None
-        flops_s = self.flops_per_step / (yardstick.matmul_tflops * 1e12)
+        fast = yardstick.fast_matmul_ratio if self.fast_matmuls and yardstick.fast_matmul_ratio else 1.0
+        flops_s = self.flops_per_step / (yardstick.matmul_tflops * fast * 1e12)
         bytes_s = self.bytes_per_step / (yardstick.memory_gbps * 1e9)
         return flops_s / self.compute_s, bytes_s / self.compute_s
 
@@ -181,14 +185,15 @@ def classify(timings: PhaseTimings, yardstick: Yardstick) -> Verdict:
                   "a fixed cost per step dominates, not the samples")
         return _overhead_bound(yardstick, evidence, scaling, reason)
     roofline = timings.roofline_shares(yardstick) if scaling is None else None
-    if roofline is not None and 1.0 + max(roofline) < SCALING_OVERHEAD:
-        explained = max(roofline)
+    # FLOP-bound and byte-bound kernels are different kernels: together they explain at most the sum.
+    if roofline is not None and 1.0 + sum(roofline) < SCALING_OVERHEAD:
+        explained = sum(roofline)
         evidence |= {"flops_share_of_compute": roofline[0], "bytes_share_of_compute": roofline[1]}
         ops = f" ({timings.ops_per_step} operators, {timings.compute_s / timings.ops_per_step * 1e6:.1f} us each)" if timings.ops_per_step else ""
         reason = (f"the step's FLOPs explain {roofline[0]:.0%} and its bytes {roofline[1]:.0%} of its {timings.compute_s * 1e3:.2f} ms of compute "
-                  f"at the rates measured here (< {SCALING_OVERHEAD - 1:.0%}): the rest{ops} is a fixed cost per step, so twice the batch "
-                  f"would take about {1 + explained:.2f}x the time")
-        return _overhead_bound(yardstick, evidence, 1.0 + explained, reason)
+                  f"at the rates measured here (together < {SCALING_OVERHEAD - 1:.0%}): the rest{ops} is a fixed cost per step, so twice the "
+                  f"batch would take at most about {1 + explained:.2f}x the time")
+        return _overhead_bound(yardstick, evidence, 1.0 + explained, reason, estimated=True)
     scales = f"t(2b)/t(b) = {scaling:.2f} (>= {SCALING_OVERHEAD})" if scaling is not None else "scaling with the batch not measured (2b did not fit, or the batch is the script's own)"
     if matmul_share is None:
         # Without a FLOP count the two cannot be told apart; compute-bound is the verdict whose fix
@@ -224,13 +229,14 @@ def _input_bound(t: PhaseTimings, y: Yardstick, evidence: dict[str, float | None
                    expected_gain_reason=f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x: the step shrinks to its compute when the input wait is gone")
 
 
-def _overhead_bound(y: Yardstick, evidence: dict[str, float | None], scaling: float, reason: str) -> Verdict:
+def _overhead_bound(y: Yardstick, evidence: dict[str, float | None], scaling: float, reason: str, *, estimated: bool = False) -> Verdict:
     graphs = "torch.compile (mode='reduce-overhead' uses CUDA graphs)" if y.device_type == "cuda" else "torch.compile to cut per-op Python and dispatch cost"
     fix = (f"raise the micro-batch (gpufill.fit's batch choice and gpufill's batch search do), fuse several same-shape models into one "
            f"pack (gpufill campaigns do), or {graphs}")
     gain = 2.0 / scaling
     return Verdict(kind="launch/overhead-bound", reason=reason, evidence=evidence, fix=fix, expected_gain=gain,
-                   expected_gain_reason=f"2 x t(b) / t(2b) = 2 / {scaling:.2f} = {gain:.2f}x samples/s per doubling of the batch (up to; it shrinks as the batch grows)")
+                   expected_gain_reason=f"2 x t(b) / t(2b) = 2 / {scaling:.2f} = {gain:.2f}x samples/s per doubling of the batch (up to; it shrinks as the batch "
+                                        "grows)" + ("; t(2b) estimated from the roofline, not measured" if estimated else ""))
 
 
 def _compute_bound(y: Yardstick, evidence: dict[str, float | None], reason: str, matmul_share: float) -> Verdict:

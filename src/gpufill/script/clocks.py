@@ -9,7 +9,7 @@ CUDA events recorded at the same points, and the GPU's timeline answers the ques
 - a copy, a backward or an optimizer step is the time between its events on the stream.
 
 Both clocks hand out opaque marks and say how many seconds lie between two of them; the
-recorder (instrument.py) keeps its arithmetic in one place for both.
+recorder (recorder.py) keeps its arithmetic in one place for both.
 """
 
 from __future__ import annotations
@@ -30,10 +30,14 @@ class Clock(Protocol):
     def seconds(self, start: Any, end: Any) -> float: ...
 
     def ready(self, mark: Any) -> bool:
-        """Whether `mark` (and everything before it) can be read without waiting."""
+        """Whether `mark`, and with it every mark before it on the same stream, can be read without waiting."""
         ...
 
     def wait(self, mark: Any) -> None: ...
+
+    def capturing(self) -> bool:
+        """Whether a CUDA graph is being captured now (no event may then be recorded or queried)."""
+        ...
 
     def fresh(self) -> list[Any]:
         """An empty record of one step's spans."""
@@ -63,6 +67,10 @@ class HostClock:
         return None
 
     @staticmethod
+    def capturing() -> bool:
+        return False
+
+    @staticmethod
     def fresh() -> list[float]:
         return [0.0, 0.0, 0.0]
 
@@ -80,15 +88,21 @@ class CudaClock:
 
     timeline = "gpu"
 
-    def __init__(self, torch: Any):
+    def __init__(self, torch: Any, device: Any = None):
         self._event = torch.cuda.Event
         self._capturing = torch.cuda.is_current_stream_capturing
+        self._stream = None if device is None else torch.cuda.current_stream(device)
+        """The training's stream (its parameters' device's current stream when it was first seen): every
+        mark goes there, so a side-stream prefetch is timed where the step waits for it, and marks are read in order."""
+
+    def capturing(self) -> bool:
+        return bool(self._capturing())
 
     def now(self) -> Any:
         if self._capturing():
             return None
         event = self._event(enable_timing=True)
-        event.record()
+        event.record(self._stream)
         return event
 
     @staticmethod

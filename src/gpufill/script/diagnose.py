@@ -132,7 +132,15 @@ def _timings(report: dict[str, Any], statistic: Literal["median", "mean"]) -> Ph
     return PhaseTimings(data_s=typical("data_s"), copy_s=typical("copy_s"), forward_s=typical("forward_s"), backward_s=typical("backward_s"),
                         optimizer_s=typical("optimizer_s"), batch_size=report["batch_size"] or 0, steps=measured, compute_b_s=compute,
                         compute_2b_s=None, flops_per_step=report["flops_per_step"], syncs_per_step=syncs,
-                        ops_per_step=report.get("ops_per_step"), bytes_per_step=report.get("bytes_per_step"))
+                        # A compiled step's fused kernels pass the dispatch mode by: its counts would leave them out.
+                        ops_per_step=None if report["compiled"] else report.get("ops_per_step"),
+                        bytes_per_step=None if report["compiled"] else report.get("bytes_per_step"),
+                        fast_matmuls=_mostly_low_precision(report["matmul_dtypes"]))
+
+
+def _mostly_low_precision(dtypes: dict[str, int]) -> bool:
+    low = sum(n for dtype, n in dtypes.items() if dtype in ("bfloat16", "float16"))
+    return low > sum(dtypes.values()) / 2
 
 
 def _yardstick(report: dict[str, Any]) -> Any:
@@ -151,12 +159,9 @@ FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD"})
 
 def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Verdict | None) -> list[Finding]:
     on_gpu = any(d.startswith("cuda") for d in report["devices"])
-    findings = _verdict_findings(report, timings, verdict, on_gpu)
-    findings += _sync_findings(report)
-    findings += _precision_findings(report, on_gpu)
-    findings += _optimizer_findings(report, timings)
-    findings.sort(key=lambda f: -(f.gain or 0.0))
-    return findings
+    # The verdict's fixes come first (nothing else pays until its limit is gone); the others by expected gain.
+    others = _sync_findings(report) + _precision_findings(report, on_gpu) + _optimizer_findings(report, timings)
+    return _verdict_findings(report, timings, verdict, on_gpu) + sorted(others, key=lambda f: -(f.gain or 0.0))
 
 
 def _verdict_findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Verdict | None, on_gpu: bool) -> list[Finding]:
@@ -171,7 +176,7 @@ def _verdict_findings(report: dict[str, Any], timings: PhaseTimings | None, verd
         return [Finding(f"DataLoader(num_workers={loader['num_workers']}, pin_memory={loader['pin_memory']}) at {loader['at']}: {share:.0%} of each "
                         f"step waits for data; try num_workers={workers}, persistent_workers=True" + (", pin_memory=True" if on_gpu else ""),
                         gain, f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x", where=loader["at"]) for loader in loaders]
-    sized = [loader for loader in loaders if loader["batch_size"]]
+    sized = [loader for loader in loaders if loader["batch_size"] and loader["batch_size"] == report["batch_size"]]  # the training's, not a validation loader
     if verdict.kind != "launch/overhead-bound" or not sized:
         return [Finding(verdict.fix, verdict.expected_gain, verdict.expected_gain_reason)]
     findings = [Finding(f"DataLoader(batch_size={loader['batch_size']}) at {loader['at']}: each step's fixed cost does not grow with the batch; "
@@ -179,8 +184,9 @@ def _verdict_findings(report: dict[str, Any], timings: PhaseTimings | None, verd
                         "with it (linearly for SGD, by the square root for Adam)", verdict.expected_gain, verdict.expected_gain_reason,
                         where=loader["at"]) for loader in sized]
     compile_how = "torch.compile(model, mode='reduce-overhead') (CUDA graphs)" if on_gpu else "torch.compile(model)"
-    findings.append(Finding(f"{compile_how}: fewer, fused operators per step cut the fixed cost itself", None,
-                            "not estimable before trying: it depends on how much of the model compiles into one graph"))
+    if not report["compiled"]:
+        findings.append(Finding(f"{compile_how}: fewer, fused operators per step cut the fixed cost itself", None,
+                                "not estimable before trying: it depends on how much of the model compiles into one graph"))
     return findings
 
 
@@ -224,7 +230,7 @@ def _optimizer_findings(report: dict[str, Any], timings: PhaseTimings | None) ->
         why = ("not estimable: no step times" if gain is None else
                f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x if the optimizer's {share:.0%} of the step went to nothing; fused cuts it several-fold")
         findings.append(Finding(f"{optimizer['class']}(..., fused=True){built}: one kernel for all {optimizer['tensors']} parameter tensors "
-                                f"instead of several per tensor", gain, why, where=optimizer.get("at")))
+                                f"instead of a loop over them", gain, why, where=optimizer.get("at")))
     return findings
 
 

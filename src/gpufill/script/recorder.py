@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import weakref
 from collections import Counter
@@ -94,7 +95,13 @@ class Recorder:
         self.spans[kind] += _clock() - start
 
     def _add_on_gpu(self, kind: int, start: Any) -> None:
-        self.spans.append((kind, start, self.now()))
+        if start is not None and not isinstance(start, float):  # a span begun on the host clock (before the switch) is dropped
+            self.spans.append((kind, start, self.now()))
+
+    def _now_on_gpu(self) -> Any:
+        """A GPU mark, from the training's own thread only: a background thread's next() or copy would
+        put its events between the step's kernels (None: not timed)."""
+        return self.clock.now() if threading.get_ident() == self._thread else None
 
     def post_step(self, optimizer: Any, *_: Any) -> None:
         self.marks.append((self.now(), self.pre_at, self.spans))
@@ -105,7 +112,10 @@ class Recorder:
         if self._flop_mode is not None or self.step_count == self.flop_step:
             self._count_flops_around()
         if now >= self.next_digest or len(self.marks) >= DIGEST_EVERY:
-            self._digest()
+            try:
+                self._digest()
+            except Exception as error:  # noqa: BLE001 - the script's training never fails for its measurement
+                self._give_up_timing(error)
         if self.step_count == self.stop_at:
             self.stop_reason = f"stopped after {self.warmup} warm-up and {self.steps} measured steps"
             self.write()
@@ -119,22 +129,42 @@ class Recorder:
                                           "foreach": optimizer.defaults.get("foreach"), "fused": optimizer.defaults.get("fused"),
                                           "at": self.built_at.get(optimizer)}
         self.devices.update(str(p.device) for p in params)
-        if not self.whole_run and isinstance(self.clock, HostClock) and any(p.is_cuda for p in params):
-            self._time_on_the_gpu()
+        cuda = next((p.device for p in params if p.is_cuda), None)
+        if not self.whole_run and isinstance(self.clock, HostClock) and cuda is not None:
+            self._time_on_the_gpu(device=cuda)
 
-    def _time_on_the_gpu(self, clock: Clock | None = None) -> None:
+    def _time_on_the_gpu(self, clock: Clock | None = None, device: Any = None) -> None:
         """From this step on, the phases are timed on the GPU's timeline (clocks.py says why). The steps
         before it (warm-up: a training is seen at its first optimizer step) had host marks: dropped."""
         if clock is None:
             import torch
 
-            clock = CudaClock(torch)
+            clock = CudaClock(torch, device=device)
         self.clock = clock
-        self.now = self.clock.now
+        self._thread = threading.get_ident()
+        self.now = self._now_on_gpu
         self.add = self._add_on_gpu  # type: ignore[method-assign]
         self.spans = self.clock.fresh()
         self.marks.clear()
         self.first_mark = self.step_count + 1
+        # A DataLoader worker forked from here must not touch CUDA (it cannot initialise it): back to the host's clock.
+        os.register_at_fork(after_in_child=self._back_on_the_host)
+
+    def _back_on_the_host(self) -> None:
+        if isinstance(self.clock, HostClock):
+            return
+        self.clock = HostClock()
+        self.now = self.clock.now
+        self.add = Recorder.add.__get__(self)  # type: ignore[method-assign]
+        self.spans = self.clock.fresh()
+        self.marks.clear()
+
+    def _give_up_timing(self, error: Exception) -> None:
+        """GPU marks that cannot be read (a CUDA error): the steps read so far stay; no more are timed."""
+        self.error = self.error or f"step timing stopped after {self.measured} measured steps: {error}"
+        self.marks = []
+        self.now = lambda: None
+        self.add = lambda kind, start: None  # type: ignore[method-assign]
 
     def _digest(self, *, final: bool = False) -> None:
         """Per-step phases of the marks so far; a whole run writes them as one line of its timeline.
@@ -142,10 +172,13 @@ class Recorder:
         only at the end, or when DIGEST_EVERY steps are pending)."""
         marks, clock = self.marks, self.clock
         self.next_digest = _clock() + self.bucket_s
-        if marks and not clock.ready(marks[-1][0]):
+        if clock.capturing():
+            return  # no event may be queried while a CUDA graph is captured: the next digest reads them
+        last = next((mark[0] for mark in reversed(marks) if mark[0] is not None), None)
+        if last is not None and not clock.ready(last):
             if not (final or len(marks) >= DIGEST_EVERY):
                 return
-            clock.wait(marks[-1][0])
+            clock.wait(last)
         bucket, steps = [0.0] * len(PHASES), 0
         for number, (previous, mark) in enumerate(zip(marks, marks[1:]), start=self.first_mark + 1):
             end, pre_at, spans = mark
@@ -212,8 +245,7 @@ class Recorder:
         try:
             self._digest(final=True)
         except Exception as error:  # noqa: BLE001 - a CUDA error that ended the script also ends its events: keep what was read
-            self.marks = self.marks[-1:]
-            self.error = self.error or f"the last steps' GPU timings could not be read: {error}"
+            self._give_up_timing(error)
         report = {
             "pid": os.getpid(),
             "rank": self.rank,
@@ -267,16 +299,22 @@ class _StepCensus:
 
         from gpufill.engine.measure.ops import launches_kernel
 
-        census, matmuls, tensor = self, self._MATMULS, torch.Tensor
+        census, matmuls, tensor, strided = self, self._MATMULS, torch.Tensor, torch.strided
         self.ops = 0
-        self.bytes = 0
+        self.bytes: int | None = 0
+        """None once a tensor's bytes could not be read (a sparse or nested layout): not counted, never the script's error."""
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
                 out = func(*args, **(kwargs or {}))
                 if launches_kernel(func):
                     census.ops += 1
-                    census.bytes += sum(leaf.nbytes for leaf in tree_leaves((args, kwargs, out)) if isinstance(leaf, tensor))
+                    if census.bytes is not None:
+                        leaves = [leaf for leaf in tree_leaves((args, kwargs, out)) if isinstance(leaf, tensor)]
+                        if all(leaf.layout is strided for leaf in leaves):
+                            census.bytes += sum(leaf.numel() * leaf.element_size() for leaf in leaves)
+                        else:
+                            census.bytes = None
                     if func.overloadpacket.__name__ in matmuls and args and hasattr(args[0], "dtype"):
                         dtypes[str(args[0].dtype).replace("torch.", "")] += 1
                 return out
