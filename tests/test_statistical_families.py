@@ -108,15 +108,20 @@ def test_in_local_mode_a_too_short_project_sits_out_the_lookbacks_it_cannot_hold
     assert (outcome.done, outcome.failed) == (6, 0)  # long x 2 lookbacks x 2 families + short x lookback 8 x 2
     results = read_results(tmp_path / "w")
     assert sorted(zip(results["project"], results["lookback"], strict=True)) == sorted([("long", 8), ("long", 40)] * 2 + [("short", 8)] * 2)
-    from gpufill.campaign.store import Store
-
-    store = Store.open(tmp_path / "w")
-    try:
-        notes = [e["message"] for e in store.events() if "left out" in e["message"]]
-    finally:
-        store.close()
+    notes = _run_events(tmp_path / "w", "left out")
     assert len(notes) == 1 and notes[0].startswith("project short left out at lookback 40 (2 trials): series too short: length 45")
 
+
+
+def _run_events(workdir, containing: str) -> list[str]:
+    """The messages of the run events in `workdir`'s store that contain `containing`."""
+    from gpufill.campaign.store import Store
+
+    store = Store.open(workdir)
+    try:
+        return [e["message"] for e in store.events() if containing in e["message"]]
+    finally:
+        store.close()
 
 
 def test_in_global_mode_a_padded_short_series_trains_and_scores(tmp_path):
@@ -137,13 +142,7 @@ def test_in_global_mode_a_padded_short_series_trains_and_scores(tmp_path):
     plan = rows["mlp"][1]
     assert plan["scaling"] == {"value": "last", "reason": RECIPES["mlp"].why["scaling"]} and plan["loss"]["value"] == "mae"
     assert rows["linear"][1]["scaling"]["value"] == "project" and "loss" not in rows["linear"][1] and "scaling" not in rows["snaive"][1]
-    from gpufill.campaign.store import Store
-
-    store = Store.open(tmp_path / "w")
-    try:
-        notes = [e["message"] for e in store.events() if "left-padded" in e["message"]]
-    finally:
-        store.close()
+    notes = _run_events(tmp_path / "w", "left-padded")
     assert len(notes) == 1 and notes[0].startswith("project short (length 45) is left-padded at lookback 40")
 
 

@@ -50,13 +50,10 @@ class Recorder:
         self.rank = int(os.environ.get("RANK", "0"))
         self.step_count = 0
         self.measuring = warmup == 0
-        self.clock: Clock = HostClock()
-        self.now: Callable[[], Any] = self.clock.now
-        """A mark on the clock the phases are timed by (the host's; the GPU's once a doctor's training is seen on one)."""
         self.pre_at: Any = None
-        self.spans: list[Any] = self.clock.fresh()
         self.marks: list[tuple[Any, Any, list[Any]]] = []
         """(end of the step, start of its optimizer step, its spans) per step not yet digested."""
+        self._use(HostClock())
         self.first_mark = 1
         """The step number (1-based) whose end is marks[0]: after a digest the last mark stays, the next step starts at it."""
         self.next_digest = time.perf_counter() + bucket_s
@@ -90,8 +87,7 @@ class Recorder:
             self._first_seen(optimizer)
         self.pre_at = self.now()
 
-    def add(self, kind: int, start: Any) -> None:
-        """A data wait, copy or backward (clocks.DATA, COPY, BACKWARD) that began at `start` ends now."""
+    def _add_on_host(self, kind: int, start: Any) -> None:
         self.spans[kind] += _clock() - start
 
     def _add_on_gpu(self, kind: int, start: Any) -> None:
@@ -140,31 +136,27 @@ class Recorder:
             import torch
 
             clock = CudaClock(torch, device=device)
-        self.clock = clock
         self._thread = threading.get_ident()
-        self.now = self._now_on_gpu
-        self.add = self._add_on_gpu  # type: ignore[method-assign]
-        self.spans = self.clock.fresh()
-        self.marks.clear()
+        self._use(clock, now=self._now_on_gpu, add=self._add_on_gpu)
         self.first_mark = self.step_count + 1
         # A DataLoader worker forked from here must not touch CUDA (it cannot initialise it): back to the host's clock.
-        os.register_at_fork(after_in_child=self._back_on_the_host)
-
-    def _back_on_the_host(self) -> None:
-        if isinstance(self.clock, HostClock):
-            return
-        self.clock = HostClock()
-        self.now = self.clock.now
-        self.add = Recorder.add.__get__(self)  # type: ignore[method-assign]
-        self.spans = self.clock.fresh()
-        self.marks.clear()
+        os.register_at_fork(after_in_child=lambda: self._use(HostClock()))
 
     def _give_up_timing(self, error: Exception) -> None:
         """GPU marks that cannot be read (a CUDA error): the steps read so far stay; no more are timed."""
         self.error = self.error or f"step timing stopped after {self.measured} measured steps: {error}"
-        self.marks = []
-        self.now = lambda: None
-        self.add = lambda kind, start: None  # type: ignore[method-assign]
+        self._use(self.clock, now=lambda: None, add=lambda kind, start: None)
+
+    def _use(self, clock: Clock, *, now: Callable[[], Any] | None = None, add: Callable[[int, Any], None] | None = None) -> None:
+        """Time the phases by `clock` from now on; marks taken on another clock are dropped.
+
+        `now()` is a mark on that clock; `add(kind, start)` ends a data wait, copy or backward
+        (clocks.DATA, COPY, BACKWARD) begun at `start`: the wrappers call these two."""
+        self.clock = clock
+        self.now = now or clock.now
+        self.add = add or self._add_on_host
+        self.spans: list[Any] = clock.fresh()
+        self.marks.clear()
 
     def _digest(self, *, final: bool = False) -> None:
         """Per-step phases of the marks so far; a whole run writes them as one line of its timeline.
