@@ -15,7 +15,7 @@ from tests.engine.common import classification
 from tests.helpers import run_cli
 
 FIXTURE = "tests.any_model_fixture"
-QUICK = BenchSettings(repeats=1, device="cpu", ablation=False)
+QUICK = BenchSettings(repeats=1, device="cpu", ablation=False, hand_tuned=False, lightning=False)  # those two: test_bench_command.py
 
 
 def test_a_classifier_target_runs_every_loop_and_scores_them_with_its_loss():

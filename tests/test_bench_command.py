@@ -24,11 +24,12 @@ from gpufill.bench.utilisation import _nvml_index
 from gpufill.errors import InputError
 from gpufill.engine.hardware import fused_optimizer_devices
 from gpufill.monitor.sampler import GpuReading
-from gpufill.engine.plan import DataFacts, SpeedSettings, make_plan
+from gpufill.bench.lightning import available as lightning_available
+from gpufill.engine.plan import Choice, DataFacts, SpeedSettings, make_plan
 from tests.fakes import CPU, H100, T4
 from tests.helpers import run_cli
 
-TINY = ("--epochs", 2, "--repeats", 1, "--length", 300, "--lookback", 12, "--hidden-size", 16, "--device", "cpu")
+TINY = ("--epochs", 2, "--repeats", 1, "--length", 300, "--lookback", 12, "--hidden-size", 16, "--device", "cpu", "--no-hand-tuned", "--no-lightning")
 SMALL = DataFacts(n_train=10_000, bytes_total=10 * 2**20)
 
 
@@ -52,7 +53,7 @@ def test_bench_json_has_before_gpufill_and_each_cpu_ablation(capsys, tmp_path):
     rows = {row["loop"]: row for row in record["results"]}
     before, gpufill = rows["before"], rows["gpufill"]
     ablated = [row for row in record["results"] if row["ablation"]]
-    # The automatic CPU plan: data resident, no per-step sync, fused optimizer (batch search is off on CPU).
+    # The CPU plan of so short a training (not probed): data resident, no per-step sync, fused optimizer.
     assert {row["ablation"] for row in ablated} == cpu_speedups()
     assert len(record["results"]) == 3 + len(ablated)
     assert {row["setting"] for row in ablated} >= {"data_placement=loader", "sync_every_step=True"}
@@ -127,28 +128,58 @@ def plenty_of_free_memory(monkeypatch):
     monkeypatch.setattr(batching_module, "free_memory_bytes", lambda hw: hw.total_memory_bytes)
 
 
-def test_gpu_plan_ablates_precision_tf32_cudnn_and_compile(plenty_of_free_memory):
-    plan = make_plan(H100, SMALL, SpeedSettings())
+def measured_h100_plan():
+    """A plan as the probe might leave it on an H100: bf16, TF32, cudnn.benchmark and the captured step kept."""
+    plan = make_plan(H100, SMALL, SpeedSettings(batch_search=False), epochs=10)
+    return plan.replace(precision=Choice("bf16", "measured 1.3x fp32"), tf32=Choice(True, "measured"), cudnn_benchmark=Choice(True, "measured"),
+                        step_graph=Choice(True, "measured 2.5x eager steps"))
+
+
+def test_gpu_plan_ablates_what_its_probe_kept(plenty_of_free_memory):
+    plan = measured_h100_plan()
     names = [a.name for a in ablations(plan)]
-    expected = ["bf16 autocast", "TF32", "cudnn.benchmark", "torch.compile", "resident data", "fused optimizer", "no per-step sync"]
-    if getattr(getattr(plan, "batch_search", None), "value", False):
-        expected.insert(5, "batch search")
+    expected = ["bf16 autocast", "TF32", "cudnn.benchmark", "CUDA graph step", "resident data", "fused optimizer", "no per-step sync"]
     assert names == expected
     settings = {a.name: a.describe() for a in ablations(plan)}
     assert settings["bf16 autocast"] == "precision=fp32" and settings["TF32"] == "tf32=False"
-    assert settings["cudnn.benchmark"] == "cudnn_benchmark=False" and settings["torch.compile"] == "compile=False"
-    # Each ablation's override really switches its speed-up off, and only that one.
+    assert settings["cudnn.benchmark"] == "cudnn_benchmark=False" and settings["CUDA graph step"] == "cuda_graph=False"
+    assert settings["fused optimizer"] == "optimizer_kernel=foreach"  # torch's own default on CUDA
+    # Each ablation pins the other measured settings (no probe) and reverts its own: only that speed-up goes.
     for ablation in ablations(plan):
-        ablated = make_plan(H100, SMALL, SpeedSettings(**ablation.overrides()))
+        overrides = ablation.overrides()
+        assert overrides["probe"] is False and overrides["precision"] == ("fp32" if ablation.name == "bf16 autocast" else "bf16")
+        ablated = make_plan(H100, SMALL, SpeedSettings(**overrides), epochs=10)
         assert [a.name for a in ablations(ablated)] == [n for n in expected if n != ablation.name]
+    compiled = plan.replace(step_graph=Choice(False, "off: the model is compiled"), compile=Choice("reduce-overhead", "measured 1.4x eager"))
+    assert "torch.compile" in [a.name for a in ablations(compiled)] and "CUDA graph step" not in [a.name for a in ablations(compiled)]
 
 
 def test_fp16_gpu_and_cpu_plans_list_only_what_they_turn_on(plenty_of_free_memory):
-    t4 = [a.name for a in ablations(make_plan(T4, SMALL, SpeedSettings()))]
-    assert t4[:2] == ["fp16 autocast", "cudnn.benchmark"] and "TF32" not in t4  # T4 has no TF32 tensor cores
+    t4 = make_plan(T4, SMALL, SpeedSettings(batch_search=False), epochs=10)
+    t4 = t4.replace(precision=Choice("fp16", "measured"), grad_scaler=Choice(True, "fp16"), cudnn_benchmark=Choice(True, "measured"))
+    names = [a.name for a in ablations(t4)]
+    assert names[:2] == ["fp16 autocast", "cudnn.benchmark"] and "TF32" not in names  # T4 has no TF32 tensor cores
     cpu = {a.name for a in ablations(make_plan(CPU, SMALL, SpeedSettings()))}
     assert cpu == cpu_speedups()
+    threads = make_plan(CPU, SMALL, SpeedSettings()).replace(threads=Choice(torch.get_num_threads() + 1, "measured 1.6x"))
+    assert f"{torch.get_num_threads() + 1} threads" in {a.name for a in ablations(threads)}
     assert "resident data" not in {a.name for a in ablations(make_plan(CPU, SMALL, SpeedSettings(data_placement="loader")))}
+
+
+def test_bench_times_the_tuned_hand_loop_and_lightning_too(monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: module)  # the guides' compile, without its tens of seconds here
+    settings = BenchSettings(model="mlp", epochs=2, repeats=1, length=300, lookback=12, hidden_size=16, device="cpu", ablation=False)
+    report = run_bench(settings)
+    rows = {row["loop"]: row for row in report.results}
+    expected = ["before", "gpufill", "hand loop", "hand loop, tuned"] + (["lightning"] if lightning_available() else [])
+    assert [row["loop"] for row in report.results] == expected
+    gpufill = rows["gpufill"]["samples_per_s"]
+    for name in expected[3:]:
+        key = "gpufill_over_" + name.replace(", ", "_").replace(" ", "_")
+        assert report.ratios[key] == pytest.approx(gpufill / rows[name]["samples_per_s"], rel=2e-3)
+        assert rows[name]["worth"] == pytest.approx(report.ratios[key], abs=1e-3)
+        assert math.isfinite(rows[name]["val_loss"]) and rows[name]["total_s"] > 0
+    assert rows["gpufill"]["probe_s"] is not None and "value" in report.plan["probe"]
 
 
 def _run(name: str, samples_per_s: float, val_loss: float = 1.0) -> LoopMeasurement:
@@ -190,7 +221,8 @@ def test_meter_reads_gpu_utilisation_even_for_a_short_run():
 
 
 def test_run_bench_records_the_meters_gpu_utilisation_per_row():
-    settings = BenchSettings(model="mlp", epochs=2, repeats=1, length=300, lookback=12, hidden_size=16, device="cpu", ablation=False)
+    settings = BenchSettings(model="mlp", epochs=2, repeats=1, length=300, lookback=12, hidden_size=16, device="cpu", ablation=False,
+                             hand_tuned=False, lightning=False)
     report = run_bench(settings, meter=UtilisationMeter("cpu", interval=0.05, source=FakeGpu()))
     assert [row["loop"] for row in report.results] == ["before", "gpufill", "hand loop"]
     assert [row["gpu_util"] for row in report.results] == [42.0, 42.0, 42.0]

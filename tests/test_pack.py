@@ -128,7 +128,7 @@ def test_early_stopped_and_diverged_models_are_masked_while_the_rest_go_on():
 
 def test_pack_size_is_measured_and_explained():
     ws = windows(1)
-    choice = measure_pack_size(lambda: models("mlp", ws, [0])[0], (ws[0].x_train, ws[0].y_train), batch=64, device="cpu", candidates=(1, 2, 4), steps=2)
+    choice = measure_pack_size(lambda: models("mlp", ws, [0])[0], (ws[0].x_train, ws[0].y_train), batch=64, device="cpu", candidates=(1, 2, 4), steps=2, min_gain=None)
     assert set(choice.samples_per_s) == {1, 2, 4} and all(v > 0 for v in choice.samples_per_s.values())
     assert choice.size == max(choice.samples_per_s, key=choice.samples_per_s.get)
     assert ("fused packs of" in choice.reason) == (choice.size > 1)
@@ -207,7 +207,7 @@ def test_a_pack_with_loss_scaling_trains_exactly_as_without_and_its_plan_says_wh
             assert torch.equal(x, y), name  # scaling by 2**16 and back is exact in fp32
     plan = scaled[0].plan
     assert plan.grad_scaler.value and "one dynamic scale for the pack" in plan.grad_scaler.reason
-    assert not plan.compile.value and "off on CPU" in plan.compile.reason
+    assert not plan.compile.value and "long enough to repay it" in plan.compile.reason
     assert not plan.batch_search.value and plan.micro_batch.value == plan.effective_batch.value == 64 and plan.accumulation.value == 1
     assert plan.data_placement.value == "device" and "PackAdamW" in plan.optimizer_kernel.reason
 
@@ -254,32 +254,31 @@ def test_requested_compile_of_a_pack_falls_back_to_eager_on_a_compile_error(monk
     _same_packs(eager, packed)  # the failed first step left nothing behind
 
 
-@pytest.mark.parametrize("faster", [True, False])
-def test_auto_compile_of_a_long_pack_is_measured_cached_and_leaves_no_trace(monkeypatch, tmp_path, faster):
-    from gpufill.engine.packs import train as pack_module
-    from gpufill.engine.measure import compile as tune_compile
-    from gpufill.engine.plan import Choice
+def test_a_long_packs_choices_are_measured_cached_and_leave_no_trace(monkeypatch, tmp_path):
+    from gpufill.engine.measure import resolver as resolve_module
     from gpufill.engine.measure.cache import clear_memory
 
     clear_memory()
+    # Compiling is the identity here, so weights must come out as eager's whatever is chosen, if the
+    # measured steps were undone; a generous budget lets every stage run on this short pack.
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: module)
+    monkeypatch.setattr(resolve_module, "PROBE_SHARE", 1000.0)
+    monkeypatch.setattr(resolve_module, "PROBE_MIN_STEPS", 10)
+    monkeypatch.setitem(resolve_module.COMPILE_GUESS_S, "cpu", 0.0)
     ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
-    config = FitConfig(epochs=2, batch_size=64, tune_cache=tmp_path)
-    eager = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=config)
-    # As on a GPU with a long training: "auto" says measure. Compiling is the identity here, so
-    # weights must come out identical whatever is decided, if the measured steps were undone.
-    monkeypatch.setattr(pack_module, "compile_for_steps", lambda plan, steps: plan.replace(compile=Choice(True, "CUDA (test): measure")))
-    monkeypatch.setattr(torch, "compile", lambda module: module)
-    verdict = Choice(faster, "measured faster (test)" if faster else "off: measured not faster (test)")
-    monkeypatch.setattr(tune_compile, "decide_compile", lambda measurement: verdict)
-    timed = []
-    real_seconds = tune_compile.seconds_per_step
-    monkeypatch.setattr(tune_compile, "seconds_per_step", lambda *a: timed.append(1) or real_seconds(*a))
+    config = FitConfig(epochs=6, batch_size=16, tune_cache=tmp_path)
     first = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=config)
-    assert len(timed) == 2  # eager, then compiled
-    assert first[0].plan.compile == verdict and any(e == f"compile: {verdict.reason}" for e in first[0].events)
-    _same_packs(eager, first)
+    plan = first[0].plan
+    assert plan.probe.value > 0 and "measurements in" in plan.probe.reason, plan.probe.reason
+    assert "measured" in plan.compile.reason and "compile (default)" in plan.compile.reason, plan.compile.reason
+    assert any(e.startswith("probe: ") for e in first[0].events)
+    # The same pack with the chosen settings and no probe trains to the very same weights.
+    chosen = FitConfig(epochs=6, batch_size=16, probe=False, precision=plan.precision.value, threads=plan.threads.value,
+                       compile=plan.compile.value or False)
+    _same_packs(fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=chosen), first)
+    clear_memory()  # as a new worker process would start: the workdir's cache answers
     again = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=config)
-    assert len(timed) == 2 and again[0].plan.compile.reason.endswith("(cached measurement)")  # same shape: no new timing
-    _same_packs(eager, again)
-    assert "pack-compile|" in (tmp_path / "tune-cache.json").read_text()  # other workers read it from the workdir
+    assert again[0].plan.probe.value == 0.0 and "cached measurements" in again[0].plan.probe.reason
+    assert again[0].plan.compile.value == plan.compile.value and again[0].plan.compile.reason.endswith("(cached measurement)")
+    assert "pack-plan|" in (tmp_path / "tune-cache.json").read_text()
     clear_memory()

@@ -6,7 +6,7 @@ import torch
 from gpufill.engine import batching as batching_module
 from gpufill.engine import plan as plan_module
 from gpufill.errors import InputError
-from gpufill.engine.plan import DataFacts, SpeedSettings, compile_for_steps, lr_scale_factor, make_plan
+from gpufill.engine.plan import DataFacts, SpeedSettings, lr_scale_factor, make_plan
 from tests.fakes import CPU, H100, T4
 
 SMALL = DataFacts(n_train=10_000, bytes_total=10 * 2**20)
@@ -24,28 +24,44 @@ def test_every_setting_has_a_value_and_a_reason():
         assert len(choice["reason"]) > 5, name
 
 
-def test_precision_follows_the_hardware():
+def test_auto_precision_starts_at_fp32_and_names_what_is_timed_against_it():
     h100, t4, cpu = (make_plan(hw, SMALL, SpeedSettings()) for hw in (H100, T4, CPU))
-    assert h100.precision.value == "bf16" and "sm_90" in h100.precision.reason
-    assert h100.autocast_dtype is torch.bfloat16 and not h100.grad_scaler.value
-    assert t4.precision.value == "fp16" and "sm_75" in t4.precision.reason
-    assert t4.grad_scaler.value and t4.autocast_dtype is torch.float16
-    assert cpu.precision.value == "fp32" and cpu.autocast_dtype is None
+    assert h100.precision.value == "fp32" and "bf16" in h100.precision.reason and "sm_90" in h100.precision.reason
+    assert "small models are often faster in fp32" in h100.precision.reason
+    assert t4.precision.value == "fp32" and "fp16 with loss scaling" in t4.precision.reason and "sm_75" in t4.precision.reason
+    assert cpu.precision.value == "fp32" and cpu.autocast_dtype is None and not cpu.grad_scaler.value
+    bf16 = make_plan(H100, SMALL, SpeedSettings(precision="bf16"))
+    assert bf16.precision.value == "bf16" and bf16.autocast_dtype is torch.bfloat16 and not bf16.grad_scaler.value
+    fp16 = make_plan(T4, SMALL, SpeedSettings(precision="fp16"))
+    assert fp16.grad_scaler.value and fp16.autocast_dtype is torch.float16
 
 
-def test_tf32_cudnn_and_compile_on_gpu_and_cpu():
-    h100, t4, cpu = (make_plan(hw, SMALL, SpeedSettings()) for hw in (H100, T4, CPU))
-    assert h100.tf32.value and not t4.tf32.value and not cpu.tf32.value
-    assert h100.cudnn_benchmark.value and not cpu.cudnn_benchmark.value
-    assert not cpu.compile.value and "CPU" in cpu.compile.reason
+def test_measured_settings_start_at_torchs_defaults_and_requests_are_kept():
+    h100, cpu = make_plan(H100, SMALL, SpeedSettings()), make_plan(CPU, SMALL, SpeedSettings())
+    assert not h100.tf32.value and "timed against full fp32" in h100.tf32.reason
+    assert not h100.cudnn_benchmark.value and "timed" in h100.cudnn_benchmark.reason
+    assert not cpu.tf32.value and not cpu.cudnn_benchmark.value
+    assert not h100.step_graph.value and "timed against them" in h100.step_graph.reason
+    assert not cpu.step_graph.value and "CUDA" in cpu.step_graph.reason
+    assert cpu.threads.value == torch.get_num_threads() and "timed against it" in cpu.threads.reason
+    requested = make_plan(H100, SMALL, SpeedSettings(tf32=True, cudnn_benchmark=True, cuda_graph=True, threads=3))
+    assert requested.tf32.value and requested.cudnn_benchmark.value and requested.step_graph.value and requested.threads.value == 3
 
 
-def test_auto_compile_needs_enough_steps_to_pay_back():
-    plan = make_plan(H100, SMALL, SpeedSettings())
-    assert not compile_for_steps(plan, 100).compile.value
-    assert compile_for_steps(plan, 5000).compile.value
-    forced = make_plan(H100, SMALL, SpeedSettings(compile=True))
-    assert compile_for_steps(forced, 10).compile.value  # an explicit request is kept
+def test_compile_is_measured_unless_requested():
+    auto = make_plan(H100, SMALL, SpeedSettings())
+    assert auto.compile.value is False and "long enough to repay it" in auto.compile.reason
+    assert make_plan(CPU, SMALL, SpeedSettings(compile=True)).compile.value == "default"
+    assert make_plan(H100, SMALL, SpeedSettings(compile="reduce-overhead")).compile.value == "reduce-overhead"
+    assert make_plan(H100, SMALL, SpeedSettings(compile=False)).compile.reason == "requested: off"
+
+
+def test_the_probe_is_planned_for_known_lengths_only():
+    assert make_plan(CPU, SMALL, SpeedSettings(), epochs=3).probe.reason == "to be measured before the first epoch"
+    assert "not given" in make_plan(CPU, SMALL, SpeedSettings()).probe.reason
+    stream = DataFacts(n_train=None, bytes_total=0, kind="stream")
+    assert "IterableDataset" in make_plan(CPU, stream, SpeedSettings(), epochs=3).probe.reason
+    assert "careful hand loop" in make_plan(CPU, SMALL, SpeedSettings(probe=False), epochs=3).probe.reason
 
 
 @pytest.mark.parametrize(

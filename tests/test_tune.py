@@ -1,22 +1,18 @@
-"""Measured choices: batch search, loader tuning, compile by measurement, and their cache."""
-
-import time
+"""Measured choices: batch search, loader tuning, and their cache (the probe's stages: tests/engine/test_measured_plan.py)."""
 
 import pytest
 import torch
-from torch import nn
 from torch.utils.data import Dataset
 
 from gpufill.engine import batching as batching_module
-from gpufill.engine import plan as plan_module
 from gpufill.engine.loop import fit
-from gpufill.engine.plan import Choice, DataFacts, SpeedSettings, make_plan
-from gpufill.engine.measure import BatchTrial, CompileMeasurement, TuneCache, candidate_sizes, decide_compile, loader_candidates, search_batch
-from gpufill.engine.measure import apply as apply_module
+from gpufill.engine.plan import DataFacts, SpeedSettings, make_plan
+from gpufill.engine.measure import BatchTrial, Measurement, TuneCache, candidate_sizes, loader_candidates, search_batch
 from gpufill.engine.measure import cache as cache_module
+from gpufill.engine.measure import probe as probe_module
 from gpufill.engine.measure import loader as loader_module
 from tests.fakes import CPU, H100
-from tests.test_fit import Tiny, assert_same_weights, make_data, model
+from tests.test_fit import assert_same_weights, make_data, model
 
 MIB = 2**20
 
@@ -83,19 +79,21 @@ def test_out_of_memory_ends_the_walk_and_nothing_fitting_is_an_input_error():
 
 
 def fixed_rates(rates):
-    """A measure_batch replacement: a fixed samples/s per size (deterministic choices in fit tests)."""
+    """A probe replacement: a fixed samples/s per micro-batch size (deterministic choices in fit tests)."""
     calls = []
 
-    def measure(step, batches, *, size, effective, device, is_oom):
-        calls.append((size, effective))
-        return BatchTrial(size=size, samples_per_s=rates.get(size, 1.0), peak_bytes=None)
+    def measure(self, plan, *, timed_steps, check):
+        size, effective = plan.micro_batch.value, plan.effective_batch.value
+        if plan.micro_batch.reason == "measuring":  # the batch search's, not the probe's other stages
+            calls.append((size, effective))
+        return Measurement(step_s=effective / rates.get(size, 1.0), losses=(1.0,) * 3 if check else ())
 
     return measure, calls
 
 
 def test_search_keeps_the_effective_batch_through_accumulation(monkeypatch):
     measure, calls = fixed_rates({4: 100.0, 8: 300.0, 16: 200.0, 32: 150.0, 64: 120.0, 6: 10.0, 12: 10.0})
-    monkeypatch.setattr(apply_module, "measure_batch", measure)
+    monkeypatch.setattr(probe_module.FitProbe, "measure", measure)
     x, y = make_data()
     result = fit(model(), (x, y), epochs=1, batch_size=64, batch_search=True)
     assert result.plan.effective_batch.value == 64
@@ -122,7 +120,7 @@ def test_the_search_leaves_model_optimizer_and_random_state_untouched():
 
 def test_allowing_the_effective_batch_to_change_scales_the_learning_rate(monkeypatch):
     measure, _ = fixed_rates({32: 100.0, 64: 200.0, 128: 300.0, 256: 500.0, 512: 400.0, 192: 10.0, 384: 10.0})
-    monkeypatch.setattr(apply_module, "measure_batch", measure)
+    monkeypatch.setattr(probe_module.FitProbe, "measure", measure)
     x, y = make_data(n=2048)
     result = fit(model(), (x, y), epochs=1, batch_search=True, tune_effective_batch=True, lr=1e-3)
     assert result.plan.effective_batch.value == 256 and result.plan.accumulation.value == 1
@@ -133,7 +131,7 @@ def test_allowing_the_effective_batch_to_change_scales_the_learning_rate(monkeyp
 
 def test_a_campaign_measures_once_per_shape(tmp_path, monkeypatch):
     measure, calls = fixed_rates({16: 500.0})
-    monkeypatch.setattr(apply_module, "measure_batch", measure)
+    monkeypatch.setattr(probe_module.FitProbe, "measure", measure)
     x, y = make_data()
     first = fit(model(), (x, y), epochs=1, batch_size=64, batch_search=True, tune_cache=tmp_path)
     measured = len(calls)
@@ -157,64 +155,15 @@ def test_a_damaged_cache_is_measured_again(tmp_path):
 
 def test_batch_search_is_planned_from_the_device_and_training_length():
     facts = DataFacts(n_train=10_000, bytes_total=10_000)
-    cpu, gpu = make_plan(CPU, facts, SpeedSettings()), make_plan(H100, facts, SpeedSettings())
+    cpu, gpu = make_plan(CPU, facts, SpeedSettings(), epochs=100), make_plan(H100, facts, SpeedSettings(), epochs=100)  # 79 steps per epoch
     assert not cpu.batch_search.value and "CPU" in cpu.batch_search.reason
     assert gpu.batch_search.value
-    assert not plan_module.for_training_length(gpu, 100).batch_search.value
-    assert plan_module.for_training_length(gpu, 10_000).batch_search.value
-    forced = make_plan(CPU, facts, SpeedSettings(batch_search=True))
-    assert plan_module.for_training_length(forced, 10).batch_search.value  # a request is kept
+    short = make_plan(H100, facts, SpeedSettings(), epochs=2)
+    assert not short.batch_search.value and "only 158 optimizer steps" in short.batch_search.reason
+    assert not make_plan(H100, facts, SpeedSettings()).batch_search.value  # no epochs: the length is not known
+    forced = make_plan(CPU, facts, SpeedSettings(batch_search=True), epochs=1)
+    assert forced.batch_search.value  # a request is kept
     assert not make_plan(H100, facts, SpeedSettings(micro_batch=16, batch_size=64)).batch_search.value
-
-
-# -- compile ----------------------------------------------------------------------------------
-def test_compile_is_kept_only_when_measured_faster():
-    kept = decide_compile(CompileMeasurement(eager_step_s=0.010, compiled_step_s=0.007, compile_s=12.0))
-    assert kept.value and "1.43x" in kept.reason and "12.0 s" in kept.reason
-    rejected = decide_compile(CompileMeasurement(eager_step_s=0.010, compiled_step_s=0.0098, compile_s=12.0))
-    assert not rejected.value and "not faster by 5%" in rejected.reason
-
-
-def force_auto_compile(monkeypatch):
-    """Make the CPU plan choose compile=auto -> on, as CUDA does, so the measurement runs here."""
-    monkeypatch.setattr(plan_module, "_compile", lambda hardware, requested, steps_per_epoch: Choice(True, "auto (test)"))
-    monkeypatch.setattr(plan_module, "COMPILE_MIN_STEPS", 0)
-
-
-def test_a_compiled_model_slower_than_eager_is_rejected(monkeypatch):
-    force_auto_compile(monkeypatch)
-
-    def slow_compile(module, **kwargs):
-        def forward(x):
-            time.sleep(0.003)
-            return module(x)
-
-        return forward
-
-    monkeypatch.setattr(torch, "compile", slow_compile)
-    x, y = make_data()
-    result = fit(model(), (x, y), epochs=1, batch_size=32)
-    assert not result.plan.compile.value
-    assert result.plan.compile.reason.startswith("off: measured not faster")
-    assert any(event.startswith("compile: off") for event in result.events)
-    reference = fit(model(), (x, y), epochs=1, batch_size=32, compile=False)
-    assert_same_weights(result.model, reference.model)  # the measurement left no trace
-
-
-def test_a_compile_error_during_the_measurement_falls_back_to_eager(monkeypatch):
-    force_auto_compile(monkeypatch)
-
-    def broken_compile(module, **kwargs):
-        def forward(x):
-            raise RuntimeError("inductor: unsupported op")
-
-        return forward
-
-    monkeypatch.setattr(torch, "compile", broken_compile)
-    x, y = make_data()
-    result = fit(model(), (x, y), epochs=1, batch_size=32)
-    assert not result.plan.compile.value
-    assert "compile failed (RuntimeError: inductor: unsupported op)" in result.plan.compile.reason
 
 
 # -- loader -----------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Ablations: gpufill with one speed-up switched off, for each speed-up its plan turned on.
 
-The list comes from the Plan gpufill chooses on this device, so a row exists only for a
-speed-up that is on here (no TF32 row on a CPU, no compile row when the training is too
-short for compile to be chosen). Each ablation is a FitConfig override, measured by
-`compare` as a variant; its "worth" is gpufill / ablated samples/s.
+The list comes from the plan gpufill measured on this device (`measured_plan`), so a row
+exists only for a speed-up that is on here (no TF32 row on a CPU, no bf16 row where the
+probe kept fp32). Each ablation pins every measured setting to the plan's value (the probe
+off) and reverts one to the plain loop's: torch's defaults, fp32, eager, the thread count
+torch has now. It is measured by `compare` as a variant; its "worth" is gpufill / ablated
+samples/s.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import dataclasses
 import re
 from typing import Any
 
+import torch
+
 from gpufill.engine import loop
 from gpufill.engine.config import FitConfig
 from gpufill.engine.inputs import Data
-from gpufill.engine.plan import Choice, Plan
+from gpufill.engine.plan import Choice, Plan, torch_default_kernel
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -30,6 +34,8 @@ class Ablation:
     """The value that switches it off."""
     reason: str
     """Why the plan turned it on (the plan's reason)."""
+    pinned: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The plan's other measured settings, held at their values (and the probe off) while this one is reverted."""
 
     @property
     def key(self) -> str:
@@ -42,43 +48,52 @@ class Ablation:
         return f"gpufill - {self.name}"
 
     def overrides(self) -> dict[str, Any]:
-        return {self.setting: self.value}
+        return {**self.pinned, self.setting: self.value}
 
     def describe(self) -> str:
         return f"{self.setting}={self.value}"
 
 
 def automatic_plan(config: FitConfig, train: Data, val: Data | None) -> Plan:
-    """The plan fit() makes for this data and these settings (compile settled for its step count), as fit does."""
+    """The plan fit() starts from for this data and these settings, before its probe measures anything."""
     return loop.automatic_plan(train, val, config=config)
 
 
+def pinned_settings(plan: Plan) -> dict[str, Any]:
+    """FitConfig overrides that reproduce `plan`'s measured settings without measuring again."""
+    return {"precision": plan.precision.value, "tf32": plan.tf32.value, "cudnn_benchmark": plan.cudnn_benchmark.value,
+            "cuda_graph": plan.step_graph.value, "compile": plan.compile.value or False, "threads": plan.threads.value,
+            "optimizer_kernel": plan.optimizer_kernel.value, "micro_batch": plan.micro_batch.value, "batch_search": False, "probe": False}
+
+
 def ablations(plan: Plan) -> list[Ablation]:
-    """One Ablation per speed-up that is on in `plan`, in the plan's order.
-
-    Batch search gets a row only where this version's Plan has that setting (read at run
-    time, so the row appears with the version that adds it).
-    """
+    """One Ablation per speed-up that is on in `plan`, in the plan's order."""
+    pinned = pinned_settings(plan)
     rows: list[Ablation] = []
+
+    def add(name: str, setting: str, value: Any, choice: Choice[Any]) -> None:
+        rows.append(Ablation(name, setting, value, choice.reason, {k: v for k, v in pinned.items() if k != setting}))
+
     if plan.precision.value in ("bf16", "fp16"):
-        rows.append(Ablation(f"{plan.precision.value} autocast", "precision", "fp32", plan.precision.reason))
+        add(f"{plan.precision.value} autocast", "precision", "fp32", plan.precision)
     if plan.tf32.value:
-        rows.append(Ablation("TF32", "tf32", False, plan.tf32.reason))
+        add("TF32", "tf32", False, plan.tf32)
     if plan.cudnn_benchmark.value:
-        rows.append(Ablation("cudnn.benchmark", "cudnn_benchmark", False, plan.cudnn_benchmark.reason))
+        add("cudnn.benchmark", "cudnn_benchmark", False, plan.cudnn_benchmark)
+    if plan.step_graph.value:
+        add("CUDA graph step", "cuda_graph", False, plan.step_graph)
     if plan.compile.value:
-        rows.append(Ablation("torch.compile", "compile", False, plan.compile.reason))
+        add("torch.compile", "compile", False, plan.compile)
+    if plan.threads.value != torch.get_num_threads():
+        add(f"{plan.threads.value} threads", "threads", torch.get_num_threads(), plan.threads)
     if plan.data_placement.value == "device":
-        rows.append(Ablation("resident data", "data_placement", "loader", plan.data_placement.reason))
-    search = getattr(plan, "batch_search", None)
-    if isinstance(search, Choice) and search.value and "batch_search" in _CONFIG_FIELDS:
-        rows.append(Ablation("batch search", "batch_search", False, search.reason))
-    if plan.optimizer_kernel.value in ("fused", "foreach"):
-        name = "fused optimizer" if plan.optimizer_kernel.value == "fused" else "multi-tensor optimizer"
-        rows.append(Ablation(name, "optimizer_kernel", "for-loop", plan.optimizer_kernel.reason))
+        add("resident data", "data_placement", "loader", plan.data_placement)
+    if plan.batch_search.value and plan.micro_batch.value != plan.effective_batch.value:
+        add("batch search", "micro_batch", plan.effective_batch.value, plan.micro_batch)
+    default = torch_default_kernel(plan.device.value.split(":")[0])
+    if plan.optimizer_kernel.value != default:
+        name = {"fused": "fused optimizer", "foreach": "multi-tensor optimizer"}.get(plan.optimizer_kernel.value, f"{plan.optimizer_kernel.value} optimizer")
+        add(name, "optimizer_kernel", default, plan.optimizer_kernel)
     if not plan.step_sync.value:
-        rows.append(Ablation("no per-step sync", "sync_every_step", True, plan.step_sync.reason))
+        add("no per-step sync", "sync_every_step", True, plan.step_sync)
     return rows
-
-
-_CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(FitConfig))

@@ -56,6 +56,12 @@ class LoopMeasurement:
     """Mean GPU utilisation (%) during the run, from NVML; None on CPU or without NVML."""
     samples_per_s_runs: list[float] = dataclasses.field(default_factory=list)
     """Each round's samples/s when several runs were summarised (the paired ratios come from these)."""
+    total_s: float | None = None
+    """The whole training end to end: set-up (gpufill's probe, a compile's first call) and every epoch."""
+    probe_s: float | None = None
+    """gpufill only: seconds its probe spent measuring before the first epoch."""
+    plan: dict[str, Any] | None = None
+    """gpufill only: the measured settings it trained with (value per setting)."""
 
     def row(self) -> dict[str, Any]:
         return {
@@ -68,6 +74,9 @@ class LoopMeasurement:
             "gpu_util": None if self.gpu_util is None else round(self.gpu_util, 1),
             "val_loss_runs": [round(v, 6) for v in self.val_loss_runs] or None,
             "samples_per_s_runs": [round(v, 1) for v in self.samples_per_s_runs] or None,
+            "total_s": None if self.total_s is None else round(self.total_s, 3),
+            "probe_s": None if self.probe_s is None else round(self.probe_s, 3),
+            "plan": self.plan,
         }
 
 
@@ -114,6 +123,7 @@ def baseline_fit(
     stops after that many epochs without a better validation loss and restores the best
     weights, as the guides' early-stopping recipe does.
     """
+    started = time.perf_counter()
     device = torch.device(device)
     loss_fn, _ = losses.resolve(loss)
     torch.manual_seed(seed)
@@ -158,7 +168,10 @@ def baseline_fit(
                     break
     if best_state is not None:
         model.load_state_dict(best_state)
-    return _measurement("baseline", model, val, loss, seconds, samples, memory)
+    total = time.perf_counter() - started
+    measured = _measurement("baseline", model, val, loss, seconds, samples, memory)
+    measured.total_s = total
+    return measured
 
 
 def _blocking_copy(batch: Any, device: torch.device) -> Any:
@@ -179,23 +192,53 @@ def gpufill_fit(
     config = dataclasses.replace(config or FitConfig(), epochs=epochs)
     device = resolve_device(config.device)
     memory = _PeakMemory(device)
+    tick = time.perf_counter()
     result = fit(model, train, val, config=config, callbacks=[memory])
+    total = time.perf_counter() - tick
     seconds = [record.seconds for record in result.history]
     # Validation time is inside the baseline's epochs: add gpufill's share for a fair epoch.
     val_share = result.timings["val_s"] / max(len(seconds), 1)
     samples = count_samples(train) or round(result.timings["samples_per_s"] * result.timings["epoch_s"])
-    return _measurement(name, result.model, val, config.loss, [s + val_share for s in seconds], samples, memory)
+    measured = _measurement(name, result.model, val, config.loss, [s + val_share for s in seconds], samples, memory)
+    measured.total_s, measured.probe_s = total, result.plan.probe.value
+    measured.plan = {name: getattr(result.plan, name).value for name in MEASURED_SETTINGS}
+    return measured
+
+
+MEASURED_SETTINGS = ("threads", "precision", "tf32", "cudnn_benchmark", "optimizer_kernel", "step_graph", "compile", "micro_batch")
+"""The plan settings a gpufill row records: what its probe decided."""
 
 
 def minimal_measured(
     model: nn.Module, train: Data, val: Data, *, epochs: int, device: str, seed: int, loss: Any = "mse", lr: float = DEFAULTS.lr,
+    batch_size: int = 128, tuned: bool = False, name: str = "minimal",
+) -> LoopMeasurement:
+    """The careful hand-written loop (see `minimal`; `tuned`: with the guides' settings), measured like the others."""
+    memory = _PeakMemory(torch.device(device))
+    tick = time.perf_counter()
+    seconds = minimal_fit(model, train, val, epochs=epochs, device=device, seed=seed, loss=loss, lr=lr, batch_size=batch_size, tuned=tuned)
+    total = time.perf_counter() - tick
+    memory.sample()
+    measured = _measurement(name, model, val, loss, seconds, sample_count(train), memory)
+    measured.total_s = total
+    return measured
+
+
+def lightning_measured(
+    model: nn.Module, train: Data, val: Data, *, epochs: int, device: str, seed: int, loss: Any = "mse", lr: float = DEFAULTS.lr,
     batch_size: int = 128,
 ) -> LoopMeasurement:
-    """The careful hand-written fp32 loop (see `minimal`), measured like the others."""
+    """Lightning's Trainer (see `lightning`), measured like the others."""
+    from gpufill.bench.lightning import lightning_fit
+
     memory = _PeakMemory(torch.device(device))
-    seconds = minimal_fit(model, train, val, epochs=epochs, device=device, seed=seed, loss=loss, lr=lr, batch_size=batch_size)
+    tick = time.perf_counter()
+    seconds = lightning_fit(model, train, val, epochs=epochs, device=device, seed=seed, loss=loss, lr=lr, batch_size=batch_size)
+    total = time.perf_counter() - tick
     memory.sample()
-    return _measurement("minimal", model, val, loss, seconds, sample_count(train), memory)
+    measured = _measurement("lightning", model, val, loss, seconds, sample_count(train), memory)
+    measured.total_s = total
+    return measured
 
 
 def _measurement(name: str, model: nn.Module, val: Data, loss: Any, seconds: list[float], n_train: int, memory: _PeakMemory) -> LoopMeasurement:
@@ -235,6 +278,8 @@ class Comparison:
     """gpufill with some settings changed (an ablation each), by name."""
     minimal: list[LoopMeasurement] = dataclasses.field(default_factory=list)
     """The careful hand-written fp32 loop, when asked for (see `gpufill.bench.minimal`)."""
+    others: dict[str, list[LoopMeasurement]] = dataclasses.field(default_factory=dict)
+    """What else a user would write, when asked for: "hand loop, tuned" (the guides' settings), "lightning"."""
 
     def speedup(self) -> float:
         """Median over pairs of gpufill / baseline samples/s: adjacent runs share the machine's drift."""
@@ -256,9 +301,13 @@ class Comparison:
         """Mean validation loss over seeds, gpufill / baseline (one seed's batch order moves it by ~10 %)."""
         return statistics.fmean(m.val_loss for m in self.gpufill) / statistics.fmean(m.val_loss for m in self.baseline)
 
+    def over(self, other: str) -> float:
+        """Median over pairs of gpufill / `other` (one of `others`) samples/s."""
+        return _paired_ratio(self.gpufill, self.others[other])
+
     def rows(self) -> list[dict[str, Any]]:
-        """Baseline, gpufill, the minimal loop if run, then each variant: the median-speed run of each (see `_summarise`)."""
-        loops = (self.baseline, self.gpufill, *((self.minimal,) if self.minimal else ()), *self.variants.values())
+        """Baseline, gpufill, the minimal loop if run, the other loops, then each variant: the median-speed run of each (see `_summarise`)."""
+        loops = (self.baseline, self.gpufill, *((self.minimal,) if self.minimal else ()), *self.others.values(), *self.variants.values())
         return [_summarise(runs).row() for runs in loops]
 
 
@@ -287,6 +336,8 @@ def compare(
     meter: UtilisationMeter | None = None,
     progress: Callable[[str], None] | None = None,
     minimal: bool = False,
+    hand_tuned: bool = False,
+    lightning: bool = False,
 ) -> Comparison:
     """Baseline, gpufill and each variant, interleaved `repeats` times from the same initial weights.
 
@@ -297,7 +348,9 @@ def compare(
 
     `variants` maps a name to FitConfig overrides (e.g. {"data_placement": "loader"}) for a
     gpufill run with those settings; `minimal` adds the careful hand-written fp32 loop (tensor
-    data only); `meter` adds each run's GPU utilisation; `progress` is told which run starts.
+    data only), `hand_tuned` the same loop with the guides' settings (bf16 where fast, TF32,
+    compile), `lightning` Lightning's Trainer ((inputs, targets) tensors); `meter` adds each run's
+    GPU utilisation; `progress` is told which run starts.
     """
     variants = dict(variants or {})
     options = dict(fit_options or {})
@@ -313,6 +366,10 @@ def compare(
     target = str(resolve_device(device))
     say = progress or (lambda _text: None)
     comparison = Comparison(baseline=[], gpufill=[], variants={name: [] for name in variants})
+    if hand_tuned:
+        comparison.others["hand loop, tuned"] = []
+    if lightning:
+        comparison.others["lightning"] = []
 
     def gpufill_runner(name: str, overrides: Mapping[str, Any]) -> _Runner:
         def run(data: Data, epochs: int, seed: int) -> LoopMeasurement:
@@ -323,6 +380,15 @@ def compare(
     def minimal_runner(data: Data, epochs: int, seed: int) -> LoopMeasurement:
         return minimal_measured(make_model(), data, val, epochs=epochs, device=target, seed=seed, loss=loss, lr=lr, batch_size=batch_size)
 
+    def tuned_runner(data: Data, epochs: int, seed: int) -> LoopMeasurement:
+        return minimal_measured(make_model(), data, val, epochs=epochs, device=target, seed=seed, loss=loss, lr=lr, batch_size=batch_size,
+                                tuned=True, name="hand loop, tuned")
+
+    def lightning_runner(data: Data, epochs: int, seed: int) -> LoopMeasurement:
+        return lightning_measured(make_model(), data, val, epochs=epochs, device=target, seed=seed, loss=loss, lr=lr, batch_size=batch_size)
+
+    other_runners = {"hand loop, tuned": tuned_runner, "lightning": lightning_runner}
+
     def baseline_runner(data: Data, epochs: int, seed: int) -> LoopMeasurement:
         return baseline_fit(make_model(), data, val, epochs=epochs, loss=loss, lr=lr, batch_size=batch_size, micro_batch=micro_batch,
                             device=target, seed=seed)
@@ -331,6 +397,7 @@ def compare(
         ("baseline", comparison.baseline, baseline_runner),
         ("gpufill", comparison.gpufill, gpufill_runner("gpufill", {})),
         *((("minimal", comparison.minimal, minimal_runner),) if minimal else ()),
+        *((name, runs, other_runners[name]) for name, runs in comparison.others.items()),
         *((name, comparison.variants[name], gpufill_runner(name, overrides)) for name, overrides in variants.items()),
     ]
     say("warm-up (untimed)")

@@ -22,7 +22,8 @@ import torch
 from rich import box
 from rich.table import Table
 
-from gpufill.bench.ablation import Ablation, ablations, automatic_plan
+from gpufill.bench.ablation import Ablation, ablations
+from gpufill.bench.lightning import available as lightning_available
 from gpufill.bench.loops import Comparison, compare
 from gpufill.bench.target import BenchTarget
 from gpufill.bench.utilisation import UtilisationMeter
@@ -31,6 +32,7 @@ from gpufill.forecasting.data import Split, load_projects, make_windows
 from gpufill.errors import InputError
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import detect, resolve_device
+from gpufill.engine.prepare import measured_plan
 from gpufill.forecasting.models import registry
 
 # Each family's width parameter, which --hidden-size sets.
@@ -75,6 +77,10 @@ class BenchSettings:
     """Also run gpufill with each speed-up switched off in turn."""
     hand_loop: bool = True
     """Also run the careful hand-written fp32 loop (resident tensors, fused AdamW, no per-step sync)."""
+    hand_tuned: bool = True
+    """Also run that loop with the guides' settings switched on by hand (bf16 where fast, TF32, torch.compile)."""
+    lightning: bool = True
+    """Also run Lightning's Trainer (where Lightning is installed and the data are (inputs, targets) tensors)."""
 
     def validate(self, *, forecaster: bool = True) -> None:
         if forecaster and self.model not in WIDTH_PARAM:
@@ -103,7 +109,7 @@ class BenchReport:
     model: str
     args: dict[str, Any]
     plan: dict[str, dict[str, Any]]
-    """gpufill's automatic plan for this training, every setting with its reason."""
+    """gpufill's measured plan for this training (its probe's outcome), every setting with its reason."""
     results: list[dict[str, Any]]
     ratios: dict[str, float]
     """speedup (gpufill / before samples/s), val_loss_ratio (gpufill / before), hand_loop_speedup (hand loop / before),
@@ -151,7 +157,9 @@ def run_bench(settings: BenchSettings | None = None, *, target: BenchTarget | No
     device = str(resolve_device(settings.device))
     hand_loop = settings.hand_loop and as_source(target.train, "train").kind == "tensors"  # the hand loop indexes tensors in memory
     config = FitConfig(**{"device": device, "loss": target.loss, "lr": target.lr, "epochs": target.epochs, **target.fit_options})
-    plan = automatic_plan(config, target.train, target.val)
+    if progress is not None:
+        progress("measuring gpufill's plan (its probe, once)")
+    plan = measured_plan(target.make_model(), target.train, target.val, config=config)
     chosen = ablations(plan) if settings.ablation else []
     own_meter = meter is None
     meter = meter or UtilisationMeter(device, interval=GPU_SAMPLE_S)
@@ -160,12 +168,18 @@ def run_bench(settings: BenchSettings | None = None, *, target: BenchTarget | No
             target.make_model, target.train, target.val, epochs=target.epochs, loss=target.loss, lr=target.lr, batch_size=target.batch_size,
             micro_batch=target.micro_batch, fit_options=target.fit_options, device=device, repeats=settings.repeats,
             variants={a.label: a.overrides() for a in chosen}, meter=meter, progress=progress, minimal=hand_loop,
+            hand_tuned=hand_loop and settings.hand_tuned, lightning=settings.lightning and lightning_available() and _pairs(target.train),
         )
     finally:
         if own_meter:
             meter.close()
     args = {**target.record(), "repeats": settings.repeats, "ablation": settings.ablation, "hand_loop": hand_loop}
     return BenchReport(environment(device), target.name, args, plan.to_dict(), _rows(comparison, chosen), _ratios(comparison, chosen))
+
+
+def _pairs(data: Any) -> bool:
+    """(inputs, targets) tensors: what the Lightning row's TensorDataset takes."""
+    return isinstance(data, tuple | list) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data)
 
 
 def _rows(comparison: Comparison, chosen: list[Ablation]) -> list[dict[str, Any]]:
@@ -175,7 +189,10 @@ def _rows(comparison: Comparison, chosen: list[Ablation]) -> list[dict[str, Any]
            {**gpufill, "ablation": None, "setting": None, "worth": None}]
     if comparison.minimal:  # worth, as for an ablation: gpufill samples/s / this row's
         out.append({**rows[2], "loop": "hand loop", "ablation": None, "setting": None, "worth": round(comparison.gpufill_over_minimal(), 3)})
-    for ablation, row in zip(chosen, rows[2 + bool(comparison.minimal):], strict=True):
+    first_other = 2 + bool(comparison.minimal)
+    for name, row in zip(comparison.others, rows[first_other:], strict=False):
+        out.append({**row, "loop": name, "ablation": None, "setting": None, "worth": round(comparison.over(name), 3)})
+    for ablation, row in zip(chosen, rows[first_other + len(comparison.others):], strict=True):
         out.append({**row, "ablation": ablation.name, "setting": ablation.describe(), "worth": round(comparison.worth(ablation.label), 3)})
     return out
 
@@ -185,8 +202,10 @@ def _ratios(comparison: Comparison, chosen: list[Ablation]) -> dict[str, float]:
     if comparison.minimal:
         ratios["hand_loop_speedup"] = comparison.minimal_over_baseline()
         ratios["gpufill_over_hand_loop"] = comparison.gpufill_over_minimal()
+    for name in comparison.others:
+        ratios[f"gpufill_over_{name.replace(', ', '_').replace(' ', '_')}"] = comparison.over(name)
     ratios.update({f"{ablation.key}_worth": comparison.worth(ablation.label) for ablation in chosen})
-    loops = [runs for runs in (comparison.baseline, comparison.gpufill, comparison.minimal, *comparison.variants.values()) if runs]
+    loops = [runs for runs in (comparison.baseline, comparison.gpufill, comparison.minimal, *comparison.others.values(), *comparison.variants.values()) if runs]
     # How far one loop's rounds disagree (max / min samples/s, worst loop): the noise floor of every ratio above.
     ratios["round_spread"] = max(max(m.samples_per_s for m in runs) / min(m.samples_per_s for m in runs) for runs in loops)
     return ratios
@@ -225,6 +244,11 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if "gpufill_over_hand_loop" in ratios:
         lines.append(f"hand loop (a careful hand-written fp32 loop: resident tensors, fused AdamW, no per-step sync): "
                      f"{ratios['hand_loop_speedup']:.2f}x the before loop; gpufill / hand loop: {ratios['gpufill_over_hand_loop']:.2f}x")
+    if "gpufill_over_hand_loop_tuned" in ratios:
+        lines.append(f"hand loop, tuned (the guides' settings by hand: bf16 where fast, TF32, torch.compile): "
+                     f"gpufill / it: {ratios['gpufill_over_hand_loop_tuned']:.2f}x")
+    if "gpufill_over_lightning" in ratios:
+        lines.append(f"Lightning's Trainer (logger, checkpoints, progress bar off): gpufill / it: {ratios['gpufill_over_lightning']:.2f}x")
     ablated = [row for row in report["results"] if row["ablation"]]
     if ablated:
         lines.append("rows \"- X\": gpufill with speed-up X switched off; worth = gpufill samples/s / that row's (above 1: X helps here)")

@@ -51,6 +51,8 @@ def bench(
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
     ablation: bool = typer.Option(True, "--ablation/--no-ablation", help="Also run gpufill with each of its speed-ups off in turn."),
     hand_loop: bool = typer.Option(True, "--hand-loop/--no-hand-loop", help="Also run a careful hand-written fp32 loop (resident data, fused AdamW, no per-step sync)."),
+    hand_tuned: bool = typer.Option(True, "--hand-tuned/--no-hand-tuned", help="Also run that loop with the guides' settings by hand (bf16 where fast, TF32, torch.compile)."),
+    lightning: bool = typer.Option(True, "--lightning/--no-lightning", help="Also run Lightning's Trainer with its speed defaults (where Lightning is installed)."),
     out: Path | None = typer.Option(None, "--out", help="Also write the JSON record to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
     steps: int = typer.Option(30, "--steps", help="-- COMMAND: optimizer steps measured per run (after 3 warm-up steps)."),
@@ -69,7 +71,8 @@ def bench(
     from gpufill.engine.config import DEFAULTS
 
     sizes = {"epochs": epochs, "repeats": repeats, "length": length, "lookback": lookback, "hidden_size": hidden_size}
-    settings = BenchSettings(model=model, device=device, ablation=ablation, hand_loop=hand_loop, **{k: v for k, v in sizes.items() if v is not None})
+    settings = BenchSettings(model=model, device=device, ablation=ablation, hand_loop=hand_loop, hand_tuned=hand_tuned, lightning=lightning,
+                             **{k: v for k, v in sizes.items() if v is not None})
     target = None
     if data is not None:
         settings.validate(forecaster=False)  # a bad --repeats or --device fails before the user's code is imported

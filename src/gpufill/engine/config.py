@@ -23,10 +23,12 @@ Auto = Literal["auto"]
 PrecisionName = Literal["bf16", "fp16", "fp32"]
 LrScaleRule = Literal["linear", "sqrt", "none"]
 OptimizerKernel = Literal["fused", "foreach", "for-loop"]
+CompileMode = Literal["default", "reduce-overhead"]
 OptimizerFactory = Callable[[Iterable["torch.nn.Parameter"]], "torch.optim.Optimizer"]
 ScheduleFn = Callable[[int], float]
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+COMPILE_MODES = ("default", "reduce-overhead")
 PLACEMENTS = ("auto", "device", "loader")
 LR_SCALE_RULES = ("linear", "sqrt", "none")
 OPTIMIZER_KERNELS = ("auto", "fused", "foreach", "for-loop")
@@ -44,9 +46,16 @@ class SpeedSettings:
     """bf16 / fp16 autocast or plain fp32."""
     tf32: bool | Auto = "auto"
     cudnn_benchmark: bool | Auto = "auto"
-    compile: bool | Auto = "auto"
+    compile: bool | CompileMode | Auto = "auto"
+    """torch.compile the model: True (mode "default"), "reduce-overhead" (CUDA graphs inside), False; auto: measured."""
     cuda_graph: bool | Auto = "auto"
-    """Fused packs on CUDA: replay the whole step as one captured CUDA graph (auto: when measured faster)."""
+    """CUDA: replay the whole training step (forward, loss, backward, optimizer step) as one captured CUDA graph
+    (auto: when measured faster than eager steps; needs resident data and no accumulation)."""
+    threads: int | Auto = "auto"
+    """CPU intra-op threads during the training (auto: measured among torch's current setting, 1 and every core)."""
+    probe: bool | Auto = "auto"
+    """Measure the auto settings on a few real steps before the first epoch (auto: when the training is long
+    enough to repay it, within PROBE_SHARE of its expected time); False: the careful hand loop's settings, unmeasured."""
     data_placement: Literal["device", "loader"] | Auto = "auto"
     """"device": tensors moved to the device once and batched there by index."""
     num_workers: int | Auto = "auto"
@@ -85,8 +94,11 @@ class SpeedSettings:
         _one_of("data_placement", self.data_placement, PLACEMENTS)
         _one_of("lr_scale_rule", self.lr_scale_rule, LR_SCALE_RULES)
         _one_of("optimizer_kernel", self.optimizer_kernel, OPTIMIZER_KERNELS)
-        for name in ("tf32", "cudnn_benchmark", "compile", "cuda_graph", "batch_search"):
+        for name in ("tf32", "cudnn_benchmark", "cuda_graph", "batch_search", "probe"):
             _one_of(name, getattr(self, name), (True, False, "auto"))
+        _one_of("compile", self.compile, (True, False, "auto", *COMPILE_MODES))
+        if self.threads != "auto":
+            _whole("threads", self.threads, minimum=1, auto=True)
         if not isinstance(self.device, str) and type(self.device).__name__ != "device":  # a str or a torch.device
             raise InputError(f"device must be a string such as 'cpu' or 'cuda:0', got {type(self.device).__name__}", field="device",
                              fix="pass auto, cpu, cuda or cuda:N")

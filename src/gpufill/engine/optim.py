@@ -28,7 +28,10 @@ AUTO_WARMUP_SHARE = 0.05
 _KERNEL_ARGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
 
 
-def make_optimizer(model: nn.Module, cfg: FitConfig, lr: float, kernel: str) -> tuple[torch.optim.Optimizer, Choice[str]]:
+def make_optimizer(model: nn.Module, cfg: FitConfig, lr: float, kernel: str, *,
+                   lr_on: torch.device | None = None) -> tuple[torch.optim.Optimizer, Choice[str]]:
+    """The optimizer and its Choice. `lr_on`: hold the learning rate as a tensor on that device (a
+    captured step reads it there, so a schedule's changes reach the replays)."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise InputError("the model has no trainable parameters", field="model", fix="pass a model with parameters that require grad")
@@ -36,19 +39,20 @@ def make_optimizer(model: nn.Module, cfg: FitConfig, lr: float, kernel: str) -> 
     if callable(cfg.optimizer):
         return _from_factory(cfg.optimizer, params, lr / cfg.lr)
     implementation = _KERNEL_ARGS[kernel]
+    rate: Any = torch.tensor(lr, device=lr_on) if lr_on is not None else lr
     if cfg.optimizer == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=cfg.weight_decay, **implementation)
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=rate, momentum=0.9, weight_decay=cfg.weight_decay, **implementation)
         return optimizer, Choice("sgd", f"SGD, momentum 0.9, weight decay {cfg.weight_decay:g} on every parameter ({kernel} kernel)")
     if cfg.optimizer == "adam":
-        optimizer = torch.optim.Adam(params, lr=lr, weight_decay=cfg.weight_decay, **implementation)
+        optimizer = torch.optim.Adam(params, lr=rate, weight_decay=cfg.weight_decay, **implementation)
         return optimizer, Choice("adam", f"Adam, L2 penalty {cfg.weight_decay:g} on every parameter ({kernel} kernel)")
     if cfg.weight_decay == 0:
-        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, **implementation)
+        optimizer = torch.optim.AdamW(params, lr=rate, weight_decay=0.0, **implementation)
         return optimizer, Choice("adamw", f"AdamW, no weight decay ({kernel} kernel)")
     decay = [p for _, p in named if p.dim() >= 2]
     plain = [p for _, p in named if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, **implementation)
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=rate, **implementation)
     reason = (f"AdamW ({kernel} kernel): weight decay {cfg.weight_decay:g} on {len(decay)} weight matrices and embeddings "
               f"({_count(decay)} values), none on {len(plain)} biases and norm weights ({_count(plain)} values)")
     return optimizer, Choice("adamw", reason)

@@ -1,10 +1,15 @@
 """Speed settings for one training: hardware + model + data + user settings -> Plan.
 
-Every setting is a `Choice`: the value and the reason it was chosen. "auto" is resolved
-here, once, from facts; explicit values are checked against the hardware and kept.
-The loop (`loop.py`) applies the plan; nothing else decides or toggles these settings.
-The data and batch choices are in `batching.py`; the loss, optimizer and schedule choices
-are made where those objects are built (`losses.py`, `optim.py`) and recorded here.
+Every setting is a `Choice`: the value and the reason it was chosen. `make_plan` resolves
+what facts decide, once, for the training's whole length: explicit values are checked
+against the hardware and kept; an "auto" that only a measurement can settle (precision,
+TF32, cudnn.benchmark, the optimizer kernel, the step graph, compile, CPU threads) starts
+at the careful hand loop's setting: torch's defaults, fp32, eager, with the fused optimizer
+kernel where torch has one. `measure/resolver.py` then times the candidates on real steps
+and returns the finished plan; the loop (`loop.py`) applies it; nothing else decides or
+toggles these settings. The data and batch choices are in `batching.py`; the loss,
+optimizer and schedule choices are made where those objects are built (`losses.py`,
+`optim.py`) and recorded here.
 """
 
 from __future__ import annotations
@@ -27,18 +32,18 @@ from gpufill.engine.batching import (  # noqa: F401  (re-exported: where callers
     lr_scale_factor,
 )
 from gpufill.engine.choice import Choice
-from gpufill.engine.config import Auto, OptimizerKernel, PrecisionName, SpeedSettings
+from gpufill.engine.config import Auto, CompileMode, OptimizerKernel, PrecisionName, SpeedSettings
 from gpufill.engine.hardware import Hardware, fused_optimizer_devices
 from gpufill.errors import InputError
-# torch.compile costs tens of seconds up front; below this many optimizer steps it
-# rarely pays back for the small models gpufill trains.
-COMPILE_MIN_STEPS = 2000
+
 # The batch search times ~40 optimizer steps; below this many it would cost more than it can save.
 BATCH_SEARCH_MIN_STEPS = 400
 # Timing the loader candidates starts worker processes for each (seconds); worth it only
 # for trainings with many batches.
 LOADER_TUNING_MIN_STEPS = 200
 
+Compile = CompileMode | bool
+"""False, or the torch.compile mode: "default" or "reduce-overhead"."""
 
 _UNSET: Choice[Any] = Choice(None, "set when training starts")
 
@@ -51,7 +56,9 @@ class Plan:
     precision: Choice[PrecisionName]
     tf32: Choice[bool]
     cudnn_benchmark: Choice[bool]
-    compile: Choice[bool]
+    compile: Choice[Compile]
+    threads: Choice[int]
+    """CPU intra-op threads while the training runs (torch.set_num_threads; restored afterwards)."""
     data_placement: Choice[str]
     loader: Choice[LoaderSettings | None]
     loader_tuning: Choice[bool]
@@ -63,11 +70,14 @@ class Plan:
     optimizer_kernel: Choice[OptimizerKernel]
     step_sync: Choice[bool]
     batch_search: Choice[bool]
+    step_graph: Choice[bool]
+    """The whole training step replayed as one captured CUDA graph."""
+    probe: Choice[float]
+    """Seconds spent measuring the candidates before the first epoch (0: none were measured)."""
     # Set by the loop when it builds them (they need the model and the training's length).
     loss: Choice[str] = _UNSET
     optimizer: Choice[str] = _UNSET
     schedule: Choice[str] = _UNSET
-    step_graph: Choice[bool] = Choice(False, "off: single trainings step eagerly (fused packs measure it)")
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -86,24 +96,27 @@ class Plan:
         return out
 
 
-def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings) -> Plan:
-    """Resolve every setting in a fixed order: device facts first, then numerics, then batching."""
+def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings, *, epochs: int | None = None) -> Plan:
+    """Resolve every setting in a fixed order: device facts first, then numerics, then batching, then
+    what pays back only over the training's length (`epochs`; None: unknown)."""
     settings.validate()
     precision = _precision(hardware, settings.precision)
     placement = batching.data_placement(hardware, data, settings)
     effective = batching.effective_batch(data, settings)
     micro = batching.micro_batch(data, effective.value, settings.micro_batch)
     accumulation = math.ceil(effective.value / micro.value)
-    steps = batching.steps_per_epoch(data, effective.value)
+    per_epoch = batching.steps_per_epoch(data, effective.value)
+    total_steps = per_epoch * epochs if per_epoch is not None and epochs is not None else None
     return Plan(
         device=Choice(hardware.device, _device_reason(hardware, settings.device)),
         precision=precision,
         tf32=_tf32(hardware, settings.tf32),
         cudnn_benchmark=_cudnn_benchmark(hardware, settings.cudnn_benchmark),
-        compile=_compile(hardware, settings.compile, steps_per_epoch=steps),
+        compile=_compile(hardware, settings.compile),
+        threads=_threads(hardware, settings.threads),
         data_placement=placement,
         loader=batching.loader_settings(hardware, data, placement.value, settings.num_workers),
-        loader_tuning=batching.loader_tuning(data, placement.value, settings.num_workers),
+        loader_tuning=_loader_tuning(batching.loader_tuning(data, placement.value, settings.num_workers), total_steps),
         effective_batch=effective,
         micro_batch=micro,
         accumulation=Choice(
@@ -113,18 +126,26 @@ def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings) -> P
             else f"{accumulation} micro-batches of {micro.value} per optimizer step keep the effective batch {effective.value}",
         ),
         lr_scale=lr_scale_choice(effective.value, settings, data),
-        grad_scaler=Choice(
-            precision.value == "fp16",
-            "fp16 has a narrow exponent range: loss scaling keeps small gradients from flushing to zero"
-            if precision.value == "fp16"
-            else f"not needed with {precision.value}",
-        ),
+        grad_scaler=grad_scaler_for(precision.value),
         optimizer_kernel=_optimizer_kernel(hardware, settings.optimizer_kernel),
         step_sync=Choice(True, "requested: the loss is read every step (one host-device sync per step)")
         if settings.sync_every_step
         else Choice(False, "losses accumulate on the device and are read once per epoch: no sync in the hot loop"),
-        batch_search=_batch_search(hardware, settings),
+        batch_search=_batch_search(hardware, settings, total_steps, _unknown_length(per_epoch)),
+        step_graph=_step_graph(hardware, settings.cuda_graph),
+        probe=_probe(settings.probe, total_steps, _unknown_length(per_epoch)),
     )
+
+
+def grad_scaler_for(precision: str) -> Choice[bool]:
+    if precision == "fp16":
+        return Choice(True, "fp16 has a narrow exponent range: loss scaling keeps small gradients from flushing to zero")
+    return Choice(False, f"not needed with {precision}")
+
+
+def torch_default_kernel(device_type: str) -> OptimizerKernel:
+    """What torch.optim picks when told nothing: multi-tensor kernels on CUDA, a per-parameter loop elsewhere."""
+    return "foreach" if device_type == "cuda" else "for-loop"
 
 
 def _optimizer_kernel(hardware: Hardware, requested: OptimizerKernel | Auto) -> Choice[OptimizerKernel]:
@@ -164,12 +185,11 @@ def _precision(hardware: Hardware, requested: PrecisionName | Auto) -> Choice[Pr
         raise InputError("fp16 autocast has no fast CPU kernels", field="precision", fix="set precision to bf16, fp32 or auto")
     if requested != "auto":
         return Choice(requested, "requested")
-    if hardware.is_cuda and hardware.bf16_supported:
-        return Choice("bf16", f"bf16 autocast: the GPU supports bf16 ({arch}); same exponent range as fp32, no loss scaling")
     if hardware.is_cuda:
-        return Choice("fp16", f"fp16 autocast with loss scaling: the GPU lacks bf16 ({arch})")
+        low = "bf16 (same exponent range as fp32)" if hardware.bf16_supported else "fp16 with loss scaling"
+        return Choice("fp32", f"fp32, torch's default: {low} autocast is timed against it ({arch}); small models are often faster in fp32")
     if hardware.bf16_supported:
-        return Choice("fp32", "fp32: CPU; it has bf16 instructions, so precision=bf16 may be faster (not measured)")
+        return Choice("fp32", "fp32: CPU, torch's default; it has bf16 instructions, so bf16 autocast is timed against it")
     return Choice("fp32", f"fp32: {hardware.device_type.upper()} without fast bf16 instructions")
 
 
@@ -177,7 +197,7 @@ def _tf32(hardware: Hardware, requested: bool | Auto) -> Choice[bool]:
     if requested != "auto":
         return Choice(bool(requested), "requested")
     if hardware.tf32_supported:
-        return Choice(True, f"fp32 matmuls and convolutions on TF32 tensor cores ({_arch(hardware)}): several times fp32 speed, 10-bit mantissa is enough for training")
+        return Choice(False, f"off, torch's default for matmuls: TF32 tensor cores ({_arch(hardware)}) are timed against full fp32")
     return Choice(False, "no TF32 tensor cores (needs a GPU of compute capability 8.0+)")
 
 
@@ -185,21 +205,45 @@ def _cudnn_benchmark(hardware: Hardware, requested: bool | Auto) -> Choice[bool]
     if requested != "auto":
         return Choice(bool(requested), "requested")
     if hardware.is_cuda:
-        return Choice(True, "batches keep their shapes: cuDNN's autotuned kernels are reused every step")
+        return Choice(False, "off, torch's default: cuDNN's autotuned kernels are timed against the heuristic ones")
     return Choice(False, "no cuDNN on this device")
 
 
-def _compile(hardware: Hardware, requested: bool | Auto, *, steps_per_epoch: int | None) -> Choice[bool]:
+def _compile(hardware: Hardware, requested: bool | CompileMode | Auto) -> Choice[Compile]:
+    if requested is True or requested in ("default", "reduce-overhead"):
+        mode: Compile = "default" if requested is True else requested  # type: ignore[assignment]
+        return Choice(mode, f"requested (mode {mode}); falls back to eager on any compile error")
+    if requested is False:
+        return Choice(False, "requested: off")
+    return Choice(False, "eager: compiling costs seconds to minutes, so it is measured only when the training is long enough to repay it")
+
+
+def _threads(hardware: Hardware, requested: int | Auto) -> Choice[int]:
+    current = torch.get_num_threads()
     if requested != "auto":
-        return Choice(bool(requested), "requested; falls back to eager on any compile error" if requested else "requested: off")
+        return Choice(int(requested), "requested")
+    if hardware.device_type != "cpu":
+        return Choice(current, f"{current}: torch's current setting (the {hardware.device_type.upper()} computes; host threads only launch work)")
+    return Choice(current, f"{current}: torch's current setting; 1 thread and every core ({hardware.cpu_count}) are timed against it")
+
+
+def _step_graph(hardware: Hardware, requested: bool | Auto) -> Choice[bool]:
     if not hardware.is_cuda:
-        return Choice(False, "off on CPU by default: compile time (tens of seconds) rarely pays back for small models")
-    # The epoch count is not a data fact; the loop re-plans with the total step count.
-    per_epoch = f"{steps_per_epoch} steps per epoch" if steps_per_epoch else "steps per epoch not known yet"
-    return Choice(True, f"CUDA: fused kernels cut launch overhead ({per_epoch})")
+        return Choice(False, "off: CUDA graphs need a CUDA device")
+    if requested is True:
+        return Choice(True, "requested: the whole step captured once and replayed")
+    if requested is False:
+        return Choice(False, "off: requested")
+    return Choice(False, "eager steps: replaying the whole step as one CUDA graph is timed against them")
 
 
-def _batch_search(hardware: Hardware, settings: SpeedSettings) -> Choice[bool]:
+def _unknown_length(per_epoch: int | None) -> str:
+    if per_epoch is None:
+        return "the training's length is unknown (an IterableDataset without steps_per_epoch)"
+    return "the training's length is not given (no epochs)"
+
+
+def _batch_search(hardware: Hardware, settings: SpeedSettings, total_steps: int | None, unknown: str) -> Choice[bool]:
     if settings.batch_search != "auto":
         return Choice(bool(settings.batch_search), "requested")
     if settings.micro_batch != "auto":
@@ -208,41 +252,25 @@ def _batch_search(hardware: Hardware, settings: SpeedSettings) -> Choice[bool]:
         # Measured on this project's CPU benchmarks: micro-batches below the effective batch
         # were within noise of it, so the search would only add run-to-run variation.
         return Choice(False, "off on CPU by default: smaller micro-batches measured no faster; set batch_search=True to measure")
+    if total_steps is None:
+        return Choice(False, f"off: {unknown}; request it to measure")
+    if total_steps < BATCH_SEARCH_MIN_STEPS:
+        return Choice(False, f"off: only {total_steps} optimizer steps; measuring (~40 steps) would not pay back (needs {BATCH_SEARCH_MIN_STEPS}+)")
     return Choice(True, "measure samples/s at several micro-batch sizes and keep the fastest within the memory margin")
 
 
-def for_training_length(plan: Plan, total_steps: int | None) -> Plan:
-    """Settle the choices that pay back only over enough optimizer steps: compile, batch search, loader tuning.
+def _loader_tuning(planned: Choice[bool], total_steps: int | None) -> Choice[bool]:
+    if planned.value and total_steps is not None and total_steps < LOADER_TUNING_MIN_STEPS:
+        return Choice(False, f"off: only {total_steps} batches; timing loader settings would not pay back (needs {LOADER_TUNING_MIN_STEPS}+)")
+    return planned
 
-    `total_steps` None (a stream without steps_per_epoch): unknown, so "auto" leaves them off."""
+
+def _probe(requested: bool | Auto, total_steps: int | None, unknown: str) -> Choice[float]:
+    if requested is False:
+        return Choice(0.0, "off: requested; every auto setting keeps the careful hand loop's value, unmeasured")
     if total_steps is None:
-        unknown = "off: the training's length is unknown (an IterableDataset without steps_per_epoch); request it to measure"
-        if plan.compile.value and not plan.compile.reason.startswith("requested"):
-            plan = plan.replace(compile=Choice(False, unknown))
-        if plan.batch_search.value and not plan.batch_search.reason.startswith("requested"):
-            plan = plan.replace(batch_search=Choice(False, unknown))
-        return plan
-    plan = compile_for_steps(plan, total_steps)
-    if plan.loader_tuning.value and total_steps < LOADER_TUNING_MIN_STEPS:
-        plan = plan.replace(
-            loader_tuning=Choice(False, f"off: only {total_steps} batches; timing loader settings would not pay back (needs {LOADER_TUNING_MIN_STEPS}+)")
-        )
-    if plan.batch_search.value and not plan.batch_search.reason.startswith("requested") and total_steps < BATCH_SEARCH_MIN_STEPS:
-        plan = plan.replace(
-            batch_search=Choice(False, f"off: only {total_steps} optimizer steps; measuring (~40 steps) would not pay back (needs {BATCH_SEARCH_MIN_STEPS}+)")
-        )
-    return plan
-
-
-def compile_for_steps(plan: Plan, total_steps: int) -> Plan:
-    """An "auto" compile on CUDA is kept only when the training is long enough to pay back."""
-    if not plan.compile.value or plan.compile.reason.startswith("requested"):
-        return plan
-    if total_steps < COMPILE_MIN_STEPS:
-        return plan.replace(
-            compile=Choice(False, f"off: only {total_steps} optimizer steps; compile time would not pay back (needs {COMPILE_MIN_STEPS}+)")
-        )
-    return plan.replace(compile=Choice(True, f"{total_steps} optimizer steps amortise the compile time; eager fallback on any error"))
+        return Choice(0.0, f"off: {unknown}, so no budget can be set")
+    return Choice(0.0, "to be measured before the first epoch")
 
 
 def _arch(hardware: Hardware) -> str:
@@ -250,4 +278,3 @@ def _arch(hardware: Hardware) -> str:
         return hardware.device_type
     major, minor = hardware.compute_capability
     return f"sm_{major}{minor}"
-

@@ -5,23 +5,26 @@ of the batch, so k accumulated micro-batches give exactly one batch's gradient (
 last batch too, and under DDP ranks whose shares differ by one give exactly the global
 batch's). The loss and metrics accumulate on the device, weighted by sample count, and
 are read once per epoch.
+
+What a step costs beyond the careful hand loop's (measured on a CPU, `bench/step_overhead.py`):
+the epoch's batch generator and the micro-batch split (~1 us each), one `add_` per loss value
+into the device sums (~3 us on a CPU; inside the graph on a GPU), and two clock reads for the
+data wait (~0.1 us). A captured step (`step_graph.py`) launches all of it as one graph.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from gpufill.engine.backend import is_out_of_memory
 from gpufill.engine.batches import Batches, EffectiveBatch
-from gpufill.engine.config import FitConfig
 from gpufill.engine.distributed import Distributed
-from gpufill.engine.plan import Plan
 from gpufill.engine.precision import Precision
 from gpufill.errors import InputError
 
@@ -30,156 +33,146 @@ T = TypeVar("T")
 Values = dict[str, torch.Tensor]
 
 
-class Training(Protocol):
-    """What the hot loop reads and calls on the loop's Training (loop.py)."""
-
-    model: nn.Module
-    forward: Any
-    """The prepared model: compiled and/or DDP-wrapped."""
-    evaluate: Any
-    """The model validation runs through (never the DDP wrapper)."""
-    loss_fn: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    precision: Precision
-    plan: Plan
-    cfg: FitConfig
-    device: torch.device
-    generator: torch.Generator
-    ddp: Distributed | None
-    ddp_module: nn.parallel.DistributedDataParallel | None
-    monitor: Any
-    timing: dict[str, float]
-    compiled: bool
-    first_step_done: bool
-
-    def recover_from_oom(self) -> None: ...
-    def fall_back_to_eager(self, error: BaseException) -> None: ...
-
-
 class Totals:
-    """Per-metric sums on the device, weighted by sample count; `read` is the one sync."""
+    """Per-metric sums on the device, weighted by sample count; `read` is the one sync.
+
+    The sums are made at the first step and zeroed in place after, so a captured step's
+    additions land in the same tensors every epoch."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.sums: Values = {}
         self.samples = 0
 
-    def add(self, values: Values, weight: float, samples: int) -> None:
+    def add(self, values: Values, weight: float) -> None:
         for name, value in values.items():
             total = self.sums.get(name)
             if total is None:
                 total = self.sums[name] = torch.zeros((), device=self.device)
             total.add_(value.detach(), alpha=weight)
-        self.samples += samples
 
-    def read(self, training: Training) -> dict[str, float]:
+    def reset(self) -> None:
+        for total in self.sums.values():
+            total.zero_()
+        self.samples = 0
+
+    def read(self, ddp: Distributed | None = None) -> dict[str, float]:
         """Means over the samples (summed over DDP ranks first), read in one transfer."""
         names = list(self.sums)
         stacked = torch.stack([*(self.sums[n].float() for n in names), torch.tensor(float(self.samples), device=self.device)])
-        if training.ddp is not None:  # every rank must see the same numbers to take the same decisions
-            stacked = training.ddp.sum(stacked)
+        if ddp is not None:  # every rank must see the same numbers to take the same decisions
+            stacked = ddp.sum(stacked)
         *sums, samples = stacked.tolist()
         self.samples = int(samples)
         return {name: value / max(samples, 1) for name, value in zip(names, sums, strict=True)}
 
 
-def train_epoch(training: Training, batches: Batches) -> tuple[dict[str, float], int]:
-    """One pass of optimizer steps; (mean loss and metrics, samples seen over all ranks)."""
-    t = training
-    t.model.train()
-    totals = Totals(t.device)
-    batch_iter = batches.epoch(t.plan.effective_batch.value, t.generator)
+@dataclass(eq=False, slots=True)
+class EagerStep:
+    """One optimizer step over an effective batch, launched op by op."""
+
+    model: nn.Module
+    forward: Callable[[Any], Any]
+    """The prepared model: compiled and/or DDP-wrapped."""
+    loss_fn: Callable[[Any, Any], Values]
+    optimizer: torch.optim.Optimizer
+    precision: Precision
+    totals: Totals
+    micro_batch: int
+    grad_clip: float | None
+    foreach_clip: bool = False
+    scheduler: Any = None
+    ddp_module: nn.parallel.DistributedDataParallel | None = None
+
+    def __call__(self, batch: EffectiveBatch) -> torch.Tensor:
+        """The step; its loss and metrics are added to `totals`. Returns the loss (on the device)."""
+        parts = batch.micro_batches(self.micro_batch)
+        if batch.rows <= self.micro_batch:  # the usual case: one forward/backward, no accumulator
+            part, rows = next(parts)
+            values, weight = self._forward_backward(part, rows, batch)
+        else:
+            values, weight = {}, 1.0
+            for (part, rows), last in _with_last(parts):
+                # Under DDP gradients are averaged across ranks once per optimizer step, not per micro-batch.
+                with self.ddp_module.no_sync() if self.ddp_module is not None and not last else contextlib.nullcontext():
+                    part_values, count = self._forward_backward(part, rows, batch)
+                for name, value in part_values.items():
+                    values[name] = value.detach() * count if name not in values else values[name].add(value.detach(), alpha=count)
+        if self.grad_clip is not None:
+            self.precision.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=self.foreach_clip)
+        self.precision.step(self.optimizer)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.totals.add(values, weight)
+        return values["loss"]
+
+    def _forward_backward(self, part: Any, rows: int, batch: EffectiveBatch) -> tuple[Values, int]:
+        """Forward and backward of one micro-batch; (its mean loss and metrics, the samples it counts)."""
+        with self.precision.autocast():
+            values = self.loss_fn(self.forward, part)
+        loss = values["loss"]
+        # Weighting each micro-batch mean by its share makes k accumulated micro-batches give
+        # exactly the gradient of one batch (see the module docstring).
+        share = rows / batch.loss_denominator
+        self.precision.backward(loss if share == 1.0 else loss * share)
+        return values, min(rows, batch.size)  # a stand-in sample counts 0
+
+
+
+@dataclass(slots=True)
+class EpochTiming:
+    data_s: float = 0.0
+    """Time spent waiting for the next batch."""
+    val_s: float = 0.0
+
+
+def train_epoch(step: Callable[[EffectiveBatch], Any], batches: Batches, effective: int, generator: torch.Generator, totals: Totals, *,
+                timing: EpochTiming, sync_every_step: bool = False, on_step: Callable[[float, int, float], None] | None = None,
+                recover: Callable[[BaseException], bool] | None = None) -> None:
+    """One pass of optimizer steps. `recover(error)` is asked about a failed step: True retries the same
+    samples (an out-of-memory error halved the micro-batch), False re-raises."""
+    totals.reset()
+    batch_iter = batches.epoch(effective, generator)
+    clock = time.perf_counter
     while True:
-        tick = time.perf_counter()
+        tick = clock()
         batch = next(batch_iter, None)
-        wait = time.perf_counter() - tick
-        t.timing["data_s"] += wait
+        wait = clock() - tick
+        timing.data_s += wait
         if batch is None:
             break
-        values, weight = step_with_retry(t, batch)
-        if t.plan.step_sync.value:
-            values["loss"].item()  # the logging loops' per-step read, kept only when asked for
-        totals.add(values, weight, batch.size)
-        t.monitor.log_iteration(time.perf_counter() - tick, samples=batch.size, data_wait_s=wait)
-    means = totals.read(t)
-    return means, totals.samples
-
-
-def step_with_retry(t: Training, batch: EffectiveBatch) -> tuple[Values, float]:
-    """One optimizer step; on OOM halve the micro-batch, double accumulation, retry the same samples."""
-    while True:
-        try:
-            outcome = optimizer_step(t, batch)
-            t.first_step_done = True
-            return outcome
-        except Exception as error:
-            t.optimizer.zero_grad(set_to_none=True)
-            if is_out_of_memory(error) and t.plan.micro_batch.value > 1:
-                t.recover_from_oom()
-            elif t.compiled and not t.first_step_done and not isinstance(error, InputError):
-                t.fall_back_to_eager(error)
-            elif not t.first_step_done and (converted := _as_input_error(error, "train")) is not error:
-                raise converted from None
-            else:
-                raise
-
-
-def optimizer_step(t: Training, batch: EffectiveBatch) -> tuple[Values, float]:
-    """One optimizer step over `batch` in micro-batches; (values, weight) with values x weight
-    the step's sample-weighted sums, on the device (the epoch adds them with one add_ each)."""
-    micro = t.plan.micro_batch.value
-    parts = batch.micro_batches(micro)
-    if batch.rows <= micro:  # the usual case: one forward/backward, no accumulator
-        part, rows = next(parts)
-        values, weight = _forward_backward(t, part, rows, batch)
-    else:
-        values, weight = {}, 1.0
-        for (part, rows), last in _with_last(parts):
-            # Under DDP gradients are averaged across ranks once per optimizer step, not per micro-batch.
-            with t.ddp_module.no_sync() if t.ddp_module is not None and not last else contextlib.nullcontext():
-                part_values, count = _forward_backward(t, part, rows, batch)
-            for name, value in part_values.items():
-                values[name] = value.detach() * count if name not in values else values[name].add(value.detach(), alpha=count)
-    if t.cfg.grad_clip is not None:
-        t.precision.unscale_(t.optimizer)
-        nn.utils.clip_grad_norm_(t.model.parameters(), t.cfg.grad_clip, foreach=t.device.type == "cuda")
-    t.precision.step(t.optimizer)
-    if t.scheduler is not None:
-        t.scheduler.step()
-    t.optimizer.zero_grad(set_to_none=True)
-    return values, weight
-
-
-def _forward_backward(t: Training, part: Any, rows: int, batch: EffectiveBatch) -> tuple[Values, int]:
-    """Forward and backward of one micro-batch; (its mean loss and metrics, the samples it counts)."""
-    with t.precision.autocast():
-        values = t.loss_fn(t.forward, part)
-    loss = values["loss"]
-    # Weighting each micro-batch mean by its share makes k accumulated micro-batches give
-    # exactly the gradient of one batch (see the module docstring).
-    share = rows / batch.loss_denominator
-    t.precision.backward(loss if share == 1.0 else loss * share)
-    return values, min(rows, batch.size)  # a stand-in sample counts 0
+        while True:
+            try:
+                loss = step(batch)
+                break
+            except Exception as error:
+                if recover is None or not recover(error):
+                    raise
+        if sync_every_step and loss is not None:
+            loss.item()  # the logging loops' per-step read, kept only when asked for
+        totals.samples += batch.size
+        if on_step is not None:
+            on_step(clock() - tick, batch.size, wait)
 
 
 @torch.no_grad()
-def validate(t: Training, batches: Batches) -> dict[str, float]:
+def validate(evaluate: Callable[[Any], Any], model: nn.Module, loss_fn: Callable[[Any, Any], Values], precision: Precision,
+             batches: Batches, micro_batch: int, device: torch.device, ddp: Distributed | None) -> dict[str, float]:
     """Mean loss and metrics over the validation data, through the bare (or compiled) model."""
-    tick = time.perf_counter()
-    t.model.eval()
-    totals = Totals(t.device)
+    model.eval()
+    totals = Totals(device)
     # No activations kept for backward, so validation can use larger batches.
-    for part, rows in batches.in_order(max(4 * t.plan.micro_batch.value, 1024)):
-        with t.precision.autocast():
-            values = t.loss_fn(t.evaluate, part)
-        totals.add(values, rows, rows)
-    means = totals.read(t)
-    t.timing["val_s"] += time.perf_counter() - tick
-    return means
+    for part, rows in batches.in_order(max(4 * micro_batch, 1024)):
+        with precision.autocast():
+            values = loss_fn(evaluate, part)
+        totals.add(values, rows)
+        totals.samples += rows
+    return totals.read(ddp)
 
 
-def _as_input_error(error: BaseException, name: str) -> BaseException:
+def as_input_error(error: BaseException, name: str) -> BaseException:
     """The first step's type errors (integer inputs into float weights, a model that cannot take
     the batch's structure) as one line; anything else unchanged."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

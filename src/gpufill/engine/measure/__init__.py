@@ -1,32 +1,25 @@
-"""Choices made by measurement: batch size, DataLoader settings, compile.
+"""Choices made by measurement: the probe's candidates (precision, TF32, cudnn.benchmark, the
+optimizer kernel, the step graph, compile, CPU threads), the batch size, DataLoader settings,
+pack sizes, and their cache.
 
-Each is a small pure decision plus a measurement; the loop runs the measurements on the
-real model (state restored afterwards) and puts the outcome into the Plan with the
-numbers that decided it.
+Each is a small pure decision plus a measurement: `resolver.py` decides from measurements,
+`probe.py` (single trainings) and `pack_step.py` (packs) measure real steps and put everything
+back, `cache.py` keeps a shape's measurements for the next training of that shape.
 """
 
-from gpufill.engine.measure.apply import MeasuredChoices
-from gpufill.engine.measure.batch import (
-    BatchSearchResult,
-    BatchTrial,
-    candidate_sizes,
-    search_batch,
-)
+from gpufill.engine.measure.batch import BatchSearchResult, BatchTrial, candidate_sizes, search_batch
 from gpufill.engine.measure.cache import TuneCache, shape_key
-from gpufill.engine.measure.compile import CompileMeasurement, decide_compile
 from gpufill.engine.measure.loader import loader_candidates, tune_loader
-from gpufill.engine.measure.state import preserved
+from gpufill.engine.measure.resolver import Measurement, resolve
 
 __all__ = [
     "BatchSearchResult",
     "BatchTrial",
-    "CompileMeasurement",
-    "MeasuredChoices",
+    "Measurement",
     "TuneCache",
     "candidate_sizes",
-    "decide_compile",
     "loader_candidates",
-    "preserved",
+    "resolve",
     "search_batch",
     "shape_key",
     "tune_loader",

@@ -1,29 +1,30 @@
-"""How a pack's step runs, measured on the real pack before its first epoch: whether compiling
-the fused forward pays, and whether replaying the whole step as a CUDA graph beats eager
-steps. Each measurement puts every weight, optimizer moment, accumulator and random state
-back, and is cached per shape, so the campaign measures a shape once.
+"""How a pack's step runs, measured on the real pack before its first epoch: precision, CPU threads,
+TF32 and cudnn.benchmark, compiling the fused forward, and replaying the whole step as a CUDA graph.
+
+The same resolver as single trainings (`resolver.py`) decides; this probe measures a plan variant
+on the pack itself and puts every weight, optimizer moment, loss scale, accumulator and random
+state back; `configure` applies the finished plan to the pack once.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from gpufill.engine.backend import backend_flags, synchronize
 from gpufill.engine.choice import Choice
-from gpufill.engine.measure.cache import TuneCache
-from gpufill.engine.measure.compile import CompileMeasurement, cached_compile_choice, time_compile
-from gpufill.engine.measure.state import preserved_rng
-from gpufill.engine.measure.timing import MEASURE_SEED, seconds_per_step
-from gpufill.engine.packs.graph import capture_step
+from gpufill.engine.graph import capture_step
+from gpufill.engine.measure.resolver import CHECK_STEPS, Measurement
+from gpufill.engine.measure.timing import MEASURE_SEED
 from gpufill.engine.packs.optim import PackAdamW
+from gpufill.engine.plan import Plan
 from gpufill.engine.precision import Precision
-
-GRAPH_MIN_GAIN = 1.05
-"""Replaying the step as a graph is kept when at least this much faster than eager steps."""
+from gpufill.engine.snapshot import preserved_rng
 
 
 class PackTraining(Protocol):
@@ -45,74 +46,93 @@ class PackTraining(Protocol):
 
     def load_batch(self, order: torch.Tensor, start: int) -> None: ...
     def step(self) -> None: ...
-    def use_compiled(self) -> None: ...
+    def use_compiled(self, mode: Any = "default") -> None: ...
     def use_eager(self) -> None: ...
 
 
-def choose_pack_compile(run: PackTraining, planned: Choice[bool], *, requested: bool, cache: TuneCache, key: str) -> Choice[bool]:
-    """Compile the pack's fused forward if asked to (the plan's choice stands), or if measured
-    faster than eager (cached per shape)."""
-    if requested:
-        run.use_compiled()
-        return planned
-    choice = cached_compile_choice(cache, key, lambda: _measure_compile(run))
-    if choice is None:
-        return Choice(False, "off: compile failed while measuring; the pack runs eager")
-    if choice.value and not run.compiled:
-        run.use_compiled()
-    elif not choice.value:
+class PackProbe:
+    def __init__(self, run: PackTraining, *, clock: Callable[[], float] = time.perf_counter):
+        self.run, self.clock = run, clock
+        self.compiled_forward: dict[Any, Any] = {}
+
+    def measure(self, plan: Plan, *, timed_steps: int, check: bool) -> Measurement:
+        run, started = self.run, self.clock()
+        saved_precision, saved_forward, saved_compiled = run.precision, getattr(run, "forward", None), run.compiled
+        try:
+            with backend_flags(plan), preserved(run):
+                setup = self._apply(plan)
+                stream = _step_stream(run)
+                losses = []
+                for index in range(CHECK_STEPS if check else 1):
+                    tick = self.clock()
+                    run.loss_sum.zero_()
+                    self._advance(next(stream))
+                    if check:
+                        losses.append(float(run.loss_sum.sum()))  # a sync: the probe's, never the training's
+                    if index == 0 and run.compiled:
+                        synchronize(run.device)
+                        setup += self.clock() - tick
+                synchronize(run.device)
+                tick = self.clock()
+                for _ in range(timed_steps):
+                    self._advance(next(stream))
+                synchronize(run.device)
+                step_s = (self.clock() - tick) / timed_steps
+            return Measurement(step_s, tuple(losses), setup, self.clock() - started)
+        except Exception as error:  # noqa: BLE001 - a candidate that fails is dropped with its reason
+            text = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+            return Measurement(None, cost_s=self.clock() - started, error=f"{type(error).__name__}: {text}" if text else type(error).__name__)
+        finally:
+            run.graph = None
+            run.precision = saved_precision
+            run.forward, run.compiled = saved_forward, saved_compiled  # type: ignore[attr-defined]
+            run.optimizer.zero_grad()
+
+    def release(self) -> None:
+        """Compiled forwards are kept: compiling again would cost as much as the first time."""
+
+    def _apply(self, plan: Plan) -> float:
+        tick = self.clock()
+        run = self.run
+        run.precision = Precision(plan.precision.value, run.device, loss_scaling=plan.grad_scaler.value, masked=True)
+        if plan.compile.value:
+            if plan.compile.value not in self.compiled_forward:
+                run.use_compiled(plan.compile.value)
+                self.compiled_forward[plan.compile.value] = run.forward  # type: ignore[attr-defined]
+            run.forward, run.compiled = self.compiled_forward[plan.compile.value], True  # type: ignore[attr-defined]
+        else:
+            run.use_eager()
+        if plan.step_graph.value:
+            graph, how = capture_step(run.step, lambda: preserved(run), run.optimizer.zero_grad, run.device)
+            if graph is None:
+                raise RuntimeError(how)
+            run.graph = graph
+        return self.clock() - tick
+
+    def _advance(self, batch: tuple[torch.Tensor, int]) -> None:
+        self.run.load_batch(*batch)
+        if self.run.graph is not None:
+            self.run.graph.replay()
+        else:
+            self.run.step()
+
+
+def configure(run: PackTraining, plan: Plan) -> Plan:
+    """Apply the finished plan to the pack: its precision, compiled forward and captured step. A
+    capture that fails leaves eager steps, with the reason in the returned plan."""
+    run.precision = Precision(plan.precision.value, run.device, loss_scaling=plan.grad_scaler.value, masked=True)
+    if plan.compile.value:
+        run.use_compiled(plan.compile.value)
+    else:
         run.use_eager()
-    for events in run.events:
-        events.append(f"compile: {choice.reason}")
-    return choice
-
-
-def _measure_compile(run: PackTraining) -> CompileMeasurement | None:
-    def use_compiled() -> bool:
-        run.use_compiled()
-        return True
-
-    with preserved(run):
-        return time_compile(lambda args: _eager_step(run, args), _step_stream(run), run.device, use_compiled=use_compiled,
-                            on_error=lambda _error: run.use_eager())
-
-
-def _eager_step(run: PackTraining, batch: tuple[torch.Tensor, int]) -> None:
-    run.load_batch(*batch)
-    run.step()
-
-
-def choose_step_graph(run: PackTraining, requested: bool | str, *, cache: TuneCache, key: str) -> Choice[bool]:
-    """Capture the pack's step as a CUDA graph and keep it if asked to, or if its replays measure
-    faster than eager steps (cached per shape). Off the GPU, or on any capture error: eager."""
-    if requested is False:
-        return Choice(False, "off: requested")
-    if run.device.type != "cuda":
-        return Choice(False, "off: CUDA graphs need a CUDA device")
-    if run.compiled:
-        return Choice(False, "off: the forward is compiled (torch.compile schedules its own graphs)")
-    cached = None if requested is True else cache.get(key)
-    note = ", cached measurement" if cached is not None else ""
-    if cached is not None and cached["eager_step_s"] / cached["graph_step_s"] < GRAPH_MIN_GAIN:  # decided before: no capture needed
-        return Choice(False, f"off: replaying the step measured {cached['eager_step_s'] / cached['graph_step_s']:.2f}x eager steps "
-                             f"(below {GRAPH_MIN_GAIN:g}x{note})")
-    graph, how = capture_step(run.step, lambda: preserved(run), run.optimizer.zero_grad, run.device)
-    if graph is None:
-        return Choice(False, how)
-    if requested is True:
+    if plan.step_graph.value:
+        graph, how = capture_step(run.step, lambda: preserved(run), run.optimizer.zero_grad, run.device)
+        if graph is None:
+            return plan.replace(step_graph=Choice(False, how))
         run.graph = graph
-        return Choice(True, f"requested: {how}")
-    if cached is None:
-        with preserved(run):
-            eager = seconds_per_step(lambda batch: _eager_step(run, batch), _step_stream(run), run.device)
-            replayed = seconds_per_step(lambda batch: (run.load_batch(*batch), graph.replay()), _step_stream(run), run.device)
-        cached = {"eager_step_s": eager, "graph_step_s": replayed}
-        cache.put(key, cached)
-    gain = cached["eager_step_s"] / cached["graph_step_s"]
-    if gain >= GRAPH_MIN_GAIN:
-        run.graph = graph
-        return Choice(True, f"{how}: {gain:.2f}x eager steps (measured{note})")
-    return Choice(False, f"off: replaying the step measured {gain:.2f}x eager steps (below {GRAPH_MIN_GAIN:g}x{note})")
+        for events in run.events:
+            events.append(f"step graph: {how}")
+    return plan
 
 
 def _step_stream(run: PackTraining) -> Iterator[tuple[torch.Tensor, int]]:
@@ -142,5 +162,3 @@ def preserved(run: PackTraining) -> Iterator[None]:
             for tensor, copy in zip(live, saved, strict=True):
                 tensor.copy_(copy)
         optimizer.zero_grad()
-
-

@@ -1,8 +1,8 @@
-"""Timing real optimizer steps for the measured choices (batch search, compile).
+"""Timing real optimizer steps for the measured choices: the batches they run on, and seconds per step.
 
 This is a profiling mode: it synchronises the device to read honest times, which the
-training loop itself never does. Callers wrap it in `state.preserved` so the steps
-leave the model and optimizer as they were.
+training loop itself never does. Callers put the model and optimizer back afterwards
+(`engine/snapshot.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any, Protocol
 import torch
 
 from gpufill.engine.backend import synchronize
-from gpufill.engine.measure.batch import BatchTrial
 
 # Each measurement: at least this many timed steps and this much time, at most MAX_STEPS.
 MIN_STEPS = 3
@@ -51,21 +50,3 @@ def seconds_per_step(step: Callable[[Any], Any], stream: Iterator[Any], device: 
                 break
     synchronize(device)
     return (time.perf_counter() - tick) / count
-
-
-def measure_batch(step: Callable[[Any], Any], batches: Batches, *, size: int, effective: int, device: torch.device,
-                  is_oom: Callable[[BaseException], bool]) -> BatchTrial:
-    """samples/s and peak memory of optimizer steps over effective batches split into micro-batches of `size`."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    try:
-        per_step = seconds_per_step(step, batch_stream(batches, effective, device), device)
-    except Exception as error:
-        if not is_oom(error):
-            raise
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        return BatchTrial(size=size, samples_per_s=None)
-    samples = effective if batches.n is None else min(effective, batches.n)
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return BatchTrial(size=size, samples_per_s=samples / per_step, peak_bytes=peak)

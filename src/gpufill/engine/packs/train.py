@@ -16,6 +16,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,13 +26,15 @@ from gpufill.engine.result import EpochRecord, FitResult
 from gpufill.engine.hardware import detect
 from gpufill.engine.packs.fused import FusedModule, fuse
 from gpufill.engine.packs.optim import PackAdamW
-from gpufill.engine.measure.pack_step import choose_pack_compile, choose_step_graph
-from gpufill.engine.plan import Choice, DataFacts, Plan, compile_for_steps, make_plan
+from gpufill.engine.measure.cache import TuneCache, shape_key
+from gpufill.engine.measure.candidates import Context
+from gpufill.engine.measure.pack_step import PackProbe, configure
+from gpufill.engine.measure.resolver import resolve
+from gpufill.engine.plan import Choice, DataFacts, Plan, make_plan
 from gpufill.engine.backend import backend_flags
 from gpufill.engine.precision import Precision
 from gpufill.engine.batches import signature
 from gpufill.engine.losses import per_sample_regression
-from gpufill.engine.measure.cache import TuneCache, shape_key
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -61,36 +64,34 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     counts = [int(m.train[0].shape[0]) for m in members]
     total_bytes = sum(t.numel() * t.element_size() for m in members for pair in (m.train, m.val) if pair is not None for t in pair)
     hardware = detect(config.device)
-    plan = make_plan(hardware, DataFacts(n_train=max(counts), bytes_total=total_bytes), config)
+    facts = DataFacts(n_train=max(counts), bytes_total=total_bytes)
+    plan = pack_plan(make_plan(hardware, facts, config, epochs=config.epochs))
     batch = plan.effective_batch.value
-    plan = pack_plan(plan, total_steps=math.ceil(max(counts) / batch) * config.epochs)
     device = torch.device(plan.device.value)
+    fused = fuse(models).to(device)
+    x, y = _padded([m.train for m in members], device)
+    val = [m.val for m in members]
+    has_val = all(v is not None and v[0].shape[0] > 0 for v in val)
+    vx, vy = _padded(val, device) if has_val else (None, None)
+    n = torch.tensor(counts, device=device)
+    n_val = torch.tensor([v[0].shape[0] for v in val], device=device) if has_val else None
+    lr = torch.tensor([m.lr * plan.lr_scale.value for m in members], device=device)
+    optimizer = PackAdamW(list(fused.parameters()), lr, torch.tensor([m.weight_decay for m in members], device=device))
+    generators = [torch.Generator(device=device).manual_seed(m.seed) for m in members]
+    torch.manual_seed(members[0].seed)  # dropout
+    precision = Precision(plan.precision.value, device, loss_scaling=plan.grad_scaler.value, masked=True)
+    data = PackData(x=x, y=y, n=n, counts=counts, batch=batch, vx=vx, vy=vy, n_val=n_val)
+    run = _PackRun(fused, optimizer, precision, config, data, device)
+    requested = {name: getattr(config, name) for name in ("precision", "tf32", "cudnn_benchmark", "compile", "cuda_graph", "threads")}
+    key = shape_key("pack-plan", models[0], signature((x[0, :1], y[0, :1])), hardware.name, k=k, batch=batch, loss=config.loss,
+                    cores=hardware.cpu_count, threads_now=torch.get_num_threads(), torch=torch.__version__, **requested)
+    events: list[str] = []
+    plan = resolve(plan, PackProbe(run), settings=config, hardware=hardware, facts=facts, context=PACK_CONTEXT,
+                   total_steps=run.steps_per_epoch * config.epochs, cache=TuneCache(config.tune_cache), key=key, events=events)
     with backend_flags(plan):
-        fused = fuse(models).to(device)
-        x, y = _padded([m.train for m in members], device)
-        val = [m.val for m in members]
-        has_val = all(v is not None and v[0].shape[0] > 0 for v in val)
-        vx, vy = _padded(val, device) if has_val else (None, None)
-        n = torch.tensor(counts, device=device)
-        n_val = torch.tensor([v[0].shape[0] for v in val], device=device) if has_val else None
-        lr = torch.tensor([m.lr * plan.lr_scale.value for m in members], device=device)
-        optimizer = PackAdamW(list(fused.parameters()), lr, torch.tensor([m.weight_decay for m in members], device=device))
-        generators = [torch.Generator(device=device).manual_seed(m.seed) for m in members]
-        torch.manual_seed(members[0].seed)  # dropout
-        precision = Precision(plan.precision.value, device, loss_scaling=plan.grad_scaler.value, masked=True)
-        data = PackData(x=x, y=y, n=n, counts=counts, batch=batch, vx=vx, vy=vy, n_val=n_val)
-        run = _PackRun(fused, optimizer, precision, config, data, device)
-        cache = TuneCache(config.tune_cache)
-
-        def key(kind: str) -> str:
-            return shape_key(kind, models[0], signature((x[0, :1], y[0, :1])), hardware.name, k=k, batch=batch, precision=plan.precision.value)
-
-        if plan.compile.value:
-            plan = plan.replace(compile=choose_pack_compile(run, plan.compile, requested=config.compile is True, cache=cache, key=key("pack-compile")))
-        plan = plan.replace(step_graph=choose_step_graph(run, config.cuda_graph, cache=cache, key=key("pack-graph")))
-        if plan.step_graph.value or device.type == "cuda":
-            for events in run.events:
-                events.append(f"step graph: {plan.step_graph.reason}")
+        plan = configure(run, plan)
+        for member_events in run.events:
+            member_events[:0] = events
         histories, status, seconds = run.train(generators)
         models_out = [fused.unfuse(i) for i in range(k)]
     steady = statistics.median(seconds[1:] or seconds)  # the first epoch pays warm-up
@@ -123,7 +124,7 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     return results
 
 
-def pack_plan(plan: Plan, *, total_steps: int) -> Plan:
+def pack_plan(plan: Plan) -> Plan:
     """A single training's plan, corrected to what a pack does (the plan is recorded with every trial)."""
     batch = plan.effective_batch.value
     return plan.replace(
@@ -133,12 +134,14 @@ def pack_plan(plan: Plan, *, total_steps: int) -> Plan:
         micro_batch=Choice(batch, "each member's whole batch per step (packs do not accumulate)"),
         accumulation=Choice(1, "1: no accumulation in packs"),
         batch_search=Choice(False, "off in packs: each member keeps its batch; the pack size is what is measured"),
-        # The same rule as a single training: "auto" on CUDA is measured when the pack trains long enough.
-        compile=compile_for_steps(plan, total_steps).compile,
         optimizer_kernel=Choice("fused", "PackAdamW: ~20 operators over one flat (K, P) buffer of every parameter of all K models (per-model lr, weight decay and step mask)"),
         grad_scaler=Choice(plan.grad_scaler.value, f"{plan.grad_scaler.reason}; one dynamic scale for the pack, an overflowed step skipped for all"
                            if plan.grad_scaler.value else plan.grad_scaler.reason),
     )
+
+
+PACK_CONTEXT = Context(resident=True, distributed=False, optimizer="pack")
+"""What the probe's stages need to know of a pack: resident data, one process, PackAdamW."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +188,9 @@ class _PackRun:
         self.events: list[list[str]] = [[] for _ in range(k)]
         self.lrs = optimizer.lr.tolist()
 
-    def use_compiled(self) -> None:
-        self.forward, self.compiled = torch.compile(self.fused), True
+    def use_compiled(self, mode: Any = "default") -> None:
+        self.forward = torch.compile(self.fused) if mode in (True, "default") else torch.compile(self.fused, mode=mode)
+        self.compiled = True
 
     def use_eager(self) -> None:
         self.forward, self.compiled = self.fused, False

@@ -1,11 +1,11 @@
-"""A pack's whole training step as one CUDA graph: captured once, replayed every step.
+"""A whole training step as one CUDA graph: captured once, replayed every step.
 
-A pack of small models is bounded by kernel launches (each 5-10 us of host time), not by
-its math. Captured as a graph, the step's few hundred kernels (forward, loss, backward,
-PackAdamW, the loss scaler, the epoch's loss sums) launch as one. What capture needs, the
-pack's step already is: every input is a static buffer filled by copy (the batch's
-indices and positions; the last, short batch padded with masked columns so shapes never
-change), the masks live on the device, and nothing reads the device inside the step.
+Small models are bounded by kernel launches (each 5-10 us of host time), not by their math.
+Captured as a graph, a step's hundreds of kernels (forward, loss, backward, optimizer, the
+epoch's loss sums) launch as one. What capture needs: every input is a static buffer filled
+by copy (a batch's indices), the state lives on the device, and nothing reads the device
+inside the step. A fused pack's step is built that way (`packs/train.py`); so is a single
+training's captured step (`step_graph.py`).
 
 Capture follows PyTorch's recipe: a few warm-up steps on a side stream (the training's
 state is put back afterwards), gradients unset, then one captured step. Any error leaves
@@ -52,7 +52,7 @@ def capture_step(step: Callable[[], None], preserved: Callable[[], AbstractConte
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             captured()
-        return graph, "the whole step (forward, loss, backward, PackAdamW, loss scale) captured once and replayed"
+        return graph, "the whole step (forward, loss, backward, optimizer, loss sums) captured once and replayed"
     except Exception as error:  # noqa: BLE001 - an op that cannot be captured: eager is always correct
         zero_grad()
         torch.cuda.synchronize(device)

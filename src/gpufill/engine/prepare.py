@@ -1,0 +1,165 @@
+"""fit's set-up before the first epoch: from the data and settings to the finished plan.
+
+Steps 1-3 of `loop.py`'s order: the plan from facts (`make_plan`) and the loader, if measured;
+model and data to the device, a resumed run's weights loaded; then the probe
+(`measure/resolver.py`), which returns the finished plan. `measured_plan` stops there, as
+`gpufill bench` does to list what the plan turned on; `fit` goes on to train with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpufill.engine import batching, distributed, losses
+from gpufill.engine.batches import ResidentBatches, signature
+from gpufill.engine.checkpoint import Identity, check_identity, load_checkpoint, model_fingerprint, optimizer_fingerprint
+from gpufill.engine.config import FitConfig
+from gpufill.engine.hardware import Hardware, check_device, detect
+from gpufill.engine.inputs import Data, Source, as_dataset, as_source, data_facts, fingerprint, harmonise_floats, make_batches
+from gpufill.engine.measure import TuneCache, resolve, shape_key, tune_loader
+from gpufill.engine.measure.candidates import Context
+from gpufill.engine.measure.probe import FitProbe
+from gpufill.engine.optim import make_optimizer
+from gpufill.engine.plan import Choice, Plan, make_plan
+from gpufill.errors import InputError
+
+
+def measured_plan(model: nn.Module, train: Data, val: Data | None = None, *, config: FitConfig | None = None, **overrides: Any) -> Plan:
+    """The finished plan fit() would train `model` with: its probe runs (and puts the weights back); nothing is trained."""
+    return prepare(model, train, val, resolve_config(config, overrides)).plan
+
+
+@dataclasses.dataclass(slots=True)
+class Prepared:
+    """Everything set up before the first epoch: the finished plan and what it applies to."""
+
+    cfg: FitConfig
+    model: nn.Module
+    plan: Plan
+    device: torch.device
+    loss_fn: Callable[[Any, Any], Any]
+    ddp: distributed.Distributed | None
+    train_source: Source
+    train_batches: Any
+    val_batches: Any
+    resumed: tuple[dict[str, Any], dict[str, Any]] | None
+    identity: Identity | None
+    events: list[str]
+    total_steps: int | None
+
+
+def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> Prepared:
+    """Steps 1-3 of the module docstring."""
+    if not isinstance(model, nn.Module):
+        raise InputError(f"model is a {type(model).__name__}, not a torch.nn.Module", field="model",
+                         fix="pass an nn.Module (a factory must return one)")
+    ddp = distributed.from_environment()
+    if ddp is not None and cfg.device == "auto":
+        cfg = dataclasses.replace(cfg, device=ddp.device())
+    check_device(cfg.device)
+    train_source = as_source(train, "train")
+    val_source = as_source(val, "val") if val is not None else None
+    loss_fn, loss_choice = losses.resolve(cfg.loss)
+    hardware = detect(cfg.device)
+    plan, facts = _first_plan(cfg, train_source, val_source, hardware)
+    plan = plan.replace(loss=loss_choice)
+    if plan.loader_tuning.value:
+        plan = plan.replace(loader=tune_loader(as_dataset(train_source), plan.effective_batch.value, hardware))
+    device = torch.device(plan.device.value)
+    model = model.to(device)
+    events: list[str] = []
+
+    def batches_of(source: Source) -> Any:
+        cast = harmonise_floats(source, _float_dtype(model))
+        events.extend(source.notes)
+        return make_batches(source, plan, device, ddp, float_dtype=cast, steps_per_epoch=cfg.steps_per_epoch)
+
+    train_batches = batches_of(train_source)
+    val_batches = batches_of(val_source) if val_source is not None else None
+    identity = resumed = None
+    if cfg.checkpoint_dir is not None:  # what a checkpoint belongs to (reads a sample of the data once)
+        probe_optimizer, _ = make_optimizer(model, cfg, cfg.lr, plan.optimizer_kernel.value)
+        identity = Identity(model=model_fingerprint(model), optimizer=optimizer_fingerprint(probe_optimizer), data=fingerprint(train_source))
+        resumed = _resume(cfg, device, identity, model, events)
+    if resumed is not None:
+        plan = plan.replace(batch_search=Choice(False, "off: resumed with the checkpoint's micro-batch"))
+        if (micro := int(resumed[1]["micro_batch"])) != plan.micro_batch.value:
+            plan = with_micro_batch(plan, micro, f"{micro}: restored from the checkpoint (reduced after an out-of-memory error)")
+    context = Context(resident=isinstance(train_batches, ResidentBatches), distributed=ddp is not None,
+                      optimizer="factory" if callable(cfg.optimizer) else "built-in", sync_every_step=cfg.sync_every_step)
+    per_epoch = batching.steps_per_epoch(facts, plan.effective_batch.value)
+    key = shape_key("plan", model, signature(train_source.sample), hardware.name, **_measured_context(cfg, plan, hardware))
+    plan = resolve(plan, FitProbe(model, cfg, loss_fn, train_batches, device), settings=cfg, hardware=hardware, facts=facts, context=context,
+                   total_steps=per_epoch * cfg.epochs if per_epoch else None, cache=TuneCache(cfg.tune_cache), key=key, events=events)
+    if ddp is not None:  # each rank measured alone; all follow rank 0
+        plan = ddp.broadcast(plan)
+    per_epoch = batching.steps_per_epoch(facts, plan.effective_batch.value)  # the batch search may have changed it
+    return Prepared(cfg, model, plan, device, loss_fn, ddp, train_source, train_batches, val_batches, resumed, identity, events,
+                     per_epoch * cfg.epochs if per_epoch else None)
+
+
+def automatic_plan(train: Data, val: Data | None = None, *, config: FitConfig | None = None, **overrides: Any) -> Plan:
+    """The plan fit() starts from for this data and these settings, before its measured choices
+    (the probe, batch search, loader tuning) run: nothing is trained."""
+    cfg = resolve_config(config, overrides)
+    check_device(cfg.device)
+    train_source = as_source(train, "train")
+    plan, _facts = _first_plan(cfg, train_source, as_source(val, "val") if val is not None else None, detect(cfg.device))
+    return plan.replace(loss=losses.resolve(cfg.loss)[1])
+
+
+def _first_plan(cfg: FitConfig, train: Source, val: Source | None, hardware: Hardware) -> tuple[Plan, batching.DataFacts]:
+    facts = data_facts(train, val, cfg.steps_per_epoch)
+    return make_plan(hardware, facts, cfg, epochs=cfg.epochs), facts
+
+
+def _measured_context(cfg: FitConfig, plan: Plan, hardware: Hardware) -> dict[str, Any]:
+    """What besides the model's shape and the batch's makes two probes interchangeable."""
+    requested = {name: getattr(cfg, name) for name in ("precision", "tf32", "cudnn_benchmark", "compile", "cuda_graph", "threads", "optimizer_kernel")}
+    optimizer = cfg.optimizer if isinstance(cfg.optimizer, str) else "factory"
+    return {"effective": plan.effective_batch.value, "micro": plan.micro_batch.value, "placement": plan.data_placement.value,
+            "loss": plan.loss.value, "optimizer": optimizer, "clip": cfg.grad_clip, "cores": hardware.cpu_count, "threads_now": torch.get_num_threads(),
+            "torch": torch.__version__, **requested}
+
+
+def _resume(cfg: FitConfig, device: torch.device, identity: Identity, model: nn.Module, events: list[str]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The last checkpoint (tensors, metadata) if asked to resume; the model's weights are loaded now."""
+    if not cfg.resume:
+        return None
+    loaded = load_checkpoint(cfg.checkpoint_dir, device)  # type: ignore[arg-type]
+    if loaded is None:
+        events.append("resume: no checkpoint yet, starting from epoch 1")
+        return None
+    saved, meta = loaded
+    check_identity(meta, identity, cfg.checkpoint_dir)  # type: ignore[arg-type]
+    model.load_state_dict(saved["model"])
+    return loaded
+
+
+def with_micro_batch(plan: Plan, micro: int, reason: str) -> Plan:
+    effective = plan.effective_batch.value
+    accumulation = math.ceil(effective / micro)
+    return plan.replace(micro_batch=Choice(micro, reason),
+                        accumulation=Choice(accumulation, f"{accumulation} micro-batches of {micro} keep the effective batch {effective}"))
+
+
+def resolve_config(config: FitConfig | None, overrides: dict[str, Any]) -> FitConfig:
+    known = {f.name for f in dataclasses.fields(FitConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise InputError(f"unknown fit setting(s) {', '.join(unknown)}", field="fit", fix=f"use FitConfig fields: {', '.join(sorted(known))}")
+    if config is not None and not isinstance(config, FitConfig):
+        raise InputError(f"config is a {type(config).__name__}, not a FitConfig", field="config", fix="pass gpufill.FitConfig(...) or keyword settings")
+    cfg = dataclasses.replace(config or FitConfig(), **overrides)
+    cfg.validate()
+    return cfg
+
+
+def _float_dtype(model: nn.Module) -> torch.dtype | None:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)

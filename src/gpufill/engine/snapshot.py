@@ -1,0 +1,44 @@
+"""Trial steps that leave no trace: weights, buffers, train mode and random state put back.
+
+Measurements (the probe's candidates, a graph capture's warm-up steps) run real optimizer
+steps on the real model, so the kernels, memory and caches are the ones training will use;
+these put back everything the training starts from, by copying into the same tensors, so a
+CUDA graph that recorded their addresses stays valid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+@contextlib.contextmanager
+def preserved_rng(device: torch.device) -> Iterator[None]:
+    """The CPU (and the device's CUDA) random state, put back afterwards."""
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)
+
+
+@contextlib.contextmanager
+def preserved_weights(model: nn.Module, device: torch.device, extra: tuple[torch.Tensor, ...] = ()) -> Iterator[None]:
+    """Parameters, buffers (and `extra` tensors), the train/eval mode and RNGs put back in place afterwards."""
+    live = [*model.state_dict().values(), *extra]
+    saved = [tensor.detach().clone() for tensor in live]
+    was_training = model.training
+    try:
+        with preserved_rng(device):
+            yield
+    finally:
+        with torch.no_grad():
+            for tensor, copy in zip(live, saved, strict=True):
+                tensor.copy_(copy)
+        model.train(was_training)
