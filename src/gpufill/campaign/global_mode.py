@@ -39,7 +39,7 @@ def run_global(windows: Sequence[WindowedProject], trial: dict[str, Any], spec: 
     if trial["kind"] == "classical":
         predictions, plan, timings, history, events, status = _classical(first, trial, train_x, train_y, val_x, val_y, windows, threads)
     else:
-        predictions, plan, timings, history, events, status = _neural(first, trial, spec, train_x, train_y, val_x, val_y, windows, device)
+        predictions, plan, timings, history, events, status = _neural(first, trial, spec, train_x, train_y, val_x, val_y, windows, device, threads)
     per_project, forecasts = {}, {}
     for w, prediction in zip(windows, predictions, strict=True):
         test, naive, forecasts[w.name] = score(w, prediction)
@@ -62,11 +62,11 @@ def run_global(windows: Sequence[WindowedProject], trial: dict[str, Any], spec: 
     }
 
 
-def _neural(first, trial, spec, train_x, train_y, val_x, val_y, windows, device):
+def _neural(first, trial, spec, train_x, train_y, val_x, val_y, windows, device, threads):
     from gpufill.engine.loop import fit
     from gpufill.forecasting.task import predict
 
-    config = spec.fit_config(trial["family"], trial["train"], trial["seed"], device=device)
+    config = spec.fit_config(trial["family"], trial["train"], trial["seed"], device=device, threads=threads)
     torch.manual_seed(trial["seed"])
     model = registry.build(trial["family"], n_features=first.n_features, lookback=first.lookback, horizon=first.horizon, params=trial["params"])
     result = fit(model, (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=config)

@@ -27,6 +27,7 @@ from gpufill.campaign.spec import CampaignSpec, load_campaign
 from gpufill.campaign.stopping import RunInterrupted, from_exception, signals_interrupt
 from gpufill.campaign.reading import best_per_project, find_workdir, read_jobs, read_results, read_status, read_trials
 from gpufill.campaign.store import DB_NAME, Counts, Store
+from gpufill.campaign.startup import Timeline
 from gpufill.campaign.store_health import damaged, is_damage, out_of_space
 from gpufill.campaign import user_models
 from gpufill.campaign.trials import Trial, expand, id_base
@@ -94,9 +95,11 @@ class Campaign:
 
     # -- checks before anything runs ------------------------------------------------------
     def prepare(self, *, gpu_slots: int | Literal["auto"] | None = None, cpu_slots: int | Literal["auto"] | None = None,
-                executor: Executor | None = None) -> Prepared:
+                executor: Executor | None = None, timeline: Timeline | None = None) -> Prepared:
         """Trials and lanes; the lanes fit what `executor` runs on (default: this machine)."""
+        timeline = timeline or Timeline()
         projects = self.spec.data.load(self.base_dir)
+        timeline.mark("data loaded")
         too_short, notes = _too_short(projects, self.spec)  # fails before the run on any other data problem, naming the project
         # Each project's values are part of its trials' identity: an edited file re-runs exactly what it changed.
         trials = expand(self.spec, {name: project.fingerprint() for name, project in projects.items()})
@@ -111,6 +114,7 @@ class Campaign:
                 count = sum(1 for t in left_out if t.project == name)
                 notes.append(f"project {name} left out at lookback {', '.join(map(str, lookbacks))} ({count} trials): "
                              f"{too_short[(name, lookbacks[0])]}")
+        timeline.mark("trials listed")
         bases = {trial.base_id: id_base(self.spec, trial.kind, list(projects)) for trial in {t.kind: t for t in trials}.values()}
         resources = self.spec.resources
         request = LaneRequest(
@@ -122,6 +126,7 @@ class Campaign:
             where=self.source,
         )
         lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
+        timeline.mark("lanes planned")
         warnings = [*(user_models.notes[family] for family in self.spec.models if family in user_models.notes), *notes, *warnings]
         return Prepared(trials=trials, lanes=lanes, warnings=warnings, bases=bases)
 
@@ -162,9 +167,11 @@ class Campaign:
         `address`) or slurm (jobs through submitit, settings in resources.slurm); the store,
         the trial ids and resuming are the same whichever runs the trials.
         """
+        timeline = Timeline()
+        timeline.mark("run begins (interpreter, imports, campaign file)")
         runs = make_executor(executor, spec=self.spec, base_dir=str(self.base_dir), workdir=self.workdir, address=address)
         try:
-            return self._locked_run(runs, gpu_slots, cpu_slots, fresh, command, verbose, on_start, on_update)
+            return self._locked_run(runs, gpu_slots, cpu_slots, fresh, command, verbose, on_start, on_update, timeline)
         except (sqlite3.Error, OSError) as error:
             if out_of_space(error):
                 raise InputError(f"the disk holding the workdir is full ({error}); the run stopped, done trials are kept",
@@ -181,8 +188,8 @@ class Campaign:
         return "gpufill demo" if command == "gpufill demo" else f"gpufill run {self.source} --workdir {self.workdir}"
 
     def _locked_run(self, runs: Executor, gpu_slots: Any, cpu_slots: Any, fresh: bool, command: str, verbose: bool, on_start: Any,
-                    on_update: Any) -> RunOutcome:
-        prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots, executor=runs)
+                    on_update: Any, timeline: Timeline) -> RunOutcome:
+        prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots, executor=runs, timeline=timeline)
         with WorkdirLock(self.workdir, command) as lock:  # before --fresh deletes anything: one run per workdir
             self.check_workdir(fresh=fresh)
             if fresh:
@@ -194,15 +201,18 @@ class Campaign:
                     prepared.warnings.append(f"took the workdir over from a run that stopped without releasing it (pid {lock.taken_over.get('pid')} "
                                              f"on {lock.taken_over.get('host')})")
                 with run_log(self.workdir, run_id, verbose=verbose):
-                    return self._run(store, run_id, prepared, runs, on_start, on_update)
+                    timeline.start_logging()
+                    return self._run(store, run_id, prepared, runs, on_start, on_update, timeline)
             finally:
                 store.close()
 
-    def _run(self, store: Store, run_id: int, prepared: Prepared, executor: Executor, on_start: Any, on_update: Any) -> RunOutcome:
+    def _run(self, store: Store, run_id: int, prepared: Prepared, executor: Executor, on_start: Any, on_update: Any,
+             timeline: Timeline) -> RunOutcome:
         store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json()})
         lane_of = {kind: lane.queue for lane in prepared.lanes for kind in lane.kinds}  # pending trials belong to a queue
         added, skipped = store.sync_trials(prepared.trials, lane_of, prepared.bases)
         recovered = store.recover_interrupted(run_id)
+        timeline.mark("store ready")
         orphans = store.orphan_jobs(run_id)
         if orphans:  # their results would never be collected: their trials are retried instead
             executor.cancel_jobs(orphans)
@@ -223,6 +233,7 @@ class Campaign:
             store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id,
             pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update, samples=queue.drain,
             trial_timeout=self.spec.resources.trial_timeout, heartbeat_timeout=self.spec.resources.heartbeat_timeout,
+            timeline=timeline,
         )
         try:
             with signals_interrupt() as stop_request, sampler:

@@ -24,6 +24,7 @@ from gpufill.campaign.executors.base import Crashed, Executor, Finished, Worker
 from gpufill.campaign.admission import META_KEY, Running, ShapeBook, admits
 from gpufill.campaign.lanes import Lane
 from gpufill.campaign.queue import ShapeQueue
+from gpufill.campaign.startup import Timeline
 from gpufill.campaign.store import Store
 
 log = logging.getLogger("gpufill.scheduler")
@@ -106,6 +107,7 @@ class Scheduler:
         samples: Callable[[], list[dict[str, Any]]] | None = None,
         trial_timeout: float | str = "auto",
         heartbeat_timeout: float = 120.0,
+        timeline: Timeline | None = None,
     ):
         self.store, self.executor, self.lanes = store, executor, lanes
         self.max_attempts = retries + 1
@@ -132,6 +134,7 @@ class Scheduler:
         """Batch job id -> (state, detail) as last written to the store."""
         self.trial_timeout = trial_timeout
         self.heartbeat_timeout = heartbeat_timeout
+        self.timeline = timeline or Timeline()
         self.shape_seconds: dict[str, float] = {}
         """Slowest finished trial per shape: what an "auto" time limit is derived from."""
 
@@ -142,6 +145,7 @@ class Scheduler:
         for trial in self.store.runnable(self.max_attempts):
             self.queue[self.queue_of_kind[trial["kind"]]].append(trial)
         self.executor.start([lane for lane in self.lanes if self.queue[lane.queue]])
+        self.timeline.mark("workers started")
         last_update = -float("inf")
         try:
             while any(self.queue.values()) or self.executor.busy():
@@ -149,7 +153,10 @@ class Scheduler:
                 self._dispatch()
                 for outcome in self.executor.poll(timeout=0.1):
                     self._record(outcome)
+                    self.timeline.mark("first task done")
                 for worker in self.executor.busy():
+                    if worker.ready:
+                        self.timeline.mark("first worker ready")
                     self._learn_measured(worker, worker.task)
                 self._watch()
                 self._sync_jobs()
@@ -158,8 +165,10 @@ class Scheduler:
                     self.on_update(self.snapshot(self.clock() - start))
                     last_update = self.clock()
         finally:
+            self.timeline.mark("last task done")
             self.executor.shutdown()
             self._sync_jobs()  # jobs cancelled by the shutdown
+            self.timeline.mark("workers stopped")
         self._monitor(final=True)
         self.outcome.elapsed_s = self.clock() - start
         if self.on_update is not None:

@@ -485,9 +485,11 @@ class CampaignSpec(Spec):
         """The campaign's projects (``data.load`` with this file's folder and location)."""
         return self.data.load(self.base_dir, where=self.where("data", "projects"))
 
-    def fit_config(self, family: str, train: Mapping[str, Any], seed: int, *, device: str | None = None, tune_cache: str | None = None) -> FitConfig:
+    def fit_config(self, family: str, train: Mapping[str, Any], seed: int, *, device: str | None = None, tune_cache: str | None = None,
+                   threads: int | None = None) -> FitConfig:
         """A trial's FitConfig (every trial and pack takes its settings from here): train settings +
-        overrides + seed, the family's loss and schedule, resources.memory_margin, and the worker's device and tune cache."""
+        overrides + seed, the family's loss and schedule, resources.memory_margin, and the worker's device,
+        tune cache and thread count (a lane's slots share the cores: a trial must not measure its way past its share)."""
         config = self.train.fit_config({k: v for k, v in train.items() if k not in WINDOW_KEYS}, seed)
         settings = self.recipe(family, train)
         config.loss, config.schedule = settings.loss, settings.schedule
@@ -495,6 +497,8 @@ class CampaignSpec(Spec):
         if device is not None:
             config.device = device
         config.tune_cache = tune_cache
+        if threads is not None:
+            config.threads = threads
         return config
 
 

@@ -115,7 +115,8 @@ class TrialRunner:
 
     def fit_config(self, trial: dict[str, Any]) -> Any:
         """The trial's FitConfig on this worker's device (the campaign's settings and memory margin)."""
-        return self.spec.fit_config(trial["family"], trial["train"], trial["seed"], device=self.device, tune_cache=self.tune_cache)
+        return self.spec.fit_config(trial["family"], trial["train"], trial["seed"], device=self.device, tune_cache=self.tune_cache,
+                                    threads=self.threads)
 
     def note(self, message: dict[str, Any]) -> None:
         """{"started": [trial ids]} or {"result": a trial's message}: so a crash fails only the trial that was running."""

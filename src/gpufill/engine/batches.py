@@ -146,14 +146,12 @@ class _IndexedBatch:
     index: torch.Tensor
     size: int
     loss_denominator: float
-
-    @property
-    def rows(self) -> int:
-        return len(self.index)
+    rows: int
+    """len(index), known on the host (a tensor's len() costs a call per step)."""
 
     def micro_batches(self, micro: int) -> Iterator[tuple[Batch, int]]:
-        if len(self.index) <= micro:  # the usual case: the whole batch at once
-            yield self.data.gather(self.index), len(self.index)
+        if self.rows <= micro:  # the usual case: the whole batch at once
+            yield self.data.gather(self.index), self.rows
             return
         for start in range(0, len(self.index), micro):
             part = self.index[start : start + micro]
@@ -222,15 +220,15 @@ class ResidentBatches:
             size = min(batch, self.n - start)  # host arithmetic: no sync
             index = order[start : start + size]
             if self.shard is None:
-                yield _IndexedBatch(self.data, index, size, float(size))
+                yield _IndexedBatch(self.data, index, size, float(size), size)
                 continue
             share = self.shard.shard(index)
             if len(share) == 0:
                 # A last batch smaller than the world leaves this rank nothing, but DDP needs every
                 # rank's backward: it runs one sample at weight 0 (adds nothing, counts nothing).
-                yield _IndexedBatch(self.data, index[:1], 0, math.inf)
+                yield _IndexedBatch(self.data, index[:1], 0, math.inf, 1)
             else:
-                yield _IndexedBatch(self.data, share, len(share), size / self.shard.world_size)
+                yield _IndexedBatch(self.data, share, len(share), size / self.shard.world_size, len(share))
 
     def in_order(self, batch: int) -> Iterator[tuple[Batch, int]]:
         block = self.shard.block(self.n) if self.shard is not None else range(self.n)

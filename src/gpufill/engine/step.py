@@ -6,10 +6,16 @@ last batch too, and under DDP ranks whose shares differ by one give exactly the 
 batch's). The loss and metrics accumulate on the device, weighted by sample count, and
 are read once per epoch.
 
-What a step costs beyond the careful hand loop's (measured on a CPU, `bench/step_overhead.py`):
-the epoch's batch generator and the micro-batch split (~1 us each), one `add_` per loss value
-into the device sums (~3 us on a CPU; inside the graph on a GPU), and two clock reads for the
-data wait (~0.1 us). A captured step (`step_graph.py`) launches all of it as one graph.
+What a step costs beside the careful hand loop's (one thread of a 2-core EPYC,
+`bench/step_overhead.py --quick`, 2026-11-24): an operator costs ~5 us there, so the loss is not
+added into the device sums each step but kept and summed once per KEEP_STEPS steps; the epoch's
+batch generator ~2 us, the gather by index_select (faster than indexing: the hand loop's
+`take` is ~11 us, ours ~7 us), the named loss's dict ~2.5 us (the hand loop pays it too in the
+benchmarks), two clock reads ~0.3 us. An fp32 step without scaling, clipping or schedule takes
+the plain path (no autocast context, no scaler indirection). Measured: gpufill's step 0.98x
+the hand loop's time (linear 4->1 at batch 32) and 0.99x (the MLP forecaster at batch 128),
+14.1 and 29.1 operators per step against 14 and 29. A captured step (`step_graph.py`)
+launches all of it as one graph.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -33,16 +39,25 @@ T = TypeVar("T")
 Values = dict[str, torch.Tensor]
 
 
+KEEP_STEPS = 64
+"""Eager steps' values are summed once per this many steps (`Totals.keep`): one stack and one add
+instead of an add per step. An operator costs ~5 us on a small CPU, 2 % of a tiny model's step."""
+
+
 class Totals:
     """Per-metric sums on the device, weighted by sample count; `read` is the one sync.
 
     The sums are made at the first step and zeroed in place after, so a captured step's
-    additions land in the same tensors every epoch."""
+    additions land in the same tensors every epoch. Eager steps `keep` their values instead:
+    the last KEEP_STEPS steps' tensors are held (their graphs already freed by backward) and
+    summed together."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.sums: Values = {}
         self.samples = 0
+        self.kept: dict[str, list[torch.Tensor]] = {}
+        self.kept_weight = 0.0
 
     def add(self, values: Values, weight: float) -> None:
         for name, value in values.items():
@@ -51,13 +66,35 @@ class Totals:
                 total = self.sums[name] = torch.zeros((), device=self.device)
             total.add_(value.detach(), alpha=weight)
 
+    def keep(self, values: Values, weight: float) -> None:
+        """`add`, deferred: no operator this step (steps of one weight are summed together)."""
+        if weight != self.kept_weight or values.keys() != self.kept.keys():
+            self._flush()
+            self.kept_weight = weight
+            self.kept = {name: [] for name in values}
+        for name, value in values.items():
+            self.kept[name].append(value)
+        if len(self.kept[name]) >= KEEP_STEPS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.kept or not next(iter(self.kept.values())):
+            return
+        with torch.no_grad():
+            self.add({name: torch.stack(kept).sum(dtype=torch.float32) for name, kept in self.kept.items()}, self.kept_weight)
+        for kept in self.kept.values():
+            kept.clear()
+
     def reset(self) -> None:
+        for kept in self.kept.values():
+            kept.clear()
         for total in self.sums.values():
             total.zero_()
         self.samples = 0
 
     def read(self, ddp: Distributed | None = None) -> dict[str, float]:
         """Means over the samples (summed over DDP ranks first), read in one transfer."""
+        self._flush()
         names = list(self.sums)
         stacked = torch.stack([*(self.sums[n].float() for n in names), torch.tensor(float(self.samples), device=self.device)])
         if ddp is not None:  # every rank must see the same numbers to take the same decisions
@@ -83,11 +120,26 @@ class EagerStep:
     foreach_clip: bool = False
     scheduler: Any = None
     ddp_module: nn.parallel.DistributedDataParallel | None = None
+    plain: bool = field(init=False)
+    """fp32 without loss scaling or clipping: with no schedule, the hand loop's step without its indirections."""
+
+    def __post_init__(self) -> None:
+        self.plain = self.precision.dtype is None and not self.precision.loss_scaling and self.grad_clip is None
 
     def __call__(self, batch: EffectiveBatch) -> torch.Tensor:
         """The step; its loss and metrics are added to `totals`. Returns the loss (on the device)."""
         parts = batch.micro_batches(self.micro_batch)
-        if batch.rows <= self.micro_batch:  # the usual case: one forward/backward, no accumulator
+        if self.plain and self.scheduler is None and batch.rows <= self.micro_batch:  # the hand loop's calls and no other
+            part, rows = next(parts)
+            values = self.loss_fn(self.forward, part)
+            loss = values["loss"]
+            share = rows / batch.loss_denominator
+            (loss if share == 1.0 else loss * share).backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.totals.keep(values, min(rows, batch.size))
+            return loss
+        if batch.rows <= self.micro_batch:  # one forward/backward, no accumulator
             part, rows = next(parts)
             values, weight = self._forward_backward(part, rows, batch)
         else:
@@ -105,7 +157,7 @@ class EagerStep:
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.totals.add(values, weight)
+        self.totals.keep(values, weight)
         return values["loss"]
 
     def _forward_backward(self, part: Any, rows: int, batch: EffectiveBatch) -> tuple[Values, int]:
