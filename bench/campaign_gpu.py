@@ -283,7 +283,7 @@ def main() -> None:
                 rows.append({"config": name, "way": way, "trials": n, "seconds": None if seconds is None else round(seconds, 2),
                              "trials_per_hour": None if seconds is None else round(3600 * n / seconds), **figures,
                              "pack_size": pack if is_campaign else 1, "ops_per_step": ops.get(pack if is_campaign else 1),
-                             "chosen": extra, "runs_s": [None if s is None else round(s, 2) for s, *_ in runs]})
+                             "chosen": extra if isinstance(extra, dict) else {"not_run": extra} if extra else {}, "runs_s": [None if s is None else round(s, 2) for s, *_ in runs]})
                 if is_campaign or any(s is None for s, *_ in runs):
                     continue
                 ratios[f"{name}: campaign vs {way}"] = statistics.median(o[0] / c[0] for o, c in zip(runs, campaign_runs, strict=True))

@@ -70,7 +70,7 @@ def main() -> None:
     child_env = {**os.environ, "OMP_NUM_THREADS": "1"} if args.device == "cpu" else None  # one thread on a CPU
 
     def child(*argv: str) -> dict:
-        done = subprocess.run([sys.executable, str(TARGET), *argv], capture_output=True, text=True, env=child_env)
+        done = subprocess.run([sys.executable, str(TARGET), *argv], capture_output=True, text=True, env=child_env, check=False)
         if done.returncode != 0:
             raise SystemExit(f"{TARGET.name} {' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])

@@ -50,8 +50,10 @@ if [ "$part" = 9 ] || [ "$part" = all ]; then
 fi
 if [ "$part" = 2 ] || [ "$part" = all ]; then
   step bench-lstm 150 python3 -m gpufill bench --model lstm --json --out "$out/gpufill_bench-lstm.json"
+  step pack_speed 420 python3 bench/pack_speed.py --out "$out/pack_speed.json"
+fi
+if [ "$part" = 10 ] || [ "$part" = all ]; then
   step bench-transformer 150 python3 -m gpufill bench --model transformer --json --out "$out/gpufill_bench-transformer.json"
-  step pack_speed 240 python3 bench/pack_speed.py --out "$out/pack_speed.json"
 fi
 if [ "$part" = 4 ] || [ "$part" = all ]; then
   step campaign_gpu-lstm 570 python3 bench/campaign_gpu.py --shapes lstm-h128-l30 --out "$out/campaign_gpu-lstm-h128-l30.json"

@@ -1,17 +1,20 @@
 """What the monitor's sampler costs a training: the same step loop without and with a running Sampler.
 
-    python bench/sampler_overhead.py [--quick] [--steps N] [--repeats N] [--device auto|cpu|cuda] [--out PATH]
+    python bench/sampler_overhead.py [--smoke | --quick] [--steps N] [--repeats N] [--device auto|cpu|cuda] [--out PATH]
 
 One LSTM forecaster (gpufill.forecasting.models.registry) trains for N steps (forward, backward, AdamW)
-three ways, interleaved in each repeat: no sampler; a Sampler every 1 s; a Sampler every
-0.1 s. The sampler reads the host (psutil) and the GPUs: NVML where there is one, else a
+three ways, interleaved in each repeat (each repeat starting with a different way): no
+sampler; a Sampler every 1 s; a Sampler every 0.1 s. The sampler reads the host (psutil) and the GPUs: NVML where there is one, else a
 fake two-GPU source, so the cost of building GPU rows is in the numbers everywhere.
 Reported per way: the best repeat's median step time (other load on the machine only ever
 adds time, so the best repeat is the least disturbed one) and the median over repeats; the
-ratios with/without on the best repeats (the overhead; 1.0 = none); and the cost of one
-``sample_once()``, whose ratio to the interval is the expected overhead. On a shared,
-loaded machine the median ratios carry that machine's noise (tens of %, bimodal), far
-more than the sampler's cost.
+ratios with/without on the best repeats (the overhead; 1.0 = none) and the median of
+per-repeat ratios; and the cost of one ``sample_once()``, whose ratio to the interval is the
+expected overhead. On a shared, loaded machine the median ratios carry that machine's noise
+(tens of %, bimodal), far more than the sampler's cost.
+
+--smoke: a tiny LSTM, 10 steps, 2 repeats (seconds, CI); --quick: hidden 32, batch 64, 100
+steps, 8 repeats. On a CPU torch is pinned to one thread under --smoke and --quick.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ from _common import environment, finish  # noqa: E402
 from gpufill.engine.hardware import resolve_device  # noqa: E402
 from gpufill.forecasting.models import registry  # noqa: E402
 from gpufill.monitor.sampler import GpuReading, QueueSink, Sampler, decode_throttle, open_gpu_source  # noqa: E402
+
+SIZES = {  # steps, repeats, hidden size, batch, lookback, warm-up steps, sample_once() calls per cost measurement
+    "smoke": (10, 2, 8, 16, 12, 3, 5),
+    "quick": (100, 8, 32, 64, 30, 20, 50),
+    "full": (500, 10, 128, 256, 30, 20, 200),
+}
 
 
 class FakeGpus:
@@ -73,20 +82,24 @@ def sample_cost(sampler: Sampler, n: int, repeats: int = 5) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small sizes: a couple of minutes on 2 CPU cores")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--smoke", action="store_true", help="a tiny LSTM, 10 steps, 2 repeats: seconds (CI)")
+    size.add_argument("--quick", action="store_true", help="small sizes: a couple of minutes on 2 CPU cores")
     parser.add_argument("--steps", type=int, default=None, help="steps per measurement")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats; the median is reported")
-    parser.add_argument("--hidden-size", type=int, default=None, help="LSTM hidden size (32 quick, 128 full)")
-    parser.add_argument("--lookback", type=int, default=30)
-    parser.add_argument("--batch", type=int, default=None, help="batch size (64 quick, 256 full)")
+    parser.add_argument("--hidden-size", type=int, default=None, help="LSTM hidden size (8 smoke, 32 quick, 128 full)")
+    parser.add_argument("--lookback", type=int, default=None, help="12 smoke, 30 otherwise")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (16 smoke, 64 quick, 256 full)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    steps = args.steps or (100 if args.quick else 500)
-    repeats = args.repeats or (8 if args.quick else 10)
-    hidden = args.hidden_size or (32 if args.quick else 128)
-    batch = args.batch or (64 if args.quick else 256)
+    size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sized_steps, sized_repeats, sized_hidden, sized_batch, sized_lookback, warm_up, n_cost = SIZES[size_name]
+    steps, repeats = args.steps or sized_steps, args.repeats or sized_repeats
+    hidden, batch, lookback = args.hidden_size or sized_hidden, args.batch or sized_batch, args.lookback or sized_lookback
     device = str(resolve_device(args.device))
+    if device == "cpu" and size_name != "full":
+        torch.set_num_threads(1)
     env = environment(device)
 
     gpu_source = open_gpu_source()
@@ -95,17 +108,20 @@ def main() -> None:
     pid = os.getpid()
 
     torch.manual_seed(0)
-    model = registry.build("lstm", n_features=3, lookback=args.lookback, horizon=1, params={"hidden_size": hidden}).to(device)
+    model = registry.build("lstm", n_features=3, lookback=lookback, horizon=1, params={"hidden_size": hidden}).to(device)
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randn(batch, args.lookback, 3, device=device)
+    x = torch.randn(batch, lookback, 3, device=device)
     y = torch.randn(batch, 1, device=device)
-    time_steps(model, optimiser, x, y, 20)  # warm-up: allocator, oneDNN/cuDNN kernel choice
+    time_steps(model, optimiser, x, y, warm_up)  # warm-up: allocator, oneDNN/cuDNN kernel choice
 
     ways: dict[str, float | None] = {"no sampler": None, "sampler 1 s": 1.0, "sampler 0.1 s": 0.1}
     step_s: dict[str, list[float]] = {way: [] for way in ways}
     samples: dict[str, int] = dict.fromkeys(ways, 0)
-    for _ in range(repeats):
-        for way, interval in ways.items():  # interleaved: drift (thermal, other load) hits every way alike
+    names = list(ways)
+    for r in range(repeats):
+        shift = r % len(names)  # interleaved, each repeat starting with a different way: drift (thermal, other load) hits every way alike
+        for way in names[shift:] + names[:shift]:
+            interval = ways[way]
             if interval is None:
                 step_s[way].append(time_steps(model, optimiser, x, y, steps))
                 continue
@@ -115,29 +131,29 @@ def main() -> None:
                 step_s[way].append(time_steps(model, optimiser, x, y, steps))
             samples[way] += len(sink.drain())
 
-    n_cost = 50 if args.quick else 200
     cost_host = sample_cost(Sampler(gpu_source=None, pids=lambda: [pid]), n_cost)
     cost_gpus = sample_cost(Sampler(gpu_source=gpu_source, pids=lambda: [pid]), n_cost)
 
-    base, base_median = min(step_s["no sampler"]), statistics.median(step_s["no sampler"])
+    base = min(step_s["no sampler"])
     rows, ratios = [], {}
     for way, interval in ways.items():
         best, median = min(step_s[way]), statistics.median(step_s[way])
+        paired = statistics.median(s / b for s, b in zip(step_s[way], step_s["no sampler"], strict=True))
         rows.append({"config": way, "step_ms": round(best * 1e3, 3), "vs_no_sampler": round(best / base, 4),
-                     "step_ms_median": round(median * 1e3, 3), "median_vs_no_sampler": round(median / base_median, 4),
+                     "step_ms_median": round(median * 1e3, 3), "median_vs_no_sampler": round(paired, 4),
                      "rows_written": samples[way], "expected_overhead_pct": None if interval is None else round(100 * cost_gpus / interval, 4),
                      "step_ms_per_repeat": [round(s * 1e3, 3) for s in step_s[way]]})
         if interval is not None:
             ratios[f"step time {way} / no sampler (best repeats)"] = best / base
-            ratios[f"step time {way} / no sampler (medians)"] = median / base_median
+            ratios[f"step time {way} / no sampler (median of per-repeat ratios)"] = paired
     for config, cost in (("one sample_once(), host only", cost_host), (f"one sample_once(), host + GPUs ({gpu_kind})", cost_gpus)):
         rows.append({**dict.fromkeys(rows[0]), "config": config, "step_ms_per_repeat": [], "sample_ms": round(cost * 1e3, 4)})
     for row in rows:
         row.setdefault("sample_ms", None)
     ratios["sample_once cost / 1 s interval"] = cost_gpus / 1.0
 
-    run_args = {"model": "lstm", "hidden_size": hidden, "lookback": args.lookback, "batch": batch,
-                "steps": steps, "repeats": repeats, "gpu_source": gpu_kind, "quick": args.quick, "device": device}
+    run_args = {"size": size_name, "model": "lstm", "hidden_size": hidden, "lookback": lookback, "batch": batch,
+                "steps": steps, "repeats": repeats, "gpu_source": gpu_kind, "threads": torch.get_num_threads(), "device": device}
     finish("sampler_overhead", "LSTM step loop without / with a running Sampler", env, run_args, rows, ratios, args.out)
 
 

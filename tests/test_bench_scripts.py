@@ -1,0 +1,194 @@
+"""Every bench/ script runs at its --smoke size (seconds each) and writes a JSON record with the values it claims.
+
+Each script runs as a user runs it, in a fresh process from the repository root, with torch on
+one thread; its record goes to a temporary path (bench/results/ is never touched). A script
+that rots (an API it calls changed, an arm that no longer runs) fails here, not on the day
+someone needs its figures.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 300  # a smoke run takes 3-20 s on 2 idle cores; a loaded CI box is slower
+
+
+def positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def rows_by(record: dict[str, Any], key: str) -> dict[Any, dict[str, Any]]:
+    return {row[key]: row for row in record["results"]}
+
+
+def check_fit_speed(record: dict[str, Any]) -> None:
+    assert record["args"]["size"] == "smoke"
+    for model in ("mlp", "lstm", "transformer", "lm"):
+        loops = {row["loop"]: row for row in record["results"] if row["model"] == model}
+        assert {"before", "hand", "hand, tuned", "gpufill"} <= set(loops), (model, sorted(loops))
+        assert all(positive(row["samples_per_s"]) and math.isfinite(row["val_loss"]) for row in loops.values())
+        assert positive(record["ratios"][f"{model}:gpufill_over_before"])
+        assert positive(record["ratios"][f"{model}:val_loss_gpufill_over_before"])
+
+
+def check_step_overhead(record: dict[str, Any]) -> None:
+    assert len(record["results"]) == 2
+    for row in record["results"]:
+        assert positive(row["hand_us_per_step"]) and positive(row["gpufill_us_per_step"])
+        assert row["ops_per_step_hand"] > 0 and row["ops_per_step_gpufill"] > 0
+    assert len(record["ratios"]) == 2 and all(positive(v) for v in record["ratios"].values())
+
+
+def check_campaign_overhead(record: dict[str, Any]) -> None:
+    arms = rows_by(record, "arm")
+    for arm in ("plain loop (default threads)", "plain loop (1 thread)", "gpufill run"):
+        assert arms[arm]["trials"] == 4 and positive(arms[arm]["wall_s"])
+    assert positive(record["ratios"]["campaign_wall_over_best_plain_loop"])
+    assert 0.5 < record["ratios"]["mean_mae_campaign_over_plain"] < 2  # the same trainings, two trainers
+
+
+def check_campaign_cpu(record: dict[str, Any]) -> None:
+    loops = rows_by(record, "loop")
+    assert set(loops) == {"plain sequential", "sequential gpufill.fit", "gpufill"}
+    assert all(row["trials"] == 4 and positive(row["trials_per_min"]) for row in loops.values())
+    ratios = record["ratios"]
+    assert positive(ratios["trials_per_min_gpufill_over_plain_sequential"])
+    assert positive(ratios["trials_per_min_gpufill_over_sequential_fit"])
+    assert ratios["max_relative_mae_difference_vs_sequential_fit"] < 1e-3  # the same trial code, in and out of the scheduler
+    assert 0.5 < ratios["mean_mae_gpufill_over_plain"] < 2
+    assert record["args"]["threads_in_process"] == 1
+
+
+def check_campaign_gpu(record: dict[str, Any]) -> None:
+    ways = rows_by(record, "way")
+    assert {"gpufill campaign", "one at a time"} <= set(ways) and any(way.endswith(" processes") for way in ways), sorted(ways)
+    for row in ways.values():
+        assert row["config"] == "mlp-h8-l8" and row["trials"] == 2 and positive(row["seconds"])
+    assert ways["gpufill campaign"]["pack_size"] >= 1 and ways["one at a time"]["ops_per_step"] > 0
+    assert positive(record["ratios"]["mlp-h8-l8: campaign vs one at a time"])
+    assert record["ratios"]["mlp-h8-l8: max relative test-MAE difference campaign vs one at a time"] < 1e-3
+    if record["device_type"] == "cpu":
+        assert record["args"]["left_out"] and record["args"]["threads"] == 1
+
+
+def check_campaign_scale(record: dict[str, Any]) -> None:
+    figures = {row["figure"]: row["value"] for row in record["results"]}
+    assert figures["trials"] == 360
+    for name in ("first_dispatch_s", "scheduler_rss_mb", "status_s", "results_s", "results_summary_s", "trials_per_s"):
+        assert positive(figures[name]), name
+    assert all(positive(v) for v in record["ratios"].values())
+
+
+def check_cli_startup(record: dict[str, Any]) -> None:
+    commands = rows_by(record, "command")
+    assert set(commands) == {"python -c pass", "gpufill --help", "python -c 'import torch'"}
+    assert all(positive(row["median_s"]) for row in commands.values())
+    assert record["ratios"]["help_over_bare_python"] > 1  # --help loads typer and rich at least
+    assert positive(record["ratios"]["import_torch_over_help"])
+
+
+def check_doctor_overhead(record: dict[str, Any]) -> None:
+    configs = rows_by(record, "config")
+    assert set(configs) == {"null step", "width 64"}
+    assert all(positive(row["plain_step_us"]) and positive(row["instrumented_step_us"]) for row in configs.values())
+    assert len(configs["width 64"]["pair_ratios"]) == 2 and all(positive(r) for r in configs["width 64"]["pair_ratios"])
+    assert all(math.isfinite(v) and v > -1 for v in record["ratios"].values()) and len(record["ratios"]) == 2
+
+
+def check_examples(record: dict[str, Any]) -> None:
+    (row,) = record["results"]
+    assert row["example"] == "classify_digits" and row["train_samples"] == 1437
+    assert positive(row["before_samples_per_s"]) and positive(row["gpufill_samples_per_s"])
+    assert math.isfinite(row["before_val_loss"]) and math.isfinite(row["gpufill_val_loss"])
+    assert positive(record["ratios"]["classify_digits_speedup"])
+
+
+def check_executor_overhead(record: dict[str, Any]) -> None:
+    configs = rows_by(record, "config")
+    expected = {"local", "ray"} if importlib.util.find_spec("ray") else {"local"}
+    assert expected <= set(configs)
+    for name in expected:
+        assert configs[name]["trials"] == 6 and positive(configs[name]["trials_per_s"]) and positive(configs[name]["startup_s"])
+        assert math.isfinite(configs[name]["per_trial_ms"])
+    if "ray" in expected:
+        assert math.isfinite(record["ratios"]["ray / local per-trial overhead"])
+    else:
+        assert any("ray" in line for line in record["args"]["left_out"])
+
+
+def check_forecast_quality(record: dict[str, Any]) -> None:
+    methods = rows_by(record, "method")
+    assert {"mlp", "linear", "gpufill: all families", "snaive", "ets", "theta", "gpufill: families + ets + theta"} <= set(methods)
+    for row in methods.values():
+        assert row["series"] == 8 and 0 < row["smape"] <= 200 and positive(row["mase"])
+    assert positive(record["ratios"][f"{record['args']['datasets']}: campaign wall seconds"])
+    assert sum(1 for name in record["ratios"] if "/ ets's" in name or "/ theta's" in name) == 4
+
+
+def check_pack_speed(record: dict[str, Any]) -> None:
+    found = {(row["config"], row["K"]): row for row in record["results"]}
+    assert set(found) == {(f"{family} small (demo)", k) for family in ("mlp", "lstm") for k in (1, 2)}
+    assert all(positive(row["samples_per_s"]) and row["ops_per_step"] > 0 for row in found.values())
+    assert all(found[(config, 1)]["vs_plain"] == 1.0 for config in ("mlp small (demo)", "lstm small (demo)"))
+    assert len(record["ratios"]) == 2 and all(positive(v) for v in record["ratios"].values())
+
+
+def check_sampler_overhead(record: dict[str, Any]) -> None:
+    configs = rows_by(record, "config")
+    for way in ("no sampler", "sampler 1 s", "sampler 0.1 s"):
+        assert positive(configs[way]["step_ms"]) and len(configs[way]["step_ms_per_repeat"]) == 2
+    assert configs["no sampler"]["vs_no_sampler"] == 1.0
+    assert positive(configs["one sample_once(), host only"]["sample_ms"])
+    assert len(record["ratios"]) == 5 and all(positive(v) for v in record["ratios"].values())
+
+
+SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "fit_speed": check_fit_speed,
+    "step_overhead": check_step_overhead,
+    "campaign_overhead": check_campaign_overhead,
+    "campaign_cpu": check_campaign_cpu,
+    "campaign_gpu": check_campaign_gpu,
+    "campaign_scale": check_campaign_scale,
+    "cli_startup": check_cli_startup,
+    "doctor_overhead": check_doctor_overhead,
+    "examples": check_examples,
+    "executor_overhead": check_executor_overhead,
+    "forecast_quality": check_forecast_quality,
+    "pack_speed": check_pack_speed,
+    "sampler_overhead": check_sampler_overhead,
+}
+EXTRA_ARGS: dict[str, list[str]] = {
+    "campaign_gpu": ["--device", "cpu"],  # the smoke shape on any machine; the GPU ways are for a full run
+    "pack_speed": ["--device", "cpu"],
+    "sampler_overhead": ["--device", "cpu"],
+}
+
+
+def test_every_script_is_listed() -> None:
+    scripts = {path.stem for path in (ROOT / "bench").glob("*.py") if not path.stem.startswith("_")}
+    assert scripts == set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_smoke(script: str, tmp_path: Path) -> None:
+    out = tmp_path / "x.json"
+    command = [sys.executable, f"bench/{script}.py", "--smoke", "--out", str(out), *EXTRA_ARGS.get(script, [])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    record = json.loads(out.read_text())
+    for key in ("device", "torch", "date"):
+        assert record[key], key
+    assert isinstance(record["results"], list) and record["results"]
+    SCRIPTS[script](record)
