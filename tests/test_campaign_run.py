@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -26,6 +27,13 @@ def test_a_campaign_runs_every_trial_once_and_resumes_as_a_no_op(tmp_path):
     assert sorted(zip(results["project"], results["family"])) == [("p000", "linear"), ("p000", "mlp"), ("p001", "linear"), ("p001", "mlp")]
     assert (results["status"] == "done").all() and (results["attempts"] == 1).all()
     assert (results["mae"] > 0).all() and results["duration_s"].between(0, 60).all()
+    # The run log holds the start-up timeline, in order, in seconds since the process started.
+    marks = re.findall(r"start-up: (.+?) at ([\d.]+) s", (tmp_path / "work" / "logs" / "run-1.log").read_text())
+    assert [name for name, _ in marks] == ["run begins (interpreter, imports, campaign file)", "data loaded", "trials listed", "lanes planned",
+                                           "store ready", "workers started", "first worker ready", "first task done", "last task done",
+                                           "workers stopped"]
+    seconds = [float(at) for _, at in marks]
+    assert seconds == sorted(seconds) and 0 < seconds[0] and seconds[-1] - seconds[0] < 600
     again = Campaign.from_yaml(write_campaign(tmp_path), tmp_path / "work").run()
     assert again.done == 0  # nothing left to do
     assert campaign.results()["mae"].tolist() == results["mae"].tolist()
