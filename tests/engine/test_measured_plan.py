@@ -127,6 +127,19 @@ def test_the_probe_stays_within_its_budget_and_says_what_it_left_out():
     assert skipped and tiny.probe.value <= 0.15 + 1e-9
 
 
+def test_a_short_trainings_budget_is_spread_over_every_stage(monkeypatch):
+    # 500 steps of 10 ms: 0.5 s of budget. Two rounds of 50 ms blocks would spend it on threads and
+    # precision; one round of blocks sized to the budget measures the optimizer kernel too.
+    monkeypatch.setattr("gpufill.engine.plan.torch.get_num_threads", lambda: 2)
+    cpu_bf16 = CPU.__class__(**{**{f: getattr(CPU, f) for f in CPU.__dataclass_fields__}, "bf16_supported": True})
+    probe = FakeProbe({("threads", 1): 0.7, ("precision", "bf16"): 0.8, ("optimizer_kernel", "for-loop"): 0.9})
+    plan, _ = resolved(probe, hardware=cpu_bf16, total_steps=500)
+    assert (plan.threads.value, plan.precision.value, plan.optimizer_kernel.value) == (1, "bf16", "for-loop")
+    assert "measured 1.11x fused optimizer" in plan.optimizer_kernel.reason
+    assert len(probe.calls) == 7  # the reference, then each stage's two candidates once
+    assert plan.probe.value <= 0.5 + 1e-9 and "budget 0.50 s" in plan.probe.reason
+
+
 def test_short_trainings_and_unknown_lengths_are_not_probed():
     probe = FakeProbe()
     plan, _ = resolved(probe, total_steps=20)

@@ -9,8 +9,10 @@ weights on the same batches, within LOSS_TOLERANCE of the reference's (the plan 
 fp32 unless another precision was requested).
 
 The budget: PROBE_SHARE of the training's expected time (its optimizer steps at the first
-measured step time), at most PROBE_MAX_S; a candidate whose estimated cost would pass it is
-not measured, and the plan says so. A whole resolve is cached per model shape and device
+measured step time), at most PROBE_MAX_S. The blocks are sized to it: two interleaved rounds of
+BLOCK_S for fast steps where every stage ahead fits, else one round of shorter blocks, so a short
+training measures all its stages rather than the first ones well. A candidate whose estimated cost
+(from the current plan's measured step) would still pass it is not measured, and the plan says so. A whole resolve is cached per model shape and device
 (`TuneCache`): the next training of that shape measures nothing.
 
 The probe (`Probe.measure`) does the real work on the real model and puts everything back;
@@ -156,6 +158,8 @@ class _Resolver:
         self.note = " (cached measurement)" if from_cache else ""
         self.timed_steps, self.rounds = TIMED_STEPS[0], 1
         self.reference: Measurement | None = None
+        self.guess_step_s: float | None = None
+        """The step time a candidate's cost is estimated from: the current plan's, measured."""
 
     def run(self, events: list[str], why_not: str | None) -> Plan:
         plan = self.plan
@@ -173,9 +177,9 @@ class _Resolver:
         expected = self.total_steps * reference.step_s
         self.ledger.share_s = PROBE_SHARE * expected
         self.ledger.budget_s = min(self.ledger.share_s, PROBE_MAX_S)
-        self.timed_steps = min(max(math.ceil(BLOCK_S / max(reference.step_s, 1e-9)), TIMED_STEPS[0]), TIMED_STEPS[1])
-        self.rounds = 2 if reference.step_s < TWO_ROUNDS_BELOW_S else 1
-        for stage in stages(plan, self.settings, self.hardware, self.context):
+        planned = stages(plan, self.settings, self.hardware, self.context)
+        self.timed_steps, self.rounds = _block_sizes(reference, planned, self.ledger.budget_s - self.ledger.spent())
+        for stage in planned:
             plan = self._stage(plan, stage, events)
         spent = 0.0 if self.from_cache else self.ledger.spent()
         how = (f"{self.ledger.count} measurements in {spent:.2f} s (budget {self.ledger.budget_s:.2f} s: {PROBE_SHARE:.0%} of the "
@@ -188,6 +192,9 @@ class _Resolver:
     # -- one stage --------------------------------------------------------------------------
     def _stage(self, plan: Plan, stage: Stage, events: list[str]) -> Plan:
         current = getattr(plan, stage.setting)
+        # A candidate's cost is guessed from the plan as the earlier stages left it (2 threads, say, not the reference's 1).
+        known = self.ledger.measured.get(label(plan))
+        self.guess_step_s = known.step_s if known is not None and known.step_s is not None else self.reference.step_s if self.reference else None
         why_not = blocked(stage, plan, self.hardware, self.context)
         if why_not is not None:
             return plan.replace(**{stage.setting: Choice(current.value, f"{current.reason}; not measured: {why_not}")})
@@ -215,9 +222,9 @@ class _Resolver:
     def _unaffordable(self, candidate: Plan, stage: Stage, *, first: bool) -> str | None:
         if self.from_cache:
             return None if label(candidate) in self.ledger.measured else "not measured when this shape was probed"
-        assert self.reference is not None and self.reference.step_s is not None
+        assert self.guess_step_s is not None
         steps = (CHECK_STEPS if first else 1) + self.timed_steps
-        estimate = steps * self.reference.step_s
+        estimate = steps * self.guess_step_s
         if stage.costly and first:
             estimate += COMPILE_GUESS_S.get(self.hardware.device_type, COMPILE_GUESS_S["cuda"])
         left = (self.ledger.share_s if stage.costly else self.ledger.budget_s) - self.ledger.spent()
@@ -338,6 +345,31 @@ class _Resolver:
             self.ledger.measured[name] = Measurement(min(known.step_s, m.step_s), known.losses or m.losses, max(known.setup_s, m.setup_s),
                                                      known.cost_s + m.cost_s, None, m.peak_bytes)
         return m
+
+
+def _block_sizes(reference: Measurement, planned: list[Stage], budget_s: float) -> tuple[int, int]:
+    """Timed steps per measurement and interleaved rounds for the stages ahead: blocks of BLOCK_S and,
+    for fast steps, two rounds; both shrunk (to one round, then down to TIMED_STEPS[0] steps) until every
+    cheap stage's measurements fit `budget_s`, so a short training's budget is spread over all its
+    stages instead of being spent on the first ones."""
+    assert reference.step_s is not None
+    step_s = max(reference.step_s, 1e-9)
+    timed = min(max(math.ceil(BLOCK_S / step_s), TIMED_STEPS[0]), TIMED_STEPS[1])
+    rounds = 2 if step_s < TWO_ROUNDS_BELOW_S else 1
+    cheap = [stage for stage in planned if not stage.costly]
+    measurements = sum(len(stage.candidates) for stage in cheap)
+    first_checks = sum(len(stage.candidates) - 1 for stage in cheap) * (CHECK_STEPS - 1)
+    # What a measurement costs beside its steps (building the kit, putting the weights back), from the reference's.
+    overhead = max(0.0, reference.cost_s - reference.setup_s - (CHECK_STEPS + TIMED_STEPS[0]) * step_s)
+
+    def cost(timed: int, rounds: int) -> float:
+        return (rounds * measurements * (1 + timed) + first_checks) * step_s + rounds * measurements * overhead
+
+    while rounds > 1 and cost(timed, rounds) > budget_s:
+        rounds -= 1
+    while timed > TIMED_STEPS[0] and cost(timed, rounds) > budget_s:
+        timed = max(TIMED_STEPS[0], timed * 3 // 4)
+    return timed, rounds
 
 
 def _power_of_two_at_most(n: int) -> int:
