@@ -151,6 +151,7 @@ def summarise(model: str, name: str, runs: list[LoopMeasurement]) -> dict[str, A
            "val_loss": round(statistics.fmean(m.val_loss for m in runs), 5)}
     if name == "gpufill":
         row["probe_s"] = round(statistics.median(m.probe_s or 0.0 for m in runs), 3)
+        row["probe_budget_s"] = round(statistics.median(m.probe_budget_s or 0.0 for m in runs), 3)
         row["plan"] = median.plan
     row["samples_per_s_runs"] = [round(m.samples_per_s, 1) for m in runs]
     row["val_loss_runs"] = [round(m.val_loss, 5) for m in runs]
@@ -167,6 +168,9 @@ def ratios_of(model: str, runs: dict[str, list[LoopMeasurement]]) -> dict[str, f
         out[f"{model}:gpufill_over_{key}"] = statistics.median(g.samples_per_s / o.samples_per_s for g, o in zip(gpufill, other, strict=True))
         out[f"{model}:val_loss_gpufill_over_{key}"] = statistics.fmean(m.val_loss for m in gpufill) / statistics.fmean(m.val_loss for m in other)
     totals = [m.total_s or 0.0 for m in gpufill]
+    budgets = [(m.probe_s or 0.0) / m.probe_budget_s for m in gpufill if m.probe_budget_s]
+    if budgets:  # the probe's cost against the budget its plan states (<= 1: within it); the worst run
+        out[f"{model}:probe_over_budget_max"] = max(budgets)
     out[f"{model}:probe_share_of_gpufill_total"] = statistics.median((m.probe_s or 0.0) / t for m, t in zip(gpufill, totals, strict=True) if t > 0)
     return out
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -60,6 +61,8 @@ class LoopMeasurement:
     """The whole training end to end: set-up (gpufill's probe, a compile's first call) and every epoch."""
     probe_s: float | None = None
     """gpufill only: seconds its probe spent measuring before the first epoch."""
+    probe_budget_s: float | None = None
+    """gpufill only: the budget its probe was given (as its plan states it)."""
     plan: dict[str, Any] | None = None
     """gpufill only: the measured settings it trained with (value per setting)."""
 
@@ -76,6 +79,7 @@ class LoopMeasurement:
             "samples_per_s_runs": [round(v, 1) for v in self.samples_per_s_runs] or None,
             "total_s": None if self.total_s is None else round(self.total_s, 3),
             "probe_s": None if self.probe_s is None else round(self.probe_s, 3),
+            "probe_budget_s": None if self.probe_budget_s is None else round(self.probe_budget_s, 3),
             "plan": self.plan,
         }
 
@@ -201,6 +205,8 @@ def gpufill_fit(
     samples = count_samples(train) or round(result.timings["samples_per_s"] * result.timings["epoch_s"])
     measured = _measurement(name, result.model, val, config.loss, [s + val_share for s in seconds], samples, memory)
     measured.total_s, measured.probe_s = total, result.plan.probe.value
+    budget = re.search(r"budget ([\d.]+) s", result.plan.probe.reason)
+    measured.probe_budget_s = float(budget.group(1)) if budget else None
     measured.plan = {name: getattr(result.plan, name).value for name in MEASURED_SETTINGS}
     return measured
 
