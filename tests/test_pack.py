@@ -36,6 +36,12 @@ def members(ws, lrs, seeds):
     return [PackMember(train=(w.x_train, w.y_train), val=(w.x_val, w.y_val), lr=lr, weight_decay=0.0, seed=s) for w, lr, s in zip(ws, lrs, seeds, strict=True)]
 
 
+def fit_style_adamw(params, lr, weight_decay):
+    """torch's AdamW grouped as fit groups it: decay on weight matrices, none on vectors (biases, norms)."""
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay}, {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr)
+
+
 def test_pack_adamw_matches_torch_adamw_per_model_and_skips_masked_models():
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(3, 4, 5)), torch.nn.Parameter(torch.randn(3, 5))]
@@ -43,7 +49,7 @@ def test_pack_adamw_matches_torch_adamw_per_model_and_skips_masked_models():
     lr, wd = torch.tensor([1e-2, 3e-3, 1e-2]), torch.tensor([0.0, 0.1, 0.0])
     ours = PackAdamW(params, lr, wd)
     plain = [[torch.nn.Parameter(p.detach()[k].clone()) for p in params] for k in range(3)]
-    theirs = [torch.optim.AdamW(plain[k], lr=float(lr[k]), weight_decay=float(wd[k])) for k in range(2)]
+    theirs = [fit_style_adamw(plain[k], float(lr[k]), float(wd[k])) for k in range(2)]
     for _ in range(25):
         grads = [torch.randn_like(p) for p in params]
         for p, g in zip(params, grads, strict=True):
@@ -65,7 +71,7 @@ def test_pack_adamw_steps_a_model_only_when_active_and_ignores_a_masked_models_n
     ours = PackAdamW(params, torch.tensor([1e-2, 1e-2]), torch.tensor([0.05, 0.05]))
     assert all(p.data_ptr() >= ours.flat.data_ptr() for p in params)  # the parameters are views of one flat buffer
     plain = [torch.nn.Parameter(p.detach()[0].clone()) for p in params]
-    theirs = torch.optim.AdamW(plain, lr=1e-2, weight_decay=0.05)
+    theirs = fit_style_adamw(plain, 1e-2, 0.05)
     frozen = [p.detach()[1].clone() for p in params]
     for step in range(12):
         active = step % 3 != 1  # model 0 skips every third step; model 1 is masked with NaN gradients throughout
@@ -97,7 +103,7 @@ def test_a_pack_reproduces_separate_fits(family, loss, scaling):
         assert [r.train_loss for r in result.history] == pytest.approx([r.train_loss for r in alone.history], rel=1e-4)
         for (name, a), (_, b) in zip(alone.model.state_dict().items(), result.model.state_dict().items(), strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
-        assert "trained in a fused pack of 3" in result.events
+        assert "trained in a pack of 3 (hand-written fused kernels)" in result.events
 
 
 def test_per_model_lr_is_honoured_and_lr_zero_models_do_not_move():
@@ -144,7 +150,7 @@ def test_a_pack_refuses_a_schedule_and_a_campaign_trains_scheduled_trials_alone(
         plans = [json.loads(plan) for (plan,) in con.execute("SELECT plan FROM trials WHERE status = 'done'")]
     assert len(plans) == 2
     for plan in plans:
-        assert plan["schedule"] == {"value": "warmup_cosine", "reason": "set in the campaign"} and "pack_size" not in plan
+        assert plan["schedule"] == {"value": "warmup_cosine", "reason": "set in the campaign"} and plan["pack_size"]["value"] == 1
         assert plan["scaling"]["value"] == "last" and plan["loss"]["value"] == "mae"  # the mlp recipe's other settings
 
 
@@ -282,3 +288,21 @@ def test_a_long_packs_choices_are_measured_cached_and_leave_no_trace(monkeypatch
     assert again[0].plan.compile.value == plan.compile.value and again[0].plan.compile.reason.endswith("(cached measurement)")
     assert "pack-plan|" in (tmp_path / "tune-cache.json").read_text()
     clear_memory()
+
+
+def test_a_users_own_model_family_trains_as_one_torch_func_pack_matching_the_campaign_unfused(tmp_path):
+    family = "tests.custom_model_fixture:make_tiny"
+    packed_path = write_campaign(tmp_path, name="packed", projects=4, epochs=3, models=f"{family}: {{scale: 1.0}}")
+    plain_path = tmp_path / "plain.yaml"
+    plain_path.write_text(packed_path.read_text().replace("name: packed", "name: plain").replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 1}"))
+    packed_path.write_text(packed_path.read_text().replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 4}"))
+    Campaign.from_yaml(packed_path, tmp_path / "a").run()
+    Campaign.from_yaml(plain_path, tmp_path / "b").run()
+    with sqlite3.connect(tmp_path / "a" / "gpufill.db") as con:
+        plans = [json.loads(plan) for (plan,) in con.execute("SELECT plan FROM trials WHERE status = 'done'")]
+    assert len(plans) == 4 and all(plan["pack_size"]["value"] == 4 and "torch.func vmap" in plan["pack_size"]["reason"] for plan in plans)
+    a = Campaign.from_yaml(packed_path, tmp_path / "a").results().set_index("project")
+    b = Campaign.from_yaml(plain_path, tmp_path / "b").results().set_index("project")
+    assert (a["status"] == "done").all() and len(a) == 4
+    for metric in ("mae", "rmse", "smape", "mase"):
+        assert a[metric].to_numpy() == pytest.approx(b[metric].to_numpy(), rel=1e-4)

@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 # name -> module that defines it
 _HOME = {
     "fit": "gpufill.engine.loop",
+    "fit_many": "gpufill.engine.packs.many",
     "FitConfig": "gpufill.engine.config",
     "FitResult": "gpufill.engine.result",
     "Plan": "gpufill.engine.plan",

@@ -21,7 +21,8 @@ from gpufill.forecasting.data.scoring import score as score_test
 from gpufill.forecasting.task import ForecastRun, predict
 from gpufill.engine.hardware import context_bytes, detect
 from gpufill.forecasting.models import registry
-from gpufill.engine.packs.fused import can_fuse
+from gpufill.engine.losses import NAMED
+from gpufill.engine.packs.stacked import pack_kind, why_not_packed
 from gpufill.engine.packs.train import PackMember, fit_pack
 from gpufill.engine.measure.pack import CANDIDATE_SIZES, PackSizeChoice, measure_pack_size
 from gpufill.engine.plan import DataFacts, make_plan
@@ -57,8 +58,8 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
         try:
             if config.schedule != "constant":
                 choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: schedule {config.schedule} (a pack runs a constant lr)")
-            elif not can_fuse(build()):
-                choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: {first['family']} has no fused kernel")
+            elif (why_not := why_not_packed(build, NAMED["mse"], (sample.x_train[:8], sample.y_train[:8]))) is not None:
+                choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: {first['family']}: {why_not}")
             else:
                 choice = measure_pack_size(build, (sample.x_train, sample.y_train), batch=batch, device=runner.device, candidates=candidates,
                                            data_bytes=_data_bytes(sample), memory_budget=_memory_budget(runner.device, config.memory_margin))
@@ -134,8 +135,8 @@ def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict
             result = run.to_dict()
             runner.recipe(trial).record(result["plan"], neural=True)
             result["timings"]["peak_memory_bytes"] = peak
-            if reason:
-                result["plan"]["pack_size"] = {"value": len(chunk), "reason": reason}
+            result["plan"]["pack_size"] = {"value": len(chunk), "reason": reason or f"a pack of {len(chunk)} ({pack_kind(fitted.model)}): "
+                                           "the size the scheduler sent (measured for this shape, or resources.pack_size)"}
             if fitted.status == "diverged":
                 raise FloatingPointError(f"training diverged: {fitted.events[0] if fitted.events else 'non-finite loss'}")
             return result

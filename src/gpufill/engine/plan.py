@@ -78,6 +78,8 @@ class Plan:
     loss: Choice[str] = _UNSET
     optimizer: Choice[str] = _UNSET
     schedule: Choice[str] = _UNSET
+    pack_size: Choice[int] = Choice(1, "one model, trained alone")
+    """Models trained together as one pack (fit_many, campaigns), with why."""
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:

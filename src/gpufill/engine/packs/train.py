@@ -24,7 +24,8 @@ from torch import nn
 from gpufill.engine.config import FitConfig
 from gpufill.engine.result import EpochRecord, FitResult
 from gpufill.engine.hardware import detect
-from gpufill.engine.packs.fused import FusedModule, fuse
+from gpufill.engine.packs.fused import FusedModule
+from gpufill.engine.packs.stacked import pack_kind, pack_module
 from gpufill.engine.packs.optim import PackAdamW
 from gpufill.engine.measure.cache import TuneCache, shape_key
 from gpufill.engine.measure.candidates import Context
@@ -68,7 +69,7 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     plan = pack_plan(make_plan(hardware, facts, config, epochs=config.epochs))
     batch = plan.effective_batch.value
     device = torch.device(plan.device.value)
-    fused = fuse(models).to(device)
+    fused = pack_module(models).to(device)
     x, y = _padded([m.train for m in members], device)
     val = [m.val for m in members]
     has_val = all(v is not None and v[0].shape[0] > 0 for v in val)
@@ -117,7 +118,7 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
                     "epochs_run": len(histories[i]),
                 },
                 timings=dict(timings),
-                events=run.events[i] + [f"trained in a fused pack of {k}"],
+                events=run.events[i] + [f"trained in a pack of {k} ({pack_kind(models[0])})"],
                 status=status[i],
             )
         )

@@ -1,0 +1,196 @@
+"""Packs of any architecture, through torch.func: K models of one class and shape, their parameters
+and buffers stacked along a leading model dimension, run as one `torch.vmap(functional_call)`.
+
+This is PyTorch's model-ensembling recipe (`stack_module_state` + `functional_call` under
+`vmap`) made trainable: the stacked tensors are ordinary leaf parameters, so one backward of
+the summed per-model losses gives each model its own gradient (the losses are independent),
+and `PackAdamW` steps them as one flat (K, P) buffer.
+
+vmap has no batching rule for some modules (nn.LSTM, nn.GRU) and some code cannot run under it
+at all (`.item()`, data-dependent Python control flow): `why_not_stacked` runs one checked step
+and compares it with the same model run alone, so a module that fails or disagrees is trained
+unfused with the reason, never packed into a wrong result. BatchNorm in training mode batches
+correctly here: each model's running statistics are its own stacked buffer.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state
+
+from gpufill.engine.packs.fused import FusedModule, can_fuse, fuse
+
+# The checked step's tolerance: model 0 run in the pack against the same model run alone (fp32).
+CHECK_TOLERANCE = 1e-4
+
+
+class _LossCall(nn.Module):
+    """`fn(model, batch)` as a module, so functional_call swaps the model's parameters for one
+    model's slice of the stack and the user's function sees a real module (attributes, submodules)."""
+
+    def __init__(self, model: nn.Module, fn: Callable[[Any, Any], Any]):
+        super().__init__()
+        self.model = model
+        self.fn = fn
+
+    def forward(self, batch: Any) -> Any:
+        return self.fn(self.model, batch)
+
+
+class StackedModule(FusedModule):
+    """K copies of one module: stacked (K, ...) parameters and buffers, called through vmap.
+
+    `forward(*inputs)` takes inputs with a leading K (each model its own data) like the
+    hand-written fused modules; `per_model(fn, batch)` calls `fn(model_k, batch_k)` for every k.
+    """
+
+    def __init__(self, template: nn.Module, k: int, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]):
+        super().__init__(template, k)
+        self._base = (copy.deepcopy(template),)  # the blueprint functional_call runs: its own tensors are never read
+        self._calls: dict[Any, _LossCall] = {}
+        """`fn(model, batch)` wrapped as a module around the blueprint, per loss function (its mode is the blueprint's)."""
+        self.param_names = list(params)
+        self.buffer_names = list(buffers)
+        self.weights = nn.ParameterList([nn.Parameter(params[name].detach().clone()) for name in self.param_names])
+        for i, name in enumerate(self.buffer_names):
+            self.register_buffer(f"buffer_{i}", buffers[name].detach().clone())
+
+    @classmethod
+    def from_models(cls, models: Sequence[nn.Module]) -> StackedModule:
+        params, buffers = stack_module_state(list(models))
+        stacked = cls(models[0], len(models), params, buffers)
+        return stacked.to(next(models[0].parameters()).device)
+
+    def to(self, *args: Any, **kwargs: Any) -> StackedModule:  # type: ignore[override]
+        super().to(*args, **kwargs)
+        self._base = (self._base[0].to(*args, **kwargs),)
+        self._calls.clear()
+        return self
+
+    @property
+    def base(self) -> nn.Module:
+        return self._base[0]
+
+    def stacked_state(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """The plain names -> the (K, ...) tensors functional_call takes."""
+        state = {prefix + name: p for name, p in zip(self.param_names, self.weights, strict=True)}
+        state.update({prefix + name: getattr(self, f"buffer_{i}") for i, name in enumerate(self.buffer_names)})
+        return state
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        def one(state: dict[str, torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
+            return functional_call(self.base, state, args)
+
+        return torch.vmap(one, randomness="different")(self.stacked_state(), *inputs)
+
+    def per_model(self, fn: Callable[[Any, Any], Any], batch: Any, *, shared_batch: bool = False) -> Any:
+        """`fn(model_k, batch_k)` for every model k, outputs stacked along a leading K.
+        `shared_batch`: every model sees the same `batch` (validation)."""
+        call = self._calls.get(fn)
+        if call is None:  # one wrapper per loss function: building a module (and setting its mode) every step costs ~50 us
+            call = self._calls[fn] = _LossCall(self.base, fn)
+
+        def one(state: dict[str, torch.Tensor], data: Any) -> Any:
+            return functional_call(call, state, (data,))
+
+        return torch.vmap(one, in_dims=(0, None if shared_batch else 0), randomness="different")(self.stacked_state("model."), batch)
+
+    def train(self, mode: bool = True) -> StackedModule:
+        super().train(mode)
+        self.base.train(mode)
+        return self
+
+    def unfuse(self, k: int) -> nn.Module:
+        """A plain model holding model k's current weights and buffers."""
+        plain = copy.deepcopy(self.base)
+        state = self.stacked_state()
+        with torch.no_grad():
+            for name, tensor in [*plain.named_parameters(), *plain.named_buffers()]:
+                tensor.copy_(state[name][k])
+        return plain
+
+
+def why_not_stacked(models: Sequence[nn.Module], fn: Callable[[Any, Any], Any], batch: Any) -> str | None:
+    """None when `models` train correctly as a StackedModule; else why not, in a few words.
+
+    One checked training step on `batch`, on copies (the models are left as they were), with
+    dropout's probability at 0 (a pack draws each model's masks apart): model 0's loss and
+    gradients in a pack of two must equal its own alone. Dropout the check cannot switch off
+    (a functional call with a fixed p) makes them differ: trained one at a time, never wrong.
+    """
+    if len({type(m) for m in models}) != 1:
+        return "the models are of different classes"
+    shapes = {tuple((name, tuple(t.shape), t.dtype) for name, t in [*m.named_parameters(), *m.named_buffers()]) for m in models}
+    if len(shapes) != 1:
+        return "the models' parameters differ in shape"
+    copies = [_without_dropout(copy.deepcopy(m).train()) for m in (models[0], models[min(1, len(models) - 1)], models[0])]
+    try:
+        stacked = StackedModule.from_models(copies[:2]).train()
+        packed_loss = _loss_of(stacked.per_model(fn, _repeat(batch, 2)))
+        packed_loss.sum().backward()
+    except Exception as error:  # noqa: BLE001 - whatever vmap cannot run is a reason, not a crash
+        return f"torch.vmap cannot run it ({type(error).__name__}: {_first_line(error)})"
+    alone = copies[2]
+    try:
+        single_loss = _loss_of(fn(alone, batch))
+        single_loss.backward()
+    except Exception as error:  # noqa: BLE001
+        return f"the model alone failed the checked step ({type(error).__name__}: {_first_line(error)})"
+    if not torch.allclose(packed_loss[0].detach(), single_loss.detach(), rtol=CHECK_TOLERANCE, atol=CHECK_TOLERANCE):
+        return f"in a pack its loss is {float(packed_loss[0]):.6g}, alone {float(single_loss):.6g} (randomness or state vmap does not batch)"
+    packed_grads = dict(zip(stacked.param_names, stacked.weights, strict=True))
+    for name, p in alone.named_parameters():
+        mine = packed_grads[name].grad
+        mine = torch.zeros_like(p) if mine is None else mine[0]
+        theirs = torch.zeros_like(p) if p.grad is None else p.grad
+        if not torch.allclose(mine, theirs, rtol=1e-3, atol=CHECK_TOLERANCE):
+            return f"in a pack the gradient of {name} differs from the model's own alone"
+    return None
+
+
+def _without_dropout(model: nn.Module) -> nn.Module:
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        elif isinstance(module, nn.MultiheadAttention):
+            module.dropout = 0.0
+    return model
+
+
+def _loss_of(output: Any) -> torch.Tensor:
+    if isinstance(output, dict):
+        return output["loss"]
+    return output
+
+
+def _repeat(batch: Any, k: int) -> Any:
+    from gpufill.engine.batches import map_tensors
+
+    return map_tensors(lambda leaf: leaf.unsqueeze(0).expand(k, *leaf.shape).contiguous(), batch)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:160] if text else ""
+
+
+def pack_module(models: Sequence[nn.Module]) -> FusedModule:
+    """One pack of `models`: their hand-written fused kernel where one is registered, else the torch.func stack."""
+    return fuse(models) if can_fuse(models[0]) else StackedModule.from_models(models)
+
+
+def pack_kind(model: nn.Module) -> str:
+    return "hand-written fused kernels" if can_fuse(model) else "torch.func vmap"
+
+
+def why_not_packed(build: Callable[[], nn.Module], loss: Callable[[Any, Any], Any], sample: Any) -> str | None:
+    """None when models from `build()` can train as a pack (hand-written or stacked); else why not."""
+    first = build()
+    if can_fuse(first):
+        return None
+    return why_not_stacked([first, build()], loss, sample)

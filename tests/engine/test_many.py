@@ -1,0 +1,215 @@
+"""fit_many: variants of a user's own model trained as one torch.func pack end where each ends trained alone by fit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gpufill
+from gpufill.engine.packs.optim import StackedAdamW
+from gpufill.errors import InputError
+from tests.engine.common import classification, regression
+
+EXACT = {"probe": False, "precision": "fp32", "threads": 1, "device": "cpu"}
+
+
+class TinyMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU())
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+class TinyCNN(nn.Module):
+    """Conv over a 4-step sequence with LayerNorm: x (b, 4) read as (b, 1 channel, 4 positions)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 6, kernel_size=3, padding=1)
+        self.norm = nn.LayerNorm(24)
+        self.head = nn.Linear(24, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.norm(self.conv(x.unsqueeze(1)).flatten(1))))
+
+
+class TinyTransformer(nn.Module):
+    """The 4 features as 4 tokens of width 8, one pre-norm attention block, mean-pooled. The attention has no
+    biases: softmax ignores the key bias, whose gradient is float noise that Adam turns into full-size steps
+    of chaotic sign (1e-5-scale apart in any two runs that round differently; the outputs do not depend on it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(1, 8)
+        self.position = nn.Parameter(torch.randn(4, 8) * 0.1)
+        self.norm = nn.LayerNorm(8)
+        self.attention = nn.MultiheadAttention(8, num_heads=2, batch_first=True, bias=False)
+        self.feedforward = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        tokens = self.embed(x.unsqueeze(-1)) + self.position
+        normed = self.norm(tokens)
+        tokens = tokens + self.attention(normed, normed, normed, need_weights=False)[0]
+        tokens = tokens + self.feedforward(tokens)
+        return self.head(tokens.mean(dim=1))
+
+
+class WithBatchNorm(nn.Module):
+    """No bias before the BatchNorm (as usual): BN cancels it, so its gradient is float noise that Adam
+    normalises into full-size steps of chaotic sign, in any two runs that round differently."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 16, bias=False), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class ReadsItem(nn.Module):
+    """Python control flow on a tensor's value: vmap cannot run it."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.layer(x) * (2.0 if x.mean().item() > 0 else 1.0)
+
+
+def _alone(make_model, data, variant, **settings):
+    torch.manual_seed(variant["seed"])
+    model = make_model()
+    return gpufill.fit(model, data["train"], data["val"], **{**settings, **variant})
+
+
+def _data():
+    x, labels = classification(n=160)
+    return {"train": (x[:128], labels[:128]), "val": (x[128:], labels[128:])}
+
+
+def _largest_difference(a: nn.Module, b: nn.Module) -> float:
+    state_a, state_b = a.state_dict(), b.state_dict()
+    assert state_a.keys() == state_b.keys()
+    return max(float((state_a[n].double() - state_b[n].double()).abs().max()) for n in state_a)
+
+
+VARIANTS = [{"seed": seed, "lr": lr, "weight_decay": wd} for seed, lr, wd in
+            zip(range(8), [1e-3, 3e-3, 1e-2, 2e-3, 5e-3, 1e-3, 3e-3, 1e-2], [0.0, 0.01, 0.1, 0.0, 0.01, 0.1, 0.0, 0.05], strict=True)]
+
+
+@pytest.mark.parametrize("make_model", [TinyMLP, TinyCNN, TinyTransformer, WithBatchNorm], ids=["mlp", "cnn_layernorm", "transformer", "batchnorm"])
+def test_a_pack_of_8_variants_ends_where_each_ends_alone(make_model):
+    data = _data()
+    settings = {**EXACT, "loss": "cross_entropy", "batch_size": 32, "epochs": 3}
+    packed = gpufill.fit_many(make_model, data["train"], data["val"], variants=VARIANTS, pack=True, **settings)
+    assert len(packed) == 8 and all(r.plan.pack_size.value == 8 for r in packed)
+    for variant, result in zip(VARIANTS, packed, strict=True):
+        alone = _alone(make_model, data, variant, **settings)
+        assert _largest_difference(result.model, alone.model) < 1e-5, variant
+        assert result.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-5)
+        assert result.metrics["val_accuracy"] == pytest.approx(alone.metrics["val_accuracy"], abs=1e-6)
+        assert [r.train_loss for r in result.history] == pytest.approx([r.train_loss for r in alone.history], rel=1e-5)
+        assert result.metrics["epochs_run"] == 3 and result.status == "completed"
+
+
+def test_a_variant_that_stops_early_is_masked_and_the_rest_go_on():
+    data = _data()
+    variants = [{"seed": 0, "lr": 1e-2}, {"seed": 1, "lr": 1e-9}, {"seed": 2, "lr": 5e-3}]  # lr 1e-9: no improvement past min_delta
+    settings = {**EXACT, "loss": "cross_entropy", "batch_size": 32, "epochs": 4, "patience": 1, "min_delta": 1e-4}
+    packed = gpufill.fit_many(TinyMLP, data["train"], data["val"], variants=variants, pack=True, **settings)
+    assert [r.status for r in packed] == ["completed", "early_stopped", "completed"]
+    assert packed[1].metrics["epochs_run"] == 2 and packed[0].metrics["epochs_run"] == 4
+    for variant, result in zip(variants, packed, strict=True):
+        alone = _alone(TinyMLP, data, variant, **settings)
+        assert alone.status == result.status and len(alone.history) == len(result.history)
+        assert _largest_difference(result.model, alone.model) < 1e-5
+
+
+def test_a_schedule_and_clipping_follow_fit():
+    x, y = regression(n=96)
+    variants = [{"seed": 0, "lr": 1e-2}, {"seed": 1, "lr": 3e-2}]
+    settings = {**EXACT, "batch_size": 16, "epochs": 2, "schedule": "warmup_cosine", "grad_clip": 0.5}
+    packed = gpufill.fit_many(lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), (x, y), variants=variants, pack=True,
+                              **settings)
+    for variant, result in zip(variants, packed, strict=True):
+        torch.manual_seed(variant["seed"])
+        alone = gpufill.fit(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), (x, y), **{**settings, **variant})
+        assert _largest_difference(result.model, alone.model) < 1e-5
+        assert result.history[-1].lr == pytest.approx(alone.history[-1].lr, rel=1e-9)
+
+
+def test_a_model_vmap_cannot_run_trains_one_at_a_time_with_the_reason():
+    data = _data()
+    settings = {**EXACT, "loss": "cross_entropy", "batch_size": 32, "epochs": 2}
+    results = gpufill.fit_many(ReadsItem, data["train"], data["val"], variants=VARIANTS[:3], **settings)
+    assert all(r.plan.pack_size.value == 1 for r in results)
+    assert "vmap cannot run it" in results[0].plan.pack_size.reason and ".item()" in results[0].plan.pack_size.reason
+    alone = _alone(ReadsItem, data, VARIANTS[1], **settings)
+    assert _largest_difference(results[1].model, alone.model) == 0.0
+
+
+def test_variants_that_differ_in_a_shared_setting_train_one_at_a_time():
+    data = _data()
+    variants = [{"seed": 0, "batch_size": 32}, {"seed": 1, "batch_size": 64}]
+    results = gpufill.fit_many(TinyMLP, data["train"], variants=variants, **EXACT, loss="cross_entropy", epochs=1)
+    assert [r.plan.pack_size.value for r in results] == [1, 1]
+    assert "differ in batch_size" in results[0].plan.pack_size.reason
+
+
+def test_auto_measures_the_pack_against_one_model_at_a_time_and_says_so():
+    data = _data()
+    results = gpufill.fit_many(TinyMLP, data["train"], variants=VARIANTS, **EXACT, loss="cross_entropy", batch_size=32, epochs=1)
+    reason = results[0].plan.pack_size.reason
+    assert "measured" in reason and "x" in reason
+    assert results[0].plan.pack_size.value in (1, 8)
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"variants": []}, "variants"),
+    ({"variants": [{"seed": 0, "no_such": 1}]}, "fit"),
+    ({"variants": [{"seed": 0}], "pack": "sometimes"}, "pack"),
+])
+def test_bad_arguments_are_one_input_error(kwargs, field):
+    x, y = regression(n=32)
+    with pytest.raises(InputError) as caught:
+        gpufill.fit_many(TinyMLP, (x, y), **kwargs)
+    assert caught.value.field == field
+
+
+def test_make_model_must_return_a_module():
+    x, y = regression(n=32)
+    with pytest.raises(InputError, match="not a torch.nn.Module"):
+        gpufill.fit_many(lambda: "a model", (x, y), variants=[{"seed": 0}])
+
+
+def test_stacked_adamw_is_torchs_fused_adamw_per_model_bit_for_bit():
+    # Three models: 0 and 1 share lr and decay (one call over both while their steps agree), 2 has its own;
+    # model 1 stops at step 12 (a run splits), so every path of the grouping is taken.
+    torch.manual_seed(2)
+    params = [nn.Parameter(torch.randn(3, 4, 5)), nn.Parameter(torch.randn(3, 5))]
+    lr, wd = [1e-2, 1e-2, 3e-3], [0.1, 0.1, 0.0]
+    ours = StackedAdamW(params, lr, wd)
+    ours.set_lr_factor(0.5)
+    plain = [[nn.Parameter(p.detach()[k].clone()) for p in params] for k in range(3)]
+    theirs = [torch.optim.AdamW([{"params": [plain[k][0]], "weight_decay": wd[k]}, {"params": [plain[k][1]], "weight_decay": 0.0}],
+                                lr=lr[k] * 0.5, fused=True) for k in range(3)]
+    for step in range(20):
+        stepping = [0, 1, 2] if step < 12 else [0, 2]
+        grads = [torch.randn_like(p) for p in params]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        ours.step(stepping)
+        for k in stepping:
+            for q, g in zip(plain[k], grads, strict=True):
+                q.grad = g[k].clone()
+            theirs[k].step()
+    for i, p in enumerate(params):
+        for k in range(3):
+            assert torch.equal(p.detach()[k], plain[k][i].detach()), (i, k)
+    assert ours.steps[:, 0].tolist() == [20.0, 12.0, 20.0] and ours.counts == [20, 12, 20]
