@@ -43,7 +43,7 @@ from gpufill.engine.packs.stacked import StackedModule  # noqa: E402
 
 RUNS = {  # sizes, steps per measurement, rounds, batch
     "smoke": ((1, 2), 2, 1, 16),
-    "quick": ((1, 4, 16), 6, 3, 64),
+    "quick": ((1, 4, 16), 20, 5, 64),
     "full": ((1, 4, 16, 64), 10, 3, 64),
 }
 LR = 1e-3
@@ -105,7 +105,8 @@ class Arms:
         self.hand_params = {name: p.detach().clone().requires_grad_() for name, p in params.items()}
         self.hand_buffers = buffers
         self.hand_opt = torch.optim.AdamW(list(self.hand_params.values()), lr=LR, fused=fused)
-        self.base = copy.deepcopy(models[0]).to("meta")
+        # The recipe's blueprint, as a real copy: a "meta" one fails on the GPT's tied embedding under functional_call.
+        self.base = copy.deepcopy(models[0]).to(device)
         self.stacked = StackedModule.from_models([copy.deepcopy(m) for m in models]).to(device).train()
         self.pack_opt = StackedAdamW(list(self.stacked.parameters()), [LR] * self.k, [0.0] * self.k)
         self.everyone = list(range(self.k))

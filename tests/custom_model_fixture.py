@@ -66,3 +66,19 @@ odd_kind.gpufill_kind = "quantum"
 def make_not_a_module(n_features: int, lookback: int, horizon: int):
     """A factory that forgot to return its model (neural by default): gpufill train must say so in one line."""
     return {"n_features": n_features}
+
+
+class ReadsItem(nn.Module):
+    """A forward that branches on a tensor's value (`.item()`): vmap cannot run it, so it trains unfused."""
+
+    def __init__(self, n_features: int, lookback: int, horizon: int):
+        super().__init__()
+        self.linear = nn.Linear(n_features * lookback, horizon)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x.flatten(1))
+        return out * 0.5 if x.mean().item() > 1e6 else out
+
+
+def make_reads_item(n_features: int, lookback: int, horizon: int):
+    return ReadsItem(n_features, lookback, horizon)

@@ -144,6 +144,22 @@ def check_pack_speed(record: dict[str, Any]) -> None:
     assert len(record["ratios"]) == 2 and all(positive(v) for v in record["ratios"].values())
 
 
+def check_pack_any(record: dict[str, Any]) -> None:
+    found = {(row["model"], row["k"], row["way"]) for row in record["results"]}
+    assert found == {(m, k, w) for m in ("mlp", "cnn") for k in (1, 2) for w in ("one at a time", "vmap by hand", "gpufill pack")}
+    assert all(positive(row["samples_per_s"]) for row in record["results"])
+    for model in ("mlp", "cnn"):  # the pack and the models trained alone took the same steps: float rounding apart
+        assert 0 <= record["ratios"][f"{model}_k2_max_deviation"] < 1e-3
+        assert positive(record["ratios"][f"{model}_k2_pack_over_vmap_by_hand"])
+
+
+def check_pack_drift(record: dict[str, Any]) -> None:
+    (row,) = record["results"]
+    assert row["family"] == "mlp" and row["trials"] == 4 and row["pack_sizes"] == "4"
+    assert record["ratios"]["mlp:packed_trials"] == 4
+    assert record["ratios"]["max_rel_diff_all"] < 1e-5  # packed trials score as they do trained alone
+
+
 def check_sampler_overhead(record: dict[str, Any]) -> None:
     configs = rows_by(record, "config")
     for way in ("no sampler", "sampler 1 s", "sampler 0.1 s"):
@@ -166,11 +182,14 @@ SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "executor_overhead": check_executor_overhead,
     "forecast_quality": check_forecast_quality,
     "pack_speed": check_pack_speed,
+    "pack_any": check_pack_any,
+    "pack_drift": check_pack_drift,
     "sampler_overhead": check_sampler_overhead,
 }
 EXTRA_ARGS: dict[str, list[str]] = {
     "campaign_gpu": ["--device", "cpu"],  # the smoke shape on any machine; the GPU ways are for a full run
     "pack_speed": ["--device", "cpu"],
+    "pack_any": ["--device", "cpu"],
     "sampler_overhead": ["--device", "cpu"],
 }
 

@@ -59,6 +59,22 @@ class TinyTransformer(nn.Module):
         return self.head(tokens.mean(dim=1))
 
 
+class TiedEmbedding(nn.Module):
+    """Token ids in, logits out through the embedding's own matrix (tied weights, as GPT-2): the pack must
+    substitute one stacked tensor for both uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(3, 8)
+        self.mix = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 3, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, x):
+        ids = (x > 0).long().sum(dim=1).clamp(max=2)  # 4 features -> one of 3 tokens
+        return self.out(torch.tanh(self.mix(self.embed(ids))))
+
+
 class WithBatchNorm(nn.Module):
     """No bias before the BatchNorm (as usual): BN cancels it, so its gradient is float noise that Adam
     normalises into full-size steps of chaotic sign, in any two runs that round differently."""
@@ -82,6 +98,19 @@ class ReadsItem(nn.Module):
         return self.layer(x) * (2.0 if x.mean().item() > 0 else 1.0)
 
 
+class WritesIntoAFreshTensor(nn.Module):
+    """An in-place write of a batched value into an unbatched tensor made in forward: vmap refuses it."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 3)
+
+    def forward(self, x):
+        out = torch.zeros(x.shape[0], 3)
+        out[:, :] = self.layer(x)
+        return out
+
+
 def _alone(make_model, data, variant, **settings):
     torch.manual_seed(variant["seed"])
     model = make_model()
@@ -103,7 +132,8 @@ VARIANTS = [{"seed": seed, "lr": lr, "weight_decay": wd} for seed, lr, wd in
             zip(range(8), [1e-3, 3e-3, 1e-2, 2e-3, 5e-3, 1e-3, 3e-3, 1e-2], [0.0, 0.01, 0.1, 0.0, 0.01, 0.1, 0.0, 0.05], strict=True)]
 
 
-@pytest.mark.parametrize("make_model", [TinyMLP, TinyCNN, TinyTransformer, WithBatchNorm], ids=["mlp", "cnn_layernorm", "transformer", "batchnorm"])
+@pytest.mark.parametrize("make_model", [TinyMLP, TinyCNN, TinyTransformer, WithBatchNorm, TiedEmbedding],
+                         ids=["mlp", "cnn_layernorm", "transformer", "batchnorm", "tied_weights"])
 def test_a_pack_of_8_variants_ends_where_each_ends_alone(make_model):
     data = _data()
     settings = {**EXACT, "loss": "cross_entropy", "batch_size": 32, "epochs": 3}
@@ -152,6 +182,16 @@ def test_a_model_vmap_cannot_run_trains_one_at_a_time_with_the_reason():
     assert "vmap cannot run it" in results[0].plan.pack_size.reason and ".item()" in results[0].plan.pack_size.reason
     alone = _alone(ReadsItem, data, VARIANTS[1], **settings)
     assert _largest_difference(results[1].model, alone.model) == 0.0
+
+
+def test_an_in_place_write_vmap_cannot_batch_trains_one_at_a_time_with_the_reason():
+    data = _data()
+    settings = {**EXACT, "loss": "cross_entropy", "batch_size": 32, "epochs": 1}
+    results = gpufill.fit_many(WritesIntoAFreshTensor, data["train"], variants=VARIANTS[:2], **settings)
+    assert [r.plan.pack_size.value for r in results] == [1, 1]
+    assert "vmap cannot run it" in results[0].plan.pack_size.reason
+    assert results[1].metrics["train_loss"] == pytest.approx(_alone(WritesIntoAFreshTensor, {**data, "val": None}, VARIANTS[1],
+                                                                    **settings).metrics["train_loss"], rel=1e-6)
 
 
 def test_variants_that_differ_in_a_shared_setting_train_one_at_a_time():

@@ -75,6 +75,13 @@ class ShapeBook:
         fact = self.facts.get((lane, shape))
         return None if fact is None else fact.pack_size
 
+    def reason(self, lane: str, shape: str) -> str | None:
+        """Why the shape trains at its pack size (None: not measured yet)."""
+        if self.fixed_pack_size is not None:
+            return f"resources.pack_size: {self.fixed_pack_size}"
+        fact = self.facts.get((lane, shape))
+        return None if fact is None else fact.reason
+
     def learn_pack(self, lane: str, shape: str, message: dict[str, Any]) -> None:
         fact = self.facts.setdefault((lane, shape), ShapeFact())
         fact.pack_size, fact.reason = int(message["size"]), str(message["reason"])

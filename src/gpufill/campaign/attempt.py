@@ -41,3 +41,11 @@ def _check_finite(result: dict[str, Any]) -> None:
         listed = ", ".join(f"{name}={value}" for name, value in bad.items())
         raise NonFiniteMetrics(f"test metrics are not finite ({listed}): the predictions overflowed or the training diverged; "
                                "lower the learning rate, or check the data's scale")
+
+
+def unfused_because(messages: list[dict[str, Any]], reason: str) -> None:
+    """Record in each trained trial's plan why its shape trains one trial at a time."""
+    for message in messages:
+        plan = message.get("result", {}).get("plan") if message.get("ok") else None
+        if isinstance(plan, dict):
+            plan["pack_size"] = {"value": 1, "reason": reason}

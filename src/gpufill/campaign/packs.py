@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from gpufill.campaign.attempt import attempt
+from gpufill.campaign.attempt import attempt, unfused_because
 from gpufill.forecasting.data.scoring import score as score_test
 from gpufill.forecasting.task import ForecastRun, predict
 from gpufill.engine.hardware import context_bytes, detect
@@ -72,6 +72,8 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
     results: list[dict[str, Any]] = []
     if pack_size == 1:
         results = [runner.attempt(t, lambda t=t: runner.run(t)) for t in trials]
+        if choice is not None:
+            unfused_because(results, choice.reason)
     else:
         # Same shape string, but projects may differ in covariates: fuse only equal widths.
         by_width: dict[int, list[dict[str, Any]]] = defaultdict(list)

@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from gpufill.campaign.attempt import attempt
+from gpufill.campaign.attempt import attempt, unfused_because
 
 HEARTBEAT_EVERY_S = 2.0
 """A local worker says it is alive this often, busy or idle (resources.heartbeat_timeout is its limit)."""
@@ -154,7 +154,10 @@ class TrialRunner:
         """A task is one trial, or several neural trials of one shape to train as a fused pack."""
         trials = task["trials"]
         if len(trials) == 1 or task.get("pack_size") == 1:
-            return {"results": [self.attempt(t, lambda t=t: self.run(t)) for t in trials], "pack": None}
+            results = [self.attempt(t, lambda t=t: self.run(t)) for t in trials]
+            if task.get("pack_size") == 1 and task.get("pack_reason"):
+                unfused_because(results, task["pack_reason"])
+            return {"results": results, "pack": None}
         from gpufill.campaign.packs import run_pack
 
         return run_pack(self, trials, task.get("pack_size"))
@@ -205,3 +208,4 @@ if __name__ == "__main__":  # started by executors/local.py: python -m gpufill.c
     import sys
 
     worker_main(Connection(int(sys.argv[1])))
+
