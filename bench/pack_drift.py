@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
 from gpufill.campaign import Campaign  # noqa: E402
+from gpufill.engine.hardware import resolve_device  # noqa: E402
 
 SIZES = {"smoke": (2, ("mlp",), 2, 2), "quick": (4, ("mlp", "gru"), 2, 20), "full": (16, ("mlp", "gru"), 2, 20)}
 """projects, families, seeds, epochs"""
@@ -113,7 +114,7 @@ def main() -> None:
         rows.append(row)
     ratios["packed_run_s"], ratios["alone_run_s"] = packed_s, alone_s
     ratios["max_rel_diff_all"] = max(v for k, v in ratios.items() if k.endswith("max_rel_diff"))
-    finish("pack_drift", f"{len(packed)} campaign trials packed vs trained alone (test metrics)", environment("cpu"),
+    finish("pack_drift", f"{len(packed)} campaign trials packed vs trained alone (test metrics)", environment(str(resolve_device("auto"))),
            {"size": size_name, "projects": projects, "families": list(families), "seeds": seeds, "epochs": epochs, "pack_size": pack,
             "threads": 1}, rows, ratios, args.out)
 

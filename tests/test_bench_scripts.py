@@ -145,8 +145,10 @@ def check_pack_speed(record: dict[str, Any]) -> None:
 
 
 def check_pack_any(record: dict[str, Any]) -> None:
-    found = {(row["model"], row["k"], row["way"]) for row in record["results"]}
+    found = {(row["model"], row["k"], row["way"].split(",")[0]) for row in record["results"]}
     assert found == {(m, k, w) for m in ("mlp", "cnn") for k in (1, 2) for w in ("one at a time", "vmap by hand", "gpufill pack")}
+    measured = [row["way"] for row in record["results"] if row["way"].endswith("(measured)")]
+    assert len(measured) == 4 and all(way.startswith("gpufill pack, ") for way in measured)  # on a CPU: the pack at its measured threads
     assert all(positive(row["samples_per_s"]) for row in record["results"])
     for model in ("mlp", "cnn"):  # the pack and the models trained alone took the same steps: float rounding apart
         assert 0 <= record["ratios"][f"{model}_k2_max_deviation"] < 1e-3

@@ -10,6 +10,7 @@ import gpufill
 from gpufill.engine.packs.optim import StackedAdamW
 from gpufill.errors import InputError
 from tests.engine.common import classification, regression
+from tests.fakes import CPU
 
 EXACT = {"probe": False, "precision": "fp32", "threads": 1, "device": "cpu"}
 
@@ -208,6 +209,30 @@ def test_auto_measures_the_pack_against_one_model_at_a_time_and_says_so():
     reason = results[0].plan.pack_size.reason
     assert "measured" in reason and "x" in reason
     assert results[0].plan.pack_size.value in (1, 8)
+
+
+def test_auto_measures_the_packs_threads_on_a_cpu_and_puts_torchs_back(monkeypatch):
+    # Chosen timings: the pack's step takes 4 s of K=4 models at 2 threads and 2 s at 1; one model 1.5 s at either.
+    monkeypatch.setattr("gpufill.engine.packs.variants.detect", lambda device: CPU)  # 2 cores
+    torch.set_num_threads(2)  # the plan starts from torch's current count (the fixture restores it)
+    seen: list[tuple[str, int]] = []
+
+    def fake_time(step, device):
+        seen.append((step.__name__, torch.get_num_threads()))
+        if step.__name__ == "packed":
+            return 4.0 if torch.get_num_threads() == 2 else 2.0
+        return 1.5
+
+    monkeypatch.setattr("gpufill.engine.packs.variants._time", fake_time)
+    data = _data()
+    before = torch.get_num_threads()
+    auto = gpufill.fit_many(TinyMLP, data["train"], variants=VARIANTS[:4], probe=False, precision="fp32", device="cpu",
+                            loss="cross_entropy", batch_size=32, epochs=1)
+    assert {threads for _, threads in seen} == {1, 2} and len(seen) == 3 * 2 * 2  # 3 rounds x 2 counts x 2 ways
+    assert auto[0].plan.pack_size.value == 4 and "measured 3.00x the samples/s of one model at a time" in auto[0].plan.pack_size.reason
+    assert auto[0].plan.threads.value == 1
+    assert auto[0].plan.threads.reason == "1: the pack's step measured at 2, 1 threads (vs 2: 1: 2.00x)"
+    assert torch.get_num_threads() == before
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

@@ -3,19 +3,14 @@
 Each variant is what `fit(make_model(), train, val, seed=..., lr=...)` would train alone: its
 initial weights are `torch.manual_seed(seed); make_model()`, its batches the permutation
 `fit` draws from that seed. Where that is correct and measured faster, the variants train as
-one pack of any architecture (`packs/stacked.py`: torch.func's vmap over stacked
-parameters, StackedAdamW: torch's AdamW kernel with per-model lr and weight decay); otherwise one after another
-through `fit`, the reason in each plan's `pack_size`. Packs reproduce the separate trainings
+one pack of any architecture (`packs/variants.py`); otherwise one after another through
+`fit`, the reason in each plan's `pack_size`. Packs reproduce the separate trainings
 to float rounding: `tests/engine/test_many.py` says so, weights within 1e-5.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import math
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,26 +18,19 @@ import torch
 from torch import nn
 
 from gpufill.engine import losses
-from gpufill.engine.batches import _Resident, map_tensors, rows
+from gpufill.engine.batches import rows
 from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig
-from gpufill.engine.hardware import detect
-from gpufill.engine.inputs import Source, as_source, data_facts
-from gpufill.engine.loop import Status, fit
-from gpufill.engine.optim import Multiplier, make_schedule
-from gpufill.engine.packs.optim import StackedAdamW
-from gpufill.engine.packs.stacked import StackedModule, why_not_stacked
-from gpufill.engine.plan import Plan, make_plan
+from gpufill.engine.inputs import Source, as_source
+from gpufill.engine.loop import fit
+from gpufill.engine.packs.stacked import why_not_stacked
+from gpufill.engine.packs.variants import PackedVariants
 from gpufill.engine.prepare import resolve_config
-from gpufill.engine.result import EpochRecord, FitResult
+from gpufill.engine.result import FitResult
 from gpufill.errors import InputError
 
 PER_VARIANT = frozenset({"seed", "lr", "weight_decay"})
 """Settings that may differ between the variants of one pack (StackedAdamW holds them per model)."""
-
-MEASURE_STEPS = 4
-"""Timed steps per arm when the pack is measured against one model at a time (after one warm-up)."""
-
 
 def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *, variants: Sequence[dict[str, Any]],
              config: FitConfig | None = None, pack: bool | str = "auto", **settings: Any) -> list[FitResult]:
@@ -63,10 +51,10 @@ def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *
     val_source = as_source(val, "val") if val is not None else None
     reason = _why_one_at_a_time(models, configs, train_source, val_source) if pack is not False else "pack=False"
     if reason is None and pack is True:
-        run = _PackedVariants(models, configs, train_source, val_source)
+        run = PackedVariants(models, configs, train_source, val_source)
         return run.train(Choice(len(models), f"one pack of {len(models)} (torch.func vmap): pack=True, not measured"))
     if reason is None:
-        run = _PackedVariants(models, configs, train_source, val_source)
+        run = PackedVariants(models, configs, train_source, val_source)
         per_model, alone = run.measure()
         if per_model < alone:
             choice = Choice(len(models), f"one pack of {len(models)} (torch.func vmap): measured {alone / per_model:.2f}x the samples/s of "
@@ -113,290 +101,3 @@ def _why_one_at_a_time(models: Sequence[nn.Module], configs: Sequence[FitConfig]
         return "a precision, compile or micro-batch was requested (a pack runs fp32 steps of the whole batch)"
     loss_fn, _ = losses.resolve(cfg.loss)
     return why_not_stacked(models, loss_fn, rows(train.data, 0, min(8, train.n or 1)))
-
-
-def pack_step(stacked: StackedModule, optimizer: StackedAdamW, loss_fn: Callable[[Any, Any], dict[str, torch.Tensor]], batch: Any,
-              models: Sequence[int], grad_clip: float | None = None) -> dict[str, torch.Tensor]:
-    """One optimizer step of `models` (the ones still training), each on its own rows of `batch`
-    (leaves (K, b, ...)); returns the per-model values (K,), no host sync. The others run forward
-    and backward with the pack (vmap cannot leave a model out) but are not stepped. A model whose
-    loss turns non-finite steps on, as `fit` alone does: the epoch's end finds it diverged."""
-    values = stacked.per_model(loss_fn, batch)
-    values["loss"].sum().backward()  # the models are independent: each gets its own loss's gradient
-    if grad_clip is not None:
-        _clip_per_model(optimizer.params, grad_clip)
-    optimizer.step(models)
-    optimizer.zero_grad()
-    return values
-
-
-@torch.no_grad()
-def _clip_per_model(params: Sequence[nn.Parameter], max_norm: float) -> None:
-    """clip_grad_norm_ for every model of the pack: each model's total gradient norm, its own scale."""
-    grads = [p.grad for p in params if p.grad is not None]
-    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])  # (parameters, K)
-    total = torch.linalg.vector_norm(norms, dim=0)
-    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(scale.view(-1, *([1] * (g.dim() - 1))))
-
-
-class _PackedVariants:
-    """The variants as one StackedModule on resident data, trained like `fit` trains each alone."""
-
-    def __init__(self, models: Sequence[nn.Module], configs: Sequence[FitConfig], train: Source, val: Source | None):
-        self.cfg = cfg = configs[0]
-        self.configs = configs
-        self.k = k = len(models)
-        hardware = detect(cfg.device)
-        self.device = device = torch.device(hardware.device)
-        self.plan = _plan(make_plan(hardware, data_facts(train, val, None), cfg, epochs=cfg.epochs))
-        self.batch = self.plan.effective_batch.value
-        dtype = next((p.dtype for p in models[0].parameters() if p.is_floating_point()), torch.float32)
-        self.train_data = _Resident(_resident(train.data, device, dtype))
-        self.n = int(train.n or 0)
-        self.val_data = _Resident(_resident(val.data, device, dtype)) if val is not None else None
-        self.n_val = int(val.n or 0) if val is not None else 0
-        self.models = [m.to(device) for m in models]
-        self.loss_fn, loss_choice = losses.resolve(cfg.loss)
-        self.plan = self.plan.replace(loss=loss_choice)
-        self.steps_per_epoch = -(-self.n // self.batch)
-
-    # -- measured: the pack against one model at a time ---------------------------------------
-    def measure(self) -> tuple[float, float]:
-        """Seconds per model-step: the pack of K, and one model alone with fused AdamW (copies, so nothing trains)."""
-        stacked = StackedModule.from_models([copy.deepcopy(m) for m in self.models]).train()
-        optimizer = StackedAdamW(list(stacked.parameters()), [1e-3] * self.k, [0.0] * self.k)
-        everyone = list(range(self.k))
-        index = torch.arange(min(self.batch, self.n), device=self.device)
-        batch = self.train_data.gather(index)
-        stacked_batch = map_tensors(lambda leaf: leaf.unsqueeze(0).expand(self.k, *leaf.shape).contiguous(), batch)
-
-        def packed() -> None:
-            pack_step(stacked, optimizer, self.loss_fn, stacked_batch, everyone)
-
-        alone = copy.deepcopy(self.models[0]).train()
-        single = torch.optim.AdamW(alone.parameters(), lr=1e-3, fused=True) if _fused_ok(self.device) else torch.optim.AdamW(alone.parameters(), lr=1e-3)
-
-        def one_step() -> None:
-            self.loss_fn(alone, batch)["loss"].backward()
-            single.step()
-            single.zero_grad(set_to_none=True)
-
-        rounds = [(_time(packed, self.device) / self.k, _time(one_step, self.device)) for _ in range(3)]
-        return statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds)
-
-    # -- training ------------------------------------------------------------------------------
-    def train(self, choice: Choice[int]) -> list[FitResult]:
-        started = time.perf_counter()
-        cfg, k, device = self.cfg, self.k, self.device
-        stacked = StackedModule.from_models(self.models).to(device)
-        optimizer = StackedAdamW(list(stacked.parameters()), [c.lr * self.plan.lr_scale.value for c in self.configs],
-                                 [c.weight_decay for c in self.configs])
-        multiplier = _multiplier(cfg, self.steps_per_epoch * cfg.epochs)
-        plan = self.plan.replace(pack_size=choice, optimizer=Choice("adamw", "torch's AdamW kernel over the stacked models (StackedAdamW): "
-                                                                                "per-model lr and weight decay, none on biases and norm weights"),
-                                 schedule=make_schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), cfg,
-                                                        self.steps_per_epoch * cfg.epochs)[1])
-        generators = [torch.Generator(device=device).manual_seed(c.seed) for c in self.configs]
-        torch.manual_seed(self.configs[0].seed)  # dropout: each model draws its own masks in the pack
-        active = [True] * k
-        """Which models still train: decided on the host at an epoch's end (early stopping, divergence)."""
-        state = _Best(k, stacked)
-        histories: list[list[EpochRecord]] = [[] for _ in range(k)]
-        status: list[Status] = ["completed"] * k
-        events: list[list[str]] = [[f"trained in a pack of {k} variants (torch.func vmap)"] for _ in range(k)]
-        seconds: list[float] = []
-        step_count = 0
-        if multiplier is not None:
-            optimizer.set_lr_factor(multiplier(0))
-        for epoch in range(1, cfg.epochs + 1):
-            tick = time.perf_counter()
-            stacked.train()
-            order = torch.stack([torch.randperm(self.n, device=device, generator=g) for g in generators])
-            sums: dict[str, torch.Tensor] = {}
-            training = [i for i in range(k) if active[i]]
-            for start in range(0, self.n, self.batch):
-                size = min(self.batch, self.n - start)
-                index = order[:, start : start + size]
-                batch = _gather(self.train_data, index)
-                values = pack_step(stacked, optimizer, self.loss_fn, batch, training, cfg.grad_clip)
-                for name, value in values.items():
-                    weighted = value.detach().float() * size
-                    sums[name] = sums[name] + weighted if name in sums else weighted
-                step_count += 1
-                if multiplier is not None:
-                    optimizer.set_lr_factor(multiplier(step_count))
-            train_values = {name: (total / self.n).tolist() for name, total in sums.items()}  # the epoch's one read
-            seconds.append(time.perf_counter() - tick)
-            validate = self.val_data is not None and (epoch % cfg.validate_every == 0 or epoch == cfg.epochs)
-            val_values = self._validate(stacked) if validate else None
-            was_active, lrs = list(active), list(optimizer.lr)
-            for i in range(k):
-                if not was_active[i]:
-                    continue
-                train_loss = train_values["loss"][i]
-                val_loss = val_values["loss"][i] if val_values is not None else None
-                record = EpochRecord(epoch=epoch, train_loss=train_loss, val_loss=val_loss, seconds=seconds[-1] / k, lr=lrs[i],
-                                     train_metrics={n: v[i] for n, v in train_values.items() if n != "loss"},
-                                     val_metrics=None if val_values is None else {n: v[i] for n, v in val_values.items() if n != "loss"})
-                histories[i].append(record)
-                if not math.isfinite(train_loss) or (val_loss is not None and not math.isfinite(val_loss)):
-                    status[i] = "diverged"
-                    events[i].append(f"diverged at epoch {epoch}: masked, the rest of the pack went on")
-                    active[i] = False
-                elif val_loss is not None and state.early_stop(i, val_loss, epoch, cfg):
-                    status[i] = "early_stopped"
-                    events[i].append(f"early stop at epoch {epoch}: no improvement for {cfg.patience} validations")
-                    active[i] = False
-            state.keep_improved(stacked)
-            state.keep_stopped([i for i in training if not active[i]], stacked)
-            if not any(active):
-                break
-        state.put_back_stopped(stacked)  # a stopped model's buffers (BatchNorm statistics) as they were when it stopped
-        if cfg.restore_best:
-            restored = state.restore(stacked, status)
-            for i in restored:
-                events[i].append(f"restored the best weights (epoch {state.best_epoch[i]}, val loss {state.best_val[i]:.6g})")
-        return [self._result(i, stacked, plan, histories[i], status[i], events[i], state, seconds, time.perf_counter() - started)
-                for i in range(k)]
-
-    @torch.no_grad()
-    def _validate(self, stacked: StackedModule) -> dict[str, list[float]]:
-        stacked.eval()
-        assert self.val_data is not None
-        sums: dict[str, torch.Tensor] = {}
-        chunk = max(4 * self.batch, 1024)
-        for start in range(0, self.n_val, chunk):
-            stop = min(start + chunk, self.n_val)
-            values = stacked.per_model(self.loss_fn, self.val_data.slice(start, stop), shared_batch=True)
-            for name, value in values.items():
-                weighted = value.float() * (stop - start)
-                sums[name] = sums[name] + weighted if name in sums else weighted
-        return {name: (total / self.n_val).tolist() for name, total in sums.items()}
-
-    def _result(self, i: int, stacked: StackedModule, plan: Plan, history: list[EpochRecord], status: Status, events: list[str], state: _Best,
-                seconds: list[float], wall: float) -> FitResult:
-        steady = seconds[1:] or seconds
-        epoch_s = sum(steady) / len(steady) / self.k  # this model's share of the pack's time
-        metrics: dict[str, float | int | None] = {
-            "train_loss": history[-1].train_loss if history else None,
-            "val_loss": state.best_val[i] if state.best_epoch[i] is not None else None,
-            "best_epoch": state.best_epoch[i],
-            "epochs_run": len(history),
-        }
-        if history:
-            metrics.update({f"train_{name}": value for name, value in history[-1].train_metrics.items()})
-            best = next((r for r in history if r.epoch == state.best_epoch[i]), None)
-            scored = best or next((r for r in reversed(history) if r.val_metrics is not None), None)
-            if scored is not None and scored.val_metrics:
-                metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
-        timings = {"samples_per_s": self.n / epoch_s if epoch_s > 0 else 0.0, "epoch_s": epoch_s, "train_s": sum(seconds) / self.k,
-                   "pack_train_s": sum(seconds), "pack_size": self.k, "wall_s": wall, "probe_s": 0.0}
-        return FitResult(model=stacked.unfuse(i), plan=plan, history=history, metrics=metrics, timings=timings, events=events, status=status)
-
-
-class _Best:
-    """Per-model early stopping and best weights, as `fit` keeps them for one model."""
-
-    def __init__(self, k: int, stacked: StackedModule):
-        self.best_val = [math.inf] * k
-        self.best_epoch: list[int | None] = [None] * k
-        self.bad = [0] * k
-        self.improved = [False] * k
-        self.state = {name: t.detach().clone() for name, t in stacked.state_dict().items()}
-        self.stopped: list[bool] = [False] * k
-        self.at_stop = {name: t.detach().clone() for name, t in stacked.state_dict().items()}
-        """Each stopped model's weights and buffers when it stopped: the pack's later forwards still
-        move a stopped model's running statistics, which its training alone would never have run."""
-
-    def early_stop(self, i: int, val: float, epoch: int, cfg: FitConfig) -> bool:
-        if val < self.best_val[i] - cfg.min_delta:
-            self.best_val[i], self.best_epoch[i], self.bad[i], self.improved[i] = val, epoch, 0, True
-            return False
-        self.bad[i] += 1
-        return cfg.patience is not None and self.bad[i] >= cfg.patience
-
-    def keep_improved(self, stacked: StackedModule) -> None:
-        if any(self.improved):
-            _copy_where(self.improved, source=stacked.state_dict(), target=self.state)
-        self.improved = [False] * len(self.improved)
-
-    def keep_stopped(self, models: list[int], stacked: StackedModule) -> None:
-        if models:
-            rows_ = [i in models for i in range(len(self.stopped))]
-            _copy_where(rows_, source=stacked.state_dict(), target=self.at_stop)
-            self.stopped = [a or b for a, b in zip(self.stopped, rows_, strict=True)]
-
-    def put_back_stopped(self, stacked: StackedModule) -> None:
-        if any(self.stopped):
-            _copy_where(self.stopped, source=self.at_stop, target=stacked.state_dict())
-
-    def restore(self, stacked: StackedModule, status: Sequence[Status]) -> list[int]:
-        chosen = [e is not None and s != "diverged" for e, s in zip(self.best_epoch, status, strict=True)]
-        if any(chosen):
-            _copy_where(chosen, source=self.state, target=stacked.state_dict())
-        return [i for i, c in enumerate(chosen) if c]
-
-
-@torch.no_grad()
-def _copy_where(rows_: list[bool], *, source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> None:
-    for name, tensor in target.items():
-        for i, chosen in enumerate(rows_):
-            if chosen:
-                tensor[i].copy_(source[name][i])
-
-
-def _gather(data: _Resident, index: torch.Tensor) -> Any:
-    """Each model's rows: leaves (N, ...) indexed by (K, b) -> (K, b, ...)."""
-    picked = [leaf[index] for leaf in data.leaves]
-    return tuple(picked) if data.plain_tuple else torch.utils._pytree.tree_unflatten(picked, data.spec)
-
-
-def _resident(data: Any, device: torch.device, dtype: torch.dtype) -> Any:
-    return map_tensors(lambda leaf: leaf.to(device, dtype=dtype) if leaf.dtype == torch.float64 else leaf.to(device), data)
-
-
-def _plan(plan: Plan) -> Plan:
-    batch = plan.effective_batch.value
-    return plan.replace(
-        precision=Choice("fp32", "fp32: a pack of variants trains in fp32 (its precision is not measured yet)"),
-        compile=Choice(False, "off: a pack of variants steps eagerly"),
-        step_graph=Choice(False, "off: a pack of variants steps eagerly"),
-        data_placement=Choice("device", "a pack gathers each model's batch from resident tensors"),
-        loader=Choice(None, "no DataLoader: pack data is resident"),
-        loader_tuning=Choice(False, "off: pack data is resident"),
-        micro_batch=Choice(batch, "the whole batch per step (packs do not accumulate)"),
-        accumulation=Choice(1, "1: no accumulation in packs"),
-        batch_search=Choice(False, "off in packs: every variant keeps its batch"),
-        grad_scaler=Choice(False, "off: fp32"),
-        optimizer_kernel=Choice("fused", "torch's fused AdamW kernel, one call per run of models sharing lr, weight decay and step count"),
-    )
-
-
-def _multiplier(cfg: FitConfig, total_steps: int) -> Callable[[int], float] | None:
-    """The schedule's lr factor per optimizer step (the same for every variant: they share the length)."""
-    if callable(cfg.schedule):
-        return cfg.schedule
-    if cfg.schedule == "constant":
-        return None
-    scheduler, _ = make_schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), cfg, total_steps)
-    lambdas = scheduler.lr_lambdas[0]
-    assert isinstance(lambdas, Multiplier)
-    return lambdas
-
-
-def _fused_ok(device: torch.device) -> bool:
-    return device.type in ("cpu", "cuda")
-
-
-def _time(step: Callable[[], None], device: torch.device) -> float:
-    from gpufill.engine.backend import synchronize
-
-    step()
-    synchronize(device)
-    tick = time.perf_counter()
-    for _ in range(MEASURE_STEPS):
-        step()
-    synchronize(device)
-    return (time.perf_counter() - tick) / MEASURE_STEPS
