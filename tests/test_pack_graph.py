@@ -104,3 +104,50 @@ def test_early_stopping_and_divergence_masking_work_under_replay():
         outcomes[graph] = [(r.status, r.metrics["epochs_run"], r.metrics["best_epoch"]) for r in results]
     assert outcomes[True] == outcomes[False]
     assert outcomes[True][1][0] == "diverged" and any(status == "early_stopped" for status, _, _ in outcomes[True])
+
+
+class UsersForecaster(torch.nn.Module):
+    """A user's own forecaster (no hand-written fused twin): the pack is torch.func's vmap of it."""
+
+    def __init__(self, n_features: int, lookback: int):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(n_features * lookback, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
+                                        torch.nn.Linear(32, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_a_users_model_packs_through_torch_func_and_trains_as_it_does_alone():
+    ws = windows(6, length=140)
+    seeds = list(range(6))
+    config = FitConfig(epochs=2, batch_size=32, device="cpu", precision="fp32")
+
+    def users(seed):
+        torch.manual_seed(seed)
+        return UsersForecaster(ws[0].n_features, ws[0].lookback)
+
+    packed = fit_pack([users(s) for s in seeds], members(ws, seeds), config=config)
+    assert "trained in a pack of 6 (torch.func vmap)" in packed[0].events
+    for w, seed, member, result in zip(ws, seeds, members(ws, seeds), packed, strict=True):
+        plain = fit(users(seed), (w.x_train, w.y_train), (w.x_val, w.y_val),
+                    config=FitConfig(epochs=2, batch_size=32, device="cpu", precision="fp32", lr=member.lr, weight_decay=member.weight_decay, seed=seed))
+        assert math.isclose(result.metrics["val_loss"], plain.metrics["val_loss"], rel_tol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("precision", "atol"), [("fp32", 1e-5), ("bf16", 2e-2)])
+def test_a_users_models_pack_replayed_as_a_graph_equals_eager_steps(precision, atol):
+    ws = windows(8, length=400, lookback=12)
+    seeds = list(range(8))
+    runs = {}
+    for graph in (False, True):
+        models = []
+        for seed in seeds:
+            torch.manual_seed(seed)
+            models.append(UsersForecaster(ws[0].n_features, ws[0].lookback))
+        config = FitConfig(epochs=4, batch_size=64, device="cuda", precision=precision, cuda_graph=graph, compile=False, tf32=False)
+        runs[graph] = fit_pack(models, members(ws, seeds), config=config)
+    assert runs[True][0].plan.step_graph.value, runs[True][0].plan.step_graph.reason
+    for eager, replayed in zip(_pack_weights(runs[False]), _pack_weights(runs[True]), strict=True):
+        torch.testing.assert_close(replayed, eager, rtol=0, atol=atol)
