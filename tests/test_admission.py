@@ -129,7 +129,7 @@ def test_the_scheduler_probes_with_as_many_trials_as_the_largest_pack_measured()
 
 def test_admission_rule_with_a_fake_memory_model():
     lane = gpu_lane(slots=2)
-    book = ShapeBook({("gpu", "a"): ShapeFact(8, "", {8: 4 * GIB}), ("gpu", "b"): ShapeFact(8, "", {1: GIB, 8: 5 * GIB})})
+    book = ShapeBook({("gpu", "a"): ShapeFact(8, "", peak_bytes={8: 4 * GIB}), ("gpu", "b"): ShapeFact(8, "", peak_bytes={1: GIB, 8: 5 * GIB})})
     contexts = [CONTEXT, None]  # one worker reported its context; the other counts as the default
     held = CONTEXT + CONTEXT_BYTES_DEFAULT
     assert admits(lane, book, "a", 8, [], contexts)
@@ -159,7 +159,7 @@ def test_memory_margin_reaches_every_trial_and_pack(tmp_path, monkeypatch):
     runner = TrialRunner(campaign.spec.model_dump(mode="json"), path.parent, threads=1, device="cpu", tune_cache=str(tmp_path / "tune"))
     seen: list[float] = []
     real_fit_pack, real_train = packs.fit_pack, forecasting_task.train_forecaster
-    monkeypatch.setattr(packs, "fit_pack", lambda models, members, *, config: seen.append(config.memory_margin) or real_fit_pack(models, members, config=config))
+    monkeypatch.setattr(packs, "fit_pack", lambda models, members, *, config, **kw: seen.append(config.memory_margin) or real_fit_pack(models, members, config=config, **kw))
     monkeypatch.setattr(forecasting_task, "train_forecaster", lambda *args, config, **kw: seen.append(config.memory_margin) or real_train(*args, config=config, **kw))
     single = runner.run_task({"trials": trials[:1], "pack_size": 1})
     packed = runner.run_task({"trials": trials, "pack_size": 3})

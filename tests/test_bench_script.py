@@ -36,7 +36,7 @@ def test_each_speed_up_is_in_effect_inside_the_script_and_the_ratios_add_up():
     assert len(as_is["runs"]) == 2 and as_is["rate"] == pytest.approx(statistics.median(as_is["runs"]), rel=1e-3)  # first and closing run
     assert record["noise"] == pytest.approx(max(as_is["runs"]) / min(as_is["runs"]) - 1, abs=1e-3)
     for name in ("tf32", "cudnn_benchmark", "allocator"):
-        assert rows[name]["vs_as_is"] == pytest.approx(rows[name]["rate"] / as_is["rate"], rel=1e-3)
+        assert rows[name]["vs_as_is"] == pytest.approx(rows[name]["rate"] / as_is["rate"], rel=1e-3, abs=5e-5)  # stored to 4 places
         assert rows[name]["note"] == "CUDA only: no effect expected on cpu"
         assert rows[name]["within_noise"] == (abs(rows[name]["vs_as_is"] - 1) <= record["noise"])
     fused, read = record["code_changes"]  # ranked by expected gain; the sync's is not estimable on a CPU
@@ -78,7 +78,7 @@ def test_on_a_gpu_every_speed_up_is_measured_against_the_script_as_it_is():
     assert list(rows) == ["as is", "tf32", "cudnn_benchmark", "allocator", "all"] and record["skipped"] == []
     assert record["unit"] == "samples/s" and record["training_device"].startswith("cuda")
     assert rows["all"]["flags_in_effect"]["tf32_matmul"] and rows["all"]["flags_in_effect"]["cudnn_benchmark"]
-    assert all(row["rate"] > 0 and row["vs_as_is"] == pytest.approx(row["rate"] / rows["as is"]["rate"], rel=1e-3) for row in rows.values())
+    assert all(row["rate"] > 0 and row["vs_as_is"] == pytest.approx(row["rate"] / rows["as is"]["rate"], rel=1e-3, abs=5e-5) for row in rows.values())
     assert any("cuda_training.py:29" in change["what"] for change in record["code_changes"])
 
 

@@ -140,6 +140,31 @@ def test_pack_size_is_measured_and_explained():
     assert ("fused packs of" in choice.reason) == (choice.size > 1)
 
 
+@pytest.mark.parametrize(("vmap_speed", "kind"), [(2.0, "torch.func vmap"), (1.0, "hand-written fused kernels")])
+def test_the_pack_kind_is_measured_where_both_can_run_it(monkeypatch, vmap_speed, kind):
+    # Chosen timings: a pack of K is K times one model's samples/s (hand-written), vmap_speed times that for vmap.
+    from gpufill.engine.measure import pack as pack_module
+
+    def fake_step(build, k, x, y, dev, kind=None):
+        return (k, kind)
+
+    def fake_time(step, steps, dev, *, count):
+        k, kind = step
+        return (1.0 / k / (vmap_speed if kind == "torch.func vmap" else 1.0)), None
+
+    monkeypatch.setattr(pack_module, "_training_step", fake_step)
+    monkeypatch.setattr(pack_module, "_time_candidate", fake_time)
+    ws = windows(1)
+    choice = measure_pack_size(lambda: models("mlp", ws, [0])[0], (ws[0].x_train, ws[0].y_train), batch=64, device="cpu", candidates=(1, 2, 4))
+    assert choice.size == 4 and choice.kind == kind
+    if kind == "torch.func vmap":
+        assert "fused packs of 4 (torch.func vmap)" in choice.reason and "torch.func vmap measured 2.00x hand-written fused kernels" in choice.reason
+    else:
+        assert "hand-written fused kernels kept: torch.func vmap 1.00x it" in choice.reason
+    lstm = measure_pack_size(lambda: models("lstm", ws, [0])[0], (ws[0].x_train, ws[0].y_train), batch=64, device="cpu", candidates=(1, 2))
+    assert lstm.kind == "hand-written fused kernels" and "vmap" not in lstm.reason  # vmap cannot batch nn.LSTM: one kind only
+
+
 def test_a_pack_refuses_a_schedule_and_a_campaign_trains_scheduled_trials_alone(tmp_path):
     ws, seeds = windows(n=2), [0, 1]
     with pytest.raises(ValueError, match="a pack runs a constant lr, not schedule 'warmup_cosine'"):

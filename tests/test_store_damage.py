@@ -125,22 +125,24 @@ def test_a_full_disk_stops_the_run_in_one_line_and_a_resume_keeps_what_was_done(
     """SQLite's page limit stands in for a full disk: the same SQLITE_FULL error a full disk raises."""
     path = write_campaign(tmp_path, models="mlp: {hidden_size: [8, 16]}", projects=2)  # 4 trials with a history each
     work = tmp_path / "full"
-    original = Store.sync_trials
+    original = Store.record_done
 
     def then_fill_the_disk(self, *args, **kwargs):
+        # The disk fills once the first trial is stored (whatever else the run wrote before it on a busy
+        # machine: monitor samples, events): the next write that needs a page fails.
         out = original(self, *args, **kwargs)
         pages = self.db.execute("PRAGMA page_count").fetchone()[0]
-        self.db.execute(f"PRAGMA max_page_count = {pages + 2}")  # room for one or two trials' histories
+        self.db.execute(f"PRAGMA max_page_count = {pages}")
         return out
 
-    monkeypatch.setattr(Store, "sync_trials", then_fill_the_disk)
+    monkeypatch.setattr(Store, "record_done", then_fill_the_disk)
     code, _out, err = run_cli(capsys, "run", path, "--workdir", work)
     assert code == 2
     assert_one_line(err, "disk holding the workdir is full", f"resume with: gpufill run {path} --workdir {work}")
     kept = trials_of(work)
     done_before = kept[kept.status == "done"]
     assert 1 <= len(done_before) < 4 and set(kept.status) <= {"done", "pending"}  # the one in flight is back to pending
-    monkeypatch.setattr(Store, "sync_trials", original)  # space freed
+    monkeypatch.setattr(Store, "record_done", original)  # space freed
     code, _out, err = run_cli(capsys, "run", path, "--workdir", work)
     assert code == 0, err
     after = trials_of(work).set_index("trial_id")

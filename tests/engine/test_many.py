@@ -278,3 +278,21 @@ def test_stacked_adamw_is_torchs_fused_adamw_per_model_bit_for_bit():
         for k in range(3):
             assert torch.equal(p.detach()[k], plain[k][i].detach()), (i, k)
     assert ours.steps[:, 0].tolist() == [20.0, 12.0, 20.0] and ours.counts == [20, 12, 20]
+
+
+def test_a_dict_batch_and_a_loss_function_pack_as_they_train_alone():
+    x, labels = classification(n=96)
+    train = {"features": x, "target": labels}
+
+    def loss(model, batch):
+        logits = model(batch["features"])
+        return {"loss": nn.functional.cross_entropy(logits, batch["target"]), "confident": logits.softmax(-1).amax(-1).mean()}
+
+    settings = {**EXACT, "loss": loss, "batch_size": 16, "epochs": 2}
+    packed = gpufill.fit_many(TinyMLP, train, variants=VARIANTS[:3], pack=True, **settings)
+    assert [r.plan.pack_size.value for r in packed] == [3, 3, 3]
+    for variant, result in zip(VARIANTS[:3], packed, strict=True):
+        torch.manual_seed(variant["seed"])
+        alone = gpufill.fit(TinyMLP(), train, **{**settings, **variant})
+        assert _largest_difference(result.model, alone.model) < 1e-5
+        assert result.metrics["train_confident"] == pytest.approx(alone.metrics["train_confident"], rel=1e-5)

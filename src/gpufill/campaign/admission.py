@@ -33,6 +33,8 @@ class ShapeFact:
 
     pack_size: int | None = None
     reason: str = ""
+    kind: str | None = None
+    """How its packs run (hand-written fused kernels or torch.func vmap), as measured; None: the default."""
     peak_bytes: dict[int, int] = field(default_factory=dict)
 
     def peak(self, k: int) -> int | None:
@@ -61,7 +63,8 @@ class ShapeBook:
     def from_json(cls, text: str | None, *, fixed_pack_size: int | None = None) -> ShapeBook:
         facts: dict[tuple[str, str], ShapeFact] = {}
         for row in json.loads(text) if text else []:
-            facts[(row["lane"], row["shape"])] = ShapeFact(row.get("pack_size"), row.get("reason", ""), {int(k): int(v) for k, v in row.get("peak_bytes", {}).items()})
+            facts[(row["lane"], row["shape"])] = ShapeFact(row.get("pack_size"), row.get("reason", ""), row.get("kind"),
+                                                           {int(k): int(v) for k, v in row.get("peak_bytes", {}).items()})
         return cls(facts, fixed_pack_size=fixed_pack_size)
 
     def to_json(self) -> str:
@@ -82,9 +85,13 @@ class ShapeBook:
         fact = self.facts.get((lane, shape))
         return None if fact is None else fact.reason
 
+    def kind(self, lane: str, shape: str) -> str | None:
+        fact = self.facts.get((lane, shape))
+        return None if fact is None else fact.kind
+
     def learn_pack(self, lane: str, shape: str, message: dict[str, Any]) -> None:
         fact = self.facts.setdefault((lane, shape), ShapeFact())
-        fact.pack_size, fact.reason = int(message["size"]), str(message["reason"])
+        fact.pack_size, fact.reason, fact.kind = int(message["size"]), str(message["reason"]), message.get("kind")
         for k, peak in message.get("peak_bytes", {}).items():
             self.learn_peak(lane, shape, int(k), int(peak))
         self.measuring.discard((lane, shape))

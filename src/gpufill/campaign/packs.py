@@ -42,7 +42,8 @@ class TrialRunner(Protocol):
     def attempt(self, trial: dict[str, Any], run: Any) -> dict[str, Any]: ...
 
 
-def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int | None) -> dict[str, Any]:
+def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int | None, kind: str | None = None) -> dict[str, Any]:
+    """Train `trials` (one shape) as packs of `pack_size` of `kind` (None: measure both here first)."""
     windows = {t["trial_id"]: runner.trial_windows(t) for t in trials}
     choice = None
     if pack_size is None:  # a new shape: measure on this device
@@ -65,7 +66,7 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
                                            data_bytes=_data_bytes(sample), memory_budget=_memory_budget(runner.device, config.memory_margin))
         except Exception as error:  # the trials themselves will report it, one by one
             choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: measuring packs failed ({type(error).__name__})")
-        pack_size = choice.size
+        pack_size, kind = choice.size, choice.kind
         runner.note({"pack": _pack_message(choice)})  # the scheduler sizes and admits this shape from now on
     # Run one pack of the measured size; hand the rest back, so other workers share them.
     trials, returned = trials[:pack_size], [t["trial_id"] for t in trials[pack_size:]]
@@ -81,7 +82,7 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
             by_width[windows[trial["trial_id"]].n_features].append(trial)
         for group in by_width.values():
             for start in range(0, len(group), pack_size):
-                results += _train_chunk(runner, group[start : start + pack_size], windows, choice.reason if choice else None)
+                results += _train_chunk(runner, group[start : start + pack_size], windows, choice.reason if choice else None, kind)
     pack = None if choice is None else _pack_message(choice)
     return {"results": results, "pack": pack, "returned": returned}
 
@@ -89,7 +90,7 @@ def run_pack(runner: TrialRunner, trials: list[dict[str, Any]], pack_size: int |
 def _pack_message(choice: PackSizeChoice) -> dict[str, Any]:
     """What the scheduler learns of a shape: the size, why, and a pack's peak device memory per K
     (the measured step's peak plus K trials' data, which a pack keeps on the device)."""
-    return {"size": choice.size, "reason": choice.reason, "samples_per_s": {str(k): v for k, v in choice.samples_per_s.items()},
+    return {"size": choice.size, "reason": choice.reason, "kind": choice.kind, "samples_per_s": {str(k): v for k, v in choice.samples_per_s.items()},
             "peak_bytes": {str(k): peak for k, peak in choice.peak_bytes.items()}}
 
 
@@ -106,7 +107,8 @@ def _data_bytes(windows: Any) -> int:
     return sum(int(t.numel()) * t.element_size() for t in (windows.x_train, windows.y_train, windows.x_val, windows.y_val))
 
 
-def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict[str, Any], reason: str | None) -> list[dict[str, Any]]:
+def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict[str, Any], reason: str | None,
+                 kind: str | None) -> list[dict[str, Any]]:
     if len(chunk) == 1:
         return [runner.attempt(chunk[0], lambda: runner.run(chunk[0]))]
     runner.note({"started": [t["trial_id"] for t in chunk]})
@@ -123,10 +125,13 @@ def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict
             members.append(PackMember(train=(w.x_train, w.y_train), val=(w.x_val, w.y_val) if w.x_val.shape[0] else None,
                                       lr=config.lr, weight_decay=config.weight_decay, seed=trial["seed"]))
         config = runner.fit_config(chunk[0])  # tune cache: the pack's compile measurement, once per shape
-        fits = fit_pack(models, members, config=config)
+        fits = fit_pack(models, members, config=config, kind=kind)
         peak = int(torch.cuda.max_memory_reserved()) if on_cuda else None  # the pack's, for GPU admission
-    except Exception:  # a fused kernel failed: these trials still run, one at a time
-        return [runner.attempt(t, lambda t=t: runner.run(t)) for t in chunk]
+    except Exception as error:  # a fused kernel failed: these trials still run, one at a time, saying why
+        results = [runner.attempt(t, lambda t=t: runner.run(t)) for t in chunk]
+        unfused_because(results, f"the pack of {len(chunk)} failed ({type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}); "
+                                 "trained one at a time")
+        return results
     out = []
     for trial, fitted in zip(chunk, fits, strict=True):
         w = windows[trial["trial_id"]]
@@ -137,7 +142,7 @@ def _train_chunk(runner: TrialRunner, chunk: list[dict[str, Any]], windows: dict
             result = run.to_dict()
             runner.recipe(trial).record(result["plan"], neural=True)
             result["timings"]["peak_memory_bytes"] = peak
-            result["plan"]["pack_size"] = {"value": len(chunk), "reason": reason or f"a pack of {len(chunk)} ({pack_kind(fitted.model)}): "
+            result["plan"]["pack_size"] = {"value": len(chunk), "reason": reason or f"a pack of {len(chunk)} ({kind or pack_kind(fitted.model)}): "
                                            "the size the scheduler sent (measured for this shape, or resources.pack_size)"}
             if fitted.status == "diverged":
                 raise FloatingPointError(f"training diverged: {fitted.events[0] if fitted.events else 'non-finite loss'}")

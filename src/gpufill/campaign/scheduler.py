@@ -188,7 +188,9 @@ class Scheduler:
                     self.started_at[t["trial_id"]] = self.clock()
                 if size is None and trials[0]["kind"] == "neural":
                     self.book.measuring.add((lane.name, trials[0]["shape"]))
-                self.executor.submit(worker, {"trials": trials, "pack_size": size, "pack_reason": self.book.reason(lane.name, trials[0]["shape"])})
+                shape = trials[0]["shape"]
+                self.executor.submit(worker, {"trials": trials, "pack_size": size, "pack_reason": self.book.reason(lane.name, shape),
+                                              "pack_kind": self.book.kind(lane.name, shape)})
 
     def _next_task(self, lane: Lane, worker: Worker) -> tuple[list[dict[str, Any]], int | None] | None:
         """Trials for `worker` (one, or a fused pack of one shape) and the pack size to send (None: measure it).

@@ -160,7 +160,7 @@ class TrialRunner:
             return {"results": results, "pack": None}
         from gpufill.campaign.packs import run_pack
 
-        return run_pack(self, trials, task.get("pack_size"))
+        return run_pack(self, trials, task.get("pack_size"), task.get("pack_kind"))
 
     def run(self, trial: dict[str, Any]) -> dict[str, Any]:
         from gpufill.campaign.grid_checks import is_series_model

@@ -14,7 +14,7 @@ from torch import nn
 
 from gpufill.engine.backend import is_out_of_memory, synchronize
 from gpufill.engine.measure.ops import count_ops
-from gpufill.engine.packs.stacked import pack_kind, pack_module
+from gpufill.engine.packs.stacked import pack_kinds, pack_module
 from gpufill.engine.packs.optim import PackAdamW
 
 Pair = tuple[torch.Tensor, torch.Tensor]
@@ -25,6 +25,8 @@ CANDIDATE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 MIN_GAIN = 1.05
 """Doubling K stops once it adds less than this to the best samples/s so far (the curve has flattened)."""
+KIND_GAIN = 1.05
+"""torch.func's vmap replaces a family's hand-written fused kernels only when at least this much faster."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,8 @@ class PackSizeChoice:
     """Computing operators (about one kernel launch each) of one training step per K, when counted."""
     peak_bytes: dict[int, int] = field(default_factory=dict)
     """Device memory a step of K models allocated at its peak (CUDA only): what admission adds up."""
+    kind: str | None = None
+    """How the pack runs (`packs.stacked`: hand-written fused kernels or torch.func vmap); None unfused."""
 
 
 def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidates: Sequence[int] = CANDIDATE_SIZES, steps: int = 4,
@@ -53,6 +57,8 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
     """
     dev = torch.device(device)
     x, y = sample[0][:batch].to(dev), sample[1][:batch].to(dev)
+    kinds = pack_kinds(build, (x[:8], y[:8]))
+    kind = kinds[0]
     rates: dict[int, float] = {}
     ops: dict[int, int] = {}
     peaks: dict[int, int] = {}
@@ -61,7 +67,7 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         try:
-            seconds, counted = _time_candidate(_training_step(build, k, x, y, dev), steps, dev, count=count)
+            seconds, counted = _time_candidate(_training_step(build, k, x, y, dev, kind), steps, dev, count=count)
         except Exception as error:
             if k == 1 or not is_out_of_memory(error):
                 raise
@@ -82,16 +88,29 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
             stopped = f"; stopped at {k}: less than {min_gain - 1:.0%} over the best so far"
             break
     best = max(rates, key=rates.__getitem__)
+    versus = ""
+    if best > 1 and len(kinds) > 1:  # the other kind at the size the default kind found best
+        other = kinds[1]
+        try:
+            seconds, _ = _time_candidate(_training_step(build, best, x, y, dev, other), steps, dev, count=False)
+            other_rate = best * x.shape[0] * steps / seconds
+            ratio = other_rate / rates[best]
+            if ratio >= KIND_GAIN:
+                versus = f"; {other} measured {ratio:.2f}x {kind} at that size"
+                kind, rates[best] = other, other_rate
+            else:
+                versus = f"; {kind} kept: {other} {ratio:.2f}x it"
+        except Exception as error:  # noqa: BLE001 - the other kind is an option, never a failure
+            versus = f"; {other} failed ({type(error).__name__})"
     gain = rates[best] / rates[1]
-    kind = pack_kind(build())
     fused_rates = [r for kk, r in rates.items() if kk > 1]
     if best > 1:
-        reason = f"fused packs of {best} ({kind}): {gain:.2f}x the samples/s of one model at a time (measured on {dev.type}, K up to {max(rates)}{stopped})"
+        reason = f"fused packs of {best} ({kind}): {gain:.2f}x the samples/s of one model at a time (measured on {dev.type}, K up to {max(rates)}{stopped}{versus})"
     elif fused_rates:
         reason = f"unfused: no fused pack size beat one model at a time on {dev.type} (best {max(fused_rates) / rates[1]:.2f}x{stopped})"
     else:
         reason = f"unfused: no fused pack size could be measured on {dev.type}{stopped}"
-    return PackSizeChoice(size=best, samples_per_s=rates, reason=reason, ops_per_step=ops, peak_bytes=peaks)
+    return PackSizeChoice(size=best, samples_per_s=rates, reason=reason, ops_per_step=ops, peak_bytes=peaks, kind=kind if best > 1 else None)
 
 
 def _time_candidate(step, steps: int, dev: torch.device, *, count: bool) -> tuple[float, int | None]:
@@ -107,8 +126,8 @@ def _time_candidate(step, steps: int, dev: torch.device, *, count: bool) -> tupl
     return time.perf_counter() - tick, counted
 
 
-def _training_step(build, k: int, x: torch.Tensor, y: torch.Tensor, dev: torch.device):
-    """One training step of a plain model (k = 1, torch's AdamW) or of a fused pack of k, as a closure."""
+def _training_step(build, k: int, x: torch.Tensor, y: torch.Tensor, dev: torch.device, kind: str | None = None):
+    """One training step of a plain model (k = 1, torch's AdamW) or of a pack of k (of `kind`), as a closure."""
     models = [build() for _ in range(k)]
     if k == 1:
         model = models[0].to(dev)
@@ -121,7 +140,7 @@ def _training_step(build, k: int, x: torch.Tensor, y: torch.Tensor, dev: torch.d
             optimizer.zero_grad(set_to_none=True)
 
         return step
-    fused = pack_module(models).to(dev)
+    fused = pack_module(models, kind).to(dev)
     pack_optimizer = PackAdamW(list(fused.parameters()), torch.full((k,), 1e-3, device=dev), torch.zeros(k, device=dev))
     xs, ys = x.expand(k, *x.shape).contiguous(), y.expand(k, *y.shape).contiguous()
     everyone = torch.ones(k, dtype=torch.bool, device=dev)

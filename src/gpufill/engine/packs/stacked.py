@@ -179,13 +179,31 @@ def _first_line(error: BaseException) -> str:
     return text[0][:160] if text else ""
 
 
-def pack_module(models: Sequence[nn.Module]) -> FusedModule:
-    """One pack of `models`: their hand-written fused kernel where one is registered, else the torch.func stack."""
-    return fuse(models) if can_fuse(models[0]) else StackedModule.from_models(models)
+HAND_WRITTEN = "hand-written fused kernels"
+VMAP = "torch.func vmap"
+
+
+def pack_module(models: Sequence[nn.Module], kind: str | None = None) -> FusedModule:
+    """One pack of `models` of `kind` (None: their hand-written fused kernel where one is registered, else the torch.func stack)."""
+    return fuse(models) if (kind or pack_kind(models[0])) == HAND_WRITTEN else StackedModule.from_models(models)
 
 
 def pack_kind(model: nn.Module) -> str:
-    return "hand-written fused kernels" if can_fuse(model) else "torch.func vmap"
+    """The kind a pack of `model` is by default: hand-written where registered (vmap cannot batch nn.LSTM/nn.GRU)."""
+    return HAND_WRITTEN if can_fuse(model) else VMAP
+
+
+def pack_kinds(build: Callable[[], nn.Module], sample: Any) -> list[str]:
+    """The kinds of pack `build()`'s models can train as, the default first: a registered model's
+    hand-written kernels and, where one checked step shows vmap runs it correctly, the torch.func stack."""
+    first = build()
+    if not can_fuse(first):
+        return [VMAP]
+    return [HAND_WRITTEN] if why_not_stacked([first, build()], _mse, sample) is not None else [HAND_WRITTEN, VMAP]
+
+
+def _mse(model: nn.Module, batch: Any) -> torch.Tensor:
+    return nn.functional.mse_loss(model(batch[0]), batch[1])
 
 
 def why_not_packed(build: Callable[[], nn.Module], loss: Callable[[Any, Any], Any], sample: Any) -> str | None:

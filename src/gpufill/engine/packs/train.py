@@ -55,8 +55,9 @@ class PackMember:
     seed: int
 
 
-def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, config: FitConfig) -> list[FitResult]:
-    """Train `models` (same class and shapes) as one fused pack; one FitResult per model."""
+def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, config: FitConfig, kind: str | None = None) -> list[FitResult]:
+    """Train `models` (same class and shapes) as one fused pack of `kind` (None: the default kind,
+    `packs.stacked.pack_kind`); one FitResult per model."""
     if not (isinstance(config.loss, str) and config.loss in PACK_LOSSES):
         raise ValueError(f"a pack trains on a regression loss ({', '.join(PACK_LOSSES)}), not {config.loss!r}: train these models one by one")
     if config.schedule != "constant":
@@ -69,7 +70,8 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     plan = pack_plan(make_plan(hardware, facts, config, epochs=config.epochs))
     batch = plan.effective_batch.value
     device = torch.device(plan.device.value)
-    fused = pack_module(models).to(device)
+    kind = kind or pack_kind(models[0])
+    fused = pack_module(models, kind).to(device)
     x, y = _padded([m.train for m in members], device)
     val = [m.val for m in members]
     has_val = all(v is not None and v[0].shape[0] > 0 for v in val)
@@ -118,7 +120,7 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
                     "epochs_run": len(histories[i]),
                 },
                 timings=dict(timings),
-                events=run.events[i] + [f"trained in a pack of {k} ({pack_kind(models[0])})"],
+                events=run.events[i] + [f"trained in a pack of {k} ({kind})"],
                 status=status[i],
             )
         )
