@@ -42,6 +42,8 @@ def test_a_campaign_runs_every_trial_once_and_resumes_as_a_no_op(tmp_path):
 def test_kill_9_of_the_scheduler_loses_nothing_finished_and_records_nothing_twice(tmp_path):
     # Long enough (~0.5 s per neural trial) that the kill lands mid-run.
     path = write_campaign(tmp_path, projects=6, epochs=40, models="mlp: {hidden_size: [16, 32]}\n  linear: {}")
+    # One trial at a time (no packs), so trials finish one by one and the kill lands between them.
+    path.write_text(path.read_text().replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 1}"))
     workdir = tmp_path / "work"
     command = [sys.executable, "-m", "gpufill.cli", "run", str(path), "--workdir", str(workdir)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
