@@ -296,3 +296,15 @@ def test_a_dict_batch_and_a_loss_function_pack_as_they_train_alone():
         alone = gpufill.fit(TinyMLP(), train, **{**settings, **variant})
         assert _largest_difference(result.model, alone.model) < 1e-5
         assert result.metrics["train_confident"] == pytest.approx(alone.metrics["train_confident"], rel=1e-5)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_pack_of_variants_ends_where_each_ends_alone():
+    data = _data()
+    settings = {"probe": False, "precision": "fp32", "tf32": False, "device": "cuda", "loss": "cross_entropy", "batch_size": 32, "epochs": 3}
+    packed = gpufill.fit_many(TinyCNN, data["train"], data["val"], variants=VARIANTS[:4], pack=True, **settings)
+    assert all(r.plan.pack_size.value == 4 for r in packed)
+    for variant, result in zip(VARIANTS[:4], packed, strict=True):
+        alone = _alone(TinyCNN, data, variant, **settings)
+        assert _largest_difference(result.model, alone.model) < 1e-4, variant
+        assert result.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-4)
