@@ -65,7 +65,7 @@ def test_bench_json_has_before_gpufill_and_each_cpu_ablation(capsys, tmp_path):
     ratios = record["ratios"]
     assert ratios["speedup"] > 0
     assert ratios["speedup"] == pytest.approx(gpufill["samples_per_s"] / before["samples_per_s"], rel=2e-3)  # one round: the rows' ratio
-    assert ratios["val_loss_ratio"] == pytest.approx(gpufill["val_loss"] / before["val_loss"], rel=1e-4)
+    assert ratios["val_loss_ratio"] == pytest.approx(gpufill["val_loss"] / before["val_loss"], rel=5e-4)  # the rows hold val_loss to 6 places
     for row in ablated:
         key = row["ablation"].replace(" ", "_").replace("-", "_") + "_worth"
         assert ratios[key] == pytest.approx(gpufill["samples_per_s"] / row["samples_per_s"], rel=2e-3)
