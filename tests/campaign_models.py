@@ -94,3 +94,8 @@ class _StallsOnFirstTry(_Linear):
 
 def stalls_on_first_try(n_features: int, lookback: int, horizon: int, *, marker: str = "", how: str = "stop") -> nn.Module:
     return _StallsOnFirstTry(marker, how, n_features, lookback, horizon)
+
+
+def tagged(n_features: int, lookback: int, horizon: int, *, tag: str = "") -> nn.Module:
+    """A linear model with a text parameter that only names it (the hostile-input tests put `$` in it)."""
+    return _Linear(n_features, lookback, horizon)

@@ -1,4 +1,8 @@
-"""Results out: CSV, Parquet or JSON, to a file (written atomically) or stdout."""
+"""Results out: CSV, Parquet or JSON, to a file (written atomically) or stdout.
+
+CSV cells are neutralised for spreadsheets (OWASP's CSV injection advice): a text cell that starts with
+``= + - @``, a tab or a carriage return gets a leading single quote, so a project named ``=HYPERLINK(...)``
+is shown, never run as a formula. Rows end in CRLF (RFC 4180). Parquet and JSON keep every value as it is."""
 
 from __future__ import annotations
 
@@ -8,22 +12,47 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpufill.errors import InputError
+from gpufill.errors import InputError, visible
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+"""What a spreadsheet may read as the start of a formula (OWASP: CSV injection)."""
+CSV_LINE_END = "\r\n"
+"""RFC 4180's: with it Python's csv writer quotes a cell holding a lone CR (with "\n" it would split the row)."""
 
 
 def write_frame(frame: pd.DataFrame, fmt: str, out: Path | None) -> None:
+    if fmt == "csv":
+        frame = csv_safe(frame, terminal=out is None and sys.stdout.isatty())
     if fmt == "parquet" and out is None:
         raise InputError("parquet is binary and needs a file", where="command line", field="--out", fix="add --out results.parquet")
     if out is None:
-        text = frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", indent=None) + "\n"
+        text = frame.to_csv(index=False, lineterminator=CSV_LINE_END) if fmt == "csv" else frame.to_json(orient="records", indent=None) + "\n"
         sys.stdout.write(text)
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     if fmt == "csv":
-        frame.to_csv(tmp, index=False)
+        frame.to_csv(tmp, index=False, lineterminator=CSV_LINE_END)
     elif fmt == "parquet":
         frame.to_parquet(tmp, index=False)
     else:
         frame.to_json(tmp, orient="records")
     os.replace(tmp, out)
+
+
+def csv_safe(frame: pd.DataFrame, *, terminal: bool = False) -> pd.DataFrame:
+    """A copy of `frame` whose text cells a spreadsheet cannot run: one starting with a formula character gets a
+    leading single quote. `terminal`: the CSV goes to a terminal, so control characters are shown as escapes too."""
+    frame = frame.copy()
+    for column in frame.columns:
+        if frame[column].dtype == object or pd.api.types.is_string_dtype(frame[column].dtype):
+            frame[column] = frame[column].map(lambda value: _cell(value, terminal))
+    return frame
+
+
+def _cell(value: object, terminal: bool) -> object:
+    if not isinstance(value, str):
+        return value
+    if terminal:
+        value = visible(value)
+    return "'" + value if value.startswith(FORMULA_STARTS) else value

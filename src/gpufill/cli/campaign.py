@@ -13,7 +13,7 @@ from gpufill.cli.app import app
 from gpufill.cli.options import (
     parse_slots,
 )
-from gpufill.errors import InputError
+from gpufill.errors import InputError, visible
 
 
 @app.command()
@@ -55,12 +55,12 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
 
     def on_start(prepared, run_id) -> None:
         for warning in prepared.warnings:
-            console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+            console.print(f"[yellow]warning:[/yellow] {escape(visible(warning))}")
         for lane in describe_lanes(prepared.lanes):
-            console.print(f"lane {lane['lane']}: {lane['slots']} slots x {lane['threads']} threads on {lane['device']} ({', '.join(lane['runs'])}): {lane['reason']}",
-                          markup=False)
+            console.print(visible(f"lane {lane['lane']}: {lane['slots']} slots x {lane['threads']} threads on {lane['device']} ({', '.join(lane['runs'])}): "
+                                  f"{lane['reason']}"), markup=False)
         console.print(f"trial timeout: {describe_timeout(job.spec.resources)}", markup=False)
-        console.print(f"{len(prepared.trials)} trials; workdir {job.workdir}", markup=False)
+        console.print(visible(f"{len(prepared.trials)} trials; workdir {job.workdir}"), markup=False)
         live.start()
 
     try:
@@ -127,7 +127,7 @@ def status(
     for state in ("queued", "running"):
         ids = [j["job_id"] for j in jobs if j["state"] == state]
         if ids:
-            console.print(f"Slurm jobs {state}: {len(ids)} ({', '.join(ids[:20])}{', ...' if len(ids) > 20 else ''})")
+            console.print(visible(f"Slurm jobs {state}: {len(ids)} ({', '.join(ids[:20])}{', ...' if len(ids) > 20 else ''})"), markup=False)
 
 
 @app.command()

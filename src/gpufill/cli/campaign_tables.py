@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufill.campaign.reading import REFERENCE, summary_columns
+from gpufill.errors import visible
 
 
 def _duration(seconds: float | None) -> str:
@@ -26,7 +27,7 @@ def _duration(seconds: float | None) -> str:
 
 def campaign_view(snapshot: Any, title: str = "campaign") -> Table:
     """Per-lane progress, rate and ETA, and the trials running now (fits 80 columns)."""
-    table = Table(title=f"{escape(title)}  {_duration(snapshot.elapsed_s)} elapsed  {snapshot.trials_per_min:.1f} trials/min", title_justify="left")
+    table = Table(title=f"{escape(visible(title))}  {_duration(snapshot.elapsed_s)} elapsed  {snapshot.trials_per_min:.1f} trials/min", title_justify="left")
     table.add_column("lane", style="bold")
     table.add_column("progress")
     table.add_column("done", justify="right")
@@ -40,7 +41,7 @@ def campaign_view(snapshot: Any, title: str = "campaign") -> Table:
         bar = "[green]" + "█" * filled + "[/green]" + "░" * (16 - filled)
         table.add_row(f"{name} ({lane.slots}x{lane.threads}t)", bar, str(lane.done), str(lane.failed), str(lane.running), str(lane.pending), _duration(snapshot.eta_s(name)))
     for trial in snapshot.running[:6]:
-        table.add_row("", Text(f"{trial['family']} {trial['project']}", style="dim"), "", "", f"[dim]{trial['seconds']:.0f}s[/dim]", "", "")
+        table.add_row("", Text(visible(f"{trial['family']} {trial['project']}"), style="dim"), "", "", f"[dim]{trial['seconds']:.0f}s[/dim]", "", "")
     return table
 
 
@@ -51,7 +52,7 @@ def status_table(counts: dict[str, Any]) -> Table:
     for column in columns:
         table.add_column(column, justify="right")
     for lane, lane_counts in counts["lanes"].items():
-        table.add_row(lane, *(str(lane_counts.get(c, 0)) for c in columns))
+        table.add_row(Text(visible(lane)), *(str(lane_counts.get(c, 0)) for c in columns))
     table.add_row("all", *(str(counts[c]) for c in columns), style="bold")
     return table
 
@@ -117,6 +118,11 @@ def _varying_settings(train: Any) -> list[str]:
 
 
 def _cell(column: str, value: Any) -> str:
+    """A value as the table shows it: text a terminal prints as it is (control characters as their escapes)."""
+    return visible(_shown(column, value))
+
+
+def _shown(column: str, value: Any) -> str:
     if value is None or value != value:  # None or NaN
         return ""
     if column in ("trial_id", "config_id"):
@@ -149,8 +155,8 @@ def estimate_table(estimate: dict[str, Any]) -> Table:
     for column in ("lane", "trials", "slots x threads", "device", "wall time"):
         table.add_column(column, justify="left" if column in ("lane", "device") else "right")
     for name, lane in estimate["lanes"].items():
-        table.add_row(name, str(lane["trials"]), f"{lane['slots']} x {lane['threads']}", lane["device"], _duration(lane["seconds"]))
+        table.add_row(name, str(lane["trials"]), f"{lane['slots']} x {lane['threads']}", Text(visible(lane["device"])), _duration(lane["seconds"]))
     table.add_row("campaign", str(sum(lane["trials"] for lane in estimate["lanes"].values())), "", "lanes run at once", _duration(estimate["total_seconds"]), style="bold")
     for family, numbers in estimate["families"].items():
-        table.add_row(f"  {family}", str(numbers["trials"]), "", "trial-time", _duration(numbers["trial_seconds"]), style="dim")
+        table.add_row(Text(visible(f"  {family}")), str(numbers["trials"]), "", "trial-time", _duration(numbers["trial_seconds"]), style="dim")
     return table

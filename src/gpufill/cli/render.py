@@ -7,10 +7,12 @@ from typing import Any
 from rich.console import Console
 from rich.progress import TaskID, BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.markup import escape
 from rich.text import Text
 
 from gpufill.engine.result import EpochRecord, FitCallback
 from gpufill.engine.plan import Plan
+from gpufill.errors import visible
 
 
 def plan_table(plan: Plan | dict[str, dict[str, Any]]) -> Table:
@@ -20,7 +22,7 @@ def plan_table(plan: Plan | dict[str, dict[str, Any]]) -> Table:
     table.add_column("value")
     table.add_column("reason", style="dim", overflow="fold")
     for name, choice in (plan if isinstance(plan, dict) else plan.to_dict()).items():
-        table.add_row(name, Text(_short(choice["value"])), Text(str(choice["reason"])))  # reasons quote user names: not markup
+        table.add_row(name, Text(visible(_short(choice["value"]))), Text(visible(choice["reason"])))  # reasons quote user names: text, not markup
     return table
 
 
@@ -69,17 +71,17 @@ def print_forecast(outcome: dict[str, Any], console: Console) -> None:
     if not outcome["history"]:  # neural trainings showed their plan when training started
         console.print(plan_table(outcome["plan"]))
     test, naive = outcome["metrics"]["test"], outcome["metrics"]["naive"]
-    family = outcome["family"]
-    table = Table(title=f"{family} on {outcome['project']}: test metrics (original scale)", title_justify="left")
+    family = visible(outcome["family"])  # names are data: shown as text, never markup or terminal codes
+    table = Table(title=escape(f"{family} on {visible(outcome['project'])}: test metrics (original scale)"), title_justify="left")
     table.add_column("forecast", style="bold")
     for key in ("mae", "rmse", "smape", "mase"):
         table.add_column(key, justify="right")
     for name, metrics in ((family, test), ("naive (last value)", naive)):
-        table.add_row(name, *(f"{metrics[key]:.4g}" for key in ("mae", "rmse", "smape", "mase")))
+        table.add_row(Text(name), *(f"{metrics[key]:.4g}" for key in ("mae", "rmse", "smape", "mase")))
     console.print(table)
     timings = outcome["timings"]
     verdict = "beats" if test["mae"] < naive["mae"] else "does NOT beat"
     speed = f"{timings['samples_per_s']:,.0f} samples/s" + (f", {timings['epoch_s']:.3g} s/epoch" if "epoch_s" in timings else "")
-    console.print(f"{family} {verdict} the naive forecast (MAE {test['mae']:.4g} vs {naive['mae']:.4g}); {speed}; status {outcome['status']}")
+    console.print(f"{family} {verdict} the naive forecast (MAE {test['mae']:.4g} vs {naive['mae']:.4g}); {speed}; status {outcome['status']}", markup=False)
     for event in outcome["events"]:
-        console.print(f"  - {event}", style="dim")
+        console.print(f"  - {visible(event)}", style="dim", markup=False)

@@ -1,15 +1,19 @@
 """The report's figures: matplotlib (Agg) rendered to base64 PNG, each with a title and axis labels with units.
 
 Every function takes plain DataFrames and returns a `Plot` (or None when there is nothing
-to draw, so the page shows a note instead of an empty image).
+to draw, so the page shows a note instead of an empty image). Names and grid values are the user's
+text: drawn literally (a `$` is escaped, never matplotlib mathtext; TeX is off whatever a matplotlibrc says).
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import matplotlib
 
@@ -18,6 +22,8 @@ matplotlib.use("Agg")  # no display, no GUI toolkit: the report renders on headl
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+
+from gpufill.errors import visible  # noqa: E402
 
 GIB = 1024**3
 REFERENCE_FAMILIES = ("snaive", "ets", "theta")
@@ -33,6 +39,26 @@ class Plot:
     alt: str
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _drawn_as_text(function: _F) -> _F:
+    """Runs a figure function with TeX off: a user's matplotlibrc with text.usetex would send names to LaTeX."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with plt.rc_context({"text.usetex": False}):
+            return function(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _literal(text: object) -> str:
+    """The user's text as it is: `$` escaped so matplotlib draws it instead of reading mathtext (which crashes on
+    `$\\frac{$`), control characters as their escapes (a font has no glyph for ESC)."""
+    return visible(text).replace("$", r"\$")
+
+
 def _render(fig: plt.Figure, alt: str) -> Plot:
     buffer = io.BytesIO()
     fig.tight_layout()
@@ -44,10 +70,11 @@ def _render(fig: plt.Figure, alt: str) -> Plot:
 def _short(name: str, width: int = 24) -> str:
     """Custom families are `package.module:factory`: keep the factory name for axis labels."""
     name = name.rsplit(":", 1)[-1] if ":" in name else name
-    return name if len(name) <= width else name[: width - 1] + "…"
+    return _literal(name if len(name) <= width else name[: width - 1] + "…")
 
 
 # -- model comparison -------------------------------------------------------------------------
+@_drawn_as_text
 def metric_per_family(done: pd.DataFrame, metric: str = "mae") -> Plot | None:
     """Box plot of the test metric per family, with every trial as a point (one per project x config x seed)."""
     done = done.dropna(subset=[metric])
@@ -73,6 +100,7 @@ def metric_per_family(done: pd.DataFrame, metric: str = "mae") -> Plot | None:
     return _render(fig, f"Box plot of test {metric.upper()} per model family across {done['project'].nunique()} projects{lines}")
 
 
+@_drawn_as_text
 def parameter_effects(done: pd.DataFrame, metric: str = "mae", limit: int = 12) -> Plot | None:
     """Mean test metric per value of each grid parameter (and lookback) that varies, per family."""
     panels: list[tuple[str, str, pd.Series]] = []
@@ -84,7 +112,7 @@ def parameter_effects(done: pd.DataFrame, metric: str = "mae", limit: int = 12) 
             if column.nunique(dropna=False) > 1:
                 means = rows[metric].groupby(column).mean()
                 means = means.iloc[sorted(range(len(means)), key=lambda i: _order(means.index[i]))]  # 8 before 16
-                panels.append((str(family), str(name), means.rename(index=str)))
+                panels.append((str(family), _literal(name), means.rename(index=_literal)))
     if not panels:
         return None
     panels = panels[:limit]
@@ -132,6 +160,7 @@ def _timeline(frames: dict[str, pd.DataFrame], column: str, scale: float, t0: fl
     return _render(fig, alt)
 
 
+@_drawn_as_text
 def gpu_timelines(samples: pd.DataFrame, t0: float, since: str = "campaign start") -> list[Plot]:
     """Utilisation, memory, power, temperature and SM clock per GPU (empty when there are no GPU rows)."""
     gpus = {source: rows for source, rows in samples.groupby("source") if str(source).startswith("gpu")}
@@ -148,6 +177,7 @@ def gpu_timelines(samples: pd.DataFrame, t0: float, since: str = "campaign start
     return [p for p in plots if p is not None]
 
 
+@_drawn_as_text
 def host_timelines(samples: pd.DataFrame, t0: float, since: str = "campaign start") -> list[Plot]:
     """CPU utilisation and RAM used by the host."""
     host = {"host": samples[samples["source"] == "host"]}
@@ -161,6 +191,7 @@ def host_timelines(samples: pd.DataFrame, t0: float, since: str = "campaign star
 
 
 # -- durations --------------------------------------------------------------------------------
+@_drawn_as_text
 def durations(trials: pd.DataFrame) -> Plot | None:
     """Box plot of trial durations per family and lane (done and failed trials)."""
     rows = trials.dropna(subset=["duration_s"])
@@ -186,6 +217,7 @@ def durations(trials: pd.DataFrame) -> Plot | None:
 PHASE_COLOURS = {"data_wait": "tab:red", "copy": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:purple"}
 
 
+@_drawn_as_text
 def step_timelines(buckets: pd.DataFrame, t0: float) -> list[Plot]:
     """Mean step time and data wait per time bucket, and optimizer steps per second (a watched script's timeline)."""
     if buckets.empty:
@@ -216,6 +248,7 @@ def _since_start(ax: plt.Axes, title: str, ylabel: str) -> None:
     ax.grid(alpha=0.3)
 
 
+@_drawn_as_text
 def step_breakdown(shares: dict[str, float], step_ms: float) -> Plot:
     """One horizontal bar: each phase's share of a step."""
     fig, ax = plt.subplots(figsize=(10, 2.4))
@@ -232,6 +265,7 @@ def step_breakdown(shares: dict[str, float], step_ms: float) -> Plot:
 
 
 # -- forecasts --------------------------------------------------------------------------------
+@_drawn_as_text
 def forecasts(panels: list[tuple[str, str, str, dict[str, np.ndarray]]]) -> Plot | None:
     """Actual vs one-step-ahead forecast over the test windows: one row per family, its best and worst
     project side by side. `panels`: (family, "best"/"worst", project, stored forecast) in row order."""
@@ -246,7 +280,7 @@ def forecasts(panels: list[tuple[str, str, str, dict[str, np.ndarray]]]) -> Plot
         ax.set_visible(True)
         ax.plot(kept["origins"], kept["truth"][:, 0], color="black", linewidth=1.0, label="actual")
         ax.plot(kept["origins"], kept["forecast"][:, 0], color="tab:orange", linewidth=1.0, label="forecast (1 step ahead)")
-        ax.set_title(f"{_short(family)}: {which} project {project}", fontsize="small")
+        ax.set_title(f"{_short(family)}: {which} project {_literal(project)}", fontsize="small")
         ax.tick_params(labelsize="x-small")
         ax.grid(alpha=0.3)
     axes[0, 0].legend(loc="upper left", fontsize="x-small")
