@@ -67,6 +67,31 @@ def test_escape_sequences_in_names_are_printed_as_visible_text(hostile):
     assert "40" in status and "cpu" in status
 
 
+def test_the_live_views_show_running_names_as_visible_text():
+    """`monitor` and `run`'s live table list the running trials: their names reach the terminal as escapes."""
+    import io
+
+    from rich.console import Console
+
+    from gpufill.cli.campaign_tables import campaign_view
+    from gpufill.monitor import live
+
+    trial = {"family": "linear", "project": TITLE, "worker": CLEAR, "seconds": 3.0}
+    counts = {"done": 0, "total": 1, "failed": 0, "lanes": {"cpu": dict.fromkeys(("total", "done", "failed", "running", "pending", "skipped"), 0)}}
+    out = io.StringIO()
+    console = Console(file=out, width=200, force_terminal=False)
+    console.print(live.render({"campaign": "c", "counts": counts, "eta_s": None, "trials_per_min": 0.0, "series": {}, "running": [trial],
+                               "alerts": [f"{CLEAR} stalled"]}))
+
+    class Snapshot:
+        elapsed_s, trials_per_min, lanes, running = 1.0, 0.0, {}, [trial]
+
+    console.print(campaign_view(Snapshot(), title="c"))
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text
+    assert text.count("\\x1b]0;pwned\\x07title") == 2 and text.count("\\x1b[2Jclear") == 2
+
+
 def test_an_error_line_quoting_a_name_shows_its_escapes(tmp_path):
     """An InputError quoting the user's text (here an unknown project) is one line with the escapes visible."""
     path = tmp_path / "c.yaml"

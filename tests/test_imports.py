@@ -19,11 +19,12 @@ PACKAGE = Path(gpufill.__file__).parent
 ROOT = PACKAGE.parent
 
 # What each layer may import besides itself (DESIGN.md: cli -> campaign -> forecasting -> engine;
-# monitor, doctor, bench and report sit beside them). gpufill.errors and gpufill.user_code (loading
-# `package.module:name`) are shared leaves; the engine needs only the first.
-SHARED = {"gpufill.errors", "gpufill.user_code"}
+# monitor, doctor, bench and report sit beside them). gpufill.errors, gpufill.files (every file written
+# without following a link) and gpufill.user_code (loading `package.module:name`) are shared leaves; the
+# engine needs only the first two.
+SHARED = {"gpufill.errors", "gpufill.files", "gpufill.user_code"}
 ALLOWED = {
-    "gpufill.engine": {"gpufill.errors"},
+    "gpufill.engine": {"gpufill.errors", "gpufill.files"},
     "gpufill.forecasting": {*SHARED, "gpufill.engine"},
     "gpufill.campaign": {*SHARED, "gpufill", "gpufill.engine", "gpufill.forecasting", "gpufill.monitor"},
     "gpufill.monitor": {*SHARED, "gpufill.engine", "gpufill.campaign"},
@@ -123,6 +124,11 @@ def test_each_layer_imports_only_what_sits_below_it(layer):
             if bad:
                 outside[module] = bad
     assert outside == {}
+
+
+def test_the_shared_leaves_import_only_each_other():
+    edges = graph()
+    assert edges["gpufill.errors"] == set() and edges["gpufill.files"] == {"gpufill.errors"}
 
 
 def test_importing_gpufill_and_its_cli_loads_no_heavy_library():

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from gpufill.errors import InputError
+from gpufill.files import cannot_write, make_folder, open_existing, open_lock
 
 LOCK_NAME = "gpufill.lock"
 
@@ -40,12 +41,8 @@ class WorkdirLock:
 
     def acquire(self) -> None:
         check_directory(self.path.parent)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise InputError(f"cannot create the lock file {self.path} ({error.strerror})", where=str(self.path.parent), field="--workdir",
-                             fix="pass a --workdir this user can write to") from None
+        make_folder(self.path.parent, field="--workdir")
+        descriptor = open_lock(self.path, field="--workdir")  # never through a link: one line instead
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -69,9 +66,16 @@ class WorkdirLock:
 
 
 def check_directory(workdir: Path) -> None:
-    """Refuse a workdir that is (or lies under) a file, before anything tries to create it."""
+    """Refuse a workdir that is (or lies under) a file, or whose name the file system cannot hold (a long
+    campaign name as the default workdir), before anything tries to create it."""
     for path in (workdir, *workdir.parents):
-        if path.exists():
+        try:
+            found = path.exists()
+        except OSError as error:  # ENAMETOOLONG: Path.exists() raises it (a long campaign name makes a long default workdir)
+            refusal = cannot_write(error, workdir, field="--workdir")
+            raise InputError(refusal.problem, where=refusal.where, field="--workdir",
+                             fix=f"{refusal.fix} (without --workdir it is gpufill-NAME, from the campaign's name)") from None
+        if found:
             if not path.is_dir():
                 raise InputError(f"{path} is a file, not a directory", where=str(workdir), field="--workdir",
                                  fix="pass a directory (a new one is created), not a file")
@@ -94,9 +98,9 @@ def _in_use(workdir: Path, record: dict[str, object]) -> InputError:
 def holder(workdir: str | Path) -> dict[str, object] | None:
     """Who holds the workdir's lock now (None: nobody); reads only."""
     path = Path(workdir) / LOCK_NAME
-    if not path.exists():
+    descriptor = open_existing(path, field="--workdir")  # a link there is refused, never followed
+    if descriptor is None:
         return None
-    descriptor = os.open(path, os.O_RDONLY)
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)

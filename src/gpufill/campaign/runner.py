@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import logging.handlers
-import shutil
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -32,6 +30,7 @@ from gpufill.campaign.store_health import damaged, is_damage, out_of_space
 from gpufill.campaign import user_models
 from gpufill.campaign.trials import Trial, expand, id_base
 from gpufill.campaign.user_models import checked_elsewhere
+from gpufill.campaign.workdir import check_paths, delete_run_files, open_run_log
 from gpufill.errors import InputError
 from gpufill.monitor.sampler import QueueSink, Sampler
 
@@ -46,10 +45,9 @@ LOG_BACKUPS = 3
 
 @contextmanager
 def run_log(workdir: Path, run_id: int, *, verbose: bool) -> Iterator[Path]:
-    """Log this run to WORKDIR/logs/run-<id>.log (DEBUG with verbose, else INFO)."""
-    path = workdir / "logs" / f"run-{run_id}.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.handlers.RotatingFileHandler(path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8")
+    """Log this run to WORKDIR/logs/run-<id>.log (DEBUG with verbose, else INFO); never through a link."""
+    handler = open_run_log(workdir, run_id, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8")
+    path = Path(handler.baseFilename)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.setLevel(logging.DEBUG if verbose else logging.INFO)
     root = logging.getLogger("gpufill")
@@ -191,6 +189,7 @@ class Campaign:
                     on_update: Any, timeline: Timeline) -> RunOutcome:
         prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots, executor=runs, timeline=timeline)
         with WorkdirLock(self.workdir, command) as lock:  # before --fresh deletes anything: one run per workdir
+            check_paths(self.workdir)  # a link where the run writes: refused before anything is written or deleted
             self.check_workdir(fresh=fresh)
             if fresh:
                 self.delete_store()
@@ -257,10 +256,9 @@ class Campaign:
                  run_id, outcome.done, outcome.failed, outcome.retried, outcome.crashed, outcome.elapsed_s)
         return outcome
 
-    def delete_store(self) -> None:
-        for suffix in ("", "-wal", "-shm"):
-            (self.workdir / f"{DB_NAME}{suffix}").unlink(missing_ok=True)
-        shutil.rmtree(self.workdir / "checkpoints", ignore_errors=True)
+    def delete_store(self) -> list[str]:
+        """--fresh: the store and its run logs, nothing else (campaign/workdir.py); the names deleted."""
+        return delete_run_files(self.workdir)
 
     # -- reading ------------------------------------------------------------------------
     def status(self) -> Counts:

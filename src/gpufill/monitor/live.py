@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufill.campaign.store import Store
+from gpufill.errors import visible
 
 _BARS = "▁▂▃▄▅▆▇█"
 # Trials per minute is measured over this trailing window: recent enough to follow a
@@ -89,7 +90,7 @@ def render(data: dict[str, Any]) -> Group:
     counts = data["counts"]
     eta = data["eta_s"]
     eta_text = "done" if eta == 0.0 else ("?" if eta is None else f"{int(eta // 60)}m{int(eta % 60):02d}s")
-    header = Text(f"{data['campaign']}: {counts['done']}/{counts['total']} done, {counts['failed']} failed, "
+    header = Text(f"{visible(data['campaign'])}: {counts['done']}/{counts['total']} done, {counts['failed']} failed, "
                   f"{data['trials_per_min']:.1f} trials/min, ETA {eta_text}", style="bold")
     lanes = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("lane", "total", "done", "failed", "running", "pending", "skipped"):
@@ -118,11 +119,11 @@ def render(data: dict[str, Any]) -> Group:
     for column in ("running", "project", "worker", "for"):
         running.add_column(column)
     for trial in data["running"][:8]:
-        running.add_row(Text(trial["family"]), Text(trial["project"]), Text(trial["worker"] or ""), f"{trial['seconds']:.0f}s")
+        running.add_row(Text(visible(trial["family"])), Text(visible(trial["project"])), Text(visible(trial["worker"] or "")), f"{trial['seconds']:.0f}s")
     if data["running"]:
         parts.append(running)
     for message in data.get("alerts", []):
-        parts.append(Text(f"alert: {message}", style="bold red"))
+        parts.append(Text(visible(f"alert: {message}"), style="bold red"))
     return Group(*parts)
 
 
