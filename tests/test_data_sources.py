@@ -253,7 +253,7 @@ def test_column_with_no_values_cannot_be_filled(tmp_path):
 def test_infinite_values(tmp_path):
     _write(tmp_path / "s.csv", target=[1.0, float("inf"), 3.0])
     message = _error(tmp_path / "s.csv")
-    assert message.startswith(f"{tmp_path / 's.csv'}: target: 1 infinite values in column 'target'; fix: replace")
+    assert message.startswith(f"{tmp_path / 's.csv'}: target: 1 infinite values in column 'target' (the first at line 3); fix: replace")
 
 
 def test_shard_gap_names_missing_part(tmp_path):
@@ -298,7 +298,7 @@ def test_same_project_from_two_multi_project_files(tmp_path):
 def test_rows_without_project_name(tmp_path):
     _write(tmp_path / "all.csv", project=["a", None], target=[1.0, 2.0])
     message = _error(tmp_path / "all.csv")
-    assert message.startswith(f"{tmp_path / 'all.csv'}: project: 1 rows have no project name; fix: fill in 'project'")
+    assert message.startswith(f"{tmp_path / 'all.csv'}: project: 1 rows have no project name (the first at line 3); fix: fill in 'project'")
 
 
 def test_unknown_project_lists_available(tmp_path):

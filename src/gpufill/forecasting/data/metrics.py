@@ -36,7 +36,12 @@ def mae(y_true: ArrayLike, y_pred: ArrayLike) -> float:
 
 def rmse(y_true: ArrayLike, y_pred: ArrayLike) -> float:
     true, pred = _pair(y_true, y_pred)
-    return float(np.sqrt(np.mean((true - pred) ** 2)))
+    errors = np.abs(true - pred)
+    top = float(errors.max())
+    if not 0 < top < np.inf:  # all exact (0), or a non-finite error (inf/nan: the trial fails on it)
+        return top
+    # Scaled by the largest error: squares of errors near 1e-300 would underflow to 0 (and near 1e200 overflow).
+    return float(top * np.sqrt(np.mean((errors / top) ** 2)))
 
 
 def smape(y_true: ArrayLike, y_pred: ArrayLike) -> float:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufill.forecasting.data.checks import MAX_ABS_VALUE, Rows, check_values, refuse_duplicate_times, refuse_text_cells
 from gpufill.forecasting.data.project import Project
 from gpufill.forecasting.data.synthetic import synthetic_projects
 from gpufill.errors import InputError
@@ -28,8 +29,7 @@ _EXTENSIONS = (".csv", ".parquet")
 _TIME_NAMES = ("time", "date", "timestamp")  # auto-detected time columns (case-insensitive)
 _SHARD = re.compile(r"^(?P<name>.+)_part(?P<num>\d+)$")
 _FORMS = "'synthetic', a .csv or .parquet file, a directory of them, or a glob such as 'data/*.csv'"
-MAX_ABS_VALUE = 1e150
-"""Larger magnitudes overflow float64 where values are squared (the scaler's variance, RMSE): refused at load."""
+__all__ = ["FILLS", "MAX_ABS_VALUE", "load_projects"]
 
 
 def load_projects(
@@ -169,13 +169,14 @@ def _shard_groups(files: list[Path]) -> dict[str, list[Path]]:
     return out
 
 
-def _read(path: Path) -> pd.DataFrame:
+def _read(path: Path, project_column: str) -> pd.DataFrame:
     import pandas as pd  # pandas and pyarrow load here, not at import: a synthetic campaign's scheduler never needs them
     import pyarrow as pa
 
     try:
         if path.suffix.lower() == ".csv":
-            frame = pd.read_csv(path)
+            # Project ids are text as written: "007" and "7" are two projects, "0042" stays "0042" (and "NA" a name).
+            frame = pd.read_csv(path, converters={project_column: str})
         else:
             frame = pd.read_parquet(path, engine="pyarrow")
     except pd.errors.EmptyDataError:
@@ -198,13 +199,14 @@ def _read(path: Path) -> pd.DataFrame:
     return frame
 
 
-def _merge_shards(paths: list[Path]) -> tuple[pd.DataFrame, str]:
-    """Read and concatenate shards; return the frame and a label naming the file(s)."""
+def _merge_shards(paths: list[Path], project_column: str) -> tuple[pd.DataFrame, str, Rows]:
+    """Read and concatenate shards; return the frame, a label naming the file(s) and where each row came from."""
     import pandas as pd
 
-    frames = [_read(path) for path in paths]
+    frames = [_read(path, project_column) for path in paths]
+    rows = Rows(tuple((path, len(frame)) for path, frame in zip(paths, frames)))
     if len(paths) == 1:
-        return frames[0], str(paths[0])
+        return frames[0], str(paths[0]), rows
     head = list(frames[0].columns)
     for path, frame in zip(paths[1:], frames[1:]):
         if list(frame.columns) != head:
@@ -216,19 +218,21 @@ def _merge_shards(paths: list[Path]) -> tuple[pd.DataFrame, str]:
             )
     stem = _SHARD.match(paths[0].stem)["name"]
     label = str(paths[0].with_name(f"{stem}_part{{1..{len(paths)}}}{paths[0].suffix}"))
-    return pd.concat(frames, ignore_index=True), label
+    return pd.concat(frames, ignore_index=True), label, rows
 
 
-def _frames_by_project(files: list[Path], project_column: str) -> dict[str, tuple[pd.DataFrame, str, bool]]:
-    """name -> (frame, label of its file(s), whether it was split out by project_column)."""
-    out: dict[str, tuple[pd.DataFrame, str, bool]] = {}
+def _frames_by_project(files: list[Path], project_column: str) -> dict[str, tuple[pd.DataFrame, str, bool, Rows]]:
+    """name -> (frame, label of its file(s), whether it was split out by project_column, where its rows came from).
+    A frame's index is each row's position in its file(s), for messages that name a row."""
+    out: dict[str, tuple[pd.DataFrame, str, bool, Rows]] = {}
     for stem, paths in _shard_groups(files).items():
-        frame, label = _merge_shards(paths)
+        frame, label, rows = _merge_shards(paths, project_column)
         if project_column in frame.columns:
             keys = frame[project_column]
-            if keys.isna().any():
+            missing = keys.isna() | (keys.astype(str).str.strip() == "")
+            if missing.any():
                 raise InputError(
-                    f"{int(keys.isna().sum())} rows have no project name",
+                    f"{int(missing.sum())} rows have no project name (the first at {rows.name(int(np.flatnonzero(missing.to_numpy())[0]))})",
                     fix=f"fill in {project_column!r} on every row, or drop those rows",
                     where=label,
                     field=project_column,
@@ -247,7 +251,7 @@ def _frames_by_project(files: list[Path], project_column: str) -> dict[str, tupl
                     where=label,
                     field=project_column if split else "source",
                 )
-            out[name] = (part.reset_index(drop=True), label, split)
+            out[name] = (part, label, split, rows)
     return out
 
 
@@ -305,6 +309,7 @@ def _to_project(
     frame: pd.DataFrame,
     label: str,
     split: bool,
+    rows: Rows,
     target: str,
     time_column: str | None,
     project_column: str,
@@ -321,22 +326,25 @@ def _to_project(
             where=where,
             field="target",
         )
-    frame, time, time_name = _sort_by_time(frame, where, time_column, target)
+    frame, time, time_name = _sort_by_time(frame, where, time_column, target, rows)
     column = frame[target]
     if not pd.api.types.is_numeric_dtype(column) or pd.api.types.is_bool_dtype(column):
         bad = column[pd.to_numeric(column, errors="coerce").isna() & column.notna()]
-        example = f", e.g. {bad.iloc[0]!r}" if len(bad) else ""
+        example = f", e.g. {bad.iloc[0]!r} at {rows.name(int(bad.index[0]))}" if len(bad) else ""
         raise InputError(
             f"target column is not numeric (dtype {column.dtype}{example})",
             fix="point target= at a numeric column, or clean the non-numeric values",
             where=where,
             field=target,
         )
-    # Covariates: every other numeric column, in file order; text columns are ignored.
+    # Covariates: every other numeric column, in file order; text columns are ignored, a numeric one with text cells refused.
     skip = {target, time_name, project_column}
+    refuse_text_cells(frame, [c for c in frame.columns if c not in skip], where, rows)
     cov_names = [c for c in frame.columns if c not in skip and pd.api.types.is_numeric_dtype(frame[c])]
     values = frame[[target, *cov_names]].to_numpy(dtype=np.float64, na_value=np.nan)
-    values = _fill(values, [target, *map(str, cov_names)], fill, where)
+    names = [target, *map(str, cov_names)]
+    values = _fill(values, names, fill, where)
+    check_values(values, names, where, frame.index.to_numpy(), rows)
     return Project(
         name=name,
         target=np.ascontiguousarray(values[:, 0]),
@@ -348,9 +356,9 @@ def _to_project(
 
 
 def _sort_by_time(
-    frame: pd.DataFrame, where: str, time_column: str | None, target: str
+    frame: pd.DataFrame, where: str, time_column: str | None, target: str, rows: Rows
 ) -> tuple[pd.DataFrame, np.ndarray | None, object]:
-    """Sort rows by the time column (stable, so equal stamps keep file order)."""
+    """Sort rows by the time column; a time given twice is refused (which row would be the series' value?)."""
     import pandas as pd
 
     name = time_column
@@ -386,12 +394,13 @@ def _sort_by_time(
             where=where,
             field=str(name),
         )
+    refuse_duplicate_times(stamps.to_numpy(), column.to_numpy(), frame.index.to_numpy(), str(name), where, rows)
     order = np.argsort(stamps.to_numpy(), kind="stable")
-    return frame.iloc[order].reset_index(drop=True), stamps.to_numpy()[order], name
+    return frame.iloc[order], stamps.to_numpy()[order], name
 
 
 def _fill(values: np.ndarray, names: list[str], fill: str, where: str) -> np.ndarray:
-    """Apply the fill policy column-wise (vectorised via pandas); leave no NaN or inf behind."""
+    """Apply the fill policy column-wise (vectorised via pandas); leave no NaN behind."""
     import pandas as pd
 
     nan_counts = np.isnan(values).sum(axis=0)
@@ -421,22 +430,4 @@ def _fill(values: np.ndarray, names: list[str], fill: str, where: str) -> np.nda
                 where=where,
                 field=empty[0],
             )
-    infinite = np.isinf(values).sum(axis=0)
-    if infinite.any():
-        i = int(np.flatnonzero(infinite)[0])
-        raise InputError(
-            f"{int(infinite[i])} infinite values in column {names[i]!r}",
-            fix="replace the infinite values in the file with real numbers",
-            where=where,
-            field=names[i],
-        )
-    largest = np.abs(values).max(axis=0) if len(values) else np.zeros(len(names))
-    if (largest > MAX_ABS_VALUE).any():
-        i = int(np.flatnonzero(largest > MAX_ABS_VALUE)[0])
-        raise InputError(
-            f"values up to {largest[i]:.3g} in column {names[i]!r} overflow the training arithmetic (squares pass float64's 1.8e308)",
-            fix=f"divide the column by a power of ten in the file (e.g. 1e{int(np.log10(largest[i])) - 3}); metrics are then in those units",
-            where=where,
-            field=names[i],
-        )
     return values
