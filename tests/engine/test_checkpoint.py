@@ -57,7 +57,7 @@ def test_the_checkpoint_is_tensors_and_json_that_load_with_weights_only(tmp_path
     assert set(meta["identity"]) == {"model", "optimizer", "data"}
     assert meta["plan"]["schedule"]["value"] == "warmup_cosine"
     assert set(payload) == {"model", "optimizer", "precision", "rng", "best_weights", "schedule", "meta_json"}
-    assert sorted(os.listdir(tmp_path)) == ["last.pt", "meta.json"]  # no temporary file left
+    assert sorted(os.listdir(tmp_path)) == [".gpufill-training.lock", "last.pt", "meta.json"]  # no temporary file left; the lock stays (flock)
 
 
 @pytest.mark.parametrize(("change", "what"), [

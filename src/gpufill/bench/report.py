@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +29,7 @@ from gpufill.bench.utilisation import UtilisationMeter
 from gpufill.engine.inputs import as_source
 from gpufill.forecasting.data import Split, load_projects, make_windows
 from gpufill.errors import InputError
+from gpufill.files import write_atomically
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import detect, resolve_device
 from gpufill.engine.prepare import measured_plan
@@ -120,13 +120,8 @@ class BenchReport:
         return {**self.environment, "model": self.model, "args": self.args, "plan": self.plan, "results": self.results, "ratios": self.ratios}
 
     def write(self, path: str | Path) -> Path:
-        """The JSON record, written atomically (tmp file + rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        os.replace(tmp, path)
-        return path
+        """The JSON record, written atomically (a new tmp file + rename; a link at `path` is refused, never followed)."""
+        return write_atomically(Path(path), json.dumps(self.to_dict(), indent=2) + "\n", field="--out")
 
 
 def forecaster_target(settings: BenchSettings) -> BenchTarget:

@@ -6,13 +6,13 @@ is shown, never run as a formula. Rows end in CRLF (RFC 4180). Parquet and JSON 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 from gpufill.errors import InputError, visible
+from gpufill.files import write_atomically
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 """What a spreadsheet may read as the start of a formula (OWASP: CSV injection)."""
@@ -29,15 +29,13 @@ def write_frame(frame: pd.DataFrame, fmt: str, out: Path | None) -> None:
         text = frame.to_csv(index=False, lineterminator=CSV_LINE_END) if fmt == "csv" else frame.to_json(orient="records", indent=None) + "\n"
         sys.stdout.write(text)
         return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    # Through a new temporary file beside `out` (a link at `out` is refused, a full disk is one line).
     if fmt == "csv":
-        frame.to_csv(tmp, index=False, lineterminator=CSV_LINE_END)
+        write_atomically(out, frame.to_csv(index=False, lineterminator=CSV_LINE_END), field="--out")
     elif fmt == "parquet":
-        frame.to_parquet(tmp, index=False)
+        write_atomically(out, lambda handle: frame.to_parquet(handle, index=False), field="--out")
     else:
-        frame.to_json(tmp, orient="records")
-    os.replace(tmp, out)
+        write_atomically(out, frame.to_json(orient="records"), field="--out")
 
 
 def csv_safe(frame: pd.DataFrame, *, terminal: bool = False) -> pd.DataFrame:

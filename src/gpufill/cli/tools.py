@@ -64,6 +64,10 @@ def bench(
     gpufill bench [--steps N] [--try NAME] [--repeats R] -- COMMAND ...: your own script as it is and with each speed-up
     gpufill can switch on from outside it (TF32, cudnn.benchmark, the allocator), samples/s each; code changes are listed with their line.
     """
+    if out is not None:  # a directory, a link or a device there is refused now, not after the benchmark
+        from gpufill.files import check_target
+
+        check_target(out, field="--out")
     if ctx.args:
         _bench_script(list(ctx.args), steps=steps, tries=tuple(tries), repeats=repeats or 1, out=out, as_json=as_json)
         return
@@ -177,8 +181,9 @@ def _bench_script(command: list[str], *, steps: int, tries: tuple[str, ...], rep
         raise typer.Exit(failure.run.exit_code or 2) from None
     record = outcome.to_dict()
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=1))
+        from gpufill.files import write_atomically
+
+        write_atomically(out, json.dumps(record, indent=1), field="--out")
     if as_json:
         print(json.dumps(record))
     else:
@@ -198,5 +203,7 @@ def watch(
 
     outcome = watch_command(list(ctx.args), out, sample_every_s=interval)
     print_watch_summary(outcome.to_dict(), Console(stderr=True))  # stdout stays the command's own
+    for problem in outcome.run.write_errors:  # e.g. a full disk: one line each; the command's exit code still passes through
+        typer.echo(f"gpufill watch: warning: {problem}", err=True)
     if outcome.run.exit_code:
         raise typer.Exit(outcome.run.exit_code)

@@ -12,11 +12,14 @@ file or one written by an older gpufill.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +29,12 @@ from torch import nn
 
 from gpufill.engine.result import EpochRecord
 from gpufill.errors import InputError
+from gpufill.files import check_target, check_writable, make_folder, open_lock, write_atomically
 
 CHECKPOINT_NAME = "last.pt"
 META_NAME = "meta.json"
+LOCK_NAME = ".gpufill-training.lock"
+"""Held (flock) by the training writing checkpoints here."""
 FORMAT = 2
 """Bumped when the layout changes; format 1 was a pickle of Python objects (weights_only=False)."""
 
@@ -79,16 +85,48 @@ def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
 
 
 def save_checkpoint(directory: str | os.PathLike[str], tensors: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """One atomic write of last.pt (a new temporary file, then a rename), then meta.json: a link at either name is
+    refused, and a full disk is one line that says the checkpoint before it is kept as it was."""
     path = checkpoint_path(directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(meta, indent=1, default=str)
-    tmp = path.with_suffix(".tmp")
-    torch.save({**tensors, "meta_json": text}, tmp)
-    os.replace(tmp, path)
-    meta_tmp = path.parent / (META_NAME + ".tmp")
-    meta_tmp.write_text(text + "\n")
-    os.replace(meta_tmp, path.parent / META_NAME)
+    try:
+        write_atomically(path, lambda handle: torch.save({**tensors, "meta_json": text}, handle), field="checkpoint_dir")
+        write_atomically(path.parent / META_NAME, text + "\n", field="checkpoint_dir")
+    except InputError as error:
+        epoch = meta.get("state", {}).get("epoch")
+        raise InputError(f"{error.problem}: the checkpoint after epoch {epoch} was not written; the one before it is kept as it was",
+                         where=error.where, field=error.field, fix=f"{error.fix}, then resume (resume=True, or --resume)") from None
     return path
+
+
+@contextlib.contextmanager
+def held_directory(directory: str | os.PathLike[str] | None) -> Iterator[None]:
+    """For a whole training: checkpoint_dir is created and checked writable now (a read-only folder is one line
+    before the first epoch, not after it), and no other training writes checkpoints there meanwhile (an flock on
+    LOCK_NAME, which the kernel releases however this process ends). Under torchrun rank 0 alone writes."""
+    if directory is None or os.environ.get("RANK", "0") not in ("", "0"):
+        yield
+        return
+    folder = make_folder(directory, field="checkpoint_dir")
+    descriptor = open_lock(folder / LOCK_NAME, field="checkpoint_dir")
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(descriptor, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(descriptor)
+        raise InputError(f"another training (pid {holder}) is writing its checkpoints here; two trainings in one folder would overwrite "
+                         "each other's", where=str(folder), field="checkpoint_dir",
+                         fix="give each training its own checkpoint_dir, or wait for the other one to finish") from None
+    try:
+        for name in (CHECKPOINT_NAME, META_NAME):  # a link there: refused now, not when the first epoch ends
+            check_target(folder / name, field="checkpoint_dir")
+        check_writable(folder, field="checkpoint_dir")
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        fcntl.flock(descriptor, fcntl.LOCK_UN)
+        os.close(descriptor)
 
 
 def load_checkpoint(directory: str | os.PathLike[str], device: torch.device) -> tuple[dict[str, Any], dict[str, Any]] | None:

@@ -29,7 +29,8 @@ from torch import nn
 
 from gpufill.engine import distributed, step
 from gpufill.engine.backend import backend_flags, is_out_of_memory
-from gpufill.engine.checkpoint import FORMAT, Identity, TrainingState, restore_rng, rng_state, save_checkpoint, state_from, state_meta
+from gpufill.engine.checkpoint import (FORMAT, Identity, TrainingState, held_directory, restore_rng, rng_state, save_checkpoint, state_from,
+                                      state_meta)
 from gpufill.engine.config import FitConfig
 from gpufill.engine.inputs import Data, Source
 from gpufill.engine.kit import build_kit, capture
@@ -59,12 +60,14 @@ def fit(
     `monitor` (a TrainingMonitor) is fed every optimizer step: its host-side time and data
     wait (on a GPU the host time is launch time: fit never syncs per step).
     """
-    run = prepare(model, train, val, resolve_config(config, overrides))
-    with backend_flags(run.plan):
-        training = Training(run.model, run.cfg, run.plan, run.device, run.loss_fn, monitor, run.ddp, run.train_batches, run.resumed, run.events,
-                            total_steps=run.total_steps)
-        training.identity = run.identity
-        return training.train(run.train_batches, run.val_batches, callbacks if run.ddp is None or run.ddp.is_main else (), run.train_source)
+    cfg = resolve_config(config, overrides)
+    with held_directory(cfg.checkpoint_dir):  # writable, and this training's alone: checked before anything is measured or trained
+        run = prepare(model, train, val, cfg)
+        with backend_flags(run.plan):
+            training = Training(run.model, run.cfg, run.plan, run.device, run.loss_fn, monitor, run.ddp, run.train_batches, run.resumed, run.events,
+                                total_steps=run.total_steps)
+            training.identity = run.identity
+            return training.train(run.train_batches, run.val_batches, callbacks if run.ddp is None or run.ddp.is_main else (), run.train_source)
 
 
 def _version() -> str:

@@ -21,6 +21,7 @@ and the sampler writes host rows only. NVML is reached only through the small
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import queue
@@ -33,6 +34,9 @@ from types import ModuleType
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import psutil
+
+from gpufill.errors import InputError
+from gpufill.files import append_whole, make_folder
 
 __all__ = [
     "SAMPLE_COLUMNS", "CsvSink", "GpuReading", "GpuSource", "JsonlSink", "NvmlSource", "QueueSink", "Sampler",
@@ -323,34 +327,51 @@ class QueueSink:
 
 
 class JsonlSink:
-    """Appends one JSON object per row to ``path``; flushed after every sample."""
+    """Appends one JSON object per row to ``path``; flushed after every sample. Never through a link; a write
+    that fails (a full disk) is cut back to the last whole line and ends the file's rows (``error`` says why)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.path.parent, field="--out")
         self._lock = threading.Lock()
+        self.error: str | None = None
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
         text = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
-        with self._lock, self.path.open("a") as f:  # open per batch: nothing to close, safe to read meanwhile
-            f.write(text)
+        with self._lock:
+            if self.error is None:
+                self.error = _append_whole(self.path, text)
 
 
 class CsvSink:
     """Appends rows to a CSV file (header written once, when the file is new or empty).
 
-    Lists (``cpu_per_core``, ``throttle``) are written as JSON text, as the store does.
+    Lists (``cpu_per_core``, ``throttle``) are written as JSON text, as the store does. Written as JsonlSink is.
     """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.path.parent, field="--out")
         self._lock = threading.Lock()
+        self.error: str | None = None
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
-        with self._lock, self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS)
-            if f.tell() == 0:
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=SAMPLE_COLUMNS)
+        with self._lock:
+            if self.error is not None:
+                return
+            if not self.path.exists() or self.path.stat().st_size == 0:
                 writer.writeheader()
             for row in rows:
                 writer.writerow({k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in row.items()})
+            self.error = _append_whole(self.path, text.getvalue())
+
+
+def _append_whole(path: Path, text: str) -> str | None:
+    """Append `text` to `path` (files.append_whole: never through a link, never half a row); None, or why not."""
+    try:
+        append_whole(path, text, field="--out")  # opened per batch: nothing to close, safe to read meanwhile
+    except InputError as error:
+        return error.one_line()
+    return None

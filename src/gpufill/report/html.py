@@ -19,6 +19,7 @@ import pandas as pd
 from gpufill.campaign.reading import best_per_project
 from gpufill.campaign.provenance import with_effective_train
 from gpufill.campaign.store import FRAME_COLUMNS, Store
+from gpufill.files import check_target
 from gpufill.report import plots
 from gpufill.report.page import img, page, plot_or_note, section, table, write_atomically
 
@@ -26,12 +27,14 @@ from gpufill.report.page import img, page, plot_or_note, section, table, write_a
 def write_report(workdir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
     """Write the campaign's HTML report (default WORKDIR/report.html) and return its path."""
     workdir = Path(workdir)
+    target = Path(out) if out is not None else workdir / "report.html"
+    check_target(target, field="--out")  # a directory, a link or a device there: one line before the report is built
     store = Store.open(workdir)  # InputError (exit 2) when there is no store
     try:
         text = render_report(store)
     finally:
         store.close()
-    return write_atomically(Path(out) if out is not None else workdir / "report.html", text)
+    return write_atomically(target, text)
 
 
 def render_report(store: Store) -> str:

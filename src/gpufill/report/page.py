@@ -7,10 +7,10 @@ attached to a paper's supplement.
 
 from __future__ import annotations
 
-import os
 from html import escape
 from pathlib import Path
 
+from gpufill import files
 from gpufill.report import plots
 
 CSS = """
@@ -47,13 +47,10 @@ def page(title: str, sections: list[str]) -> str:
     )
 
 
-def write_atomically(path: Path, text: str) -> Path:
-    """Write through a temporary file: a reader never sees half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+def write_atomically(path: Path, text: str, *, field: str = "--out") -> Path:
+    """Write through a new temporary file (gpufill/files.py): a reader never sees half a report, a link at
+    `path` is refused and never followed, and a full or read-only disk is one line naming `field`."""
+    return files.write_atomically(path, text, field=field)
 
 
 def section(title: str, content: str) -> str:

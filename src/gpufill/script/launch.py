@@ -12,6 +12,7 @@ it shares the terminal's process group).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import psutil
 
 import gpufill
 from gpufill.errors import InputError
+from gpufill.files import make_folder
 from gpufill.monitor.sampler import JsonlSink, Sampler
 from gpufill.script.instrument import BUCKET_ENV, OUT_ENV, SETTINGS, SETTINGS_ENV, STEPS_ENV, WARMUP_ENV, WHOLE_RUN
 
@@ -50,6 +52,8 @@ class ScriptRun:
     """One per process that trained (an optimizer, a DataLoader or an error seen), rank order."""
     timeline: list[dict[str, Any]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    write_errors: list[str] = field(default_factory=list)
+    """What could not be written while it ran (a full disk): the recording stopped there, the command went on."""
 
     @property
     def report(self) -> dict[str, Any] | None:
@@ -83,16 +87,22 @@ def instrumented_environment(folder: Path, steps: int, *, warmup: int = 3, setti
 
 def run_instrumented(command: list[str], folder: Path, *, steps: int = WHOLE_RUN, warmup: int = 3, settings: tuple[str, ...] = (),
                      extra_env: dict[str, str] | None = None, sample_every_s: float = 1.0, bucket_s: float = 1.0,
-                     stdout: IO[str] | int | None = None) -> ScriptRun:
-    """Run `command` to its end (steps=0) or for `warmup` + `steps` optimizer steps; files go to `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
+                     stdout: IO[str] | int | None = None, signals: SignalForwarder | None = None) -> ScriptRun:
+    """Run `command` to its end (steps=0) or for `warmup` + `steps` optimizer steps; files go to `folder`.
+    `signals`: a caller's forwarder that stays installed after the command ends (watch, until its report is written)."""
+    make_folder(folder, field="--out")
     env = instrumented_environment(folder, steps, warmup=warmup, settings=settings, bucket_s=bucket_s, extra=extra_env)
-    started = time.time()
-    process = subprocess.Popen(command, env=env, stdout=stdout)
-    sampler = Sampler(interval=sample_every_s, gpu_source="auto", pids=lambda: _tree(process.pid), sink=JsonlSink(folder / SAMPLES_FILE))
-    with sampler, _passing_signals_to(process):
-        code = process.wait()
+    with contextlib.ExitStack() as stack:
+        forwarder = signals if signals is not None else stack.enter_context(forwarding_signals())
+        started = time.time()
+        process = subprocess.Popen(command, env=env, stdout=stdout)
+        forwarder.attach(process)  # a signal that came while it started is passed on now
+        sink = JsonlSink(folder / SAMPLES_FILE)
+        with Sampler(interval=sample_every_s, gpu_source="auto", pids=lambda: _tree(process.pid), sink=sink):
+            code = process.wait()
     run = ScriptRun(command=command, exit_code=128 - code if code < 0 else code, started_at=started, ended_at=time.time())
+    if sink.error is not None:
+        run.write_errors.append(f"the GPU and host samples stopped: {sink.error}")
     run.reports = _training_reports(folder)
     run.timeline = _timeline(folder, run.report)
     run.samples = read_samples(folder / SAMPLES_FILE)
@@ -127,18 +137,41 @@ def _tree(pid: int) -> list[int]:
         return []
 
 
-@contextmanager
-def _passing_signals_to(process: subprocess.Popen[Any]) -> Iterator[None]:
-    """SIGTERM/SIGHUP go on to the command (its report is written; gpufill then writes its own);
-    SIGINT is left to the command, which receives Ctrl-C from the terminal itself."""
-    def forward(number: int, _frame: Any) -> None:
-        if process.poll() is None:
-            process.send_signal(number)
+class SignalForwarder:
+    """SIGTERM/SIGHUP sent to gpufill go on to the command while it runs (its report is written; gpufill then
+    writes its own). One that comes before the command exists is held and passed on as soon as it does; one
+    that comes after it ended is noted, not obeyed: gpufill is writing what the command left, which a second
+    signal must not lose."""
 
-    previous = {number: signal.signal(number, forward) for number in FORWARDED_SIGNALS}
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[Any] | None = None
+        self.held: list[int] = []
+        self.after_end: list[int] = []
+
+    def __call__(self, number: int, _frame: Any) -> None:
+        if self.process is None:
+            self.held.append(number)
+        elif self.process.poll() is None:
+            self.process.send_signal(number)
+        else:
+            self.after_end.append(number)
+
+    def attach(self, process: subprocess.Popen[Any]) -> None:
+        self.process = process
+        for number in self.held:
+            if process.poll() is None:
+                process.send_signal(number)
+
+
+@contextmanager
+def forwarding_signals() -> Iterator[SignalForwarder]:
+    """Install a SignalForwarder for SIGTERM and SIGHUP while the block runs; SIGINT is left to the command,
+    which receives Ctrl-C from the terminal itself (gpufill ignores it meanwhile)."""
+    forwarder = SignalForwarder()
+    previous = {number: signal.signal(number, forwarder) for number in FORWARDED_SIGNALS}
     previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        yield
+        yield forwarder
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)

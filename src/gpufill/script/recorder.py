@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpufill.errors import InputError
+from gpufill.files import append_whole, write_atomically
 from gpufill.script.clocks import Clock, CudaClock, HostClock
 
 WHOLE_RUN = 0
@@ -73,6 +75,8 @@ class Recorder:
         self.matmul_dtypes: Counter[str] = Counter()
         self.devices: set[str] = set()
         self.written = False
+        self.write_error: str | None = None
+        """Why the step timeline stopped being written (a full disk), if it did."""
         self.started_at = time.time()
         self.stop_reason = "the script ended before the measured steps"
         self.error: str | None = None
@@ -195,9 +199,12 @@ class Recorder:
     def _write_timeline(self, start: float, end: float, steps: int, sums: list[float]) -> None:
         line = json.dumps({"t0": round(start + self.wall_offset, 6), "t1": round(end + self.wall_offset, 6), "steps": steps,
                            **{phase: round(value, 6) for phase, value in zip(PHASES, sums, strict=True)}}) + "\n"
-        self.out.mkdir(parents=True, exist_ok=True)
-        with open(self.out / f"steps-{self.rank}-{os.getpid()}.jsonl", "a") as timeline:  # open per line: a kill loses one interval at most
-            timeline.write(line)
+        if self.write_error is not None:
+            return  # the disk filled (or the folder went): the script goes on, its timeline ends there
+        try:  # opened per line (a kill loses one interval at most), never through a link, never half a line
+            append_whole(self.out / f"steps-{self.rank}-{os.getpid()}.jsonl", line, field="--out")
+        except InputError as error:
+            self.write_error = error.one_line()
 
     def _count_flops_around(self) -> None:
         """Enter the FLOP counter after the first warm-up step; leave it after the next one."""
@@ -248,6 +255,7 @@ class Recorder:
             "steps_wanted": self.steps,
             "stop_reason": self.stop_reason,
             "error": self.error,
+            "write_error": self.write_error,
             "records": [dict(zip(PHASES, record, strict=True)) for record in self.records],
             "measured_steps": self.measured,
             "timeline": self.clock.timeline,
@@ -271,10 +279,10 @@ class Recorder:
             "compiled": _compiled(),
             "torch": torch.__version__,
         }
-        self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / f"report-{report['rank']}-{os.getpid()}.json"
-        path.with_suffix(".tmp").write_text(json.dumps(report))
-        os.replace(path.with_suffix(".tmp"), path)
+        try:  # a new temporary file, renamed: never through a link; a full disk costs the report, never the script
+            write_atomically(self.out / f"report-{report['rank']}-{os.getpid()}.json", json.dumps(report), field="--out")
+        except InputError as error:
+            print(f"gpufill: the instrumentation's report was not written: {error.one_line()}", file=sys.stderr)
 
 
 class _StepCensus:

@@ -27,9 +27,10 @@ from typing import Any
 from gpufill.doctor.bottleneck import INPUT_SHARE
 from gpufill.errors import InputError
 from gpufill.monitor.alerts import Alert, all_alerts, input_wait
+from gpufill.files import check_target, make_folder, write_atomically
 from gpufill.script.diagnose import WARMUP_STEPS, ScriptDiagnosis, analyse
 from gpufill.script.instrument import WHOLE_RUN
-from gpufill.script.launch import ScriptRun, check_command, run_instrumented
+from gpufill.script.launch import SAMPLES_FILE, ScriptRun, check_command, forwarding_signals, run_instrumented
 
 SAMPLE_EVERY_S = 1.0
 """The sampler's interval: a day-long run is ~86,000 rows per source, a minute-long one still 60."""
@@ -98,14 +99,25 @@ def watch(command: list[str], out: Path | None = None, *, sample_every_s: float 
                          fix="give --out a new folder (or delete that one)")
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{folder} is a file", where=str(folder), field="--out", fix="give --out a folder")
-    run = run_instrumented(command, folder, steps=WHOLE_RUN, warmup=WARMUP_STEPS, sample_every_s=sample_every_s, bucket_s=BUCKET_S)
-    alerts = sorted([*all_alerts(run.samples, work="the command ran"), *input_wait(run.timeline, share=INPUT_SHARE)], key=lambda a: a.ts)
-    outcome = WatchOutcome(folder=folder, run=run, diagnosis=analyse(run, statistic="mean"), alerts=alerts, slurm=slurm, host=socket.gethostname())
-    record = outcome.to_dict()
-    (folder / SUMMARY_FILE).write_text(json.dumps(record, indent=1))
-    from gpufill.report.watch import (
-        write_watch_report,  # pandas and matplotlib: only once the run is over
-    )
+    refuse_earlier_watch(folder)
+    make_folder(folder, field="--out")  # a read-only or full disk, or a link where a file goes: one line before the command runs
+    for name in (SAMPLES_FILE, SUMMARY_FILE, REPORT_FILE):
+        check_target(folder / name, field="--out")
+    # From before the command starts until the report is written, SIGTERM/SIGHUP go to the command (held while it
+    # starts) or, once it has ended, wait: a second signal cannot lose what the first one's run left.
+    with forwarding_signals() as signals:
+        run = run_instrumented(command, folder, steps=WHOLE_RUN, warmup=WARMUP_STEPS, sample_every_s=sample_every_s, bucket_s=BUCKET_S,
+                               signals=signals)
+        alerts = sorted([*all_alerts(run.samples, work="the command ran"), *input_wait(run.timeline, share=INPUT_SHARE)], key=lambda a: a.ts)
+        outcome = WatchOutcome(folder=folder, run=run, diagnosis=analyse(run, statistic="mean"), alerts=alerts, slurm=slurm, host=socket.gethostname())
+        record = outcome.to_dict()
+        try:  # a full disk costs the record, never the command's exit code: the caller passes it through
+            write_atomically(folder / SUMMARY_FILE, json.dumps(record, indent=1), field="--out")
+            from gpufill.report.watch import (
+                write_watch_report,  # pandas and matplotlib: only once the run is over
+            )
 
-    write_watch_report(folder / REPORT_FILE, record, run.samples, run.timeline)
+            write_watch_report(folder / REPORT_FILE, record, run.samples, run.timeline)
+        except InputError as error:
+            run.write_errors.append(f"the record was not written: {error.one_line()}")
     return outcome

@@ -15,6 +15,9 @@ from typing import Any
 
 from torch import nn
 
+from gpufill.errors import InputError
+from gpufill.files import open_existing, write_atomically
+
 CACHE_FILE = "tune-cache.json"
 _MEMORY: dict[str, dict[str, Any]] = {}
 
@@ -49,17 +52,21 @@ class TuneCache:
             return
         entries = self._read()  # merge: another worker may have written other shapes meanwhile
         entries[key] = value
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
+        try:  # a new temporary file per write (workers never share one), never through a link
+            write_atomically(self.path, json.dumps(entries, indent=1, sort_keys=True), field="tune_cache")
+        except InputError:
+            pass  # a cache is only a shortcut: one that cannot be written (a full disk, a link there) is kept in memory
 
     def _read(self) -> dict[str, Any]:
-        if self.path is None or not self.path.exists():
+        if self.path is None:
             return {}
         try:
-            return json.loads(self.path.read_text())
-        except (json.JSONDecodeError, OSError):
+            descriptor = open_existing(self.path, field="tune_cache")  # a link is not read
+            if descriptor is None:
+                return {}
+            with os.fdopen(descriptor) as handle:
+                return json.loads(handle.read())
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError, InputError):
             return {}  # a cache is only a shortcut: a damaged one is measured again
 
 
