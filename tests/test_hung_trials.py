@@ -51,16 +51,17 @@ def test_a_trial_past_its_time_limit_is_stopped_and_retried(tmp_path, capsys):
 
 
 def test_a_crash_fails_only_the_trial_that_was_training(tmp_path, capsys):
-    """4 trials of one new shape go to one worker as a probe task; the first kills its worker (kill -9 style):
-    it alone uses an attempt; the other 3 go back to the queue unattempted and each runs once."""
-    marker = tmp_path / "killed"
-    path = write_campaign(tmp_path, models=f"tests.campaign_models:killed_on_first_try: {{marker: '{marker}'}}", projects=4, retries=1)
+    """4 trials of one new shape go to one worker as a probe task; the first crashes its worker (a segfault):
+    it alone uses an attempt; the other 3 go back to the queue unattempted and each runs once. (A worker killed
+    from outside, kill -9 style, uses no attempt at all: test_integrity.py.)"""
+    marker = tmp_path / "crashed"
+    path = write_campaign(tmp_path, models=f"tests.integrity_models:crashes_on_first_try: {{marker: '{marker}', how: segv}}", projects=4, retries=1)
     code, _out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
     assert code == 0, err
     attempts = sorted(a for (a,) in store_rows(tmp_path / "work", "SELECT attempts FROM trials WHERE status = 'done'"))
     assert attempts == [1, 1, 1, 2]
     crashes = store_rows(tmp_path / "work", "SELECT message FROM events WHERE kind = 'worker_crashed'")
-    assert len(crashes) == 1 and "SIGKILL" in crashes[0][0]
+    assert len(crashes) == 1 and "SIGSEGV" in crashes[0][0]
     assert len(store_rows(tmp_path / "work", "SELECT 1 FROM events WHERE kind = 'trial_failed'")) == 1
 
 

@@ -2,14 +2,55 @@
 
 A trial that fails is data for the store (retried up to the campaign's limit), not a
 worker crash; every way of running trials (one at a time, in a fused pack) reports through this.
+A failure of the environment rather than of the trial (its data file missing, unreadable or
+changed since the run began, a full disk) is marked `"environment": True`: the scheduler
+retries it later without counting it against the trial's retries.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import time
 import traceback
 from typing import Any
+
+import numpy as np
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+"""OSError numbers of a full disk or an exhausted quota: the machine's failure, not the trial's."""
+
+
+class EnvironmentFailure(RuntimeError):
+    """The trial could not run for a reason outside it: its data could not be loaded, or is not the data its id names."""
+
+
+def is_environment(error: BaseException) -> bool:
+    """An EnvironmentFailure, or a full disk anywhere in the chain of causes (a library may wrap the OSError)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, EnvironmentFailure) or (isinstance(error, OSError) and error.errno in _FULL):
+            return True
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return False
+
+
+def failure(trial: dict[str, Any], error: BaseException) -> dict[str, Any]:
+    """The message of a trial that failed with `error` (call inside its except block: the traceback is the current one)."""
+    message = {
+        "trial_id": trial["trial_id"],
+        "ok": False,
+        "error": f"{type(error).__name__}: {error}".splitlines()[0],
+        "traceback": traceback.format_exc(),
+    }
+    if is_environment(error):
+        message["environment"] = True
+    return message
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest finite float32: stored forecasts must not pass it."""
 
 
 class NonFiniteMetrics(ValueError):
@@ -24,12 +65,7 @@ def attempt(trial: dict[str, Any], run: Any) -> dict[str, Any]:
         _check_finite(result)
         message = {"trial_id": trial["trial_id"], "ok": True, "result": result}
     except Exception as error:
-        message = {
-            "trial_id": trial["trial_id"],
-            "ok": False,
-            "error": f"{type(error).__name__}: {error}".splitlines()[0],
-            "traceback": traceback.format_exc(),
-        }
+        message = failure(trial, error)
     message["seconds"] = time.perf_counter() - started
     return message
 
@@ -41,6 +77,11 @@ def _check_finite(result: dict[str, Any]) -> None:
         listed = ", ".join(f"{name}={value}" for name, value in bad.items())
         raise NonFiniteMetrics(f"test metrics are not finite ({listed}): the predictions overflowed or the training diverged; "
                                "lower the learning rate, or check the data's scale")
+    for project, kept in result.get("forecasts", {}).items():  # kept as float32: past its range a forecast is inf there
+        forecast = np.asarray(kept.get("forecast", []), dtype=np.float64)
+        if forecast.size and not (np.abs(forecast) <= FLOAT32_MAX).all():
+            raise NonFiniteMetrics(f"forecasts of {project} are not finite in float32 (the store keeps them so; its largest is {FLOAT32_MAX:.3g}): "
+                                   "the predictions overflowed or the training diverged; lower the learning rate, or check the data's scale")
 
 
 def unfused_because(messages: list[dict[str, Any]], reason: str) -> None:

@@ -211,6 +211,10 @@ class Campaign:
         lane_of = {kind: lane.queue for lane in prepared.lanes for kind in lane.kinds}  # pending trials belong to a queue
         added, skipped = store.sync_trials(prepared.trials, lane_of, prepared.bases)
         recovered = store.recover_interrupted(run_id)
+        waiting, why = store.waiting_on_environment()
+        if waiting:  # what this run retries that an earlier one could not run
+            prepared.warnings.append(f"{waiting} trials an earlier run left pending after environment failures (not counted as attempts) "
+                                     f"are run again; the last failure: {why}")
         timeline.mark("store ready")
         orphans = store.orphan_jobs(run_id)
         if orphans:  # their results would never be collected: their trials are retried instead
@@ -251,9 +255,9 @@ class Campaign:
                 store.recover_interrupted(run_id)
                 store.end_run(run_id, "interrupted")
             raise
-        store.end_run(run_id, "failed" if outcome.failed else "done")
-        log.info("run %d ended: %d done, %d failed, %d retried, %d worker crashes in %.1f s",
-                 run_id, outcome.done, outcome.failed, outcome.retried, outcome.crashed, outcome.elapsed_s)
+        store.end_run(run_id, "failed" if outcome.failed else "incomplete" if outcome.waiting else "done")
+        log.info("run %d ended: %d done, %d failed, %d retried, %d environment failures (not counted), %d left waiting, %d worker crashes in %.1f s",
+                 run_id, outcome.done, outcome.failed, outcome.retried, outcome.environment, outcome.waiting, outcome.crashed, outcome.elapsed_s)
         return outcome
 
     def delete_store(self) -> list[str]:

@@ -7,6 +7,8 @@ to `PROBE_PACK` so the worker can measure (one worker per shape; the size is kep
 store for the rest of the campaign). The GPU lane admits tasks of any shapes while their
 measured peak memory and the workers' CUDA contexts fit its budget; a shape not measured
 yet runs alone first (admission.py). Failures and worker crashes are retried up to the limit; everything else goes on.
+Failures of the environment (data missing or changed, a full disk, a worker killed from outside) use no
+attempt: the trial waits for the environment (environment.py).
 How tasks run (processes, Ray actors, Slurm jobs) is the executor's business
 (executors/base.py); the scheduler is the store's only writer, whichever executor runs.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 from gpufill.campaign.executors.base import Crashed, Executor, Finished, Worker
 from gpufill.campaign.admission import META_KEY, Running, ShapeBook, admits
+from gpufill.campaign import environment
 from gpufill.campaign.lanes import Lane
 from gpufill.campaign.queue import ShapeQueue
 from gpufill.campaign.startup import Timeline
@@ -89,6 +92,12 @@ class RunOutcome:
     retried: int
     crashed: int
     elapsed_s: float
+    environment: int = 0
+    """Environment failures (data missing or changed, a full disk, a killed worker) retried without using an attempt."""
+    waiting: int = 0
+    """Trials left pending at the end because the environment kept failing them: a re-run once it is fixed runs them."""
+    waiting_reason: str = ""
+    """The last environment failure's error."""
 
 
 class Scheduler:
@@ -137,6 +146,7 @@ class Scheduler:
         self.timeline = timeline or Timeline()
         self.shape_seconds: dict[str, float] = {}
         """Slowest finished trial per shape: what an "auto" time limit is derived from."""
+        self.environment = environment.EnvironmentWait(clock=clock, patience_s=environment.PATIENCE_S, trial_limit=environment.TRIAL_LIMIT)
 
     # -- the loop -----------------------------------------------------------------------
     def run(self, check_stop: Callable[[], None] = lambda: None) -> RunOutcome:
@@ -150,6 +160,8 @@ class Scheduler:
         try:
             while any(self.queue.values()) or self.executor.busy():
                 check_stop()
+                if self.environment.exhausted() and any(self.queue.values()):
+                    self._stop_waiting()
                 self._dispatch()
                 for outcome in self.executor.poll(timeout=0.1):
                     self._record(outcome)
@@ -176,6 +188,8 @@ class Scheduler:
         return self.outcome
 
     def _dispatch(self) -> None:
+        if self.environment.paused():  # the environment failed a trial just now: give it a moment
+            return
         for lane in self.lanes:
             for worker in self.executor.idle(lane):
                 task = self._next_task(lane, worker)
@@ -298,11 +312,15 @@ class Scheduler:
             # It died while measuring packs: this shape trains unfused from now on.
             self._learn_pack(worker.lane, shape, {"size": 1, "reason": "unfused: the worker died while measuring fused packs"})
         self.store.event("worker_crashed", f"{worker.name}: {outcome.reason}", run_id=self.run_id, trial_id=next(iter(started), None))
-        log.warning("%s: %s; %d trial(s) failed with it, %d not begun went back to the queue", worker.name, outcome.reason, len(started), len(unstarted))
+        log.warning("%s: %s; %d trial(s) were training, %d not begun went back to the queue", worker.name, outcome.reason, len(started), len(unstarted))
         self._requeue_unstarted(unstarted, worker.lane)
         for trial_id in started:
             self.outcome.crashed += 1
-            self._failed(trials[trial_id], lane_name, outcome.reason, "", self.clock() - self.started_at.pop(trial_id, self.clock()))
+            seconds = self.clock() - self.started_at.pop(trial_id, self.clock())
+            if outcome.environment:  # killed from outside: not the trial's failure
+                self._environment_failed(trials[trial_id], outcome.reason, "", seconds)
+            else:
+                self._failed(trials[trial_id], lane_name, outcome.reason, "", seconds)
 
     def _record_messages(self, trials: dict[str, dict[str, Any]], messages: Any, lane_name: str) -> None:
         for message in messages:
@@ -310,9 +328,13 @@ class Scheduler:
             self.started_at.pop(trial["trial_id"], None)
             # The worker's own clock: excludes its start-up; a pack's time is shared among its trials.
             duration = message["seconds"]
+            if not message["ok"] and message.get("environment"):
+                self._environment_failed(trial, message["error"], message["traceback"], duration)
+                continue
             if not message["ok"]:
                 self._failed(trial, lane_name, message["error"], message["traceback"], duration)
                 continue
+            self.environment.succeeded()
             result = message["result"]
             timings = result.get("timings", {})
             if timings.get("peak_memory_bytes"):  # what this trial's task (a pack: all of it) held at its peak
@@ -372,6 +394,33 @@ class Scheduler:
         else:
             self.outcome.failed += 1
             self.finished_this_run[lane_name] += 1
+
+    def _environment_failed(self, trial: dict[str, Any], error: str, trace: str, duration: float) -> None:
+        """Back to pending, its attempt not counted; queued again after a pause, or left for a re-run."""
+        self.store.record_environment(trial["trial_id"], error, trace, duration_s=duration)
+        trial["attempts"] -= 1
+        self.outcome.environment += 1
+        pause = self.environment.failed(trial["trial_id"], error)
+        if pause is None:
+            self.outcome.waiting += 1
+            self.outcome.waiting_reason = error
+            said = f"left pending after {self.environment.trial_limit} environment failures in this run (not counted as attempts)"
+        else:
+            self.queue[self.queue_of_kind[trial["kind"]]].append(trial)
+            said = f"not counted as an attempt; retried after a {pause:g} s pause"
+        self.store.event("environment", f"{said}: {error}", run_id=self.run_id, trial_id=trial["trial_id"])
+        log.warning("trial %s (%s %s): %s: %s", trial["trial_id"], trial["family"], trial["project"], said, error)
+
+    def _stop_waiting(self) -> None:
+        """The environment kept failing for longer than the patience: every queued trial stays pending for a re-run."""
+        left = sum(len(queue) for queue in self.queue.values())
+        self.queue = {name: ShapeQueue() for name in self.queue}
+        self.outcome.waiting += left
+        self.outcome.waiting_reason = self.environment.last_error
+        message = (f"the environment failed every trial for {self.environment.patience_s:g} s: {left} trials stay pending for a re-run "
+                   f"(last: {self.environment.last_error})")
+        self.store.event("environment", message, run_id=self.run_id)
+        log.warning("%s", message)
 
     def _sync_jobs(self) -> None:
         """Write batch jobs whose state changed (Slurm), for `gpufill status`."""

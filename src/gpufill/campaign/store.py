@@ -4,6 +4,7 @@ Trial status is a small state machine:
 
     pending --(claimed)--> running --(result)--> done
                               |------(error/crash)--> failed --(retry allowed)--> pending
+                              |------(environment failure)--> pending (the attempt not counted)
     pending/failed --(dropped from the campaign file)--> skipped --(back in the file)--> pending
 
 Every transition is one transaction, so a kill -9 at any moment leaves either the old
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 DB_NAME = "gpufill.db"
 STATUSES = ("pending", "running", "done", "failed", "skipped")
 METRICS = ("mae", "rmse", "smape", "mase")
+ENVIRONMENT = "environment: "
+"""How the error of a trial an environment failure sent back to pending begins."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -95,10 +98,14 @@ class Counts:
     lanes: dict[str, dict[str, int]]
     stale: int = 0
     """Finished trials of an earlier version of the campaign file (or of its data): kept, not counted above."""
+    interrupted: int = 0
+    """Trials a run that is no longer alive left `running` (counted as pending above: a re-run retries them)."""
+    run: dict[str, Any] | None = None
+    """The latest run as readers see it (reading.run_state): state running, interrupted, done, failed or incomplete."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"total": sum(self.total.values()), **self.total, "lanes": {lane: {"total": sum(c.values()), **c} for lane, c in self.lanes.items()},
-                "stale": self.stale}
+                "stale": self.stale, "interrupted": self.interrupted, "run": self.run}
 
 
 class Store:
@@ -180,6 +187,12 @@ class Store:
                 (time.time(), socket.gethostname(), os.getpid(), __version__, command),
             )
             return int(cursor.lastrowid)
+
+    def last_run(self) -> dict[str, Any] | None:
+        """The latest run's row (run_id, started_at, finished_at, status, host, pid, command), None before any."""
+        keys = ("run_id", "started_at", "finished_at", "status", "host", "pid", "command")
+        row = self.db.execute(f"SELECT {', '.join(keys)} FROM runs ORDER BY run_id DESC LIMIT 1").fetchone()
+        return dict(zip(keys, row, strict=True)) if row else None
 
     def end_run(self, run_id: int, status: str) -> None:
         with self._transaction() as db:
@@ -301,13 +314,14 @@ class Store:
         return len(ids)
 
     def runnable(self, max_attempts: int) -> list[dict[str, Any]]:
-        """Pending trials, and failed ones with attempts left, in campaign order."""
+        """Pending trials, and failed ones with attempts left, in campaign order (with the data fingerprint
+        their ids name: a worker trains a trial only on that data)."""
         cursor = self.db.execute(
-            "SELECT trial_id, project, family, kind, params, train, seed, lookback, shape, lane, attempts FROM trials"
+            f"SELECT trial_id, project, family, kind, params, train, seed, lookback, shape, lane, attempts, {self._column('data_fingerprint')} FROM trials"
             " WHERE status = 'pending' OR (status = 'failed' AND attempts < ?) ORDER BY position",
             (max_attempts,),
         )
-        keys = ("trial_id", "project", "family", "kind", "params", "train", "seed", "lookback", "shape", "lane", "attempts")
+        keys = ("trial_id", "project", "family", "kind", "params", "train", "seed", "lookback", "shape", "lane", "attempts", "data_fingerprint")
         # Tens of thousands of trials share a few hundred projects, shapes and parameter sets: one object
         # each (read-only here), so the scheduler's queue stays small.
         shared: dict[Any, Any] = {}
@@ -365,6 +379,23 @@ class Store:
                  for project, kept in result.get("forecasts", {}).items()],
             )
             return True
+
+    def record_environment(self, trial_id: str, error: str, traceback: str, *, duration_s: float) -> bool:
+        """A running trial the environment failed (its data missing or changed, a full disk, its worker killed):
+        back to pending with its attempt not counted, the error kept (after ENVIRONMENT) to say what it waits for."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE trials SET status = 'pending', attempts = MAX(attempts - 1, 0), worker = NULL, finished_at = ?, duration_s = ?, error = ?,"
+                " traceback = ? WHERE trial_id = ? AND status = 'running'",
+                (time.time(), duration_s, ENVIRONMENT + error, traceback, trial_id),
+            )
+            return cursor.rowcount == 1
+
+    def waiting_on_environment(self) -> tuple[int, str | None]:
+        """Pending trials of the file an environment failure sent back, and the latest one's error."""
+        rows = self.db.execute(f"SELECT error FROM trials WHERE status = 'pending' AND {self._column('current')} = 1 AND error LIKE ?"
+                               " ORDER BY finished_at DESC", (ENVIRONMENT + "%",)).fetchall()
+        return len(rows), rows[0][0][len(ENVIRONMENT):] if rows else None
 
     def record_failed(self, trial_id: str, error: str, traceback: str, *, duration_s: float, retry: bool) -> bool:
         """Record a failed attempt; with `retry` the trial goes back to pending."""

@@ -26,7 +26,7 @@ from gpufill.errors import InputError
 if TYPE_CHECKING:  # Trial alone stays light (the store imports it); the spec imports torch
     from gpufill.campaign.spec import CampaignSpec
 
-__all__ = ["GLOBAL_PROJECT", "Trial", "expand", "id_base", "trial_id"]
+__all__ = ["GLOBAL_PROJECT", "Trial", "data_digest", "expand", "id_base", "trial_id"]
 
 GLOBAL_PROJECT = "*"
 """The project of a global-mode trial: one model over all projects."""
@@ -72,7 +72,7 @@ def expand(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str]) -> l
     prints = {name: str(projects[name]) for name in names} if isinstance(projects, Mapping) else dict.fromkeys(names, "")
     if spec.task.mode == "global":
         targets = [GLOBAL_PROJECT]
-        prints[GLOBAL_PROJECT] = _digest(sorted(prints.items())) if any(prints.values()) else ""
+        prints[GLOBAL_PROJECT] = data_digest(prints) if any(prints.values()) else ""
     else:
         targets = sorted(names)
     base = {kind: _id_base(spec, kind, names) for kind in ("neural", "classical")}
@@ -93,6 +93,11 @@ def expand(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str]) -> l
                         tid = _hash(base[kind], project, family, params, train, seed, lookback, prints[project])
                         trials.append(Trial(tid, project, family, kind, params, train, seed, lookback, shape, prints[project], config_id, base_ids[kind]))
     return trials
+
+
+def data_digest(prints: Mapping[str, str]) -> str:
+    """A global-mode trial's data fingerprint: of every project's name and fingerprint (what a worker checks its data against)."""
+    return _digest(sorted(prints.items()))
 
 
 def id_base(spec: CampaignSpec, kind: str, projects: Sequence[str] = ()) -> dict[str, Any]:

@@ -6,6 +6,11 @@ goes back to the scheduler. Nothing here touches the store: the scheduler is its
 writer. Thread limits (OMP/MKL/OpenBLAS) are in the process's environment before it
 starts (each executor puts them there); torch, XGBoost and LightGBM are told explicitly.
 
+A worker trains a trial only on the data its id names: it loads the data itself, and before a
+trial compares the loaded project's fingerprint with the trial's. On a difference it reads the
+data once more (the file may have been restored); still different, or not loadable at all, the
+trial fails as an environment failure (attempt.EnvironmentFailure), which uses none of its retries.
+
 Run as ``python -m gpufill.campaign.worker FD`` it is a local worker (executors/local.py).
 """
 
@@ -19,7 +24,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from gpufill.campaign.attempt import attempt, unfused_because
+from gpufill.campaign.attempt import EnvironmentFailure, attempt, failure, unfused_because
 
 HEARTBEAT_EVERY_S = 2.0
 """A local worker says it is alive this often, busy or idle (resources.heartbeat_timeout is its limit)."""
@@ -109,6 +114,10 @@ class TrialRunner:
         self.device = device
         self.tune_cache = tune_cache
         self._projects: dict[str, Any] | None = None
+        self._prints: dict[str, str] = {}
+        """Fingerprints of the loaded projects (and "*": all of them, as a global-mode trial's id holds them)."""
+        self._reread = False
+        """Whether the data was read again during the current task (a difference is looked into once per task)."""
         self._windows: dict[tuple[str, int, str], Any] = {}
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
         """Where a local worker sends which trials started and finished within a task (None: nowhere)."""
@@ -130,15 +139,50 @@ class TrialRunner:
         self.note({"result": message})
         return message
 
+    def projects(self) -> dict[str, Any]:
+        """The campaign's projects, loaded once per process. The scheduler loaded the same data before the run:
+        failing here, the data changed under the run (a file missing, unreadable, broken): an environment failure."""
+        if self._projects is None:
+            try:
+                self._projects = self.spec.data.load(self.base_dir)
+            except Exception as error:
+                raise EnvironmentFailure(f"the data could not be loaded: {error}") from error
+        return self._projects
+
+    def check_data(self, trial: dict[str, Any]) -> None:
+        """Raise EnvironmentFailure unless the loaded data is the data `trial`'s id names (read again once on a difference)."""
+        wanted = trial.get("data_fingerprint") or ""
+        if not wanted:  # a store older than fingerprints: nothing to compare
+            return
+        if self._fingerprint(trial["project"]) == wanted:
+            return
+        if not self._reread:  # what this process read may be older than the file: read it again (once per task)
+            self._projects, self._prints, self._windows, self._reread = None, {}, {}, True
+        found = self._fingerprint(trial["project"])
+        if found != wanted:
+            what = "the data" if trial["project"] == "*" else f"the data of project {trial['project']}"
+            raise EnvironmentFailure(f"{what} changed since the run began (fingerprint {found} now, {wanted} in the trial's id): "
+                                     "not trained on data its id does not name")
+
+    def _fingerprint(self, project: str) -> str:
+        if project not in self._prints:
+            from gpufill.campaign.trials import data_digest
+
+            projects = self.projects()
+            if project == "*":
+                self._prints[project] = data_digest({name: self._fingerprint(name) for name in projects})
+            else:
+                self._prints[project] = projects[project].fingerprint() if project in projects else "(project missing)"
+        return self._prints[project]
+
     def windows(self, project: str, lookback: int, scaling: str = "project") -> Any:
         """The project's windows at `lookback`, scaled per window by `scaling` (each cut and scaling made once)."""
         from gpufill.forecasting.data.window_scaling import scale_windows
 
-        if self._projects is None:
-            self._projects = self.spec.data.load(self.base_dir)
+        projects = self.projects()
         key = (project, lookback, scaling)
         if key not in self._windows:
-            cut = self.windows(project, lookback) if scaling != "project" else self.spec.windows(self._projects[project], lookback)
+            cut = self.windows(project, lookback) if scaling != "project" else self.spec.windows(projects[project], lookback)
             self._windows[key] = scale_windows(cut, scaling)  # the cut itself for "project"
         return self._windows[key]
 
@@ -147,20 +191,35 @@ class TrialRunner:
         return self.spec.recipe(trial["family"], trial["train"])
 
     def trial_windows(self, trial: dict[str, Any], project: str | None = None) -> Any:
-        """The windows `trial` trains on (of `project` in global mode), scaled as its recipe says."""
+        """The windows `trial` trains on (of `project` in global mode), scaled as its recipe says: of the data its id names."""
+        self.check_data(trial)
         return self.windows(project or trial["project"], trial["lookback"], self.recipe(trial).scaling)
 
     def run_task(self, task: dict[str, Any]) -> dict[str, Any]:
         """A task is one trial, or several neural trials of one shape to train as a fused pack."""
-        trials = task["trials"]
-        if len(trials) == 1 or task.get("pack_size") == 1:
+        trials, waiting, self._reread = task["trials"], [], False
+        if len(trials) > 1 and task.get("pack_size") != 1:  # a pack reads every trial's data before any trains: check it first
+            waiting = self._not_ready(trials)  # these wait for the environment; the rest pack
+            trials = [t for t in trials if t["trial_id"] not in {m["trial_id"] for m in waiting}]
+        if len(trials) <= 1 or task.get("pack_size") == 1:
             results = [self.attempt(t, lambda t=t: self.run(t)) for t in trials]
             if task.get("pack_size") == 1 and task.get("pack_reason"):
                 unfused_because(results, task["pack_reason"])
-            return {"results": results, "pack": None}
+            return {"results": [*waiting, *results], "pack": None}
         from gpufill.campaign.packs import run_pack
 
-        return run_pack(self, trials, task.get("pack_size"), task.get("pack_kind"))
+        message = run_pack(self, trials, task.get("pack_size"), task.get("pack_kind"))
+        return {**message, "results": [*waiting, *message["results"]]}
+
+    def _not_ready(self, trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Failure messages of the trials whose data is not what their ids name (or cannot be read)."""
+        waiting = []
+        for trial in trials:
+            try:
+                self.check_data(trial)
+            except EnvironmentFailure as error:
+                waiting.append({**failure(trial, error), "seconds": 0.0})
+        return waiting
 
     def run(self, trial: dict[str, Any]) -> dict[str, Any]:
         from gpufill.campaign.grid_checks import is_series_model
@@ -175,9 +234,7 @@ class TrialRunner:
         if trial["project"] == "*":
             from gpufill.campaign.global_mode import run_global
 
-            if self._projects is None:
-                self._projects = self.spec.data.load(self.base_dir)
-            windows = [self.trial_windows(trial, name) for name in self._projects]
+            windows = [self.trial_windows(trial, name) for name in self.projects()]
             return run_global(windows, trial, self.spec, threads=self.threads, device=self.device)
         windows = self.trial_windows(trial)
         if trial["kind"] == "classical":

@@ -123,11 +123,15 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Crashed:
-    """The slot's process, actor or job died with the task: its trials count an attempt each."""
+    """The slot's process, actor or job died with the task: its trials count an attempt each, unless it was killed
+    from outside (`environment`)."""
 
     worker: Worker
     task: Task | None
     reason: str
+    environment: bool = False
+    """Killed by a signal the scheduler did not send (kill, SIGTERM, the OOM killer): the machine's doing, not the
+    trial's; the trial is retried without using an attempt."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,7 +128,7 @@ class LocalExecutor(NoBatchJobs):
             self.workers.remove(worker)
             worker.conn.close()
             self.workers.append(self._spawn(worker.lane))  # a fresh worker takes the slot
-            return Crashed(worker, task, worker.stop_reason or death_reason(exitcode))
+            return Crashed(worker, task, worker.stop_reason or death_reason(exitcode), environment=worker.stop_reason is None and killed(exitcode))
         if worker.note(message):  # a heartbeat, or a trial that started or finished: the task goes on
             return None
         task, worker.task = worker.task, None
@@ -163,6 +163,15 @@ def _kill_group(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+KILLING_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+"""Signals that end a worker from outside (a user's kill, the OOM killer, a shutdown); a SIGSEGV or SIGABRT is the trial's own crash."""
+
+
+def killed(exitcode: int | None) -> bool:
+    """Whether a worker's exit code says a signal from outside ended it."""
+    return exitcode is not None and exitcode < 0 and -exitcode in KILLING_SIGNALS
 
 
 def death_reason(exitcode: int | None) -> str:
