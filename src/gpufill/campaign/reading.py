@@ -6,25 +6,69 @@ or the executors): they answer in well under a second, even from a 36,000-trial 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufill.campaign.lock import holder
 from gpufill.campaign.store import DB_NAME, FRAME_COLUMNS, Counts, Store
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["best_configurations", "best_per_project", "find_workdir", "read_jobs", "read_results", "read_best", "read_status", "read_trial_records", "read_trials"]
+__all__ = ["best_configurations", "best_per_project", "find_workdir", "read_jobs", "read_results", "read_best", "read_status", "read_trial_records",
+           "read_trials", "run_state", "stopped_line", "with_run"]
 
 
 def read_status(workdir: str | Path) -> Counts:
+    """Trial counts, and the latest run's state. A run whose scheduler is gone (killed) is "interrupted", and the
+    trials it left `running` count as pending (a re-run retries them), `interrupted` saying how many."""
     store = Store.open(workdir)
     try:
-        return store.counts()
+        return with_run(store.counts(), run_state(workdir, store))
     finally:
         store.close()
+
+
+def run_state(workdir: str | Path, store: Store) -> dict[str, Any]:
+    """The latest run: {"state", "run_id", "started_at", "pid", "host", "detail", "resume"}. Whether a run is alive is the
+    workdir lock's answer (campaign/lock.py: the kernel releases it however its holder ends): a run the store still
+    calls running while no process holds the lock was killed, and shows as "interrupted"."""
+    alive = holder(workdir) is not None  # read before the store: a run that ends meanwhile has written its end first
+    run = store.last_run()
+    record = {key: (run or {}).get(key) for key in ("run_id", "started_at", "pid", "host")}
+    record["resume"] = f"gpufill run {store.meta('campaign_file') or 'CAMPAIGN.yaml'} --workdir {workdir}"
+    if alive:
+        return {**record, "state": "running", "detail": ""}
+    if run is None:
+        return {**record, "state": "none", "detail": "no run has started here"}
+    if run["status"] != "running":
+        return {**record, "state": run["status"], "detail": ""}
+    if holder(workdir) is not None:  # a new run took the lock and began between the two reads
+        return {**record, "state": "running", "detail": ""}
+    return {**record, "state": "interrupted",
+            "detail": f"run {run['run_id']} (pid {run['pid']} on {run['host']}) stopped without finishing: no process holds the workdir lock"}
+
+
+def stopped_line(run: dict[str, Any], interrupted: int) -> str:
+    """What `status` and `monitor` say of an interrupted run: that it is not running, what it left, how to resume."""
+    what = run["detail"] or f"run {run['run_id']} was interrupted"
+    left = f"; {interrupted} trials it was running count as pending" if interrupted else ""
+    return f"not running: {what}{left}; resume with: {run['resume']}"
+
+
+def with_run(counts: Counts, run: dict[str, Any]) -> Counts:
+    """`counts` with the latest run's state; when no run is alive, its `running` trials are pending (a re-run
+    retries them) and `interrupted` says how many."""
+    if run["state"] in ("running", "none") or not counts.total["running"]:  # "none": no run recorded (nothing to say it died)
+        return dataclasses.replace(counts, run=run)
+    total = dict(counts.total)
+    total["pending"] += total["running"]
+    interrupted, total["running"] = total["running"], 0
+    lanes = {lane: {**c, "pending": c["pending"] + c["running"], "running": 0} for lane, c in counts.lanes.items()}
+    return dataclasses.replace(counts, total=total, lanes=lanes, interrupted=interrupted, run=run)
 
 
 def read_jobs(workdir: str | Path) -> list[dict[str, Any]]:

@@ -84,9 +84,13 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
         if not console.is_terminal:  # rich leaves the last frame without a newline when piped
             console.print()
     counts = job.status().to_dict()
+    environment = f", {outcome.environment} environment failures retried without using an attempt" if outcome.environment else ""
     console.print(f"done {counts['done']}, failed {counts['failed']}, pending {counts['pending']} of {counts['total']} trials in {outcome.elapsed_s:.1f} s"
-                  f" ({outcome.retried} retried, {outcome.crashed} worker crashes). Results: gpufill results --workdir {job.workdir}", markup=False)
-    if counts["failed"]:
+                  f" ({outcome.retried} retried{environment}, {outcome.crashed} worker crashes). Results: gpufill results --workdir {job.workdir}", markup=False)
+    if outcome.waiting:  # the campaign is not finished: say why and what finishes it
+        print(visible(f"gpufill: {outcome.waiting} trials are left pending because the environment kept failing them (last: {outcome.waiting_reason}); "
+                      f"they used none of their retries: once that is fixed, finish the campaign with: {job.resume_command(command)}"), file=sys.stderr)
+    if counts["failed"] or outcome.waiting:
         raise typer.Exit(1)
 
 
@@ -121,6 +125,10 @@ def status(
         return
     console = Console()
     console.print(campaign_tables.status_table(counts))
+    if counts["run"] and counts["run"]["state"] == "interrupted":
+        from gpufill.campaign.reading import stopped_line
+
+        console.print(visible(stopped_line(counts["run"], counts["interrupted"])), markup=False, soft_wrap=True)  # the resume command stays whole
     if counts["stale"]:
         console.print(f"{counts['stale']} finished trials of an earlier version of the file or data are kept, not counted: "
                       f"gpufill results --all --workdir {directory}", markup=False)

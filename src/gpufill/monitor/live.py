@@ -1,7 +1,8 @@
 """`gpufill monitor`: a live dashboard of a campaign, read from its store (running or finished).
 
 It only reads (the scheduler is the store's one writer), so it can run in another
-terminal or over ssh. Sized for 80x24: lane counts, trials per minute, ETA, the running
+terminal or over ssh. A run whose scheduler is gone (no process holds the workdir lock) shows
+as stopped: no rate, no ETA, no trial running. Sized for 80x24: lane counts, trials per minute, ETA, the running
 trials, and sparklines of the last minute of each GPU (utilisation, memory, power,
 temperature) and of the host CPU.
 """
@@ -17,6 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from gpufill.campaign.reading import run_state, stopped_line, with_run
 from gpufill.campaign.store import Store
 from gpufill.errors import visible
 
@@ -43,21 +45,23 @@ def snapshot(workdir: str | Path, *, now: Callable[[], float] = time.time) -> di
     """Everything the dashboard shows, as plain data (tests assert on it)."""
     store = Store.open(workdir)
     try:
-        counts = store.counts().to_dict()
+        run = run_state(workdir, store)
+        stopped = run["state"] not in ("running", "none")
+        counts = with_run(store.counts(), run).to_dict()
         t = now()
         finished_recently = store.db.execute(
             "SELECT COUNT(*) FROM trials WHERE status IN ('done', 'failed') AND finished_at >= ?", (t - RATE_WINDOW_S,)
         ).fetchone()[0]
         first_finish = store.db.execute("SELECT MIN(finished_at) FROM trials WHERE finished_at >= ?", (t - RATE_WINDOW_S,)).fetchone()[0]
         window = min(RATE_WINDOW_S, t - first_finish) if first_finish is not None else 0.0
-        per_min = 60.0 * finished_recently / window if window > 0 else 0.0
+        per_min = 60.0 * finished_recently / window if window > 0 and not stopped else 0.0
         left = counts["pending"] + counts["running"]
         running = [
             {"family": f, "project": p, "lane": lane, "worker": w, "seconds": t - (s or t)}
             for f, p, lane, w, s in store.db.execute(
                 "SELECT family, project, lane, worker, started_at FROM trials WHERE status = 'running' ORDER BY started_at"
             )
-        ]
+        ] if not stopped else []
         series: dict[str, dict[str, list[float | None]]] = {}
         since = t - 2 * SPARK_POINTS  # samples are ~1 s apart; keep a little slack
         rows = store.db.execute(
@@ -79,7 +83,8 @@ def snapshot(workdir: str | Path, *, now: Callable[[], float] = time.time) -> di
         "campaign": name,
         "counts": counts,
         "trials_per_min": per_min,
-        "eta_s": left * 60.0 / per_min if per_min > 0 else (0.0 if left == 0 else None),
+        "eta_s": None if stopped else left * 60.0 / per_min if per_min > 0 else (0.0 if left == 0 else None),
+        "run": run,
         "running": running,
         "series": series,
         "alerts": alerts,
@@ -89,15 +94,21 @@ def snapshot(workdir: str | Path, *, now: Callable[[], float] = time.time) -> di
 def render(data: dict[str, Any]) -> Group:
     counts = data["counts"]
     eta = data["eta_s"]
-    eta_text = "done" if eta == 0.0 else ("?" if eta is None else f"{int(eta // 60)}m{int(eta % 60):02d}s")
-    header = Text(f"{visible(data['campaign'])}: {counts['done']}/{counts['total']} done, {counts['failed']} failed, "
-                  f"{data['trials_per_min']:.1f} trials/min, ETA {eta_text}", style="bold")
+    state = (data.get("run") or {}).get("state", "running")
+    if state in ("running", "none"):
+        eta_text = "done" if eta == 0.0 else ("?" if eta is None else f"{int(eta // 60)}m{int(eta % 60):02d}s")
+        pace = f"{data['trials_per_min']:.1f} trials/min, ETA {eta_text}"
+    else:  # no scheduler is running this campaign: no pace, no ETA
+        pace = f"not running (last run {state})"
+    header = Text(f"{visible(data['campaign'])}: {counts['done']}/{counts['total']} done, {counts['failed']} failed, {pace}", style="bold")
     lanes = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("lane", "total", "done", "failed", "running", "pending", "skipped"):
         lanes.add_column(column, justify="left" if column == "lane" else "right")
     for lane, c in counts["lanes"].items():
         lanes.add_row(lane, *(str(c[k]) for k in ("total", "done", "failed", "running", "pending", "skipped")))
     parts: list[Any] = [header, lanes]
+    if state == "interrupted":
+        parts.append(Text(stopped_line(data["run"], counts.get("interrupted", 0)), style="yellow"))
     resources = Table(box=None, pad_edge=False, header_style="bold")
     resources.add_column("source")
     resources.add_column("metric")

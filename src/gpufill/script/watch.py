@@ -10,7 +10,8 @@ beside it. DIR then holds, as the run goes (a killed watch keeps what was writte
 - `report-RANK-PID.json`: what each process saw (optimizers, loaders, syncs, FLOPs, flags);
 
 and afterwards `watch.json` (the summary, verdict and alerts) and `report.html`. The
-command's output and exit code pass through.
+command's output and exit code pass through. A folder that already holds a watch's files (a
+finished watch, or one that was killed) is refused: two runs' samples never mix.
 """
 
 from __future__ import annotations
@@ -87,6 +88,24 @@ def default_folder(slurm: dict[str, str], now: float | None = None) -> Path:
     return Path(time.strftime("gpufill-watch-%Y%m%d-%H%M%S", time.localtime(now)))
 
 
+WATCH_FILES = (SUMMARY_FILE, REPORT_FILE, SAMPLES_FILE, "steps-*.jsonl", "report-*.json")
+"""What a watch writes into its folder (launch.py, script/recorder.py and here)."""
+
+
+def refuse_earlier_watch(folder: Path) -> None:
+    """One line when `folder` holds a watch's files: a finished watch's, or a killed one's (no watch.json), whose
+    samples and step timelines this run would append to."""
+    if not folder.is_dir():
+        return
+    found = sorted({path.name for pattern in WATCH_FILES for path in folder.glob(pattern)})
+    if not found:
+        return
+    shown = ", ".join(found[:4]) + (f", ... ({len(found)} files)" if len(found) > 4 else "")
+    what = f"a watched run ({SUMMARY_FILE})" if SUMMARY_FILE in found else f"the files of a watch that did not finish ({shown})"
+    raise InputError(f"{folder} already holds {what}: this run's samples would mix with them", where=str(folder), field="--out",
+                     fix="give --out a new folder (or delete that one)")
+
+
 def watch(command: list[str], out: Path | None = None, *, sample_every_s: float = SAMPLE_EVERY_S) -> WatchOutcome:
     """Run `command` to its end, recorded; write watch.json and report.html into the folder."""
     check_command(command, "watch")
@@ -94,9 +113,6 @@ def watch(command: list[str], out: Path | None = None, *, sample_every_s: float 
         raise InputError(f"--interval {sample_every_s} is not a positive number of seconds", where="command line", field="--interval", fix="e.g. --interval 1")
     slurm = slurm_job()
     folder = out if out is not None else default_folder(slurm)
-    if (folder / SUMMARY_FILE).exists():
-        raise InputError(f"{folder} already holds a watched run ({SUMMARY_FILE})", where=str(folder), field="--out",
-                         fix="give --out a new folder (or delete that one)")
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{folder} is a file", where=str(folder), field="--out", fix="give --out a folder")
     refuse_earlier_watch(folder)
