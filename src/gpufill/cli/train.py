@@ -114,9 +114,10 @@ def train(
 
         outcome = train_classical(windows, model, params, threads=cpu_count(), seed=seed).to_dict()
     elif as_json:
-        outcome = forecast.train_forecaster(windows, model, params, config=config).to_dict()
+        with _checkpoint_option():
+            outcome = forecast.train_forecaster(windows, model, params, config=config).to_dict()
     else:
-        with render.EpochProgress(console) as progress:
+        with render.EpochProgress(console) as progress, _checkpoint_option():
             outcome = forecast.train_forecaster(windows, model, params, config=config, callbacks=[progress]).to_dict()
     if settings is not None:
         settings.record(outcome["plan"], neural=registry.resolve(model).kind == "neural")
@@ -140,6 +141,17 @@ def _one_of(option: str, value: str, known: tuple[str, ...]) -> str:
     if value not in known:
         raise InputError(f"{option} {value!r} is not a choice", where="command line", field=option, fix=f"pass {option} as one of {', '.join(known)}")
     return value
+
+
+@contextlib.contextmanager
+def _checkpoint_option() -> Iterator[None]:
+    """A checkpoint folder that cannot be written (read-only, full, held by another training) under the option's name, path kept."""
+    try:
+        yield
+    except InputError as error:
+        if error.field != "checkpoint_dir":
+            raise
+        raise InputError(error.problem, where=error.where, field="--checkpoint-dir", fix=error.fix.replace("checkpoint_dir", "--checkpoint-dir")) from None
 
 
 @contextlib.contextmanager

@@ -90,13 +90,27 @@ def save_checkpoint(directory: str | os.PathLike[str], tensors: dict[str, Any], 
     path = checkpoint_path(directory)
     text = json.dumps(meta, indent=1, default=str)
     try:
-        write_atomically(path, lambda handle: torch.save({**tensors, "meta_json": text}, handle), field="checkpoint_dir")
+        write_atomically(path, lambda handle: _save({**tensors, "meta_json": text}, handle), field="checkpoint_dir")
         write_atomically(path.parent / META_NAME, text + "\n", field="checkpoint_dir")
     except InputError as error:
         epoch = meta.get("state", {}).get("epoch")
         raise InputError(f"{error.problem}: the checkpoint after epoch {epoch} was not written; the one before it is kept as it was",
                          where=error.where, field=error.field, fix=f"{error.fix}, then resume (resume=True, or --resume)") from None
     return path
+
+
+def _save(payload: dict[str, Any], handle: Any) -> None:
+    """torch.save into an open file; the OSError of a failed write (a full disk) is raised as itself (torch's zip
+    writer meets it, then fails again closing the archive, and raises a RuntimeError instead)."""
+    try:
+        torch.save(payload, handle)
+    except RuntimeError as error:
+        cause: BaseException | None = error
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise cause from None
 
 
 @contextlib.contextmanager
