@@ -46,8 +46,8 @@ def test_two_gloo_processes_match_one_process_on_the_same_global_batch(tmp_path)
         assert_same_weights(reference, single.model, atol=1e-5)
         for (ddp_train, ddp_val), record in zip(outcome["history"], single.history, strict=True):
             assert abs(ddp_train - record.train_loss) < 1e-5 and abs(ddp_val - record.val_loss) < 1e-5
-        # Only rank 0 wrote the checkpoint.
-        assert sorted(p.name for p in (tmp_path / "checkpoints" / str(n_train)).iterdir()) == ["last.pt", "meta.json"]
+        # Only rank 0 wrote the checkpoint (and holds the folder's lock: other ranks take none).
+        assert sorted(p.name for p in (tmp_path / "checkpoints" / str(n_train)).iterdir()) == [".gpufill-training.lock", "last.pt", "meta.json"]
     # Each rank scored half the validation set (31 samples: 15 + 16); their sum is the whole set's mean.
     outcome = ddp["outcomes"]["dataset"]
     trained = model()

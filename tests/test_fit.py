@@ -249,7 +249,7 @@ def test_backend_flags_are_restored_after_fit():
 def test_checkpoint_is_written_atomically(tmp_path, monkeypatch):
     x, y = make_data()
     fit(model(), (x, y), epochs=2, checkpoint_dir=tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "meta.json"]  # no .tmp left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".gpufill-training.lock", "last.pt", "meta.json"]  # no .tmp left behind
     saved = torch.load(tmp_path / "last.pt", weights_only=True)  # tensors and plain containers only
     meta = json.loads(saved["meta_json"])
     assert meta["state"]["epoch"] == 2 and json.loads((tmp_path / "meta.json").read_text()) == meta
