@@ -5,8 +5,9 @@ and one line (an InputError naming the path, the option and the fix) when it can
   created with O_EXCL|O_NOFOLLOW, so nothing already there is opened), written, then renamed over
   the target (`os.replace` replaces the directory entry; it never writes into what a link points at).
 - `atomic_path(path)`: the same for writers that need a file name (torch.save, pandas.to_parquet).
-- `open_append(path)` / `open_lock(path)`: an existing regular file or a new one, opened with
-  O_NOFOLLOW (run logs, sample and step timelines, the workdir lock).
+- `append_whole(path, text)` / `open_append(path)` / `open_lock(path)`: an existing regular file or a new
+  one, opened with O_NOFOLLOW (sample and step timelines, run logs, the workdir lock); `append_whole`
+  cuts a failed append back, so a reader never meets half a line.
 - `make_folder(path)`: a folder gpufill creates, refused when a file or a link is in its place.
 
 The rule for a path that is already something else: a symbolic link, a directory, a device or a
