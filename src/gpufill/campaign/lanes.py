@@ -22,6 +22,8 @@ LaneName = str
 # A GPU worker mostly launches kernels; past this many processes per GPU the contexts
 # (~300-500 MB each) and launch contention cost more than they add.
 MAX_GPU_SLOTS = 16
+MAX_REQUESTED_GPU_SLOTS = 64
+"""gpu_slots asked for by hand: each slot is a worker process with its own CUDA context (more would only exhaust memory)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,6 +63,9 @@ def plan_lanes(
     `gpu_slots` counts per GPU. Returns (lanes, warnings).
     """
     warnings: list[str] = []
+    if gpu_slots != "auto" and int(gpu_slots) > MAX_REQUESTED_GPU_SLOTS:
+        raise InputError(f"gpu_slots {int(gpu_slots):,} is more than the {MAX_REQUESTED_GPU_SLOTS} gpufill allows per GPU (each slot is a worker process "
+                         "with its own CUDA context)", where=where, field="resources.gpu_slots", fix=f"set gpu_slots to at most {MAX_REQUESTED_GPU_SLOTS}, or auto")
     lanes: list[Lane] = []
     memories = [] if gpu_memory_bytes is None else [gpu_memory_bytes] if isinstance(gpu_memory_bytes, int) else list(gpu_memory_bytes)
     has_gpu = bool(memories)

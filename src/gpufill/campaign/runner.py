@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -102,16 +103,12 @@ class Campaign:
         # Each project's values are part of its trials' identity: an edited file re-runs exactly what it changed.
         trials = expand(self.spec, {name: project.fingerprint() for name, project in projects.items()})
         if too_short:  # local mode: a project too short for a lookback sits out that lookback; the others run
-            left_out = [t for t in trials if (t.project, t.lookback) in too_short]
-            trials = [t for t in trials if (t.project, t.lookback) not in too_short]
-            if not trials:
+            kept = [t for t in trials if (t.project, t.lookback) not in too_short]
+            if not kept:
                 raise InputError(f"every project is too short for every lookback: {next(iter(too_short.values()))}", where=self.source,
                                  field="task.lookback", fix="lower the lookback or horizon, or the split sizes")
-            for name in sorted({project for project, _ in too_short}):
-                lookbacks = sorted(lookback for project, lookback in too_short if project == name)
-                count = sum(1 for t in left_out if t.project == name)
-                notes.append(f"project {name} left out at lookback {', '.join(map(str, lookbacks))} ({count} trials): "
-                             f"{too_short[(name, lookbacks[0])]}")
+            notes.extend(_left_out_notes(too_short, Counter(t.project for t in trials if (t.project, t.lookback) in too_short)))
+            trials = kept
         timeline.mark("trials listed")
         bases = {trial.base_id: id_base(self.spec, trial.kind, list(projects)) for trial in {t.kind: t for t in trials}.values()}
         resources = self.spec.resources
@@ -294,6 +291,27 @@ def demo_campaign_path() -> Path:
     if not path.exists():
         raise InputError("the demo campaign file is not next to this installation", where=str(path), field="demo", fix="run from a source checkout (pip install -e .) or pass a campaign to `gpufill run`")
     return path
+
+
+LEFT_OUT_LISTED = 5
+"""Left-out projects named one warning each; more are one summary warning (20,000 tiny projects: one line, not 20,000)."""
+
+
+def _left_out_notes(too_short: dict[tuple[str, int], str], trials: Counter[str]) -> list[str]:
+    """The warnings for the (project, lookback) pairs too short to run, in time linear in their number."""
+    lookbacks: dict[str, list[int]] = {}
+    for project, lookback in too_short:
+        lookbacks.setdefault(project, []).append(lookback)
+    names = sorted(lookbacks)
+
+    def one(name: str) -> str:
+        shown = sorted(lookbacks[name])
+        return f"project {name} left out at lookback {', '.join(map(str, shown))} ({trials[name]} trials): {too_short[(name, shown[0])]}"
+
+    if len(names) <= LEFT_OUT_LISTED:
+        return [one(name) for name in names]
+    return [f"{len(names):,} projects left out at one or more lookbacks ({sum(trials.values()):,} trials), too short for them; "
+            f"the first {LEFT_OUT_LISTED}: " + "; ".join(one(name) for name in names[:LEFT_OUT_LISTED])]
 
 
 def _too_short(projects: dict[str, Any], spec: Any) -> tuple[dict[tuple[str, int], str], list[str]]:

@@ -54,7 +54,7 @@ from gpufill.campaign.spec_errors import (
     read_yaml,
     to_input_error,
 )
-from gpufill.campaign.spec_types import Count, Float, Spec
+from gpufill.campaign.spec_types import SCIENTIFIC, Count, Float, Spec, at_most
 from gpufill.forecasting.data import Project, Split, WindowedProject, load_projects, make_windows
 from gpufill.errors import InputError
 from gpufill.engine.config import DEFAULTS, FitConfig
@@ -76,6 +76,15 @@ __all__ = [
 
 # projects: None on a synthetic source: the data layer's default count.
 SYNTHETIC_DEFAULT_PROJECTS = 10
+# Sizes past these would take minutes or the machine's memory before anything is printed: refused up front.
+MAX_PROJECTS = 100_000
+"""data.projects as a count (synthetic: generated; a file: its first N)."""
+MAX_LENGTH = 10_000_000
+"""data.length of a synthetic series (10 million steps: 240 MB with its two covariates)."""
+MAX_SYNTHETIC_STEPS = 100_000_000
+"""data.projects x data.length of synthetic data (2.4 GB of float64 with the covariates)."""
+MAX_SEED = 2**32 - 1
+"""Seeds are unsigned 32-bit: numpy's legacy generator and scikit-learn refuse a larger one at run time."""
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _SYNTHETIC_NAME = re.compile(r"^p(\d+)$")
 
@@ -91,9 +100,9 @@ class DataSpec(Spec):
     projects: StrictInt | list[str] | str | None = None
     """A count (the first N in name order; synthetic: N generated), a list of names, an fnmatch
     glob over names ("store_*"), or None for all (synthetic: 10)."""
-    length: Count = 2000
+    length: Annotated[Count, at_most(MAX_LENGTH, "time steps of a synthetic series")] = 2000
     """Time steps per synthetic project (synthetic only)."""
-    seed: Annotated[StrictInt, Field(ge=0)] = 0
+    seed: Annotated[StrictInt, Field(ge=0), at_most(MAX_SEED, "seeds are unsigned 32-bit integers")] = 0
     """Seed of the synthetic generator (synthetic only)."""
     target: str = "target"
     project_column: str = "project"
@@ -109,6 +118,8 @@ class DataSpec(Spec):
             return None
         if isinstance(value, bool) or (isinstance(value, int) and value < 1):
             raise InputError(f"expected a count >= 1, got {value!r}", fix="give a count >= 1, a list of names, a glob such as 'store_*', or null for all")
+        if isinstance(value, int) and value > MAX_PROJECTS:
+            raise InputError(f"{value:,} projects is more than the {MAX_PROJECTS:,} gpufill allows", fix=f"use at most {MAX_PROJECTS:,} projects")
         if isinstance(value, str) and not value.strip():
             raise InputError("empty project name or glob", fix="give a name or glob such as 'store_*', or null for all")
         if isinstance(value, list):
@@ -129,7 +140,26 @@ class DataSpec(Spec):
             for key in ("length", "seed"):
                 if getattr(self, key) != DataSpec.model_fields[key].default:
                     raise LocatedError((key,), f"{key} applies only to source: synthetic", fix=f"remove {key}: it would be ignored")
+            return self
+        if isinstance(self.projects, str) and SCIENTIFIC.match(self.projects.strip()):  # YAML reads 1e8 as text: it was meant as a count
+            raise LocatedError(("projects",), f"{self.projects!r} is text to YAML (a pattern no synthetic name matches), not a count",
+                               fix=f"write the count in digits, at most {MAX_PROJECTS:,}")
+        count = self.synthetic_count()
+        if count > MAX_PROJECTS:  # names such as p99999999 would generate every project before them
+            raise LocatedError(("projects",), f"naming project p{count - 1} generates {count:,} projects, more than the {MAX_PROJECTS:,} gpufill allows",
+                               fix=f"name synthetic projects up to p{MAX_PROJECTS - 1}")
+        if count * self.length > MAX_SYNTHETIC_STEPS:
+            raise LocatedError(("projects",), f"{count:,} projects x length {self.length:,} = {count * self.length:,} time steps is more than "
+                               f"the {MAX_SYNTHETIC_STEPS:,} gpufill generates", fix="lower data.projects or data.length")
         return self
+
+    def synthetic_count(self) -> int:
+        """How many synthetic projects are generated: the count, or far enough to hold every named pNNN."""
+        count = self.projects if isinstance(self.projects, int) else SYNTHETIC_DEFAULT_PROJECTS
+        if isinstance(self.projects, list):
+            indices = [int(m[1]) for m in map(_SYNTHETIC_NAME.match, self.projects) if m]
+            count = max([count, *(i + 1 for i in indices)])
+        return count
 
     def load(self, base_dir: Path, *, where: str | None = None) -> dict[str, Project]:
         """The selected projects, keyed and ordered by name.
@@ -139,11 +169,7 @@ class DataSpec(Spec):
         """
         where = where or "campaign"
         if self.source == "synthetic":
-            count = self.projects if isinstance(self.projects, int) else SYNTHETIC_DEFAULT_PROJECTS
-            if isinstance(self.projects, list):  # generate far enough to hold every named pNNN
-                indices = [int(m[1]) for m in map(_SYNTHETIC_NAME.match, self.projects) if m]
-                count = max([count, *(i + 1 for i in indices)])
-            loaded = load_projects("synthetic", n_projects=count, length=self.length, seed=self.seed)
+            loaded = load_projects("synthetic", n_projects=self.synthetic_count(), length=self.length, seed=self.seed)
         else:
             loaded = load_projects(
                 self._resolved_source(Path(base_dir)),
@@ -185,7 +211,8 @@ class DataSpec(Spec):
                     field="data.projects",
                 )
             return matched
-        unknown = [name for name in wanted if name not in set(available)]
+        known = set(available)  # once: a list of 20,000 names is checked in linear time
+        unknown = [name for name in wanted if name not in known]
         if unknown:
             raise InputError(
                 f"unknown project(s) {', '.join(map(repr, unknown[:5]))}; available: {shown}",
@@ -368,7 +395,7 @@ class CampaignSpec(Spec):
     models: dict[str, dict[str, Any]]
     """family -> {key: axis}; see the module docstring."""
     train: TrainSpec = TrainSpec()
-    seeds: list[Annotated[StrictInt, Field(ge=0)]] = [0]
+    seeds: list[Annotated[StrictInt, Field(ge=0), at_most(MAX_SEED, "seeds are unsigned 32-bit integers")]] = [0]
     resources: ResourcesSpec = ResourcesSpec()
     path: Path | None = Field(default=None, exclude=True)
     """The file this spec was loaded from (relative data paths resolve against its folder)."""

@@ -50,6 +50,9 @@ def dotted(loc: Iterable[str | int]) -> str:
 
 MAX_VALUES = 1_000_000
 """A campaign file expands (aliases followed) to at most this many YAML values; real ones have hundreds."""
+MAX_BYTES = 4 * 1024 * 1024
+"""A campaign file is read up to this size (real ones are a few KB; a list of 100,000 project names is ~1.5 MB):
+`/dev/zero`, a log file or a dataset passed by mistake is refused after reading this much, not read into memory."""
 
 
 def expanded_size(root: yaml.Node | None) -> int:
@@ -91,7 +94,12 @@ def _check_size(root: yaml.Node | None, path: Path) -> None:
 def read_yaml(path: Path) -> tuple[yaml.Node, dict[str, Any]]:
     """The file's node tree (for lines) and its values, a mapping; any problem is an InputError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:  # at most MAX_BYTES + 1: an endless or huge file is never read whole
+            raw = handle.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise InputError(f"the file is larger than the {MAX_BYTES // (1024 * 1024)} MiB a campaign file may be", where=str(path),
+                             fix="point to the campaign's .yaml file (a campaign is a few KB; list projects with a glob, not one by one)")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise InputError("campaign file not found", fix="check the path (relative paths are from the current directory)", where=str(path)) from None
     except IsADirectoryError:

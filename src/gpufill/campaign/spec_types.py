@@ -1,14 +1,17 @@
-"""Building blocks of the campaign spec models: the strict base model and the number types."""
+"""Building blocks of the campaign spec models: the strict base model, the number types and their limits."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
 
 from gpufill.errors import InputError
 
-__all__ = ["Count", "Float", "Spec"]
+__all__ = ["Count", "Float", "Spec", "at_most"]
+
+SCIENTIFIC = re.compile(r"^[+-]?\d+(\.\d*)?[eE][+-]?\d+$")
 
 
 def _number(value: Any) -> Any:
@@ -19,8 +22,28 @@ def _number(value: Any) -> Any:
     return value
 
 
+def _digits(value: Any) -> Any:
+    # YAML 1.1 reads 1e8 (no dot, no exponent sign) as the text "1e8": say so, instead of "expected an integer, got '1e8'".
+    if isinstance(value, str) and SCIENTIFIC.match(value.strip()):
+        number = float(value)
+        shown = f"{int(number)}" if number.is_integer() and abs(number) < 1e18 else "digits"
+        raise InputError(f"{value!r} is text to YAML, not a count", fix=f"write the count in digits ({shown})")
+    return value
+
+
+def at_most(limit: int, why: str) -> AfterValidator:
+    """A count's upper limit, refused up front with the limit named: sizes that would take minutes or all the memory."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            raise InputError(f"{value:,} is more than the {limit:,} gpufill allows ({why})", fix=f"use at most {limit:,}")
+        return value
+
+    return AfterValidator(check)
+
+
 Float = Annotated[float, BeforeValidator(_number)]
-Count = Annotated[StrictInt, Field(ge=1)]
+Count = Annotated[StrictInt, BeforeValidator(_digits), Field(ge=1)]
 
 
 class Spec(BaseModel):

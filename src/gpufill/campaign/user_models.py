@@ -79,8 +79,9 @@ def inspect_in_child(grids: Mapping[str, dict[str, Any]], lookback: int | None, 
 def _run_child(request: Path, answer: Path) -> str | None:
     """None when the child answered; else why not, in a few words."""
     try:
+        # stdin /dev/null: a module that reads stdin at import gets end-of-file at once instead of waiting on the user's terminal.
         done = subprocess.run([sys.executable, "-m", "gpufill.campaign.user_models_child", str(request), str(answer)], capture_output=True, text=True,
-                              timeout=INSPECT_TIMEOUT_S, start_new_session=True)
+                              stdin=subprocess.DEVNULL, timeout=INSPECT_TIMEOUT_S, start_new_session=True)
     except subprocess.TimeoutExpired:
         return f"no answer in {INSPECT_TIMEOUT_S:.0f} s"
     if done.returncode < 0:

@@ -219,9 +219,9 @@ def _wrap_exit(recorder: Recorder) -> list[Callable[[], None]]:
     sys.excepthook = excepthook
 
     def at_exit() -> None:
-        if not recorder.written:
+        if not recorder.written or (recorder.ran_on() and not recorder.stop_reason.startswith("the script caught")):  # it caught the stop: its end ended it
             wanted = "" if recorder.whole_run else f" (wanted {recorder.warmup} warm-up + {recorder.steps})"
-            recorder.stop_reason = f"the script ended after {recorder.step_count} optimizer steps{wanted}"
+            recorder.stop_reason = "it ran to its end" if recorder.ran_on() else f"the script ended after {recorder.step_count} optimizer steps{wanted}"
             recorder.write()
 
     atexit.register(at_exit)

@@ -48,6 +48,8 @@ class Recorder:
         self.out, self.steps, self.warmup, self.bucket_s, self.settings = out, steps, warmup, bucket_s, settings
         self.whole_run = steps == WHOLE_RUN
         self.stop_at = -1 if self.whole_run else warmup + steps
+        self.stop_sent = False
+        """The stop was raised (SystemExit at step stop_at); a step after it means the script caught it."""
         self.flop_step = max(1, warmup - 1)  # FLOPs counted on the next step: the last warm-up step (compiled, autotuned)
         self.rank = int(os.environ.get("RANK", "0"))
         self.step_count = 0
@@ -104,6 +106,10 @@ class Recorder:
         return self.clock.now() if threading.get_ident() == self._thread else None
 
     def post_step(self, optimizer: Any, *_: Any) -> None:
+        if self.stop_sent:  # the script caught the stop (a bare `except:`) and trains on: count its steps, measure nothing more
+            self.step_count += 1
+            self.spans = self.clock.fresh()
+            return
         self.marks.append((self.now(), self.pre_at, self.spans))
         self.spans = self.clock.fresh()
         now = _clock()
@@ -119,7 +125,12 @@ class Recorder:
         if self.step_count == self.stop_at:
             self.stop_reason = f"stopped after {self.warmup} warm-up and {self.steps} measured steps"
             self.write()
+            self.stop_sent, self.measuring = True, False
             raise SystemExit(STOPPED_EXIT)
+
+    def ran_on(self) -> bool:
+        """The script caught gpufill's stop (a bare `except:` or `except BaseException:` around its step) and trained on."""
+        return self.stop_sent and self.step_count > self.stop_at
 
     # -- off the hot path -------------------------------------------------------------------
     def _first_seen(self, optimizer: Any) -> None:
@@ -236,9 +247,15 @@ class Recorder:
 
     # -- the report -----------------------------------------------------------------------
     def write(self) -> None:
-        if self.written:
+        """The report; written once, and again at the end when the script caught the stop and ran on (what ended it then)."""
+        ran_on = self.ran_on()
+        if self.written and not ran_on:
             return
         self.written = True
+        if ran_on and not self.stop_reason.startswith("the script caught"):
+            ended = "" if self.stop_reason.startswith("stopped after") else f"; {self.stop_reason}"
+            self.stop_reason = (f"the script caught gpufill's stop (a bare `except:` or `except BaseException:` around its step) and ran on to "
+                                f"{self.step_count} optimizer steps; measured: {self.warmup} warm-up and {self.steps} steps{ended}")
         import torch
 
         try:
