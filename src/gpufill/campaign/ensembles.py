@@ -17,6 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from gpufill.campaign.store import Store
+from gpufill.campaign.store_health import check_rows
 from gpufill.errors import InputError
 from gpufill.forecasting.data.metrics import forecast_metrics
 
@@ -40,6 +41,7 @@ def ensembles(workdir: str | Path, how: Literal["median", "mean"] = "median", *,
         raise InputError(f"an ensemble is over {', '.join(over)}", where="command line", field="--ensemble-over", fix="use seed, or seed,lookback")
     store = Store.open(workdir)
     try:
+        check_rows(store.db, store.path, documents=True)
         records = _done(store)
         kept = store.forecasts([r["trial_id"] for r in records])
     finally:
@@ -73,6 +75,7 @@ def forecast_rows(workdir: str | Path) -> list[dict[str, Any]]:
     """Long format: one row per finished trial, project, test window and horizon step."""
     store = Store.open(workdir)
     try:
+        check_rows(store.db, store.path, documents=True)
         records = {r["trial_id"]: r for r in _done(store)}
         kept = store.forecasts(list(records))
     finally:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpufill.campaign.lock import holder
 from gpufill.campaign.store import DB_NAME, FRAME_COLUMNS, Counts, Store
+from gpufill.campaign.store_health import check_rows
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ def read_trial_records(workdir: str | Path, *, include_stale: bool = False, limi
 
     store = Store.open(workdir)
     try:
+        check_rows(store.db, store.path)  # a row edited or damaged: one line naming it
         bases = store.bases()
         if include_stale:  # what differs is found among all the rows
             records = describe_stale(with_effective_train(store.records(include_stale=True), bases), bases)
@@ -133,6 +135,7 @@ def read_best(workdir: str | Path, *, include_stale: bool = False, metric: str =
 
     store = Store.open(workdir)
     try:
+        check_rows(store.db, store.path)
         means, bases = store.config_means(metric, include_stale=include_stale), store.bases()
     finally:
         store.close()

@@ -27,7 +27,7 @@ from gpufill.campaign.stopping import RunInterrupted, from_exception, signals_in
 from gpufill.campaign.reading import best_per_project, find_workdir, read_jobs, read_results, read_status, read_trials
 from gpufill.campaign.store import DB_NAME, Counts, Store
 from gpufill.campaign.startup import Timeline
-from gpufill.campaign.store_health import damaged, is_damage, out_of_space
+from gpufill.campaign.store_health import check_rows, damaged, is_damage, out_of_space
 from gpufill.campaign import user_models
 from gpufill.campaign.trials import Trial, expand, id_base
 from gpufill.campaign.user_models import checked_elsewhere
@@ -132,6 +132,8 @@ class Campaign:
         store = Store.open(self.workdir)
         try:
             owner = store.meta("campaign_name")
+            if owner is None or owner == self.spec.name:
+                check_rows(store.db, store.path)  # the scheduler parses every row's params and train: an unreadable one is one line
         finally:
             store.close()
         if owner is not None and owner != self.spec.name:

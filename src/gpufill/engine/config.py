@@ -146,6 +146,9 @@ class FitConfig(SpeedSettings):
         SpeedSettings.validate(self)
         for name in ("epochs", "validate_every", "checkpoint_every"):
             _whole(name, getattr(self, name), minimum=1)
+        _whole("seed", self.seed, minimum=0)
+        if self.seed >= 2**64:  # torch's generator takes 64 bits: a larger seed is an overflow deep in manual_seed
+            raise InputError(f"seed {self.seed} does not fit in 64 bits", field="seed", fix="use a seed below 2**64 (any 32-bit number works everywhere)")
         for name in ("patience", "steps_per_epoch"):
             if getattr(self, name) is not None:
                 _whole(name, getattr(self, name), minimum=1, none=True)

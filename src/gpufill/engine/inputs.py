@@ -74,6 +74,25 @@ def as_source(data: Data, name: str) -> Source:
     return _tensor_source(data, name)
 
 
+def check_model(model: Any, field: str = "model") -> None:
+    """A module fit can train: every parameter and buffer holds values (a meta-device model has shapes only)."""
+    for what, tensors in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+        for tensor_name, tensor in tensors:
+            if tensor.is_meta:
+                raise InputError(f"the model's {what} {tensor_name!r} is on the meta device (a shape with no values)", field=field,
+                                 fix="build the model on a real device, or materialise it first: model.to_empty(device='cpu'), "
+                                     "then initialise or load its weights (e.g. model.load_state_dict(...))")
+
+
+def _as_tensor(array: np.ndarray, name: str) -> torch.Tensor:
+    """A numpy array as a tensor; an array of Python objects, strings, bytes or dates is one line naming how to convert it."""
+    if array.dtype.kind in "biufc":  # a reversed view (x[::-1]) has negative strides, which torch cannot share: copied
+        return torch.from_numpy(np.ascontiguousarray(array) if any(stride < 0 for stride in array.strides) else array)
+    what = {"O": "Python objects", "U": "strings", "S": "bytes", "M": "datetimes", "m": "timedeltas", "V": "records"}.get(array.dtype.kind, str(array.dtype))
+    raise InputError(f"a numpy array of dtype {array.dtype} ({what}) is not numbers a model can take", field=name,
+                     fix="convert it to numbers first, e.g. np.asarray(x, dtype=np.float32) (labels: integer codes), or pass a Dataset")
+
+
 def _tensor_source(data: Data, name: str) -> Source:
     leaves, spec = pytree.tree_flatten(data)
     if not leaves:
@@ -81,11 +100,13 @@ def _tensor_source(data: Data, name: str) -> Source:
     converted = []
     for leaf in leaves:
         if isinstance(leaf, np.ndarray):
-            leaf = torch.from_numpy(leaf)
+            leaf = _as_tensor(leaf, name)
         if not isinstance(leaf, torch.Tensor):
             raise InputError(
                 f"expected tensors (a tuple, list or dict of them), a Dataset or a DataLoader, got {type(leaf).__name__}", field=name,
                 fix="pass e.g. (inputs, targets) tensors, a dict of tensors, a torch Dataset or a DataLoader")
+        if leaf.is_meta:
+            raise InputError("a tensor on the meta device (a shape with no values)", field=name, fix="pass tensors that hold data (on the CPU or a GPU)")
         converted.append(leaf)
     data = pytree.tree_unflatten(converted, spec)
     n = sample_count(data, name)

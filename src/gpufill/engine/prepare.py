@@ -21,7 +21,7 @@ from gpufill.engine.batches import ResidentBatches, signature
 from gpufill.engine.checkpoint import Identity, check_identity, load_checkpoint, model_fingerprint, optimizer_fingerprint
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import Hardware, check_device, detect
-from gpufill.engine.inputs import Data, Source, as_dataset, as_source, data_facts, fingerprint, harmonise_floats, make_batches
+from gpufill.engine.inputs import Data, Source, as_dataset, as_source, check_model, data_facts, fingerprint, harmonise_floats, make_batches
 from gpufill.engine.measure import TuneCache, resolve, shape_key, tune_loader
 from gpufill.engine.measure.candidates import Context
 from gpufill.engine.measure.probe import FitProbe
@@ -59,6 +59,7 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> 
     if not isinstance(model, nn.Module):
         raise InputError(f"model is a {type(model).__name__}, not a torch.nn.Module", field="model",
                          fix="pass an nn.Module (a factory must return one)")
+    check_model(model)
     ddp = distributed.from_environment()
     if ddp is not None and cfg.device == "auto":
         cfg = dataclasses.replace(cfg, device=ddp.device())

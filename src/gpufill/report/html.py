@@ -19,6 +19,7 @@ import pandas as pd
 from gpufill.campaign.reading import best_per_project
 from gpufill.campaign.provenance import with_effective_train
 from gpufill.campaign.store import FRAME_COLUMNS, Store
+from gpufill.campaign.store_health import check_rows
 from gpufill.files import check_target
 from gpufill.report import plots
 from gpufill.report.page import img, page, plot_or_note, section, table, write_atomically
@@ -31,6 +32,7 @@ def write_report(workdir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     check_target(target, field="--out")  # a directory, a link or a device there: one line before the report is built
     store = Store.open(workdir)  # InputError (exit 2) when there is no store
     try:
+        check_rows(store.db, store.path, documents=True)  # a row edited or damaged: one line naming it, before any is drawn
         text = render_report(store)
     finally:
         store.close()

@@ -103,30 +103,56 @@ def run_instrumented(command: list[str], folder: Path, *, steps: int = WHOLE_RUN
     run = ScriptRun(command=command, exit_code=128 - code if code < 0 else code, started_at=started, ended_at=time.time())
     if sink.error is not None:
         run.write_errors.append(f"the GPU and host samples stopped: {sink.error}")
-    run.reports = _training_reports(folder)
-    run.timeline = _timeline(folder, run.report)
-    run.samples = read_samples(folder / SAMPLES_FILE)
+    run.reports = _training_reports(folder, run.write_errors)
+    run.timeline = _timeline(folder, run.report, run.write_errors)
+    run.samples = read_samples(folder / SAMPLES_FILE, run.write_errors)
     return run
 
 
-def read_samples(path: Path) -> list[dict[str, Any]]:
+def read_samples(path: Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file. A line that is not a JSON object (torn by a full disk or a kill while it was
+    written) is left out, and said in one line in `problems`: the rest of the record is kept."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, torn = [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            torn.append(number)
+    if torn and problems is not None:
+        shown = ", ".join(map(str, torn[:5])) + (", ..." if len(torn) > 5 else "")
+        problems.append(f"{path.name}: {len(torn)} line(s) not whole JSON (torn by a full disk or a kill) left out: line {shown}")
+    return rows
 
 
-def _training_reports(folder: Path) -> list[dict[str, Any]]:
-    reports = [json.loads(p.read_text()) for p in sorted(folder.glob("report-*.json"))]
+def _training_reports(folder: Path, problems: list[str]) -> list[dict[str, Any]]:
+    reports = []
+    for path in sorted(folder.glob("report-*.json")):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        except ValueError:
+            report = None
+        if isinstance(report, dict) and "rank" in report and "stop_reason" in report:
+            reports.append(report)
+        else:
+            problems.append(f"{path.name}: not a whole report (torn by a full disk or a kill): left out")
     # A launcher (torchrun) is a Python process too: only processes that trained count as ranks.
     trained = [r for r in reports if r["optimizers"] or r["loaders"] or r["error"]] or reports
     return sorted(trained, key=lambda r: (r["rank"], -r["steps_seen"]))
 
 
-def _timeline(folder: Path, report: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _timeline(folder: Path, report: dict[str, Any] | None, problems: list[str]) -> list[dict[str, Any]]:
     if report is None:
         return []
     path = folder / f"steps-{report['rank']}-{report['pid']}.jsonl"
-    return read_samples(path)
+    return read_samples(path, problems)
 
 
 def _tree(pid: int) -> list[int]:

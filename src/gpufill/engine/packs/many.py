@@ -21,7 +21,7 @@ from gpufill.engine import losses
 from gpufill.engine.batches import rows
 from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig
-from gpufill.engine.inputs import Source, as_source
+from gpufill.engine.inputs import Source, as_source, check_model
 from gpufill.engine.loop import fit
 from gpufill.engine.packs.stacked import why_not_stacked
 from gpufill.engine.packs.variants import PackedVariants
@@ -76,6 +76,7 @@ def _seeded(make_model: Callable[[], nn.Module], seed: int) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise InputError(f"make_model returned a {type(model).__name__}, not a torch.nn.Module", field="make_model",
                          fix="pass a function of no arguments that builds the model, e.g. lambda: MyNet(width=64)")
+    check_model(model, "make_model")
     return model
 
 

@@ -178,7 +178,10 @@ def _read(path: Path, project_column: str) -> pd.DataFrame:
             # Project ids are text as written: "007" and "7" are two projects, "0042" stays "0042" (and "NA" a name).
             frame = pd.read_csv(path, converters={project_column: str})
         else:
+            _refuse_nested(path)
             frame = pd.read_parquet(path, engine="pyarrow")
+    except InputError:  # a nested column: its own line
+        raise
     except pd.errors.EmptyDataError:
         raise InputError(
             "file is empty", fix="write a header and rows to the file, or remove it", where=str(path)
@@ -219,6 +222,18 @@ def _merge_shards(paths: list[Path], project_column: str) -> tuple[pd.DataFrame,
     stem = _SHARD.match(paths[0].stem)["name"]
     label = str(paths[0].with_name(f"{stem}_part{{1..{len(paths)}}}{paths[0].suffix}"))
     return pd.concat(frames, ignore_index=True), label, rows
+
+
+def _refuse_nested(path: Path) -> None:
+    """A Parquet column of lists, structs or maps holds no series values: one line naming it (its schema only is read)."""
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    nested = [field for field in schema if field.type.num_fields > 0]  # list, large_list, fixed-size list, struct, map, union
+    if nested:
+        field = nested[0]
+        raise InputError(f"column {field.name!r} holds {field.type} values, not one number or name per row", where=str(path), field=field.name,
+                         fix=f"flatten {field.name!r} into one column per element (or drop it) and write the file again")
 
 
 def _frames_by_project(files: list[Path], project_column: str) -> dict[str, tuple[pd.DataFrame, str, bool, Rows]]:
