@@ -403,6 +403,22 @@ def test_a_read_only_checkpoint_dir_and_out_are_one_line_on_a_real_read_only_dis
     ]
 
 
+@needs_mount
+def test_report_and_results_on_a_full_disk_are_one_line_and_leave_no_partial_file(tmp_path, finished):
+    mount = tmp_path / "full"
+    work = copy_of(finished, tmp_path)
+    script = " ; ".join([
+        f"(head -c 100000000 /dev/zero > {sh(mount / 'filler')} 2> /dev/null; true)",
+        sh(*GPUFILL, "report", "--workdir", work, "--out", mount / "r.html") + " ; echo rc=$?",
+        sh(*GPUFILL, "results", "--workdir", work, "--format", "parquet", "--out", mount / "r.parquet") + " ; echo rc=$?",
+        f"ls -A {sh(mount)}",
+    ])
+    done = on_tmpfs(mount, "size=64k", script)
+    assert done.stdout.split() == ["rc=2", "rc=2", "filler"], done.stderr  # no temporary file left behind
+    full = "--out: the disk is full; fix: free space there, or pass a --out on another disk"
+    assert done.stderr.strip().splitlines() == [f"gpufill: error: {mount / 'r.html'}: {full}", f"gpufill: error: {mount / 'r.parquet'}: {full}"]
+
+
 def test_two_trainings_in_one_checkpoint_dir_the_second_is_one_line(tmp_path):
     folder = tmp_path / "ck"
     with held_directory(folder):  # a training holds it (here: this process)
