@@ -130,11 +130,18 @@ def test_a_data_file_replaced_mid_run_and_restored_stores_every_trial_under_the_
         worker = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), "the first trial to start"))
         write_data(tmp_path / "data.csv", replaced)
         os.kill(worker, signal.SIGKILL)  # its successor reads the file as it is now
-        changed = "changed since the run began"
-        wait_for(lambda: any(changed in m for (m,) in store_rows(tmp_path / "work", "SELECT message FROM events WHERE kind = 'environment'")),
-                 "a worker to refuse the replaced data")
+        gate.write_text("open")  # nothing holds a trial any more: one trained on the replaced data would finish at once
+        def refused() -> bool:
+            messages = store_rows(tmp_path / "work", "SELECT message FROM events WHERE kind = 'environment'")
+            return any("changed since the run began" in m for (m,) in messages)
+
+        def done() -> int:
+            return store_rows(tmp_path / "work", "SELECT COUNT(*) FROM trials WHERE status = 'done'")[0][0]
+
+        wait_for(lambda: refused() or done(), "a worker to refuse the replaced data (or to train on it)")
+        assert done() == 0, "a trial trained on the replaced data"
+        assert refused()
         write_data(tmp_path / "data.csv", original)
-        gate.write_text("open")
         out, err = process.communicate(timeout=WAIT_S)
     finally:
         gate.write_text("open")
@@ -323,8 +330,11 @@ def test_a_data_file_missing_for_a_few_seconds_uses_no_retry(tmp_path):
 
     campaign.prepare = prepare_then_remove
 
+    finished = threading.Event()
+
     def restore_once_missed():
-        wait_for(lambda: store_rows(tmp_path / "work", "SELECT 1 FROM events WHERE kind = 'environment'"), "a trial to miss its data")
+        wait_for(lambda: finished.is_set() or store_rows(tmp_path / "work", "SELECT 1 FROM events WHERE kind = 'environment'"),
+                 "a trial to miss its data")
         os.replace(aside, tmp_path / "data.csv")
 
     helper = threading.Thread(target=restore_once_missed)
@@ -332,6 +342,7 @@ def test_a_data_file_missing_for_a_few_seconds_uses_no_retry(tmp_path):
     try:
         outcome = campaign.run()
     finally:
+        finished.set()
         helper.join(timeout=WAIT_S)
     assert (outcome.done, outcome.failed, outcome.retried, outcome.waiting) == (4, 0, 0, 0) and outcome.environment >= 1
     assert rows(tmp_path / "work", "SELECT DISTINCT status, attempts FROM trials") == [("done", 1)]
