@@ -83,7 +83,7 @@ def snapshot(workdir: str | Path, *, now: Callable[[], float] = time.time) -> di
         "campaign": name,
         "counts": counts,
         "trials_per_min": per_min,
-        "eta_s": None if stopped else left * 60.0 / per_min if per_min > 0 else (0.0 if left == 0 else None),
+        "eta_s": 0.0 if left == 0 else None if stopped else left * 60.0 / per_min if per_min > 0 else None,
         "run": run,
         "running": running,
         "series": series,
@@ -95,10 +95,10 @@ def render(data: dict[str, Any]) -> Group:
     counts = data["counts"]
     eta = data["eta_s"]
     state = (data.get("run") or {}).get("state", "running")
-    if state in ("running", "none"):
+    if state in ("running", "none") or eta == 0.0:
         eta_text = "done" if eta == 0.0 else ("?" if eta is None else f"{int(eta // 60)}m{int(eta % 60):02d}s")
         pace = f"{data['trials_per_min']:.1f} trials/min, ETA {eta_text}"
-    else:  # no scheduler is running this campaign: no pace, no ETA
+    else:  # trials are left but no scheduler is running them: no pace, no ETA
         pace = f"not running (last run {state})"
     header = Text(f"{visible(data['campaign'])}: {counts['done']}/{counts['total']} done, {counts['failed']} failed, {pace}", style="bold")
     lanes = Table(box=None, pad_edge=False, header_style="bold")
