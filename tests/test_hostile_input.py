@@ -233,6 +233,31 @@ def test_absurd_sizes_are_refused_up_front_naming_the_limit(tmp_path, capsys, da
     assert err.startswith(f"gpufill: error: {path}:2: {message}")
 
 
+def test_a_campaign_of_more_trials_than_the_limit_is_refused_before_any_is_listed(tmp_path, capsys):
+    """A grid of ten million points (refused before any point is built), and 2,000,100 trials of a data file's projects."""
+    import time
+
+    axis = "[" + ", ".join(map(str, range(1, 11))) + "]"
+    path = tmp_path / "grid.yaml"
+    path.write_text("name: grid\ndata: {source: synthetic, projects: 2, length: 300}\nmodels:\n  mlp: {"
+                    + ", ".join(f"{key}: {axis}" for key in ("hidden_size", "num_layers", "lr", "epochs", "batch_size", "weight_decay", "dropout")) + "}\n")
+    started = time.monotonic()
+    code, _out, err = run_cli(capsys, "estimate", path)
+    assert code == 2 and err == (f"gpufill: error: {path}:3: models: the grids hold 10,000,000 points, more than the 2,000,000 trials gpufill runs "
+                                 "in one campaign; fix: use fewer values per grid axis, or split the campaign into several files\n")
+    assert time.monotonic() - started < 60
+    t = np.arange(40)
+    pd.concat([pd.DataFrame({"project": f"p{i:03d}", "t": t, "target": np.sin(t + i)}) for i in range(100)]).to_csv(tmp_path / "d.csv", index=False)
+    path = tmp_path / "seeds.yaml"
+    path.write_text(f"name: seeds\ndata: {{source: d.csv, time_column: t}}\ntask: {{lookback: [4]}}\nmodels: {{linear: {{}}}}\n"
+                    f"seeds: [{', '.join(map(str, range(20_001)))}]\n")
+    code, _out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    assert code == 2 and err == (f"gpufill: error: {path}:4: models: 1 grid points x 1 lookbacks x 20001 seeds x 100 projects = 2,000,100 trials, "
+                                 "more than the 2,000,000 gpufill runs in one campaign; fix: use fewer values per grid axis, lookbacks, seeds or "
+                                 "projects, or split the campaign into several files\n")
+    assert not (tmp_path / "work").exists()
+
+
 def test_gpu_slots_past_the_limit_are_refused_before_any_worker_starts():
     from gpufill.campaign.lanes import MAX_REQUESTED_GPU_SLOTS, plan_lanes
 

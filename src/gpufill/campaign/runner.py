@@ -99,6 +99,7 @@ class Campaign:
         timeline = timeline or Timeline()
         projects = self.spec.data.load(self.base_dir)
         timeline.mark("data loaded")
+        self.spec.check_trial_count(len(projects), where=self.spec.where("models"))  # the file's projects are known now: before the trials are listed
         too_short, notes = _too_short(projects, self.spec)  # fails before the run on any other data problem, naming the project
         # Each project's values are part of its trials' identity: an edited file re-runs exactly what it changed.
         trials = expand(self.spec, {name: project.fingerprint() for name, project in projects.items()})

@@ -17,6 +17,7 @@ Beside it: :mod:`.spec_errors` (reading the YAML, pydantic errors as ``file:line
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -83,6 +84,8 @@ MAX_LENGTH = 10_000_000
 """data.length of a synthetic series (10 million steps: 240 MB with its two covariates)."""
 MAX_SYNTHETIC_STEPS = 100_000_000
 """data.projects x data.length of synthetic data (2.4 GB of float64 with the covariates)."""
+MAX_TRIALS = 2_000_000
+"""Trials in one campaign (36,000 register in seconds; each is a row and, while it is listed, ~0.5 KB of memory)."""
 MAX_SEED = 2**32 - 1
 """Seeds are unsigned 32-bit: numpy's legacy generator and scikit-learn refuse a larger one at run time."""
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -440,6 +443,10 @@ class CampaignSpec(Spec):
             raise InputError("no model families given", fix="add at least one family, e.g. models: {lstm: {hidden_size: [64]}}")
         if _checked_already(info):  # a worker: the scheduler checked these grids; importing a factory is for building it
             return value
+        points = sum(math.prod(len(axis) if isinstance(axis, list) else 1 for axis in grid.values()) for grid in value.values() if isinstance(grid, Mapping))
+        if points > MAX_TRIALS:  # before any grid point is built, here or in the inspection child
+            raise LocatedError((), f"the grids hold {points:,} points, more than the {MAX_TRIALS:,} trials gpufill runs in one campaign",
+                               fix="use fewer values per grid axis, or split the campaign into several files")
         task = info.data.get("task")
         # The scheduler's own `module:factory` models: imported, checked and built in a child process.
         inspected = inspect_in_child(value, min(task.lookback) if task else None, task.horizon if task else None)
@@ -456,6 +463,10 @@ class CampaignSpec(Spec):
             check_length(self.data.length, self.task.split.to_split(), lookback=max(self.task.lookback), horizon=self.task.horizon)
         if _checked_already(info):
             return self
+        known = self.data.projects if isinstance(self.data.projects, int) else len(self.data.projects) if isinstance(self.data.projects, list) else None
+        if self.data.source == "synthetic" and known is None:
+            known = SYNTHETIC_DEFAULT_PROJECTS
+        self.check_trial_count(known or 1)  # before any grid point is built: a grid of a billion points is refused at once
         for family in self.models:
             check_builds(family, self.models[family], lookback=min(self.task.lookback), horizon=self.task.horizon)
             self._check_recipes(family)
@@ -474,6 +485,22 @@ class CampaignSpec(Spec):
                 except InputError as exc:
                     loc = ("models", family, "loss") if "loss" in grid else ("train", "loss") if loss != "auto" else ("task", "scaling")
                     raise LocatedError(loc, exc.problem, fix=exc.fix) from None
+
+    def check_trial_count(self, projects: int, *, where: str | None = None) -> None:
+        """Refuse a campaign of more than MAX_TRIALS trials (grid points x lookbacks x seeds x projects; global mode: one
+        project), naming the count: expanding it would take minutes and the memory of millions of trials. `where`: the
+        file:line to name once the spec is loaded (while it validates, the error finds its line itself)."""
+        points = sum(math.prod(len(axis) for axis in grid.values()) for grid in self.models.values())
+        total = points * len(self.task.lookback) * len(self.seeds) * (1 if self.task.mode == "global" else projects)
+        if total <= MAX_TRIALS:
+            return
+        problem = (f"{points:,} grid points x {len(self.task.lookback)} lookbacks x {len(self.seeds)} seeds"
+                   + (f" x {projects:,} projects" if self.task.mode != "global" and projects > 1 else "")
+                   + f" = {total:,} trials, more than the {MAX_TRIALS:,} gpufill runs in one campaign")
+        fix = "use fewer values per grid axis, lookbacks, seeds or projects, or split the campaign into several files"
+        if where is not None:
+            raise InputError(problem, fix=fix, where=where, field="models")
+        raise LocatedError(("models",), problem, fix=fix)
 
     # -- helpers for the rest of the campaign -----------------------------------------------
 
