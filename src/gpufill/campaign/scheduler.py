@@ -19,16 +19,19 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpufill.campaign.executors.base import Crashed, Executor, Finished, Worker
 from gpufill.campaign.admission import META_KEY, Running, ShapeBook, admits
 from gpufill.campaign import environment
 from gpufill.campaign.lanes import Lane
+from gpufill.campaign import progress
+from gpufill.campaign.progress import LaneProgress, RunOutcome, Snapshot
 from gpufill.campaign.queue import ShapeQueue
 from gpufill.campaign.startup import Timeline
 from gpufill.campaign.store import Store
+
+__all__ = ["LaneProgress", "RunOutcome", "Scheduler", "Snapshot"]  # the progress types live in progress.py; importable from here too
 
 log = logging.getLogger("gpufill.scheduler")
 
@@ -44,60 +47,6 @@ tries (engine.measure.pack.CANDIDATE_SIZES; a literal here keeps torch out of th
 # than the floor (a fresh worker's start-up and a cold cache fit under it).
 AUTO_TIMEOUT_FACTOR = 10.0
 AUTO_TIMEOUT_FLOOR_S = 60.0
-
-
-@dataclass(slots=True)
-class LaneProgress:
-    name: str
-    slots: int
-    threads: int
-    done: int = 0
-    failed: int = 0
-    running: int = 0
-    pending: int = 0
-    finished_this_run: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.done + self.failed + self.running + self.pending
-
-
-@dataclass(slots=True)
-class Snapshot:
-    """What the live view shows: per-lane counts, rate and ETA, and the running trials."""
-
-    lanes: dict[str, LaneProgress]
-    elapsed_s: float
-    running: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def trials_per_min(self) -> float:
-        finished = sum(lane.finished_this_run for lane in self.lanes.values())
-        return 60.0 * finished / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def eta_s(self, lane: str) -> float | None:
-        progress = self.lanes[lane]
-        left = progress.pending + progress.running
-        if left == 0:
-            return 0.0
-        if progress.finished_this_run == 0 or self.elapsed_s <= 0:
-            return None
-        return left * self.elapsed_s / progress.finished_this_run
-
-
-@dataclass(slots=True)
-class RunOutcome:
-    done: int
-    failed: int
-    retried: int
-    crashed: int
-    elapsed_s: float
-    environment: int = 0
-    """Environment failures (data missing or changed, a full disk, a killed worker) retried without using an attempt."""
-    waiting: int = 0
-    """Trials left pending at the end because the environment kept failing them: a re-run once it is fixed runs them."""
-    waiting_reason: str = ""
-    """The last environment failure's error."""
 
 
 class Scheduler:
@@ -464,34 +413,5 @@ class Scheduler:
 
     # -- progress -----------------------------------------------------------------------
     def snapshot(self, elapsed_s: float) -> Snapshot:
-        counts = self.store.counts()
-        lanes: dict[str, LaneProgress] = {}
-        first_of_queue = {lane.queue: lane.name for lane in reversed(self.lanes)}
-        for lane in self.lanes:
-            by_status = dict(counts.lanes.get(lane.name, {}))
-            if lane.queue != lane.name and first_of_queue[lane.queue] == lane.name:  # a shared queue's waiting trials, shown once
-                by_status["pending"] = by_status.get("pending", 0) + counts.lanes.get(lane.queue, {}).get("pending", 0)
-            lanes[lane.name] = LaneProgress(
-                name=lane.name,
-                slots=lane.slots,
-                threads=lane.threads,
-                done=by_status.get("done", 0),
-                failed=by_status.get("failed", 0),
-                running=by_status.get("running", 0),
-                pending=by_status.get("pending", 0),
-                finished_this_run=self.finished_this_run[lane.name],
-            )
-        now = self.clock()
-        running = [
-            {
-                "trial_id": trial["trial_id"],
-                "family": trial["family"] + (f" x{len(w.task['trials'])}" if len(w.task["trials"]) > 1 else ""),
-                "project": trial["project"],
-                "worker": w.name,
-                "seconds": now - self.started_at.get(trial["trial_id"], now),
-            }
-            for w in self.executor.busy()
-            if w.task is not None
-            for trial in w.task["trials"][:1]
-        ]
-        return Snapshot(lanes=lanes, elapsed_s=elapsed_s, running=running)
+        busy = [w for w in self.executor.busy() if w.task is not None]
+        return progress.snapshot(self.store.counts(), self.lanes, self.finished_this_run, busy, self.started_at, self.clock(), elapsed_s)
