@@ -17,7 +17,6 @@ Beside it: :mod:`.spec_errors` (reading the YAML, pydantic errors as ``file:line
 from __future__ import annotations
 
 import fnmatch
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,7 +54,8 @@ from gpufill.campaign.spec_errors import (
     read_yaml,
     to_input_error,
 )
-from gpufill.campaign.spec_types import SCIENTIFIC, Count, Float, Spec, at_most
+from gpufill.campaign.spec_limits import Length, Seed, check_grid_points, check_project_count, check_synthetic, check_trial_count
+from gpufill.campaign.spec_types import Count, Float, Spec
 from gpufill.forecasting.data import Project, Split, WindowedProject, load_projects, make_windows
 from gpufill.errors import InputError
 from gpufill.engine.config import DEFAULTS, FitConfig
@@ -77,17 +77,6 @@ __all__ = [
 
 # projects: None on a synthetic source: the data layer's default count.
 SYNTHETIC_DEFAULT_PROJECTS = 10
-# Sizes past these would take minutes or the machine's memory before anything is printed: refused up front.
-MAX_PROJECTS = 100_000
-"""data.projects as a count (synthetic: generated; a file: its first N)."""
-MAX_LENGTH = 10_000_000
-"""data.length of a synthetic series (10 million steps: 240 MB with its two covariates)."""
-MAX_SYNTHETIC_STEPS = 100_000_000
-"""data.projects x data.length of synthetic data (2.4 GB of float64 with the covariates)."""
-MAX_TRIALS = 2_000_000
-"""Trials in one campaign (36,000 register in seconds; each is a row and, while it is listed, ~0.5 KB of memory)."""
-MAX_SEED = 2**32 - 1
-"""Seeds are unsigned 32-bit: numpy's legacy generator and scikit-learn refuse a larger one at run time."""
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _SYNTHETIC_NAME = re.compile(r"^p(\d+)$")
 
@@ -103,9 +92,9 @@ class DataSpec(Spec):
     projects: StrictInt | list[str] | str | None = None
     """A count (the first N in name order; synthetic: N generated), a list of names, an fnmatch
     glob over names ("store_*"), or None for all (synthetic: 10)."""
-    length: Annotated[Count, at_most(MAX_LENGTH, "time steps of a synthetic series")] = 2000
+    length: Annotated[Count, Length] = 2000
     """Time steps per synthetic project (synthetic only)."""
-    seed: Annotated[StrictInt, Field(ge=0), at_most(MAX_SEED, "seeds are unsigned 32-bit integers")] = 0
+    seed: Seed = 0
     """Seed of the synthetic generator (synthetic only)."""
     target: str = "target"
     project_column: str = "project"
@@ -121,8 +110,7 @@ class DataSpec(Spec):
             return None
         if isinstance(value, bool) or (isinstance(value, int) and value < 1):
             raise InputError(f"expected a count >= 1, got {value!r}", fix="give a count >= 1, a list of names, a glob such as 'store_*', or null for all")
-        if isinstance(value, int) and value > MAX_PROJECTS:
-            raise InputError(f"{value:,} projects is more than the {MAX_PROJECTS:,} gpufill allows", fix=f"use at most {MAX_PROJECTS:,} projects")
+        check_project_count(value)
         if isinstance(value, str) and not value.strip():
             raise InputError("empty project name or glob", fix="give a name or glob such as 'store_*', or null for all")
         if isinstance(value, list):
@@ -144,16 +132,7 @@ class DataSpec(Spec):
                 if getattr(self, key) != DataSpec.model_fields[key].default:
                     raise LocatedError((key,), f"{key} applies only to source: synthetic", fix=f"remove {key}: it would be ignored")
             return self
-        if isinstance(self.projects, str) and SCIENTIFIC.match(self.projects.strip()):  # YAML reads 1e8 as text: it was meant as a count
-            raise LocatedError(("projects",), f"{self.projects!r} is text to YAML (a pattern no synthetic name matches), not a count",
-                               fix=f"write the count in digits, at most {MAX_PROJECTS:,}")
-        count = self.synthetic_count()
-        if count > MAX_PROJECTS:  # names such as p99999999 would generate every project before them
-            raise LocatedError(("projects",), f"naming project p{count - 1} generates {count:,} projects, more than the {MAX_PROJECTS:,} gpufill allows",
-                               fix=f"name synthetic projects up to p{MAX_PROJECTS - 1}")
-        if count * self.length > MAX_SYNTHETIC_STEPS:
-            raise LocatedError(("projects",), f"{count:,} projects x length {self.length:,} = {count * self.length:,} time steps is more than "
-                               f"the {MAX_SYNTHETIC_STEPS:,} gpufill generates", fix="lower data.projects or data.length")
+        check_synthetic(self.projects, self.synthetic_count(), self.length)  # sizes that would take minutes or the memory: refused up front
         return self
 
     def synthetic_count(self) -> int:
@@ -398,7 +377,7 @@ class CampaignSpec(Spec):
     models: dict[str, dict[str, Any]]
     """family -> {key: axis}; see the module docstring."""
     train: TrainSpec = TrainSpec()
-    seeds: list[Annotated[StrictInt, Field(ge=0), at_most(MAX_SEED, "seeds are unsigned 32-bit integers")]] = [0]
+    seeds: list[Seed] = [0]
     resources: ResourcesSpec = ResourcesSpec()
     path: Path | None = Field(default=None, exclude=True)
     """The file this spec was loaded from (relative data paths resolve against its folder)."""
@@ -443,10 +422,7 @@ class CampaignSpec(Spec):
             raise InputError("no model families given", fix="add at least one family, e.g. models: {lstm: {hidden_size: [64]}}")
         if _checked_already(info):  # a worker: the scheduler checked these grids; importing a factory is for building it
             return value
-        points = sum(math.prod(len(axis) if isinstance(axis, list) else 1 for axis in grid.values()) for grid in value.values() if isinstance(grid, Mapping))
-        if points > MAX_TRIALS:  # before any grid point is built, here or in the inspection child
-            raise LocatedError((), f"the grids hold {points:,} points, more than the {MAX_TRIALS:,} trials gpufill runs in one campaign",
-                               fix="use fewer values per grid axis, or split the campaign into several files")
+        check_grid_points(value)  # before any grid point is built, here or in the inspection child
         task = info.data.get("task")
         # The scheduler's own `module:factory` models: imported, checked and built in a child process.
         inspected = inspect_in_child(value, min(task.lookback) if task else None, task.horizon if task else None)
@@ -487,20 +463,8 @@ class CampaignSpec(Spec):
                     raise LocatedError(loc, exc.problem, fix=exc.fix) from None
 
     def check_trial_count(self, projects: int, *, where: str | None = None) -> None:
-        """Refuse a campaign of more than MAX_TRIALS trials (grid points x lookbacks x seeds x projects; global mode: one
-        project), naming the count: expanding it would take minutes and the memory of millions of trials. `where`: the
-        file:line to name once the spec is loaded (while it validates, the error finds its line itself)."""
-        points = sum(math.prod(len(axis) for axis in grid.values()) for grid in self.models.values())
-        total = points * len(self.task.lookback) * len(self.seeds) * (1 if self.task.mode == "global" else projects)
-        if total <= MAX_TRIALS:
-            return
-        problem = (f"{points:,} grid points x {len(self.task.lookback)} lookbacks x {len(self.seeds)} seeds"
-                   + (f" x {projects:,} projects" if self.task.mode != "global" and projects > 1 else "")
-                   + f" = {total:,} trials, more than the {MAX_TRIALS:,} gpufill runs in one campaign")
-        fix = "use fewer values per grid axis, lookbacks, seeds or projects, or split the campaign into several files"
-        if where is not None:
-            raise InputError(problem, fix=fix, where=where, field="models")
-        raise LocatedError(("models",), problem, fix=fix)
+        """At most MAX_TRIALS trials (spec_limits.py); `where`: the file:line to name once the spec is loaded."""
+        check_trial_count(self.models, len(self.task.lookback), len(self.seeds), projects, one_project=self.task.mode == "global", where=where)
 
     # -- helpers for the rest of the campaign -----------------------------------------------
 
