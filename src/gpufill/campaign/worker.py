@@ -28,6 +28,9 @@ from gpufill.campaign.attempt import EnvironmentFailure, attempt, failure, unfus
 
 HEARTBEAT_EVERY_S = 2.0
 """A local worker says it is alive this often, busy or idle (resources.heartbeat_timeout is its limit)."""
+REREAD_EVERY_S = 1.0
+"""Data that differs from a trial's id is read again at most once per task and this often: a project changed for good
+fails its trials quickly (each retried later by the scheduler), without reading a large file for every one."""
 
 
 def start_runner(setup: dict[str, Any]) -> TrialRunner:
@@ -118,6 +121,7 @@ class TrialRunner:
         """Fingerprints of the loaded projects (and "*": all of them, as a global-mode trial's id holds them)."""
         self._reread = False
         """Whether the data was read again during the current task (a difference is looked into once per task)."""
+        self._read_at = time.monotonic()
         self._windows: dict[tuple[str, int, str], Any] = {}
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
         """Where a local worker sends which trials started and finished within a task (None: nowhere)."""
@@ -143,6 +147,7 @@ class TrialRunner:
         """The campaign's projects, loaded once per process. The scheduler loaded the same data before the run:
         failing here, the data changed under the run (a file missing, unreadable, broken): an environment failure."""
         if self._projects is None:
+            self._read_at = time.monotonic()
             try:
                 self._projects = self.spec.data.load(self.base_dir)
             except Exception as error:
@@ -156,7 +161,7 @@ class TrialRunner:
             return
         if self._fingerprint(trial["project"]) == wanted:
             return
-        if not self._reread:  # what this process read may be older than the file: read it again (once per task)
+        if not self._reread and time.monotonic() - self._read_at >= REREAD_EVERY_S:  # what this process read may be older than the file
             self._projects, self._prints, self._windows, self._reread = None, {}, {}, True
         found = self._fingerprint(trial["project"])
         if found != wanted:
