@@ -27,8 +27,8 @@ from typing import Any
 
 from gpufill.doctor.bottleneck import INPUT_SHARE
 from gpufill.errors import InputError
-from gpufill.monitor.alerts import Alert, all_alerts, input_wait
 from gpufill.files import check_target, make_folder, write_atomically
+from gpufill.monitor.alerts import Alert, all_alerts, input_wait
 from gpufill.script.diagnose import WARMUP_STEPS, ScriptDiagnosis, analyse
 from gpufill.script.instrument import WHOLE_RUN
 from gpufill.script.launch import SAMPLES_FILE, ScriptRun, check_command, forwarding_signals, run_instrumented
