@@ -11,6 +11,8 @@ trials' summed time divided by its slots.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -128,7 +130,7 @@ def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tup
     sample = min(n_full, SAMPLE_WINDOWS)
     config = spec.fit_config(trial.family, trial.train, trial.seed)
     epochs = config.epochs
-    config.epochs, config.patience, config.device = 2, None, lane.device
+    config = dataclasses.replace(config, epochs=2, patience=None, device=lane.device)
     torch.manual_seed(trial.seed)
     first = windows[0]
     model = registry.build(trial.family, n_features=first.n_features, lookback=first.lookback, horizon=first.horizon, params=trial.params)

@@ -16,6 +16,8 @@ Beside it: :mod:`.spec_errors` (reading the YAML, pydantic errors as ``file:line
 
 from __future__ import annotations
 
+import dataclasses
+
 import fnmatch
 import re
 from collections.abc import Mapping
@@ -510,14 +512,9 @@ class CampaignSpec(Spec):
         tune cache and thread count (a lane's slots share the cores: a trial must not measure its way past its share)."""
         config = self.train.fit_config({k: v for k, v in train.items() if k not in WINDOW_KEYS}, seed)
         settings = self.recipe(family, train)
-        config.loss, config.schedule = settings.loss, settings.schedule
-        config.memory_margin = self.resources.memory_margin
-        if device is not None:
-            config.device = device
-        config.tune_cache = tune_cache
-        if threads is not None:
-            config.threads = threads
-        return config
+        worker = {"device": device, "threads": threads}
+        return dataclasses.replace(config, loss=settings.loss, schedule=settings.schedule, memory_margin=self.resources.memory_margin,
+                                   tune_cache=tune_cache, **{k: v for k, v in worker.items() if v is not None})
 
 
 CHECKED = {"checked": True}

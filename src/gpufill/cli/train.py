@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import contextlib
 import json
 import os
@@ -106,7 +108,7 @@ def train(
         with _as_options():
             settings = recipe(model, scaling=_one_of("--scaling", scaling, ("auto", *SCALINGS)), loss=_one_of("--loss", loss, ("auto", *LOSSES)))
         windows = scale_windows(windows, settings.scaling)
-        config.loss, config.schedule = settings.loss, settings.schedule
+        config = dataclasses.replace(config, loss=settings.loss, schedule=settings.schedule)
     console = Console(stderr=as_json, quiet=quiet)
     if registry.resolve(model).kind == "classical":
         from gpufill.engine.hardware import cpu_count

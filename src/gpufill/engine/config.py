@@ -36,7 +36,7 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "warmup_cosine", "linear")
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, frozen=True)
 class SpeedSettings:
     """What the user asks for; each "auto" becomes a concrete Choice in the Plan."""
 
@@ -104,7 +104,7 @@ class SpeedSettings:
                              fix="pass auto, cpu, cuda or cuda:N")
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, frozen=True)
 class FitConfig(SpeedSettings):
     """Training settings (what to learn) on top of the speed settings (how fast)."""
 
