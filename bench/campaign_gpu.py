@@ -55,7 +55,7 @@ from gpufill.campaign.trials import expand  # noqa: E402
 from gpufill.campaign.worker import TrialRunner  # noqa: E402
 from gpufill.monitor.summary import summarise  # noqa: E402
 from gpufill.engine.hardware import resolve_device  # noqa: E402
-from gpufill.engine.measure.pack import measure_pack_size  # noqa: E402
+from gpufill.engine.packs.size import measure_pack_size  # noqa: E402
 from gpufill.forecasting.models import registry  # noqa: E402
 from gpufill.monitor.sampler import QueueSink, Sampler  # noqa: E402
 

@@ -33,7 +33,7 @@ from _common import environment, finish  # noqa: E402
 from gpufill.engine.hardware import resolve_device  # noqa: E402
 from gpufill.forecasting.models import registry  # noqa: E402
 from gpufill.engine.backend import is_out_of_memory  # noqa: E402
-from gpufill.engine.measure.pack import _time_candidate, _training_step  # noqa: E402  (measure_pack_size's own timing)
+from gpufill.engine.packs.size import _time_candidate, _training_step  # noqa: E402  (measure_pack_size's own timing)
 
 SHAPES = {
     "small (demo)": {"lstm": {"hidden_size": 32}, "gru": {"hidden_size": 32}, "tcn": {"channels": 32},

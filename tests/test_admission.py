@@ -122,7 +122,7 @@ def test_measured_shapes_run_side_by_side_and_never_past_the_memory_margin(tmp_p
 
 
 def test_the_scheduler_probes_with_as_many_trials_as_the_largest_pack_measured():
-    from gpufill.engine.measure.pack import CANDIDATE_SIZES
+    from gpufill.engine.packs.size import CANDIDATE_SIZES
 
     assert PROBE_PACK == max(CANDIDATE_SIZES) == 64
 

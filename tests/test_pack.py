@@ -15,7 +15,7 @@ from gpufill.engine.config import FitConfig
 from gpufill.engine.loop import fit
 from gpufill.forecasting.models import registry
 from gpufill.engine.packs.train import PackAdamW, PackMember, fit_pack
-from gpufill.engine.measure.pack import measure_pack_size
+from gpufill.engine.packs.size import measure_pack_size
 from tests.helpers import write_campaign
 
 
@@ -143,7 +143,7 @@ def test_pack_size_is_measured_and_explained():
 @pytest.mark.parametrize(("vmap_speed", "kind"), [(2.0, "torch.func vmap"), (1.0, "hand-written fused kernels")])
 def test_the_pack_kind_is_measured_where_both_can_run_it(monkeypatch, vmap_speed, kind):
     # Chosen timings: a pack of K is K times one model's samples/s (hand-written), vmap_speed times that for vmap.
-    from gpufill.engine.measure import pack as pack_module
+    from gpufill.engine.packs import size as pack_module
 
     def fake_step(build, k, x, y, dev, kind=None):
         return (k, kind)

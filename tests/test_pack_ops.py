@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpufill.engine.measure.ops import count_ops
-from gpufill.engine.measure.pack import measure_pack_size
+from gpufill.engine.packs.size import measure_pack_size
 from gpufill.engine.packs.fused import fuse
 from gpufill.engine.packs.optim import PackAdamW
 from gpufill.forecasting.models import registry

@@ -1,7 +1,7 @@
 """A worker's side of fused packs: same-shape neural trials trained as one pack, each scored alone.
 
 For a shape the scheduler has not sized yet, the worker first measures one model at a
-time against fused packs of 2, 4, ... 64 on its device (`engine.measure.pack.measure_pack_size`),
+time against fused packs of 2, 4, ... 64 on its device (`engine.packs.size.measure_pack_size`),
 tells the scheduler at once (the size, and each size's peak memory with the trials' data,
 which GPU admission adds up), trains one pack of the measured size, and hands the other
 trials back (not attempted); later packs of that shape arrive at the measured size. Each
@@ -24,7 +24,7 @@ from gpufill.forecasting.models import registry
 from gpufill.engine.losses import NAMED
 from gpufill.engine.packs.stacked import pack_kind, why_not_packed
 from gpufill.engine.packs.train import PackMember, fit_pack
-from gpufill.engine.measure.pack import CANDIDATE_SIZES, PackSizeChoice, measure_pack_size
+from gpufill.engine.packs.size import CANDIDATE_SIZES, PackSizeChoice, measure_pack_size
 from gpufill.engine.plan import DataFacts, make_plan
 
 

@@ -41,7 +41,7 @@ ALERT_EVERY_S = 30.0
 
 PROBE_PACK = 64
 """Trials sent together for a shape whose pack size is not measured yet: the largest size the worker
-tries (engine.measure.pack.CANDIDATE_SIZES; a literal here keeps torch out of the scheduler's imports)."""
+tries (engine.packs.size.CANDIDATE_SIZES; a literal here keeps torch out of the scheduler's imports)."""
 
 # trial_timeout "auto": this many times the slowest finished trial of the shape, and never less
 # than the floor (a fresh worker's start-up and a cold cache fit under it).

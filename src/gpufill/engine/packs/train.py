@@ -29,7 +29,7 @@ from gpufill.engine.packs.stacked import pack_kind, pack_module
 from gpufill.engine.packs.optim import PackAdamW
 from gpufill.engine.measure.cache import TuneCache, shape_key
 from gpufill.engine.measure.candidates import Context
-from gpufill.engine.measure.pack_step import PackProbe, configure
+from gpufill.engine.packs.probe import PackProbe, configure
 from gpufill.engine.measure.resolver import resolve
 from gpufill.engine.plan import Choice, DataFacts, Plan, make_plan
 from gpufill.engine.backend import backend_flags

@@ -1,6 +1,6 @@
 """How many models to fuse, per shape and device: measured on a sample batch before any pack
 exists (`campaign/packs.py` asks). How a pack's step runs (compiled, graph-captured) is
-measured on the real pack: `pack_step.py`.
+measured on the real pack: `probe.py`.
 """
 
 from __future__ import annotations

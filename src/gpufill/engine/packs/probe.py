@@ -1,7 +1,7 @@
 """How a pack's step runs, measured on the real pack before its first epoch: precision, CPU threads,
 TF32 and cudnn.benchmark, compiling the fused forward, and replaying the whole step as a CUDA graph.
 
-The same resolver as single trainings (`resolver.py`) decides; this probe measures a plan variant
+The same resolver as single trainings (`engine/measure/resolver.py`) decides; this probe measures a plan variant
 on the pack itself and puts every weight, optimizer moment, loss scale, accumulator and random
 state back; `configure` applies the finished plan to the pack once.
 """
