@@ -74,7 +74,7 @@ def test_the_live_views_show_running_names_as_visible_text():
     from rich.console import Console
 
     from gpufill.cli.campaign_tables import campaign_view
-    from gpufill.monitor import live
+    from gpufill.cli import live
 
     trial = {"family": "linear", "project": TITLE, "worker": CLEAR, "seconds": 3.0}
     counts = {"done": 0, "total": 1, "failed": 0, "lanes": {"cpu": dict.fromkeys(("total", "done", "failed", "running", "pending", "skipped"), 0)}}

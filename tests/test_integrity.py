@@ -29,7 +29,7 @@ from gpufill.campaign.runner import Campaign
 from gpufill.campaign.store import Store
 from gpufill.campaign.trials import Trial
 from gpufill.forecasting.data import load_projects, rmse
-from gpufill.monitor.live import render, snapshot
+from gpufill.cli.live import render, snapshot
 from tests.helpers import run_cli
 
 WAIT_S = 180.0

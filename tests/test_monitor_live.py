@@ -6,7 +6,7 @@ from rich.console import Console
 
 from gpufill.campaign.store import Store
 from gpufill.campaign.trials import Trial
-from gpufill.monitor.live import render, snapshot, sparkline
+from gpufill.cli.live import render, snapshot, sparkline
 
 
 def test_sparkline_scales_values_and_leaves_gaps_blank():

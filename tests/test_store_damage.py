@@ -173,7 +173,7 @@ def test_nan_metrics_in_a_store_are_left_out_of_the_summary_and_report(finished,
 
 def test_rich_markup_in_names_is_printed_as_text():
     from gpufill.cli import campaign_tables as render
-    from gpufill.monitor import live
+    from gpufill.cli import live
 
     frame = pd.DataFrame({"trial_id": ["abcdef123456"], "project": ["[/x]"], "family": ["[bold]mlp"], "params": ["{}"], "seed": [0],
                           "lookback": [12], "status": ["done"], "attempts": [1], "lane": ["cpu"], "duration_s": [1.0],

@@ -224,7 +224,7 @@ def monitor(
     from rich.live import Live
 
     from gpufill.campaign.reading import find_workdir
-    from gpufill.monitor import live as dashboard
+    from gpufill.cli import live as dashboard
 
     directory = find_workdir(workdir)
     console = Console()

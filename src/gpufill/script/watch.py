@@ -129,7 +129,7 @@ def watch(command: list[str], out: Path | None = None, *, sample_every_s: float 
         record = outcome.to_dict()
         try:  # a full disk costs the record, never the command's exit code: the caller passes it through
             write_atomically(folder / SUMMARY_FILE, json.dumps(record, indent=1), field="--out")
-            from gpufill.report.watch import (
+            from gpufill.script.watch_report import (
                 write_watch_report,  # pandas and matplotlib: only once the run is over
             )
 
