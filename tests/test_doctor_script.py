@@ -87,6 +87,29 @@ def test_a_command_that_is_not_there_is_one_line_and_exit_2():
     assert "'no-such-command-here' is not a command here" in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
+def _report(pid: int, rank: int, *, launched: bool, trained: bool, error: str | None = None) -> dict:
+    return {"pid": pid, "rank": rank, "launched_as_rank": launched, "stop_reason": "x", "steps_seen": 4 if trained else 0,
+            "optimizers": [{"kind": "AdamW"}] if trained else [], "loaders": [], "error": error}
+
+
+def test_a_launcher_that_failed_with_its_rank_is_not_counted_as_a_rank(tmp_path):
+    from gpufill.script.launch import _training_reports
+
+    # torchrun's own process raises ChildFailedError when a rank ends badly: its report has an error, and no RANK.
+    reports = [_report(10, 0, launched=False, trained=False, error="ChildFailedError: rank 1 failed"),
+               _report(11, 0, launched=True, trained=True), _report(12, 1, launched=True, trained=False, error="RuntimeError: gloo")]
+    for report in reports:
+        (tmp_path / f"report-{report['rank']}-{report['pid']}.json").write_text(json.dumps(report))
+    problems: list[str] = []
+    kept = _training_reports(tmp_path, problems)
+    assert [r["pid"] for r in kept] == [11, 12] and problems == []
+    # A plain script (no launcher, no RANK) is its own single rank.
+    for path in tmp_path.glob("*.json"):
+        path.unlink()
+    (tmp_path / "report-0-20.json").write_text(json.dumps(_report(20, 0, launched=False, trained=True)))
+    assert [r["pid"] for r in _training_reports(tmp_path, problems)] == [20]
+
+
 def test_under_torchrun_each_rank_is_instrumented_and_rank_0_is_reported():
     command = [sys.executable, "-m", "gpufill", "doctor", "--steps", "4", "--json", "--",
                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "ddp_train.py")]

@@ -143,8 +143,10 @@ def _training_reports(folder: Path, problems: list[str]) -> list[dict[str, Any]]
             reports.append(report)
         else:
             problems.append(f"{path.name}: not a whole report (torn by a full disk or a kill): left out")
-    # A launcher (torchrun) is a Python process too: only processes that trained count as ranks.
-    trained = [r for r in reports if r["optimizers"] or r["loaders"] or r["error"]] or reports
+    # A launcher (torchrun) is a Python process too, and one whose rank failed raises an error of its own: where
+    # a launcher set RANK for its children, only those count; else only processes that trained (or failed) do.
+    ranks = [r for r in reports if r.get("launched_as_rank")] or reports
+    trained = [r for r in ranks if r["optimizers"] or r["loaders"] or r["error"]] or ranks
     return sorted(trained, key=lambda r: (r["rank"], -r["steps_seen"]))
 
 

@@ -266,6 +266,7 @@ class Recorder:
             "pid": os.getpid(),
             "rank": self.rank,
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "launched_as_rank": "RANK" in os.environ,
             "argv": sys.argv,
             "steps_seen": self.step_count,
             "warmup": self.warmup,
