@@ -12,7 +12,7 @@ from torch.utils.data import TensorDataset
 
 from gpufill.engine.distributed import leave_together
 from gpufill.engine.loop import fit
-from tests.test_fit import make_data, model
+from tests.engine.test_fit import make_data, model
 
 N_TRAIN = (192, 225, 193)
 

@@ -10,9 +10,9 @@ import torch
 
 from gpufill.engine.loop import fit
 from tests.helpers import run_ranks
-from tests.test_fit import assert_same_weights, make_data, model
+from tests.engine.test_fit import assert_same_weights, make_data, model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 

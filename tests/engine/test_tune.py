@@ -12,7 +12,7 @@ from gpufill.engine.measure import cache as cache_module
 from gpufill.engine.measure import probe as probe_module
 from gpufill.engine.measure import loader as loader_module
 from tests.fakes import CPU, H100
-from tests.test_fit import assert_same_weights, make_data, model
+from tests.engine.test_fit import assert_same_weights, make_data, model
 
 MIB = 2**20
 
