@@ -1,4 +1,4 @@
-"""A user's own model factories, resolved by tests/test_registry.py as 'custom_model_fixture:NAME'."""
+"""A user's own model factories, resolved by tests/forecasting/test_registry.py as 'custom_model_fixture:NAME'."""
 
 from __future__ import annotations
 

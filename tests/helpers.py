@@ -11,6 +11,10 @@ import pytest
 from gpufill import cli
 
 CHROMIUM = Path("/usr/bin/chromium")
+# tests/ itself, wherever a test file sits: the helper modules campaigns name by dotted path
+# (tests.custom_model_fixture:make_tiny) and the plain scripts doctor, watch and bench run (user_scripts/).
+TESTS = Path(__file__).resolve().parent
+USER_SCRIPTS = TESTS / "user_scripts"
 # gloo's teardown can abort a rank after its work is done (a known torch/gloo race at process exit);
 # gpufill's own ranks wait for each other before leaving, which makes it rare, not impossible.
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -21,6 +19,7 @@ from gpufill.forecasting.models import (
     resolve,
 )
 from gpufill.forecasting.models import registry
+from tests.helpers import TESTS
 
 NEURAL = {
     "gru": GRUForecaster,
@@ -43,7 +42,7 @@ def restore_registry():
 @pytest.fixture
 def user_modules(monkeypatch, tmp_path):
     """tests/ (for custom_model_fixture) and a scratch folder for user modules on sys.path."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(TESTS))
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
 
