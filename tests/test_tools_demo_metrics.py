@@ -1,0 +1,110 @@
+"""tools/demo_metrics.py (issue 27): the demo campaign's metrics equal the reference saved before the restructuring,
+and the comparison itself reports what it should."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
+SCRIPT = ROOT / "tools" / "demo_metrics.py"
+REFERENCE = ROOT / "tools" / "demo_reference.json"
+LAST_LINE = re.compile(r"^max relative difference: (\S+) \((\d+) trials\)$")
+
+
+def load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("demo_metrics", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tool = load_tool()
+
+
+def trial(family: str = "lstm", **metrics: float) -> dict:
+    return {"family": family, "project": "p000", "seed": 0, "status": "done", "metrics": metrics, "choices": {"pack_size": 2}}
+
+
+@pytest.mark.slow
+def test_the_demo_matches_the_reference_saved_before_the_restructuring(tmp_path):
+    """Runs the demo (about 20-30 s on 2 cores) with this checkout's gpufill and compares every trial's metrics."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, str(SCRIPT), "compare", str(REFERENCE), "--workdir", str(tmp_path / "demo")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    match = LAST_LINE.match(lines[-1])
+    assert match is not None, lines[-1]
+    reference = json.loads(REFERENCE.read_text())["trials"]
+    assert float(match.group(1)) <= tool.DEFAULT_TOLERANCE
+    assert int(match.group(2)) == len(reference) == 80  # 8 projects x 10 families x 1 seed
+    assert "missing now (in the reference only): none" in lines
+    assert "missing in the reference (new now): none" in lines
+
+
+def test_the_reference_holds_every_demo_trial_with_its_metrics():
+    saved = json.loads(REFERENCE.read_text())
+    assert saved["pack_size"] == tool.DEFAULT_PACK_SIZE
+    families = sorted({t["family"] for t in saved["trials"].values()})
+    assert families == ["gru", "lgbm", "linear", "lstm", "rf", "snaive", "tcn", "theta", "transformer", "xgb"]
+    assert {t["status"] for t in saved["trials"].values()} == {"done"}
+    names = {f"{part}.{m}" for part in ("test", "naive") for m in ("mae", "rmse", "smape", "mase")}
+    assert all(set(t["metrics"]) == names for t in saved["trials"].values())
+    assert {t["choices"].get("pack_size") for t in saved["trials"].values() if t["family"] in ("lstm", "gru", "tcn", "transformer")} == {2}
+
+
+def test_identical_metrics_compare_as_zero():
+    ref = {"a": trial(**{"test.mae": 1.5, "naive.mae": 2.0}), "b": trial("rf", **{"test.mae": 0.25})}
+    outcome = tool.compare(ref, json.loads(json.dumps(ref)))
+    assert outcome["per_metric"] == {"naive.mae": 0.0, "test.mae": 0.0}
+    assert (outcome["max"], outcome["trials"], outcome["missing_current"], outcome["missing_reference"]) == (0.0, 2, [], [])
+    assert tool.passes(outcome, 0.0)
+    assert tool.report_lines(outcome)[-1] == "max relative difference: 0.0 (2 trials)"
+
+
+def test_a_known_relative_difference_is_reported_exactly():
+    ref = {"a": trial(**{"test.mae": 4.0, "test.rmse": 3.0}), "b": trial(**{"test.mae": 1.0, "test.rmse": 3.0})}
+    cur = {"a": trial(**{"test.mae": 5.0, "test.rmse": 3.0}), "b": trial(**{"test.mae": 1.0, "test.rmse": 3.0})}
+    outcome = tool.compare(ref, cur)
+    assert outcome["per_metric"] == {"test.mae": 0.2, "test.rmse": 0.0}  # |4 - 5| / max(4, 5)
+    assert outcome["max"] == 0.2
+    assert tool.passes(outcome, 0.2) and not tool.passes(outcome, 0.19)
+    lines = tool.report_lines(outcome)
+    assert "test.mae     max relative difference 0.2" in lines
+    assert LAST_LINE.match(lines[-1]).groups() == ("0.2", "2")
+
+
+def test_a_missing_trial_fails_whatever_the_tolerance():
+    ref = {"a": trial(**{"test.mae": 1.0}), "b": trial(**{"test.mae": 1.0})}
+    cur = {"a": trial(**{"test.mae": 1.0}), "c": trial(**{"test.mae": 1.0})}
+    outcome = tool.compare(ref, cur)
+    assert (outcome["missing_current"], outcome["missing_reference"], outcome["trials"], outcome["max"]) == (["b"], ["c"], 1, 0.0)
+    assert not tool.passes(outcome, math.inf)
+    lines = tool.report_lines(outcome)
+    assert "missing now (in the reference only): b" in lines and "missing in the reference (new now): c" in lines
+
+
+def test_a_changed_choice_and_a_lost_metric_are_reported():
+    ref = {"a": trial(**{"test.mae": 1.0, "test.mase": 0.5})}
+    cur = {"a": {**trial(**{"test.mae": 1.0}), "choices": {"pack_size": 4}}}
+    outcome = tool.compare(ref, cur)
+    assert outcome["per_metric"] == {"test.mae": 0.0, "test.mase": math.inf}
+    assert dict(outcome["choices"]) == {"lstm pack_size: 2 -> 4": 1}
+    assert "plan choices that differ from the reference: lstm pack_size: 2 -> 4 (1 trials)" in tool.report_lines(outcome)
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), [(2.0, 2.0, 0.0), (-1.0, 1.0, 2.0), (0.0, 0.0, 0.0), (None, None, 0.0),
+                                                  (float("nan"), float("nan"), 0.0), (1.0, None, math.inf), (1.0, float("nan"), math.inf)])
+def test_relative_difference(a, b, expected):
+    assert tool.relative_difference(a, b) == expected
