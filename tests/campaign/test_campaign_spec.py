@@ -17,9 +17,9 @@ from gpufill.campaign.spec import TRAIN_KEYS, CampaignSpec, DataSpec, TrainSpec
 from gpufill.forecasting.data import Split
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
+from tests.helpers import TESTS
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-TESTS = Path(__file__).resolve().parent
+EXAMPLES = TESTS.parent / "examples"
 
 FULL = """\
 name: ablation
