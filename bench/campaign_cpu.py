@@ -22,7 +22,6 @@ round: seconds (CI). --quick and the default: examples/demo.yaml, 3 and 5 rounds
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
 import statistics
 import sys
@@ -39,7 +38,7 @@ from _common import environment, finish  # noqa: E402
 
 from gpufill.bench import baseline_fit  # noqa: E402
 from gpufill.campaign.runner import Campaign  # noqa: E402
-from gpufill.campaign.trials import expand  # noqa: E402
+from gpufill.campaign.trials import Trial, expand  # noqa: E402
 from gpufill.campaign.worker import TrialRunner  # noqa: E402
 from gpufill.engine.hardware import cpu_count  # noqa: E402
 from gpufill.forecasting.data import forecast_metrics  # noqa: E402
@@ -62,11 +61,11 @@ resources: {retries: 0}
 """
 
 
-def trial_rows(campaign: Campaign) -> list[dict[str, Any]]:
+def trial_rows(campaign: Campaign) -> list[Trial]:
     """The campaign's trials as the scheduler hands them to a worker (its ids: data fingerprints included)."""
     spec = campaign.spec
     prints = {name: project.fingerprint() for name, project in spec.data.load(campaign.base_dir).items()}
-    return [{**dataclasses.asdict(trial), "attempts": 0} for trial in expand(spec, prints)]
+    return expand(spec, prints)
 
 
 def sequential(campaign: Campaign, threads: int, *, plain: bool) -> tuple[float, dict[str, float]]:
@@ -76,24 +75,24 @@ def sequential(campaign: Campaign, threads: int, *, plain: bool) -> tuple[float,
     maes = {}
     for trial in trial_rows(campaign):
         if not plain:
-            maes[trial["trial_id"]] = runner.run(trial)["metrics"]["test"]["mae"]
+            maes[trial.trial_id] = runner.run(trial).metrics["test"]["mae"]
             continue
         windows = runner.trial_windows(trial)
-        if trial["kind"] == "classical":
-            maes[trial["trial_id"]] = train_classical(windows, trial["family"], trial["params"], threads=threads, seed=trial["seed"]).test["mae"]
+        if trial.kind == "classical":
+            maes[trial.trial_id] = train_classical(windows, trial.family, trial.params, threads=threads, seed=trial.seed).test["mae"]
         else:
-            maes[trial["trial_id"]] = _plain_neural(windows, trial, runner)
+            maes[trial.trial_id] = _plain_neural(windows, trial, runner)
     return time.perf_counter() - started, maes
 
 
-def _plain_neural(windows: Any, trial: dict[str, Any], runner: TrialRunner) -> float:
-    config = runner.fit_config(trial)  # the trial's epochs, lr, loss and patience
-    torch.manual_seed(trial["seed"])
-    model = registry.build(trial["family"], n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=trial["params"])
+def _plain_neural(windows: Any, trial: Trial, runner: TrialRunner) -> float:
+    config = runner.setup(trial).config  # the trial's epochs, lr, loss and patience
+    torch.manual_seed(trial.seed)
+    model = registry.build(trial.family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=trial.params)
     val = (windows.x_val, windows.y_val) if windows.x_val.shape[0] else None
     batch = config.batch_size if isinstance(config.batch_size, int) else 128
     baseline_fit(model, (windows.x_train, windows.y_train), val, epochs=config.epochs, loss=config.loss, lr=config.lr, batch_size=batch,
-                 seed=trial["seed"], patience=config.patience if val is not None else None)
+                 seed=trial.seed, patience=config.patience if val is not None else None)
     prediction = windows.inverse_target(predict(model, windows.x_test))
     return forecast_metrics(windows.test_truth, prediction, windows.mase_scale)["mae"]
 

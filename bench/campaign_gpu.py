@@ -51,7 +51,7 @@ from _common import environment, finish  # noqa: E402
 
 from gpufill.campaign.admission import META_KEY, ShapeBook  # noqa: E402
 from gpufill.campaign.runner import Campaign, read_results  # noqa: E402
-from gpufill.campaign.trials import expand  # noqa: E402
+from gpufill.campaign.trials import Trial, expand  # noqa: E402
 from gpufill.campaign.worker import TrialRunner  # noqa: E402
 from gpufill.monitor.summary import summarise  # noqa: E402
 from gpufill.engine.hardware import resolve_device  # noqa: E402
@@ -140,19 +140,19 @@ def _start(payload: dict[str, Any], base_dir: str, device: str, threads: int) ->
     _RUNNER = TrialRunner(payload, Path(base_dir), threads=threads, device=device)
 
 
-def _one(trial: dict[str, Any]) -> tuple[str, float]:
+def _one(trial: Trial) -> tuple[str, float]:
     assert _RUNNER is not None
-    return trial["trial_id"], _RUNNER.run(trial)["metrics"]["test"]["mae"]
+    return trial.trial_id, _RUNNER.run(trial).metrics["test"]["mae"]
 
 
-def one_at_a_time(payload: dict[str, Any], base_dir: str, trials: list[dict[str, Any]], device: str) -> tuple[float, dict[str, float]]:
+def one_at_a_time(payload: dict[str, Any], base_dir: str, trials: list[Trial], device: str) -> tuple[float, dict[str, float]]:
     _start(payload, base_dir, device, torch.get_num_threads())
     tick = time.perf_counter()
     maes = dict(_one(t) for t in trials)
     return time.perf_counter() - tick, maes
 
 
-def processes(payload: dict[str, Any], base_dir: str, trials: list[dict[str, Any]], device: str, procs: int, env: dict[str, str] | None = None) -> tuple[float, dict[str, float]]:
+def processes(payload: dict[str, Any], base_dir: str, trials: list[Trial], device: str, procs: int, env: dict[str, str] | None = None) -> tuple[float, dict[str, float]]:
     threads = 1 if device.startswith("cuda") else max(1, psutil.cpu_count(logical=True) // procs)
     with _environment(env or {}):
         tick = time.perf_counter()
@@ -250,7 +250,7 @@ def main() -> None:
             path = campaign_file(folder, name, family, params, lookback, projects, seeds, length, epochs)
             spec = Campaign.from_yaml(path, folder / f"work-{name}-spec").spec
             payload, base_dir = spec.model_dump(mode="json"), str(path.parent)
-            trials = [vars_of(t) for t in expand(spec, {p: project.fingerprint() for p, project in spec.load_projects().items()})]  # the campaign's ids
+            trials = expand(spec, {p: project.fingerprint() for p, project in spec.load_projects().items()})  # the campaign's ids
             n = len(trials)
             ways: dict[str, Any] = {}
 
@@ -302,19 +302,12 @@ def median_run(runs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
     return sorted(timed, key=lambda run: run[0])[len(timed) // 2] if timed else runs[0]
 
 
-def mps_way(folder: Path, payload: dict[str, Any], base_dir: str, trials: list[dict[str, Any]], device: str, procs: int) -> tuple[float | None, dict[str, float], Any]:
+def mps_way(folder: Path, payload: dict[str, Any], base_dir: str, trials: list[Trial], device: str, procs: int) -> tuple[float | None, dict[str, float], Any]:
     """(c): the processes of (b) under an MPS daemon started for this run; (None, {}, why) where it cannot start."""
     with mps_daemon(folder) as mps:
         if isinstance(mps, str):
             return None, {}, mps
         return (*processes(payload, base_dir, trials, device, procs, env=mps), None)
-
-
-def vars_of(trial: Any) -> dict[str, Any]:
-    """A Trial as the scheduler's row (what TrialRunner.run takes)."""
-    import dataclasses
-
-    return {**dataclasses.asdict(trial), "attempts": 0}
 
 
 if __name__ == "__main__":

@@ -69,7 +69,9 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
     process = psutil.Process()
     marks: dict[str, float] = {}
     metrics = {"mae": 1.0, "rmse": 1.0, "smape": 1.0, "mase": 1.0}
-    result = {"metrics": {"test": metrics, "naive": metrics}, "timings": {}, "plan": {}, "history": [], "events": []}
+    from gpufill.forecasting.trial import TrialResult
+
+    result = TrialResult(project="", family="", params={}, status="completed", plan={}, metrics={"test": metrics, "naive": metrics}, timings={})
 
     class InstantExecutor:
         """Every submitted task finishes at the next poll: the scheduler's cost alone."""
@@ -100,7 +102,7 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
             out = []
             for worker in self.busy():
                 task, worker.task = worker.task, None
-                messages = [{"trial_id": t["trial_id"], "ok": True, "result": result, "seconds": 0.01} for t in task["trials"]]
+                messages = [{"trial_id": t.trial_id, "ok": True, "result": result, "seconds": 0.01} for t in task["trials"]]
                 out.append(Finished(worker, task, {"results": messages, "pack": {"size": len(task["trials"]), "reason": "bench"}}))
             return out
 

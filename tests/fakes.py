@@ -77,7 +77,10 @@ class FakeExecutor:
         self.workers.clear()
 
 
-def done_result(timings: dict) -> dict:
+def done_result(timings: dict):  # noqa: ANN201 - a TrialResult
     """A finished trial's result as a worker reports it, with constant metrics."""
+    from gpufill.forecasting.trial import TrialResult
+
     metrics = ("mae", "rmse", "smape", "mase")
-    return {"metrics": {"test": dict.fromkeys(metrics, 1.0), "naive": dict.fromkeys(metrics, 2.0)}, "timings": timings, "plan": {}}
+    return TrialResult(project="p", family="f", params={}, status="completed", plan={}, timings=timings,
+                       metrics={"test": dict.fromkeys(metrics, 1.0), "naive": dict.fromkeys(metrics, 2.0)})

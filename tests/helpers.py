@@ -83,3 +83,20 @@ def check_in_chromium(report: Path, tmp_path: Path, must_contain: tuple[str, ...
     assert f'data-plots="{n_images}/{n_images}"' in dumped.stdout
     assert not console_errors(shown.stderr + dumped.stderr)
     return n_images
+
+
+def a_result(test: dict, naive: dict, *, timings: dict | None = None, forecasts: dict | None = None, plan: dict | None = None,
+             status: str = "completed"):  # noqa: ANN201 - a TrialResult
+    """A trial's result as a worker reports it (forecasting.trial.TrialResult), for store and scheduler tests."""
+    from gpufill.forecasting.trial import TrialResult
+
+    return TrialResult(project="p", family="f", params={}, status=status, plan=plan or {}, metrics={"test": test, "naive": naive},
+                       timings=timings or {}, forecasts=forecasts or {})
+
+
+def a_trial(trial_id: str = "t1", *, shape: str = "s", kind: str = "neural", project: str = "p0"):  # noqa: ANN201 - a Trial
+    """A trial as the scheduler sends it (forecasting.trial.Trial), for tests that need only its id and shape."""
+    from gpufill.forecasting.trial import Trial
+
+    return Trial(trial_id=trial_id, project=project, family="lstm" if kind == "neural" else "linear", kind=kind,  # type: ignore[arg-type]
+                 params={}, train={}, seed=0, lookback=8, shape=shape)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from gpufill.campaign.admission import CONTEXT_BYTES_DEFAULT, META_KEY, Running, ShapeBook, ShapeFact, admits
 from gpufill.campaign.executors.base import Finished, Worker
 from gpufill.campaign.lanes import Lane
-from gpufill.campaign.scheduler import PROBE_PACK, Scheduler
+from gpufill.campaign.policy import PROBE_PACK
+from gpufill.campaign.scheduler import Scheduler
 from gpufill.campaign.store import Store
 from gpufill.campaign.trials import Trial
 from tests.fakes import FakeExecutor, done_result
@@ -51,13 +52,13 @@ class MemoryModelExecutor(FakeExecutor):
     def submit(self, worker, task):
         worker.begin(task)
         self.age[worker.name] = 0
-        shape = task["trials"][0]["shape"]
+        shape = task["trials"][0].shape
         if task["pack_size"] is None:
             self.measured.append(shape)
             self.alone_while_unmeasured.append(len(self.busy()) == 1)
         running = {w.name: w for w in self.busy()}
-        self.in_use.append(len(self.workers) * CONTEXT + sum(true_peak(w.task["trials"][0]["shape"], self._size(w.task)) for w in running.values()))
-        self.side_by_side.append({w.task["trials"][0]["shape"] for w in running.values()})
+        self.in_use.append(len(self.workers) * CONTEXT + sum(true_peak(w.task["trials"][0].shape, self._size(w.task)) for w in running.values()))
+        self.side_by_side.append({w.task["trials"][0].shape for w in running.values()})
 
     def _size(self, task) -> int:
         return min(task["pack_size"] or PACK, len(task["trials"]))
@@ -66,17 +67,17 @@ class MemoryModelExecutor(FakeExecutor):
         out = []
         for worker in self.busy():
             task = worker.task
-            shape, size = task["trials"][0]["shape"], self._size(task)
+            shape, size = task["trials"][0].shape, self._size(task)
             if self.age[worker.name] == 0 and task["pack_size"] is None:
                 worker.note({"pack": {"size": PACK, "reason": "fake: packs of 8", "peak_bytes": {str(k): true_peak(shape, k) for k in (1, 2, 4, PACK)}}})
-                worker.note({"started": [t["trial_id"] for t in task["trials"][:size]]})
+                worker.note({"started": [t.trial_id for t in task["trials"][:size]]})
             self.age[worker.name] += 1
             if self.age[worker.name] < self.polls:
                 continue
             worker.task = None
             result = done_result({"peak_memory_bytes": true_peak(shape, size), "pack_size": size})
-            message = {"results": [{"trial_id": t["trial_id"], "ok": True, "result": result, "seconds": 0.1} for t in task["trials"][:size]],
-                       "pack": None, "returned": [t["trial_id"] for t in task["trials"][size:]]}
+            message = {"results": [{"trial_id": t.trial_id, "ok": True, "result": result, "seconds": 0.1} for t in task["trials"][:size]],
+                       "pack": None, "returned": [t.trial_id for t in task["trials"][size:]]}
             out.append(Finished(worker, task, message))
         return out
 
@@ -143,29 +144,26 @@ def test_admission_rule_with_a_fake_memory_model():
 
 
 def test_memory_margin_reaches_every_trial_and_pack(tmp_path, monkeypatch):
-    import dataclasses
-
-    from gpufill.campaign import packs
     from gpufill.campaign.runner import Campaign
     from gpufill.campaign.trials import expand
     from gpufill.campaign.worker import TrialRunner
-    from gpufill.forecasting import task as forecasting_task
+    from gpufill.forecasting import packs, run
     from tests.helpers import write_campaign
 
     path = write_campaign(tmp_path, models="mlp: {hidden_size: 8}", projects=3, epochs=1)
     path.write_text(path.read_text().replace("resources: {retries: 1}", "resources: {retries: 1, memory_margin: 0.6}"))
     campaign = Campaign.from_yaml(path, tmp_path / "work")
-    trials = [dataclasses.asdict(t) | {"attempts": 0} for t in expand(campaign.spec, list(campaign.spec.load_projects()))]
+    trials = expand(campaign.spec, list(campaign.spec.load_projects()))
     runner = TrialRunner(campaign.spec.model_dump(mode="json"), path.parent, threads=1, device="cpu", tune_cache=str(tmp_path / "tune"))
     seen: list[float] = []
-    real_fit_pack, real_train = packs.fit_pack, forecasting_task.train_forecaster
+    real_fit_pack, real_fit = packs.fit_pack, run.fit
     monkeypatch.setattr(packs, "fit_pack", lambda models, members, *, config, **kw: seen.append(config.memory_margin) or real_fit_pack(models, members, config=config, **kw))
-    monkeypatch.setattr(forecasting_task, "train_forecaster", lambda *args, config, **kw: seen.append(config.memory_margin) or real_train(*args, config=config, **kw))
+    monkeypatch.setattr(run, "fit", lambda *args, config, **kw: seen.append(config.memory_margin) or real_fit(*args, config=config, **kw))
     single = runner.run_task({"trials": trials[:1], "pack_size": 1})
     packed = runner.run_task({"trials": trials, "pack_size": 3})
     assert [m["ok"] for m in single["results"] + packed["results"]] == [True] * 4
     assert seen == [0.6, 0.6]  # one single trial, one pack of three
-    assert runner.fit_config(trials[0]).memory_margin == 0.6 and runner.fit_config(trials[0]).tune_cache == str(tmp_path / "tune")
+    assert runner.setup(trials[0]).config.memory_margin == 0.6 and runner.setup(trials[0]).config.tune_cache == str(tmp_path / "tune")
 
 
 # --- GPU -------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from gpufill.campaign.spec import TRAIN_KEYS, CampaignSpec, DataSpec, TrainSpec
 from gpufill.forecasting.data import Split
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
+from gpufill.forecasting.run import trial_setup
 from tests.helpers import TESTS
 
 EXAMPLES = TESTS.parent / "examples"
@@ -182,7 +183,11 @@ def test_fit_config_maps_train_settings_and_overrides(tmp_path):
     assert config.batch_search == "auto"
     off = TrainSpec(early_stopping=None, precision="fp32", compile=False, batch_search=True).fit_config({}, seed=1)
     assert (off.patience, off.precision, off.compile, off.batch_search) == (None, "fp32", False, True)
-    assert CampaignSpec.model_validate({**spec.model_dump(), "resources": {"memory_margin": 0.5}}).fit_config("lstm", {}, 0).memory_margin == 0.5
+    margin = CampaignSpec.model_validate({**spec.model_dump(), "resources": {"memory_margin": 0.5}})
+    trial = expand(margin, ["p000"])[0]
+    setup = trial_setup(trial, margin.recipe(trial.family, trial.train), margin.base_config(trial.train, trial.seed), threads=1,
+                        memory_margin=margin.resources.memory_margin)
+    assert setup.config.memory_margin == 0.5 and setup.config.loss == margin.recipe(trial.family, trial.train).loss
 
 
 def test_fit_config_rejects_bad_overrides():

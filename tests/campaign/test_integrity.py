@@ -30,7 +30,7 @@ from gpufill.campaign.store import Store
 from gpufill.campaign.trials import Trial
 from gpufill.forecasting.data import load_projects, rmse
 from gpufill.cli.live import render, snapshot
-from tests.helpers import run_cli
+from tests.helpers import a_result, a_trial, run_cli
 
 WAIT_S = 180.0
 """How long a test waits for a condition (a loaded CI box is slow; the condition ends the wait)."""
@@ -305,8 +305,9 @@ def load_forecast(workdir: Path) -> np.ndarray:
 
 
 def test_a_forecast_past_float32_fails_its_trial_with_the_reason():
-    scored = {"metrics": {"test": {"mae": 1.0, "rmse": 1.0, "smape": 1.0, "mase": 1.0}}, "forecasts": {"p0": {"forecast": [[1.0], [float("inf")]]}}}
-    message = attempt({"trial_id": "t1"}, lambda: scored)
+    fine = {"mae": 1.0, "rmse": 1.0, "smape": 1.0, "mase": 1.0}
+    scored = a_result(fine, fine, forecasts={"p0": {"forecast": [[1.0], [float("inf")]]}})
+    message = attempt(a_trial(), lambda: scored)
     assert message["ok"] is False and "environment" not in message
     assert message["error"].startswith("NonFiniteMetrics: forecasts of p0 are not finite in float32 (the store keeps them so; its largest is 3.4e+38)")
 
@@ -405,9 +406,9 @@ def test_a_full_disk_in_a_worker_is_the_environments_failure():
         except OSError as error:
             raise RuntimeError("could not save the checkpoint") from error  # a library wrapping it
 
-    message = attempt({"trial_id": "t1"}, write_checkpoint)
+    message = attempt(a_trial(), write_checkpoint)
     assert message["ok"] is False and message["environment"] is True
-    assert "environment" not in attempt({"trial_id": "t1"}, lambda: 1 / 0)  # the trial's own error
+    assert "environment" not in attempt(a_trial(), lambda: 1 / 0)  # the trial's own error
 
 
 # --- class 3: status that does not lie -----------------------------------------------------------------

@@ -51,9 +51,9 @@ class InstantExecutor(FakeExecutor):
         out = []
         for worker in self.busy():
             task, worker.task = worker.task, None
-            self.ran.setdefault(worker.lane.name, []).extend(t["trial_id"] for t in task["trials"])
+            self.ran.setdefault(worker.lane.name, []).extend(t.trial_id for t in task["trials"])
             result = done_result({"peak_memory_bytes": GIB})
-            out.append(Finished(worker, task, {"results": [{"trial_id": t["trial_id"], "ok": True, "result": result, "seconds": 0.1} for t in task["trials"]], "pack": {"size": 1, "reason": "test"}}))
+            out.append(Finished(worker, task, {"results": [{"trial_id": t.trial_id, "ok": True, "result": result, "seconds": 0.1} for t in task["trials"]], "pack": {"size": 1, "reason": "test"}}))
         return out
 
 

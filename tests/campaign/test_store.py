@@ -5,6 +5,7 @@ import pytest
 from gpufill.campaign.store import Store
 from gpufill.campaign.trials import Trial
 from gpufill.errors import InputError
+from tests.helpers import a_result
 
 LANES = {"neural": "cpu", "classical": "cpu"}
 
@@ -16,7 +17,7 @@ def trial(i, kind="neural"):
 
 def result(mae):
     metrics = {"mae": mae, "rmse": mae * 1.5, "smape": 10.0, "mase": 0.5}
-    return {"metrics": {"test": metrics, "naive": {**metrics, "mae": 2 * mae}}, "timings": {"epoch_s": 0.1}, "plan": {}, "history": [], "events": []}
+    return a_result(metrics, {**metrics, "mae": 2 * mae}, timings={"epoch_s": 0.1})
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def store(tmp_path):
 def test_new_trials_are_pending_in_campaign_order(store):
     added, skipped = store.sync_trials([trial(i) for i in range(5)], LANES)
     assert (added, skipped) == (5, 0)
-    assert [t["trial_id"] for t in store.runnable(max_attempts=3)] == ["t000", "t001", "t002", "t003", "t004"]
+    assert [t.trial_id for t in store.runnable(max_attempts=3)] == ["t000", "t001", "t002", "t003", "t004"]
     assert store.counts().to_dict()["pending"] == 5
     # Syncing the same trials again adds nothing.
     assert store.sync_trials([trial(i) for i in range(5)], LANES) == (0, 0)
@@ -54,7 +55,7 @@ def test_failures_retry_until_the_attempt_limit(store):
     row = store.frame().iloc[0]
     assert (row["status"], row["attempts"], row["error"]) == ("failed", 2, "ValueError: boom")
     assert store.runnable(max_attempts=2) == []
-    assert [t["trial_id"] for t in store.runnable(max_attempts=3)] == ["t000"]  # a higher limit on the next run retries it
+    assert [t.trial_id for t in store.runnable(max_attempts=3)] == ["t000"]  # a higher limit on the next run retries it
     assert store.trial_details("t000")["traceback"] == "Traceback ..."
 
 

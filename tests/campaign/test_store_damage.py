@@ -18,7 +18,7 @@ from rich.console import Console
 
 from gpufill.campaign.attempt import attempt
 from gpufill.campaign.store import Store
-from tests.helpers import run_cli, write_campaign
+from tests.helpers import a_result, a_trial, run_cli, write_campaign
 
 DB = "gpufill.db"
 READERS = (["status"], ["results"], ["results", "--summary"], ["report"], ["monitor", "--once"])
@@ -201,11 +201,13 @@ def test_values_that_would_overflow_are_refused_at_load(tmp_path, capsys):
 
 def test_a_trial_whose_metrics_are_not_finite_fails_with_its_reason():
     """Every way of running trials reports through attempt(): NaN or infinite test metrics make a failure."""
-    trial = {"trial_id": "t1"}
-    scored = {"metrics": {"test": {"mae": 0.5, "rmse": float("inf"), "smape": float("nan"), "mase": 1.0}}}
+    trial = a_trial()
+    scored = a_result({"mae": 0.5, "rmse": float("inf"), "smape": float("nan"), "mase": 1.0}, {})
     message = attempt(trial, lambda: scored)
     assert message["ok"] is False
     assert message["error"] == ("NonFiniteMetrics: test metrics are not finite (rmse=inf, smape=nan): the predictions overflowed or the "
                                 "training diverged; lower the learning rate, or check the data's scale")
-    fine = {"metrics": {"test": {"mae": 0.5, "rmse": 0.6, "smape": 10.0, "mase": 1.0}}}
+    fine = a_result({"mae": 0.5, "rmse": 0.6, "smape": 10.0, "mase": 1.0}, {})
     assert attempt(trial, lambda: fine)["ok"] is True
+    diverged = a_result({"mae": 0.5, "rmse": 0.6, "smape": 10.0, "mase": 1.0}, {}, status="diverged")
+    assert attempt(trial, lambda: diverged)["error"] == "FloatingPointError: training diverged: non-finite loss"  # a diverged fit never ranks

@@ -134,7 +134,7 @@ def test_training_keys_split_from_model_params(spec_of):
     assert list(first.params) == sorted(first.params)
     assert first.train == {"batch_size": 64, "lr": 1e-3}
     assert {t.train["lr"] for t in trials} == {1e-3, 3e-4}
-    config = spec.fit_config(first.family, first.train, first.seed)
+    config = spec.base_config(first.train, first.seed)
     assert (config.lr, config.batch_size, config.epochs, config.seed) == (1e-3, 64, 10, 0)
 
 

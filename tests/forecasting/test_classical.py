@@ -14,7 +14,9 @@ import threadpoolctl
 from gpufill.forecasting.data import load_projects, mae, make_windows
 from gpufill.errors import InputError
 from gpufill.engine.config import FitConfig
-from gpufill.forecasting.task import train_forecaster
+from gpufill.forecasting.recipes import recipe
+from gpufill.forecasting.run import run_alone, trial_setup
+from gpufill.forecasting.trial import Trial
 from gpufill.forecasting.models import build, check_params, families, register, registry
 from gpufill.forecasting.models import classical
 from gpufill.forecasting.models.classical import ClassicalRun, train_classical
@@ -396,20 +398,28 @@ def test_train_classical_takes_a_user_family(windows, restore_registry):
 # --- the result ---------------------------------------------------------------------------------
 
 
-def test_to_dict_has_the_forecast_run_shape(runs, windows):
-    run = runs["rf"]
-    neural = train_forecaster(windows, "mlp", {"hidden_size": 8}, config=FitConfig(epochs=1))
-    out = run.to_dict()
-    assert list(out) == list(neural.to_dict())
+def _trial(family: str, kind: str, params: dict) -> Trial:
+    return Trial(trial_id="t", project="p", family=family, kind=kind, params=params, train={}, seed=0, lookback=12, shape="")
+
+
+def test_a_classical_trials_result_has_the_shape_of_a_networks(windows):
+    classical = _trial("rf", "classical", {"n_estimators": 20})
+    neural = _trial("mlp", "neural", {"hidden_size": 8})
+    out = run_alone(classical, windows, trial_setup(classical, recipe("rf"), FitConfig(), threads=1)).to_message()
+    net = run_alone(neural, windows, trial_setup(neural, recipe("mlp"), FitConfig(epochs=1), threads=1)).to_message()
+    assert list(out) == list(net)
     assert out["status"] == "completed" and out["history"] == [] and out["events"] == []
     assert out["plan"] == {
         "device": {"value": "cpu", "reason": "classical family: runs on the CPU lane"},
         "threads": {"value": 1, "reason": "given by the scheduler's CPU budget"},
+        "scaling": {"value": "project", "reason": recipe("rf").why["scaling"]},
     }
-    assert out["metrics"] == {"test": run.test, "naive": run.naive}
-    assert out["metrics"]["naive"] == neural.naive  # same windows, same naive forecast
+    alone = train_classical(windows, "rf", {"n_estimators": 20}, threads=1, seed=0)
+    assert out["metrics"] == {"test": alone.test, "naive": alone.naive}  # the library call and the trial agree
+    assert out["metrics"]["naive"] == net["metrics"]["naive"]  # same windows, same naive forecast
     assert set(out["metrics"]["test"]) == {"mae", "rmse", "smape", "mase"}
     assert out["params"] == {**check_params("rf", {}), "n_estimators": 20}
+    assert out["timings"]["peak_memory_bytes"] is None and net["timings"]["peak_memory_bytes"] is None  # off CUDA
     assert json.loads(json.dumps(out)) == out
 
 

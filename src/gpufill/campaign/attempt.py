@@ -13,9 +13,12 @@ import errno
 import math
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from gpufill.forecasting.trial import Trial, TrialResult
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 """OSError numbers of a full disk or an exhausted quota: the machine's failure, not the trial's."""
@@ -36,10 +39,10 @@ def is_environment(error: BaseException) -> bool:
     return False
 
 
-def failure(trial: dict[str, Any], error: BaseException) -> dict[str, Any]:
+def failure(trial: Trial, error: BaseException) -> dict[str, Any]:
     """The message of a trial that failed with `error` (call inside its except block: the traceback is the current one)."""
     message = {
-        "trial_id": trial["trial_id"],
+        "trial_id": trial.trial_id,
         "ok": False,
         "error": f"{type(error).__name__}: {error}".splitlines()[0],
         "traceback": traceback.format_exc(),
@@ -57,36 +60,31 @@ class NonFiniteMetrics(ValueError):
     """A trial finished but its test metrics are NaN or infinite: a failure, not a result to rank."""
 
 
-def attempt(trial: dict[str, Any], run: Any) -> dict[str, Any]:
-    """Run one trial's work; its failure is data for the store, not a worker crash."""
+def attempt(trial: Trial, run: Callable[[], TrialResult]) -> dict[str, Any]:
+    """Run one trial's work; its failure is data for the store, not a worker crash. A diverged training and
+    test metrics that are not finite are failures: the campaign never ranks them."""
     started = time.perf_counter()
     try:
         result = run()
+        if result.diverged:
+            raise FloatingPointError(f"training diverged: {result.events[0] if result.events else 'non-finite loss'}")
         _check_finite(result)
-        message = {"trial_id": trial["trial_id"], "ok": True, "result": result}
+        message = {"trial_id": trial.trial_id, "ok": True, "result": result}
     except Exception as error:
         message = failure(trial, error)
     message["seconds"] = time.perf_counter() - started
     return message
 
 
-def _check_finite(result: dict[str, Any]) -> None:
-    test = result.get("metrics", {}).get("test", {})
+def _check_finite(result: TrialResult) -> None:
+    test = result.metrics.get("test", {})
     bad = {name: value for name, value in test.items() if not math.isfinite(value)}
     if bad:
         listed = ", ".join(f"{name}={value}" for name, value in bad.items())
         raise NonFiniteMetrics(f"test metrics are not finite ({listed}): the predictions overflowed or the training diverged; "
                                "lower the learning rate, or check the data's scale")
-    for project, kept in result.get("forecasts", {}).items():  # kept as float32: past its range a forecast is inf there
+    for project, kept in result.forecasts.items():  # kept as float32: past its range a forecast is inf there
         forecast = np.asarray(kept.get("forecast", []), dtype=np.float64)
         if forecast.size and not (np.abs(forecast) <= FLOAT32_MAX).all():
             raise NonFiniteMetrics(f"forecasts of {project} are not finite in float32 (the store keeps them so; its largest is {FLOAT32_MAX:.3g}): "
                                    "the predictions overflowed or the training diverged; lower the learning rate, or check the data's scale")
-
-
-def unfused_because(messages: list[dict[str, Any]], reason: str) -> None:
-    """Record in each trained trial's plan why its shape trains one trial at a time."""
-    for message in messages:
-        plan = message.get("result", {}).get("plan") if message.get("ok") else None
-        if isinstance(plan, dict):
-            plan["pack_size"] = {"value": 1, "reason": reason}

@@ -11,7 +11,6 @@ trials' summed time divided by its slots.
 
 from __future__ import annotations
 
-import dataclasses
 
 import time
 from collections import defaultdict
@@ -121,22 +120,15 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
 
 
 def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, str]:
-    from gpufill.engine.loop import fit
-    from gpufill.forecasting.models import registry
+    from gpufill.forecasting.run import epoch_seconds, trial_setup
 
-    x = torch.cat([w.x_train for w in windows])
-    y = torch.cat([w.y_train for w in windows])
-    n_full = x.shape[0]
+    n_full = sum(w.x_train.shape[0] for w in windows)
     sample = min(n_full, SAMPLE_WINDOWS)
-    config = spec.fit_config(trial.family, trial.train, trial.seed)
-    epochs = config.epochs
-    config = dataclasses.replace(config, epochs=2, patience=None, device=lane.device)
-    torch.manual_seed(trial.seed)
-    first = windows[0]
-    model = registry.build(trial.family, n_features=first.n_features, lookback=first.lookback, horizon=first.horizon, params=trial.params)
-    result = fit(model, (x[:sample], y[:sample]), config=config)
-    steady_epoch = result.history[-1].seconds * n_full / sample
-    return steady_epoch * epochs, f"epoch {steady_epoch:.3g} s ({sample} of {n_full} windows timed) x {epochs} epochs; an upper bound with early stopping"
+    config = trial_setup(trial, spec.recipe(trial.family, trial.train), spec.base_config(trial.train, trial.seed), threads=lane.threads,
+                         device=lane.device, memory_margin=spec.resources.memory_margin).config
+    steady_epoch = epoch_seconds(trial, windows, config, sample=SAMPLE_WINDOWS)
+    return steady_epoch * config.epochs, (f"epoch {steady_epoch:.3g} s ({sample} of {n_full} windows timed) x {config.epochs} epochs; "
+                                          "an upper bound with early stopping")
 
 
 def _time_classical(trial: Trial, windows: list[Any], lane: Lane) -> tuple[float, str]:

@@ -22,7 +22,7 @@ from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
 
 
-__all__ = ["TRAIN_KEYS", "WINDOW_KEYS", "check_builds", "check_grid", "check_length", "is_series_model", "is_setting"]
+__all__ = ["TRAIN_KEYS", "WINDOW_KEYS", "check_builds", "check_grid", "check_length", "is_setting"]
 
 TRAIN_KEYS = frozenset({"lr", "weight_decay", "batch_size", "epochs", "loss", "schedule"})
 """Training settings a neural family's grid may override (``lstm: {lr: [1e-3, 3e-4]}``)."""
@@ -30,15 +30,10 @@ WINDOW_KEYS = frozenset({"scaling"})
 """How windows are presented, which any window model's grid may override (``lgbm: {scaling: [project, last]}``)."""
 
 
-def is_series_model(fam: registry.Family) -> bool:
-    """A statistical family fits the series itself, not windows (forecasting.models.classical.statistical)."""
-    return callable(getattr(fam.factory, "fit_series", None))
-
-
 def is_setting(fam: registry.Family, key: str) -> bool:
     """Whether grid key `key` of `fam` is a training or window setting rather than a factory parameter
     (a neural family's settings win over a same-named parameter; a classical factory's own parameter wins)."""
-    if is_series_model(fam):
+    if fam.fits_series:
         return False
     if fam.kind == "neural":
         return key in TRAIN_KEYS | WINDOW_KEYS

@@ -9,20 +9,36 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any
+from dataclasses import dataclass
 
-Trial = dict[str, Any]
+from gpufill.forecasting.trial import Trial
+
+
+@dataclass(slots=True, eq=False)
+class Queued:
+    """A trial of this run, waiting or running, with its attempts so far (the store's count, kept in step)."""
+
+    trial: Trial
+    attempts: int
+
+    @property
+    def trial_id(self) -> str:
+        return self.trial.trial_id
+
+    @property
+    def shape(self) -> str:
+        return self.trial.shape
 
 
 class ShapeQueue:
-    def __init__(self, trials: Iterable[Trial] = ()):
-        self._by_shape: dict[str, deque[Trial]] = {}
+    def __init__(self, trials: Iterable[Queued] = ()):
+        self._by_shape: dict[str, deque[Queued]] = {}
         self._count = 0
         for trial in trials:
             self.append(trial)
 
-    def append(self, trial: Trial) -> None:
-        self._by_shape.setdefault(trial["shape"], deque()).append(trial)
+    def append(self, trial: Queued) -> None:
+        self._by_shape.setdefault(trial.shape, deque()).append(trial)
         self._count += 1
 
     def __len__(self) -> int:
@@ -38,7 +54,7 @@ class ShapeQueue:
     def has(self, shape: str | None) -> bool:
         return shape in self._by_shape
 
-    def peek(self, shape: str) -> Trial:
+    def peek(self, shape: str) -> Queued:
         """The oldest trial of `shape`, left in place."""
         return self._by_shape[shape][0]
 
@@ -46,7 +62,7 @@ class ShapeQueue:
         """Trials of `shape` waiting."""
         return len(self._by_shape.get(shape, ()))
 
-    def take(self, shape: str, count: int = 1) -> list[Trial]:
+    def take(self, shape: str, count: int = 1) -> list[Queued]:
         """Up to `count` trials of `shape`, oldest first."""
         waiting = self._by_shape[shape]
         taken = [waiting.popleft() for _ in range(min(count, len(waiting)))]

@@ -3,7 +3,7 @@
 Per idle worker it picks the next runnable trial of that worker's lane, preferring the
 shape the worker just ran, and for neural trials adds same-shape trials to make a fused
 pack: of the size the worker measured for that shape, or, for a shape not sized yet, up
-to `PROBE_PACK` so the worker can measure (one worker per shape; the size is kept in the
+to `policy.PROBE_PACK` so the worker can measure (one worker per shape; the size is kept in the
 store for the rest of the campaign). The GPU lane admits tasks of any shapes while their
 measured peak memory and the workers' CUDA contexts fit its budget; a shape not measured
 yet runs alone first (admission.py). Failures and worker crashes are retried up to the limit; everything else goes on.
@@ -22,14 +22,16 @@ from collections.abc import Callable
 from typing import Any
 
 from gpufill.campaign.executors.base import Crashed, Executor, Finished, Worker
-from gpufill.campaign.admission import META_KEY, Running, ShapeBook, admits
+from gpufill.campaign.admission import META_KEY, Running, ShapeBook
 from gpufill.campaign import environment
 from gpufill.campaign.lanes import Lane
+from gpufill.campaign.policy import DispatchPolicy
 from gpufill.campaign import progress
 from gpufill.campaign.progress import LaneProgress, RunOutcome, Snapshot
-from gpufill.campaign.queue import ShapeQueue
+from gpufill.campaign.queue import Queued, ShapeQueue
 from gpufill.campaign.startup import Timeline
 from gpufill.campaign.store import Store
+from gpufill.forecasting.trial import TrialResult
 
 __all__ = ["LaneProgress", "RunOutcome", "Scheduler", "Snapshot"]  # the progress types live in progress.py; importable from here too
 
@@ -38,10 +40,6 @@ log = logging.getLogger("gpufill.scheduler")
 # Alerts look back this far, every so often (an episode is reported once).
 ALERT_WINDOW_S = 600.0
 ALERT_EVERY_S = 30.0
-
-PROBE_PACK = 64
-"""Trials sent together for a shape whose pack size is not measured yet: the largest size the worker
-tries (engine.packs.size.CANDIDATE_SIZES; a literal here keeps torch out of the scheduler's imports)."""
 
 # trial_timeout "auto": this many times the slowest finished trial of the shape, and never less
 # than the floor (a fresh worker's start-up and a cold cache fit under it).
@@ -60,6 +58,7 @@ class Scheduler:
         run_id: int,
         pack_size: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         on_update: Callable[[Snapshot], None] | None = None,
         update_every_s: float = 0.5,
         samples: Callable[[], list[dict[str, Any]]] | None = None,
@@ -70,7 +69,7 @@ class Scheduler:
         self.store, self.executor, self.lanes = store, executor, lanes
         self.max_attempts = retries + 1
         self.run_id = run_id
-        self.clock = clock
+        self.clock, self.wall_clock = clock, wall_clock
         self.on_update = on_update
         self.update_every_s = update_every_s
         self.queue_of_kind = {kind: lane.queue for lane in lanes for kind in lane.kinds}
@@ -78,6 +77,9 @@ class Scheduler:
         self.queue: dict[str, ShapeQueue] = {lane.queue: ShapeQueue() for lane in lanes}
         # shape -> measured pack size; a fixed resources.pack_size (1 = no fusion) presets every shape.
         self.book = ShapeBook.from_json(store.meta(META_KEY), fixed_pack_size=pack_size)
+        self.policy = DispatchPolicy(self.book)
+        self.tracked: dict[str, Queued] = {}
+        """This run's trials by id, queued or running, with their attempts."""
         self.started_at: dict[str, float] = {}
         self.finished_this_run: dict[str, int] = {lane.name: 0 for lane in lanes}
         self.outcome = RunOutcome(done=0, failed=0, retried=0, crashed=0, elapsed_s=0.0)
@@ -101,8 +103,9 @@ class Scheduler:
     def run(self, check_stop: Callable[[], None] = lambda: None) -> RunOutcome:
         """Runs every runnable trial; `check_stop` raises (a signal's Interrupted) at the top of an iteration."""
         start = self.clock()
-        for trial in self.store.runnable(self.max_attempts):
-            self.queue[self.queue_of_kind[trial["kind"]]].append(trial)
+        for queued in self.store.runnable(self.max_attempts):
+            self.tracked[queued.trial_id] = queued
+            self.queue[self.queue_of_kind[queued.trial.kind]].append(queued)
         self.executor.start([lane for lane in self.lanes if self.queue[lane.queue]])
         self.timeline.mark("workers started")
         last_update = -float("inf")
@@ -145,65 +148,34 @@ class Scheduler:
                 if task is None:
                     break
                 trials, size = task
-                self.store.mark_running([t["trial_id"] for t in trials], lane=lane.name, worker=worker.name, run_id=self.run_id)
-                for t in trials:
-                    t["attempts"] += 1
-                    self.started_at[t["trial_id"]] = self.clock()
-                if size is None and trials[0]["kind"] == "neural":
-                    self.book.measuring.add((lane.name, trials[0]["shape"]))
-                shape = trials[0]["shape"]
-                self.executor.submit(worker, {"trials": trials, "pack_size": size, "pack_reason": self.book.reason(lane.name, shape),
+                self.store.mark_running([q.trial_id for q in trials], lane=lane.name, worker=worker.name, run_id=self.run_id)
+                for queued in trials:
+                    queued.attempts += 1
+                    self.started_at[queued.trial_id] = self.clock()
+                shape = trials[0].shape
+                worker.clock = self.clock  # its heartbeats and time limits are on the scheduler's clock
+                if size is None and trials[0].trial.kind == "neural":
+                    self.book.measuring.add((lane.name, shape))
+                self.executor.submit(worker, {"trials": [q.trial for q in trials], "pack_size": size, "pack_reason": self.book.reason(lane.name, shape),
                                               "pack_kind": self.book.kind(lane.name, shape)})
 
-    def _next_task(self, lane: Lane, worker: Worker) -> tuple[list[dict[str, Any]], int | None] | None:
-        """Trials for `worker` (one, or a fused pack of one shape) and the pack size to send (None: measure it).
-
-        The worker's last shape goes first if admissible, else the oldest admissible shape (a pass
-        over the waiting shapes, never over the trials).
-        """
-        queue = self.queue[lane.queue]
+    def _next_task(self, lane: Lane, worker: Worker) -> tuple[list[Queued], int | None] | None:
+        """Trials for `worker` (one, or a fused pack of one shape) and the pack size to send (None: measure it):
+        what the policy picks, given what the lane runs now."""
         busy = [w for w in self.executor.busy() if w.lane is lane and w.task is not None]
-        running = [Running(w.task["trials"][0]["shape"], w.training if w.started else self._running_size(lane, w)) for w in busy]  # type: ignore[index]
+        running = [Running(w.task["trials"][0].shape, w.training if w.started else self.policy.running_size(lane, w.task["trials"][0].shape, len(w.task["trials"])))  # type: ignore[index]
+                   for w in busy]
         # Every worker process of the lane holds its CUDA context, busy or idle.
         contexts = [w.context_bytes for w in [*busy, *self.executor.idle(lane)]] if lane.memory_budget_bytes is not None else []
-        shapes = [worker.last_shape] if queue.has(worker.last_shape) else []
-        for shape in [*shapes, *queue.shapes()]:
-            if (lane.name, shape) in self.book.measuring:  # one worker measures a shape's pack size
-                continue
-            count = self._admitted_count(lane, shape, running, contexts)  # type: ignore[arg-type]
-            if count:
-                return queue.take(shape, count), self.book.pack_size(lane.name, shape)  # type: ignore[arg-type]
-        return None
-
-    def _admitted_count(self, lane: Lane, shape: str, running: list[Running], contexts: list[int | None]) -> int:
-        """How many trials of `shape` to send now (0: none fits beside what runs). A measured pack that
-        does not fit is halved until it does; alone on the lane, at least one trial goes."""
-        queue = self.queue[lane.queue]
-        first = queue.peek(shape)
-        if first["kind"] != "neural" or first["project"] == "*":  # a global model trains on every project at once: not fused
-            return 1 if admits(lane, self.book, shape, 1, running, contexts) else 0
-        size = self.book.pack_size(lane.name, shape)
-        count = min(queue.count(shape), PROBE_PACK if size is None else size)
-        if size is None:
-            return count if admits(lane, self.book, shape, count, running, contexts) else 0
-        while count >= 1:
-            if admits(lane, self.book, shape, count, running, contexts):
-                return count
-            count //= 2
-        return 0 if running else 1
-
-    def _running_size(self, lane: Lane, worker: Worker) -> int:
-        """Trials a task trains at once before its worker says: its pack size, or all of it while measuring."""
-        trials = worker.task["trials"]  # type: ignore[index]
-        size = self.book.pack_size(lane.name, trials[0]["shape"])
-        return len(trials) if size is None else min(size, len(trials))
+        pick = self.policy.next_task(lane, self.queue[lane.queue], worker.last_shape, running, contexts)
+        return None if pick is None else (self.queue[lane.queue].take(pick.shape, pick.count), pick.pack_size)
 
     def _learn_measured(self, worker: Worker, task: dict[str, Any] | None) -> None:
         """A pack size (and its peak memory per K) the worker measured, taken as soon as it reports it."""
         if worker.measured_pack is None or task is None:
             return
         pack, worker.measured_pack = worker.measured_pack, None
-        self._learn_pack(worker.lane, task["trials"][0]["shape"], pack)
+        self._learn_pack(worker.lane, task["trials"][0].shape, pack)
 
     def _learn_pack(self, lane: Lane, shape: str, pack: dict[str, Any]) -> None:
         known = self.book.pack_size(lane.name, shape) is not None and (lane.name, shape) not in self.book.measuring
@@ -217,12 +189,12 @@ class Scheduler:
         if outcome.task is None:
             return
         self._learn_measured(outcome.worker, outcome.task)  # reported mid-task, in the same poll as the end
-        trials = {t["trial_id"]: t for t in outcome.task["trials"]}
+        trials = {t.trial_id: self.tracked[t.trial_id] for t in outcome.task["trials"]}
         if isinstance(outcome, Crashed):
             self._crashed(outcome, trials)
             return
         pack = outcome.message.get("pack")
-        shape = outcome.task["trials"][0]["shape"]
+        shape = outcome.task["trials"][0].shape
         if pack is not None and (outcome.worker.lane.name, shape) in self.book.measuring:  # not reported mid-task (Ray, Slurm)
             self._learn_pack(outcome.worker.lane, shape, pack)
         self.book.measuring.discard((outcome.worker.lane.name, shape))
@@ -231,17 +203,17 @@ class Scheduler:
         messages = {m["trial_id"]: m for m in [*outcome.worker.reported, *outcome.message["results"]]}
         self._record_messages(trials, messages.values(), outcome.worker.lane.name)
 
-    def _requeue_unstarted(self, unstarted: list[dict[str, Any]], lane: Lane) -> None:
+    def _requeue_unstarted(self, unstarted: list[Queued], lane: Lane) -> None:
         """Trials handed back (or never begun) by their worker: queued again, no attempt counted."""
         if not unstarted:
             return
-        self.store.release([t["trial_id"] for t in unstarted])
+        self.store.release([q.trial_id for q in unstarted])
         for trial in unstarted:
-            trial["attempts"] -= 1
-            self.started_at.pop(trial["trial_id"], None)
+            trial.attempts -= 1
+            self.started_at.pop(trial.trial_id, None)
             self.queue[lane.queue].append(trial)
 
-    def _crashed(self, outcome: Crashed, trials: dict[str, dict[str, Any]]) -> None:
+    def _crashed(self, outcome: Crashed, trials: dict[str, Queued]) -> None:
         """The worker died with the task: the trials that finished are kept, the one(s) training fail
         (an attempt each), the ones not begun go back to the queue without using a retry."""
         worker, lane_name = outcome.worker, outcome.worker.lane.name
@@ -254,7 +226,7 @@ class Scheduler:
         else:  # a Ray call or a Slurm job says nothing until it ends: every trial counts
             started = set(trials) - set(finished)
         unstarted = [t for trial_id, t in trials.items() if trial_id not in started and trial_id not in finished]
-        shape = outcome.task["trials"][0]["shape"] if outcome.task else ""
+        shape = outcome.task["trials"][0].shape if outcome.task else ""
         measuring = (worker.lane.name, shape) in self.book.measuring
         self.book.measuring.discard((worker.lane.name, shape))
         if measuring and len(trials) > 1 and not finished:
@@ -271,10 +243,10 @@ class Scheduler:
             else:
                 self._failed(trials[trial_id], lane_name, outcome.reason, "", seconds)
 
-    def _record_messages(self, trials: dict[str, dict[str, Any]], messages: Any, lane_name: str) -> None:
+    def _record_messages(self, trials: dict[str, Queued], messages: Any, lane_name: str) -> None:
         for message in messages:
             trial = trials[message["trial_id"]]
-            self.started_at.pop(trial["trial_id"], None)
+            self.started_at.pop(trial.trial_id, None)
             # The worker's own clock: excludes its start-up; a pack's time is shared among its trials.
             duration = message["seconds"]
             if not message["ok"] and message.get("environment"):
@@ -284,14 +256,14 @@ class Scheduler:
                 self._failed(trial, lane_name, message["error"], message["traceback"], duration)
                 continue
             self.environment.succeeded()
-            result = message["result"]
-            timings = result.get("timings", {})
+            result: TrialResult = message["result"]
+            timings = result.timings
             if timings.get("peak_memory_bytes"):  # what this trial's task (a pack: all of it) held at its peak
-                self.book.learn_peak(lane_name, trial["shape"], int(timings.get("pack_size", 1)), int(timings["peak_memory_bytes"]))
-            if duration > self.shape_seconds.get(trial["shape"], 0.0):
-                self._slowest(trial["shape"], duration)
-            if self.store.record_done(trial["trial_id"], result, duration_s=duration):
-                log.debug("done %s %s %s in %.2f s: test mae %.4g", trial["trial_id"], trial["family"], trial["project"], duration, result["metrics"]["test"]["mae"])
+                self.book.learn_peak(lane_name, trial.shape, int(timings.get("pack_size", 1)), int(timings["peak_memory_bytes"]))
+            if duration > self.shape_seconds.get(trial.shape, 0.0):
+                self._slowest(trial.shape, duration)
+            if self.store.record_done(trial.trial_id, result, duration_s=duration):
+                log.debug("done %s %s %s in %.2f s: test mae %.4g", trial.trial_id, trial.trial.family, trial.trial.project, duration, result.metrics["test"]["mae"])
                 self.outcome.done += 1
                 self.finished_this_run[lane_name] += 1
 
@@ -315,12 +287,12 @@ class Scheduler:
     def _watch(self) -> None:
         """Stop a worker whose trial ran past its limit, or that stopped sending heartbeats; the crash
         that follows fails its trial (retried under `retries`)."""
-        now = time.monotonic()
+        now = self.clock()  # a worker's last_seen and clock_from are on it too (set in _dispatch)
         for worker in self.executor.busy():
             if worker.task is None or worker.stop_reason is not None:
                 continue
             silent = now - worker.last_seen
-            limit, why = self._limit(worker.task["trials"][0]["shape"], worker.training)
+            limit, why = self._limit(worker.task["trials"][0].shape, worker.training)
             if worker.reports_progress and worker.ready and silent > self.heartbeat_timeout:
                 reason = f"worker stopped answering: no heartbeat for {silent:.0f} s (resources.heartbeat_timeout {self.heartbeat_timeout:g} s)"
             elif limit is not None and now - worker.clock_from > limit:
@@ -328,37 +300,39 @@ class Scheduler:
             else:
                 continue
             self.store.event("alert_hung", f"{worker.name}: {reason}; stopped, its trial will be retried if attempts remain", run_id=self.run_id,
-                             trial_id=next(iter(worker.started), worker.task["trials"][0]["trial_id"]))
+                             trial_id=next(iter(worker.started), worker.task["trials"][0].trial_id))
             log.warning("%s: %s", worker.name, reason)
             self.executor.stop(worker, reason)
 
-    def _failed(self, trial: dict[str, Any], lane_name: str, error: str, trace: str, duration: float) -> None:
-        retry = trial["attempts"] < self.max_attempts
-        self.store.record_failed(trial["trial_id"], error, trace, duration_s=duration, retry=retry)
-        self.store.event("trial_failed", f"attempt {trial['attempts']}/{self.max_attempts}: {error}", run_id=self.run_id, trial_id=trial["trial_id"])
-        log.warning("trial %s (%s %s) failed, attempt %d/%d: %s", trial["trial_id"], trial["family"], trial["project"], trial["attempts"], self.max_attempts, error)
+    def _failed(self, queued: Queued, lane_name: str, error: str, trace: str, duration: float) -> None:
+        trial = queued.trial
+        retry = queued.attempts < self.max_attempts
+        self.store.record_failed(trial.trial_id, error, trace, duration_s=duration, retry=retry)
+        self.store.event("trial_failed", f"attempt {queued.attempts}/{self.max_attempts}: {error}", run_id=self.run_id, trial_id=trial.trial_id)
+        log.warning("trial %s (%s %s) failed, attempt %d/%d: %s", trial.trial_id, trial.family, trial.project, queued.attempts, self.max_attempts, error)
         if retry:
             self.outcome.retried += 1
-            self.queue[self.queue_of_kind[trial["kind"]]].append(trial)
+            self.queue[self.queue_of_kind[trial.kind]].append(queued)
         else:
             self.outcome.failed += 1
             self.finished_this_run[lane_name] += 1
 
-    def _environment_failed(self, trial: dict[str, Any], error: str, trace: str, duration: float) -> None:
+    def _environment_failed(self, queued: Queued, error: str, trace: str, duration: float) -> None:
         """Back to pending, its attempt not counted; queued again after a pause, or left for a re-run."""
-        self.store.record_environment(trial["trial_id"], error, trace, duration_s=duration)
-        trial["attempts"] -= 1
+        trial = queued.trial
+        self.store.record_environment(trial.trial_id, error, trace, duration_s=duration)
+        queued.attempts -= 1
         self.outcome.environment += 1
-        pause = self.environment.failed(trial["trial_id"], error)
+        pause = self.environment.failed(trial.trial_id, error)
         if pause is None:
             self.outcome.waiting += 1
             self.outcome.waiting_reason = error
             said = f"left pending after {self.environment.trial_limit} environment failures in this run (not counted as attempts)"
         else:
-            self.queue[self.queue_of_kind[trial["kind"]]].append(trial)
+            self.queue[self.queue_of_kind[trial.kind]].append(queued)
             said = f"not counted as an attempt; retried after a {pause:g} s pause"
-        self.store.event("environment", f"{said}: {error}", run_id=self.run_id, trial_id=trial["trial_id"])
-        log.warning("trial %s (%s %s): %s: %s", trial["trial_id"], trial["family"], trial["project"], said, error)
+        self.store.event("environment", f"{said}: {error}", run_id=self.run_id, trial_id=trial.trial_id)
+        log.warning("trial %s (%s %s): %s: %s", trial.trial_id, trial.family, trial.project, said, error)
 
     def _stop_waiting(self) -> None:
         """The environment kept failing for longer than the patience: every queued trial stays pending for a re-run."""
@@ -388,7 +362,7 @@ class Scheduler:
         if rows:
             self.store.add_samples(rows)
             self.recent_rows.extend(rows)
-        now = time.time()
+        now = self.wall_clock()  # the samples' timestamps are wall-clock times
         for lane in self.lanes:
             running = sum(1 for w in self.executor.busy() if w.lane is lane)
             self.lane_history.append((now, lane.name, running, len(self.queue[lane.queue])))

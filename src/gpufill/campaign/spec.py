@@ -16,7 +16,6 @@ Beside it: :mod:`.spec_errors` (reading the YAML, pydantic errors as ``file:line
 
 from __future__ import annotations
 
-import dataclasses
 
 import fnmatch
 import re
@@ -60,7 +59,7 @@ from gpufill.campaign.spec_limits import Length, Seed, check_grid_points, check_
 from gpufill.campaign.spec_types import Count, Float, Spec
 from gpufill.forecasting.data import Project, Split, WindowedProject, load_projects, make_windows
 from gpufill.errors import InputError
-from gpufill.engine.config import DEFAULTS, FitConfig
+from gpufill.forecasting.training import DEFAULTS, FitConfig
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe, recipe
 
@@ -505,16 +504,10 @@ class CampaignSpec(Spec):
         """The campaign's projects (``data.load`` with this file's folder and location)."""
         return self.data.load(self.base_dir, where=self.where("data", "projects"))
 
-    def fit_config(self, family: str, train: Mapping[str, Any], seed: int, *, device: str | None = None, tune_cache: str | None = None,
-                   threads: int | None = None) -> FitConfig:
-        """A trial's FitConfig (every trial and pack takes its settings from here): train settings +
-        overrides + seed, the family's loss and schedule, resources.memory_margin, and the worker's device,
-        tune cache and thread count (a lane's slots share the cores: a trial must not measure its way past its share)."""
-        config = self.train.fit_config({k: v for k, v in train.items() if k not in WINDOW_KEYS}, seed)
-        settings = self.recipe(family, train)
-        worker = {"device": device, "threads": threads}
-        return dataclasses.replace(config, loss=settings.loss, schedule=settings.schedule, memory_margin=self.resources.memory_margin,
-                                   tune_cache=tune_cache, **{k: v for k, v in worker.items() if v is not None})
+    def base_config(self, train: Mapping[str, Any], seed: int) -> FitConfig:
+        """A trial's training settings as a FitConfig: the train section with its grid point's overrides and its seed
+        (forecasting.run.trial_setup adds the recipe's loss and schedule and the worker's device and threads)."""
+        return self.train.fit_config({k: v for k, v in train.items() if k not in WINDOW_KEYS}, seed)
 
 
 CHECKED = {"checked": True}

@@ -21,23 +21,28 @@ import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpufill import __version__
-from gpufill.campaign.trials import Trial
+from gpufill.campaign.queue import Queued
+from gpufill.forecasting.trial import Trial, TrialResult
 from gpufill.campaign.store_health import check_intact, damaged
 from gpufill.errors import InputError
+from gpufill.campaign.store_queries import (
+    ENVIRONMENT,
+    FRAME_COLUMNS,
+    METRICS,
+    PROVENANCE_COLUMNS,
+    STATUSES,
+    TRIAL_COLUMNS,
+    Counts,
+    StoreQueries,
+)
 
-if TYPE_CHECKING:
-    import pandas as pd
+__all__ = ["DB_NAME", "ENVIRONMENT", "FRAME_COLUMNS", "METRICS", "STATUSES", "TRIAL_COLUMNS", "Counts", "Store"]  # the read side's names too: where readers have always found them
 
 DB_NAME = "gpufill.db"
-STATUSES = ("pending", "running", "done", "failed", "skipped")
-METRICS = ("mae", "rmse", "smape", "mase")
-ENVIRONMENT = "environment: "
-"""How the error of a trial an environment failure sent back to pending begins."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -81,42 +86,14 @@ CREATE TABLE IF NOT EXISTS events (
 );
 """
 
-TRIAL_COLUMNS = ("trial_id", "project", "family", "kind", "params", "train", "seed", "lookback", "status", "attempts", "lane", "worker",
-                 "duration_s", "mae", "rmse", "smape", "mase", "naive_mae", "error")
-"""What results show of each trial (the rest of a row, its history and plan, is in trial_details)."""
-PROVENANCE_COLUMNS = {"data_fingerprint": "TEXT NOT NULL DEFAULT ''", "config_id": "TEXT NOT NULL DEFAULT ''",
-                      "base_id": "TEXT NOT NULL DEFAULT ''", "current": "INTEGER NOT NULL DEFAULT 1"}
-"""Added after the first stores were written: a run adds them to an older store; readers see their defaults."""
-FRAME_COLUMNS = [*TRIAL_COLUMNS, "data_fingerprint", "config_id", "base_id", "stale"]
-
-
-@dataclass(frozen=True, slots=True)
-class Counts:
-    """How many trials are in each status, overall and per lane."""
-
-    total: dict[str, int]
-    lanes: dict[str, dict[str, int]]
-    stale: int = 0
-    """Finished trials of an earlier version of the campaign file (or of its data): kept, not counted above."""
-    interrupted: int = 0
-    """Trials a run that is no longer alive left `running` (counted as pending above: a re-run retries them)."""
-    run: dict[str, Any] | None = None
-    """The latest run as readers see it (reading.run_state): state running, interrupted, done, failed or incomplete."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"total": sum(self.total.values()), **self.total, "lanes": {lane: {"total": sum(c.values()), **c} for lane, c in self.lanes.items()},
-                "stale": self.stale, "interrupted": self.interrupted, "run": self.run}
-
-
-class Store:
-    """The SQLite store of one workdir. Open with `Store.create` (scheduler) or `Store.open` (readers)."""
+class Store(StoreQueries):
+    """The SQLite store of one workdir, its write side (reads: StoreQueries). Open with `Store.create` (scheduler) or `Store.open` (readers)."""
 
     def __init__(self, connection: sqlite3.Connection, path: Path):
         self.db = connection
         self.path = path
         self.columns = {row[1] for row in connection.execute("PRAGMA table_info(trials)")}
 
-    # -- opening ------------------------------------------------------------------------
     @classmethod
     def create(cls, workdir: str | os.PathLike[str]) -> Store:
         """Open (creating if needed) the store for writing: the scheduler's connection."""
@@ -170,16 +147,10 @@ class Store:
                 self.db.execute("ROLLBACK")
             raise
 
-    # -- campaign identity --------------------------------------------------------------
-    def meta(self, key: str) -> str | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
-
     def set_meta(self, values: Mapping[str, str]) -> None:
         with self._transaction() as db:
             db.executemany("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", values.items())
 
-    # -- runs and events ----------------------------------------------------------------
     def begin_run(self, command: str) -> int:
         with self._transaction() as db:
             cursor = db.execute(
@@ -188,12 +159,6 @@ class Store:
             )
             return int(cursor.lastrowid)
 
-    def last_run(self) -> dict[str, Any] | None:
-        """The latest run's row (run_id, started_at, finished_at, status, host, pid, command), None before any."""
-        keys = ("run_id", "started_at", "finished_at", "status", "host", "pid", "command")
-        row = self.db.execute(f"SELECT {', '.join(keys)} FROM runs ORDER BY run_id DESC LIMIT 1").fetchone()
-        return dict(zip(keys, row, strict=True)) if row else None
-
     def end_run(self, run_id: int, status: str) -> None:
         with self._transaction() as db:
             db.execute("UPDATE runs SET finished_at = ?, status = ? WHERE run_id = ?", (time.time(), status, run_id))
@@ -201,18 +166,6 @@ class Store:
     def event(self, kind: str, message: str, *, run_id: int | None = None, trial_id: str | None = None) -> None:
         with self._transaction() as db:
             db.execute("INSERT INTO events (ts, run_id, kind, trial_id, message) VALUES (?, ?, ?, ?, ?)", (time.time(), run_id, kind, trial_id, message))
-
-    def events(self, kinds: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        query = "SELECT ts, run_id, kind, trial_id, message FROM events"
-        args: tuple[Any, ...] = ()
-        if kinds:
-            query += f" WHERE kind IN ({','.join('?' * len(kinds))})"
-            args = tuple(kinds)
-        rows = self.db.execute(query + " ORDER BY event_id", args).fetchall()
-        return [dict(zip(("ts", "run_id", "kind", "trial_id", "message"), row, strict=True)) for row in rows]
-
-    # -- batch jobs (Slurm) ---------------------------------------------------------------
-    JOB_COLUMNS = ("job_id", "run_id", "lane", "worker", "trial_ids", "state", "detail", "submitted_at", "updated_at")
 
     def record_jobs(self, run_id: int, jobs: Sequence[Mapping[str, Any]]) -> None:
         """Insert or update batch jobs ({job_id, lane, worker, trial_ids, state, detail}) in one transaction."""
@@ -226,30 +179,6 @@ class Store:
                 [(j["job_id"], run_id, j["lane"], j["worker"], _dumps(list(j["trial_ids"])), j["state"], j["detail"], now, now) for j in jobs],
             )
 
-    def orphan_jobs(self, run_id: int) -> list[str]:
-        """Jobs an earlier run left queued or running (its scheduler died): marked failed; returns their ids."""
-        with self._transaction() as db:
-            ids = [row[0] for row in db.execute("SELECT job_id FROM jobs WHERE state IN ('queued', 'running') AND run_id != ?", (run_id,))]
-            db.executemany("UPDATE jobs SET state = 'failed', detail = 'orphaned: its scheduler stopped', updated_at = ? WHERE job_id = ?", [(time.time(), i) for i in ids])
-        return ids
-
-    def jobs(self, states: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Batch jobs, oldest first (none in a store older than the jobs table)."""
-        if self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone() is None:
-            return []
-        query, args = "SELECT " + ", ".join(self.JOB_COLUMNS) + " FROM jobs", ()
-        if states:
-            query += f" WHERE state IN ({','.join('?' * len(states))})"
-            args = tuple(states)
-        rows = [dict(zip(self.JOB_COLUMNS, row, strict=True)) for row in self.db.execute(query + " ORDER BY submitted_at, job_id", args)]
-        for row in rows:
-            row["trial_ids"] = json.loads(row["trial_ids"])
-        return rows
-
-    # -- monitoring samples ---------------------------------------------------------------
-    SAMPLE_COLUMNS = ("ts", "source", "gpu_util", "mem_used", "mem_total", "power_w", "power_limit_w", "temp_c",
-                      "sm_clock_mhz", "throttle", "cpu_percent", "cpu_per_core", "ram_used", "ram_total", "workers_rss")
-
     def add_samples(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Monitor rows (see monitor/sampler.py): source "gpu0", "gpu1", ... or "host"; bytes, W, C, %."""
         if not rows:
@@ -261,18 +190,6 @@ class Store:
                 [tuple(_sample_value(row.get(c)) for c in columns) for row in rows],
             )
 
-    def has_samples(self) -> bool:
-        """False for a store written before the samples table existed (readers open read-only: no migration)."""
-        return self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'samples'").fetchone() is not None
-
-    def samples(self) -> pd.DataFrame:
-        import pandas as pd  # readers that need no frame (status, monitor) skip importing pandas
-
-        if not self.has_samples():
-            return pd.DataFrame(columns=list(self.SAMPLE_COLUMNS))
-        return pd.read_sql_query("SELECT * FROM samples ORDER BY ts", self.db)
-
-    # -- trials: the state machine --------------------------------------------------------
     def sync_trials(self, trials: Sequence[Trial], lane_of: Mapping[str, str], bases: Mapping[str, Any] | None = None) -> tuple[int, int]:
         """Add new trials as pending; skip pending/failed ones no longer in the file; revive skipped ones.
         The file's trials are marked current, every other one stale (kept, shown with `results --all`).
@@ -313,28 +230,27 @@ class Store:
             )
         return len(ids)
 
-    def runnable(self, max_attempts: int) -> list[dict[str, Any]]:
-        """Pending trials, and failed ones with attempts left, in campaign order (with the data fingerprint
-        their ids name: a worker trains a trial only on that data)."""
+    def runnable(self, max_attempts: int) -> list[Queued]:
+        """Pending trials, and failed ones with attempts left, in campaign order, with their attempts so far (and the
+        data fingerprint their ids name: a worker trains a trial only on that data)."""
         cursor = self.db.execute(
-            f"SELECT trial_id, project, family, kind, params, train, seed, lookback, shape, lane, attempts, {self._column('data_fingerprint')} FROM trials"
+            f"SELECT trial_id, project, family, kind, params, train, seed, lookback, shape, attempts, {self._column('data_fingerprint')} FROM trials"
             " WHERE status = 'pending' OR (status = 'failed' AND attempts < ?) ORDER BY position",
             (max_attempts,),
         )
-        keys = ("trial_id", "project", "family", "kind", "params", "train", "seed", "lookback", "shape", "lane", "attempts", "data_fingerprint")
         # Tens of thousands of trials share a few hundred projects, shapes and parameter sets: one object
         # each (read-only here), so the scheduler's queue stays small.
         shared: dict[Any, Any] = {}
-        out = []
-        for row in cursor:
-            record = dict(zip(keys, row, strict=True))
-            for key in ("project", "family", "kind", "shape", "lane"):
-                record[key] = shared.setdefault(record[key], record[key])
-            for key in ("params", "train"):
-                text = record[key]
-                record[key] = shared[("json", text)] if ("json", text) in shared else shared.setdefault(("json", text), json.loads(text))
-            out.append(record)
-        return out
+
+        def one(value: Any) -> Any:
+            return shared.setdefault(value, value)
+
+        def parsed(text: str) -> Any:
+            return shared[("json", text)] if ("json", text) in shared else shared.setdefault(("json", text), json.loads(text))
+
+        return [Queued(Trial(trial_id=trial_id, project=one(project), family=one(family), kind=one(kind), params=parsed(params), train=parsed(train),
+                             seed=seed, lookback=lookback, shape=one(shape), data_fingerprint=fingerprint or ""), attempts=attempts)
+                for trial_id, project, family, kind, params, train, seed, lookback, shape, attempts, fingerprint in cursor]
 
     def mark_running(self, trial_ids: Sequence[str], *, lane: str, worker: str, run_id: int) -> None:
         now = time.time()
@@ -353,10 +269,10 @@ class Store:
                 [(tid,) for tid in trial_ids],
             )
 
-    def record_done(self, trial_id: str, result: Mapping[str, Any], *, duration_s: float) -> bool:
+    def record_done(self, trial_id: str, result: TrialResult, *, duration_s: float) -> bool:
         """Record a finished trial's result; False (and nothing written) unless it was running."""
-        test = result["metrics"]["test"]
-        naive = result["metrics"]["naive"]
+        test = result.metrics["test"]
+        naive = result.metrics["naive"]
         with self._transaction() as db:
             cursor = db.execute(
                 "UPDATE trials SET status = 'done', finished_at = ?, duration_s = ?, mae = ?, rmse = ?, smape = ?, mase = ?, naive_mae = ?,"
@@ -364,8 +280,7 @@ class Store:
                 " WHERE trial_id = ? AND status = 'running'",
                 (
                     time.time(), duration_s, *(test[m] for m in METRICS), naive["mae"],
-                    _dumps(result["metrics"]), _dumps(result["timings"]), _dumps(result["plan"]),
-                    _dumps(result.get("history", [])), _dumps(result.get("events", [])), trial_id,
+                    _dumps(result.metrics), _dumps(result.timings), _dumps(result.plan), _dumps(result.history), _dumps(result.events), trial_id,
                 ),
             )
             if cursor.rowcount != 1:
@@ -376,7 +291,7 @@ class Store:
                 "INSERT OR REPLACE INTO forecasts VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(trial_id, project, int(np.shape(kept["forecast"])[1]), kept["mase_scale"], np.asarray(kept["origins"], np.int32).tobytes(),
                   np.asarray(kept["forecast"], np.float32).tobytes(), np.asarray(kept["truth"], np.float32).tobytes())
-                 for project, kept in result.get("forecasts", {}).items()],
+                 for project, kept in result.forecasts.items()],
             )
             return True
 
@@ -391,12 +306,6 @@ class Store:
             )
             return cursor.rowcount == 1
 
-    def waiting_on_environment(self) -> tuple[int, str | None]:
-        """Pending trials of the file an environment failure sent back, and the latest one's error."""
-        rows = self.db.execute(f"SELECT error FROM trials WHERE status = 'pending' AND {self._column('current')} = 1 AND error LIKE ?"
-                               " ORDER BY finished_at DESC", (ENVIRONMENT + "%",)).fetchall()
-        return len(rows), rows[0][0][len(ENVIRONMENT):] if rows else None
-
     def record_failed(self, trial_id: str, error: str, traceback: str, *, duration_s: float, retry: bool) -> bool:
         """Record a failed attempt; with `retry` the trial goes back to pending."""
         with self._transaction() as db:
@@ -405,103 +314,6 @@ class Store:
                 ("pending" if retry else "failed", time.time(), duration_s, error, traceback, trial_id),
             )
             return cursor.rowcount == 1
-
-    # -- reading ------------------------------------------------------------------------
-    def counts(self) -> Counts:
-        """Trials of the campaign file as it is now, per status and lane; stale ones only counted."""
-        total = dict.fromkeys(STATUSES, 0)
-        lanes: dict[str, dict[str, int]] = {}
-        current = self._column("current")
-        stale = 0
-        for lane, status, now, n in self.db.execute(f"SELECT COALESCE(lane, 'cpu'), status, {current}, COUNT(*) FROM trials GROUP BY 1, 2, 3"):
-            if not now:
-                stale += n if status in ("done", "failed") else 0
-                continue
-            total[status] += n
-            lanes.setdefault(lane, dict.fromkeys(STATUSES, 0))[status] += n
-        return Counts(total=total, lanes=lanes, stale=stale)
-
-    def records(self, *, include_stale: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
-        """One dict per trial of the campaign file as it is now, in campaign order (params and train
-        overrides as JSON text); `include_stale`: every trial the store holds, `stale` True for those
-        of earlier versions of the file or data. Plain SQLite: no pandas, fast for the CLI."""
-        where = "" if include_stale else f" WHERE status != 'skipped' AND {self._column('current')} = 1"
-        provenance = ", ".join(f"{self._column(c)} AS {c}" for c in PROVENANCE_COLUMNS)
-        cursor = self.db.execute(f"SELECT {', '.join(TRIAL_COLUMNS)}, {provenance} FROM trials{where} ORDER BY position"
-                                 + (f" LIMIT {int(limit)}" if limit is not None else ""))
-        names = [column[0] for column in cursor.description]
-        out = []
-        for row in cursor:
-            record = dict(zip(names, row, strict=True))
-            record["stale"] = record.pop("current") == 0
-            out.append(record)
-        return out
-
-    def config_means(self, metric: str = "mae", *, include_stale: bool = False) -> list[dict[str, Any]]:
-        """Per configuration (everything but the seed) of done trials: the mean `metric` over its seeds and
-        how many there are. SQLite aggregates: a summary of 36,000 trials reads a few thousand rows."""
-        if metric not in METRICS:
-            raise ValueError(f"unknown metric {metric!r}")
-        current = self._column("current")
-        where = f"status = 'done' AND {metric} IS NOT NULL" + ("" if include_stale else f" AND {current} = 1")
-        config = self._column("config_id")
-        cursor = self.db.execute(
-            f"SELECT project, family, {current} AS current, {config} AS config_id, params, train, lookback, {self._column('base_id')} AS base_id,"
-            f" AVG({metric}) AS {metric}, COUNT(*) AS seeds FROM trials WHERE {where}"
-            f" GROUP BY project, family, {current}, {config}, CASE WHEN {config} = '' THEN params || train || lookback END")
-        names = [column[0] for column in cursor.description]
-        out = []
-        for row in cursor:
-            record = dict(zip(names, row, strict=True))
-            record["stale"] = record.pop("current") == 0
-            out.append(record)
-        return out
-
-    def count(self, *, include_stale: bool = False) -> int:
-        where = "" if include_stale else f" WHERE status != 'skipped' AND {self._column('current')} = 1"
-        return int(self.db.execute(f"SELECT COUNT(*) FROM trials{where}").fetchone()[0])
-
-    def frame(self, *, include_stale: bool = False) -> pd.DataFrame:
-        """`records` as a DataFrame (the Python API, the report, csv/json/parquet)."""
-        import pandas as pd
-
-        return pd.DataFrame.from_records(self.records(include_stale=include_stale), columns=FRAME_COLUMNS)
-
-    def bases(self) -> dict[str, dict[str, Any]]:
-        """base_id -> what the trials of one kind of one version of the file share."""
-        if "bases" not in {name for (name,) in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}:
-            return {}
-        return {key: json.loads(base) for key, base in self.db.execute("SELECT base_id, base FROM bases")}
-
-    def _column(self, name: str) -> str:
-        """`name`, or its default where an older store lacks it (readers never alter a store)."""
-        if name in self.columns:
-            return name
-        default = PROVENANCE_COLUMNS[name].rsplit("DEFAULT ", 1)[1]
-        return default
-
-    def forecasts(self, trial_ids: Sequence[str]) -> dict[tuple[str, str], dict[str, Any]]:
-        """(trial_id, project) -> origins (N,), forecast and truth (N, horizon) float32, mase_scale."""
-        import numpy as np
-
-        out: dict[tuple[str, str], dict[str, Any]] = {}
-        for chunk in (trial_ids[i : i + 500] for i in range(0, len(trial_ids), 500)):  # SQLite's bound-variable limit
-            marks = ",".join("?" * len(chunk))
-            for trial_id, project, horizon, scale, origins, forecast, truth in self.db.execute(
-                    f"SELECT trial_id, project, horizon, mase_scale, origins, forecast, truth FROM forecasts WHERE trial_id IN ({marks})", list(chunk)):
-                out[(trial_id, project)] = {"origins": np.frombuffer(origins, np.int32), "mase_scale": scale,
-                                            "forecast": np.frombuffer(forecast, np.float32).reshape(-1, horizon),
-                                            "truth": np.frombuffer(truth, np.float32).reshape(-1, horizon)}
-        return out
-
-    def trial_details(self, trial_id: str) -> dict[str, Any] | None:
-        row = self.db.execute("SELECT metrics, timings, plan, history, events, traceback FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
-        if row is None:
-            return None
-        keys = ("metrics", "timings", "plan", "history", "events")
-        details = {key: json.loads(value) if value else None for key, value in zip(keys, row[:5], strict=True)}
-        details["traceback"] = row[5]
-        return details
 
 
 def _sample_value(value: Any) -> Any:

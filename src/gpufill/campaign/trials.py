@@ -1,4 +1,4 @@
-"""Trial expansion: a CampaignSpec and its project names -> the campaign's trials, in a fixed order.
+"""Trial expansion: a CampaignSpec and its project names -> the campaign's trials (forecasting.trial.Trial), in a fixed order.
 
 A trial's id is a hash of everything that changes its result, and nothing else, so a
 re-run, a larger grid, more seeds or more projects keep every existing id (and result):
@@ -18,46 +18,15 @@ import hashlib
 import itertools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from gpufill.errors import InputError
+from gpufill.forecasting.trial import GLOBAL_PROJECT, Trial
 
-if TYPE_CHECKING:  # Trial alone stays light (the store imports it); the spec imports torch
+if TYPE_CHECKING:  # trials stay light (the store imports them); the spec imports torch
     from gpufill.campaign.spec import CampaignSpec
 
 __all__ = ["GLOBAL_PROJECT", "Trial", "data_digest", "expand", "id_base", "trial_id"]
-
-GLOBAL_PROJECT = "*"
-"""The project of a global-mode trial: one model over all projects."""
-
-
-@dataclass(frozen=True, slots=True)
-class Trial:
-    """One training of one model configuration on one project with one seed."""
-
-    trial_id: str
-    """16 hex characters: a stable hash of everything that defines the trial."""
-    project: str
-    """Project name; "*" in global mode."""
-    family: str
-    kind: Literal["neural", "classical"]
-    params: dict[str, Any]
-    """Model parameters exactly as in the grid point (sorted by key); defaults not filled in."""
-    train: dict[str, Any]
-    """Per-family training overrides from the grid point (lr, ...), sorted by key."""
-    seed: int
-    lookback: int
-    shape: str
-    """Group key for fusing into packs: same family, model params, lookback, batch_size and
-    epochs (neural), or family and lookback (classical)."""
-    data_fingerprint: str = ""
-    """Hash of the project's values (in global mode: of every project's); "" when not known."""
-    config_id: str = ""
-    """The id without the seed: trials that differ only in their seed share it."""
-    base_id: str = ""
-    """Hash of what every trial of its kind shares (data and task settings, the train section):
-    the store keeps that once, and with it each row's full effective configuration."""
 
 
 def expand(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str]) -> list[Trial]:

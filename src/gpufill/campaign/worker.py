@@ -22,9 +22,13 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpufill.campaign.attempt import EnvironmentFailure, attempt, failure, unfused_because
+from gpufill.campaign.attempt import EnvironmentFailure, attempt, failure
+from gpufill.forecasting.trial import GLOBAL_PROJECT, PackEntry, Trial, TrialResult
+
+if TYPE_CHECKING:
+    from gpufill.forecasting.run import TrialSetup
 
 HEARTBEAT_EVERY_S = 2.0
 """A local worker says it is alive this often, busy or idle (resources.heartbeat_timeout is its limit)."""
@@ -106,7 +110,9 @@ def _heartbeat(send: Callable[[dict[str, Any]], None]) -> None:
 
 
 class TrialRunner:
-    """Loads the campaign's data once per process and trains trials on it."""
+    """Loads the campaign's data once per process and runs tasks on it: one trial, or a pack of one shape's
+    trials. What a trial is and how it trains is forecasting's (forecasting/run.py, packs.py); this is where
+    and with which data."""
 
     def __init__(self, spec_payload: dict[str, Any], base_dir: Path, *, threads: int, device: str, tune_cache: str | None = None):
         from gpufill.campaign.spec import CHECKED, CampaignSpec
@@ -126,19 +132,21 @@ class TrialRunner:
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
         """Where a local worker sends which trials started and finished within a task (None: nowhere)."""
 
-    def fit_config(self, trial: dict[str, Any]) -> Any:
-        """The trial's FitConfig on this worker's device (the campaign's settings and memory margin)."""
-        return self.spec.fit_config(trial["family"], trial["train"], trial["seed"], device=self.device, tune_cache=self.tune_cache,
-                                    threads=self.threads)
+    def setup(self, trial: Trial) -> TrialSetup:
+        """How `trial` trains on this worker: the campaign's settings and recipe, this worker's device, threads and tune cache."""
+        from gpufill.forecasting.run import trial_setup
+
+        return trial_setup(trial, self.spec.recipe(trial.family, trial.train), self.spec.base_config(trial.train, trial.seed), threads=self.threads,
+                           device=self.device, tune_cache=self.tune_cache, memory_margin=self.spec.resources.memory_margin)
 
     def note(self, message: dict[str, Any]) -> None:
         """{"started": [trial ids]} or {"result": a trial's message}: so a crash fails only the trial that was running."""
         if self.on_progress is not None:
             self.on_progress(message)
 
-    def attempt(self, trial: dict[str, Any], run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """One trial on its own, reported as it starts and ends."""
-        self.note({"started": [trial["trial_id"]]})
+    def attempt(self, trial: Trial, run: Callable[[], TrialResult]) -> dict[str, Any]:
+        """One trial's work, reported as it starts and ends."""
+        self.note({"started": [trial.trial_id]})
         message = attempt(trial, run)
         self.note({"result": message})
         return message
@@ -154,18 +162,18 @@ class TrialRunner:
                 raise EnvironmentFailure(f"the data could not be loaded: {error}") from error
         return self._projects
 
-    def check_data(self, trial: dict[str, Any]) -> None:
+    def check_data(self, trial: Trial) -> None:
         """Raise EnvironmentFailure unless the loaded data is the data `trial`'s id names (read again once on a difference)."""
-        wanted = trial.get("data_fingerprint") or ""
+        wanted = trial.data_fingerprint
         if not wanted:  # a store older than fingerprints: nothing to compare
             return
-        if self._fingerprint(trial["project"]) == wanted:
+        if self._fingerprint(trial.project) == wanted:
             return
         if not self._reread and time.monotonic() - self._read_at >= REREAD_EVERY_S:  # what this process read may be older than the file
             self._projects, self._prints, self._windows, self._reread = None, {}, {}, True
-        found = self._fingerprint(trial["project"])
+        found = self._fingerprint(trial.project)
         if found != wanted:
-            what = "the data" if trial["project"] == "*" else f"the data of project {trial['project']}"
+            what = "the data" if trial.is_global else f"the data of project {trial.project}"
             raise EnvironmentFailure(f"{what} changed since the run began (fingerprint {found} now, {wanted} in the trial's id): "
                                      "not trained on data its id does not name")
 
@@ -174,7 +182,7 @@ class TrialRunner:
             from gpufill.campaign.trials import data_digest
 
             projects = self.projects()
-            if project == "*":
+            if project == GLOBAL_PROJECT:
                 self._prints[project] = data_digest({name: self._fingerprint(name) for name in projects})
             else:
                 self._prints[project] = projects[project].fingerprint() if project in projects else "(project missing)"
@@ -191,32 +199,26 @@ class TrialRunner:
             self._windows[key] = scale_windows(cut, scaling)  # the cut itself for "project"
         return self._windows[key]
 
-    def recipe(self, trial: dict[str, Any]) -> Any:
-        """The trial's scaling, loss and schedule, each with its reason (forecasting.recipes)."""
-        return self.spec.recipe(trial["family"], trial["train"])
-
-    def trial_windows(self, trial: dict[str, Any], project: str | None = None) -> Any:
+    def trial_windows(self, trial: Trial, project: str | None = None) -> Any:
         """The windows `trial` trains on (of `project` in global mode), scaled as its recipe says: of the data its id names."""
         self.check_data(trial)
-        return self.windows(project or trial["project"], trial["lookback"], self.recipe(trial).scaling)
+        return self.windows(project or trial.project, trial.lookback, self.spec.recipe(trial.family, trial.train).scaling)
 
     def run_task(self, task: dict[str, Any]) -> dict[str, Any]:
         """A task is one trial, or several neural trials of one shape to train as a fused pack."""
         trials, waiting, self._reread = task["trials"], [], False
         if len(trials) > 1 and task.get("pack_size") != 1:  # a pack reads every trial's data before any trains: check it first
             waiting = self._not_ready(trials)  # these wait for the environment; the rest pack
-            trials = [t for t in trials if t["trial_id"] not in {m["trial_id"] for m in waiting}]
+            trials = [t for t in trials if t.trial_id not in {m["trial_id"] for m in waiting}]
         if len(trials) <= 1 or task.get("pack_size") == 1:
-            results = [self.attempt(t, lambda t=t: self.run(t)) for t in trials]
-            if task.get("pack_size") == 1 and task.get("pack_reason"):
-                unfused_because(results, task["pack_reason"])
-            return {"results": [*waiting, *results], "pack": None}
+            unfused = PackEntry(1, task["pack_reason"]) if task.get("pack_size") == 1 and task.get("pack_reason") else None
+            return {"results": [*waiting, *(self.attempt(t, lambda t=t: self.run(t, pack=unfused)) for t in trials)], "pack": None}
         from gpufill.campaign.packs import run_pack
 
         message = run_pack(self, trials, task.get("pack_size"), task.get("pack_kind"))
         return {**message, "results": [*waiting, *message["results"]]}
 
-    def _not_ready(self, trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _not_ready(self, trials: list[Trial]) -> list[dict[str, Any]]:
         """Failure messages of the trials whose data is not what their ids name (or cannot be read)."""
         waiting = []
         for trial in trials:
@@ -226,44 +228,15 @@ class TrialRunner:
                 waiting.append({**failure(trial, error), "seconds": 0.0})
         return waiting
 
-    def run(self, trial: dict[str, Any]) -> dict[str, Any]:
-        from gpufill.campaign.grid_checks import is_series_model
-        from gpufill.forecasting.models import registry
+    def run(self, trial: Trial, *, pack: PackEntry | None = None) -> TrialResult:
+        """`trial` alone (or, in global mode, over every project) on the data its id names."""
+        from gpufill.forecasting.run import run_alone, run_global
 
-        result = self._run(trial)
-        if not is_series_model(registry.resolve(trial["family"])):
-            self.recipe(trial).record(result["plan"], neural=trial["kind"] == "neural")
-        return result
-
-    def _run(self, trial: dict[str, Any]) -> dict[str, Any]:
-        if trial["project"] == "*":
-            from gpufill.campaign.global_mode import run_global
-
+        setup = self.setup(trial)
+        if trial.is_global:
             windows = [self.trial_windows(trial, name) for name in self.projects()]
-            return run_global(windows, trial, self.spec, threads=self.threads, device=self.device)
-        windows = self.trial_windows(trial)
-        if trial["kind"] == "classical":
-            from gpufill.forecasting.models.classical import train_classical
-
-            return train_classical(windows, trial["family"], trial["params"], threads=self.threads, seed=trial["seed"]).to_dict()
-        return self._run_neural(windows, trial)
-
-    def _run_neural(self, windows: Any, trial: dict[str, Any]) -> dict[str, Any]:
-        import torch
-
-        from gpufill.forecasting.task import train_forecaster
-
-        config = self.fit_config(trial)
-        on_cuda = self.device.startswith("cuda")
-        if on_cuda:
-            torch.cuda.reset_peak_memory_stats()
-        run = train_forecaster(windows, trial["family"], trial["params"], config=config)
-        if run.fit.status == "diverged":  # recorded as a failed trial, like a diverged model in a pack
-            raise FloatingPointError(f"training diverged: {run.fit.events[0] if run.fit.events else 'non-finite loss'}")
-        result = run.to_dict()
-        # What the scheduler's GPU admission needs: this shape's measured peak memory.
-        result["timings"]["peak_memory_bytes"] = int(torch.cuda.max_memory_reserved()) if on_cuda else None
-        return result
+            return run_global(trial, windows, setup, where=self.spec.path and str(self.spec.path))
+        return run_alone(trial, self.trial_windows(trial), setup, pack=pack)
 
 
 if __name__ == "__main__":  # started by executors/local.py: python -m gpufill.campaign.worker FD

@@ -129,8 +129,8 @@ def render(data: dict[str, Any]) -> Group:
     running = Table(box=None, pad_edge=False, header_style="bold", title=None)
     for column in ("running", "project", "worker", "for"):
         running.add_column(column)
-    for trial in data["running"][:8]:
-        running.add_row(Text(visible(trial["family"])), Text(visible(trial["project"])), Text(visible(trial["worker"] or "")), f"{trial['seconds']:.0f}s")
+    for row in data["running"][:8]:
+        running.add_row(Text(visible(row["family"])), Text(visible(row["project"])), Text(visible(row["worker"] or "")), f"{row['seconds']:.0f}s")
     if data["running"]:
         parts.append(running)
     for message in data.get("alerts", []):

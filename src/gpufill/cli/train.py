@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import contextlib
 import json
 import os
@@ -68,10 +66,11 @@ def train(
     from gpufill.engine.hardware import check_device
     from gpufill.forecasting import task as forecast
     from gpufill.forecasting.data import Split
-    from gpufill.campaign.grid_checks import is_series_model
     from gpufill.forecasting.data.window_scaling import SCALINGS, scale_windows
     from gpufill.forecasting.models import registry
     from gpufill.forecasting.recipes import LOSSES, recipe
+    from gpufill.forecasting.run import run_alone, trial_setup
+    from gpufill.forecasting.trial import Trial
 
     params = parse_params(param)
     with _as_options():  # a bad setting names its command-line option, before any data is read
@@ -103,26 +102,18 @@ def train(
         time_column=time_column,
         fill=fill,
     )
-    settings = None
-    if not is_series_model(registry.resolve(model)):  # the campaign's recipe for the family (forecasting/recipes.py)
-        with _as_options():
-            settings = recipe(model, scaling=_one_of("--scaling", scaling, ("auto", *SCALINGS)), loss=_one_of("--loss", loss, ("auto", *LOSSES)))
-        windows = scale_windows(windows, settings.scaling)
-        config = dataclasses.replace(config, loss=settings.loss, schedule=settings.schedule)
+    family = registry.resolve(model)
+    with _as_options():  # the campaign's recipe for the family (forecasting/recipes.py)
+        settings = recipe(model, scaling=_one_of("--scaling", scaling, ("auto", *SCALINGS)), loss=_one_of("--loss", loss, ("auto", *LOSSES)))
+    trial = Trial(trial_id="", project=windows.name, family=model, kind=family.kind, params=params, train={}, seed=seed, lookback=lookback, shape="")
+    setup = trial_setup(trial, settings, config, threads="auto")
+    if not setup.fits_series:
+        windows = scale_windows(windows, setup.scaling)
     console = Console(stderr=as_json, quiet=quiet)
-    if registry.resolve(model).kind == "classical":
-        from gpufill.engine.hardware import cpu_count
-        from gpufill.forecasting.models.classical import train_classical
-
-        outcome = train_classical(windows, model, params, threads=cpu_count(), seed=seed).to_dict()
-    elif as_json:
-        with _checkpoint_option():
-            outcome = forecast.train_forecaster(windows, model, params, config=config).to_dict()
-    else:
-        with render.EpochProgress(console) as progress, _checkpoint_option():
-            outcome = forecast.train_forecaster(windows, model, params, config=config, callbacks=[progress]).to_dict()
-    if settings is not None:
-        settings.record(outcome["plan"], neural=registry.resolve(model).kind == "neural")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_checkpoint_option())
+        progress = [] if as_json or family.kind == "classical" else [stack.enter_context(render.EpochProgress(console))]
+        outcome = run_alone(trial, windows, setup, callbacks=progress).to_message()
     if quiet:
         pass
     elif as_json:

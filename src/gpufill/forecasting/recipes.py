@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpufill.engine.config import FitConfig
 from gpufill.errors import InputError
 
 AUTO = "auto"
@@ -27,12 +28,16 @@ class Recipe:
     why: dict[str, str] = field(default_factory=dict, compare=False)
     """setting -> the reason for its value."""
 
-    def record(self, plan: dict[str, Any], *, neural: bool) -> dict[str, Any]:
-        """`plan` (a result's {setting: {value, reason}}) with this recipe's settings and reasons; loss and
+    def entries(self, *, neural: bool) -> dict[str, dict[str, Any]]:
+        """This recipe's settings and reasons as a result's plan entries ({setting: {value, reason}}); loss and
         schedule only for a network (a classical model has neither)."""
-        for name in ("scaling", "loss", "schedule") if neural else ("scaling",):
-            plan[name] = {"value": getattr(self, name), "reason": self.why.get(name, "")}
-        return plan
+        return {name: {"value": getattr(self, name), "reason": self.why.get(name, "")}
+                for name in (("scaling", "loss", "schedule") if neural else ("scaling",))}
+
+    def fit_config(self, base: FitConfig, **worker: Any) -> FitConfig:
+        """The FitConfig a network of this recipe trains with: `base` (the training settings and seed) with this
+        loss and schedule, and the worker's settings (device, threads, tune cache, memory margin) that are given."""
+        return replace(base, loss=self.loss, schedule=self.schedule, **{key: value for key, value in worker.items() if value is not None})
 
 
 _MAE = "absolute error, as the competition metrics (MAE, MASE, sMAPE) are, and neuralforecast's default for every model: robust to outlying windows"

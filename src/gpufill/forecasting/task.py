@@ -1,7 +1,6 @@
-"""One forecaster on one project: windows -> model -> fit(plan) -> test metrics vs naive.
-
-`gpufill train` calls this; a campaign's neural trials will too. Its JSON shape
-(`plan`, `metrics.test`, `metrics.naive`, `timings`) is the one later commands reuse.
+"""One forecaster on one project: windows -> model -> fit(plan) -> test metrics vs naive, as a library call
+(`train_forecaster`), and the pieces every trial shares: the seeded model and its predictions. A campaign's
+trial and `gpufill train` run through forecasting/run.py, which builds their results (forecasting/trial.py).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from gpufill.forecasting.data import (
     load_projects,
     make_windows,
 )
-from gpufill.forecasting.data.scoring import per_origin, score
+from gpufill.forecasting.data.scoring import score
 from gpufill.engine.config import FitConfig
 from gpufill.engine.loop import fit
 from gpufill.engine.result import FitCallback, FitResult
@@ -45,20 +44,6 @@ class ForecastRun:
     def beats_naive(self) -> bool:
         return self.test["mae"] < self.naive["mae"]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "project": self.project,
-            "family": self.family,
-            "params": self.params,
-            "status": self.fit.status,
-            "plan": self.fit.plan.to_dict(),
-            "metrics": {"test": self.test, "naive": self.naive, **{f"fit_{k}": v for k, v in self.fit.metrics.items()}, **per_origin(self.forecast)},
-            "timings": self.fit.timings,
-            "history": self.fit.to_dict()["history"],
-            "events": self.fit.events,
-            "forecasts": {self.project: self.forecast} if self.forecast is not None else {},
-        }
-
 
 def train_forecaster(
     windows: WindowedProject,
@@ -71,8 +56,7 @@ def train_forecaster(
     """Build `family` with `params`, train it on the project's windows, score it on the test split."""
     config = config or FitConfig()
     resolved = registry.check_params(family, params or {})
-    torch.manual_seed(config.seed)  # the same seed gives the same initial weights
-    model = registry.build(family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=resolved)
+    model = seeded_model(family, windows, resolved, config.seed)
     has_val = windows.x_val.shape[0] > 0
     result = fit(
         model,
@@ -84,6 +68,13 @@ def train_forecaster(
     scaled = predict(result.model, windows.x_test, dtype=result.plan.autocast_dtype)
     test, naive, kept = score(windows, windows.inverse_target(scaled))
     return ForecastRun(project=windows.name, family=family, params=dict(resolved), fit=result, test=test, naive=naive, forecast=kept)
+
+
+def seeded_model(family: str, windows: WindowedProject, params: Mapping[str, Any], seed: int) -> Any:
+    """The one place a forecaster is seeded and built: the same seed gives the same initial weights, whether it
+    trains alone, in a pack or over every project (forecasting/run.py)."""
+    torch.manual_seed(seed)
+    return registry.build(family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=params)
 
 
 @torch.no_grad()

@@ -140,9 +140,9 @@ def _forecasts(store: Store, trials: pd.DataFrame) -> str:
     for family, rows in best.groupby("family", sort=True):
         ranked = rows.sort_values("mae")
         for which, row in (("best", ranked.iloc[0]), ("worst", ranked.iloc[-1])) if len(ranked) > 1 else (("best", ranked.iloc[0]),):
-            trial = done[(done["project"] == row["project"]) & (done["config_id"] == row["config_id"])]
-            if not trial.empty:
-                picks.append((family, which, row["project"], trial["trial_id"].iloc[0]))
+            seeds = done[(done["project"] == row["project"]) & (done["config_id"] == row["config_id"])]
+            if not seeds.empty:
+                picks.append((family, which, row["project"], seeds["trial_id"].iloc[0]))
     kept = store.forecasts([trial_id for *_, trial_id in picks])
     for family, which, project, trial_id in picks:
         if (trial_id, project) in kept:

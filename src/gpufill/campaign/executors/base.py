@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -62,8 +62,11 @@ class Worker:
     """Trials of the task that began training (what a crash fails; the rest go back unattempted)."""
     reported: list[dict[str, Any]] = field(default_factory=list)
     """Per-trial messages of the task already finished, sent before the task's end."""
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    """Where its times come from: the scheduler gives each worker its own clock before a task (one clock for
+    every time limit it checks)."""
     last_seen: float = field(default_factory=time.monotonic)
-    """time.monotonic() of its last message or heartbeat."""
+    """clock() of its last message or heartbeat."""
     clock_from: float = field(default_factory=time.monotonic)
     """When the trials now training began (their time limit counts from here)."""
     training: int = 1
@@ -80,17 +83,17 @@ class Worker:
     def begin(self, task: Task) -> None:
         """A task was submitted: reset what the slot reports about it."""
         self.task = task
-        self.last_shape = task["trials"][0]["shape"]
+        self.last_shape = task["trials"][0].shape
         self.started.clear()
         self.reported.clear()
-        self.last_seen = self.clock_from = time.monotonic()
+        self.last_seen = self.clock_from = self.clock()
         self.training = 1
         self.stop_reason = None
         self.measured_pack = None
 
     def note(self, message: dict[str, Any]) -> bool:
         """A progress message from the slot (True) or its task's final message (False)."""
-        self.last_seen = time.monotonic()
+        self.last_seen = self.clock()
         if "results" in message:  # the task's final message (it may carry a "pack" too)
             return False
         if "heartbeat" in message:

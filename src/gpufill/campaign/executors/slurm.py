@@ -217,7 +217,7 @@ class SlurmExecutor:
             for worker, job in zip(workers, jobs, strict=True):
                 worker.job = job
                 assert worker.task is not None
-                self._records[job.job_id] = _Record(lane=lane_name, worker=worker.name, trial_ids=tuple(t["trial_id"] for t in worker.task["trials"]))
+                self._records[job.job_id] = _Record(lane=lane_name, worker=worker.name, trial_ids=tuple(t.trial_id for t in worker.task["trials"]))
 
     def poll(self, timeout: float) -> list[Finished | Crashed]:
         """Submit the round's tasks, then collect finished jobs (waiting up to `timeout` for one)."""

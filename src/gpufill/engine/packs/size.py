@@ -1,5 +1,5 @@
 """How many models to fuse, per shape and device: measured on a sample batch before any pack
-exists (`campaign/packs.py` asks). How a pack's step runs (compiled, graph-captured) is
+exists (`forecasting/packs.py` asks, through `choose_pack_size`). How a pack's step runs (compiled, graph-captured) is
 measured on the real pack: `probe.py`.
 """
 
@@ -13,9 +13,13 @@ import torch
 from torch import nn
 
 from gpufill.engine.backend import is_out_of_memory, synchronize
+from gpufill.engine.config import FitConfig
+from gpufill.engine.hardware import context_bytes, detect
+from gpufill.engine.losses import NAMED
 from gpufill.engine.measure.ops import count_ops
-from gpufill.engine.packs.stacked import pack_kinds, pack_module
+from gpufill.engine.packs.stacked import pack_kinds, pack_module, why_not_packed
 from gpufill.engine.packs.optim import PackAdamW
+from gpufill.engine.plan import DataFacts, make_plan
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -42,6 +46,32 @@ class PackSizeChoice:
     """Device memory a step of K models allocated at its peak (CUDA only): what admission adds up."""
     kind: str | None = None
     """How the pack runs (`packs.stacked`: hand-written fused kernels or torch.func vmap); None unfused."""
+
+
+def choose_pack_size(build, sample: Pair, *, config: FitConfig, name: str, candidates: Sequence[int] = CANDIDATE_SIZES,
+                     data_bytes: int = 0) -> PackSizeChoice:
+    """Whether and how many models of one shape to fuse for trainings of `config` on its device: unfused, with the
+    reason, where a pack cannot train them (a decaying schedule: a pack runs a constant lr; a model that neither
+    fused kernels nor vmap can batch, `name` saying whose), else measured (`measure_pack_size`) at the batch a plan
+    gives such a training, each size's peak within `config.memory_margin` of the device."""
+    if config.schedule != "constant":
+        return PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: schedule {config.schedule} (a pack runs a constant lr)")
+    # Any elementwise loss tests vmap's batching rules alike: mse stands for the trainings' own.
+    why_not = why_not_packed(build, NAMED["mse"], (sample[0][:8], sample[1][:8]))
+    if why_not is not None:
+        return PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: {name}: {why_not}")
+    device = str(config.device)
+    batch = make_plan(detect(device), DataFacts(n_train=sample[0].shape[0], bytes_total=0), config).effective_batch.value
+    return measure_pack_size(build, sample, batch=batch, device=device, candidates=candidates, data_bytes=data_bytes,
+                             memory_budget=_memory_budget(device, config.memory_margin))
+
+
+def _memory_budget(device: str, margin: float) -> int | None:
+    """memory_margin of the device, less what this process holds outside the allocator (CUDA only)."""
+    if not device.startswith("cuda"):
+        return None
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return int(margin * total) - (context_bytes(device) or 0)
 
 
 def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidates: Sequence[int] = CANDIDATE_SIZES, steps: int = 4,

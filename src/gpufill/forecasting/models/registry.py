@@ -44,6 +44,12 @@ class Family:
     accepts_any: bool = field(default=False, compare=False)
     """True when the factory takes ``**kwargs``: any extra parameter name is passed through."""
 
+    @property
+    def fits_series(self) -> bool:
+        """A statistical family fits the series itself, not windows (forecasting.models.classical.statistical):
+        no window scaling, loss or schedule applies to it."""
+        return callable(getattr(self.factory, "fit_series", None))
+
 
 _FAMILIES: dict[str, Family] = {}
 

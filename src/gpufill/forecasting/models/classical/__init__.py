@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from gpufill.forecasting.data import WindowedProject
-from gpufill.forecasting.data.scoring import per_origin, score
+from gpufill.forecasting.data.scoring import score
 from gpufill.errors import InputError
 from gpufill.forecasting.models.classical.base import (
     ClassicalForecaster,
@@ -96,21 +96,6 @@ class ClassicalRun:
     @property
     def beats_naive(self) -> bool:
         return self.test["mae"] < self.naive["mae"]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The same top-level keys as ``ForecastRun.to_dict``, so a store treats both kinds alike."""
-        return {
-            "project": self.project,
-            "family": self.family,
-            "params": self.params,
-            "status": "completed",
-            "plan": classical_plan(self.threads),
-            "metrics": {"test": self.test, "naive": self.naive, **per_origin(self.forecast)},
-            "timings": self.timings,
-            "history": [],  # no epochs: one fit
-            "events": [],
-            "forecasts": {self.project: self.forecast} if self.forecast is not None else {},
-        }
 
 
 def classical_plan(threads: int) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,160 @@
+"""How one trial runs: its setup decided in one place, its model seeded and built in one place, and one entry
+point per way it trains: `run_alone` (one project; `gpufill train` and a campaign's trial alike) and `run_global`
+(one model over every project). A pack of trials: forecasting/packs.py.
+
+Each returns a `TrialResult` (forecasting/trial.py); a diverged training is a result with status "diverged",
+which its caller decides about (a campaign records it as failed, `gpufill train` exits 1).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from gpufill.engine.config import FitConfig
+from gpufill.engine.hardware import cpu_count
+from gpufill.engine.loop import fit
+from gpufill.engine.result import FitCallback, FitResult
+from gpufill.errors import InputError
+from gpufill.forecasting.data import WindowedProject
+from gpufill.forecasting.data.scoring import per_origin, score
+from gpufill.forecasting.models import registry
+from gpufill.forecasting.recipes import Recipe
+from gpufill.forecasting.task import predict, seeded_model
+from gpufill.forecasting.trial import PackEntry, Trial, TrialResult, trial_result
+
+__all__ = ["METRIC_KEYS", "TrialSetup", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup"]
+
+METRIC_KEYS = ("mae", "rmse", "smape", "mase")
+
+
+@dataclass(frozen=True, slots=True)
+class TrialSetup:
+    """How a trial trains where it runs, decided: its recipe (scaling, loss, schedule), its FitConfig (a network's)
+    and its lane's threads."""
+
+    recipe: Recipe
+    config: FitConfig
+    threads: int
+    fits_series: bool = False
+    """A family that fits the series itself (snaive, ets, ...): no scaling, loss or schedule of a recipe is its own to record."""
+
+    @property
+    def recorded(self) -> Recipe | None:
+        """The recipe a result's plan records (None for a family that fits the series)."""
+        return None if self.fits_series else self.recipe
+
+
+def trial_setup(trial: Trial, recipe: Recipe, base: FitConfig, *, threads: int | Literal["auto"], device: str | None = None,
+                tune_cache: str | None = None, memory_margin: float | None = None) -> TrialSetup:
+    """The one place a trial's settings become a frozen FitConfig: `base` (the training settings with the trial's
+    overrides and seed) with the recipe's loss and schedule and the worker's device, tune cache, memory margin and
+    thread count (a lane's slots share the cores: a trial must not measure its way past its share; "auto", as
+    `gpufill train` has it: a network measures its threads, a classical model takes every core)."""
+    fits_series = registry.resolve(trial.family).fits_series
+    config = base if fits_series else recipe.fit_config(base, device=device, threads=threads, tune_cache=tune_cache, memory_margin=memory_margin)
+    return TrialSetup(recipe=recipe, config=config, threads=cpu_count() if threads == "auto" else threads, fits_series=fits_series)
+
+
+def build_model(trial: Trial, windows: WindowedProject) -> Any:
+    """The trial's model, seeded: the same initial weights whether it trains alone, in a pack or globally."""
+    return seeded_model(trial.family, windows, trial.params, trial.seed)
+
+
+def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, callbacks: Sequence[FitCallback] = (),
+              pack: PackEntry | None = None) -> TrialResult:
+    """Train and score `trial` on its project's windows (already scaled as its recipe says)."""
+    if trial.kind == "classical":
+        from gpufill.forecasting.models.classical import classical_plan, train_classical
+
+        run = train_classical(windows, trial.family, trial.params, threads=setup.threads, seed=trial.seed)
+        return trial_result(trial, status="completed", plan=classical_plan(run.threads), params=run.params, timings=run.timings,
+                            metrics={"test": run.test, "naive": run.naive, **per_origin(run.forecast)},
+                            forecasts={trial.project: run.forecast} if run.forecast is not None else {}, recipe=setup.recorded, pack=pack)
+    on_cuda = str(setup.config.device).startswith("cuda")
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model = build_model(trial, windows)
+    fitted = fit(model, (windows.x_train, windows.y_train), (windows.x_val, windows.y_val) if windows.x_val.shape[0] else None,
+                 config=setup.config, callbacks=callbacks)
+    peak = int(torch.cuda.max_memory_reserved()) if on_cuda else None
+    return neural_result(trial, windows, fitted, setup, pack=pack, peak_memory_bytes=peak)
+
+
+def neural_result(trial: Trial, windows: WindowedProject, fitted: FitResult, setup: TrialSetup, *, pack: PackEntry | None = None,
+                  peak_memory_bytes: int | None = None) -> TrialResult:
+    """A trained network scored on its project's test split, next to the naive forecast (alone or a pack's member)."""
+    test, naive, kept = score(windows, windows.inverse_target(predict(fitted.model, windows.x_test, dtype=fitted.plan.autocast_dtype)))
+    done = fitted.to_dict()
+    return trial_result(trial, status=fitted.status, plan=done["plan"], timings=fitted.timings, history=done["history"], events=fitted.events,
+                        metrics={"test": test, "naive": naive, **{f"fit_{k}": v for k, v in fitted.metrics.items()}, **per_origin(kept)},
+                        forecasts={trial.project: kept} if kept is not None else {}, recipe=setup.recorded, pack=pack,
+                        peak_memory_bytes=peak_memory_bytes, params=registry.check_params(trial.family, trial.params))
+
+
+def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSetup, *, where: str | None = None) -> TrialResult:
+    """`mode: global`: one model trained on every project's windows, scored on each project's test split.
+
+    Each project keeps its own scaling (fitted on its own training part), so windows from projects of different
+    levels share one model; metrics are computed per project in its original scale and averaged (the per-project
+    values are kept in the result)."""
+    widths = {w.n_features for w in windows}
+    if len(widths) != 1:
+        raise InputError(f"projects have different feature counts {sorted(widths)}", where=where, field="task.mode",
+                         fix="use mode: local, or give every project the same covariate columns")
+    train_x, train_y = torch.cat([w.x_train for w in windows]), torch.cat([w.y_train for w in windows])
+    val_x, val_y = torch.cat([w.x_val for w in windows]), torch.cat([w.y_val for w in windows])
+    if trial.kind == "classical":
+        predictions, plan, timings = _global_classical(trial, windows, setup.threads, train_x, train_y, val_x, val_y)
+        history, events, status = [], [], "completed"
+    else:
+        fitted = fit(build_model(trial, windows[0]), (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=setup.config)
+        predictions = [w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype)) for w in windows]
+        done = fitted.to_dict()
+        plan, timings, history, events, status = done["plan"], dict(fitted.timings), done["history"], fitted.events, fitted.status
+    per_project, forecasts = {}, {}
+    for w, prediction in zip(windows, predictions, strict=True):
+        test, naive, forecasts[w.name] = score(w, prediction)
+        per_project[w.name] = {"test": test, "naive": naive, **per_origin(forecasts[w.name])}
+    average = {part: {key: statistics.fmean(scores[part][key] for scores in per_project.values()) for key in METRIC_KEYS} for part in ("test", "naive")}
+    return trial_result(trial, status=status, plan=plan, metrics={**average, "per_project": per_project}, timings=timings, history=history,
+                        events=events, forecasts=forecasts, recipe=setup.recorded)
+
+
+def _global_classical(trial: Trial, windows: Sequence[WindowedProject], threads: int, train_x: torch.Tensor, train_y: torch.Tensor,
+                      val_x: torch.Tensor, val_y: torch.Tensor) -> tuple[list[np.ndarray], dict[str, Any], dict[str, float]]:
+    from gpufill.forecasting.models.classical import SeriesForecaster, classical_plan, fit_and_forecast
+
+    first = windows[0]
+    model = registry.build(trial.family, n_features=first.n_features, lookback=first.lookback, horizon=first.horizon, params=trial.params)
+    if isinstance(model, SeriesForecaster):  # a statistical reference is a model of one series: fitted per project in either mode
+        predictions, fit_s, predict_s = [], 0.0, 0.0
+        for w in windows:
+            model = registry.build(trial.family, n_features=w.n_features, lookback=w.lookback, horizon=w.horizon, params=trial.params)
+            prediction, spent = fit_and_forecast(model, w, threads=threads, seed=trial.seed)
+            predictions.append(prediction)
+            fit_s, predict_s = fit_s + spent["fit_s"], predict_s + spent["predict_s"]
+        points = sum(w.fit_end for w in windows)
+        return predictions, classical_plan(threads), {"fit_s": fit_s, "predict_s": predict_s, "samples_per_s": points / fit_s if fit_s > 0 else 0.0}
+    # No epochs to validate: the validation windows are training data for classical models.
+    x, y = torch.cat([train_x, val_x]).numpy(), torch.cat([train_y, val_y]).numpy()
+    tick = time.perf_counter()
+    model.fit(x, y, threads=threads, seed=trial.seed)
+    fit_s = time.perf_counter() - tick
+    tick = time.perf_counter()
+    predictions = [w.inverse_target(np.asarray(model.predict(w.x_test.numpy()))) for w in windows]
+    return predictions, classical_plan(threads), {"fit_s": fit_s, "predict_s": time.perf_counter() - tick, "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0}
+
+
+def epoch_seconds(trial: Trial, windows: Sequence[WindowedProject], config: FitConfig, *, sample: int) -> float:
+    """Seconds of one steady epoch of `trial` over all `windows`, from two epochs timed on `sample` of them (an estimate's)."""
+    x, y = torch.cat([w.x_train for w in windows]), torch.cat([w.y_train for w in windows])
+    taken = min(x.shape[0], sample)
+    fitted = fit(build_model(trial, windows[0]), (x[:taken], y[:taken]), config=replace(config, epochs=2, patience=None))
+    return fitted.history[-1].seconds * x.shape[0] / taken
