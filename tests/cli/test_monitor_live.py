@@ -7,6 +7,7 @@ from rich.console import Console
 from gpufill.campaign.store import Store
 from gpufill.campaign.trials import Trial
 from gpufill.cli.live import render, snapshot, sparkline
+from tests.helpers import a_result
 
 
 def test_sparkline_scales_values_and_leaves_gaps_blank():
@@ -21,7 +22,7 @@ def make_store(tmp_path, now):
     store.sync_trials(trials, {"neural": "gpu"})
     store.set_meta({"campaign_name": "watch"})
     store.mark_running(["t0", "t1", "t2"], lane="gpu", worker="gpu-1", run_id=1)
-    result = {"metrics": {"test": {"mae": 1.0, "rmse": 1.0, "smape": 1.0, "mase": 1.0}, "naive": {"mae": 2.0}}, "timings": {}, "plan": {}}
+    result = a_result({"mae": 1.0, "rmse": 1.0, "smape": 1.0, "mase": 1.0}, {"mae": 2.0})
     store.record_done("t0", result, duration_s=1.0)
     store.record_done("t1", result, duration_s=1.0)
     store.db.execute("UPDATE trials SET finished_at = ? WHERE trial_id = 't0'", (now - 120,))
