@@ -210,3 +210,10 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def micro_batch_choices(effective: int, micro: int, reason: str) -> tuple[Choice[int], Choice[int]]:
+    """The micro-batch and accumulation choices for another micro-batch of the same effective batch
+    (restored from a checkpoint, or halved after an out-of-memory error)."""
+    accumulation = math.ceil(effective / micro)
+    return Choice(micro, reason), Choice(accumulation, f"{accumulation} micro-batches of {micro} keep the effective batch {effective}")

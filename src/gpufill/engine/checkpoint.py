@@ -209,3 +209,17 @@ def restore_rng(saved: dict[str, Any], generator: torch.Generator, device: torch
     torch.set_rng_state(saved["torch_rng"].cpu())
     if device.type == "cuda" and saved.get("cuda_rng") is not None:
         torch.cuda.set_rng_state(saved["cuda_rng"].cpu(), device)
+
+
+def resume(directory: str | os.PathLike[str], identity: Identity, model: nn.Module, device: torch.device,
+           events: list[str]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The last checkpoint in `directory` (tensors, metadata), checked to belong to this training (`identity`);
+    the model's weights are loaded now. None, said in `events`, where there is none yet."""
+    loaded = load_checkpoint(directory, device)
+    if loaded is None:
+        events.append("resume: no checkpoint yet, starting from epoch 1")
+        return None
+    saved, meta = loaded
+    check_identity(meta, identity, directory)
+    model.load_state_dict(saved["model"])
+    return loaded

@@ -99,26 +99,36 @@ class Plan:
 
 
 def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings, *, epochs: int | None = None) -> Plan:
-    """Resolve every setting in a fixed order: device facts first, then numerics, then batching, then
-    what pays back only over the training's length (`epochs`; None: unknown)."""
+    """Resolve every setting in a fixed order: the data's (placement, batch, loader, lr scaling) first, then the
+    device's (numerics, kernels), then what pays back only over the training's length (`epochs`; None: unknown)."""
     settings.validate()
-    precision = _precision(hardware, settings.precision)
+    # The data's: placement, loader, batch and lr scaling (batching.py).
     placement = batching.data_placement(hardware, data, settings)
     effective = batching.effective_batch(data, settings)
     micro = batching.micro_batch(data, effective.value, settings.micro_batch)
-    accumulation = math.ceil(effective.value / micro.value)
     per_epoch = batching.steps_per_epoch(data, effective.value)
+    loader = batching.loader_settings(hardware, data, placement.value, settings.num_workers)
+    tuning = batching.loader_tuning(data, placement.value, settings.num_workers)
+    lr_scale = lr_scale_choice(effective.value, settings, data)
+    # The device's own choices, and what pays back only over the training's length (this module).
+    precision = _precision(hardware, settings.precision)
+    device = Choice(hardware.device, _device_reason(hardware, settings.device))
+    tf32, cudnn_benchmark = _tf32(hardware, settings.tf32), _cudnn_benchmark(hardware, settings.cudnn_benchmark)
+    compile_, threads = _compile(hardware, settings.compile), _threads(hardware, settings.threads)
+    optimizer_kernel, step_graph = _optimizer_kernel(hardware, settings.optimizer_kernel), _step_graph(hardware, settings.cuda_graph)
+    grad_scaler = grad_scaler_for(precision.value)
     total_steps = per_epoch * epochs if per_epoch is not None and epochs is not None else None
+    accumulation = math.ceil(effective.value / micro.value)
     return Plan(
-        device=Choice(hardware.device, _device_reason(hardware, settings.device)),
+        device=device,
         precision=precision,
-        tf32=_tf32(hardware, settings.tf32),
-        cudnn_benchmark=_cudnn_benchmark(hardware, settings.cudnn_benchmark),
-        compile=_compile(hardware, settings.compile),
-        threads=_threads(hardware, settings.threads),
+        tf32=tf32,
+        cudnn_benchmark=cudnn_benchmark,
+        compile=compile_,
+        threads=threads,
         data_placement=placement,
-        loader=batching.loader_settings(hardware, data, placement.value, settings.num_workers),
-        loader_tuning=_loader_tuning(batching.loader_tuning(data, placement.value, settings.num_workers), total_steps),
+        loader=loader,
+        loader_tuning=_loader_tuning(tuning, total_steps),
         effective_batch=effective,
         micro_batch=micro,
         accumulation=Choice(
@@ -127,14 +137,14 @@ def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings, *, e
             if accumulation == 1
             else f"{accumulation} micro-batches of {micro.value} per optimizer step keep the effective batch {effective.value}",
         ),
-        lr_scale=lr_scale_choice(effective.value, settings, data),
-        grad_scaler=grad_scaler_for(precision.value),
-        optimizer_kernel=_optimizer_kernel(hardware, settings.optimizer_kernel),
+        lr_scale=lr_scale,
+        grad_scaler=grad_scaler,
+        optimizer_kernel=optimizer_kernel,
         step_sync=Choice(True, "requested: the loss is read every step (one host-device sync per step)")
         if settings.sync_every_step
         else Choice(False, "losses accumulate on the device and are read once per epoch: no sync in the hot loop"),
         batch_search=_batch_search(hardware, settings, total_steps, _unknown_length(per_epoch)),
-        step_graph=_step_graph(hardware, settings.cuda_graph),
+        step_graph=step_graph,
         probe=_probe(settings.probe, total_steps, _unknown_length(per_epoch)),
     )
 

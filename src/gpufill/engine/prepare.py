@@ -9,7 +9,6 @@ model and data to the device, a resumed run's weights loaded; then the probe
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,13 +17,13 @@ from torch import nn
 
 from gpufill.engine import batching, distributed, losses
 from gpufill.engine.batches import ResidentBatches, signature
-from gpufill.engine.checkpoint import Identity, check_identity, load_checkpoint, model_fingerprint, optimizer_fingerprint
+from gpufill.engine.checkpoint import Identity, model_fingerprint, optimizer_fingerprint, resume
 from gpufill.engine.config import FitConfig
-from gpufill.engine.hardware import Hardware, check_device, detect
+from gpufill.engine.hardware import check_device, detect
 from gpufill.engine.inputs import Data, Source, as_dataset, as_source, check_model, data_facts, fingerprint, harmonise_floats, make_batches
 from gpufill.engine.measure import TuneCache, resolve, shape_key, tune_loader
 from gpufill.engine.measure.candidates import Context
-from gpufill.engine.measure.probe import FitProbe
+from gpufill.engine.measure.probe import FitProbe, probe_context
 from gpufill.engine.optim import make_optimizer
 from gpufill.engine.plan import Choice, Plan, make_plan
 from gpufill.errors import InputError
@@ -68,8 +67,8 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> 
     val_source = as_source(val, "val") if val is not None else None
     loss_fn, loss_choice = losses.resolve(cfg.loss)
     hardware = detect(cfg.device)
-    plan, facts = _first_plan(cfg, train_source, val_source, hardware)
-    plan = plan.replace(loss=loss_choice)
+    facts = data_facts(train_source, val_source, cfg.steps_per_epoch)
+    plan = make_plan(hardware, facts, cfg, epochs=cfg.epochs).replace(loss=loss_choice)
     if plan.loader_tuning.value:
         plan = plan.replace(loader=tune_loader(as_dataset(train_source), plan.effective_batch.value, hardware))
     device = torch.device(plan.device.value)
@@ -87,15 +86,17 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> 
     if cfg.checkpoint_dir is not None:  # what a checkpoint belongs to (reads a sample of the data once)
         probe_optimizer, _ = make_optimizer(model, cfg, cfg.lr, plan.optimizer_kernel.value)
         identity = Identity(model=model_fingerprint(model), optimizer=optimizer_fingerprint(probe_optimizer), data=fingerprint(train_source))
-        resumed = _resume(cfg, device, identity, model, events)
+        resumed = resume(cfg.checkpoint_dir, identity, model, device, events) if cfg.resume else None
     if resumed is not None:
         plan = plan.replace(batch_search=Choice(False, "off: resumed with the checkpoint's micro-batch"))
         if (micro := int(resumed[1]["micro_batch"])) != plan.micro_batch.value:
-            plan = with_micro_batch(plan, micro, f"{micro}: restored from the checkpoint (reduced after an out-of-memory error)")
+            micro_batch, accumulation = batching.micro_batch_choices(plan.effective_batch.value, micro,
+                                                                     f"{micro}: restored from the checkpoint (reduced after an out-of-memory error)")
+            plan = plan.replace(micro_batch=micro_batch, accumulation=accumulation)
     context = Context(resident=isinstance(train_batches, ResidentBatches), distributed=ddp is not None,
                       optimizer="factory" if callable(cfg.optimizer) else "built-in", sync_every_step=cfg.sync_every_step)
     per_epoch = batching.steps_per_epoch(facts, plan.effective_batch.value)
-    key = shape_key("plan", model, signature(train_source.sample), hardware.name, **_measured_context(cfg, plan, hardware))
+    key = shape_key("plan", model, signature(train_source.sample), hardware.name, **probe_context(cfg, plan, hardware))
     plan = resolve(plan, FitProbe(model, cfg, loss_fn, train_batches, device), settings=cfg, hardware=hardware, facts=facts, context=context,
                    total_steps=per_epoch * cfg.epochs if per_epoch else None, cache=TuneCache(cfg.tune_cache), key=key, events=events)
     if ddp is not None:  # each rank measured alone; all follow rank 0
@@ -111,43 +112,14 @@ def automatic_plan(train: Data, val: Data | None = None, *, config: FitConfig | 
     cfg = resolve_config(config, overrides)
     check_device(cfg.device)
     train_source = as_source(train, "train")
-    plan, _facts = _first_plan(cfg, train_source, as_source(val, "val") if val is not None else None, detect(cfg.device))
-    return plan.replace(loss=losses.resolve(cfg.loss)[1])
-
-
-def _first_plan(cfg: FitConfig, train: Source, val: Source | None, hardware: Hardware) -> tuple[Plan, batching.DataFacts]:
-    facts = data_facts(train, val, cfg.steps_per_epoch)
-    return make_plan(hardware, facts, cfg, epochs=cfg.epochs), facts
-
-
-def _measured_context(cfg: FitConfig, plan: Plan, hardware: Hardware) -> dict[str, Any]:
-    """What besides the model's shape and the batch's makes two probes interchangeable."""
-    requested = {name: getattr(cfg, name) for name in ("precision", "tf32", "cudnn_benchmark", "compile", "cuda_graph", "threads", "optimizer_kernel")}
-    optimizer = cfg.optimizer if isinstance(cfg.optimizer, str) else "factory"
-    return {"effective": plan.effective_batch.value, "micro": plan.micro_batch.value, "placement": plan.data_placement.value,
-            "loss": plan.loss.value, "optimizer": optimizer, "clip": cfg.grad_clip, "cores": hardware.cpu_count, "threads_now": torch.get_num_threads(),
-            "torch": torch.__version__, **requested}
-
-
-def _resume(cfg: FitConfig, device: torch.device, identity: Identity, model: nn.Module, events: list[str]) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The last checkpoint (tensors, metadata) if asked to resume; the model's weights are loaded now."""
-    if not cfg.resume:
-        return None
-    loaded = load_checkpoint(cfg.checkpoint_dir, device)  # type: ignore[arg-type]
-    if loaded is None:
-        events.append("resume: no checkpoint yet, starting from epoch 1")
-        return None
-    saved, meta = loaded
-    check_identity(meta, identity, cfg.checkpoint_dir)  # type: ignore[arg-type]
-    model.load_state_dict(saved["model"])
-    return loaded
+    facts = data_facts(train_source, as_source(val, "val") if val is not None else None, cfg.steps_per_epoch)
+    return make_plan(detect(cfg.device), facts, cfg, epochs=cfg.epochs).replace(loss=losses.resolve(cfg.loss)[1])
 
 
 def with_micro_batch(plan: Plan, micro: int, reason: str) -> Plan:
-    effective = plan.effective_batch.value
-    accumulation = math.ceil(effective / micro)
-    return plan.replace(micro_batch=Choice(micro, reason),
-                        accumulation=Choice(accumulation, f"{accumulation} micro-batches of {micro} keep the effective batch {effective}"))
+    """`plan` with another micro-batch (restored from a checkpoint, or halved after an out-of-memory error)."""
+    micro_batch, accumulation = batching.micro_batch_choices(plan.effective_batch.value, micro, reason)
+    return plan.replace(micro_batch=micro_batch, accumulation=accumulation)
 
 
 def resolve_config(config: FitConfig | None, overrides: dict[str, Any]) -> FitConfig:

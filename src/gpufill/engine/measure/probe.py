@@ -23,6 +23,7 @@ from gpufill.engine.kit import Kit, build_kit, capture
 from gpufill.engine.measure.resolver import CHECK_STEPS, Measurement, label
 from gpufill.engine.snapshot import preserved_weights
 from gpufill.engine.measure.timing import batch_stream
+from gpufill.engine.hardware import Hardware
 from gpufill.engine.plan import Plan
 
 
@@ -85,3 +86,12 @@ class FitProbe:
         peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
         kit.optimizer.zero_grad(set_to_none=True)
         return Measurement(step_s, tuple(losses), setup, self.clock() - started, None, peak)
+
+
+def probe_context(cfg: FitConfig, plan: Plan, hardware: Hardware) -> dict[str, Any]:
+    """What besides the model's shape and the batch's makes two probes interchangeable."""
+    requested = {name: getattr(cfg, name) for name in ("precision", "tf32", "cudnn_benchmark", "compile", "cuda_graph", "threads", "optimizer_kernel")}
+    optimizer = cfg.optimizer if isinstance(cfg.optimizer, str) else "factory"
+    return {"effective": plan.effective_batch.value, "micro": plan.micro_batch.value, "placement": plan.data_placement.value,
+            "loss": plan.loss.value, "optimizer": optimizer, "clip": cfg.grad_clip, "cores": hardware.cpu_count, "threads_now": torch.get_num_threads(),
+            "torch": torch.__version__, **requested}
