@@ -40,19 +40,19 @@ def test_a_whole_run_in_process_counts_every_step_sync_and_flop_and_remove_puts_
     recorder.write()  # digests the steps, writes the report and the timeline's last interval
     assert (recorder.step_count, recorder.measured) == (12, 10)  # steps 3 to 12 measured (2 warm-up)
     # Each line's reads from the end of the warm-up on: after steps 2 to 12 (one per step and line).
-    assert recorder.syncs == {"item() at tests/test_instrument.py:26": 11, "item() at tests/test_instrument.py:27": 11}
+    assert recorder.syncs == {"item() at tests/script/test_instrument.py:26": 11, "item() at tests/script/test_instrument.py:27": 11}
     assert recorder.flops == 2 * 16 * 8 + 2 * 16 * 8  # one step: the forward matmul and the weight's gradient (the input needs none)
     assert recorder.matmul_dtypes == {"float32": 2}
     # The lines a fix would edit: where the optimizer was built (fused=True) and the backward (autocast before it).
     report = json.loads(next(tmp_path.glob("report-*.json")).read_text())
-    assert (report["optimizers"][0]["at"], report["backward_at"]) == ("tests/test_instrument.py:20", "tests/test_instrument.py:24")
+    assert (report["optimizers"][0]["at"], report["backward_at"]) == ("tests/script/test_instrument.py:20", "tests/script/test_instrument.py:24")
     assert recorder.loaders[0]["batch_size"] == 16 and recorder.loaders[0]["created"] == 1 and recorder.batch_size == 16
     assert recorder.totals[0] >= sum(recorder.totals[1:5]) > 0  # the step holds its phases
     # Put back: the methods, the DataLoader, the excepthook, the optimizer hooks and the atexit writer.
     assert {name: getattr(torch.Tensor, name) for name in before} == before
     assert (DataLoader.__init__, sys.excepthook) == (loader_init, excepthook)
     _train(3)
-    assert recorder.step_count == 12 and recorder.syncs["item() at tests/test_instrument.py:26"] == 11
+    assert recorder.step_count == 12 and recorder.syncs["item() at tests/script/test_instrument.py:26"] == 11
     # One timeline interval (60 s long): every step after the first is in it.
     (timeline,) = [json.loads(line) for line in next(tmp_path.glob("steps-*.jsonl")).read_text().splitlines()]
     assert timeline["steps"] == 11 and timeline["step_s"] > sum(record[0] for record in recorder.records) > 0  # 11 steps > the 10 measured

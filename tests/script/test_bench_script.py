@@ -8,15 +8,14 @@ import json
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).parent / "user_scripts"
+from tests.helpers import USER_SCRIPTS
 
 
 def bench(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "gpufill", "bench", *args, "--", sys.executable, str(SCRIPTS / script)]
+    command = [sys.executable, "-m", "gpufill", "bench", *args, "--", sys.executable, str(USER_SCRIPTS / script)]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 

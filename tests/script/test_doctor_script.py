@@ -7,17 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_ranks
-
-SCRIPTS = Path(__file__).parent / "user_scripts"
+from tests.helpers import USER_SCRIPTS, run_ranks
 
 
 def doctor(script: str, *args: str, steps: int = 5) -> tuple[int, dict, str]:
-    command = [sys.executable, "-m", "gpufill", "doctor", "--steps", str(steps), "--json", "--", sys.executable, str(SCRIPTS / script), *args]
+    command = [sys.executable, "-m", "gpufill", "doctor", "--steps", str(steps), "--json", "--", sys.executable, str(USER_SCRIPTS / script), *args]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert run.stdout.strip(), run.stderr
     return run.returncode, json.loads(run.stdout), run.stderr
@@ -112,7 +109,7 @@ def test_a_launcher_that_failed_with_its_rank_is_not_counted_as_a_rank(tmp_path)
 
 def test_under_torchrun_each_rank_is_instrumented_and_rank_0_is_reported():
     command = [sys.executable, "-m", "gpufill", "doctor", "--steps", "4", "--json", "--",
-               sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "ddp_train.py")]
+               sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(USER_SCRIPTS / "ddp_train.py")]
     run = run_ranks(command, timeout=300)
     report = json.loads(run.stdout)
     assert run.returncode == 0 and report["stopped_by_doctor"], run.stderr

@@ -17,13 +17,11 @@ import pytest
 from gpufill.monitor.alerts import input_wait
 from gpufill.monitor.summary import summarise
 from gpufill.script.watch import default_folder, slurm_job
-from tests.helpers import CHROMIUM, check_in_chromium
-
-SCRIPTS = Path(__file__).parent / "user_scripts"
+from tests.helpers import CHROMIUM, USER_SCRIPTS, check_in_chromium
 
 
 def watch_command(*args: str, script: str = "steady_training.py", script_args: tuple[str, ...] = ()) -> list[str]:
-    return [sys.executable, "-m", "gpufill", "watch", *args, "--", sys.executable, str(SCRIPTS / script), *script_args]
+    return [sys.executable, "-m", "gpufill", "watch", *args, "--", sys.executable, str(USER_SCRIPTS / script), *script_args]
 
 
 def test_a_whole_run_is_recorded_and_passes_its_output_through(tmp_path):

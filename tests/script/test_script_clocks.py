@@ -1,4 +1,4 @@
-"""The doctor's GPU clock on constructed event times (the arithmetic; tests/test_doctor_script.py's
+"""The doctor's GPU clock on constructed event times (the arithmetic; tests/script/test_doctor_script.py's
 gpu-marked tests run it on a device): phases read off the GPU's timeline, so a host that waits for
 data while queued work keeps the GPU busy is not an input-bound step, and marks are read only once
 the GPU has passed them."""
