@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/test_distributed.py: fits on the shared data, rank 0 saves the outcomes.
+"""Run under torchrun by tests/engine/test_distributed.py: fits on the shared data, rank 0 saves the outcomes.
 
 Three training sizes with a global batch of 64: 192 (every batch splits evenly), 225 (the last
 batch of 33 splits 17/16) and 193 (the last batch of 1 leaves rank 1 only a stand-in sample).

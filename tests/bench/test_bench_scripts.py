@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # a smoke run takes 3-20 s on 2 idle cores; a loaded CI box is slower
 
 
