@@ -25,7 +25,6 @@ __all__ = ["ENSEMBLE_HOW", "ensembles", "forecast_rows"]
 
 ENSEMBLE_HOW = ("median", "mean")
 COMBINE = {"median": np.median, "mean": np.mean}
-METRICS = ("mae", "rmse", "smape", "mase")
 
 
 def _done(store: Store) -> list[dict[str, Any]]:

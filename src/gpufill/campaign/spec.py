@@ -60,6 +60,7 @@ from gpufill.campaign.spec_types import Count, Float, Spec
 from gpufill.forecasting.data import Project, Split, WindowedProject, load_projects, make_windows
 from gpufill.errors import InputError
 from gpufill.forecasting.training import DEFAULTS, FitConfig
+from gpufill.forecasting.trial import METRICS
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe, recipe
 
@@ -262,7 +263,7 @@ class TaskSpec(Spec):
     """Input window lengths, a grid axis (a single number is a one-item list)."""
     horizon: Count = 1
     split: SplitSpec = SplitSpec()
-    metric: Literal["mae", "rmse", "smape", "mase"] = "mae"
+    metric: Literal[METRICS] = "mae"  # type: ignore[valid-type]  # the names of forecasting.trial.METRICS
     """Ranks results only; it never changes what is trained."""
     mode: Literal["local", "global"] = "local"
     """local: one model per project; global: one model over all projects."""

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufill.forecasting.trial import METRICS
+
 if TYPE_CHECKING:
     import pandas as pd
 
 
 STATUSES = ("pending", "running", "done", "failed", "skipped")
-METRICS = ("mae", "rmse", "smape", "mase")
 ENVIRONMENT = "environment: "
 """How the error of a trial an environment failure sent back to pending begins."""
 

@@ -27,12 +27,9 @@ from gpufill.forecasting.data.scoring import per_origin, score
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe
 from gpufill.forecasting.task import predict, seeded_model
-from gpufill.forecasting.trial import PackEntry, Trial, TrialResult, trial_result
+from gpufill.forecasting.trial import METRICS, PackEntry, Trial, TrialResult, trial_result
 
-__all__ = ["METRIC_KEYS", "TrialSetup", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup"]
-
-METRIC_KEYS = ("mae", "rmse", "smape", "mase")
-
+__all__ = ["TrialSetup", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup"]
 
 @dataclass(frozen=True, slots=True)
 class TrialSetup:
@@ -122,7 +119,7 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
     for w, prediction in zip(windows, predictions, strict=True):
         test, naive, forecasts[w.name] = score(w, prediction)
         per_project[w.name] = {"test": test, "naive": naive, **per_origin(forecasts[w.name])}
-    average = {part: {key: statistics.fmean(scores[part][key] for scores in per_project.values()) for key in METRIC_KEYS} for part in ("test", "naive")}
+    average = {part: {key: statistics.fmean(scores[part][key] for scores in per_project.values()) for key in METRICS} for part in ("test", "naive")}
     return trial_result(trial, status=status, plan=plan, metrics={**average, "per_project": per_project}, timings=timings, history=history,
                         events=events, forecasts=forecasts, recipe=setup.recorded)
 
