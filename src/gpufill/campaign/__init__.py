@@ -1,4 +1,6 @@
-"""Campaigns: the YAML spec, trial expansion, the store, the scheduler and its executors.
+"""Campaigns: when and where thousands of trials run. The YAML spec, trial expansion, the store, the scheduler
+(its policy, its queue, GPU admission) and its executors; what a trial is and how it trains is
+`gpufill.forecasting`'s (trial.py, run.py, packs.py).
 
 Names load lazily, on first use, so importing one submodule does not import the others.
 """
