@@ -108,7 +108,7 @@ def train(
     trial = Trial(trial_id="", project=windows.name, family=model, kind=family.kind, params=params, train={}, seed=seed, lookback=lookback, shape="")
     setup = trial_setup(trial, settings, config, threads="auto")
     if not setup.fits_series:
-        windows = scale_windows(windows, setup.scaling)
+        windows = scale_windows(windows, setup.recipe.scaling)
     console = Console(stderr=as_json, quiet=quiet)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_checkpoint_option())
