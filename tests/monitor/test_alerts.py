@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from gpufill.monitor.alerts import Alert, all_alerts, high_memory, idle_lane, low_gpu_utilisation, throttling
+from gpufill.monitor.alerts import Alert, AlertWatch, all_alerts, high_memory, idle_lane, low_gpu_utilisation, throttling
 from gpufill.monitor.sampler import SAMPLE_COLUMNS
 
 GIB = 2**30
@@ -105,3 +105,16 @@ def test_all_alerts_combines_and_orders_by_time():
 @pytest.mark.parametrize("threshold, expected", [(30.0, 0), (50.0, 1)])
 def test_threshold_is_respected(threshold, expected):
     assert len(low_gpu_utilisation(trace([(100, 40.0)]), threshold=threshold)) == expected
+
+
+def test_a_running_campaigns_watch_says_each_episode_once_over_its_window():
+    watch = AlertWatch(window_s=600.0, every_s=30.0)
+    rows = trace([(30, 95.0), (121, 10.0), (30, 95.0)])
+    watch.add(rows, [(float(t), "gpu0", 1, 5) for t in range(0, 181, 10)])  # GPU trials ran throughout
+    assert watch.due(181.0)
+    first = watch.check(181.0)
+    assert [(a.kind, a.source, a.ts) for a in first] == [("low_gpu_util", "gpu0", 30.0)]
+    assert not watch.due(200.0) and watch.due(211.0)
+    assert watch.check(211.0) == []  # the same episode is not said again
+    watch.check(30.0 + 600.0 + 200.0)  # past the window: the old rows and snapshots are dropped
+    assert watch.rows == [] and watch.snapshots == []

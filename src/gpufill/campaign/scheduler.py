@@ -31,6 +31,7 @@ from gpufill.campaign.progress import LaneProgress, RunOutcome, Snapshot
 from gpufill.campaign.queue import Queued, ShapeQueue
 from gpufill.campaign.startup import Timeline
 from gpufill.campaign.store import Store
+from gpufill.monitor.alerts import AlertWatch
 from gpufill.forecasting.trial import TrialResult
 
 __all__ = ["LaneProgress", "RunOutcome", "Scheduler", "Snapshot"]  # the progress types live in progress.py; importable from here too
@@ -83,13 +84,9 @@ class Scheduler:
         self.started_at: dict[str, float] = {}
         self.finished_this_run: dict[str, int] = {lane.name: 0 for lane in lanes}
         self.outcome = RunOutcome(done=0, failed=0, retried=0, crashed=0, elapsed_s=0.0)
-        # Monitoring: rows a Sampler queued (drained here, the store's one writer) and lane
-        # snapshots, kept for ALERT_WINDOW_S and checked for alerts every ALERT_EVERY_S.
+        # Monitoring: rows a Sampler queued (drained here, the store's one writer) and alerts over them.
         self.drain_samples = samples
-        self.recent_rows: list[dict[str, Any]] = []
-        self.lane_history: list[tuple[float, str, int, int]] = []
-        self.alerted: set[tuple[str, str, float]] = set()
-        self.last_alert_check = 0.0
+        self.alerts = AlertWatch(window_s=ALERT_WINDOW_S, every_s=ALERT_EVERY_S)
         self.job_states: dict[str, tuple[str, str]] = {}
         """Batch job id -> (state, detail) as last written to the store."""
         self.trial_timeout = trial_timeout
@@ -354,34 +351,18 @@ class Scheduler:
 
     # -- monitoring ---------------------------------------------------------------------
     def _monitor(self, final: bool = False) -> None:
+        """Samples a Sampler queued go to the store (its one writer); alerts over the last minutes become events."""
         if self.drain_samples is None:
             return
-        from gpufill.monitor.alerts import all_alerts
-
         rows = self.drain_samples()
         if rows:
             self.store.add_samples(rows)
-            self.recent_rows.extend(rows)
         now = self.wall_clock()  # the samples' timestamps are wall-clock times
-        for lane in self.lanes:
-            running = sum(1 for w in self.executor.busy() if w.lane is lane)
-            self.lane_history.append((now, lane.name, running, len(self.queue[lane.queue])))
-        if not final and now - self.last_alert_check < ALERT_EVERY_S:
+        self.alerts.add(rows, [(now, lane.name, sum(1 for w in self.executor.busy() if w.lane is lane), len(self.queue[lane.queue]))
+                               for lane in self.lanes])
+        if not final and not self.alerts.due(now):
             return
-        self.last_alert_check = now
-        self.recent_rows = [r for r in self.recent_rows if r["ts"] >= now - ALERT_WINDOW_S]
-        self.lane_history = [h for h in self.lane_history if h[0] >= now - ALERT_WINDOW_S]
-        gpu_busy = [(ts, running) for ts, lane, running, _ in self.lane_history if lane.startswith("gpu")]
-
-        def busy(ts: float) -> bool:  # were GPU trials running then? (the nearest earlier lane snapshot)
-            earlier = [running for t, running in gpu_busy if t <= ts]
-            return bool(earlier and earlier[-1])
-
-        for alert in all_alerts(self.recent_rows, snapshots=self.lane_history, busy=busy):
-            key = (alert.kind, alert.source, round(alert.ts, 1))
-            if key in self.alerted:
-                continue
-            self.alerted.add(key)
+        for alert in self.alerts.check(now):
             self.store.event(f"alert_{alert.kind}", alert.message, run_id=self.run_id)
             log.warning("alert: %s", alert.message)
 

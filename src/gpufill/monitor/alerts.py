@@ -176,3 +176,44 @@ def all_alerts(rows: Iterable[Row], *, snapshots: Iterable[tuple[float, str, int
         *idle_lane(snapshots, min_duration_s=idle_min_duration_s),
     ]
     return sorted(alerts, key=lambda a: (a.ts, a.kind, a.source))
+
+
+class AlertWatch:
+    """Alerts over a sliding window of a running campaign's samples and lane snapshots, each episode said once.
+
+    Feed it every sample row and lane snapshot as they come (`add`); `due(now)` says whether a check is due (every
+    `every_s`); `check(now)` returns the alerts not said before over the last `window_s`. Pure: the caller gives
+    the time and says the alerts (the scheduler writes them to the store)."""
+
+    def __init__(self, *, window_s: float = 600.0, every_s: float = 30.0):
+        self.window_s, self.every_s = window_s, every_s
+        self.rows: list[Row] = []
+        self.snapshots: list[tuple[float, str, int, int]] = []
+        """(ts, lane, trials running, trials waiting)."""
+        self.said: set[tuple[str, str, float]] = set()
+        self.last_check = 0.0
+
+    def add(self, rows: Iterable[Row], snapshots: Iterable[tuple[float, str, int, int]]) -> None:
+        self.rows.extend(rows)
+        self.snapshots.extend(snapshots)
+
+    def due(self, now: float) -> bool:
+        return now - self.last_check >= self.every_s
+
+    def check(self, now: float) -> list[Alert]:
+        self.last_check = now
+        self.rows = [r for r in self.rows if r["ts"] >= now - self.window_s]
+        self.snapshots = [s for s in self.snapshots if s[0] >= now - self.window_s]
+        gpu_busy = [(ts, running) for ts, lane, running, _ in self.snapshots if lane.startswith("gpu")]
+
+        def busy(ts: float) -> bool:  # were GPU trials running then? (the nearest earlier lane snapshot)
+            earlier = [running for t, running in gpu_busy if t <= ts]
+            return bool(earlier and earlier[-1])
+
+        new = []
+        for alert in all_alerts(self.rows, snapshots=self.snapshots, busy=busy):
+            key = (alert.kind, alert.source, round(alert.ts, 1))
+            if key not in self.said:
+                self.said.add(key)
+                new.append(alert)
+        return new
