@@ -117,7 +117,7 @@ def test_unknown_family_lists_known_ones_and_the_path_form():
         resolve("lstn")
     message = str(info.value)
     assert message.startswith("model: unknown model family 'lstn' (did you mean 'lstm'?); known: ")
-    assert "ets, gru, lgbm, linear, lstm, mlp, rf, snaive, tcn, theta, transformer, xgb" in message
+    assert "ets, gru, lgbm, linear, lstm, mlp, nbeats, rf, snaive, tcn, theta, transformer, xgb" in message
     assert "'package.module:factory'" in message
     with pytest.raises(InputError, match=r"unknown model family 'LSTM' \(did you mean 'lstm'\?\)"):
         build("LSTM", n_features=1, lookback=4, horizon=1)

@@ -23,7 +23,7 @@ from gpufill.errors import InputError
 
 @app.command()
 def train(
-    model: str = typer.Option(..., "--model", "-m", help="Model family (lstm, gru, tcn, transformer, mlp, linear, rf, xgb, lgbm; references snaive, ets, theta) or package.module:factory."),
+    model: str = typer.Option(..., "--model", "-m", help="Model family (lstm, gru, tcn, transformer, mlp, nbeats, linear, rf, xgb, lgbm; references snaive, ets, theta) or package.module:factory."),
     data: str = typer.Option("synthetic", "--data", help="synthetic, a .csv/.parquet file, a directory or a glob."),
     project: str | None = typer.Option(None, "--project", help="Project to train on (default: the first one)."),
     lookback: int = typer.Option(30, "--lookback", help="Input window length."),

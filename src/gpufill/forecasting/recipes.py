@@ -57,6 +57,8 @@ RECIPES: dict[str, Recipe] = {
     "gru": _RECURRENT,
     "tcn": _network("standard", "each window standardised (RevIN): convolutions see one range of values across series and time"),
     "transformer": _network("standard", "each window standardised (RevIN, as PatchTST does): attention compares shapes, not levels"),
+    "nbeats": _network("mean", "each window divided by its mean level: one network over series of every level, and N-BEATS' scale-free "
+                               "losses (sMAPE, MASE) keep their meaning on it (mean scaling keeps the origin)"),
 }
 
 GENERIC = Recipe("project", "mse", "constant", {

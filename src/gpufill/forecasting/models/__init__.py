@@ -13,6 +13,8 @@ from gpufill.forecasting.models.neural import (
     TCNForecaster,
     TransformerForecaster,
 )
+# importing nbeats registers nbeats (N-BEATS, generic or interpretable stacks)
+from gpufill.forecasting.models.nbeats import NBeatsForecaster
 # importing classical registers linear, rf, xgb, lgbm and snaive, ets, theta (their libraries load on first fit)
 from gpufill.forecasting.models import classical  # noqa: F401  (registers the classical families)
 # importing the fused kernels registers them with the engine's packs (engine.packs.fused.fuses)
@@ -25,6 +27,7 @@ __all__ = [
     "LSTMForecaster",
     "MLPForecaster",
     "ModelKind",
+    "NBeatsForecaster",
     "TCNForecaster",
     "TransformerForecaster",
     "build",
