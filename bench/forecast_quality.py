@@ -89,15 +89,20 @@ def monthly_series(name: str, horizon: int):
             yield key, (np.asarray(series.x, dtype=np.float64), np.asarray(series.xx, dtype=np.float64))
 
 
-def campaign_yaml(data: Path, horizon: int, lookback: int, families: list[str], seeds: int, epochs: int, *, val: bool = False,
-                  scaling: str = "auto", loss: str = "auto", references: tuple[str, ...] = REFERENCES) -> str:
-    models = {"mlp": "{hidden_size: 128}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
+def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families: list[str], seeds: int, epochs: int, *, val: bool = False,
+                  scaling: str = "auto", loss: str = "auto", losses: list[str] | None = None, references: tuple[str, ...] = REFERENCES) -> str:
+    models = {"mlp": "{hidden_size: 128}", "nbeats": "{width: 256, blocks: 3}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
               "transformer": "{d_model: 64, nhead: 4, num_layers: 2}", "linear": "{}", "lgbm": "{n_estimators: 300}", "xgb": "{n_estimators: 300}"}
-    lines = [f"  {family}: {models[family]}" for family in families] + [f"  {ref}: {{season_length: {SEASON}}}" for ref in references]
+    neural = {"mlp", "nbeats", "tcn", "lstm", "gru", "transformer"}
+    # --losses: every network trains once per loss (N-BEATS' ensembles span sMAPE, MASE and MAPE; here the engine's named losses).
+    grid = {family: models[family][:-1] + (f", loss: [{', '.join(losses)}]}}" if models[family] != "{}" else f"loss: [{', '.join(losses)}]}}")
+            if losses and family in neural else models[family] for family in families}
+    lines = [f"  {family}: {grid[family]}" for family in families] + [f"  {ref}: {{season_length: {SEASON}}}" for ref in references]
+    lookbacks = lookback if isinstance(lookback, list) else [lookback]
     return "\n".join([
         "name: forecast-quality",
         f"data: {{source: {data}, target: y, project_column: series}}",
-        f"task: {{lookback: [{lookback}], horizon: {horizon}, split: {{val: {horizon if val else 0}, test: {horizon}}}, mode: global, scaling: {scaling}}}",
+        f"task: {{lookback: [{', '.join(map(str, lookbacks))}], horizon: {horizon}, split: {{val: {horizon if val else 0}, test: {horizon}}}, mode: global, scaling: {scaling}}}",
         "models:", *lines,
         f"train: {{epochs: {epochs}, loss: {loss}, early_stopping: {'{patience: 5}' if val else 'null'}}}",
         f"seeds: [{', '.join(str(s) for s in range(seeds))}]",
@@ -114,7 +119,9 @@ def scores(forecast: np.ndarray, actual: np.ndarray, history: np.ndarray) -> tup
 def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
                 **options) -> tuple[list[dict], dict[str, float]]:
     frame, histories, horizon, lookback = load(name, limit)
-    lookback = options.pop("lookback") or lookback
+    multiples = options.pop("lookbacks", None)
+    lookback = [round(m * horizon) for m in multiples] if multiples else (options.pop("lookback", None) or lookback)
+    options.pop("lookback", None)
     with tempfile.TemporaryDirectory(prefix=f"gpufill-quality-{name}-") as folder:
         data = Path(folder) / f"{name}.csv"
         frame.to_csv(data, index=False)
@@ -165,6 +172,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--lookback", type=int, default=None, help="default: the longest the shortest series allows unpadded")
+    parser.add_argument("--lookbacks", default=None, help="several lookbacks, as multiples of the horizon (N-BEATS: 2,3,4,5,6,7): every trial "
+                        "of a family joins its ensemble")
+    parser.add_argument("--losses", default=None, help="every network once per loss (e.g. mae,smape): an axis of its grid")
     parser.add_argument("--val", action="store_true", help="validate on the horizon before the test, with early stopping (patience 5)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe)")
     parser.add_argument("--loss", default="auto", help="every network's loss (auto: each family's recipe)")
@@ -205,13 +215,14 @@ def main() -> None:
     rows, ratios = [], {}
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
-                                    scaling=args.scaling, loss=args.loss)
+                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None,
+                                    lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
-            "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "val": args.val, "scaling": args.scaling,
-            "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
+            "losses": args.losses, "val": args.val, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

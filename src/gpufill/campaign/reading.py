@@ -126,7 +126,15 @@ REFERENCE = "snaive"
 
 
 def summary_columns(metric: str = "mae", *, stale: bool = False) -> list[str]:
-    return ["project", "family", "params", "train", "lookback", *(["stale"] if stale else []), metric, f"vs_{REFERENCE}", "seeds", "config_id"]
+    return ["project", "family", "params", "train", "lookback", *(["stale"] if stale else []), metric, f"vs_{REFERENCE}", "seeds", "chosen_on",
+            "config_id"]
+
+
+CHOSEN_ON_VALIDATION = "validation"
+CHOSEN_ON_TEST = "test"
+"""(no validation window: set task.split.val to choose without the test; the summary's title says so)"""
+"""How a summary row's configuration was chosen among its family's: on the validation window where every candidate has
+one (the test score shown is then an honest estimate), else on the test window, and the row says so."""
 
 
 def read_best(workdir: str | Path, *, include_stale: bool = False, metric: str = "mae") -> list[dict[str, Any]]:
@@ -158,20 +166,32 @@ def best_configurations(records: list[dict[str, Any]], metric: str = "mae") -> l
         key = (record["project"], record["family"], bool(record["stale"]), config)
         group = groups.setdefault(key, {"project": record["project"], "family": record["family"], "params": record["params"], "train": record["train"],
                                         "lookback": record["lookback"], "stale": bool(record["stale"]), metric: 0.0, "seeds": 0,
-                                        "config_id": record["config_id"]})
+                                        "config_id": record["config_id"], f"val_{metric}": 0.0, "val_seeds": 0})
         group[metric] += float(value)
         group["seeds"] += 1
+        val = record.get(f"val_{metric}")
+        if val is not None and val == val:
+            group[f"val_{metric}"] += float(val)
+            group["val_seeds"] += 1
     for group in groups.values():
         group[metric] /= group["seeds"]
+        group[f"val_{metric}"] = group[f"val_{metric}"] / group["val_seeds"] if group["val_seeds"] else None
     return _pick_best(list(groups.values()), metric)
 
 
 def _pick_best(configurations: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
-    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    """Per project and family, the configuration chosen on the validation window where every candidate has one
+    (never on the test window the row then shows), else on the test window; `chosen_on` says which."""
+    slots: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for group in configurations:
-        slot = (group["project"], group["family"], bool(group["stale"]))
-        if slot not in best or group[metric] < best[slot][metric]:
-            best[slot] = group
+        slots.setdefault((group["project"], group["family"], bool(group["stale"])), []).append(group)
+    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for slot, candidates in slots.items():
+        on_validation = all(c.get(f"val_{metric}") is not None for c in candidates)
+        rank = f"val_{metric}" if on_validation else metric
+        chosen = min(candidates, key=lambda c: c[rank])
+        best[slot] = {**{k: v for k, v in chosen.items() if k not in (f"val_{metric}", "val_seeds")},
+                      "chosen_on": CHOSEN_ON_VALIDATION if on_validation else CHOSEN_ON_TEST}
     # Each row's metric over the seasonal naive's on the same project (None where the campaign has no snaive).
     references = {(g["project"], g["stale"]): g[metric] for g in best.values() if g["family"] == REFERENCE}
     for group in best.values():

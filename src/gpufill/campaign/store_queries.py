@@ -30,7 +30,8 @@ TRIAL_COLUMNS = ("trial_id", "project", "family", "kind", "params", "train", "se
 PROVENANCE_COLUMNS = {"data_fingerprint": "TEXT NOT NULL DEFAULT ''", "config_id": "TEXT NOT NULL DEFAULT ''",
                       "base_id": "TEXT NOT NULL DEFAULT ''", "current": "INTEGER NOT NULL DEFAULT 1"}
 """Added after the first stores were written: a run adds them to an older store; readers see their defaults."""
-FRAME_COLUMNS = [*TRIAL_COLUMNS, "data_fingerprint", "config_id", "base_id", "stale"]
+FRAME_COLUMNS = [*TRIAL_COLUMNS, *(f"val_{m}" for m in METRICS), "data_fingerprint", "config_id", "base_id", "stale"]
+"""`val_<metric>`: the validation window's score (networks with a validation split; None elsewhere): what choosing reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +142,8 @@ class StoreQueries:
         of earlier versions of the file or data. Plain SQLite: no pandas, fast for the CLI."""
         where = "" if include_stale else f" WHERE status != 'skipped' AND {self._column('current')} = 1"
         provenance = ", ".join(f"{self._column(c)} AS {c}" for c in PROVENANCE_COLUMNS)
-        cursor = self.db.execute(f"SELECT {', '.join(TRIAL_COLUMNS)}, {provenance} FROM trials{where} ORDER BY position"
+        validation = ", ".join(f"json_extract(metrics, '$.val.{m}') AS val_{m}" for m in METRICS)
+        cursor = self.db.execute(f"SELECT {', '.join(TRIAL_COLUMNS)}, {validation}, {provenance} FROM trials{where} ORDER BY position"
                                  + (f" LIMIT {int(limit)}" if limit is not None else ""))
         names = [column[0] for column in cursor.description]
         out = []
@@ -153,7 +155,7 @@ class StoreQueries:
 
     def config_means(self, metric: str = "mae", *, include_stale: bool = False) -> list[dict[str, Any]]:
         """Per configuration (everything but the seed) of done trials: the mean `metric` over its seeds and
-        how many there are. SQLite aggregates: a summary of 36,000 trials reads a few thousand rows."""
+        how many there are, and the mean of its validation `metric` (`val_<metric>`, None where no seed has one). SQLite aggregates: a summary of 36,000 trials reads a few thousand rows."""
         if metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}")
         current = self._column("current")
@@ -161,7 +163,9 @@ class StoreQueries:
         config = self._column("config_id")
         cursor = self.db.execute(
             f"SELECT project, family, {current} AS current, {config} AS config_id, params, train, lookback, {self._column('base_id')} AS base_id,"
-            f" AVG({metric}) AS {metric}, COUNT(*) AS seeds FROM trials WHERE {where}"
+            f" AVG({metric}) AS {metric}, COUNT(*) AS seeds,"
+            f" AVG(json_extract(metrics, '$.val.{metric}')) AS val_{metric}, COUNT(json_extract(metrics, '$.val.{metric}')) AS val_seeds"
+            f" FROM trials WHERE {where}"
             f" GROUP BY project, family, {current}, {config}, CASE WHEN {config} = '' THEN params || train || lookback END")
         names = [column[0] for column in cursor.description]
         out = []

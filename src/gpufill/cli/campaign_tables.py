@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpufill.campaign.reading import REFERENCE, summary_columns
+from gpufill.campaign.reading import CHOSEN_ON_TEST, REFERENCE, summary_columns
 from gpufill.errors import visible
 
 
@@ -91,6 +91,8 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
     stale = sum(1 for row in rows if row.get("stale"))
     what = "best configuration per project and family (mean over seeds)" if summary else f"{total} trials"
     title = what + (f", {stale} shown are stale (from an earlier file or data)" if stale else "")
+    if summary and any(row.get("chosen_on") == CHOSEN_ON_TEST for row in rows):
+        title += "; chosen on test: no validation window (task.split.val chooses without the test)"
     if total > max_rows:
         title += f" (first {max_rows}; --format csv for all)"
     table = Table(title=title, title_justify="left", pad_edge=False, box=None, header_style="bold")
@@ -102,7 +104,7 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
     return table
 
 
-_HEADERS = {"trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config", f"vs_{REFERENCE}": f"vs {REFERENCE}"}
+_HEADERS = {"trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config", "chosen_on": "chosen on", f"vs_{REFERENCE}": f"vs {REFERENCE}"}
 
 
 def _varying_settings(train: Any) -> list[str]:

@@ -23,6 +23,7 @@ from gpufill.engine.loop import fit
 from gpufill.engine.result import FitCallback, FitResult
 from gpufill.errors import InputError
 from gpufill.forecasting.data import WindowedProject
+from gpufill.forecasting.data.metrics import forecast_metrics
 from gpufill.forecasting.data.scoring import per_origin, score
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe
@@ -90,9 +91,19 @@ def neural_result(trial: Trial, windows: WindowedProject, fitted: FitResult, set
     test, naive, kept = score(windows, windows.inverse_target(predict(fitted.model, windows.x_test, dtype=fitted.plan.autocast_dtype)))
     done = fitted.to_dict()
     return trial_result(trial, status=fitted.status, plan=done["plan"], timings=fitted.timings, history=done["history"], events=fitted.events,
-                        metrics={"test": test, "naive": naive, **{f"fit_{k}": v for k, v in fitted.metrics.items()}, **per_origin(kept)},
+                        metrics={"test": test, "naive": naive, **validation(fitted.model, windows, fitted.plan.autocast_dtype),
+                                 **{f"fit_{k}": v for k, v in fitted.metrics.items()}, **per_origin(kept)},
                         forecasts={trial.project: kept} if kept is not None else {}, recipe=setup.recorded, pack=pack,
                         peak_memory_bytes=peak_memory_bytes, params=registry.check_params(trial.family, trial.params))
+
+
+def validation(model: Any, windows: WindowedProject, dtype: torch.dtype | None) -> dict[str, dict[str, float]]:
+    """{"val": metrics of the trained model's forecasts of the validation windows, original scale}, or nothing
+    without a validation split: what choosing between configurations reads, never the test split."""
+    if not windows.x_val.shape[0]:
+        return {}
+    prediction = windows.inverse_target(predict(model, windows.x_val, dtype=dtype), "val")
+    return {"val": forecast_metrics(windows.val_truth(), prediction, windows.mase_scale)}
 
 
 def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSetup, *, where: str | None = None) -> TrialResult:
@@ -109,10 +120,11 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
     val_x, val_y = torch.cat([w.x_val for w in windows]), torch.cat([w.y_val for w in windows])
     if trial.kind == "classical":
         predictions, plan, timings = _global_classical(trial, windows, setup.threads, train_x, train_y, val_x, val_y)
-        history, events, status = [], [], "completed"
+        history, events, status, validations = [], [], "completed", []
     else:
         fitted = fit(build_model(trial, windows[0]), (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=setup.config)
         predictions = [w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype)) for w in windows]
+        validations = [validation(fitted.model, w, fitted.plan.autocast_dtype).get("val") for w in windows]
         done = fitted.to_dict()
         plan, timings, history, events, status = done["plan"], dict(fitted.timings), done["history"], fitted.events, fitted.status
     per_project, forecasts = {}, {}
@@ -120,6 +132,9 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
         test, naive, forecasts[w.name] = score(w, prediction)
         per_project[w.name] = {"test": test, "naive": naive, **per_origin(forecasts[w.name])}
     average = {part: {key: statistics.fmean(scores[part][key] for scores in per_project.values()) for key in METRICS} for part in ("test", "naive")}
+    scored = [v for v in validations if v is not None]
+    if scored:  # the projects with validation windows (a short series may have none)
+        average["val"] = {key: statistics.fmean(v[key] for v in scored) for key in METRICS}
     return trial_result(trial, status=status, plan=plan, metrics={**average, "per_project": per_project}, timings=timings, history=history,
                         events=events, forecasts=forecasts, recipe=setup.recorded)
 

@@ -187,13 +187,18 @@ class WindowedProject:
     window_scaling: WindowScaling | None = None
     """Set when each window's target was scaled by its own inputs (forecasting.data.window_scaling)."""
 
-    def inverse_target(self, scaled_pred: np.ndarray | torch.Tensor) -> np.ndarray:
-        """Test predictions back in the original scale (each window's own scale when windows are scaled)."""
+    def inverse_target(self, scaled_pred: np.ndarray | torch.Tensor, region: str = "test") -> np.ndarray:
+        """Predictions of a region's windows (test, or val) back in the original scale (each window's own scale
+        when windows are scaled)."""
         if isinstance(scaled_pred, torch.Tensor):
             scaled_pred = scaled_pred.detach().to("cpu", torch.float64).numpy()
         if self.window_scaling is not None:
-            return self.window_scaling.inverse_test(scaled_pred)
+            return self.window_scaling.inverse(scaled_pred, region)
         return self.scaler.inverse_target(scaled_pred)
+
+    def val_truth(self) -> np.ndarray:
+        """(N_val, horizon) the validation windows' targets in the original scale: what a validation score compares with."""
+        return self.inverse_target(self.y_val, "val")
 
 
 @dataclass(frozen=True)
@@ -216,8 +221,8 @@ class WindowScaling:
     val: tuple[np.ndarray, np.ndarray]
     test: tuple[np.ndarray, np.ndarray]
 
-    def inverse_test(self, scaled: np.ndarray) -> np.ndarray:
-        loc, scale = self.test
+    def inverse(self, scaled: np.ndarray, region: str) -> np.ndarray:
+        loc, scale = getattr(self, region)
         return np.asarray(scaled, dtype=np.float64) * scale + loc
 
 
