@@ -21,7 +21,7 @@ from gpufill.campaign.store_health import check_rows
 from gpufill.errors import InputError
 from gpufill.forecasting.data.metrics import forecast_metrics
 
-__all__ = ["ENSEMBLE_HOW", "ensembles", "forecast_rows"]
+__all__ = ["ENSEMBLE_HOW", "declared_ensemble", "ensembles", "forecast_rows", "read_declared"]
 
 ENSEMBLE_HOW = ("median", "mean")
 COMBINE = {"median": np.median, "mean": np.mean}
@@ -88,3 +88,38 @@ def forecast_rows(workdir: str | Path) -> list[dict[str, Any]]:
                              "lookback": record["lookback"], "seed": record["seed"], "origin": int(origin), "step": step,
                              "forecast": float(value), "actual": float(truth)})
     return rows
+
+
+ENSEMBLE_META = "declared_ensemble"
+"""The store's meta key of the declared ensemble's rows (written by the runner after each run)."""
+
+
+def declared_ensemble(store: Store, members: list[str], combine: str) -> list[dict[str, Any]]:
+    """The campaign's declared ensemble per project: `combine` of every finished, current trial of the `members`
+    families (every seed, lookback, loss and grid point) over their stored test forecasts, scored like a trial;
+    `cost_s`: the members' training seconds, all projects together (a global trial trains them at once)."""
+    records = [r for r in _done(store) if r["family"] in members and not r["stale"]]
+    kept = store.forecasts([r["trial_id"] for r in records])
+    by_id = {r["trial_id"]: r for r in records}
+    per_project: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
+    for (trial_id, project), forecast in sorted(kept.items()):
+        per_project[project].append((by_id[trial_id], forecast))
+    cost = float(sum(r["duration_s"] or 0.0 for r in records))
+    rows = []
+    for project, pairs in sorted(per_project.items()):
+        first = pairs[0][1]
+        same = [(r, f) for r, f in pairs if np.array_equal(f["origins"], first["origins"])]  # the same test windows
+        combined = COMBINE[combine](np.stack([f["forecast"] for _, f in same]).astype(np.float64), axis=0)
+        truth = first["truth"].astype(np.float64)
+        rows.append({"project": project, "combine": combine, "members": len(same), "families": sorted({r["family"] for r, _ in same}),
+                     "lookbacks": sorted({int(r["lookback"]) for r, _ in same}), **forecast_metrics(truth, combined, first["mase_scale"]),
+                     "cost_s": round(cost, 3)})
+    return rows
+
+
+def read_declared(store: Store) -> list[dict[str, Any]]:
+    """The declared ensemble's rows the last run kept (none without an ensemble)."""
+    import json
+
+    text = store.meta(ENSEMBLE_META)
+    return json.loads(text) if text else []

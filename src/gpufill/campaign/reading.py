@@ -7,6 +7,7 @@ or the executors): they answer in well under a second, even from a 36,000-trial 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,13 +142,30 @@ def read_best(workdir: str | Path, *, include_stale: bool = False, metric: str =
     """`best_configurations` computed by SQLite from the store (what `results --summary` prints)."""
     from gpufill.campaign.provenance import with_effective_train
 
+    from gpufill.campaign.ensembles import read_declared
+
     store = Store.open(workdir)
     try:
         check_rows(store.db, store.path)
-        means, bases = store.config_means(metric, include_stale=include_stale), store.bases()
+        means, bases, declared = store.config_means(metric, include_stale=include_stale), store.bases(), read_declared(store)
     finally:
         store.close()
-    return _pick_best(with_effective_train(means, bases), metric)
+    return with_declared(_pick_best(with_effective_train(means, bases), metric), declared, metric)
+
+
+def with_declared(best: list[dict[str, Any]], declared: list[dict[str, Any]], metric: str = "mae") -> list[dict[str, Any]]:
+    """The summary's rows with the declared ensemble's beside them (one per project: all its members, no choice made)."""
+    if not declared:
+        return best
+    references = {g["project"]: g[metric] for g in best if g["family"] == REFERENCE and not g["stale"]}
+    rows = [*best]
+    for row in declared:
+        reference = references.get(row["project"])
+        rows.append({"project": row["project"], "family": f"ensemble ({row['combine']})", "params": json.dumps({"members": row["families"]}),
+                     "train": "{}", "lookback": ",".join(map(str, row["lookbacks"])), "stale": False, metric: row[metric],
+                     f"vs_{REFERENCE}": row[metric] / reference if reference else None, "seeds": row["members"], "chosen_on": "declared: every member",
+                     "config_id": ""})
+    return sorted(rows, key=lambda g: (g["project"], g["stale"], g[metric]))
 
 
 def best_configurations(records: list[dict[str, Any]], metric: str = "mae") -> list[dict[str, Any]]:

@@ -42,6 +42,7 @@ from gpufill.campaign.grid_checks import (
     check_length,
     is_setting,
 )
+from gpufill.campaign.ensemble_spec import EnsembleSpec, default_members, fold_ensemble
 from gpufill.campaign.resources_spec import ResourcesSpec, SlurmSpec
 from gpufill.campaign.user_models import inspect_in_child
 from gpufill.campaign.spec_errors import (
@@ -381,10 +382,17 @@ class CampaignSpec(Spec):
     train: TrainSpec = TrainSpec()
     seeds: list[Seed] = [0]
     resources: ResourcesSpec = ResourcesSpec()
+    ensemble: EnsembleSpec | None = None
+    """The declared ensemble (campaign/ensemble_spec.py): its lookbacks and losses are folded into task and models."""
     path: Path | None = Field(default=None, exclude=True)
     """The file this spec was loaded from (relative data paths resolve against its folder)."""
 
     _lines: dict[tuple[str | int, ...], int] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_ensemble(cls, data: Any) -> Any:
+        return fold_ensemble(data)
 
     @field_validator("name")
     @classmethod
@@ -448,7 +456,17 @@ class CampaignSpec(Spec):
         for family in self.models:
             check_builds(family, self.models[family], lookback=min(self.task.lookback), horizon=self.task.horizon)
             self._check_recipes(family)
+        for index, family in enumerate(self.ensemble.families or [] if self.ensemble else []):
+            if family not in self.models:
+                raise LocatedError(("ensemble", "families", index), f"ensemble member {family!r} is not a family of models",
+                                   fix=f"list families of models ({', '.join(self.models)}), or leave families out for all of them")
         return self
+
+    def ensemble_members(self) -> list[str]:
+        """The declared ensemble's member families (none without an ensemble)."""
+        if self.ensemble is None:
+            return []
+        return list(self.ensemble.families or default_members(list(self.models)))
 
     def _check_recipes(self, family: str) -> None:
         """Every scaling and loss the family's grid can combine makes a valid recipe (sMAPE needs mean scaling)."""
