@@ -13,6 +13,7 @@ from gpufill.campaign.spec import load_campaign
 from gpufill.campaign.store import Store
 from gpufill.errors import InputError
 from gpufill.forecasting.data.metrics import forecast_metrics
+from gpufill.report.html import render_report
 
 YAML = """name: declared
 data: {source: synthetic, projects: 2, length: 200, seed: 1}
@@ -62,6 +63,13 @@ def test_after_a_run_the_ensemble_is_the_median_of_its_members_stored_forecasts(
     assert {plan["pack_size"]["value"] for plan in plans.values()} == {2}
     summary = [r for r in read_best(tmp_path / "work") if r["family"] == "ensemble (median)"]
     assert [(r["project"], r["seeds"], r["mae"]) for r in summary] == [(row["project"], 12, row["mae"]) for row in declared]
+    store = Store.open(tmp_path / "work")
+    try:
+        page = render_report(store)
+    finally:
+        store.close()
+    table = page[page.index("id='ensemble'"):].split("</table>")[0]  # the report shows it beside its members' best
+    assert table.count("<tr>") == 1 + 2 and f"{declared[0]['mae']:.4g}" in table and ("(linear)" in table or "(mlp)" in table)
 
 
 def test_a_member_that_is_not_a_family_of_the_campaign_is_one_error(tmp_path):

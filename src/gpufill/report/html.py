@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpufill.campaign.ensembles import read_declared
 from gpufill.campaign.reading import best_per_project
 from gpufill.campaign.provenance import with_effective_train
 from gpufill.campaign.store import FRAME_COLUMNS, Store
@@ -49,7 +50,7 @@ def render_report(store: Store) -> str:
     sections = [
         f"<p class='note'>Written {escape(time.strftime('%Y-%m-%d %H:%M:%S'))} from {escape(str(store.path))}.</p>",
         section("Campaign summary", table(["quantity", "value"], summary_rows(store, trials, samples, runs), table_id="summary")),
-        section("Model comparison", _model_comparison(trials, done)),
+        section("Model comparison", _model_comparison(trials, done) + _declared(read_declared(store), best_per_project(trials))),
         section("Forecasts", _forecasts(store, trials)),
         section("Resource timelines", _resources(samples, t0)),
         section("Trial durations", plot_or_note(plots.durations(trials), "no finished trials yet")),
@@ -128,6 +129,24 @@ def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame) -> str:
                         table_id="best", numeric={3, 4, 5, 6, 7})]
     parts += ["<h3>Hyper-parameter effects</h3>", plot_or_note(plots.parameter_effects(done), "no grid parameter varies within a family")]
     return "\n".join(parts)
+
+
+def _declared(declared: list[dict], best: pd.DataFrame) -> str:
+    """The campaign's declared ensemble per project, beside the best single configuration of its member families."""
+    if not declared:
+        return ""
+    rows = []
+    for row in declared:
+        members = best[(best["project"] == row["project"]) & best["family"].isin(row["families"])]
+        single = members.sort_values("mae").head(1)
+        rows.append([escape(row["project"]), escape(row["combine"]), str(row["members"]), escape(", ".join(row["families"])),
+                     escape(", ".join(map(str, row["lookbacks"]))), f"{row['mae']:.4g}", f"{row['smape']:.4g}", f"{row['mase']:.4g}",
+                     "" if single.empty else f"{single['mae'].iloc[0]:.4g} ({escape(single['family'].iloc[0])})", f"{row['cost_s']:.1f}"])
+    return "\n" + "\n".join(["<h3>Declared ensemble</h3>",
+                              "<p class='note'>Every member's test forecast combined per project and scored like a trial; the best single "
+                              "configuration of its families is chosen as results --summary chooses it. Cost: the members' training seconds.</p>",
+                              table(["project", "combine", "members", "families", "lookbacks", "test MAE", "sMAPE", "MASE",
+                                     "best single member's MAE", "cost (s)"], rows, table_id="ensemble", numeric={2, 5, 6, 7, 9})])
 
 
 def _forecasts(store: Store, trials: pd.DataFrame) -> str:
