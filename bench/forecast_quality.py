@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
 from gpufill.campaign.ensembles import forecast_rows  # noqa: E402
+from gpufill.campaign.reading import read_trials  # noqa: E402
 from gpufill.campaign.runner import Campaign  # noqa: E402
 
 DATASETS = {"tourism": ("load_tourism", 24, 24), "m1": ("load_m1", 18, 12), "synthetic": ("", 18, 12)}
@@ -133,6 +134,9 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         if outcome.failed:
             raise SystemExit(f"{name}: {outcome.failed} trials failed")
         rows = pd.DataFrame(forecast_rows(Path(folder) / "work"))
+        trials = read_trials(Path(folder) / "work")
+    # Each method's cost: its trials' training seconds (the lane's: CPU-seconds here, GPU-seconds on a GPU lane).
+    seconds_of = trials.groupby("family")["duration_s"].sum().to_dict()
     # One forecast per series and method: the median over seeds (a family's ensemble); references have one seed's worth.
     combined = rows.groupby(["family", "project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
     methods = {family: part for family, part in combined.groupby("family")}
@@ -154,8 +158,9 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         smape, mase = statistics.fmean(s for s, _ in per_series), statistics.fmean(m for _, m in per_series)
         kind = ("reference (statsforecast)" if method in REFERENCES else "gpufill ensemble (median of seeds)" if method in families
                 else "gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble")
+        members = [method] if method in seconds_of else trained if method == "gpufill: all families" else [*trained, *joined]
         results.append({"config": f"{name}: {method}", "dataset": name, "method": method, "kind": kind, "series": len(per_series),
-                        "smape": round(smape, 3), "mase": round(mase, 4)})
+                        "smape": round(smape, 3), "mase": round(mase, 4), "train_seconds": round(sum(seconds_of.get(f, 0.0) for f in members), 1)})
     best = min((r for r in results if r["method"] not in REFERENCES), key=lambda r: r["smape"])
     for reference in joined:
         ref = next(r for r in results if r["method"] == reference)
