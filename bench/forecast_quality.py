@@ -96,8 +96,13 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
               "transformer": "{d_model: 64, nhead: 4, num_layers: 2}", "linear": "{}", "lgbm": "{n_estimators: 300}", "xgb": "{n_estimators: 300}"}
     neural = {"mlp", "nbeats", "tcn", "lstm", "gru", "transformer"}
     # --losses: every network trains once per loss (N-BEATS' ensembles span sMAPE, MASE and MAPE; here the engine's named losses).
-    grid = {family: models[family][:-1] + (f", loss: [{', '.join(losses)}]}}" if models[family] != "{}" else f"loss: [{', '.join(losses)}]}}")
-            if losses and family in neural else models[family] for family in families}
+    from gpufill.forecasting.recipes import recipe
+
+    def own(family: str) -> list[str]:  # sMAPE needs mean scaling: a family with another recipe trains the other losses
+        return [loss for loss in losses or [] if loss != "smape" or recipe(family).scaling == "mean"]
+
+    grid = {family: models[family][:-1] + f", loss: [{', '.join(own(family))}]}}" if losses and family in neural else models[family]
+            for family in families}
     lines = [f"  {family}: {grid[family]}" for family in families] + [f"  {ref}: {{season_length: {SEASON}}}" for ref in references]
     lookbacks = lookback if isinstance(lookback, list) else [lookback]
     return "\n".join([
