@@ -142,7 +142,7 @@ class StoreQueries:
         of earlier versions of the file or data. Plain SQLite: no pandas, fast for the CLI."""
         where = "" if include_stale else f" WHERE status != 'skipped' AND {self._column('current')} = 1"
         provenance = ", ".join(f"{self._column(c)} AS {c}" for c in PROVENANCE_COLUMNS)
-        validation = ", ".join(f"json_extract(metrics, '$.val.{m}') AS val_{m}" for m in METRICS)
+        validation = ", ".join(f"{_validation(m)} AS val_{m}" for m in METRICS)
         cursor = self.db.execute(f"SELECT {', '.join(TRIAL_COLUMNS)}, {validation}, {provenance} FROM trials{where} ORDER BY position"
                                  + (f" LIMIT {int(limit)}" if limit is not None else ""))
         names = [column[0] for column in cursor.description]
@@ -164,7 +164,7 @@ class StoreQueries:
         cursor = self.db.execute(
             f"SELECT project, family, {current} AS current, {config} AS config_id, params, train, lookback, {self._column('base_id')} AS base_id,"
             f" AVG({metric}) AS {metric}, COUNT(*) AS seeds,"
-            f" AVG(json_extract(metrics, '$.val.{metric}')) AS val_{metric}, COUNT(json_extract(metrics, '$.val.{metric}')) AS val_seeds"
+            f" AVG({_validation(metric)}) AS val_{metric}, COUNT({_validation(metric)}) AS val_seeds"
             f" FROM trials WHERE {where}"
             f" GROUP BY project, family, {current}, {config}, CASE WHEN {config} = '' THEN params || train || lookback END")
         names = [column[0] for column in cursor.description]
@@ -220,3 +220,8 @@ class StoreQueries:
         details = {key: json.loads(value) if value else None for key, value in zip(keys, row[:5], strict=True)}
         details["traceback"] = row[5]
         return details
+
+
+def _validation(metric: str) -> str:
+    """SQL of a trial's validation `metric` (None without one; older stores' metrics may hold NaN, which is not JSON)."""
+    return f"CASE WHEN json_valid(metrics) THEN json_extract(metrics, '$.val.{metric}') END"
