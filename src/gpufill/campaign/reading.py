@@ -131,7 +131,7 @@ def summary_columns(metric: str = "mae", *, stale: bool = False) -> list[str]:
             "config_id"]
 
 
-CHOSEN_ON_VALIDATION = "validation"
+CHOSEN_ON_VALIDATION = "val"
 CHOSEN_ON_TEST = "test"
 """(no validation window: set task.split.val to choose without the test; the summary's title says so)"""
 """How a summary row's configuration was chosen among its family's: on the validation window where every candidate has
@@ -163,7 +163,7 @@ def with_declared(best: list[dict[str, Any]], declared: list[dict[str, Any]], me
         reference = references.get(row["project"])
         rows.append({"project": row["project"], "family": f"ensemble ({row['combine']})", "params": json.dumps({"members": row["families"]}),
                      "train": "{}", "lookback": ",".join(map(str, row["lookbacks"])), "stale": False, metric: row[metric],
-                     f"vs_{REFERENCE}": row[metric] / reference if reference else None, "seeds": row["members"], "chosen_on": "declared: every member",
+                     f"vs_{REFERENCE}": row[metric] / reference if reference else None, "seeds": row["members"], "chosen_on": "all",
                      "config_id": ""})
     return sorted(rows, key=lambda g: (g["project"], g["stale"], g[metric]))
 

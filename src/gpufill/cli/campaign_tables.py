@@ -88,11 +88,13 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
     columns = [c for c in columns if not rows or c in rows[0]]
     if not any(row.get(f"vs_{REFERENCE}") is not None for row in rows):  # no seasonal naive in this campaign
         columns = [c for c in columns if c != f"vs_{REFERENCE}"]
+    if summary and rows and not any(row.get("train") for row in rows):  # no train setting varies: no empty column
+        columns = [c for c in columns if c != "train"]
     stale = sum(1 for row in rows if row.get("stale"))
     what = "best configuration per project and family (mean over seeds)" if summary else f"{total} trials"
     title = what + (f", {stale} shown are stale (from an earlier file or data)" if stale else "")
     if summary and any(row.get("chosen_on") == CHOSEN_ON_TEST for row in rows):
-        title += "; chosen on test: no validation window (task.split.val chooses without the test)"
+        title += "; by test: no validation window (task.split.val chooses without the test)"
     if total > max_rows:
         title += f" (first {max_rows}; --format csv for all)"
     table = Table(title=title, title_justify="left", pad_edge=False, box=None, header_style="bold")
@@ -104,7 +106,7 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
     return table
 
 
-_HEADERS = {"trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config", "chosen_on": "chosen on", f"vs_{REFERENCE}": f"vs {REFERENCE}"}
+_HEADERS = {"trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config", "chosen_on": "by", f"vs_{REFERENCE}": f"vs {REFERENCE}"}
 
 
 def _varying_settings(train: Any) -> list[str]:
