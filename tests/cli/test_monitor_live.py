@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from rich.console import Console
 
 from gpufill.campaign.store import Store
@@ -52,3 +55,13 @@ def test_snapshot_counts_rate_eta_and_series(tmp_path):
     assert "util %" in text and "90%" in text and "cpu %" in text and "75%" in text
     assert "alert: gpu0: utilisation 12 % for 90 s while trials ran" in text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_a_finished_campaign_shows_its_last_recorded_minute_off_a_terminal(tmp_path):
+    now = 1_000_000.0
+    make_store(tmp_path, now)
+    later = snapshot(tmp_path, now=lambda: now + 3600)  # an hour after the last sample: no run holds the workdir
+    assert later["series"]["gpu0"]["util"] == [10.0 * i for i in range(10)] and later["series"]["host"]["cpu"] == [75.0]
+    run = subprocess.run([sys.executable, "-m", "gpufill", "monitor", "--once", "--workdir", str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL)  # stdout is a pipe, not a terminal
+    assert run.returncode == 0 and "watch: 2/5 done" in run.stdout and "util %" in run.stdout and "no resource samples" not in run.stdout

@@ -63,7 +63,9 @@ def snapshot(workdir: str | Path, *, now: Callable[[], float] = time.time) -> di
             )
         ] if not stopped else []
         series: dict[str, dict[str, list[float | None]]] = {}
-        since = t - 2 * SPARK_POINTS  # samples are ~1 s apart; keep a little slack
+        # A running campaign's last minutes; a finished or stopped one's last recorded minutes (samples are ~1 s apart).
+        last = store.db.execute("SELECT MAX(ts) FROM samples").fetchone()[0] if store.has_samples() else None
+        since = (t if run["state"] == "running" or last is None else last) - 2 * SPARK_POINTS
         rows = store.db.execute(
             "SELECT source, gpu_util, mem_used, mem_total, power_w, temp_c, cpu_percent FROM samples WHERE ts >= ? ORDER BY ts", (since,)
         ) if store.has_samples() else []
