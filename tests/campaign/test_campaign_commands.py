@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sqlite3
 
 import pytest
@@ -58,6 +59,10 @@ def test_the_demo_runs_and_results_show_every_project_and_family(tmp_path, capsy
     assert len(rows) == 80 and pairs == {(f"p{i:03d}", f) for i in range(8) for f in families}
     beats = sum(row["mae"] < row["naive_mae"] for row in rows)
     assert beats >= 0.9 * len(rows)  # nearly every trained model beats the naive forecast
+    snaive = {row["project"]: row["mae"] for row in rows if row["family"] == "snaive"}
+    for family in ("lstm", "gru", "tcn", "transformer"):  # each network beats the seasonal naive on the median project
+        ratios = sorted(row["mae"] / snaive[row["project"]] for row in rows if row["family"] == family)
+        assert statistics.median(ratios) < 1.0, (family, ratios)
     code, out, _ = run_cli(capsys, "results")  # the table view
     assert code == 0 and "80 trials" in out and "lgbm" in out
     code, out, _ = run_cli(capsys, "status", "--json")
