@@ -145,13 +145,7 @@ class StoreQueries:
         validation = ", ".join(f"{_validation(m)} AS val_{m}" for m in METRICS)
         cursor = self.db.execute(f"SELECT {', '.join(TRIAL_COLUMNS)}, {validation}, {provenance} FROM trials{where} ORDER BY position"
                                  + (f" LIMIT {int(limit)}" if limit is not None else ""))
-        names = [column[0] for column in cursor.description]
-        out = []
-        for row in cursor:
-            record = dict(zip(names, row, strict=True))
-            record["stale"] = record.pop("current") == 0
-            out.append(record)
-        return out
+        return _with_stale(cursor)
 
     def config_means(self, metric: str = "mae", *, include_stale: bool = False) -> list[dict[str, Any]]:
         """Per configuration (everything but the seed) of done trials: the mean `metric` over its seeds and
@@ -167,13 +161,7 @@ class StoreQueries:
             f" AVG({_validation(metric)}) AS val_{metric}, COUNT({_validation(metric)}) AS val_seeds"
             f" FROM trials WHERE {where}"
             f" GROUP BY project, family, {current}, {config}, CASE WHEN {config} = '' THEN params || train || lookback END")
-        names = [column[0] for column in cursor.description]
-        out = []
-        for row in cursor:
-            record = dict(zip(names, row, strict=True))
-            record["stale"] = record.pop("current") == 0
-            out.append(record)
-        return out
+        return _with_stale(cursor)
 
     def count(self, *, include_stale: bool = False) -> int:
         where = "" if include_stale else f" WHERE status != 'skipped' AND {self._column('current')} = 1"
@@ -225,3 +213,14 @@ class StoreQueries:
 def _validation(metric: str) -> str:
     """SQL of a trial's validation `metric` (None without one; older stores' metrics may hold NaN, which is not JSON)."""
     return f"CASE WHEN json_valid(metrics) THEN json_extract(metrics, '$.val.{metric}') END"
+
+
+def _with_stale(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+    """The cursor's rows as dicts, its `current` column read as `stale` (a trial of an earlier file or data)."""
+    names = [column[0] for column in cursor.description]
+    out = []
+    for row in cursor:
+        record = dict(zip(names, row, strict=True))
+        record["stale"] = record.pop("current") == 0
+        out.append(record)
+    return out
