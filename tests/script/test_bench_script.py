@@ -5,6 +5,7 @@ and a command that cannot be measured is one line."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -16,7 +17,8 @@ from tests.helpers import USER_SCRIPTS
 
 def bench(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "gpufill", "bench", *args, "--", sys.executable, str(USER_SCRIPTS / script)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    # One torch thread: on a loaded box more would make the scripts thread-oversubscribed (test_threads.py), not these tests' subject.
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def test_each_speed_up_is_in_effect_inside_the_script_and_the_ratios_add_up():
@@ -38,9 +40,9 @@ def test_each_speed_up_is_in_effect_inside_the_script_and_the_ratios_add_up():
         assert rows[name]["vs_as_is"] == pytest.approx(rows[name]["rate"] / as_is["rate"], rel=1e-3, abs=5e-5)  # stored to 4 places
         assert rows[name]["note"] == "CUDA only: no effect expected on cpu"
         assert rows[name]["within_noise"] == (abs(rows[name]["vs_as_is"] - 1) <= record["noise"])
-    fused, read = record["code_changes"]  # ranked by expected gain; the sync's is not estimable on a CPU
+    # The script's own fixes; its per-step item() is no finding on a CPU (a host read waits for nothing there).
+    (fused,) = record["code_changes"]
     assert fused["what"].startswith("SGD(..., fused=True) at ") and fused["where"].endswith("item_every_step.py:9") and fused["expected_gain"] > 1
-    assert read["what"].startswith("item() at ") and "item_every_step.py:17, 1 per step" in read["what"] and read["expected_gain"] is None
     assert record["torch"] and record["date"].startswith("20") and record["device_type"] == "cpu"
 
 

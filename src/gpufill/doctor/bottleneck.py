@@ -30,7 +30,8 @@ from gpufill.engine.plan import RESIDENT_SHARE
 
 __all__ = ["INPUT_SHARE", "MATMUL_SHARE", "SCALING_OVERHEAD", "PhaseTimings", "Verdict", "VerdictKind", "Yardstick", "classify"]
 
-VerdictKind = Literal["input-bound", "launch/overhead-bound", "compute-bound", "memory-bound"]
+VerdictKind = Literal["input-bound", "launch/overhead-bound", "compute-bound", "memory-bound", "thread-oversubscribed"]
+"""The last is a script's (script/oversubscription.py): torch threads stalling each other on a busy CPU."""
 
 INPUT_SHARE = 0.40
 """Data wait + copy at or above this share of the step: input-bound."""

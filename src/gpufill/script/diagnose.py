@@ -19,7 +19,9 @@ from typing import Any, Literal
 
 from gpufill.doctor.bottleneck import PhaseTimings, Verdict, classify
 from gpufill.monitor.summary import summarise
+from gpufill.script.instrument import THREAD_TRIAL_ENV
 from gpufill.script.launch import ScriptRun, check_command, run_instrumented
+from gpufill.script.oversubscription import fix_text, measured_gain, thread_verdict
 
 WARMUP_STEPS = 3
 SYNCS_WORTH_A_FINDING = 0.25
@@ -37,9 +39,14 @@ class Finding:
     why: str
     where: str | None = None
     """file:line of the script to edit (None: a setting outside the script, or no line seen)."""
+    spread: tuple[float, float] | None = None
+    """The gain's measured range (per-step estimates' 10th-90th percentiles, or a trial's rounds); None: a model's figure."""
+    within_noise: bool = False
+    """The gain is smaller than the steps' own variation: not worth acting on before the rest."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"what": self.what, "expected_gain": None if self.gain is None else round(self.gain, 2), "why": self.why, "where": self.where}
+        return {"what": self.what, "expected_gain": None if self.gain is None else round(self.gain, 2), "why": self.why, "where": self.where,
+                "spread": None if self.spread is None else [round(v, 2) for v in self.spread], "within_noise": self.within_noise}
 
 
 @dataclass(slots=True)
@@ -71,6 +78,7 @@ class ScriptDiagnosis:
             "verdict": None if self.verdict is None else self.verdict.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
             "machine": self.machine,
+            "threads": report.get("threads"),
             "not_measured": self.not_measured,
             "stop_reason": report.get("stop_reason"),
             "error": report.get("error"),
@@ -83,7 +91,7 @@ def diagnose_script(command: list[str], *, steps: int, quiet_output: bool = Fals
     with tempfile.TemporaryDirectory(prefix="gpufill-doctor-") as folder:
         # The script's own output goes to stderr under --json, so stdout stays one JSON object.
         run = run_instrumented(command, Path(folder), steps=steps, warmup=WARMUP_STEPS, sample_every_s=SAMPLE_EVERY_S,
-                               stdout=sys.stderr if quiet_output else None)
+                               stdout=sys.stderr if quiet_output else None, extra_env={THREAD_TRIAL_ENV: "1"})
     return analyse(run)
 
 
@@ -115,10 +123,14 @@ def _analyse(diagnosis: ScriptDiagnosis, report: dict[str, Any], statistic: Lite
         missing.append("GPU utilisation, memory and syncs: the training ran on " + (", ".join(report["devices"]) or "no device seen"))
     if report["flops_per_step"] is None:
         missing.append("FLOPs per step: fewer than two optimizer steps were seen")
+    threads = thread_verdict(report, diagnosis.machine) if records else None
     if records:
         diagnosis.timings = _timings(report, statistic)
-        diagnosis.verdict = classify(diagnosis.timings, _yardstick(report))
+        diagnosis.verdict = classify(diagnosis.timings, _yardstick(report)) if threads is None else threads[0]
     diagnosis.findings = _findings(report, diagnosis.timings, diagnosis.verdict)
+    if threads is None and (gain := measured_gain((report.get("threads") or {}).get("trial"))) is not None and gain.gain > 1.0:
+        diagnosis.findings.append(Finding(fix_text(gain.fewer), gain.gain, f"measured over {gain.rounds} interleaved rounds; within the noise of "
+                                          f"the rounds ({gain.low:.2f}-{gain.high:.2f}x)", spread=(gain.low, gain.high), within_noise=True))
 
 
 def _timings(report: dict[str, Any], statistic: Literal["median", "mean"]) -> PhaseTimings:
@@ -159,9 +171,35 @@ FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD"})
 
 def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Verdict | None) -> list[Finding]:
     on_gpu = any(d.startswith("cuda") for d in report["devices"])
-    # The verdict's fixes come first (nothing else pays until its limit is gone); the others by expected gain.
-    others = _sync_findings(report) + _precision_findings(report, on_gpu) + _optimizer_findings(report, timings)
-    return _verdict_findings(report, timings, verdict, on_gpu) + sorted(others, key=lambda f: -(f.gain or 0.0))
+    # The verdict's fixes come first (nothing else pays until its limit is gone); the others by expected gain,
+    # those within the noise of the step times last.
+    # A host read of a value is a sync only where the value lives on a GPU: on a CPU training it costs nothing.
+    others = (_sync_findings(report) if on_gpu else []) + _precision_findings(report, on_gpu) + _optimizer_findings(report, timings)
+    if verdict is not None and verdict.kind == "thread-oversubscribed":
+        for finding in others:
+            finding.why += "; timed while threads stalled each other: measure again after the thread fix"
+    return _verdict_findings(report, timings, verdict, on_gpu) + sorted(others, key=lambda f: (f.within_noise, -(f.gain or 0.0)))
+
+
+def step_noise(report: dict[str, Any]) -> float | None:
+    """The steps' own variation: the interquartile range of their times over the median (None: under 4 steps)."""
+    times = [r["step_s"] for r in report["records"]]
+    if len(times) < 4:
+        return None
+    q1, median, q3 = statistics.quantiles(times, n=4)
+    return (q3 - q1) / median if median > 0 else None
+
+
+def share_gain(report: dict[str, Any], phases: tuple[str, ...], gain: float) -> dict[str, Any]:
+    """The spread of a "remove this share of the step" gain over the steps (10th-90th percentile of per-step
+    estimates), and whether the gain is inside the steps' own noise."""
+    per_step = sorted(1.0 / max(1.0 - sum(r[p] for p in phases) / r["step_s"], 1e-9) for r in report["records"] if r["step_s"] > 0)
+    noise = step_noise(report)
+    spread = None
+    if len(per_step) >= 4:
+        deciles = statistics.quantiles(per_step, n=10)
+        spread = (deciles[0], deciles[-1])
+    return {"spread": spread, "within_noise": noise is not None and gain - 1.0 < noise}
 
 
 def _verdict_findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Verdict | None, on_gpu: bool) -> list[Finding]:
@@ -175,8 +213,12 @@ def _verdict_findings(report: dict[str, Any], timings: PhaseTimings | None, verd
         workers = max(1, (os.cpu_count() or 2) - 1)
         return [Finding(f"DataLoader(num_workers={loader['num_workers']}, pin_memory={loader['pin_memory']}) at {loader['at']}: {share:.0%} of each "
                         f"step waits for data; try num_workers={workers}, persistent_workers=True" + (", pin_memory=True" if on_gpu else ""),
-                        gain, f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x", where=loader["at"]) for loader in loaders]
+                        gain, f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x", where=loader["at"], **share_gain(report, ("data_s", "copy_s"), gain))
+                for loader in loaders]
     sized = [loader for loader in loaders if loader["batch_size"] and loader["batch_size"] == report["batch_size"]]  # the training's, not a validation loader
+    if verdict.kind == "thread-oversubscribed":
+        low, high = verdict.evidence.get("low"), verdict.evidence.get("high")
+        return [Finding(verdict.fix, verdict.expected_gain, verdict.expected_gain_reason, spread=None if low is None or high is None else (low, high))]
     if verdict.kind != "launch/overhead-bound" or not sized:
         return [Finding(verdict.fix, verdict.expected_gain, verdict.expected_gain_reason)]
     findings = [Finding(f"DataLoader(batch_size={loader['batch_size']}) at {loader['at']}: each step's fixed cost does not grow with the batch; "
@@ -229,8 +271,9 @@ def _optimizer_findings(report: dict[str, Any], timings: PhaseTimings | None) ->
         gain = None if share is None else 1.0 / max(1.0 - share, 1e-9)
         why = ("not estimable: no step times" if gain is None else
                f"up to 1 / (1 - {share:.2f}) = {gain:.2f}x if the optimizer's {share:.0%} of the step went to nothing; fused cuts it several-fold")
+        measured = {} if gain is None else share_gain(report, ("optimizer_s",), gain)
         findings.append(Finding(f"{optimizer['class']}(..., fused=True){built}: one kernel for all {optimizer['tensors']} parameter tensors "
-                                f"instead of a loop over them", gain, why, where=optimizer.get("at")))
+                                f"instead of a loop over them", gain, why, where=optimizer.get("at"), **measured))
     return findings
 
 
@@ -261,3 +304,10 @@ def loader_text(loader: dict[str, Any]) -> str:
     built = f" (built {loader['created']} times)" if loader.get("created", 1) > 1 else ""
     return (f"{loader['at']}{built}: batch {loader['batch_size']}, num_workers {loader['num_workers']}, pin_memory {loader['pin_memory']}, "
             f"persistent {loader['persistent_workers']}")
+
+
+def gain_text(finding: dict[str, Any]) -> str:
+    """1.47x, its measured range where there is one, and whether it lies inside the steps' own noise."""
+    spread = finding.get("spread")
+    text = f"{finding['expected_gain']:.2f}x" + (f" ({spread[0]:.2f}-{spread[1]:.2f}x)" if spread else "")
+    return text + (", within the noise" if finding.get("within_noise") else "")

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpufill.script.diagnose import loader_text
+from gpufill.script.diagnose import gain_text, loader_text
 
 
 def print_script_report(record: dict[str, Any], console: Console) -> None:
@@ -35,7 +35,7 @@ def print_script_report(record: dict[str, Any], console: Console) -> None:
     if verdict:
         console.print(Text(f"verdict: {verdict['kind']}: {verdict['reason']}", style="bold"))
     for rank, finding in enumerate(record["findings"], start=1):
-        gain = f" (expected: {finding['expected_gain']:.2f}x; {finding['why']})" if finding["expected_gain"] else f" ({finding['why']})"
+        gain = f" (expected: {gain_text(finding)}; {finding['why']})" if finding["expected_gain"] else f" ({finding['why']})"
         console.print(Text(f"{rank}. {finding['what']}{gain}"))
     for item in record["not_measured"]:
         console.print(Text(f"not measured: {item}", style="yellow"))
@@ -61,7 +61,7 @@ def print_watch_summary(record: dict[str, Any], console: Console) -> None:
     if record["verdict"]:
         console.print(Text(f"verdict: {record['verdict']['kind']}: {record['verdict']['reason']}", style="bold"))
     for rank, finding in enumerate(record["findings"][:3], start=1):
-        gain = f" (expected {finding['expected_gain']:.2f}x)" if finding["expected_gain"] else ""
+        gain = f" (expected {gain_text(finding)})" if finding["expected_gain"] else ""
         console.print(Text(f"{rank}. {finding['what']}{gain}"))
     for item in record["not_measured"]:
         console.print(Text(f"not measured: {item}", style="yellow"))
@@ -88,5 +88,5 @@ def print_script_bench(record: dict[str, Any], console: Console) -> None:
     if record["code_changes"]:
         console.print(Text("changes to the script itself (not applied; from the diagnosis of the as-is run):", style="bold"))
         for rank, change in enumerate(record["code_changes"], start=1):
-            gain = f" (expected {change['expected_gain']:.2f}x)" if change["expected_gain"] else ""
+            gain = f" (expected {gain_text(change)})" if change["expected_gain"] else ""
             console.print(Text(f"{rank}. {change['what']}{gain}"))

@@ -47,13 +47,15 @@ from typing import Any
 from gpufill.script.clocks import BACKWARD, COPY, DATA
 from gpufill.script.recorder import WHOLE_RUN, Recorder, in_library, script_line, short_path
 
-__all__ = ["BUCKET_ENV", "OUT_ENV", "SETTINGS", "SETTINGS_ENV", "STEPS_ENV", "WARMUP_ENV", "WHOLE_RUN", "Installed", "install"]
+__all__ = ["BUCKET_ENV", "OUT_ENV", "SETTINGS", "SETTINGS_ENV", "STEPS_ENV", "THREAD_TRIAL_ENV", "WARMUP_ENV", "WHOLE_RUN", "Installed", "install"]
 
 OUT_ENV = "GPUFILL_SCRIPT_OUT"
 STEPS_ENV = "GPUFILL_SCRIPT_STEPS"
 WARMUP_ENV = "GPUFILL_SCRIPT_WARMUP"
 SETTINGS_ENV = "GPUFILL_SCRIPT_SETTINGS"
 BUCKET_ENV = "GPUFILL_SCRIPT_BUCKET_S"
+THREAD_TRIAL_ENV = "GPUFILL_SCRIPT_THREAD_TRIAL"
+"""1: after the measured steps of a CPU training, time it at fewer torch threads (thread_trial.py; a doctor's run)."""
 
 
 @dataclass(slots=True)
@@ -83,7 +85,8 @@ def install(out: Path | None = None, *, steps: int | None = None, warmup: int | 
     _apply(settings, torch)
     recorder = Recorder(folder, steps=int(os.environ.get(STEPS_ENV, "20")) if steps is None else steps,
                          warmup=int(os.environ.get(WARMUP_ENV, "3")) if warmup is None else warmup,
-                         bucket_s=float(os.environ.get(BUCKET_ENV, "1")) if bucket_s is None else bucket_s, settings=settings)
+                         bucket_s=float(os.environ.get(BUCKET_ENV, "1")) if bucket_s is None else bucket_s, settings=settings,
+                         thread_trial=os.environ.get(THREAD_TRIAL_ENV) == "1")
     installed = Installed(recorder)
     installed.undo += [register_optimizer_step_pre_hook(recorder.pre_step).remove, register_optimizer_step_post_hook(recorder.post_step).remove]
     installed.undo += _wrap_optimizer_init(recorder, torch.optim.Optimizer)
@@ -222,6 +225,9 @@ def _wrap_exit(recorder: Recorder) -> list[Callable[[], None]]:
         if not recorder.written or (recorder.ran_on() and not recorder.stop_reason.startswith("the script caught")):  # it caught the stop: its end ended it
             wanted = "" if recorder.whole_run else f" (wanted {recorder.warmup} warm-up + {recorder.steps})"
             recorder.stop_reason = "it ran to its end" if recorder.ran_on() else f"the script ended after {recorder.step_count} optimizer steps{wanted}"
+            if recorder.trial is not None and not recorder.ran_on():
+                recorder.stop_reason = (f"stopped after {recorder.warmup} warm-up and {recorder.steps} measured steps; the script ended "
+                                        f"during the thread trial, at step {recorder.step_count}")
             recorder.write()
 
     atexit.register(at_exit)

@@ -24,6 +24,7 @@ from typing import Any
 from gpufill.errors import InputError
 from gpufill.files import append_whole, write_atomically
 from gpufill.script.clocks import Clock, CudaClock, HostClock
+from gpufill.script.thread_trial import ThreadTrial
 
 WHOLE_RUN = 0
 """GPUFILL_SCRIPT_STEPS for a watch: never stop the script."""
@@ -44,11 +45,19 @@ class Recorder:
     per-step phases, (step, data, copy, backward, optimizer, forward) seconds in PHASES order, once
     per timeline interval (a whole run) or at the end (a doctor's N steps)."""
 
-    def __init__(self, out: Path, steps: int, warmup: int, bucket_s: float = 1.0, settings: tuple[str, ...] = ()):
+    def __init__(self, out: Path, steps: int, warmup: int, bucket_s: float = 1.0, settings: tuple[str, ...] = (), thread_trial: bool = False):
         self.out, self.steps, self.warmup, self.bucket_s, self.settings = out, steps, warmup, bucket_s, settings
+        self.wants_thread_trial = thread_trial and steps != WHOLE_RUN
+        self.trial: ThreadTrial | None = None
+        self.cpu_start: tuple[float, float] | None = None
+        """(process CPU seconds, host clock) when the measured steps began: the cores the training kept busy."""
+        self.cpu_used: tuple[float, float] | None = None
+        """(process CPU seconds, wall seconds) over the measured steps."""
         self.whole_run = steps == WHOLE_RUN
         self.stop_at = -1 if self.whole_run else warmup + steps
         self.stop_sent = False
+        self.stop_step = self.stop_at
+        """The step at which the stop was raised (after the measured steps, or after a thread trial)."""
         """The stop was raised (SystemExit at step stop_at); a step after it means the script caught it."""
         self.flop_step = max(1, warmup - 1)  # FLOPs counted on the next step: the last warm-up step (compiled, autotuned)
         self.rank = int(os.environ.get("RANK", "0"))
@@ -106,6 +115,11 @@ class Recorder:
         return self.clock.now() if threading.get_ident() == self._thread else None
 
     def post_step(self, optimizer: Any, *_: Any) -> None:
+        if self.trial is not None and not self.stop_sent:
+            self.step_count += 1
+            if self.trial.after_step():
+                self._stop()
+            return
         if self.stop_sent:  # the script caught the stop (a bare `except:`) and trains on: count its steps, measure nothing more
             self.step_count += 1
             self.spans = self.clock.fresh()
@@ -115,6 +129,8 @@ class Recorder:
         now = _clock()
         self.step_count += 1
         self.measuring = self.step_count >= self.warmup  # for the syncs: a doctor's run stops at stop_at
+        if self.step_count == self.warmup:
+            self.cpu_start = (time.process_time(), now)
         if self._flop_mode is not None or self.step_count == self.flop_step:
             self._count_flops_around()
         if now >= self.next_digest or len(self.marks) >= DIGEST_EVERY:
@@ -123,14 +139,38 @@ class Recorder:
             except Exception as error:  # noqa: BLE001 - the script's training never fails for its measurement
                 self._give_up_timing(error)
         if self.step_count == self.stop_at:
-            self.stop_reason = f"stopped after {self.warmup} warm-up and {self.steps} measured steps"
-            self.write()
-            self.stop_sent, self.measuring = True, False
-            raise SystemExit(STOPPED_EXIT)
+            self._end_measured_steps()
+            if self.trial is None:
+                self._stop()
+
+    def _end_measured_steps(self) -> None:
+        """The measured steps are over: their CPU use, and on a CPU training the thread trial begins."""
+        self.measuring = False
+        self._note_cpu_used()
+        if not (self.wants_thread_trial and self.devices and all(d == "cpu" for d in self.devices)):
+            return
+        import torch
+
+        threads = torch.get_num_threads()
+        if threads > 1:
+            self._digest(final=True)
+            self.trial = ThreadTrial(torch, threads, usable_cores())
+            self.trial.start()
+
+    def _note_cpu_used(self) -> None:
+        if self.cpu_start is not None and self.cpu_used is None:
+            self.cpu_used = (time.process_time() - self.cpu_start[0], _clock() - self.cpu_start[1])
+
+    def _stop(self) -> None:
+        self.stop_reason = f"stopped after {self.warmup} warm-up and {self.steps} measured steps" + (
+            f" and a thread trial of {self.step_count - self.stop_at} steps" if self.trial is not None else "")
+        self.write()
+        self.stop_sent, self.measuring, self.stop_step = True, False, self.step_count
+        raise SystemExit(STOPPED_EXIT)
 
     def ran_on(self) -> bool:
         """The script caught gpufill's stop (a bare `except:` or `except BaseException:` around its step) and trained on."""
-        return self.stop_sent and self.step_count > self.stop_at
+        return self.stop_sent and self.step_count > self.stop_step
 
     # -- off the hot path -------------------------------------------------------------------
     def _first_seen(self, optimizer: Any) -> None:
@@ -262,6 +302,9 @@ class Recorder:
             self._digest(final=True)
         except Exception as error:  # noqa: BLE001 - a CUDA error that ended the script also ends its events: keep what was read
             self._give_up_timing(error)
+        if self.trial is not None and not self.stop_sent:
+            self.trial.finish()  # the script ended (or failed) inside the trial: its own thread count back
+        self._note_cpu_used()
         report = {
             "pid": os.getpid(),
             "rank": self.rank,
@@ -296,6 +339,9 @@ class Recorder:
                       "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")},
             "compiled": _compiled(),
             "torch": torch.__version__,
+            "threads": {"torch": self.trial.threads if self.trial is not None else torch.get_num_threads(), "usable_cores": usable_cores(),
+                        "logical_cpus": os.cpu_count(), "cpu_used": None if self.cpu_used is None else [round(v, 4) for v in self.cpu_used],
+                        "trial": None if self.trial is None else self.trial.to_dict()},
         }
         try:  # a new temporary file, renamed: never through a link; a full disk costs the report, never the script
             write_atomically(self.out / f"report-{report['rank']}-{os.getpid()}.json", json.dumps(report), field="--out")
@@ -355,6 +401,11 @@ def _compiled() -> bool:
         return bool(dynamo.counters["stats"].get("unique_graphs", 0))
     except Exception:  # noqa: BLE001 - private counters moved: say "not seen"
         return False
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), as torch's own default counts them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def in_library(filename: str) -> bool:

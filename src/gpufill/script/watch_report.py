@@ -14,7 +14,7 @@ import pandas as pd
 from gpufill.monitor.sampler import SAMPLE_COLUMNS
 from gpufill.report import plots
 from gpufill.report.page import img, page, section, table, write_atomically
-from gpufill.script.diagnose import loader_text
+from gpufill.script.diagnose import gain_text, loader_text
 
 TIMELINE_COLUMNS = ("t0", "t1", "steps", "step_s", "data_s", "copy_s", "backward_s", "optimizer_s", "forward_s")
 
@@ -73,7 +73,7 @@ def _verdict(record: dict[str, Any]) -> str:
     if record["findings"]:
         items = []
         for finding in record["findings"]:
-            gain = f"expected {finding['expected_gain']:.2f}x: " if finding["expected_gain"] else ""
+            gain = f"expected {gain_text(finding)}: " if finding["expected_gain"] else ""
             items.append(f"<li>{escape(finding['what'])}<small class='reason'>{escape(gain + finding['why'])}</small></li>")
         parts.append("<ol id='findings'>" + "".join(items) + "</ol>")
     if record["not_measured"]:

@@ -1,0 +1,95 @@
+"""Whether a CPU training's torch threads outnumber the cores free to run them, and what fewer gain.
+
+A doctor measures it (thread_trial.py: the same steps at the script's thread count and at fewer,
+interleaved, median of per-round ratios); a watch, which never changes the run it watches, infers
+it from the load: the cores other processes kept busy (host samples minus the training's own CPU
+time) leave fewer free than the script's threads. Either way this verdict comes before any other:
+steps timed while threads stall each other say nothing about batch size or the optimizer.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from gpufill.doctor.bottleneck import Verdict
+
+NOISE_FLOOR = 1.10
+"""A measured gain below this, or one whose worst round is not a gain at all, is within the noise."""
+SPARE_THREADS = 0.5
+"""Threads may exceed the free cores by this much before a watch calls them oversubscribed (sampling noise)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadGain:
+    """Fewer threads, measured: the median of per-round step-time ratios (script's / fewer) and their range."""
+
+    threads: int
+    fewer: int
+    gain: float
+    low: float
+    high: float
+    rounds: int
+
+    @property
+    def clear(self) -> bool:
+        return self.gain >= NOISE_FLOOR and self.low > 1.0
+
+
+def measured_gain(trial: dict[str, Any] | None) -> ThreadGain | None:
+    """The best of the fewer-thread arms of a doctor's trial (None: no complete round)."""
+    if not trial or not trial["rounds"]:
+        return None
+    script, *fewer = trial["arms"]
+    best: ThreadGain | None = None
+    for arm in fewer:
+        ratios = sorted(statistics.median(r[str(script)]) / statistics.median(r[str(arm)]) for r in trial["rounds"])
+        gain = ThreadGain(script, arm, statistics.median(ratios), ratios[0], ratios[-1], len(ratios))
+        if best is None or gain.gain > best.gain:
+            best = gain
+    return best
+
+
+def busy_elsewhere(report: dict[str, Any], machine: dict[str, Any]) -> float | None:
+    """Cores other processes kept busy while the script ran: the host's busy cores minus the training's own."""
+    threads, host = report.get("threads") or {}, machine.get("host") or {}
+    used, host_percent, cpus = threads.get("cpu_used"), host.get("cpu_percent_mean"), threads.get("logical_cpus")
+    if not used or used[1] <= 0 or host_percent is None or not cpus:
+        return None
+    return max(0.0, host_percent / 100 * cpus - used[0] / used[1])
+
+
+def fix_text(threads: int) -> str:
+    return f"torch.set_num_threads({threads}) at the top of the script (or OMP_NUM_THREADS={threads} in its environment)"
+
+
+def thread_verdict(report: dict[str, Any], machine: dict[str, Any]) -> tuple[Verdict, ThreadGain | None] | None:
+    """The thread verdict of a CPU training (None: its threads are not what limits it, or not a CPU training)."""
+    threads = report.get("threads") or {}
+    script_threads, usable = threads.get("torch", 1), threads.get("usable_cores", 1)
+    if script_threads <= 1 or any(d.startswith("cuda") for d in report["devices"]):
+        return None
+    others = busy_elsewhere(report, machine)
+    load = "" if others is None else f"; other processes kept about {others:.1f} of the {threads['logical_cpus']} CPUs busy over the run"
+    gain = measured_gain(threads.get("trial"))
+    if gain is not None:
+        if not gain.clear:
+            return None
+        reason = (f"{script_threads} torch threads on {usable} usable cores{load}: at {gain.fewer} thread(s) the same steps ran "
+                  f"{gain.gain:.2f}x as fast (median of {gain.rounds} interleaved rounds, {gain.low:.2f}-{gain.high:.2f}x); "
+                  "each operator waits for all its threads, and a descheduled one stalls the rest")
+        return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable, "fewer": gain.fewer,
+                                                                             "busy_elsewhere": others, "low": gain.low, "high": gain.high},
+                       fix=fix_text(gain.fewer), expected_gain=gain.gain,
+                       expected_gain_reason=f"measured: {gain.rounds} rounds of {gain.threads} vs {gain.fewer} threads, {gain.low:.2f}-{gain.high:.2f}x"), gain
+    free = usable - (others or 0.0)
+    if script_threads <= free + SPARE_THREADS:
+        return None
+    fewer = max(1, int(free))
+    reason = (f"{script_threads} torch threads on {usable} usable cores{load}, leaving {max(free, 0.0):.1f} free: each operator waits for "
+              "all its threads, and a descheduled one stalls the rest")
+    return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable, "busy_elsewhere": others},
+                   fix=fix_text(fewer), expected_gain=None,
+                   expected_gain_reason="inferred from the load, not measured (a watch does not change the run): "
+                                        "`gpufill doctor -- COMMAND` times the steps at fewer threads"), None

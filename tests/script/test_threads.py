@@ -1,0 +1,167 @@
+"""Thread oversubscription on a contended CPU: a doctor measures it (the same steps at fewer threads,
+interleaved), a watch infers it from the load, and either way it is the verdict before any batch or
+optimizer change; the other findings' gains carry their measured spread and say when it is noise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpufill.script.diagnose import gain_text, share_gain
+from gpufill.script.oversubscription import NOISE_FLOOR, measured_gain, thread_verdict
+from gpufill.script.thread_trial import ThreadTrial, trial_arms
+from tests.helpers import USER_SCRIPTS
+
+two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the oversubscribed script pins itself to two cores")
+
+
+def run_json(*command: str) -> dict:
+    run = subprocess.run([sys.executable, "-m", "gpufill", *command], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip(), run.stderr
+    return json.loads(run.stdout)
+
+
+@two_cores
+def test_the_doctor_measures_fewer_threads_and_names_the_oversubscription_first():
+    report = run_json("doctor", "--steps", "6", "--json", "--", sys.executable, str(USER_SCRIPTS / "oversubscribed.py"))
+    verdict, first = report["verdict"], report["findings"][0]
+    assert verdict["kind"] == "thread-oversubscribed" and "4 torch threads on 2 usable cores" in verdict["reason"]
+    fewer = verdict["evidence"]["fewer"]  # 1 on a 2-core box (8.2 ms a step against 10 ms at 2 threads)
+    assert fewer in (1, 2) and first["what"].startswith(f"torch.set_num_threads({fewer})") and f"OMP_NUM_THREADS={fewer}" in first["what"]
+    trial = report["threads"]["trial"]
+    assert trial["arms"] == [4, 1, 2] and len(trial["rounds"]) >= 2 and all(len(steps) == 2 for r in trial["rounds"] for steps in r.values())
+    # The gain is the median of per-round ratios of the recorded step times, and its range is theirs.
+    ratios = sorted(_median(r["4"]) / _median(r[str(fewer)]) for r in trial["rounds"])
+    assert first["expected_gain"] == pytest.approx(_median(ratios), abs=0.01) and first["expected_gain"] >= NOISE_FLOOR
+    assert first["spread"] == [pytest.approx(ratios[0], abs=0.01), pytest.approx(ratios[-1], abs=0.01)] and ratios[0] > 1.0
+    assert not first["within_noise"]
+    # No batch-size advice from steps that stalled; what else is listed says it was timed under the stall.
+    assert not any("batch" in f["what"] for f in report["findings"])
+    assert all("measure again after the thread fix" in f["why"] for f in report["findings"][1:])
+    assert report["stop_reason"].startswith("stopped after 3 warm-up and 6 measured steps and a thread trial of ")
+    assert report["threads"]["torch"] == 4 and report["threads"]["usable_cores"] == 2
+
+
+@two_cores
+def test_a_script_that_ends_inside_the_trial_keeps_its_measured_steps():
+    report = run_json("doctor", "--steps", "6", "--json", "--", sys.executable, str(USER_SCRIPTS / "oversubscribed.py"), "14")
+    assert "ended during the thread trial, at step 14" in report["stop_reason"]
+    assert report["step_ms"] > 0 and len(report["threads"]["trial"]["rounds"]) <= 1
+
+
+def test_a_one_thread_training_gets_no_trial():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "gpufill", "doctor", "--steps", "4", "--json", "--", sys.executable,
+                          str(USER_SCRIPTS / "compute_heavy.py")], capture_output=True, text=True, timeout=300, env=env)
+    report = json.loads(run.stdout)
+    assert report["threads"]["torch"] == 1 and report["threads"]["trial"] is None and report["verdict"]["kind"] != "thread-oversubscribed"
+    assert report["stop_reason"] == "stopped after 3 warm-up and 4 measured steps"
+
+
+@two_cores
+def test_a_watch_infers_the_oversubscription_from_the_load_without_changing_the_run(tmp_path):
+    out = tmp_path / "watched"
+    run = subprocess.run([sys.executable, "-m", "gpufill", "watch", "--out", str(out), "--", sys.executable,
+                          str(USER_SCRIPTS / "oversubscribed.py"), "60"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    record = json.loads((out / "watch.json").read_text())
+    assert record["optimizer_steps"] == 60 and record["threads"]["trial"] is None  # every step the script's own, at its threads
+    assert record["verdict"]["kind"] == "thread-oversubscribed" and record["verdict"]["expected_gain"] is None
+    assert "not measured" in record["verdict"]["expected_gain_reason"] and "gpufill doctor" in record["verdict"]["expected_gain_reason"]
+    assert record["findings"][0]["what"].startswith("torch.set_num_threads(1)")
+    assert "verdict: thread-oversubscribed" in run.stderr  # the summary goes to stderr: stdout is the script's
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _trial(rounds: list[tuple[list[float], list[float]]]) -> dict:
+    return {"arms": [4, 1], "block": 3, "rounds": [{"4": many, "1": one} for many, one in rounds]}
+
+
+def _report(trial: dict | None, *, threads: int = 4, usable: int = 2, cpu_used: list[float] | None = None) -> dict:
+    return {"devices": ["cpu"], "threads": {"torch": threads, "usable_cores": usable, "logical_cpus": 2, "cpu_used": cpu_used, "trial": trial}}
+
+
+def test_a_gain_whose_worst_round_is_a_loss_is_within_the_noise():
+    clear = measured_gain(_trial([([1.5, 1.5], [1.0, 1.0]), ([1.3, 1.3], [1.0, 1.0]), ([1.2, 1.2], [1.0, 1.0])]))
+    assert (clear.gain, clear.low, clear.high, clear.rounds, clear.fewer) == (pytest.approx(1.3), pytest.approx(1.2), pytest.approx(1.5), 3, 1)
+    assert clear.clear and thread_verdict(_report(_trial([([1.5], [1.0]), ([1.3], [1.0])])), {})[0].kind == "thread-oversubscribed"
+    noisy = measured_gain(_trial([([1.3], [1.0]), ([0.9], [1.0]), ([1.2], [1.0])]))
+    assert noisy.gain == pytest.approx(1.2) and noisy.low == pytest.approx(0.9) and not noisy.clear
+    assert thread_verdict(_report(_trial([([1.3], [1.0]), ([0.9], [1.0]), ([1.2], [1.0])])), {}) is None
+    small = measured_gain(_trial([([1.05], [1.0]), ([1.06], [1.0])]))
+    assert small.low > 1.0 and not small.clear  # every round a gain, but under the noise floor
+
+
+def test_the_best_of_several_fewer_thread_arms_is_chosen():
+    trial = {"arms": [8, 1, 4], "block": 3, "rounds": [{"8": [2.0], "1": [1.6], "4": [1.0]}, {"8": [2.2], "1": [1.8], "4": [1.1]}]}
+    best = measured_gain(trial)
+    assert (best.fewer, best.gain) == (4, pytest.approx(2.0))
+
+
+def test_a_watch_calls_threads_oversubscribed_only_when_they_outnumber_the_free_cores():
+    # 1.9 of 2 CPUs busy on the host, 0.95 of them the training's own (1.9 s CPU in 2 s): 1.05 free for 2 threads.
+    busy = {"host": {"cpu_percent_mean": 95.0}}
+    verdict, gain = thread_verdict(_report(None, threads=2, cpu_used=[1.9, 2.0]), busy)
+    assert verdict.kind == "thread-oversubscribed" and gain is None and verdict.fix.startswith("torch.set_num_threads(1)")
+    assert verdict.evidence["busy_elsewhere"] == pytest.approx(0.95)
+    # An idle box: the training's own 1.9 cores are all that is busy.
+    assert thread_verdict(_report(None, threads=2, cpu_used=[3.8, 2.0]), busy) is None
+    assert thread_verdict(_report(None, threads=1, cpu_used=[1.9, 2.0]), busy) is None  # one thread cannot stall itself
+    on_gpu = {**_report(None, threads=8, usable=2), "devices": ["cuda:0"]}
+    assert thread_verdict(on_gpu, busy) is None
+
+
+class FakeTorch:
+    def __init__(self, threads: int):
+        self.threads, self.calls = threads, []
+
+    def set_num_threads(self, n: int) -> None:
+        self.threads = n
+        self.calls.append(n)
+
+
+def test_the_trial_interleaves_blocks_drops_each_blocks_first_step_and_puts_the_threads_back():
+    torch = FakeTorch(4)
+    trial = ThreadTrial(torch, 4, 1, rounds=4, block=3, budget_s=1e9)
+    assert trial_arms(4, 2) == [4, 1, 2] and trial_arms(4, 1) == [4, 1] and trial_arms(8, 4) == [8, 1, 4] and trial_arms(2, 2) == [2, 1]
+    trial.start()
+    steps = 0
+    while not trial.after_step():
+        steps += 1
+    assert steps + 1 == 4 * 2 * 3  # rounds x arms x block
+    assert torch.calls == [4, 1, 1, 4, 4, 1, 1, 4, 4]  # ABBA order, then the script's own count back
+    assert torch.threads == 4
+    rounds = trial.to_dict()["rounds"]
+    assert len(rounds) == 4 and all(len(r["4"]) == len(r["1"]) == 2 for r in rounds)
+
+
+def test_the_trial_stops_after_two_rounds_past_its_budget():
+    torch = FakeTorch(4)
+    trial = ThreadTrial(torch, 4, 1, rounds=4, block=3, budget_s=0.0)
+    trial.start()
+    steps = 1
+    while not trial.after_step():
+        steps += 1
+    assert steps == 2 * 2 * 3 and torch.threads == 4 and len(trial.to_dict()["rounds"]) == 2
+
+
+def test_a_share_gain_carries_its_spread_and_says_when_it_is_noise():
+    # The optimizer's share varies 8-12 % over the steps; the steps themselves vary +-30 %.
+    records = [{"step_s": step, "optimizer_s": step * share} for step, share in
+               zip([1.0, 1.3, 0.7, 1.0, 1.3, 0.7, 1.0, 1.3, 0.7, 1.0], [0.08, 0.09, 0.1, 0.11, 0.12, 0.08, 0.09, 0.1, 0.11, 0.12])]
+    measured = share_gain({"records": records}, ("optimizer_s",), 1 / (1 - 0.10))
+    low, high = measured["spread"]
+    assert 1 / (1 - 0.08) <= low < high <= 1 / (1 - 0.12) and measured["within_noise"]  # 1.11x is inside a 60 % IQR
+    steady = [{**r, "step_s": 1.0, "optimizer_s": r["optimizer_s"] / r["step_s"]} for r in records]
+    assert not share_gain({"records": steady}, ("optimizer_s",), 1 / (1 - 0.10))["within_noise"]
+    assert gain_text({"expected_gain": 1.111, "spread": [1.09, 1.14], "within_noise": True}) == "1.11x (1.09-1.14x), within the noise"
+    assert gain_text({"expected_gain": 1.47, "spread": None, "within_noise": False}) == "1.47x"
