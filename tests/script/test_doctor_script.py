@@ -143,3 +143,15 @@ def test_on_a_gpu_steps_are_timed_on_its_timeline_so_a_copy_that_waits_for_kerne
     assert report["verdict"]["kind"] == "compute-bound"
     assert report["training"]["device"] == "cuda:0"
 
+
+
+def test_a_script_that_updates_its_parameters_by_hand_gets_a_verdict_and_its_step_times():
+    code, report, _ = doctor("hand_updated.py", steps=6)
+    assert code == 0 and report["stopped_by_doctor"] and report["stop_reason"] == "stopped after 3 warm-up and 6 measured steps"
+    training = report["training"]
+    embedding, lstm, linear = 200 * 64, 4 * 64 * (64 + 64) + 2 * 4 * 64, 64 * 200 + 200
+    assert training["parameters"] == embedding + lstm + linear and training["steps"] == "backward (parameters updated by hand)"
+    assert report["verdict"] is not None and report["step_ms"] > 0 and report["shares"]["backward"] > 0 and report["shares"]["optimizer"] == 0
+    assert training["flops_per_step"] > 0
+    assert any("torch.optim.SGD(model.parameters(), lr=lr, fused=True)" in f["what"] for f in report["findings"])
+    assert any(item.startswith("the update's own time: the script updates its parameters by hand") for item in report["not_measured"])

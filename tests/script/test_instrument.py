@@ -57,3 +57,51 @@ def test_a_whole_run_in_process_counts_every_step_sync_and_flop_and_remove_puts_
     (timeline,) = [json.loads(line) for line in next(tmp_path.glob("steps-*.jsonl")).read_text().splitlines()]
     assert timeline["steps"] == 11 and timeline["step_s"] > sum(record[0] for record in recorder.records) > 0  # 11 steps > the 10 measured
     assert report["measured_steps"] == 10 and len(report["records"]) == 10 and report["flops_per_step"] == 512
+
+
+def _hand_updated(steps: int, lr: float = 0.1) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    for _ in range(steps):
+        model.zero_grad()
+        nn.functional.mse_loss(model(torch.randn(16, 8)), torch.randn(16, 1)).backward()
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-lr)
+    return model
+
+
+def test_parameters_updated_by_hand_make_each_backward_a_step(tmp_path):
+    installed = install(tmp_path, steps=WHOLE_RUN, warmup=2, bucket_s=60.0)
+    try:
+        _hand_updated(10)
+    finally:
+        installed.remove()
+    recorder = installed.recorder
+    recorder.write()
+    report = json.loads(next(tmp_path.glob("report-*.json")).read_text())
+    # Seen at the second backward (the values changed with no optimizer step): steps end at backwards 2 to 10.
+    assert report["stepped_by"] == "backward (parameters updated by hand)" and recorder.step_count == 9
+    assert report["optimizers"] == [{"class": "by hand (no optimizer)", "parameters": 8 * 16 + 16 + 16 + 1, "tensors": 4, "lr": None,
+                                     "foreach": None, "fused": None, "at": None}]
+    assert report["measured_steps"] == 7 and all(r["step_s"] >= r["backward_s"] > 0 and r["optimizer_s"] == 0 for r in report["records"])
+    assert report["devices"] == ["cpu"] and report["flops_per_step"] > 0
+
+
+def test_gradient_accumulation_is_not_mistaken_for_a_hand_update(tmp_path):
+    installed = install(tmp_path, steps=WHOLE_RUN, warmup=1, bucket_s=60.0)
+    try:
+        torch.manual_seed(0)
+        model = nn.Linear(8, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            for _ in range(4):  # four micro-batches per optimizer step: the parameters do not change between their backwards
+                nn.functional.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 1)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        installed.remove()
+    recorder = installed.recorder
+    recorder.write()
+    report = json.loads(next(tmp_path.glob("report-*.json")).read_text())
+    assert report["stepped_by"] == "optimizer" and recorder.step_count == 5 and report["optimizers"][0]["class"] == "SGD"
+    assert recorder.hand.decided is False and recorder.hand.checks == 3  # three unchanged comparisons, then the optimizer stepped

@@ -119,6 +119,9 @@ def _analyse(diagnosis: ScriptDiagnosis, report: dict[str, Any], statistic: Lite
         missing.append(f"step times: {report['stop_reason']} (the first {report['warmup']} steps are warm-up)")
     if report.get("error"):
         missing.append(f"the rest: {report['error']}")
+    if report.get("stepped_by", "optimizer") != "optimizer":
+        missing.append("the update's own time: the script updates its parameters by hand, so a step runs from one backward's end to the "
+                       "next and the update is timed with the forward")
     if not any(d.startswith("cuda") for d in report["devices"]):
         missing.append("GPU utilisation, memory and syncs: the training ran on " + (", ".join(report["devices"]) or "no device seen"))
     if report["flops_per_step"] is None:
@@ -174,7 +177,8 @@ def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Ver
     # The verdict's fixes come first (nothing else pays until its limit is gone); the others by expected gain,
     # those within the noise of the step times last.
     # A host read of a value is a sync only where the value lives on a GPU: on a CPU training it costs nothing.
-    others = (_sync_findings(report) if on_gpu else []) + _precision_findings(report, on_gpu) + _optimizer_findings(report, timings)
+    others = ((_sync_findings(report) if on_gpu else []) + _precision_findings(report, on_gpu) + _optimizer_findings(report, timings)
+              + _hand_update_findings(report))
     if verdict is not None and verdict.kind == "thread-oversubscribed":
         for finding in others:
             finding.why += "; timed while threads stalled each other: measure again after the thread fix"
@@ -277,6 +281,16 @@ def _optimizer_findings(report: dict[str, Any], timings: PhaseTimings | None) ->
     return findings
 
 
+def _hand_update_findings(report: dict[str, Any]) -> list[Finding]:
+    """Parameters updated in a Python loop (`p.data.add_(-lr * p.grad)`): torch's SGD does the same update, fused."""
+    if report.get("stepped_by", "optimizer") == "optimizer":
+        return []
+    tensors = report["optimizers"][0]["tensors"]
+    return [Finding(f"the hand-written update of {tensors} parameter tensors: torch.optim.SGD(model.parameters(), lr=lr, fused=True) and "
+                    "optimizer.step() do the same update (plain SGD, no momentum) in one kernel instead of a Python loop over the tensors",
+                    None, "not estimable from here: the hand-written update is timed with the forward")]
+
+
 def describe(report: dict[str, Any]) -> dict[str, Any]:
     """What the training is, as seen from inside it."""
     if not report:
@@ -286,6 +300,7 @@ def describe(report: dict[str, Any]) -> dict[str, Any]:
     return {
         "parameters": sum(o["parameters"] for o in optimizers),
         "optimizer": ", ".join(o["class"] for o in optimizers) or None,
+        "steps": report.get("stepped_by", "optimizer"),
         "flops_per_step": report["flops_per_step"],
         "ops_per_step": report.get("ops_per_step"),
         "batch_size": report["batch_size"],

@@ -16,7 +16,7 @@ def print_script_report(record: dict[str, Any], console: Console) -> None:
     console.print(Text(f"gpufill doctor: {' '.join(record['command'])}", style="bold"))
     if training:
         table = Table(title="the training", title_justify="left", show_header=False)
-        for key in ("device", "parameters", "optimizer", "batch_size", "precision", "flops_per_step", "tf32", "cudnn_benchmark", "compiled", "world_size"):
+        for key in ("device", "parameters", "optimizer", "steps", "batch_size", "precision", "flops_per_step", "tf32", "cudnn_benchmark", "compiled", "world_size"):
             value = training.get(key)
             table.add_row(key.replace("_", " "), "-" if value is None else (f"{value:.3g}" if isinstance(value, float) else str(value)))
         for loader in training.get("loaders", []):

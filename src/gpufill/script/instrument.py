@@ -176,11 +176,13 @@ def _wrap_tensor(recorder: Recorder, torch: Any) -> list[Callable[[], None]]:
     def timed_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if recorder.backward_at is None:
             recorder.backward_at = script_line()
+        recorder.before_backward(self)
         start = recorder.now()
         try:
             return backward(self, *args, **kwargs)
         finally:
             recorder.add(BACKWARD, start)
+            recorder.after_backward()
 
     tensor.backward = timed_backward
     for name in copies:

@@ -24,6 +24,7 @@ from typing import Any
 from gpufill.errors import InputError
 from gpufill.files import append_whole, write_atomically
 from gpufill.script.clocks import Clock, CudaClock, HostClock
+from gpufill.script.hand_updates import HandUpdates
 from gpufill.script.thread_trial import ThreadTrial
 
 WHOLE_RUN = 0
@@ -81,6 +82,9 @@ class Recorder:
         self.built_at: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         """The script's line that built each optimizer (for `fused=True` there)."""
         self.backward_at: str | None = None
+        self.hand = HandUpdates()
+        self.by_hand = False
+        """The script updates its parameters by hand: a step ends at each backward's end (hand_updates.py)."""
         self.batch_size: int | None = None
         self.flops: float | None = None
         self.matmul_dtypes: Counter[str] = Counter()
@@ -98,9 +102,26 @@ class Recorder:
 
     # -- the hot path -----------------------------------------------------------------------
     def pre_step(self, optimizer: Any, *_: Any) -> None:
+        if self.by_hand:
+            return  # steps are counted at each backward already
         if id(optimizer) not in self.optimizers:
+            self.hand.optimizer_stepped()
             self._first_seen(optimizer)
         self.pre_at = self.now()
+
+    def before_backward(self, loss: Any) -> None:
+        if self.by_hand or self.hand.decided is False:
+            return
+        if self.hand.before(loss):
+            self.by_hand = True
+            self.optimizers[0] = self.hand.describe()
+            self._seen_parameters(self.hand.parameters)
+
+    def after_backward(self) -> None:
+        if self.by_hand:
+            self.post_step(None)
+        elif self.hand.decided is None:
+            self.hand.after()
 
     def _add_on_host(self, kind: int, start: Any) -> None:
         self.spans[kind] += _clock() - start
@@ -115,6 +136,8 @@ class Recorder:
         return self.clock.now() if threading.get_ident() == self._thread else None
 
     def post_step(self, optimizer: Any, *_: Any) -> None:
+        if self.by_hand and optimizer is not None:
+            return
         if self.trial is not None and not self.stop_sent:
             self.step_count += 1
             if self.trial.after_step():
@@ -179,6 +202,9 @@ class Recorder:
                                           "tensors": len(params), "lr": optimizer.param_groups[0].get("lr"),
                                           "foreach": optimizer.defaults.get("foreach"), "fused": optimizer.defaults.get("fused"),
                                           "at": self.built_at.get(optimizer)}
+        self._seen_parameters(params)
+
+    def _seen_parameters(self, params: list[Any]) -> None:
         self.devices.update(str(p.device) for p in params)
         cuda = next((p.device for p in params if p.is_cuda), None)
         if not self.whole_run and isinstance(self.clock, HostClock) and cuda is not None:
@@ -328,6 +354,7 @@ class Recorder:
             "loaders": self.loaders,
             "backward_at": self.backward_at,
             "optimizers": list(self.optimizers.values()),
+            "stepped_by": "backward (parameters updated by hand)" if self.by_hand else "optimizer",
             "batch_size": self.batch_size,
             "flops_per_step": self.flops,
             "ops_per_step": self.ops,
