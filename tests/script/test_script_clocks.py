@@ -121,13 +121,13 @@ def test_a_digest_that_fails_stops_the_timing_never_the_training(tmp_path):
 def test_the_census_counts_bytes_of_dense_tensors_and_gives_up_on_sparse_ones():
     import torch
 
-    from gpufill.script.recorder import _StepCensus
+    from gpufill.script.census import StepCensus
 
     dtypes: Counter[str] = Counter()
     a, b, sparse = torch.ones(4, 8), torch.ones(8, 2), torch.eye(4).to_sparse()
-    with _StepCensus(dtypes) as census:
+    with StepCensus(dtypes) as census:
         torch.mm(a, b)
     assert census.ops == 1 and census.bytes == 4 * (32 + 16 + 8) and dtypes == {"float32": 1}
-    with _StepCensus(dtypes) as census:
+    with StepCensus(dtypes) as census:
         torch.sparse.mm(sparse, b[:4])  # nbytes would raise on a sparse tensor
     assert census.ops >= 1 and census.bytes is None

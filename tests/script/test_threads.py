@@ -32,10 +32,10 @@ def test_the_doctor_measures_fewer_threads_and_names_the_oversubscription_first(
     assert verdict["kind"] == "thread-oversubscribed" and "4 torch threads on 2 usable cores" in verdict["reason"]
     fewer = verdict["evidence"]["fewer"]  # 1 on a 2-core box (8.2 ms a step against 10 ms at 2 threads)
     assert fewer in (1, 2) and first["what"].startswith(f"torch.set_num_threads({fewer})") and f"OMP_NUM_THREADS={fewer}" in first["what"]
-    trial = report["threads"]["trial"]
-    assert trial["arms"] == [4, 1, 2] and len(trial["rounds"]) >= 2 and all(len(steps) == 2 for r in trial["rounds"] for steps in r.values())
+    timed = report["threads"]["trial"]
+    assert timed["arms"] == [4, 1, 2] and len(timed["rounds"]) >= 2 and all(len(steps) == 2 for r in timed["rounds"] for steps in r.values())
     # The gain is the median of per-round ratios of the recorded step times, and its range is theirs.
-    ratios = sorted(_median(r["4"]) / _median(r[str(fewer)]) for r in trial["rounds"])
+    ratios = sorted(_median(r["4"]) / _median(r[str(fewer)]) for r in timed["rounds"])
     assert first["expected_gain"] == pytest.approx(_median(ratios), abs=0.01) and first["expected_gain"] >= NOISE_FLOOR
     assert first["spread"] == [pytest.approx(ratios[0], abs=0.01), pytest.approx(ratios[-1], abs=0.01)] and ratios[0] > 1.0
     assert not first["within_noise"]

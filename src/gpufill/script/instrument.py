@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufill.script.clocks import BACKWARD, COPY, DATA
-from gpufill.script.recorder import WHOLE_RUN, Recorder, in_library, script_line, short_path
+from gpufill.script.lines import in_library, script_line, short_path
+from gpufill.script.recorder import WHOLE_RUN, Recorder
 
 __all__ = ["BUCKET_ENV", "OUT_ENV", "SETTINGS", "SETTINGS_ENV", "STEPS_ENV", "THREAD_TRIAL_ENV", "WARMUP_ENV", "WHOLE_RUN", "Installed", "install"]
 

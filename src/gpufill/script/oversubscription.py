@@ -37,14 +37,14 @@ class ThreadGain:
         return self.gain >= NOISE_FLOOR and self.low > 1.0
 
 
-def measured_gain(trial: dict[str, Any] | None) -> ThreadGain | None:
-    """The best of the fewer-thread arms of a doctor's trial (None: no complete round)."""
-    if not trial or not trial["rounds"]:
+def measured_gain(timed: dict[str, Any] | None) -> ThreadGain | None:
+    """The best of the fewer-thread arms of a doctor's thread trial (None: no complete round)."""
+    if not timed or not timed["rounds"]:
         return None
-    script, *fewer = trial["arms"]
+    script, *fewer = timed["arms"]
     best: ThreadGain | None = None
     for arm in fewer:
-        ratios = sorted(statistics.median(r[str(script)]) / statistics.median(r[str(arm)]) for r in trial["rounds"])
+        ratios = sorted(statistics.median(r[str(script)]) / statistics.median(r[str(arm)]) for r in timed["rounds"])
         gain = ThreadGain(script, arm, statistics.median(ratios), ratios[0], ratios[-1], len(ratios))
         if best is None or gain.gain > best.gain:
             best = gain

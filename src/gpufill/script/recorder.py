@@ -25,7 +25,9 @@ from gpufill.errors import InputError
 from gpufill.files import append_whole, write_atomically
 from gpufill.script.clocks import Clock, CudaClock, HostClock
 from gpufill.script.hand_updates import HandUpdates
-from gpufill.script.thread_trial import ThreadTrial
+from gpufill.script.census import StepCensus, compiled
+from gpufill.script.lines import in_library, short_path
+from gpufill.script.thread_trial import ThreadTrial, usable_cores
 
 WHOLE_RUN = 0
 """GPUFILL_SCRIPT_STEPS for a watch: never stop the script."""
@@ -37,7 +39,6 @@ RECORDS_KEPT = 10_000
 PHASES = ("step_s", "data_s", "copy_s", "backward_s", "optimizer_s", "forward_s")
 
 _clock = time.perf_counter
-_HERE = str(Path(__file__).resolve().parent.parent)  # the gpufill package: its frames are not "the script's line"
 
 
 class Recorder:
@@ -296,7 +297,7 @@ class Recorder:
 
             self._flop_mode = FlopCounterMode(display=False)
             self._flop_mode.__enter__()
-            self._census = _StepCensus(self.matmul_dtypes)
+            self._census = StepCensus(self.matmul_dtypes)
             self._census.__enter__()
 
     def note_sync(self, what: str, caller: Any) -> None:
@@ -364,7 +365,7 @@ class Recorder:
             "flags": {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
                       "cudnn_benchmark": torch.backends.cudnn.benchmark, "float32_matmul_precision": torch.get_float32_matmul_precision(),
                       "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")},
-            "compiled": _compiled(),
+            "compiled": compiled(),
             "torch": torch.__version__,
             "threads": {"torch": self.trial.threads if self.trial is not None else torch.get_num_threads(), "usable_cores": usable_cores(),
                         "logical_cpus": os.cpu_count(), "cpu_used": None if self.cpu_used is None else [round(v, 4) for v in self.cpu_used],
@@ -374,87 +375,3 @@ class Recorder:
             write_atomically(self.out / f"report-{report['rank']}-{os.getpid()}.json", json.dumps(report), field="--out")
         except InputError as error:
             print(f"gpufill: the instrumentation's report was not written: {error.one_line()}", file=sys.stderr)
-
-
-class _StepCensus:
-    """One step's operators as dispatched: how many launch a kernel, the bytes they read and write
-    (inputs + outputs), and the dtypes of the matmul-like ones (what autocast actually ran)."""
-
-    _MATMULS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "convolution", "_scaled_dot_product_flash_attention",
-                "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention")
-
-    def __init__(self, dtypes: Counter[str]):
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
-        from gpufill.engine.measure.ops import launches_kernel
-
-        census, matmuls, tensor, strided = self, self._MATMULS, torch.Tensor, torch.strided
-        self.ops = 0
-        self.bytes: int | None = 0
-        """None once a tensor's bytes could not be read (a sparse or nested layout): not counted, never the script's error."""
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                out = func(*args, **(kwargs or {}))
-                if launches_kernel(func):
-                    census.ops += 1
-                    if census.bytes is not None:
-                        leaves = [leaf for leaf in tree_leaves((args, kwargs, out)) if isinstance(leaf, tensor)]
-                        if all(leaf.layout is strided for leaf in leaves):
-                            census.bytes += sum(leaf.numel() * leaf.element_size() for leaf in leaves)
-                        else:
-                            census.bytes = None
-                    if func.overloadpacket.__name__ in matmuls and args and hasattr(args[0], "dtype"):
-                        dtypes[str(args[0].dtype).replace("torch.", "")] += 1
-                return out
-
-        self._mode = Mode()
-
-    def __enter__(self) -> _StepCensus:
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._mode.__exit__(*exc)
-
-
-def _compiled() -> bool:
-    dynamo = sys.modules.get("torch._dynamo.utils")
-    if dynamo is None:
-        return False
-    try:
-        return bool(dynamo.counters["stats"].get("unique_graphs", 0))
-    except Exception:  # noqa: BLE001 - private counters moved: say "not seen"
-        return False
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity), as torch's own default counts them."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def in_library(filename: str) -> bool:
-    return filename.startswith(_HERE) or "/torch/" in filename or filename.startswith("<")
-
-
-_SHORT: dict[str, str] = {}
-
-
-def short_path(filename: str) -> str:
-    """The file as the user would write it (relative to the working directory when inside it); cached."""
-    if filename not in _SHORT:
-        relative = os.path.relpath(filename)
-        _SHORT[filename] = filename if relative.startswith("..") else relative
-    return _SHORT[filename]
-
-
-def script_line() -> str:
-    """file:line of the innermost frame outside torch and gpufill: the user's line."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if not in_library(frame.f_code.co_filename):
-            return f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
-        frame = frame.f_back  # type: ignore[assignment]
-    return "unknown"

@@ -11,6 +11,7 @@ this moment, says which. Runs in the user's process (recorder.py): host clock, n
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -72,3 +73,8 @@ class ThreadTrial:
     def to_dict(self) -> dict[str, Any]:
         done = [r for r in self.step_s if all(r[arm] for arm in self.arms)]
         return {"arms": self.arms, "block": self.block, "rounds": [{str(arm): [round(s, 6) for s in r[arm]] for arm in self.arms} for r in done]}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), as torch's own default counts them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
