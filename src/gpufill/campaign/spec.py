@@ -364,6 +364,7 @@ class TrainSpec(Spec):
             patience=stop.patience if stop else None,
             min_delta=stop.min_delta if stop else 0.0,
             seed=seed,
+            verbose=False,  # a campaign's progress is its live table, not a line per trial's epoch
         )
 
 

@@ -51,6 +51,8 @@ class TrainingState:
     best_epoch: int | None = None
     best_weights: dict[str, torch.Tensor] | None = None
     bad_validations: int = 0
+    steps: int = 0
+    """Optimizer steps done (max_steps counts from the first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +185,7 @@ def state_meta(state: TrainingState) -> dict[str, Any]:
         "best_val": state.best_val if math.isfinite(state.best_val) else None,
         "best_epoch": state.best_epoch,
         "bad_validations": state.bad_validations,
+        "steps": state.steps,
     }
 
 
@@ -194,6 +197,7 @@ def state_from(meta: dict[str, Any], best_weights: dict[str, torch.Tensor] | Non
         best_epoch=meta["best_epoch"],
         best_weights=best_weights,
         bad_validations=int(meta["bad_validations"]),
+        steps=int(meta.get("steps", 0)),  # checkpoints written before max_steps existed
     )
 
 

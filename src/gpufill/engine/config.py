@@ -138,6 +138,11 @@ class FitConfig(SpeedSettings):
     """Continue from checkpoint_dir's last checkpoint if there is one."""
     steps_per_epoch: int | None = None
     """Optimizer steps per epoch for an IterableDataset (None: one pass, counted in the first epoch)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps in all, cutting the last epoch short (None: `epochs` decides).
+    An endless stream with no steps_per_epoch trains them as one epoch."""
+    verbose: bool | Auto = "auto"
+    """One line per epoch on stderr (losses, samples/s, ETA); "auto": when stderr is a terminal. Nothing per step."""
     seed: int = 0
     """Seeds batch order and dropout (not the model's init, which happens before fit)."""
 
@@ -149,7 +154,8 @@ class FitConfig(SpeedSettings):
         _whole("seed", self.seed, minimum=0)
         if self.seed >= 2**64:  # torch's generator takes 64 bits: a larger seed is an overflow deep in manual_seed
             raise InputError(f"seed {self.seed} does not fit in 64 bits", field="seed", fix="use a seed below 2**64 (any 32-bit number works everywhere)")
-        for name in ("patience", "steps_per_epoch"):
+        _one_of("verbose", self.verbose, (True, False, "auto"))
+        for name in ("patience", "steps_per_epoch", "max_steps"):
             if getattr(self, name) is not None:
                 _whole(name, getattr(self, name), minimum=1, none=True)
         if self.warmup_steps != "auto":

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -36,6 +37,7 @@ from gpufill.engine.inputs import Data, Source
 from gpufill.engine.kit import build_kit, capture
 from gpufill.engine.optim import make_schedule
 from gpufill.engine.plan import Choice, Plan
+from gpufill.engine.progress import epoch_line, epochs_left, wants_lines
 from gpufill.engine.prepare import automatic_plan, measured_plan, prepare, resolve_config, with_micro_batch  # noqa: F401  (automatic_plan, measured_plan: where callers find them)
 from gpufill.engine.result import EpochRecord, FitCallback, FitResult
 from gpufill.errors import InputError
@@ -188,11 +190,18 @@ class Training:
         started = time.perf_counter()
         for callback in callbacks:
             callback.on_fit_start(self.plan, self.cfg.epochs)
+        lines = wants_lines(self.cfg.verbose) and (self.ddp is None or self.ddp.is_main)
+        max_steps = self.cfg.max_steps
         for epoch in range(self.state.epoch + 1, self.cfg.epochs + 1):
+            if max_steps is not None and self.state.steps >= max_steps:
+                break  # resumed after the last step
             tick = time.perf_counter()
             self.model.train()
-            step.train_epoch(lambda batch: self.kit.step(batch), train, self.plan.effective_batch.value, self.generator, self.kit.totals,
-                             timing=self.timing, sync_every_step=self.plan.step_sync.value, on_step=self._stepped, recover=self._recover)
+            steps = step.train_epoch(lambda batch: self.kit.step(batch), train, self.plan.effective_batch.value, self.generator, self.kit.totals,
+                                     timing=self.timing, sync_every_step=self.plan.step_sync.value, on_step=self._stepped, recover=self._recover,
+                                     max_steps=None if max_steps is None else max_steps - self.state.steps)
+            self.state.steps += steps
+            last = epoch == self.cfg.epochs or (max_steps is not None and self.state.steps >= max_steps)
             train_values = self.kit.totals.read(self.ddp)
             samples_per_epoch = self.kit.totals.samples
             seconds = time.perf_counter() - tick
@@ -200,7 +209,7 @@ class Training:
             if source.n is None and epoch == self.state.epoch + 1 and self.cfg.steps_per_epoch is None:
                 self.events.append(f"an epoch is {samples_per_epoch} samples (counted in the first epoch)")
             val_values = None
-            if val is not None and (epoch % self.cfg.validate_every == 0 or epoch == self.cfg.epochs):
+            if val is not None and (epoch % self.cfg.validate_every == 0 or last):
                 tick = time.perf_counter()
                 val_values = step.validate(self.evaluate, self.model, self.loss_fn, self.kit.precision, val, self.plan.micro_batch.value,
                                            self.device, self.ddp)
@@ -208,7 +217,7 @@ class Training:
             train_loss = train_values.pop("loss")
             val_loss = val_values.pop("loss") if val_values is not None else None
             record = EpochRecord(epoch=epoch, train_loss=train_loss, val_loss=val_loss, seconds=seconds, lr=_lr(self.kit.optimizer),
-                                 train_metrics=train_values, val_metrics=val_values)
+                                 train_metrics=train_values, val_metrics=val_values, samples=samples_per_epoch, steps=steps)
             self.state.history.append(record)
             self.state.epoch = epoch
             if not math.isfinite(train_loss) or (val_loss is not None and not math.isfinite(val_loss)):
@@ -217,10 +226,16 @@ class Training:
             elif val_loss is not None and self._early_stop(val_loss, epoch):
                 status = "early_stopped"
                 self.events.append(f"early stop at epoch {epoch}: no improvement for {self.cfg.patience} validations")
-            self._maybe_checkpoint(epoch, final=status != "completed" or epoch == self.cfg.epochs)
+            elif last and epoch < self.cfg.epochs:
+                self.events.append(f"stopped at max_steps {max_steps} in epoch {epoch} ({steps} of its steps)")
+            self._maybe_checkpoint(epoch, final=status != "completed" or last)
             for callback in callbacks:
                 callback.on_epoch_end(record)
-            if status != "completed":
+            if lines:
+                steady = epoch_seconds[1:] or epoch_seconds
+                left = epochs_left(record, self.cfg.epochs, max_steps, self.state.steps) if status == "completed" else 0.0
+                print(epoch_line(record, self.cfg.epochs, sum(steady) / len(steady), left), file=sys.stderr, flush=True)
+            if status != "completed" or last:
                 break
         if self.cfg.restore_best and self.state.best_weights is not None and status != "diverged":
             self.model.load_state_dict(self.state.best_weights)

@@ -26,6 +26,7 @@ from gpufill.engine.measure.candidates import Context
 from gpufill.engine.measure.probe import FitProbe, probe_context
 from gpufill.engine.optim import make_optimizer
 from gpufill.engine.plan import Choice, Plan, make_plan
+from gpufill.engine.streams import check_stream_ends
 from gpufill.errors import InputError
 
 
@@ -63,6 +64,7 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> 
     if ddp is not None and cfg.device == "auto":
         cfg = dataclasses.replace(cfg, device=ddp.device())
     check_device(cfg.device)
+    check_stream_ends(train, steps_per_epoch=cfg.steps_per_epoch, max_steps=cfg.max_steps)
     train_source = as_source(train, "train")
     val_source = as_source(val, "val") if val is not None else None
     loss_fn, loss_choice = losses.resolve(cfg.loss)
@@ -98,12 +100,20 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> 
     per_epoch = batching.steps_per_epoch(facts, plan.effective_batch.value)
     key = shape_key("plan", model, signature(train_source.sample), hardware.name, **probe_context(cfg, plan, hardware))
     plan = resolve(plan, FitProbe(model, cfg, loss_fn, train_batches, device), settings=cfg, hardware=hardware, facts=facts, context=context,
-                   total_steps=per_epoch * cfg.epochs if per_epoch else None, cache=TuneCache(cfg.tune_cache), key=key, events=events)
+                   total_steps=total_steps(per_epoch, cfg), cache=TuneCache(cfg.tune_cache), key=key, events=events)
     if ddp is not None:  # each rank measured alone; all follow rank 0
         plan = ddp.broadcast(plan)
     per_epoch = batching.steps_per_epoch(facts, plan.effective_batch.value)  # the batch search may have changed it
     return Prepared(cfg, model, plan, device, loss_fn, ddp, train_source, train_batches, val_batches, resumed, identity, events,
-                     per_epoch * cfg.epochs if per_epoch else None)
+                     total_steps(per_epoch, cfg))
+
+
+def total_steps(per_epoch: int | None, cfg: FitConfig) -> int | None:
+    """The training's optimizer steps (the schedule's length): the epochs', or max_steps where it ends them first."""
+    planned = per_epoch * cfg.epochs if per_epoch else None
+    if cfg.max_steps is None:
+        return planned
+    return cfg.max_steps if planned is None else min(planned, cfg.max_steps)
 
 
 def automatic_plan(train: Data, val: Data | None = None, *, config: FitConfig | None = None, **overrides: Any) -> Plan:

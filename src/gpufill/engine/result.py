@@ -23,6 +23,10 @@ class EpochRecord:
     train_metrics: dict[str, float] = field(default_factory=dict)
     """The loss's other outputs (e.g. accuracy), sample-weighted means over the epoch."""
     val_metrics: dict[str, float] | None = None
+    samples: int = 0
+    """Training samples seen in the epoch (0 in checkpoints written before it was kept)."""
+    steps: int = 0
+    """Optimizer steps in the epoch."""
 
 
 @dataclass(slots=True)

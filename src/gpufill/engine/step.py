@@ -182,13 +182,14 @@ class EpochTiming:
 
 def train_epoch(step: Callable[[EffectiveBatch], Any], batches: Batches, effective: int, generator: torch.Generator, totals: Totals, *,
                 timing: EpochTiming, sync_every_step: bool = False, on_step: Callable[[float, int, float], None] | None = None,
-                recover: Callable[[BaseException], bool] | None = None) -> None:
-    """One pass of optimizer steps. `recover(error)` is asked about a failed step: True retries the same
-    samples (an out-of-memory error halved the micro-batch), False re-raises."""
+                recover: Callable[[BaseException], bool] | None = None, max_steps: int | None = None) -> int:
+    """One pass of optimizer steps (at most `max_steps`); returns how many were taken. `recover(error)` is asked
+    about a failed step: True retries the same samples (an out-of-memory error halved the micro-batch), False re-raises."""
     totals.reset()
     batch_iter = batches.epoch(effective, generator)
     clock = time.perf_counter
-    while True:
+    steps = 0
+    while max_steps is None or steps < max_steps:
         tick = clock()
         batch = next(batch_iter, None)
         wait = clock() - tick
@@ -205,8 +206,10 @@ def train_epoch(step: Callable[[EffectiveBatch], Any], batches: Batches, effecti
         if sync_every_step and loss is not None:
             loss.item()  # the logging loops' per-step read, kept only when asked for
         totals.samples += batch.size
+        steps += 1
         if on_step is not None:
             on_step(clock() - tick, batch.size, wait)
+    return steps
 
 
 @torch.no_grad()
