@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from gpufill.engine.config import FitConfig
+from gpufill.forecasting.training import FORECAST_EPOCHS, FORECAST_PATIENCE
 import torch
 
 from gpufill.campaign import expand, load_campaign
@@ -115,7 +116,9 @@ def test_defaults_and_shorthands(tmp_path):
     assert spec.models == {"lstm": {"hidden_size": [8], "lr": [0.001], "dropout": [0.0, 0.1]}, "fake_classical": {}}
     assert (spec.task.horizon, spec.task.metric, spec.task.mode, spec.task.stride) == (1, "mae", "local", 1)
     # The campaign's training defaults are fit's (one home: engine/config.py).
-    assert (spec.train.epochs, spec.train.batch_size, spec.train.precision, spec.train.compile) == (FitConfig().epochs, "auto", "auto", "auto")
+    # A forecaster's length: an upper bound that early stopping (patience 5) ends, not fit's 10 epochs.
+    assert (spec.train.epochs, spec.train.batch_size, spec.train.precision, spec.train.compile) == (FORECAST_EPOCHS, "auto", "auto", "auto")
+    assert spec.train.early_stopping.patience == FORECAST_PATIENCE == 5 and FORECAST_EPOCHS == 100 > FitConfig().epochs
     assert spec.train.fit_config({}, seed=0).lr == FitConfig().lr
     assert spec.data == DataSpec()
     assert (spec.resources.gpu_slots, spec.resources.cpu_slots) == ("auto", "auto")

@@ -60,7 +60,7 @@ from gpufill.campaign.spec_limits import Length, Seed, check_grid_points, check_
 from gpufill.campaign.spec_types import Count, Float, Spec
 from gpufill.forecasting.data import Project, Split, WindowedProject, load_projects, make_windows
 from gpufill.errors import InputError
-from gpufill.forecasting.training import DEFAULTS, FitConfig
+from gpufill.forecasting.training import DEFAULTS, FORECAST_EPOCHS, FORECAST_PATIENCE, FitConfig
 from gpufill.forecasting.trial import METRICS
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe, recipe
@@ -293,7 +293,7 @@ class TaskSpec(Spec):
 
 
 class EarlyStoppingSpec(Spec):
-    patience: Count = 5
+    patience: Count = FORECAST_PATIENCE
     """Validations without improvement before a training stops."""
     min_delta: Annotated[Float, Field(ge=0)] = 0.0
     """Smallest drop in validation loss that counts as an improvement."""
@@ -302,8 +302,9 @@ class EarlyStoppingSpec(Spec):
 class TrainSpec(Spec):
     """Training settings for every neural trial (a family's grid may override TRAIN_KEYS)."""
 
-    # Defaults are FitConfig's (engine/config.py), the one home of training defaults.
-    epochs: Count = DEFAULTS.epochs
+    # Defaults are FitConfig's (engine/config.py), the one home of training defaults, but for the length:
+    # a forecaster's (forecasting/training.py: an upper bound that early stopping ends).
+    epochs: Count = FORECAST_EPOCHS
     batch_size: Count | Literal["auto"] = DEFAULTS.batch_size
     """Effective batch; "auto": the plan picks it for throughput."""
     precision: Literal["auto", "bf16", "fp16", "fp32"] = DEFAULTS.precision

@@ -18,6 +18,7 @@ from gpufill.cli.options import (
     parse_switch,
 )
 from gpufill.engine.config import DEFAULTS
+from gpufill.forecasting.training import FORECAST_EPOCHS, FORECAST_PATIENCE
 from gpufill.errors import InputError
 
 
@@ -28,7 +29,7 @@ def train(
     project: str | None = typer.Option(None, "--project", help="Project to train on (default: the first one)."),
     lookback: int = typer.Option(30, "--lookback", help="Input window length."),
     horizon: int = typer.Option(1, "--horizon", help="Steps to forecast."),
-    epochs: int = typer.Option(DEFAULTS.epochs, "--epochs"),
+    epochs: int = typer.Option(FORECAST_EPOCHS, "--epochs", help="Upper bound: early stopping on validation ends the training sooner."),
     batch_size: str = typer.Option("auto", "--batch-size", help="Effective batch, or auto."),
     precision: str = typer.Option("auto", "--precision", help="auto, bf16, fp16 or fp32."),
     compile_: str = typer.Option("auto", "--compile", help="auto, on or off."),
@@ -37,7 +38,7 @@ def train(
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
     lr: float = typer.Option(DEFAULTS.lr, "--lr", help="Learning rate at the reference batch (128)."),
     lr_scale_rule: str = typer.Option(DEFAULTS.lr_scale_rule, "--lr-scale", help="linear, sqrt or none: how lr follows the batch."),
-    patience: int | None = typer.Option(None, "--patience", help="Early stopping patience (validations)."),
+    patience: int = typer.Option(FORECAST_PATIENCE, "--patience", help="Early stopping patience (validations without improvement)."),
     seed: int = typer.Option(DEFAULTS.seed, "--seed"),
     param: list[str] = typer.Option([], "--param", "-p", help="Model parameter KEY=VALUE (repeatable)."),
     val: str = typer.Option("0.1", "--val", help="Validation split: fraction or count of final steps."),
