@@ -160,3 +160,20 @@ def test_report_after_the_demo(tmp_path, capsys, monkeypatch):
     assert "Line charts: actual vs forecast over the test windows, best and worst project of 10 families" in page
     if CHROMIUM.exists():
         assert check_in_chromium(report, tmp_path) >= 3  # metric per family, forecasts, durations (plus timelines once sampled)
+
+
+def test_the_step_breakdowns_title_and_legend_do_not_overlap():
+    import matplotlib.pyplot as plt
+
+    from gpufill.report.plots import step_breakdown, step_breakdown_figure
+
+    shares = {"data_wait": 0.1, "copy": 0.02, "forward": 0.4, "backward": 0.38, "optimizer": 0.1}
+    fig = step_breakdown_figure(shares, 10.4)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    title, legend = ax.title.get_window_extent(), ax.get_legend().get_window_extent()
+    plt.close(fig)
+    assert legend.y1 <= title.y0  # the legend wholly below the title (it was drawn across it)
+    assert legend.y0 >= ax.get_window_extent().y1 - 1  # and above the bar
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["data wait 10%", "copy 2%", "forward 40%", "backward 38%", "optimizer 10%"]
+    assert step_breakdown(shares, 10.4).alt == "Stacked bar: data_wait 10%, copy 2%, forward 40%, backward 38%, optimizer 10%"

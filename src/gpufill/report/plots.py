@@ -31,6 +31,10 @@ REFERENCE_FAMILIES = ("snaive", "ets", "theta")
 DPI = 90  # ~1000 px wide figures: sharp enough on screen, small enough to keep the page light
 
 
+LEGEND_PAD_PT = 30
+"""Title padding (points) above a one-row legend drawn on an axes' top edge: the legend's height plus a gap."""
+
+
 @dataclass(frozen=True, slots=True)
 class Plot:
     """One rendered figure: base64 PNG and the alt text that describes it."""
@@ -251,6 +255,10 @@ def _since_start(ax: plt.Axes, title: str, ylabel: str) -> None:
 @_drawn_as_text
 def step_breakdown(shares: dict[str, float], step_ms: float) -> Plot:
     """One horizontal bar: each phase's share of a step."""
+    return _render(step_breakdown_figure(shares, step_ms), "Stacked bar: " + ", ".join(f"{phase} {share:.0%}" for phase, share in shares.items()))
+
+
+def step_breakdown_figure(shares: dict[str, float], step_ms: float) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(10, 2.4))
     left = 0.0
     for phase, share in shares.items():
@@ -259,9 +267,12 @@ def step_breakdown(shares: dict[str, float], step_ms: float) -> Plot:
     ax.set_xlim(0, 100)
     ax.set_yticks([])
     ax.set_xlabel(f"share of a {step_ms:.3g} ms step (%)")
-    ax.set_title("Where a training step's time goes", pad=24)  # room for the legend above the bar
-    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.15), ncol=len(shares), fontsize="small", frameon=False)
-    return _render(fig, "Stacked bar: " + ", ".join(f"{phase} {share:.0%}" for phase, share in shares.items()))
+    # The legend sits on the bar's top edge and the title above it, with room for both (a 2.4 in figure
+    # has no space for the legend inside the bar, and an anchor above the title's pad drew one over the other).
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(shares), fontsize="small", frameon=False, borderaxespad=0.2)
+    ax.set_title("Where a training step's time goes", pad=LEGEND_PAD_PT)
+    fig.tight_layout()
+    return fig
 
 
 # -- forecasts --------------------------------------------------------------------------------
