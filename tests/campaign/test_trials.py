@@ -67,6 +67,20 @@ def ids(trials: list[Trial]) -> list[str]:
 # --- counts and order --------------------------------------------------------------------------
 
 
+def test_a_family_that_fits_the_series_runs_once_per_project_not_per_lookback(spec_of):
+    spec = spec_of(fake_classical="snaive: {}\n  ets: {}\n  fake_classical")
+    trials = expand(spec, PROJECTS)
+    by_family = {family: [t for t in trials if t.family == family] for family in ("lstm", "snaive", "ets", "fake_classical")}
+    # A window model trains at each lookback; snaive and ets read no window: the shortest lookback only.
+    assert {t.lookback for t in by_family["lstm"]} == {t.lookback for t in by_family["fake_classical"]} == {30, 60}
+    assert {t.lookback for t in by_family["snaive"]} == {t.lookback for t in by_family["ets"]} == {30}
+    assert len(by_family["snaive"]) == len(by_family["ets"]) == 3 * 2  # projects x seeds
+    assert len(trials) == 3 * (2 * 2 * 2 + 2 + 1 + 1) * 2
+    # The trial at the shortest lookback keeps the id it had when every lookback ran one.
+    at_30 = by_family["snaive"][0]
+    assert at_30.trial_id == trial_id(project=at_30.project, family="snaive", params={}, train={}, seed=at_30.seed, lookback=30, spec=spec)
+
+
 def test_counts_local_mode(spec_of):
     trials = expand(spec_of(), PROJECTS)
     # 3 projects x (lstm 2x2 grid x 2 lookbacks + fake_classical 1 x 2 lookbacks) x 2 seeds

@@ -498,6 +498,12 @@ class CampaignSpec(Spec):
     def kind(self, family: str) -> registry.ModelKind:
         return registry.resolve(family).kind
 
+    def lookbacks(self, family: str) -> list[int]:
+        """The lookbacks a family's trials run at. A family that fits the whole series (snaive, ets, theta) reads no
+        window, and every lookback's test windows are the same: one trial per project and grid point, at the
+        shortest lookback (a lookback grid used to re-run it with identical results)."""
+        return [min(self.task.lookback)] if registry.resolve(family).fits_series else list(self.task.lookback)
+
     def split_point(self, family: str, point: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """A grid point as (model params, training and window overrides), each sorted by key."""
         fam = registry.resolve(family)

@@ -50,11 +50,11 @@ def expand(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str]) -> l
     for family, axes in spec.models.items():
         kind = spec.kind(family)
         points = [spec.split_point(family, dict(zip(axes, combo))) for combo in itertools.product(*axes.values())]
-        families.append((family, kind, points))
+        families.append((family, kind, points, spec.lookbacks(family)))
     trials = []
     for project in targets:
-        for family, kind, points in families:
-            for lookback in spec.task.lookback:
+        for family, kind, points, lookbacks in families:
+            for lookback in lookbacks:
                 for params, train in points:
                     shape = _shape(spec, family, kind, params, train, lookback)
                     config_id = _hash(base[kind], project, family, params, train, None, lookback, prints[project])
