@@ -19,7 +19,7 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/gpufill demo --fresh --yes
-	$(BIN)/gpufill results --workdir gpufill-demo --summary
+	$(BIN)/gpufill results --workdir gpufill-demo --best
 	@echo "next: source $(VENV)/bin/activate   (puts gpufill on your PATH; then: gpufill report --workdir gpufill-demo)"
 
 # Headless Chromium for the report test (Debian's package; CI runs as root).

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import statistics
 import sqlite3
 
 import pytest
+from rich.console import Console
 
 from gpufill.campaign.estimate import estimate
 from gpufill.campaign.runner import Campaign, read_results
@@ -65,6 +67,27 @@ def test_the_demo_runs_and_results_show_every_project_and_family(tmp_path, capsy
         assert statistics.median(ratios) < 1.0, (family, ratios)
     code, out, _ = run_cli(capsys, "results")  # the table view
     assert code == 0 and "80 trials" in out and "lgbm" in out
+    # The demo's closing table: each project's best configuration across families, one line each.
+    code, out, _ = run_cli(capsys, "results", "--best", "--format", "json")
+    best = json.loads(out)
+    assert code == 0 and [row["project"] for row in best] == [f"p{i:03d}" for i in range(8)]
+    code, out, _ = run_cli(capsys, "results", "--summary", "--format", "json")
+    per_family = json.loads(out)
+    for row in best:
+        ranked = sorted((r for r in per_family if r["project"] == row["project"]), key=lambda r: r["mae"])
+        assert (row["family"], row["runner_up"], row["families"]) == (ranked[0]["family"], ranked[1]["family"], 10)
+        assert row["mae"] == pytest.approx(ranked[0]["mae"]) and row["runner_up_mae"] == pytest.approx(ranked[1]["mae"])
+    with Console(width=80, record=True, file=io.StringIO()) as console:  # at 80 columns: no line longer, no word cut
+        from gpufill.campaign.reading import read_best, winners
+        from gpufill.cli.campaign_tables import results_table, winners_table
+
+        console.print(winners_table(winners(read_best(tmp_path / "gpufill-demo"))))
+        console.print(results_table(read_best(tmp_path / "gpufill-demo"), summary=True))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines) and sum(line.startswith("p00") for line in lines) == 8 + 80
+    for token in ("n_estimators:100", "hidden_size:32", "num_layers:1", "validation"):
+        assert token in text, token
     code, out, _ = run_cli(capsys, "status", "--json")
     status = json.loads(out)
     code, out, _ = run_cli(capsys, "monitor", "--once")  # the dashboard shows what status reports

@@ -218,6 +218,25 @@ def _pick_best(configurations: list[dict[str, Any]], metric: str) -> list[dict[s
     return sorted(best.values(), key=lambda g: (g["project"], g["stale"], g[metric]))
 
 
+def winners(best: list[dict[str, Any]], metric: str = "mae") -> list[dict[str, Any]]:
+    """Each project's best configuration across families, one row per project, from the per-family rows of
+    `best_configurations` (the file as it is now; declared ensembles left out), with the runner-up family.
+
+    Ranked on the test window: the statistical references and the classical window models have no validation
+    score to rank on, so this is a leaderboard of the test scores the per-family rows already show."""
+    by_project: dict[str, list[dict[str, Any]]] = {}
+    for row in best:
+        if not row["stale"] and not str(row["family"]).startswith("ensemble ("):
+            by_project.setdefault(row["project"], []).append(row)
+    rows = []
+    for project in sorted(by_project):
+        ranked = sorted(by_project[project], key=lambda r: r[metric])
+        runner_up = ranked[1] if len(ranked) > 1 else None
+        rows.append({**ranked[0], "families": len(ranked), "runner_up": None if runner_up is None else runner_up["family"],
+                     f"runner_up_{metric}": None if runner_up is None else runner_up[metric]})
+    return rows
+
+
 def find_workdir(explicit: str | Path | None, candidates: Sequence[Path] | None = None) -> Path:
     """--workdir, else the current directory if it holds a store, else the one gpufill-* workdir here."""
     if explicit is not None:

@@ -144,6 +144,7 @@ def results(
     format_: str = typer.Option("table", "--format", help="table, csv, parquet or json."),
     out: Path | None = typer.Option(None, "--out", help="Write to this file instead of stdout (parquet needs it)."),
     summary: bool = typer.Option(False, "--summary", help="Best configuration per project and family."),
+    best: bool = typer.Option(False, "--best", help="Best configuration per project across families: one row per project, with the runner-up."),
     all_: bool = typer.Option(False, "--all", help="Also the trials of earlier versions of the file or data (stale), with what differs."),
     forecasts: bool = typer.Option(False, "--forecasts", help="The stored test forecasts: one row per trial, project, test window and step (with the actual value)."),
     ensemble: str | None = typer.Option(None, "--ensemble", help="median or mean: combine the forecasts of every seed of a configuration per project, and score that."),
@@ -158,6 +159,17 @@ def results(
     directory = reading.find_workdir(workdir)
     if forecasts or ensemble is not None:
         _forecast_views(directory, forecasts=forecasts, ensemble=ensemble, over=tuple(ensemble_over.split(",")), format_=format_, out=out)
+        return
+    if best:
+        rows = reading.winners(reading.read_best(directory))
+        if format_ == "table" and out is None:
+            Console().print(campaign_tables.winners_table(rows))
+            return
+        import pandas as pd
+
+        from gpufill.campaign.export import write_frame
+
+        write_frame(pd.DataFrame.from_records(rows), "csv" if format_ == "table" else format_, out)
         return
     if format_ == "table" and out is None:  # plain SQLite, no pandas: answers in well under a second from 36,000 trials
         if summary:

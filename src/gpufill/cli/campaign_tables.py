@@ -90,23 +90,55 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
         columns = [c for c in columns if c != f"vs_{REFERENCE}"]
     if summary and rows and not any(row.get("train") for row in rows):  # no train setting varies: no empty column
         columns = [c for c in columns if c != "train"]
+    seeds = {row.get("seeds") for row in rows}
+    if summary and len(seeds) == 1:  # the same count on every row: said once in the title, not in a column
+        columns = [c for c in columns if c != "seeds"]
     stale = sum(1 for row in rows if row.get("stale"))
-    what = "best configuration per project and family (mean over seeds)" if summary else f"{total} trials"
+    over = f"mean over {seeds.pop()} seed{'s' if rows[0].get('seeds') != 1 else ''}" if summary and len(seeds) == 1 else "mean over seeds"
+    what = f"best configuration per project and family ({over})" if summary else f"{total} trials"
     title = what + (f", {stale} shown are stale (from an earlier file or data)" if stale else "")
     if summary and any(row.get("chosen_on") == CHOSEN_ON_TEST for row in rows):
         title += "; by test: no validation window (task.split.val chooses without the test)"
     if total > max_rows:
         title += f" (first {max_rows}; --format csv for all)"
     table = Table(title=title, title_justify="left", pad_edge=False, box=None, header_style="bold")
-    for column in columns:
+    cells = [[_cell(name, row.get(name)) for name in columns] for row in rows]
+    for index, column in enumerate(columns):
         numeric = any(isinstance(row.get(column), int | float) and not isinstance(row.get(column), bool) for row in rows)
-        table.add_column(_HEADERS.get(column, column), justify="right" if numeric else "left", no_wrap=column not in _WRAPPED, overflow="fold")
-    for row in rows:
-        table.add_row(*(Text(_cell(name, row.get(name))) for name in columns))  # names are data, not markup
+        table.add_column(_HEADERS.get(column, column), justify="right" if numeric else "left", no_wrap=column not in _WRAPPED, overflow="fold",
+                         min_width=_longest_word([row[index] for row in cells]) if column in _WRAPPED else None)
+    for row in cells:
+        table.add_row(*(Text(cell) for cell in row))  # names are data, not markup
     return table
 
 
-_HEADERS = {"trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config", "chosen_on": "by", f"vs_{REFERENCE}": f"vs {REFERENCE}"}
+def winners_table(rows: list[dict[str, Any]], metric: str = "mae") -> Table:
+    """`results --best`: each project's best configuration across families (reading.winners), one line each."""
+    columns = ["project", "family", "params", "lookback", metric, f"vs_{REFERENCE}", "runner_up"]
+    if not any(row.get(f"vs_{REFERENCE}") is not None for row in rows):
+        columns.remove(f"vs_{REFERENCE}")
+    families = max((row["families"] for row in rows), default=0)
+    table = Table(title=f"best configuration per project, of {families} families (ranked on the test window; runner-up: how much worse)",
+                  title_justify="left", pad_edge=False, box=None, header_style="bold")
+    cells = []
+    for row in rows:
+        runner_up = "" if row["runner_up"] is None else f"{row['runner_up']} +{row[f'runner_up_{metric}'] / row[metric] - 1:.0%}" if row[metric] else row["runner_up"]
+        cells.append([visible(runner_up) if column == "runner_up" else _cell(column, row.get(column)) for column in columns])
+    for index, column in enumerate(columns):
+        table.add_column(_HEADERS.get(column, column), justify="right" if column in (metric, f"vs_{REFERENCE}", "lookback") else "left",
+                         no_wrap=column != "params", overflow="fold", min_width=_longest_word([row[index] for row in cells]) if column == "params" else None)
+    for row in cells:
+        table.add_row(*(Text(cell) for cell in row))
+    return table
+
+
+def _longest_word(cells: list[str]) -> int | None:
+    """The widest word of a wrapped column's cells: its least width, so rich wraps between words, never inside one."""
+    words = [len(word) for cell in cells for word in cell.replace(",", " ").split()]
+    return min(max(words), 40) if words else None
+
+
+_HEADERS = {"runner_up": "runner-up", "trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config", "chosen_on": "by", f"vs_{REFERENCE}": f"vs {REFERENCE}"}
 
 
 def _varying_settings(train: Any) -> list[str]:
