@@ -178,7 +178,7 @@ def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Ver
     # those within the noise of the step times last.
     # A host read of a value is a sync only where the value lives on a GPU: on a CPU training it costs nothing.
     others = ((_sync_findings(report) if on_gpu else []) + _precision_findings(report, on_gpu) + _optimizer_findings(report, timings)
-              + _hand_update_findings(report))
+              + _hand_update_findings(report) + _worker_findings(report, verdict))
     if verdict is not None and verdict.kind == "thread-oversubscribed":
         for finding in others:
             finding.why += "; timed while threads stalled each other: measure again after the thread fix"
@@ -223,6 +223,12 @@ def _verdict_findings(report: dict[str, Any], timings: PhaseTimings | None, verd
     if verdict.kind == "thread-oversubscribed":
         low, high = verdict.evidence.get("low"), verdict.evidence.get("high")
         return [Finding(verdict.fix, verdict.expected_gain, verdict.expected_gain_reason, spread=None if low is None or high is None else (low, high))]
+    if verdict.kind == "launch/overhead-bound" and not loaders and report.get("backward_at"):
+        # No DataLoader: the batch is built in the script's own code, before its backward.
+        at = report["backward_at"]
+        return [Finding(f"the batch is built by the script itself (no DataLoader seen; its backward is at {at}): each step's fixed cost "
+                        "does not grow with the batch, so raise the batch where it is built (2x, 4x, 8x) and scale the lr with it "
+                        "(linearly for SGD, by the square root for Adam)", verdict.expected_gain, verdict.expected_gain_reason, where=at)]
     if verdict.kind != "launch/overhead-bound" or not sized:
         return [Finding(verdict.fix, verdict.expected_gain, verdict.expected_gain_reason)]
     findings = [Finding(f"DataLoader(batch_size={loader['batch_size']}) at {loader['at']}: each step's fixed cost does not grow with the batch; "
@@ -279,6 +285,17 @@ def _optimizer_findings(report: dict[str, Any], timings: PhaseTimings | None) ->
         findings.append(Finding(f"{optimizer['class']}(..., fused=True){built}: one kernel for all {optimizer['tensors']} parameter tensors "
                                 f"instead of a loop over them", gain, why, where=optimizer.get("at"), **measured))
     return findings
+
+
+def _worker_findings(report: dict[str, Any], verdict: Verdict | None) -> list[Finding]:
+    """DataLoader workers beyond the cores left by the training's own process: they time-share those cores with it."""
+    if verdict is not None and verdict.kind == "input-bound":
+        return []  # the verdict's own fix sets the workers
+    cores = (report.get("threads") or {}).get("usable_cores") or os.cpu_count() or 1
+    return [Finding(f"DataLoader(num_workers={loader['num_workers']}) at {loader['at']}: more workers than the {cores - 1} core(s) the training's "
+                    f"own process leaves of {cores}; they time-share the cores with the training: try num_workers={max(cores - 1, 0)}",
+                    None, "not estimable from here: the data wait is not what limits this training", where=loader["at"])
+            for loader in report["loaders"] if loader["num_workers"] >= cores and loader["num_workers"] > 1]
 
 
 def _hand_update_findings(report: dict[str, Any]) -> list[Finding]:

@@ -1,6 +1,7 @@
-"""Thread oversubscription on a contended CPU: a doctor measures it (the same steps at fewer threads,
-interleaved), a watch infers it from the load, and either way it is the verdict before any batch or
-optimizer change; the other findings' gains carry their measured spread and say when it is noise."""
+"""The script diagnosis's findings. Thread oversubscription on a contended CPU: a doctor measures it (the
+same steps at fewer threads, interleaved), a watch infers it from the load, and either way it is the verdict
+before any batch or optimizer change. The other findings' gains carry their measured spread and say when it
+is noise; loader workers beyond the free cores, and a batch built without a DataLoader, name their lines."""
 
 from __future__ import annotations
 
@@ -165,3 +166,35 @@ def test_a_share_gain_carries_its_spread_and_says_when_it_is_noise():
     assert not share_gain({"records": steady}, ("optimizer_s",), 1 / (1 - 0.10))["within_noise"]
     assert gain_text({"expected_gain": 1.111, "spread": [1.09, 1.14], "within_noise": True}) == "1.11x (1.09-1.14x), within the noise"
     assert gain_text({"expected_gain": 1.47, "spread": None, "within_noise": False}) == "1.47x"
+
+
+def _cpu_report(**extra) -> dict:
+    report = {"records": [], "optimizers": [{"class": "SGD", "parameters": 10, "tensors": 2, "fused": None, "at": "train.py:9"}],
+              "loaders": [], "devices": ["cpu"], "flops_per_step": None, "syncs": {}, "matmul_dtypes": {}, "measured_steps": 0, "warmup": 3,
+              "stop_reason": "the script ended after 2 optimizer steps", "error": None, "batch_size": None, "backward_at": "train.py:30",
+              "threads": {"torch": 1, "usable_cores": 2, "logical_cpus": 2, "cpu_used": None, "trial": None}}
+    return {**report, **extra}
+
+
+def test_more_loader_workers_than_free_cores_is_a_finding_with_the_loaders_line():
+    from gpufill.script.diagnose import analyse
+    from gpufill.script.launch import ScriptRun
+
+    loader = {"at": "train.py:22", "batch_size": 32, "num_workers": 4, "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False}
+    run = ScriptRun(command=["python", "train.py"], exit_code=0, started_at=0.0, ended_at=1.0, reports=[_cpu_report(loaders=[loader])])
+    (finding,) = [f for f in analyse(run).findings if "num_workers=4" in f.what]
+    assert finding.where == "train.py:22" and "try num_workers=1" in finding.what and "of 2" in finding.what
+    fine = ScriptRun(command=["python", "train.py"], exit_code=0, started_at=0.0, ended_at=1.0,
+                     reports=[_cpu_report(loaders=[{**loader, "num_workers": 1}])])
+    assert not [f for f in analyse(fine).findings if "num_workers" in f.what]
+
+
+def test_an_overhead_bound_script_without_a_dataloader_is_pointed_at_its_backward():
+    from gpufill.doctor.bottleneck import PhaseTimings, Verdict
+    from gpufill.script.diagnose import _verdict_findings
+
+    verdict = Verdict(kind="launch/overhead-bound", reason="r", evidence={}, fix="raise the micro-batch", expected_gain=1.6, expected_gain_reason="2 / 1.25")
+    timings = PhaseTimings(data_s=0.0, copy_s=0.0, forward_s=1e-3, backward_s=1e-3, optimizer_s=1e-4, batch_size=8, steps=5, compute_b_s=2.1e-3,
+                           compute_2b_s=None, flops_per_step=None, syncs_per_step=0.0)
+    (finding,) = _verdict_findings(_cpu_report(), timings, verdict, on_gpu=False)
+    assert finding.where == "train.py:30" and "no DataLoader seen" in finding.what and finding.gain == 1.6
