@@ -105,3 +105,23 @@ def test_gradient_accumulation_is_not_mistaken_for_a_hand_update(tmp_path):
     report = json.loads(next(tmp_path.glob("report-*.json")).read_text())
     assert report["stepped_by"] == "optimizer" and recorder.step_count == 5 and report["optimizers"][0]["class"] == "SGD"
     assert recorder.hand.decided is False and recorder.hand.checks == 3  # three unchanged comparisons, then the optimizer stepped
+
+
+def test_reads_in_an_evaluation_loop_under_no_grad_are_not_the_training_steps_syncs(tmp_path):
+    installed = install(tmp_path, steps=WHOLE_RUN, warmup=0, bucket_s=60.0)
+    try:
+        model = nn.Linear(8, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            loss = nn.functional.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            loss.item()  # the training's own read: counted
+            with torch.no_grad():
+                for _ in range(3):
+                    model(torch.randn(4, 8)).sum().item()  # evaluation: not counted
+    finally:
+        installed.remove()
+    counted = dict(installed.recorder.syncs)
+    assert list(counted.values()) == [4] and next(iter(counted)).startswith("item() at tests/script/test_instrument.py:")

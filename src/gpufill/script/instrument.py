@@ -171,6 +171,7 @@ def _wrap_tensor(recorder: Recorder, torch: Any) -> list[Callable[[], None]]:
     accelerated = bool(torch.version.cuda or torch.version.hip or torch.backends.mps.is_built())
     copies = ("to", "cuda") if accelerated else ()
     reads = ("item", "tolist", "cpu", "numpy")
+    grad_enabled = torch.is_grad_enabled
     undo = [_restore(tensor, name) for name in ("backward", *copies, *reads)]
     backward = tensor.backward
 
@@ -203,7 +204,8 @@ def _wrap_tensor(recorder: Recorder, torch: Any) -> list[Callable[[], None]]:
         original = getattr(tensor, name)
 
         def noted(self: Any, *args: Any, _original: Any = original, _name: str = f"{name}()", **kwargs: Any) -> Any:
-            recorder.note_sync(_name, sys._getframe(1))
+            if grad_enabled():  # under no_grad: an evaluation loop's reads, not the training step's
+                recorder.note_sync(_name, sys._getframe(1))
             return _original(self, *args, **kwargs)
 
         setattr(tensor, name, noted)
