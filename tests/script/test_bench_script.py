@@ -40,9 +40,13 @@ def test_each_speed_up_is_in_effect_inside_the_script_and_the_ratios_add_up():
         assert rows[name]["vs_as_is"] == pytest.approx(rows[name]["rate"] / as_is["rate"], rel=1e-3, abs=5e-5)  # stored to 4 places
         assert rows[name]["note"] == "CUDA only: no effect expected on cpu"
         assert rows[name]["within_noise"] == (abs(rows[name]["vs_as_is"] - 1) <= record["noise"])
-    # The script's own fixes; its per-step item() is no finding on a CPU (a host read waits for nothing there).
-    (fused,) = record["code_changes"]
+    # The script's own fixes, each at its line; its per-step item() is no finding on a CPU (a host read waits for nothing there).
+    changes = record["code_changes"]
+    (fused,) = [c for c in changes if "fused=True" in c["what"]]
     assert fused["what"].startswith("SGD(..., fused=True) at ") and fused["where"].endswith("item_every_step.py:9") and fused["expected_gain"] > 1
+    assert not any("item()" in c["what"] for c in changes)
+    batch = [c for c in changes if "no DataLoader seen" in c["what"]]  # when the verdict is overhead-bound: the batch, at the backward's line
+    assert all(c["where"].endswith("item_every_step.py:15") for c in batch) and len(changes) == 1 + len(batch)
     assert record["torch"] and record["date"].startswith("20") and record["device_type"] == "cpu"
 
 
@@ -51,8 +55,9 @@ def test_on_a_cpu_the_cuda_speed_ups_are_not_run_and_the_loader_fix_names_its_li
     run = bench("loader_bound.py", "--steps", "5", "--out", str(out))
     assert run.returncode == 0, run.stderr
     record = json.loads(out.read_text())
-    assert [row["variant"] for row in record["variants"]] == ["as is"] and record["unit"] == "samples/s"
+    assert [row["variant"] for row in record["variants"]] == ["as is", "one_thread"] and record["unit"] == "samples/s"
     assert len(record["skipped"]) == 4 and all("CUDA only, and the training runs on cpu" in line for line in record["skipped"])
+    assert record["variants"][1]["env"] == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     assert record["code_changes"][0]["what"].startswith("DataLoader(num_workers=0") and "loader_bound.py:22" in record["code_changes"][0]["what"]
     assert "not run: tf32: CUDA only" in run.stdout and "loader_bound.py:22" in run.stdout and "samples/s" in run.stdout
 
@@ -86,3 +91,19 @@ def test_on_a_gpu_every_speed_up_is_measured_against_the_script_as_it_is():
 def test_impossible_steps_are_one_line_before_anything_runs():
     run = bench("item_every_step.py", "--steps", "0", timeout=60)
     assert run.returncode == 2 and "Traceback" not in run.stderr and "--steps 0" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_one_thread_is_measured_on_a_cpu_and_a_script_that_sets_its_own_count_is_told():
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}  # torch's own default as is
+    command = [sys.executable, "-m", "gpufill", "bench", "--steps", "2", "--repeats", "1", "--json", "--", sys.executable,
+               str(USER_SCRIPTS / "compute_heavy.py")]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    rows = {row["variant"]: row for row in json.loads(run.stdout)["variants"]}
+    assert rows["as is"]["flags_in_effect"]["torch_threads"] == len(os.sched_getaffinity(0))
+    assert rows["one_thread"]["flags_in_effect"]["torch_threads"] == 1 and rows["one_thread"]["note"] == ""
+    assert rows["one_thread"]["vs_as_is"] == pytest.approx(rows["one_thread"]["rate"] / rows["as is"]["rate"], rel=1e-3, abs=5e-5)
+    pinned = bench("oversubscribed.py", "--steps", "3", "--repeats", "1", "--try", "one_thread", "--json")
+    assert pinned.returncode == 0, pinned.stderr
+    one = {row["variant"]: row for row in json.loads(pinned.stdout)["variants"]}["one_thread"]
+    assert one["flags_in_effect"]["torch_threads"] == 4 and "sets its own thread count (torch.set_num_threads(4))" in one["note"]

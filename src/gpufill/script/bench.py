@@ -36,12 +36,19 @@ class Variant:
     settings: tuple[str, ...] = ()
     allocator: bool = False
     cuda_only: bool = True
+    cpu_only: bool = False
+    variables: tuple[tuple[str, str], ...] = ()
+    """Environment variables the variant sets in the command's environment."""
 
     def env(self) -> dict[str, str]:
-        if not self.allocator:
-            return {}
-        current = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        return {"PYTORCH_CUDA_ALLOC_CONF": current if "expandable_segments" in current else ",".join(filter(None, [current, ALLOCATOR]))}
+        env = dict(self.variables)
+        if self.allocator:
+            current = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+            env["PYTORCH_CUDA_ALLOC_CONF"] = current if "expandable_segments" in current else ",".join(filter(None, [current, ALLOCATOR]))
+        return env
+
+    def applies_to(self, on_gpu: bool) -> bool:
+        return not self.cpu_only if on_gpu else not self.cuda_only
 
 
 AS_IS = Variant("as is", "the command unchanged", cuda_only=False)
@@ -50,8 +57,10 @@ VARIANTS = (
     Variant("cudnn_benchmark", SETTINGS["cudnn_benchmark"], ("cudnn_benchmark",)),
     Variant("allocator", f"PYTORCH_CUDA_ALLOC_CONF={ALLOCATOR}: the caching allocator grows segments instead of fragmenting", allocator=True),
     Variant("all", "tf32 + cudnn_benchmark + allocator together", ("tf32", "cudnn_benchmark"), allocator=True),
+    Variant("one_thread", "OMP_NUM_THREADS=1 (and MKL's): one intra-op thread; on a busy CPU torch's default of one per core stalls "
+                          "at every operator's barrier", cuda_only=False, cpu_only=True, variables=(("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"))),
 )
-"""What can be switched on from outside the script; each is CUDA-only (on a CPU they change nothing)."""
+"""What can be switched on from outside the script: the CUDA ones change nothing on a CPU, the thread count matters to CPU trainings."""
 
 
 @dataclass(slots=True)
@@ -125,11 +134,13 @@ def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tup
     device = next((d for d in first.report["devices"] if d.startswith("cuda")), first.report["devices"][0] if first.report["devices"] else "cpu")
     unit = "samples/s" if first.report["batch_size"] else "steps/s"
     as_is.rates.append(_rate(first))
-    as_is.flags = first.report["flags"]
+    as_is.flags = {**first.report["flags"], "torch_threads": _threads(first.report)}
     on_gpu = device.startswith("cuda")
-    chosen = [known[name] for name in tries] if tries else [v for v in VARIANTS if on_gpu or not v.cuda_only]
-    skipped = [] if tries or on_gpu else [f"{v.name}: CUDA only, and the training runs on {device}" for v in VARIANTS]
-    results = [as_is, *(VariantResult(v, note="" if on_gpu or not v.cuda_only else f"CUDA only: no effect expected on {device}") for v in chosen)]
+    chosen = [known[name] for name in tries] if tries else [v for v in VARIANTS if v.applies_to(on_gpu)]
+    skipped = [] if tries else [f"{v.name}: {'CUDA only' if v.cuda_only else 'CPU trainings only'}, and the training runs on {device}"
+                                for v in VARIANTS if not v.applies_to(on_gpu)]
+    results = [as_is, *(VariantResult(v, note="" if v.applies_to(on_gpu) else
+                                      f"{'CUDA only' if v.cuda_only else 'CPU trainings only'}: no effect expected on {device}") for v in chosen)]
     closing: float | None = None
     for round_index in range(repeats):
         for result in results:
@@ -141,8 +152,8 @@ def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tup
                 result.note = f"did not finish {steps} steps: {run.report['stop_reason'] if run.report else 'no report'} (exit code {run.exit_code})"
                 continue
             result.rates.append(_rate(run))
-            result.flags = run.report["flags"]
-            result.note = result.note or _did_not_stick(result.variant, run.report["flags"])
+            result.flags = {**run.report["flags"], "torch_threads": _threads(run.report)}
+            result.note = result.note or _did_not_stick(result.variant, result.flags)
     report("the command as it is, again (the noise)")
     again = _measure(command, AS_IS, steps)
     if again.report is not None and again.stopped_by_gpufill:
@@ -179,11 +190,18 @@ def _rate(run: ScriptRun) -> float:
     return (report["batch_size"] or 1) / step_s
 
 
+def _threads(report: dict[str, Any]) -> int | None:
+    return (report.get("threads") or {}).get("torch")
+
+
 def _did_not_stick(variant: Variant, flags: dict[str, Any]) -> str:
     if "tf32" in variant.settings and not flags["tf32_matmul"]:
         return "the script switched TF32 off again"
     if "cudnn_benchmark" in variant.settings and not flags["cudnn_benchmark"]:
         return "the script switched cudnn.benchmark off again"
+    wanted = dict(variant.variables).get("OMP_NUM_THREADS")
+    if wanted is not None and flags.get("torch_threads") not in (None, int(wanted)):
+        return f"the script sets its own thread count (torch.set_num_threads({flags['torch_threads']})): the variable changed nothing"
     return ""
 
 
