@@ -105,11 +105,13 @@ def test_in_local_mode_a_too_short_project_sits_out_the_lookbacks_it_cannot_hold
     path.write_text("name: short\ndata: {source: sales.csv, target: y, project_column: store}\n"
                     "task: {lookback: [8, 40], horizon: 1, split: {val: 0.1, test: 0.2}}\nmodels: {linear: {}, snaive: {season_length: 4}}\nseeds: [0]\n")
     outcome = Campaign.from_yaml(path, tmp_path / "w").run()
-    assert (outcome.done, outcome.failed) == (6, 0)  # long x 2 lookbacks x 2 families + short x lookback 8 x 2
+    # linear at each lookback of the long project and at 8 of the short one; snaive once per project (at the shortest lookback)
+    assert (outcome.done, outcome.failed) == (5, 0)
     results = read_results(tmp_path / "w")
-    assert sorted(zip(results["project"], results["lookback"], strict=True)) == sorted([("long", 8), ("long", 40)] * 2 + [("short", 8)] * 2)
+    assert sorted(zip(results["project"], results["family"], results["lookback"], strict=True)) == sorted(
+        [("long", "linear", 8), ("long", "linear", 40), ("long", "snaive", 8), ("short", "linear", 8), ("short", "snaive", 8)])
     notes = _run_events(tmp_path / "w", "left out")
-    assert len(notes) == 1 and notes[0].startswith("project short left out at lookback 40 (2 trials): series too short: length 45")
+    assert len(notes) == 1 and notes[0].startswith("project short left out at lookback 40 (1 trial): series too short: length 45")
 
 
 

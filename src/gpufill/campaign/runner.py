@@ -315,7 +315,8 @@ def _left_out_notes(too_short: dict[tuple[str, int], str], trials: Counter[str])
 
     def one(name: str) -> str:
         shown = sorted(lookbacks[name])
-        return f"project {name} left out at lookback {', '.join(map(str, shown))} ({trials[name]} trials): {too_short[(name, shown[0])]}"
+        count = f"{trials[name]} trial" + ("s" if trials[name] != 1 else "")
+        return f"project {name} left out at lookback {', '.join(map(str, shown))} ({count}): {too_short[(name, shown[0])]}"
 
     if len(names) <= LEFT_OUT_LISTED:
         return [one(name) for name in names]
