@@ -94,7 +94,7 @@ def _report(trial: dict | None, *, threads: int = 4, usable: int = 2, cpu_used: 
 def test_a_gain_whose_worst_round_is_a_loss_is_within_the_noise():
     clear = measured_gain(_trial([([1.5, 1.5], [1.0, 1.0]), ([1.3, 1.3], [1.0, 1.0]), ([1.2, 1.2], [1.0, 1.0])]))
     assert (clear.gain, clear.low, clear.high, clear.rounds, clear.fewer) == (pytest.approx(1.3), pytest.approx(1.2), pytest.approx(1.5), 3, 1)
-    assert clear.clear and thread_verdict(_report(_trial([([1.5], [1.0]), ([1.3], [1.0])])), {})[0].kind == "thread-oversubscribed"
+    assert clear.clear and thread_verdict(_report(_trial([([1.5], [1.0]), ([1.3], [1.0])])), {}).kind == "thread-oversubscribed"
     noisy = measured_gain(_trial([([1.3], [1.0]), ([0.9], [1.0]), ([1.2], [1.0])]))
     assert noisy.gain == pytest.approx(1.2) and noisy.low == pytest.approx(0.9) and not noisy.clear
     assert thread_verdict(_report(_trial([([1.3], [1.0]), ([0.9], [1.0]), ([1.2], [1.0])])), {}) is None
@@ -111,8 +111,8 @@ def test_the_best_of_several_fewer_thread_arms_is_chosen():
 def test_a_watch_calls_threads_oversubscribed_only_when_they_outnumber_the_free_cores():
     # 1.9 of 2 CPUs busy on the host, 0.95 of them the training's own (1.9 s CPU in 2 s): 1.05 free for 2 threads.
     busy = {"host": {"cpu_percent_mean": 95.0}}
-    verdict, gain = thread_verdict(_report(None, threads=2, cpu_used=[1.9, 2.0]), busy)
-    assert verdict.kind == "thread-oversubscribed" and gain is None and verdict.fix.startswith("torch.set_num_threads(1)")
+    verdict = thread_verdict(_report(None, threads=2, cpu_used=[1.9, 2.0]), busy)
+    assert verdict.kind == "thread-oversubscribed" and verdict.expected_gain is None and verdict.fix.startswith("torch.set_num_threads(1)")
     assert verdict.evidence["busy_elsewhere"] == pytest.approx(0.95)
     # An idle box: the training's own 1.9 cores are all that is busy.
     assert thread_verdict(_report(None, threads=2, cpu_used=[3.8, 2.0]), busy) is None

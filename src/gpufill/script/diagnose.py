@@ -129,7 +129,7 @@ def _analyse(diagnosis: ScriptDiagnosis, report: dict[str, Any], statistic: Lite
     threads = thread_verdict(report, diagnosis.machine) if records else None
     if records:
         diagnosis.timings = _timings(report, statistic)
-        diagnosis.verdict = classify(diagnosis.timings, _yardstick(report)) if threads is None else threads[0]
+        diagnosis.verdict = classify(diagnosis.timings, _yardstick(report)) if threads is None else threads
     diagnosis.findings = _findings(report, diagnosis.timings, diagnosis.verdict)
     if threads is None and (gain := measured_gain((report.get("threads") or {}).get("trial"))) is not None and gain.gain > 1.0:
         diagnosis.findings.append(Finding(fix_text(gain.fewer), gain.gain, f"measured over {gain.rounds} interleaved rounds; within the noise of "

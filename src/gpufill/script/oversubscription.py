@@ -64,7 +64,7 @@ def fix_text(threads: int) -> str:
     return f"torch.set_num_threads({threads}) at the top of the script (or OMP_NUM_THREADS={threads} in its environment)"
 
 
-def thread_verdict(report: dict[str, Any], machine: dict[str, Any]) -> tuple[Verdict, ThreadGain | None] | None:
+def thread_verdict(report: dict[str, Any], machine: dict[str, Any]) -> Verdict | None:
     """The thread verdict of a CPU training (None: its threads are not what limits it, or not a CPU training)."""
     threads = report.get("threads") or {}
     script_threads, usable = threads.get("torch", 1), threads.get("usable_cores", 1)
@@ -82,7 +82,7 @@ def thread_verdict(report: dict[str, Any], machine: dict[str, Any]) -> tuple[Ver
         return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable, "fewer": gain.fewer,
                                                                              "busy_elsewhere": others, "low": gain.low, "high": gain.high},
                        fix=fix_text(gain.fewer), expected_gain=gain.gain,
-                       expected_gain_reason=f"measured: {gain.rounds} rounds of {gain.threads} vs {gain.fewer} threads, {gain.low:.2f}-{gain.high:.2f}x"), gain
+                       expected_gain_reason=f"measured: {gain.rounds} rounds of {gain.threads} vs {gain.fewer} threads, {gain.low:.2f}-{gain.high:.2f}x")
     free = usable - (others or 0.0)
     if script_threads <= free + SPARE_THREADS:
         return None
@@ -92,4 +92,4 @@ def thread_verdict(report: dict[str, Any], machine: dict[str, Any]) -> tuple[Ver
     return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable, "busy_elsewhere": others},
                    fix=fix_text(fewer), expected_gain=None,
                    expected_gain_reason="inferred from the load, not measured (a watch does not change the run): "
-                                        "`gpufill doctor -- COMMAND` times the steps at fewer threads"), None
+                                        "`gpufill doctor -- COMMAND` times the steps at fewer threads")
