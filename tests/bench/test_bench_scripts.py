@@ -171,6 +171,18 @@ def check_sampler_overhead(record: dict[str, Any]) -> None:
     assert len(record["ratios"]) == 5 and all(positive(v) for v in record["ratios"].values())
 
 
+def check_train_length(record: dict[str, Any]) -> None:
+    assert record["args"]["size"] == "smoke" and (record["args"]["short"], record["args"]["long"]) == (2, 4)
+    rows = {row["config"]: row for row in record["results"]}
+    assert set(rows) == {"epochs 2, patience 2", "epochs 4, patience 2"}
+    for row in rows.values():
+        assert row["family"] == "lstm" and row["series"] == 4 and 0 <= row["beats_snaive"] <= 4
+        assert positive(row["median_mae_over_snaive"]) and positive(row["campaign_s"])
+    long, short = rows["epochs 4, patience 2"], rows["epochs 2, patience 2"]
+    ratio = record["ratios"]["lstm: median MAE/snaive at 4 epochs over at 2"]
+    assert ratio == pytest.approx(long["median_mae_over_snaive"] / short["median_mae_over_snaive"], rel=1e-3)
+
+
 SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "fit_speed": check_fit_speed,
     "step_overhead": check_step_overhead,
@@ -187,6 +199,7 @@ SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "pack_any": check_pack_any,
     "pack_drift": check_pack_drift,
     "sampler_overhead": check_sampler_overhead,
+    "train_length": check_train_length,
 }
 EXTRA_ARGS: dict[str, list[str]] = {
     "campaign_gpu": ["--device", "cpu"],  # the smoke shape on any machine; the GPU ways are for a full run

@@ -13,8 +13,9 @@ __all__ = ["DEFAULTS", "FORECAST_EPOCHS", "FORECAST_PATIENCE", "FitConfig"]
 
 FORECAST_EPOCHS = 100
 """A forecaster's epochs unless set: an upper bound that early stopping on validation ends, as practitioners train
-them; fit's own 10 undertrains the recurrent families. Measured on 24 M1 monthly series (local mode, horizon 1,
-lookback 12, default recipes), median test MAE over the seasonal naive's, 10 -> 100 epochs with patience 5:
-lstm 0.86 -> 0.76, gru 0.93 -> 0.79, tcn 0.80 -> 0.73, transformer 0.77 -> 0.80; the campaign took 2.2x as long."""
+them; fit's own 10 undertrains the recurrent families. `python bench/train_length.py` (24 M1 monthly series, local
+mode, horizon 1, lookback 12, default recipes; bench/results/train_length-*.json), median test MAE over the seasonal
+naive's, 10 -> 100 epochs with patience 5: lstm 0.86 -> 0.76, gru 0.93 -> 0.79, tcn 0.80 -> 0.73, transformer
+0.77 -> 0.80; the campaign took 2.9x as long."""
 FORECAST_PATIENCE = 5
 """Validations without improvement before a forecaster's training stops (campaigns and `gpufill train`)."""
