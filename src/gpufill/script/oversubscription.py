@@ -82,7 +82,7 @@ def thread_verdict(report: dict[str, Any], machine: dict[str, Any]) -> Verdict |
         return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable, "fewer": gain.fewer,
                                                                              "busy_elsewhere": others, "low": gain.low, "high": gain.high},
                        fix=fix_text(gain.fewer), expected_gain=gain.gain,
-                       expected_gain_reason=f"measured: {gain.rounds} rounds of {gain.threads} vs {gain.fewer} threads, {gain.low:.2f}-{gain.high:.2f}x")
+                       expected_gain_reason=f"measured: {gain.rounds} interleaved rounds of {gain.threads} vs {gain.fewer} threads")
     free = usable - (others or 0.0)
     if script_threads <= free + SPARE_THREADS:
         return None
