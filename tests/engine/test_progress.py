@@ -116,3 +116,34 @@ def test_a_stream_whose_loop_ends_trains_one_pass_per_epoch():
     assert endless_loop_at(Finite()) is None and endless_loop_at(Endless()) is not None
     result = fit(linear(), Finite(), epochs=2, batch_size=16, **QUIET)
     assert [r.samples for r in result.history] == [96, 96] and [r.steps for r in result.history] == [6, 6]
+
+
+class SlicedForever(IterableDataset):
+    """Ends: `__iter__` slices an endless generator it defines inside."""
+
+    def __iter__(self):
+        x, y = regression(32)
+
+        def forever():
+            while True:
+                yield from zip(x, y)
+
+        return itertools.islice(forever(), 32)
+
+
+def test_an_endless_loop_inside_a_nested_function_is_not_the_streams_own():
+    assert endless_loop_at(SlicedForever()) is None
+    result = fit(linear(), SlicedForever(), epochs=1, batch_size=8, **QUIET)
+    assert [r.samples for r in result.history] == [32]
+
+
+def test_an_endless_stream_in_a_given_dataloader_or_as_validation_is_refused():
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(Endless(), batch_size=8)
+    error = input_error(fit, linear(), loader, field="train", contains=("loops forever",), steps_per_epoch=3, **QUIET)
+    assert "max_steps=N" in error.fix and "steps_per_epoch" in error.fix  # a given loader's pass is not cut by steps_per_epoch
+    bounded = fit(linear(), loader, epochs=1, max_steps=4, **QUIET)
+    assert [r.steps for r in bounded.history] == [4]
+    x, y = regression(64)
+    input_error(fit, linear(), (x, y), Endless(), field="val", contains=("validation, which reads its data to the end",), max_steps=4, **QUIET)

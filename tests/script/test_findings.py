@@ -73,7 +73,8 @@ def test_a_watch_infers_the_oversubscription_from_the_load_without_changing_the_
     assert record["optimizer_steps"] == 60 and record["threads"]["trial"] is None  # every step the script's own, at its threads
     assert record["verdict"]["kind"] == "thread-oversubscribed" and record["verdict"]["expected_gain"] is None
     assert "not measured" in record["verdict"]["expected_gain_reason"] and "gpufill doctor" in record["verdict"]["expected_gain_reason"]
-    assert record["findings"][0]["what"].startswith("torch.set_num_threads(1)")
+    # The spinner is the script's own child (counted as the training's use): 2 cores free for 4 threads.
+    assert record["findings"][0]["what"].startswith("torch.set_num_threads(2)")
     assert "verdict: thread-oversubscribed" in run.stderr  # the summary goes to stderr: stdout is the script's
 
 
@@ -110,7 +111,7 @@ def test_the_best_of_several_fewer_thread_arms_is_chosen():
 
 def test_a_watch_calls_threads_oversubscribed_only_when_they_outnumber_the_free_cores():
     # 1.9 of 2 CPUs busy on the host, 0.95 of them the training's own (1.9 s CPU in 2 s): 1.05 free for 2 threads.
-    busy = {"host": {"cpu_percent_mean": 95.0}}
+    busy = [{"source": "host", "ts": float(t), "cpu_per_core": [95.0, 95.0]} for t in range(3)]
     verdict = thread_verdict(_report(None, threads=2, cpu_used=[1.9, 2.0]), busy)
     assert verdict.kind == "thread-oversubscribed" and verdict.expected_gain is None and verdict.fix.startswith("torch.set_num_threads(1)")
     assert verdict.evidence["busy_elsewhere"] == pytest.approx(0.95)
@@ -130,9 +131,20 @@ class FakeTorch:
         self.calls.append(n)
 
 
+class StepClock:
+    """A step takes `seconds[threads]` of the fake torch's current thread count."""
+
+    def __init__(self, torch: FakeTorch, seconds: dict[int, float]):
+        self.torch, self.seconds, self.now = torch, seconds, 0.0
+
+    def __call__(self) -> float:
+        self.now += self.seconds[self.torch.threads]
+        return self.now
+
+
 def test_the_trial_interleaves_blocks_drops_each_blocks_first_step_and_puts_the_threads_back():
     torch = FakeTorch(4)
-    trial = ThreadTrial(torch, 4, 1, rounds=4, block=3, budget_s=1e9)
+    trial = ThreadTrial(torch, 4, 1, rounds=4, block=3, budget_s=1e9, clock=StepClock(torch, {4: 0.010, 1: 0.012}))
     assert trial_arms(4, 2) == [4, 1, 2] and trial_arms(4, 1) == [4, 1] and trial_arms(8, 4) == [8, 1, 4] and trial_arms(2, 2) == [2, 1]
     trial.start()
     steps = 0
@@ -147,7 +159,7 @@ def test_the_trial_interleaves_blocks_drops_each_blocks_first_step_and_puts_the_
 
 def test_the_trial_stops_after_two_rounds_past_its_budget():
     torch = FakeTorch(4)
-    trial = ThreadTrial(torch, 4, 1, rounds=4, block=3, budget_s=0.0)
+    trial = ThreadTrial(torch, 4, 1, rounds=4, block=3, budget_s=0.0, clock=StepClock(torch, {4: 0.010, 1: 0.008}))
     trial.start()
     steps = 1
     while not trial.after_step():
@@ -198,3 +210,33 @@ def test_an_overhead_bound_script_without_a_dataloader_is_pointed_at_its_backwar
                            compute_2b_s=None, flops_per_step=None, syncs_per_step=0.0)
     (finding,) = _verdict_findings(_cpu_report(), timings, verdict, on_gpu=False)
     assert finding.where == "train.py:30" and "no DataLoader seen" in finding.what and finding.gain == 1.6
+
+
+def test_the_trial_ends_after_its_first_round_where_fewer_threads_are_far_slower():
+    torch = FakeTorch(8)
+    trial = ThreadTrial(torch, 8, 8, rounds=4, block=3, budget_s=1e9, clock=StepClock(torch, {8: 0.010, 1: 0.050}))
+    trial.start()
+    steps = 1
+    while not trial.after_step():
+        steps += 1
+    assert steps == 2 * 3 and torch.threads == 8  # one block per arm: an idle many-core box is not kept minutes at one thread
+    gain = measured_gain(trial.to_dict())
+    assert gain.rounds == 1 and gain.gain == pytest.approx(0.2) and not gain.clear
+
+
+def test_one_round_is_never_a_verdict():
+    one = measured_gain(_trial([([2.0, 2.0], [1.0, 1.0])]))
+    assert one.gain == pytest.approx(2.0) and one.won == 1 and not one.clear
+    three_of_four = measured_gain(_trial([([1.4], [1.0]), ([1.3], [1.0]), ([0.95], [1.0]), ([1.5], [1.0])]))
+    assert three_of_four.won == 3 and three_of_four.clear  # one round lost to a hiccup: still a stall
+
+
+def test_an_evaluation_loops_many_reads_between_two_steps_are_no_sync_finding():
+    from gpufill.script.diagnose import analyse
+    from gpufill.script.launch import ScriptRun
+
+    report = _cpu_report(devices=["cuda:0"], measured_steps=8, syncs={"item() at t.py:5": 40, "item() at t.py:9": 8},
+                         sync_steps={"item() at t.py:5": 1, "item() at t.py:9": 8})
+    run = ScriptRun(command=["python", "t.py"], exit_code=0, started_at=0.0, ended_at=1.0, reports=[report])
+    flagged = [f for f in analyse(run).findings if f.what.startswith("item() at")]
+    assert [f.where for f in flagged] == ["t.py:9"] and "1 per step" in flagged[0].what  # 40 reads in one gap: an evaluation pass

@@ -107,7 +107,7 @@ def test_gradient_accumulation_is_not_mistaken_for_a_hand_update(tmp_path):
     assert recorder.hand.decided is False and recorder.hand.checks == 3  # three unchanged comparisons, then the optimizer stepped
 
 
-def test_reads_in_an_evaluation_loop_under_no_grad_are_not_the_training_steps_syncs(tmp_path):
+def test_a_sites_reads_are_counted_with_the_steps_they_fall_in(tmp_path):
     installed = install(tmp_path, steps=WHOLE_RUN, warmup=0, bucket_s=60.0)
     try:
         model = nn.Linear(8, 1)
@@ -117,11 +117,15 @@ def test_reads_in_an_evaluation_loop_under_no_grad_are_not_the_training_steps_sy
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            loss.item()  # the training's own read: counted
             with torch.no_grad():
-                for _ in range(3):
-                    model(torch.randn(4, 8)).sum().item()  # evaluation: not counted
+                accuracy = model(torch.randn(4, 8)).mean()
+            accuracy.item()  # a per-step read (under no_grad or not): one in every step
+        with torch.no_grad():
+            for _ in range(30):
+                model(torch.randn(4, 8)).sum().item()  # an evaluation loop: 30 reads, all between the same two steps
     finally:
         installed.remove()
-    counted = dict(installed.recorder.syncs)
-    assert list(counted.values()) == [4] and next(iter(counted)).startswith("item() at tests/script/test_instrument.py:")
+    recorder = installed.recorder
+    per_step, evaluation = sorted(recorder.syncs, key=lambda site: recorder.syncs[site])
+    assert (recorder.syncs[per_step], recorder.sync_steps[per_step]) == (4, 4)
+    assert (recorder.syncs[evaluation], recorder.sync_steps[evaluation]) == (30, 1)

@@ -65,6 +65,8 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> 
         cfg = dataclasses.replace(cfg, device=ddp.device())
     check_device(cfg.device)
     check_stream_ends(train, steps_per_epoch=cfg.steps_per_epoch, max_steps=cfg.max_steps)
+    if val is not None:
+        check_stream_ends(val, steps_per_epoch=None, max_steps=None, name="val")
     train_source = as_source(train, "train")
     val_source = as_source(val, "val") if val is not None else None
     loss_fn, loss_choice = losses.resolve(cfg.loss)

@@ -30,10 +30,25 @@ def endless_loop_at(dataset: Any) -> str | None:
         path = inspect.getsourcefile(method)  # type: ignore[arg-type]
     except (OSError, TypeError, SyntaxError):
         return None
-    for node in ast.walk(tree):
+    for node in _own_body(tree):
         if _forever(node) and _yields(node) and not _leaves(node):
             return f"{path}:{first + node.lineno - 1}"
     return None
+
+
+def _own_body(tree: ast.Module) -> list[ast.AST]:
+    """The nodes of `__iter__` itself: not those of a function, lambda or class defined inside it (a nested
+    endless generator that `__iter__` only slices, `islice(forever(), n)`, is its own business)."""
+    method = tree.body[0] if tree.body and isinstance(tree.body[0], ast.FunctionDef | ast.AsyncFunctionDef) else None
+    stack: list[ast.AST] = list(method.body) if method is not None else list(tree.body)
+    nodes = []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue
+        nodes.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return nodes
 
 
 def _forever(node: ast.AST) -> bool:
@@ -68,14 +83,22 @@ def _leaves(loop: ast.While | ast.For) -> bool:
     return False
 
 
-def check_stream_ends(data: Any, *, steps_per_epoch: int | None, max_steps: int | None) -> None:
-    """Refuse, in one line, an endless stream that no setting bounds."""
-    if steps_per_epoch is not None or max_steps is not None:
-        return
-    dataset = data.dataset if isinstance(data, DataLoader) else data
+def check_stream_ends(data: Any, *, steps_per_epoch: int | None, max_steps: int | None, name: str = "train") -> None:
+    """Refuse, in one line, an endless stream that no setting bounds. A given DataLoader is used as it is (an epoch
+    is its pass: steps_per_epoch does not cut it), so only max_steps bounds one; validation reads its data to the end."""
+    given_loader = isinstance(data, DataLoader)
+    dataset = data.dataset if given_loader else data
     if not isinstance(dataset, IterableDataset):
         return
+    if name == "train" and (max_steps is not None or (steps_per_epoch is not None and not given_loader)):
+        return
     at = endless_loop_at(dataset)
-    if at is not None:
-        raise InputError(f"{type(dataset).__name__}.__iter__ loops forever (at {at}), so an epoch of it never ends", field="train",
-                         fix="set steps_per_epoch=N (optimizer steps per epoch) or max_steps=N (in all)")
+    if at is None:
+        return
+    problem = f"{type(dataset).__name__}.__iter__ loops forever (at {at}), so "
+    if name != "train":
+        raise InputError(problem + "validation, which reads its data to the end, would never end", field=name,
+                         fix="give validation data that ends (a finite IterableDataset, a Dataset or tensors)")
+    fix = "set max_steps=N (optimizer steps in all), or pass the IterableDataset itself with steps_per_epoch=N" if given_loader else \
+        "set steps_per_epoch=N (optimizer steps per epoch) or max_steps=N (in all)"
+    raise InputError(problem + "an epoch of it never ends", field=name, fix=fix)

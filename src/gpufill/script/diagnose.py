@@ -25,7 +25,8 @@ from gpufill.script.oversubscription import fix_text, measured_gain, thread_verd
 
 WARMUP_STEPS = 3
 SYNCS_WORTH_A_FINDING = 0.25
-"""Host reads per step from one line at or above this are a finding (rarer ones are the recommended practice)."""
+"""A line that reads a device value in at least this share of the steps is a finding (rarer reads, such as an
+evaluation loop's once an epoch however many they are, are the recommended practice)."""
 SAMPLE_EVERY_S = 0.25
 """NVML and psutil while a diagnosis runs: a short one still gets several samples."""
 
@@ -106,11 +107,11 @@ def analyse(run: ScriptRun, *, statistic: Literal["median", "mean"] = "median") 
         diagnosis.not_measured.append("everything: no Python process of the command loaded gpufill's instrumentation (not a Python command, "
                                       "or one that resets PYTHONPATH)")
         return diagnosis
-    _analyse(diagnosis, report, statistic)
+    _analyse(diagnosis, report, statistic, run.samples)
     return diagnosis
 
 
-def _analyse(diagnosis: ScriptDiagnosis, report: dict[str, Any], statistic: Literal["median", "mean"]) -> None:
+def _analyse(diagnosis: ScriptDiagnosis, report: dict[str, Any], statistic: Literal["median", "mean"], samples: list[dict[str, Any]]) -> None:
     records = report["records"]
     missing = diagnosis.not_measured
     if not report["optimizers"]:
@@ -126,14 +127,14 @@ def _analyse(diagnosis: ScriptDiagnosis, report: dict[str, Any], statistic: Lite
         missing.append("GPU utilisation, memory and syncs: the training ran on " + (", ".join(report["devices"]) or "no device seen"))
     if report["flops_per_step"] is None:
         missing.append("FLOPs per step: fewer than two optimizer steps were seen")
-    threads = thread_verdict(report, diagnosis.machine) if records else None
+    threads = thread_verdict(report, samples) if records else None
     if records:
         diagnosis.timings = _timings(report, statistic)
         diagnosis.verdict = classify(diagnosis.timings, _yardstick(report)) if threads is None else threads
     diagnosis.findings = _findings(report, diagnosis.timings, diagnosis.verdict)
     if threads is None and (gain := measured_gain((report.get("threads") or {}).get("trial"))) is not None and gain.gain > 1.0:
-        diagnosis.findings.append(Finding(fix_text(gain.fewer), gain.gain, f"measured over {gain.rounds} interleaved rounds; within the noise of "
-                                          f"the rounds ({gain.low:.2f}-{gain.high:.2f}x)", spread=(gain.low, gain.high), within_noise=True))
+        diagnosis.findings.append(Finding(fix_text(gain.fewer), gain.gain, f"measured over {gain.rounds} interleaved rounds ({gain.low:.2f}-{gain.high:.2f}x): "
+                                          "under 1.10x, or not faster in enough rounds, to act on before the rest", spread=(gain.low, gain.high), within_noise=True))
 
 
 def _timings(report: dict[str, Any], statistic: Literal["median", "mean"]) -> PhaseTimings:
@@ -245,10 +246,11 @@ def _verdict_findings(report: dict[str, Any], timings: PhaseTimings | None, verd
 def _sync_findings(report: dict[str, Any]) -> list[Finding]:
     findings = []
     steps = max(1, report["measured_steps"])
+    in_steps = report.get("sync_steps") or report["syncs"]  # reports written before sync_steps: the counts
     for site, count in sorted(report["syncs"].items(), key=lambda item: -item[1]):
         per_step = count / steps
-        if per_step < SYNCS_WORTH_A_FINDING:
-            continue  # once per epoch or every N steps: what the fix recommends
+        if in_steps.get(site, 0) / steps < SYNCS_WORTH_A_FINDING:
+            continue  # once per epoch or every N steps (an evaluation loop, however many reads it makes): what the fix recommends
         findings.append(Finding(f"{site}, {per_step:.3g} per step: on a GPU each read of a device value waits for every queued kernel (a host-device "
                                 "sync); keep the value on the device (accumulate losses in a tensor) and read it once per epoch or every N steps",
                                 None, "not estimable from here: the gain is the time the GPU's queue drains, largest for small models",

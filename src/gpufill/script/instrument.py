@@ -171,7 +171,6 @@ def _wrap_tensor(recorder: Recorder, torch: Any) -> list[Callable[[], None]]:
     accelerated = bool(torch.version.cuda or torch.version.hip or torch.backends.mps.is_built())
     copies = ("to", "cuda") if accelerated else ()
     reads = ("item", "tolist", "cpu", "numpy")
-    grad_enabled = torch.is_grad_enabled
     undo = [_restore(tensor, name) for name in ("backward", *copies, *reads)]
     backward = tensor.backward
 
@@ -181,10 +180,11 @@ def _wrap_tensor(recorder: Recorder, torch: Any) -> list[Callable[[], None]]:
         recorder.before_backward(self)
         start = recorder.now()
         try:
-            return backward(self, *args, **kwargs)
+            done = backward(self, *args, **kwargs)
         finally:
             recorder.add(BACKWARD, start)
-            recorder.after_backward()
+        recorder.after_backward()  # a backward that failed ends no step
+        return done
 
     tensor.backward = timed_backward
     for name in copies:
@@ -204,8 +204,7 @@ def _wrap_tensor(recorder: Recorder, torch: Any) -> list[Callable[[], None]]:
         original = getattr(tensor, name)
 
         def noted(self: Any, *args: Any, _original: Any = original, _name: str = f"{name}()", **kwargs: Any) -> Any:
-            if grad_enabled():  # under no_grad: an evaluation loop's reads, not the training step's
-                recorder.note_sync(_name, sys._getframe(1))
+            recorder.note_sync(_name, sys._getframe(1))
             return _original(self, *args, **kwargs)
 
         setattr(tensor, name, noted)
@@ -231,8 +230,8 @@ def _wrap_exit(recorder: Recorder) -> list[Callable[[], None]]:
             wanted = "" if recorder.whole_run else f" (wanted {recorder.warmup} warm-up + {recorder.steps})"
             recorder.stop_reason = "it ran to its end" if recorder.ran_on() else f"the script ended after {recorder.step_count} optimizer steps{wanted}"
             if recorder.trial is not None and not recorder.ran_on():
-                recorder.stop_reason = (f"stopped after {recorder.warmup} warm-up and {recorder.steps} measured steps; the script ended "
-                                        f"during the thread trial, at step {recorder.step_count}")
+                recorder.stop_reason = (f"the script ended during the thread trial, at step {recorder.step_count} (after {recorder.warmup} "
+                                        f"warm-up and {recorder.steps} measured steps)")
             recorder.write()
 
     atexit.register(at_exit)

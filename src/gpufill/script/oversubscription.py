@@ -9,14 +9,20 @@ steps timed while threads stall each other say nothing about batch size or the o
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
 from gpufill.doctor.bottleneck import Verdict
+from gpufill.script.thread_trial import MIN_ROUNDS
 
 NOISE_FLOOR = 1.10
-"""A measured gain below this, or one whose worst round is not a gain at all, is within the noise."""
+"""A measured gain below this is not worth a verdict."""
+WINNING_ROUNDS = 0.75
+"""The share of rounds fewer threads must win (every round of 2 or 3, 3 of 4): one scheduler hiccup in a block of two
+steps may lose a round, a real stall does not lose many."""
 SPARE_THREADS = 0.5
 """Threads may exceed the free cores by this much before a watch calls them oversubscribed (sampling noise)."""
 
@@ -31,10 +37,12 @@ class ThreadGain:
     low: float
     high: float
     rounds: int
+    won: int
+    """Rounds in which fewer threads were faster."""
 
     @property
     def clear(self) -> bool:
-        return self.gain >= NOISE_FLOOR and self.low > 1.0
+        return self.rounds >= MIN_ROUNDS and self.gain >= NOISE_FLOOR and self.won >= math.ceil(WINNING_ROUNDS * self.rounds)
 
 
 def measured_gain(timed: dict[str, Any] | None) -> ThreadGain | None:
@@ -45,33 +53,44 @@ def measured_gain(timed: dict[str, Any] | None) -> ThreadGain | None:
     best: ThreadGain | None = None
     for arm in fewer:
         ratios = sorted(statistics.median(r[str(script)]) / statistics.median(r[str(arm)]) for r in timed["rounds"])
-        gain = ThreadGain(script, arm, statistics.median(ratios), ratios[0], ratios[-1], len(ratios))
+        gain = ThreadGain(script, arm, statistics.median(ratios), ratios[0], ratios[-1], len(ratios), sum(r > 1.0 for r in ratios))
         if best is None or gain.gain > best.gain:
             best = gain
     return best
 
 
-def busy_elsewhere(report: dict[str, Any], machine: dict[str, Any]) -> float | None:
-    """Cores other processes kept busy while the script ran: the host's busy cores minus the training's own."""
-    threads, host = report.get("threads") or {}, machine.get("host") or {}
-    used, host_percent, cpus = threads.get("cpu_used"), host.get("cpu_percent_mean"), threads.get("logical_cpus")
-    if not used or used[1] <= 0 or host_percent is None or not cpus:
+def busy_elsewhere(report: dict[str, Any], samples: list[dict[str, Any]]) -> float | None:
+    """Cores other processes kept busy while the training stepped: of the cores it may use (its affinity; all where
+    unknown), the busy ones minus the training's own (its process and DataLoader workers), from the host samples taken
+    during its measured steps (all of the run's where fewer than two fell inside them)."""
+    threads = report.get("threads") or {}
+    used, window, cores = threads.get("cpu_used"), threads.get("window"), threads.get("affinity")
+    host = [(row.get("ts", 0.0), _cores(row)) for row in samples if row.get("source") == "host" and row.get("cpu_per_core") is not None]
+    inside = [cores_busy for ts, cores_busy in host if window and window[0] <= ts <= window[1]]
+    chosen = inside if len(inside) >= 2 else [cores_busy for _, cores_busy in host]
+    if not used or used[1] <= 0 or not chosen:
         return None
-    return max(0.0, host_percent / 100 * cpus - used[0] / used[1])
+    busy = statistics.fmean(sum(c[i] for i in (cores or range(len(c))) if i < len(c)) / 100 for c in chosen)
+    return max(0.0, busy - used[0] / used[1])
+
+
+def _cores(row: dict[str, Any]) -> list[float]:
+    values = row["cpu_per_core"]
+    return json.loads(values) if isinstance(values, str) else values
 
 
 def fix_text(threads: int) -> str:
     return f"torch.set_num_threads({threads}) at the top of the script (or OMP_NUM_THREADS={threads} in its environment)"
 
 
-def thread_verdict(report: dict[str, Any], machine: dict[str, Any]) -> Verdict | None:
+def thread_verdict(report: dict[str, Any], samples: list[dict[str, Any]]) -> Verdict | None:
     """The thread verdict of a CPU training (None: its threads are not what limits it, or not a CPU training)."""
     threads = report.get("threads") or {}
     script_threads, usable = threads.get("torch", 1), threads.get("usable_cores", 1)
     if script_threads <= 1 or any(d.startswith("cuda") for d in report["devices"]):
         return None
-    others = busy_elsewhere(report, machine)
-    load = "" if others is None else f"; other processes kept about {others:.1f} of the {threads['logical_cpus']} CPUs busy over the run"
+    others = busy_elsewhere(report, samples)
+    load = "" if others is None else f"; other processes kept about {others:.1f} of them busy"
     gain = measured_gain(threads.get("trial"))
     if gain is not None:
         if not gain.clear:

@@ -27,7 +27,7 @@ from gpufill.script.clocks import Clock, CudaClock, HostClock
 from gpufill.script.hand_updates import HandUpdates
 from gpufill.script.census import StepCensus, compiled
 from gpufill.script.lines import in_library, short_path
-from gpufill.script.thread_trial import ThreadTrial, usable_cores
+from gpufill.script.thread_trial import ThreadTrial, affinity, tree_cpu_seconds, usable_cores
 
 WHOLE_RUN = 0
 """GPUFILL_SCRIPT_STEPS for a watch: never stop the script."""
@@ -51,16 +51,18 @@ class Recorder:
         self.out, self.steps, self.warmup, self.bucket_s, self.settings = out, steps, warmup, bucket_s, settings
         self.wants_thread_trial = thread_trial and steps != WHOLE_RUN
         self.trial: ThreadTrial | None = None
-        self.cpu_start: tuple[float, float] | None = None
-        """(process CPU seconds, host clock) when the measured steps began: the cores the training kept busy."""
+        self.cpu_start: tuple[float, float, float] | None = None
+        """(CPU seconds of this process and its children, host clock, wall clock) when the measured steps began."""
         self.cpu_used: tuple[float, float] | None = None
-        """(process CPU seconds, wall seconds) over the measured steps."""
+        """(CPU seconds of this process and its children, wall seconds) over the measured steps: the cores the training kept busy."""
+        self.cpu_window: tuple[float, float] | None = None
+        """Wall-clock start and end of the measured steps (the host samples within it are the load beside them)."""
         self.whole_run = steps == WHOLE_RUN
         self.stop_at = -1 if self.whole_run else warmup + steps
         self.stop_sent = False
+        """The stop was raised (SystemExit at stop_step); a step after it means the script caught it."""
         self.stop_step = self.stop_at
         """The step at which the stop was raised (after the measured steps, or after a thread trial)."""
-        """The stop was raised (SystemExit at step stop_at); a step after it means the script caught it."""
         self.flop_step = max(1, warmup - 1)  # FLOPs counted on the next step: the last warm-up step (compiled, autotuned)
         self.rank = int(os.environ.get("RANK", "0"))
         self.step_count = 0
@@ -77,6 +79,9 @@ class Recorder:
         self.totals = [0.0] * len(PHASES)
         self.measured = 0
         self.syncs: Counter[str] = Counter()
+        self.sync_steps: Counter[str] = Counter()
+        """Per site, the steps (gaps between optimizer steps) with at least one read there."""
+        self._site_step: dict[str, int] = {}
         self._sites: dict[tuple[str, str, int], str | None] = {}
         self.loaders: list[dict[str, Any]] = []
         self.optimizers: dict[int, dict[str, Any]] = {}
@@ -113,7 +118,12 @@ class Recorder:
     def before_backward(self, loss: Any) -> None:
         if self.by_hand or self.hand.decided is False:
             return
-        if self.hand.before(loss):
+        try:
+            seen = self.hand.before(loss)
+        except Exception:  # noqa: BLE001 - a parameter moved or changed shape: the script's backward never fails for its measurement
+            self.hand.decided = False
+            return
+        if seen:
             self.by_hand = True
             self.optimizers[0] = self.hand.describe()
             self._seen_parameters(self.hand.parameters)
@@ -153,8 +163,8 @@ class Recorder:
         now = _clock()
         self.step_count += 1
         self.measuring = self.step_count >= self.warmup  # for the syncs: a doctor's run stops at stop_at
-        if self.step_count == self.warmup:
-            self.cpu_start = (time.process_time(), now)
+        if self.cpu_start is None and self.step_count >= self.warmup:
+            self.cpu_start = (tree_cpu_seconds(), now, time.time())
         if self._flop_mode is not None or self.step_count == self.flop_step:
             self._count_flops_around()
         if now >= self.next_digest or len(self.marks) >= DIGEST_EVERY:
@@ -171,7 +181,9 @@ class Recorder:
         """The measured steps are over: their CPU use, and on a CPU training the thread trial begins."""
         self.measuring = False
         self._note_cpu_used()
-        if not (self.wants_thread_trial and self.devices and all(d == "cpu" for d in self.devices)):
+        # Under torchrun each rank would time its own blocks: ranks that step in lockstep must stop together.
+        one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
+        if not (self.wants_thread_trial and one_process and self.devices and all(d == "cpu" for d in self.devices)):
             return
         import torch
 
@@ -183,7 +195,8 @@ class Recorder:
 
     def _note_cpu_used(self) -> None:
         if self.cpu_start is not None and self.cpu_used is None:
-            self.cpu_used = (time.process_time() - self.cpu_start[0], _clock() - self.cpu_start[1])
+            self.cpu_used = (tree_cpu_seconds() - self.cpu_start[0], _clock() - self.cpu_start[1])
+            self.cpu_window = (self.cpu_start[2], time.time())
 
     def _stop(self) -> None:
         self.stop_reason = f"stopped after {self.warmup} warm-up and {self.steps} measured steps" + (
@@ -311,6 +324,9 @@ class Recorder:
             site = self._sites[key] = None if in_library(key[1]) else f"{what} at {short_path(key[1])}:{key[2]}"
         if site is not None:
             self.syncs[site] += 1
+            if self._site_step.get(site) != self.step_count:  # the steps it reads in: an evaluation loop reads many times in one
+                self._site_step[site] = self.step_count
+                self.sync_steps[site] += 1
 
     # -- the report -----------------------------------------------------------------------
     def write(self) -> None:
@@ -352,6 +368,7 @@ class Recorder:
             "ended_at": time.time(),
             "settings": list(self.settings),
             "syncs": dict(self.syncs),
+            "sync_steps": dict(self.sync_steps),
             "loaders": self.loaders,
             "backward_at": self.backward_at,
             "optimizers": list(self.optimizers.values()),
@@ -369,6 +386,7 @@ class Recorder:
             "torch": torch.__version__,
             "threads": {"torch": self.trial.threads if self.trial is not None else torch.get_num_threads(), "usable_cores": usable_cores(),
                         "logical_cpus": os.cpu_count(), "cpu_used": None if self.cpu_used is None else [round(v, 4) for v in self.cpu_used],
+                        "window": None if self.cpu_window is None else [round(v, 3) for v in self.cpu_window], "affinity": affinity(),
                         "trial": None if self.trial is None else self.trial.to_dict()},
         }
         try:  # a new temporary file, renamed: never through a link; a full disk costs the report, never the script

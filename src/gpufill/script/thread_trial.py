@@ -12,7 +12,9 @@ this moment, says which. Runs in the user's process (recorder.py): host clock, n
 from __future__ import annotations
 
 import os
+import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 ROUNDS = 4
@@ -20,6 +22,8 @@ ROUNDS = 4
 BLOCK = 3
 """Steps per block; the first of each is dropped (the thread pool changing size is paid there)."""
 MIN_ROUNDS = 2
+FAR_SLOWER = 2.0
+"""A fewer-thread arm this many times slower than the script's in the first round ends the trial there."""
 BUDGET_S = 30.0
 """After MIN_ROUNDS, no new round starts past this many seconds of trial (a slow step at one thread)."""
 
@@ -35,22 +39,23 @@ def trial_arms(threads: int, usable_cores: int) -> list[int]:
 class ThreadTrial:
     """Interleaved blocks of steps per thread count; `after_step()` after each optimizer step, True when done."""
 
-    def __init__(self, torch: Any, threads: int, usable_cores: int, *, rounds: int = ROUNDS, block: int = BLOCK, budget_s: float = BUDGET_S):
-        self.torch, self.threads, self.usable_cores = torch, threads, usable_cores
+    def __init__(self, torch: Any, threads: int, usable_cores: int, *, rounds: int = ROUNDS, block: int = BLOCK, budget_s: float = BUDGET_S,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.torch, self.threads, self.usable_cores, self.clock = torch, threads, usable_cores, clock
         self.arms = trial_arms(threads, usable_cores)
         self.block, self.budget_s = block, budget_s
         self.schedule = [(r, arm) for r in range(rounds) for arm in (self.arms if r % 2 == 0 else self.arms[::-1])]
         self.step_s: list[dict[int, list[float]]] = [{arm: [] for arm in self.arms} for _ in range(rounds)]
         """Per round, per thread count: the block's step times (its first step dropped)."""
         self.position = self.in_block = 0
-        self.started = self.last = time.perf_counter()
+        self.started = self.last = clock()
 
     def start(self) -> None:
         self.torch.set_num_threads(self.schedule[0][1])
-        self.started = self.last = time.perf_counter()
+        self.started = self.last = self.clock()
 
     def after_step(self) -> bool:
-        now = time.perf_counter()
+        now = self.clock()
         round_, arm = self.schedule[self.position]
         if self.in_block > 0:
             self.step_s[round_][arm].append(now - self.last)
@@ -61,11 +66,18 @@ class ThreadTrial:
         self.position, self.in_block = self.position + 1, 0
         finished_round = self.position % len(self.arms) == 0
         over_budget = finished_round and self.position // len(self.arms) >= MIN_ROUNDS and now - self.started > self.budget_s
-        if self.position == len(self.schedule) or over_budget:
+        if self.position == len(self.schedule) or over_budget or (self.position == len(self.arms) and self._fewer_is_far_slower()):
             self.finish()
             return True
         self.torch.set_num_threads(self.schedule[self.position][1])
         return False
+
+    def _fewer_is_far_slower(self) -> bool:
+        """After the first round: every fewer-thread arm took over FAR_SLOWER times the script's step (an idle many-core
+        machine, where a slow single-threaded step would make the trial take minutes): nothing to gain, stop."""
+        first = self.step_s[0]
+        mine = statistics.median(first[self.threads]) if first[self.threads] else None
+        return mine is not None and all(first[arm] and statistics.median(first[arm]) > FAR_SLOWER * mine for arm in self.arms[1:])
 
     def finish(self) -> None:
         self.torch.set_num_threads(self.threads)
@@ -73,6 +85,25 @@ class ThreadTrial:
     def to_dict(self) -> dict[str, Any]:
         done = [r for r in self.step_s if all(r[arm] for arm in self.arms)]
         return {"arms": self.arms, "block": self.block, "rounds": [{str(arm): [round(s, 6) for s in r[arm]] for arm in self.arms} for r in done]}
+
+
+def affinity() -> list[int] | None:
+    """The CPU ids this process may run on (None where the platform does not say)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds of this process and its children (DataLoader workers): the training's own use of the cores."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # it ended meanwhile
+            continue
+    return total
 
 
 def usable_cores() -> int:
