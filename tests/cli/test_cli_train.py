@@ -95,7 +95,7 @@ def bad_cases(d):
         (["--model", "lstm", "--project", "nope"], ["nope"]),
         (["--model", "lstm", "--precision", "banana"], ["--precision", "banana", "bf16"]),
         (["--model", "lstm", "--lr", -1], ["--lr", "-1"]),
-        (["--model", "lstm", "--patience", 0], ["--patience"]),
+        (["--model", "lstm", "--patience", -1], ["--patience"]),
         (["--model", "lstm", "--checkpoint-dir", d / "short.csv"], ["--checkpoint-dir", "is a file"]),
         (["--model", "tests.custom_model_fixture:make_not_a_module"], ["model", "dict", "nn.Module"]),
         *([(["--model", "lstm", "--device", "cuda"], ["--device", "no CUDA GPU"])] if not torch.cuda.is_available() else []),
@@ -118,3 +118,10 @@ def test_nan_fill_option_makes_the_same_file_usable(capsys, data_dir):
     code, out, _ = run_cli(capsys, "train", "--model", "mlp", "--data", data_dir / "gappy.csv", "--fill", "ffill", "--epochs", 2, "--json")
     assert code == 0
     assert json.loads(out)["project"] == "gappy"
+
+
+def test_patience_0_turns_early_stopping_off(capsys):
+    code, out, _ = run_cli(capsys, "train", "--model", "mlp", "--epochs", 6, "--patience", 0, "--json")
+    record = json.loads(out)
+    assert code == 0 and len(record["history"]) == 6 and record["status"] == "completed"
+    assert not any(event.startswith("early stop") for event in record["events"])

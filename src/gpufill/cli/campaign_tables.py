@@ -117,8 +117,9 @@ def winners_table(rows: list[dict[str, Any]], metric: str = "mae") -> Table:
     columns = ["project", "family", "params", "lookback", metric, f"vs_{REFERENCE}", "runner_up"]
     if not any(row.get(f"vs_{REFERENCE}") is not None for row in rows):
         columns.remove(f"vs_{REFERENCE}")
-    families = max((row["families"] for row in rows), default=0)
-    table = Table(title=f"best configuration per project, of {families} families (ranked on the test window; runner-up: how much worse)",
+    counts = {row["families"] for row in rows}
+    families = f"{counts.pop()} families" if len(counts) == 1 else f"up to {max(counts, default=0)} families"
+    table = Table(title=f"best configuration per project, of {families} (ranked on the test window; runner-up: how much worse)",
                   title_justify="left", pad_edge=False, box=None, header_style="bold")
     cells = []
     for row in rows:

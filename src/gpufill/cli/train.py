@@ -38,7 +38,7 @@ def train(
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
     lr: float = typer.Option(DEFAULTS.lr, "--lr", help="Learning rate at the reference batch (128)."),
     lr_scale_rule: str = typer.Option(DEFAULTS.lr_scale_rule, "--lr-scale", help="linear, sqrt or none: how lr follows the batch."),
-    patience: int = typer.Option(FORECAST_PATIENCE, "--patience", help="Early stopping patience (validations without improvement)."),
+    patience: int = typer.Option(FORECAST_PATIENCE, "--patience", help="Early stopping patience (validations without improvement); 0 turns it off."),
     seed: int = typer.Option(DEFAULTS.seed, "--seed"),
     param: list[str] = typer.Option([], "--param", "-p", help="Model parameter KEY=VALUE (repeatable)."),
     val: str = typer.Option("0.1", "--val", help="Validation split: fraction or count of final steps."),
@@ -78,7 +78,7 @@ def train(
         config = FitConfig(
             epochs=epochs,
             lr=lr,
-            patience=patience,
+            patience=None if patience == 0 else patience,  # 0: no early stopping (--epochs decides)
             seed=seed,
             device=device,
             precision=precision,  # type: ignore[arg-type]  # checked by validate()
