@@ -20,11 +20,11 @@ ROOT = PACKAGE.parent
 
 # What each layer may import besides itself (DESIGN.md: cli -> campaign -> forecasting -> engine;
 # monitor, doctor, bench and report sit beside them). gpufill.errors, gpufill.files (every file written
-# without following a link) and gpufill.user_code (loading `package.module:name`) are shared leaves; the
-# engine needs only the first two.
-SHARED = {"gpufill.errors", "gpufill.files", "gpufill.user_code"}
+# without following a link), gpufill.cpus (the cores a process may use) and gpufill.user_code (loading
+# `package.module:name`) are shared leaves; the engine needs only the first three.
+SHARED = {"gpufill.errors", "gpufill.files", "gpufill.cpus", "gpufill.user_code"}
 ALLOWED = {
-    "gpufill.engine": {"gpufill.errors", "gpufill.files"},
+    "gpufill.engine": {"gpufill.errors", "gpufill.files", "gpufill.cpus"},
     "gpufill.forecasting": {*SHARED, "gpufill.engine"},
     "gpufill.campaign": {*SHARED, "gpufill", "gpufill.engine", "gpufill.forecasting", "gpufill.monitor"},
     "gpufill.monitor": {*SHARED, "gpufill.engine"},
@@ -148,7 +148,7 @@ def test_each_layer_imports_only_what_sits_below_it(layer):
 
 def test_the_shared_leaves_import_only_each_other():
     edges = graph()
-    assert edges["gpufill.errors"] == set() and edges["gpufill.files"] == {"gpufill.errors"}
+    assert edges["gpufill.errors"] == set() and edges["gpufill.files"] == {"gpufill.errors"} and edges["gpufill.cpus"] == set()
 
 
 def test_importing_gpufill_and_its_cli_loads_no_heavy_library():

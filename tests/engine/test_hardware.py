@@ -50,3 +50,38 @@ def test_detect_cpu_reads_this_machine():
     assert hw.cpu_count == cpu_count() >= 1
     assert hw.total_memory_bytes > 2**30
     assert hw.compute_capability is None and hw.peak is None and not hw.tf32_supported
+
+
+def _cgroup(tmp_path, membership: str, files: dict[str, str]):
+    root = tmp_path / "cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    root.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "self-cgroup").write_text(membership)
+    return root, tmp_path / "self-cgroup"
+
+
+def test_a_cgroup_cpu_quota_caps_the_usable_cores(tmp_path):
+    import os
+
+    from gpufill.cpus import cpu_quota, usable_cpus
+
+    affinity = len(os.sched_getaffinity(0))
+    # cgroup v2: the job's own quota, its parent unlimited; the smallest on the way up counts.
+    root, member = _cgroup(tmp_path / "v2", "0::/user.slice/job\n", {"user.slice/job/cpu.max": "150000 100000\n", "user.slice/cpu.max": "max 100000\n"})
+    assert cpu_quota(root, member) == 1.5 and usable_cpus(root, member) == min(affinity, 2)
+    root, member = _cgroup(tmp_path / "v2p", "0::/a/b\n", {"a/b/cpu.max": "800000 100000\n", "a/cpu.max": "100000 100000\n"})
+    assert cpu_quota(root, member) == 1.0 and usable_cpus(root, member) == 1
+    # cgroup v1, its cpu controller mounted as cpu,cpuacct; a quota of -1 is none.
+    root, member = _cgroup(tmp_path / "v1", "4:cpu,cpuacct:/docker/abc\n",
+                           {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n", "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"})
+    assert cpu_quota(root, member) == 2.0
+    root, member = _cgroup(tmp_path / "v1none", "4:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"})
+    assert cpu_quota(root, member) is None and usable_cpus(root, member) == affinity
+    # Inside a container the cgroup path is not under the mount: the mount's own file is read.
+    root, member = _cgroup(tmp_path / "ns", "0::/kubepods/pod1/c1\n", {"cpu.max": "400000 100000\n"})
+    assert cpu_quota(root, member) == 4.0
+    root, member = _cgroup(tmp_path / "none", "", {})
+    assert cpu_quota(root, member) is None and usable_cpus(root, member) == affinity
+    assert cpu_quota(*_cgroup(tmp_path / "odd", "0::/\n", {"cpu.max": "garbage\n"})) is None  # unreadable: no quota assumed

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import psutil
 import torch
 
+from gpufill.cpus import usable_cpus
 from gpufill.errors import InputError
 
 
@@ -105,10 +106,8 @@ class Hardware:
 
 
 def cpu_count() -> int:
-    """Cores this process may run on (respects taskset/cgroup affinity where the OS exposes it)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+    """Cores this process may use: its affinity (taskset, cpusets) capped by its cgroup's CPU quota (gpufill.cpus)."""
+    return usable_cpus()
 
 
 def _cpu_name() -> str:

@@ -21,13 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpufill.cpus import usable_cpus
 from gpufill.errors import InputError
 from gpufill.files import append_whole, write_atomically
+from gpufill.script.census import StepCensus, compiled
 from gpufill.script.clocks import Clock, CudaClock, HostClock
 from gpufill.script.hand_updates import HandUpdates
-from gpufill.script.census import StepCensus, compiled
 from gpufill.script.lines import in_library, short_path
-from gpufill.script.thread_trial import ThreadTrial, affinity, tree_cpu_seconds, usable_cores
+from gpufill.script.thread_trial import ThreadTrial, affinity, tree_cpu_seconds
 
 WHOLE_RUN = 0
 """GPUFILL_SCRIPT_STEPS for a watch: never stop the script."""
@@ -190,7 +191,7 @@ class Recorder:
         threads = torch.get_num_threads()
         if threads > 1:
             self._digest(final=True)
-            self.trial = ThreadTrial(torch, threads, usable_cores())
+            self.trial = ThreadTrial(torch, threads, usable_cpus())
             self.trial.start()
 
     def _note_cpu_used(self) -> None:
@@ -384,7 +385,7 @@ class Recorder:
                       "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")},
             "compiled": compiled(),
             "torch": torch.__version__,
-            "threads": {"torch": self.trial.threads if self.trial is not None else torch.get_num_threads(), "usable_cores": usable_cores(),
+            "threads": {"torch": self.trial.threads if self.trial is not None else torch.get_num_threads(), "usable_cores": usable_cpus(),
                         "logical_cpus": os.cpu_count(), "cpu_used": None if self.cpu_used is None else [round(v, 4) for v in self.cpu_used],
                         "window": None if self.cpu_window is None else [round(v, 3) for v in self.cpu_window], "affinity": affinity(),
                         "trial": None if self.trial is None else self.trial.to_dict()},

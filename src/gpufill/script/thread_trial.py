@@ -104,8 +104,3 @@ def tree_cpu_seconds() -> float:
         except psutil.Error:  # it ended meanwhile
             continue
     return total
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity), as torch's own default counts them."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
