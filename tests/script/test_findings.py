@@ -131,6 +131,15 @@ class FakeTorch:
         self.calls.append(n)
 
 
+def steps_to_the_end(trial: ThreadTrial) -> int:
+    """Start the trial and step until it says it is done: the steps it took."""
+    trial.start()
+    steps = 1
+    while not trial.after_step():
+        steps += 1
+    return steps
+
+
 class StepClock:
     """A step takes `seconds[threads]` of the fake torch's current thread count."""
 
@@ -146,11 +155,7 @@ def test_the_trial_interleaves_blocks_drops_each_blocks_first_step_and_puts_the_
     torch = FakeTorch(4)
     trial = ThreadTrial(torch, 4, 1, rounds=4, block=3, budget_s=1e9, clock=StepClock(torch, {4: 0.010, 1: 0.012}))
     assert trial_arms(4, 2) == [4, 1, 2] and trial_arms(4, 1) == [4, 1] and trial_arms(8, 4) == [8, 1, 4] and trial_arms(2, 2) == [2, 1]
-    trial.start()
-    steps = 0
-    while not trial.after_step():
-        steps += 1
-    assert steps + 1 == 4 * 2 * 3  # rounds x arms x block
+    assert steps_to_the_end(trial) == 4 * 2 * 3  # rounds x arms x block
     assert torch.calls == [4, 1, 1, 4, 4, 1, 1, 4, 4]  # ABBA order, then the script's own count back
     assert torch.threads == 4
     rounds = trial.to_dict()["rounds"]
@@ -160,11 +165,7 @@ def test_the_trial_interleaves_blocks_drops_each_blocks_first_step_and_puts_the_
 def test_the_trial_stops_after_two_rounds_past_its_budget():
     torch = FakeTorch(4)
     trial = ThreadTrial(torch, 4, 1, rounds=4, block=3, budget_s=0.0, clock=StepClock(torch, {4: 0.010, 1: 0.008}))
-    trial.start()
-    steps = 1
-    while not trial.after_step():
-        steps += 1
-    assert steps == 2 * 2 * 3 and torch.threads == 4 and len(trial.to_dict()["rounds"]) == 2
+    assert steps_to_the_end(trial) == 2 * 2 * 3 and torch.threads == 4 and len(trial.to_dict()["rounds"]) == 2
 
 
 def test_a_share_gain_carries_its_spread_and_says_when_it_is_noise():
@@ -215,11 +216,7 @@ def test_an_overhead_bound_script_without_a_dataloader_is_pointed_at_its_backwar
 def test_the_trial_ends_after_its_first_round_where_fewer_threads_are_far_slower():
     torch = FakeTorch(8)
     trial = ThreadTrial(torch, 8, 8, rounds=4, block=3, budget_s=1e9, clock=StepClock(torch, {8: 0.010, 1: 0.050}))
-    trial.start()
-    steps = 1
-    while not trial.after_step():
-        steps += 1
-    assert steps == 2 * 3 and torch.threads == 8  # one block per arm: an idle many-core box is not kept minutes at one thread
+    assert steps_to_the_end(trial) == 2 * 3 and torch.threads == 8  # one block per arm: an idle many-core box is not kept minutes at one thread
     gain = measured_gain(trial.to_dict())
     assert gain.rounds == 1 and gain.gain == pytest.approx(0.2) and not gain.clear
 

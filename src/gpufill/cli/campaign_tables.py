@@ -102,14 +102,8 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
     if total > max_rows:
         title += f" (first {max_rows}; --format csv for all)"
     table = Table(title=title, title_justify="left", pad_edge=False, box=None, header_style="bold")
-    cells = [[_cell(name, row.get(name)) for name in columns] for row in rows]
-    for index, column in enumerate(columns):
-        numeric = any(isinstance(row.get(column), int | float) and not isinstance(row.get(column), bool) for row in rows)
-        table.add_column(_HEADERS.get(column, column), justify="right" if numeric else "left", no_wrap=column not in _WRAPPED, overflow="fold",
-                         min_width=_longest_word([row[index] for row in cells]) if column in _WRAPPED else None)
-    for row in cells:
-        table.add_row(*(Text(cell) for cell in row))  # names are data, not markup
-    return table
+    numeric = {c for c in columns if any(isinstance(row.get(c), int | float) and not isinstance(row.get(c), bool) for row in rows)}
+    return _filled(table, columns, [[_cell(name, row.get(name)) for name in columns] for row in rows], right=numeric, wrapped=_WRAPPED)
 
 
 def winners_table(rows: list[dict[str, Any]], metric: str = "mae") -> Table:
@@ -125,9 +119,15 @@ def winners_table(rows: list[dict[str, Any]], metric: str = "mae") -> Table:
     for row in rows:
         runner_up = "" if row["runner_up"] is None else f"{row['runner_up']} +{row[f'runner_up_{metric}'] / row[metric] - 1:.0%}" if row[metric] else row["runner_up"]
         cells.append([visible(runner_up) if column == "runner_up" else _cell(column, row.get(column)) for column in columns])
+    return _filled(table, columns, cells, right={metric, f"vs_{REFERENCE}", "lookback"}, wrapped=("params",))
+
+
+def _filled(table: Table, columns: list[str], cells: list[list[str]], *, right: set[str], wrapped: tuple[str, ...]) -> Table:
+    """`table` with its columns (numbers right-aligned; only `wrapped` ones wrap, between words) and rows of text
+    (names are data, not markup)."""
     for index, column in enumerate(columns):
-        table.add_column(_HEADERS.get(column, column), justify="right" if column in (metric, f"vs_{REFERENCE}", "lookback") else "left",
-                         no_wrap=column != "params", overflow="fold", min_width=_longest_word([row[index] for row in cells]) if column == "params" else None)
+        table.add_column(_HEADERS.get(column, column), justify="right" if column in right else "left", no_wrap=column not in wrapped,
+                         overflow="fold", min_width=_longest_word([row[index] for row in cells]) if column in wrapped else None)
     for row in cells:
         table.add_row(*(Text(cell) for cell in row))
     return table

@@ -232,9 +232,8 @@ class Training:
             for callback in callbacks:
                 callback.on_epoch_end(record)
             if lines:
-                steady = epoch_seconds[1:] or epoch_seconds
                 left = epochs_left(record, self.cfg.epochs, max_steps, self.state.steps) if status == "completed" else 0.0
-                print(epoch_line(record, self.cfg.epochs, sum(steady) / len(steady), left), file=sys.stderr, flush=True)
+                print(epoch_line(record, self.cfg.epochs, _steady_epoch_s(epoch_seconds), left), file=sys.stderr, flush=True)
             if status != "completed" or last:
                 break
         if self.cfg.restore_best and self.state.best_weights is not None and status != "diverged":
@@ -272,8 +271,7 @@ class Training:
     def _result(self, status: Status, epoch_seconds: list[float], wall: float, samples_per_epoch: int) -> FitResult:
         history = self.state.history
         # The first epoch pays warm-up (allocator, cuDNN autotune, compile): report it apart.
-        steady = epoch_seconds[1:] or epoch_seconds
-        epoch_s = sum(steady) / len(steady) if steady else 0.0
+        epoch_s = _steady_epoch_s(epoch_seconds)
         train_s = sum(epoch_seconds)
         timings = {
             "samples_per_s": samples_per_epoch / epoch_s if epoch_s > 0 else 0.0,
@@ -299,6 +297,12 @@ class Training:
             if scored is not None and scored.val_metrics:
                 metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
         return FitResult(model=self.model, plan=self.plan, history=history, metrics=metrics, timings=timings, events=self.events, status=status)
+
+
+def _steady_epoch_s(epoch_seconds: list[float]) -> float:
+    """An epoch's seconds, the first left out where there are more (it pays warm-up: allocator, cuDNN autotune, compile)."""
+    steady = epoch_seconds[1:] or epoch_seconds
+    return sum(steady) / len(steady) if steady else 0.0
 
 
 def _lr(optimizer: torch.optim.Optimizer) -> float:

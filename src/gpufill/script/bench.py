@@ -50,6 +50,11 @@ class Variant:
     def applies_to(self, on_gpu: bool) -> bool:
         return not self.cpu_only if on_gpu else not self.cuda_only
 
+    @property
+    def only_for(self) -> str:
+        """Where it can change anything, in words (for the variants that do not apply to this training)."""
+        return "CUDA only" if self.cuda_only else "CPU trainings only"
+
 
 AS_IS = Variant("as is", "the command unchanged", cuda_only=False)
 VARIANTS = (
@@ -137,10 +142,8 @@ def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tup
     as_is.flags = {**first.report["flags"], "torch_threads": _threads(first.report)}
     on_gpu = device.startswith("cuda")
     chosen = [known[name] for name in tries] if tries else [v for v in VARIANTS if v.applies_to(on_gpu)]
-    skipped = [] if tries else [f"{v.name}: {'CUDA only' if v.cuda_only else 'CPU trainings only'}, and the training runs on {device}"
-                                for v in VARIANTS if not v.applies_to(on_gpu)]
-    results = [as_is, *(VariantResult(v, note="" if v.applies_to(on_gpu) else
-                                      f"{'CUDA only' if v.cuda_only else 'CPU trainings only'}: no effect expected on {device}") for v in chosen)]
+    skipped = [] if tries else [f"{v.name}: {v.only_for}, and the training runs on {device}" for v in VARIANTS if not v.applies_to(on_gpu)]
+    results = [as_is, *(VariantResult(v, note="" if v.applies_to(on_gpu) else f"{v.only_for}: no effect expected on {device}") for v in chosen)]
     closing: float | None = None
     for round_index in range(repeats):
         for result in results:

@@ -132,9 +132,6 @@ def _analyse(diagnosis: ScriptDiagnosis, report: dict[str, Any], statistic: Lite
         diagnosis.timings = _timings(report, statistic)
         diagnosis.verdict = classify(diagnosis.timings, _yardstick(report)) if threads is None else threads
     diagnosis.findings = _findings(report, diagnosis.timings, diagnosis.verdict)
-    if threads is None and (gain := measured_gain((report.get("threads") or {}).get("trial"))) is not None and gain.gain > 1.0:
-        diagnosis.findings.append(Finding(fix_text(gain.fewer), gain.gain, f"measured over {gain.rounds} interleaved rounds ({gain.low:.2f}-{gain.high:.2f}x): "
-                                          "under 1.10x, or not faster in enough rounds, to act on before the rest", spread=(gain.low, gain.high), within_noise=True))
 
 
 def _timings(report: dict[str, Any], statistic: Literal["median", "mean"]) -> PhaseTimings:
@@ -179,7 +176,7 @@ def _findings(report: dict[str, Any], timings: PhaseTimings | None, verdict: Ver
     # those within the noise of the step times last.
     # A host read of a value is a sync only where the value lives on a GPU: on a CPU training it costs nothing.
     others = ((_sync_findings(report) if on_gpu else []) + _precision_findings(report, on_gpu) + _optimizer_findings(report, timings)
-              + _hand_update_findings(report) + _worker_findings(report, verdict))
+              + _hand_update_findings(report) + _worker_findings(report, verdict) + _thread_findings(report, verdict))
     if verdict is not None and verdict.kind == "thread-oversubscribed":
         for finding in others:
             finding.why += "; timed while threads stalled each other: measure again after the thread fix"
@@ -287,6 +284,15 @@ def _optimizer_findings(report: dict[str, Any], timings: PhaseTimings | None) ->
         findings.append(Finding(f"{optimizer['class']}(..., fused=True){built}: one kernel for all {optimizer['tensors']} parameter tensors "
                                 f"instead of a loop over them", gain, why, where=optimizer.get("at"), **measured))
     return findings
+
+
+def _thread_findings(report: dict[str, Any], verdict: Verdict | None) -> list[Finding]:
+    """A thread trial that found fewer threads faster, but not clearly enough for the verdict: said, marked as noise."""
+    gain = measured_gain((report.get("threads") or {}).get("trial"))
+    if gain is None or gain.gain <= 1.0 or (verdict is not None and verdict.kind == "thread-oversubscribed"):
+        return []
+    return [Finding(fix_text(gain.fewer), gain.gain, f"measured over {gain.rounds} interleaved rounds ({gain.low:.2f}-{gain.high:.2f}x): "
+                    "under 1.10x, or not faster in enough rounds, to act on before the rest", spread=(gain.low, gain.high), within_noise=True)]
 
 
 def _worker_findings(report: dict[str, Any], verdict: Verdict | None) -> list[Finding]:
