@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpufill.forecasting.data import Project, make_windows, synthetic_projects
+from gpufill.forecasting.data import Project, make_windows, synthetic, synthetic_projects
 from gpufill.forecasting.data.metrics import mae
 from gpufill.errors import InputError
 
@@ -90,3 +90,24 @@ def test_bad_arguments(kwargs, field):
         synthetic_projects(**kwargs)
     message = str(err.value)
     assert message.startswith(f"synthetic data: {field}:") and "fix: set" in message and "\n" not in message
+
+
+
+# What each generator version draws, to rounding (other CPUs differ in the last bits): a change of what the
+# generator draws must bump GENERATOR_VERSION, which is part of every synthetic fingerprint, so that no old result
+# is kept under the id of data it was not trained on.
+DRAWN_BY_VERSION = {
+    1: {
+        "p000": ([182.29673565363336, 246.98181844310577, 187.82645269375266], [-1.5282926734446338, 0.0, -4.095256597226976]),
+        "p001": ([360.6195662701921, 492.85852938724196, 361.16555281942055], [0.4939277168621805, 0.0, -7.295563617695198]),
+    },
+}
+
+
+def test_the_generator_draws_what_its_version_says():
+    projects = synthetic_projects(n_projects=2, length=40, seed=0, n_covariates=3)
+    for name, (targets, covariates) in DRAWN_BY_VERSION[synthetic.GENERATOR_VERSION].items():
+        drawn = projects[name]
+        now = ([drawn.target[i] for i in (0, 17, 39)], [drawn.covariates[i, j] for i, j in ((5, 0), (9, 1), (39, 2))])
+        assert np.allclose(now[0], targets, rtol=1e-9, atol=0) and np.allclose(now[1], covariates, rtol=1e-9, atol=1e-12), (
+            f"{name}: the generator's output changed: bump GENERATOR_VERSION in forecasting/data/synthetic.py and add what it draws here")

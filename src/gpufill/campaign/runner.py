@@ -101,7 +101,7 @@ class Campaign:
         timeline.mark("data loaded")
         self.spec.check_trial_count(len(projects), where=self.spec.where("models"))  # the file's projects are known now: before the trials are listed
         too_short, notes = _too_short(projects, self.spec)  # fails before the run on any other data problem, naming the project
-        # Each project's values are part of its trials' identity: an edited file re-runs exactly what it changed.
+        # Each project's data is part of its trials' identity (the same on every machine): an edited file re-runs exactly what it changed.
         trials = expand(self.spec, {name: project.fingerprint() for name, project in projects.items()})
         if too_short:  # local mode: a project too short for a lookback sits out that lookback; the others run
             kept = [t for t in trials if (t.project, t.lookback) not in too_short]

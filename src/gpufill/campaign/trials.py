@@ -3,8 +3,9 @@
 A trial's id is a hash of everything that changes its result, and nothing else, so a
 re-run, a larger grid, more seeds or more projects keep every existing id (and result):
 project, family, model params, training overrides, seed, lookback, the data spec without
-``projects``, the project's data fingerprint (a hash of its values: an edited file re-runs
-exactly the trials of the projects it changed), the task spec without the lookback list and
+``projects``, the project's data fingerprint (`Project.fingerprint`: of its cells as read, or
+of the synthetic generator's version and arguments, never of computed floats, so the same on
+every machine; an edited file re-runs exactly the trials of the projects it changed), the task spec without the lookback list and
 ``metric`` (which only ranks), and, for neural families, the global train spec. Resources
 never enter it. A global-mode trial trains on every project at once, so its id holds every
 project's name and fingerprint: adding or changing a project re-runs it (while a local trial

@@ -1,9 +1,20 @@
-"""A project: one time-indexed series with a target and optional covariates."""
+"""A project: one time-indexed series with a target and optional covariates, and the fingerprint of what made it.
+
+A fingerprint names the data in trial ids, so it must be the same on every machine. Computed floats are not:
+numpy and OpenBLAS pick their kernels by CPU feature (the synthetic generator's AR(1) noise goes through
+``np.convolve``, i.e. BLAS ``ddot``, whose summation order differs between OpenBLAS's Haswell, Sandybridge and
+Prescott kernels; ``np.exp`` has its own AVX-512 code), so the bytes of generated values differ in the last bit
+from one CPU to the next. A loader therefore fingerprints what the values were made from: the generator's name,
+version and arguments, or the cells as read from a file (parsing text or Parquet is exact arithmetic, the same
+everywhere). Only a project built in code falls back to its values' bytes.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,18 +33,37 @@ class Project:
     """File path(s) or "synthetic"; named in error messages."""
     time: np.ndarray | None = None
     """(T,) timestamps, when the source had a time column."""
+    origin: str = ""
+    """The fingerprint the loader gave (`recipe_fingerprint`, `cells_fingerprint`): the same on every machine.
+    Empty for a project built in code: its values are then hashed."""
 
     @property
     def length(self) -> int:
         return int(self.target.shape[0])
 
     def fingerprint(self) -> str:
-        """A hash of the values a training sees (target, covariates and their names, in time order):
-        equal for an unchanged file however it was re-saved, different after any edit of a value."""
-        digest = hashlib.sha256()
-        for array in (self.target, self.covariates):
-            values = np.ascontiguousarray(array, dtype=np.float64)
-            digest.update(str(values.shape).encode())
-            digest.update(values.tobytes())
-        digest.update("\x00".join(self.covariate_names).encode())
-        return digest.hexdigest()[:16]
+        """What identifies the values a training sees: equal on every machine for the same data and settings,
+        different after any edit of a value (a file) or of the generator's version or arguments (synthetic)."""
+        return self.origin or cells_fingerprint(self.target, self.covariates, self.covariate_names)
+
+
+def cells_fingerprint(target: np.ndarray, covariates: np.ndarray, names: tuple[str, ...] | list[str]) -> str:
+    """A hash of values as they were read (target, covariates and their names, in time order): equal for an
+    unchanged file however it was re-saved, different after any edit of a value. Never give it values a kernel
+    computed (exp, sin, a BLAS sum): their last bits differ from one CPU to the next."""
+    digest = hashlib.sha256()
+    for array in (target, covariates):
+        values = np.ascontiguousarray(array, dtype=np.float64)
+        if np.isnan(values).any():  # one NaN, whatever payload the reader gave it (missing cells are filled later)
+            values = np.where(np.isnan(values), np.nan, values)
+        digest.update(str(values.shape).encode())
+        digest.update(values.tobytes())
+    digest.update("\x00".join(names).encode())
+    return digest.hexdigest()[:16]
+
+
+def recipe_fingerprint(generator: str, version: int, **arguments: Any) -> str:
+    """A hash of how generated values are made (the generator, its version and its arguments), never of the
+    values themselves; bump the generator's version whenever its output changes."""
+    recipe = {"generator": generator, "version": int(version), "arguments": arguments}
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]

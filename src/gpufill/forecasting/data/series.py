@@ -10,7 +10,7 @@ import numpy as np
 
 from gpufill.errors import InputError
 from gpufill.forecasting.data.checks import Rows, check_values, refuse_duplicate_times, refuse_text_cells
-from gpufill.forecasting.data.project import Project
+from gpufill.forecasting.data.project import Project, cells_fingerprint
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -59,6 +59,9 @@ def to_project(
     cov_names = [c for c in frame.columns if c not in skip and pd.api.types.is_numeric_dtype(frame[c])]
     values = frame[[target, *cov_names]].to_numpy(dtype=np.float64, na_value=np.nan)
     names = [target, *map(str, cov_names)]
+    # The cells as read, before the fill (which the campaign's data settings name): a pure function of the
+    # file's bytes, so the same fingerprint on every machine; nothing a kernel computed enters it.
+    origin = cells_fingerprint(values[:, 0], values[:, 1:], names[1:])
     values = _fill(values, names, fill, where)
     check_values(values, names, where, frame.index.to_numpy(), rows)
     return Project(
@@ -68,6 +71,7 @@ def to_project(
         covariate_names=tuple(str(c) for c in cov_names),
         source=label,
         time=time,
+        origin=origin,
     )
 
 

@@ -2,14 +2,21 @@
 
 Built so that a model with a 30-step lookback clearly beats the naive last-value
 forecast: the seasonal swing is several times larger than the noise.
+
+A project's fingerprint is its recipe (GENERATOR_VERSION, seed, index, length, covariates), not its values:
+the values go through np.exp, np.sin and np.convolve (BLAS), whose last bits depend on the CPU.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from gpufill.forecasting.data.project import Project
+from gpufill.forecasting.data.project import Project, recipe_fingerprint
 from gpufill.errors import InputError
+
+GENERATOR_VERSION = 1
+"""Part of every synthetic project's fingerprint, so of its trials' ids: bump it with any change to what
+the generator draws (tests/forecasting/test_synthetic_recipe.py holds version 1's values and says so)."""
 
 # Covariate names, in the order they are exposed (n_covariates takes a prefix).
 _DRIVER_NAMES = ("leading_indicator", "periodic_driver")
@@ -24,7 +31,7 @@ def _ar1(rng: np.random.Generator, length: int, phi: float, sigma: float) -> np.
     return np.convolve(shocks, kernel)[_AR_TAIL : _AR_TAIL + length]
 
 
-def _one_project(name: str, rng: np.random.Generator, length: int, n_covariates: int) -> Project:
+def _one_project(name: str, rng: np.random.Generator, length: int, n_covariates: int, origin: str) -> Project:
     t = np.arange(length, dtype=np.float64)
     level = float(np.exp(rng.uniform(np.log(50.0), np.log(500.0))))  # log-uniform 50..500
 
@@ -65,7 +72,7 @@ def _one_project(name: str, rng: np.random.Generator, length: int, n_covariates:
     extra = np.cumsum(rng.normal(size=(length, max(n_covariates - 2, 0))), axis=0)
     covariates = np.ascontiguousarray(np.column_stack([drivers, extra]), dtype=np.float64)
     names = _DRIVER_NAMES[: min(n_covariates, 2)] + tuple(f"random_walk_{i}" for i in range(2, n_covariates))
-    return Project(name=name, target=target, covariates=covariates, covariate_names=names, source="synthetic")
+    return Project(name=name, target=target, covariates=covariates, covariate_names=names, source="synthetic", origin=origin)
 
 
 def synthetic_projects(
@@ -89,5 +96,6 @@ def synthetic_projects(
     out = {}
     for i in range(n_projects):  # one loop per project, not per row
         name = f"p{i:0{width}d}"
-        out[name] = _one_project(name, np.random.default_rng([int(seed), i]), int(length), int(n_covariates))
+        origin = recipe_fingerprint("gpufill.synthetic", GENERATOR_VERSION, seed=int(seed), index=i, length=int(length), n_covariates=int(n_covariates))
+        out[name] = _one_project(name, np.random.default_rng([int(seed), i]), int(length), int(n_covariates), origin)
     return out
