@@ -60,7 +60,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
             console.print(visible(f"lane {lane['lane']}: {lane['slots']} slots x {lane['threads']} threads on {lane['device']} ({', '.join(lane['runs'])}): "
                                   f"{lane['reason']}"), markup=False)
         console.print(f"trial timeout: {describe_timeout(job.spec.resources)}", markup=False)
-        console.print(visible(f"{len(prepared.trials)} trials; workdir {job.workdir}"), markup=False)
+        console.print(visible(f"{_trials_line(len(prepared.trials), job.status().total)}; workdir {job.workdir}"), markup=False)
         live.start()
 
     try:
@@ -92,6 +92,15 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
                       f"they used none of their retries: once that is fixed, finish the campaign with: {job.resume_command(command)}"), file=sys.stderr)
     if counts["failed"] or outcome.waiting:
         raise typer.Exit(1)
+
+
+def _trials_line(trials: int, counts: dict[str, int]) -> str:
+    """The campaign's trials and, on a re-run, what is done already and what this run does."""
+    done, pending = counts.get("done", 0), counts.get("pending", 0)
+    if not done:
+        return f"{trials} trials"
+    failed = f", {counts['failed']} failed" if counts.get("failed") else ""
+    return f"{trials} trials: {done} done{failed}, " + ("nothing to run" if not pending else f"{pending} to run")
 
 
 @app.command()
