@@ -10,13 +10,8 @@ kernels), each in its own process; and, on any machine, kernels whose every resu
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shutil
 import sqlite3
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,8 +19,8 @@ import pytest
 from gpufill.campaign import expand, load_campaign
 from gpufill.campaign.runner import demo_campaign_path
 from gpufill.forecasting.data import load_projects, synthetic, synthetic_projects
+from tests.other_cpu import kernel_settings, run_python
 
-ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 DEMO_IDS = """\
 import hashlib, json, sys
 import numpy as np
@@ -38,38 +33,9 @@ print(json.dumps({"ids": sorted(t.trial_id for t in expand(spec, prints)), "fing
 """
 
 
-def numpy_dispatch_found() -> list[str]:
-    """The SIMD targets numpy dispatches to on this CPU beyond its baseline (what NPY_DISABLE_CPU_FEATURES turns off)."""
-    try:
-        from numpy._core import _multiarray_umath as umath
-    except ImportError:  # numpy 1.x
-        from numpy.core import _multiarray_umath as umath  # type: ignore[no-redef]
-    return [name for name in umath.__cpu_dispatch__ if umath.__cpu_features__.get(name)]
-
-
-def kernel_settings() -> dict[str, dict[str, str]]:
-    """Environments that make this machine compute as another CPU would; each is a stand-in for a machine kind."""
-    baseline_blas = "Prescott" if platform.machine().lower() in ("x86_64", "amd64") else "ARMV8"  # SSE3: every x86-64 has it
-    numpy_baseline = {"NPY_DISABLE_CPU_FEATURES": " ".join(numpy_dispatch_found())}
-    return {
-        "as found": {},
-        "numpy baseline SIMD": numpy_baseline,
-        "OpenBLAS baseline kernel": {"OPENBLAS_CORETYPE": baseline_blas},
-        "all baseline": {**numpy_baseline, "OPENBLAS_CORETYPE": baseline_blas, "ATEN_CPU_CAPABILITY": "default"},
-    }
-
-
-def run_python(*argv: str, env: dict[str, str]) -> str:
-    """`python ARGV...` with this checkout's gpufill and `env` on top of this process's environment; its stdout."""
-    environment = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=environment, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
-
-
 def test_the_demo_ids_and_fingerprints_are_the_same_under_every_kernel_setting():
     settings = kernel_settings()
-    seen = {name: json.loads(run_python("-c", DEMO_IDS, str(demo_campaign_path()), env=env).splitlines()[-1]) for name, env in settings.items()}
+    seen = {name: json.loads(run_python("-c", DEMO_IDS, str(demo_campaign_path()), env=env).stdout.splitlines()[-1]) for name, env in settings.items()}
     found = seen["as found"]
     assert len(found["ids"]) == len(set(found["ids"])) == 80  # 8 projects x 10 families x 1 seed
     for name, outcome in seen.items():
@@ -158,10 +124,10 @@ resources: {cpu_slots: 1}
 def test_a_workdir_run_on_one_kernel_setting_is_finished_on_another(tmp_path):
     """`gpufill run`, the workdir copied to a machine whose kernels differ, `gpufill run` again: nothing re-runs."""
     (tmp_path / "moved.yaml").write_text(CAMPAIGN)
-    first = run_python("-m", "gpufill", "run", str(tmp_path / "moved.yaml"), "--workdir", str(tmp_path / "here"), "--yes", env={})
+    first = run_python("-m", "gpufill", "run", str(tmp_path / "moved.yaml"), "--workdir", str(tmp_path / "here"), "--yes", env={}).stdout
     shutil.copytree(tmp_path / "here", tmp_path / "there")
     again = run_python("-m", "gpufill", "run", str(tmp_path / "moved.yaml"), "--workdir", str(tmp_path / "there"), "--yes",
-                       env=kernel_settings()["all baseline"])
+                       env=kernel_settings()["all baseline"]).stdout
     with sqlite3.connect(tmp_path / "there" / "gpufill.db") as db:
         rows = db.execute("SELECT status, run_id, COUNT(*) FROM trials GROUP BY status, run_id").fetchall()
     assert rows == [("done", 1, 4)], rows  # 2 projects x 2 families, all from the first run

@@ -125,3 +125,17 @@ def test_patience_0_turns_early_stopping_off(capsys):
     record = json.loads(out)
     assert code == 0 and len(record["history"]) == 6 and record["status"] == "completed"
     assert not any(event.startswith("early stop") for event in record["events"])
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_synthetic_data_resumes_on_another_cpus_kernels(tmp_path):
+    """The windows of a synthetic project differ in their last bits on another CPU; the checkpoint names them by the
+    project's fingerprint and how they were cut and scaled, so it resumes there (issue 34)."""
+    from tests.other_cpu import kernel_settings, run_python
+
+    common = ["-m", "gpufill", "train", "--model", "mlp", "--data", "synthetic", "--checkpoint-dir", str(tmp_path), "--json"]
+    first = json.loads(run_python(*common, "--epochs", "2", env={}).stdout)
+    again = json.loads(run_python(*common, "--epochs", "3", "--resume", env=kernel_settings()["all baseline"]).stdout)
+    assert len(first["history"]) == 2 and len(again["history"]) == 3
+    assert any("resumed after epoch 2" in event for event in again["events"])
+    assert [record["train_loss"] for record in again["history"][:2]] == [record["train_loss"] for record in first["history"]]

@@ -75,6 +75,34 @@ def test_resuming_with_another_model_optimizer_or_data_is_refused(tmp_path, chan
     assert (tmp_path / "last.pt").read_bytes() == before  # nothing already computed is lost
 
 
+def one_ulp_off(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same data as another CPU computes it: every value one ulp off."""
+    return {key: torch.nextafter(value, torch.full_like(value, torch.inf)) for key, value in batch.items()}
+
+
+def test_data_named_by_data_id_resumes_on_another_cpus_last_bits_and_is_refused_under_another_name(tmp_path):
+    with pytest.raises(Stop):
+        fit(make_model(), data(), data(40), checkpoint_dir=tmp_path, callbacks=[StopAfter(1)], data_id="sales-v1", **SETTINGS)
+    before = (tmp_path / "last.pt").read_bytes()
+    moved = one_ulp_off(data())
+    assert not torch.equal(moved["x"], data()["x"])
+    input_error(fit, make_model(), moved, data(40), checkpoint_dir=tmp_path, resume=True, data_id="sales-v2", field="resume",
+                contains=("other training data", "last.pt"), **SETTINGS)
+    input_error(fit, make_model(), data(91), data(40), checkpoint_dir=tmp_path, resume=True, data_id="sales-v1", field="resume",
+                contains=("other training data",), **SETTINGS)  # a name never covers another size
+    assert (tmp_path / "last.pt").read_bytes() == before
+    resumed = fit(make_model(seed=5), moved, data(40), checkpoint_dir=tmp_path, resume=True, data_id="sales-v1", **SETTINGS)
+    assert "resumed after epoch 1" in " ".join(resumed.events) and len(resumed.history) == SETTINGS["epochs"]
+
+
+def test_unnamed_data_is_known_by_its_values():
+    from gpufill.engine.inputs import as_source, fingerprint
+
+    assert fingerprint(as_source(data(), "train")) == fingerprint(as_source(data(), "train"))
+    assert fingerprint(as_source(one_ulp_off(data()), "train")) != fingerprint(as_source(data(), "train"))
+    assert fingerprint(as_source(one_ulp_off(data()), "train"), "v1") == fingerprint(as_source(data(), "train"), "v1")
+
+
 class _RunsCode:
     """A pickle that would create a file when unpickled without weights_only."""
 

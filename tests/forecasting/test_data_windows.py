@@ -274,3 +274,17 @@ def test_each_window_scaling_inverts_exactly_and_ignores_padding(how):
                 assert (inputs.mean(), inputs.std()) == (pytest.approx(0.0, abs=1e-5), pytest.approx(1.0, rel=1e-4))
     np.testing.assert_allclose(scaled.inverse_target(scaled.y_test.numpy()), w.test_truth, rtol=1e-5)
     assert scale_windows(w, "project") is w
+
+
+def test_windows_are_named_by_their_project_and_how_they_were_cut_and_scaled():
+    from gpufill.forecasting.data import synthetic_projects
+    from gpufill.forecasting.data.window_scaling import scale_windows
+
+    project = synthetic_projects(n_projects=1, length=300)["p000"]
+    base = make_windows(project, 24, 1, Split(val=0.1, test=0.2))
+    assert base.data_id == make_windows(project, 24, 1, Split(val=0.1, test=0.2)).data_id != ""
+    others = [make_windows(project, 12, 1, Split(val=0.1, test=0.2)), make_windows(project, 24, 2, Split(val=0.1, test=0.2)),
+              make_windows(project, 24, 1, Split(val=0.2, test=0.2)), make_windows(project, 24, 1, Split(val=0.1, test=0.2), stride=2),
+              scale_windows(base, "mean"), scale_windows(base, "standard"), make_windows(synthetic_projects(n_projects=2, length=300)["p001"], 24, 1)]
+    assert len({base.data_id, *(w.data_id for w in others)}) == 1 + len(others)
+    assert scale_windows(base, "project").data_id == base.data_id  # the same windows

@@ -136,6 +136,10 @@ class FitConfig(SpeedSettings):
     checkpoint_every: int = 1
     resume: bool = False
     """Continue from checkpoint_dir's last checkpoint if there is one."""
+    data_id: str | None = None
+    """What names the training data in a checkpoint, where its bytes would not: computed values (a generator's,
+    a feature's) differ in the last bits from one CPU to the next, so a checkpoint hashing them would not resume on
+    another machine. None: a sample of the rows is hashed. Either way its size and structure must match."""
     steps_per_epoch: int | None = None
     """Optimizer steps per epoch for an IterableDataset (None: one pass, counted in the first epoch)."""
     max_steps: int | None = None

@@ -204,11 +204,14 @@ class _TreeDataset(Dataset):
         return pytree.tree_unflatten([leaf[index] for leaf in self.leaves], self.spec)
 
 
-def fingerprint(source: Source) -> str:
-    """What identifies the data a checkpoint was trained on: kind, size, structure, and for tensors
-    the bytes of up to 256 rows spread over the data (cheap for any size, and it changes when they do)."""
+def fingerprint(source: Source, data_id: str | None = None) -> str:
+    """What identifies the data a checkpoint was trained on: kind, size, structure, and `data_id` where the caller
+    names the data (FitConfig.data_id: the same on every machine), else for tensors the bytes of up to 256 rows
+    spread over the data (cheap for any size, and it changes when they do)."""
     digest = hashlib.sha1(f"{source.kind}|{source.n}|{signature(source.sample)}".encode())
-    if source.kind == "tensors" and source.n:
+    if data_id:
+        digest.update(f"|{data_id}".encode())
+    elif source.kind == "tensors" and source.n:
         picks = torch.linspace(0, source.n - 1, steps=min(256, source.n)).long()
         for leaf in tensors_of(source.data):
             digest.update(leaf.index_select(0, picks.to(leaf.device)).detach().cpu().contiguous().numpy().tobytes())

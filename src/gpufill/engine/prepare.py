@@ -89,7 +89,7 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> 
     identity = resumed = None
     if cfg.checkpoint_dir is not None:  # what a checkpoint belongs to (reads a sample of the data once)
         probe_optimizer, _ = make_optimizer(model, cfg, cfg.lr, plan.optimizer_kernel.value)
-        identity = Identity(model=model_fingerprint(model), optimizer=optimizer_fingerprint(probe_optimizer), data=fingerprint(train_source))
+        identity = Identity(model=model_fingerprint(model), optimizer=optimizer_fingerprint(probe_optimizer), data=fingerprint(train_source, cfg.data_id))
         resumed = resume(cfg.checkpoint_dir, identity, model, device, events) if cfg.resume else None
     if resumed is not None:
         plan = plan.replace(batch_search=Choice(False, "off: resumed with the checkpoint's micro-batch"))

@@ -80,7 +80,7 @@ def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, call
         torch.cuda.reset_peak_memory_stats()
     model = build_model(trial, windows)
     fitted = fit(model, (windows.x_train, windows.y_train), (windows.x_val, windows.y_val) if windows.x_val.shape[0] else None,
-                 config=setup.config, callbacks=callbacks)
+                 config=setup.config, callbacks=callbacks, data_id=windows.data_id or None)  # a checkpoint resumes on another CPU
     peak = int(torch.cuda.max_memory_reserved()) if on_cuda else None
     return neural_result(trial, windows, fitted, setup, pack=pack, peak_memory_bytes=peak)
 

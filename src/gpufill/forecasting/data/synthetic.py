@@ -16,7 +16,7 @@ from gpufill.errors import InputError
 
 GENERATOR_VERSION = 1
 """Part of every synthetic project's fingerprint, so of its trials' ids: bump it with any change to what
-the generator draws (tests/forecasting/test_synthetic_recipe.py holds version 1's values and says so)."""
+the generator draws (tests/forecasting/test_data_synthetic.py holds what each version draws and says so)."""
 
 # Covariate names, in the order they are exposed (n_covariates takes a prefix).
 _DRIVER_NAMES = ("leading_indicator", "periodic_driver")

@@ -24,6 +24,7 @@ from typing import Literal, get_args
 import numpy as np
 import torch
 
+from gpufill.forecasting.data.project import recipe_fingerprint
 from gpufill.forecasting.data.windows import WindowedProject, WindowScaling
 
 ScalingName = Literal["project", "last", "mean", "standard"]
@@ -45,7 +46,8 @@ def scale_windows(windows: WindowedProject, how: str) -> WindowedProject:
         regions[region] = _scale_region(x, y, real, how, mean0, std0)
     changed = {f"{part}_{region}": tensors[i] for region, tensors in regions.items() for i, part in enumerate(("x", "y"))}
     scaling = WindowScaling(how, **{region: tensors[2] for region, tensors in regions.items()})
-    return dataclasses.replace(windows, window_scaling=scaling, **changed)
+    data_id = recipe_fingerprint("gpufill.window_scaling", 1, windows=windows.data_id, how=how) if windows.data_id else ""
+    return dataclasses.replace(windows, window_scaling=scaling, data_id=data_id, **changed)
 
 
 def _scale_region(x: torch.Tensor, y: torch.Tensor, real: np.ndarray, how: str, mean0: float, std0: float):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from gpufill.forecasting.data.project import Project
+from gpufill.forecasting.data.project import Project, recipe_fingerprint
 from gpufill.errors import InputError
 
 
@@ -186,6 +186,9 @@ class WindowedProject:
     """Set when the series was too short for a full lookback and was left-padded (global mode)."""
     window_scaling: WindowScaling | None = None
     """Set when each window's target was scaled by its own inputs (forecasting.data.window_scaling)."""
+    data_id: str = ""
+    """What names these windows on every machine: the project's fingerprint and how they were cut and scaled (their
+    float values differ in the last bits from one CPU to the next). A training's checkpoint records it."""
 
     def inverse_target(self, scaled_pred: np.ndarray | torch.Tensor, region: str = "test") -> np.ndarray:
         """Predictions of a region's windows (test, or val) back in the original scale (each window's own scale
@@ -371,4 +374,6 @@ def make_windows(
         season_length=season_length_of(project.time, project.source),
         backtest=split.backtest is not None,
         padding=padding,
+        data_id=recipe_fingerprint("gpufill.windows", 1, data=project.fingerprint(), lookback=lookback, horizon=horizon, stride=stride, pad=pad,
+                                   split=[split.val, split.test, split.backtest]),
     )
