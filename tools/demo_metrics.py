@@ -60,7 +60,7 @@ class Tolerance(NamedTuple):
 SAME_NUMERICS = Tolerance(neural=0.0, neural_median=0.0, other=0.0)
 """The same kernels and libraries: three saves from 90fdd68 with the pack size pinned were bit-identical (80 trials)."""
 ACROSS_MACHINES = Tolerance(neural=0.10, neural_median=1e-3, other=1e-9)
-"""Measured (issue 34), same code and pack size, the reference of an AVX-512 EPYC against a run on an AVX2 EPYC (Zen 3),
+"""Measured (issue 34), same code and pack size, the old reference (saved on another EPYC kind) against a run on an AVX2 EPYC (Zen 3),
 and that run against the same machine forced onto baseline kernels (numpy SIMD off, OpenBLAS Prescott, torch default):
 classical and statistical trials within 1.5e-15; neural trials within 3e-7 but for tcn, whose early stopping
 amplifies rounding (2.7 %, 0.25 %, 0.10 % and 3.6 %, 0.28 %, 0.10 %, 0.04 % on single projects); medians over the
