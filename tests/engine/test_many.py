@@ -308,3 +308,100 @@ def test_on_a_gpu_a_pack_of_variants_ends_where_each_ends_alone():
         alone = _alone(TinyCNN, data, variant, **settings)
         assert _largest_difference(result.model, alone.model) < 1e-4, variant
         assert result.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-4)
+
+
+class NormalisedSGD(torch.optim.Optimizer):
+    """Each tensor's step scaled by its own gradient norm (as LAMB's trust ratio): not elementwise, so a stack of
+    models would share one norm."""
+
+    def __init__(self, params, lr=0.05):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad / (p.grad.norm() + 1e-12), alpha=-group["lr"])
+
+
+FACTORIES = {
+    "adam_l2_fused": lambda params: torch.optim.Adam(params, lr=3e-3, weight_decay=0.01, fused=True),
+    "adamw_amsgrad": lambda params: torch.optim.AdamW(params, lr=3e-3, weight_decay=0.05, amsgrad=True),
+    "sgd_nesterov": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
+    "sgd_dampening": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.8, dampening=0.3),
+    "rmsprop_centered": lambda params: torch.optim.RMSprop(params, lr=3e-3, momentum=0.5, centered=True, weight_decay=1e-4),
+    "adagrad": lambda params: torch.optim.Adagrad(params, lr=0.05, lr_decay=1e-3, weight_decay=1e-3),
+}
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd"])
+def test_every_named_optimizer_packs_8_variants_of_seed_lr_and_decay_that_end_where_each_ends_alone(optimizer):
+    data = _data()
+    variants = [{**v, "lr": v["lr"] * (10 if optimizer == "sgd" else 1)} for v in VARIANTS]
+    settings = {**EXACT, "loss": "cross_entropy", "batch_size": 32, "epochs": 3, "optimizer": optimizer}
+    packed = gpufill.fit_many(TinyMLP, data["train"], data["val"], variants=variants, pack=True, **settings)
+    assert all(r.plan.pack_size.value == 8 for r in packed) and packed[0].plan.optimizer.value == optimizer
+    for variant, result in zip(variants, packed, strict=True):
+        alone = _alone(TinyMLP, data, variant, **settings)
+        assert _largest_difference(result.model, alone.model) < 1e-5, variant
+        assert [r.train_loss for r in result.history] == pytest.approx([r.train_loss for r in alone.history], rel=1e-5)
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_a_factory_optimizer_that_is_elementwise_packs_and_each_model_ends_where_it_ends_alone(name):
+    data = _data()
+    variants = [{"seed": seed} for seed in range(8)]
+    settings = {**EXACT, "loss": "cross_entropy", "batch_size": 32, "epochs": 3, "optimizer": FACTORIES[name]}
+    packed = gpufill.fit_many(TinyMLP, data["train"], data["val"], variants=variants, pack=True, **settings)
+    assert all(r.plan.pack_size.value == 8 for r in packed), packed[0].plan.pack_size.reason
+    assert "in the pack: torch's" in packed[0].plan.optimizer.reason
+    for variant, result in zip(variants, packed, strict=True):
+        alone = _alone(TinyMLP, data, variant, **settings)
+        assert _largest_difference(result.model, alone.model) < 1e-5, variant
+        assert result.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-5)
+
+
+def test_an_optimizer_that_is_not_elementwise_trains_one_at_a_time_with_the_reason():
+    data = _data()
+    settings = {**EXACT, "loss": "cross_entropy", "batch_size": 32, "epochs": 2, "optimizer": lambda params: NormalisedSGD(params)}
+    results = gpufill.fit_many(TinyMLP, data["train"], data["val"], variants=[{"seed": 0}, {"seed": 1}], pack=True, **settings)
+    assert [r.plan.pack_size.value for r in results] == [1, 1]
+    assert results[0].plan.pack_size.reason == ("one at a time: NormalisedSGD's update is not elementwise (stacked, body.0.weight of a "
+                                                "model moved apart from its own alone)")
+    from gpufill.engine.packs.stacked_optim import why_not_stacked_optimizer
+
+    models = [TinyMLP(), TinyMLP()]
+    assert why_not_stacked_optimizer(models, [torch.optim.LBFGS(m.parameters()) for m in models]).startswith(
+        "LBFGS cannot step stacked models (TypeError: ")
+    assert why_not_stacked_optimizer(models, [torch.optim.SGD(models[0].parameters(), lr=0.1), torch.optim.Adam(models[1].parameters())]) == (
+        "the variants' optimizers are of different classes")
+
+
+def test_a_stacked_optimizer_is_torchs_own_per_model_as_runs_split_when_a_model_stops():
+    from gpufill.engine.packs.stacked_optim import StackedOptimizer, recipe_of
+
+    torch.manual_seed(3)
+    models = [nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2)) for _ in range(4)]
+    lrs = [0.01, 0.01, 0.02, 0.01]  # runs [0, 2), [2, 3), [3, 4); model 1 stops at step 6: [0, 1) then
+    alone = [torch.optim.RMSprop(m.parameters(), lr=lr, momentum=0.9, centered=True) for m, lr in zip(models, lrs, strict=True)]
+    stacked = [nn.Parameter(torch.stack([p.detach().clone() for p in ps])) for ps in zip(*(m.parameters() for m in models), strict=True)]
+    ours = StackedOptimizer(stacked, [recipe_of(o, m) for o, m in zip(alone, models, strict=True)])
+    assert ours.runs == [(0, 2), (2, 3), (3, 4)]
+    ours.set_lr_factor(0.5)
+    for optimizer in alone:
+        for group in optimizer.param_groups:
+            group["lr"] *= 0.5
+    for step in range(12):
+        stepping = [0, 1, 2, 3] if step < 6 else [0, 2, 3]
+        for p in stacked:
+            p.grad = torch.randn_like(p)
+        ours.step(stepping)
+        for k in stepping:
+            for p, q in zip(models[k].parameters(), stacked, strict=True):
+                p.grad = q.grad[k].clone()
+            alone[k].step()
+    assert ours.runs == [(0, 1), (2, 3), (3, 4)] and ours.lr == [0.005, 0.005, 0.01, 0.005]
+    for k, model in enumerate(models):
+        for p, q in zip(model.parameters(), stacked, strict=True):
+            assert torch.equal(p.detach(), q.detach()[k]), k

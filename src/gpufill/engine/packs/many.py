@@ -30,7 +30,7 @@ from gpufill.engine.result import FitResult
 from gpufill.errors import InputError
 
 PER_VARIANT = frozenset({"seed", "lr", "weight_decay"})
-"""Settings that may differ between the variants of one pack (StackedAdamW holds them per model)."""
+"""Settings that may differ between the variants of one pack (its optimizer holds them per model)."""
 
 def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *, variants: Sequence[dict[str, Any]],
              config: FitConfig | None = None, pack: bool | str = "auto", **settings: Any) -> list[FitResult]:
@@ -50,11 +50,12 @@ def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *
     train_source = as_source(train, "train")
     val_source = as_source(val, "val") if val is not None else None
     reason = _why_one_at_a_time(models, configs, train_source, val_source) if pack is not False else "pack=False"
-    if reason is None and pack is True:
-        run = PackedVariants(models, configs, train_source, val_source)
+    run = PackedVariants(models, configs, train_source, val_source) if reason is None else None
+    if run is not None:
+        reason = run.why_not()
+    if run is not None and reason is None and pack is True:
         return run.train(Choice(len(models), f"one pack of {len(models)} (torch.func vmap): pack=True, not measured"))
-    if reason is None:
-        run = PackedVariants(models, configs, train_source, val_source)
+    if run is not None and reason is None:
         per_model, alone = run.measure()
         if per_model < alone:
             choice = Choice(len(models), f"one pack of {len(models)} (torch.func vmap): measured {alone / per_model:.2f}x the samples/s of "
@@ -92,8 +93,6 @@ def _why_one_at_a_time(models: Sequence[nn.Module], configs: Sequence[FitConfig]
     cfg = configs[0]
     if train.kind != "tensors" or (val is not None and val.kind != "tensors"):
         return "the data is a Dataset or DataLoader (a pack gathers each model's batch from tensors)"
-    if cfg.optimizer != "adamw":
-        return f"optimizer {cfg.optimizer!r} (a pack steps AdamW)"
     if cfg.checkpoint_dir is not None or cfg.resume:
         return "checkpoints are per training"
     if cfg.steps_per_epoch is not None:

@@ -1,8 +1,9 @@
 """Variants of one model trained as one pack: `fit_many`'s training when it packs.
 
 The variants' parameters and buffers are stacked (`StackedModule`, torch.func's vmap over
-`functional_call`) and stepped by `StackedAdamW` (torch's AdamW kernel with per-model lr and
-weight decay); each model is trained as `fit` trains it alone: its own seed's batch order, its
+`functional_call`) and stepped by the optimizer each variant's `fit` would build (`stacked_optimizer`:
+torch's AdamW kernel called directly for the default AdamW, torch's own class over row runs of the
+stacked tensors for any other elementwise optimizer); each model is trained as `fit` trains it alone: its own seed's batch order, its
 own early stopping and best weights, the same schedule, clipping per model, metrics per model.
 A model that stops (early stopping, divergence) is no longer stepped, and its weights and
 buffers are kept as they were when it stopped. `measure` times the pack against one model
@@ -30,9 +31,10 @@ from gpufill.engine.hardware import detect
 from gpufill.engine.inputs import Source, data_facts
 from gpufill.engine.loop import Status
 from gpufill.engine.measure.resolver import MIN_GAIN
-from gpufill.engine.optim import Multiplier, make_schedule
+from gpufill.engine.optim import Multiplier, make_optimizer, make_schedule
 from gpufill.engine.packs.optim import StackedAdamW
 from gpufill.engine.packs.stacked import StackedModule
+from gpufill.engine.packs.stacked_optim import StackedOptimizer, recipe_of, why_not_stacked_optimizer
 from gpufill.engine.plan import Plan, make_plan
 from gpufill.engine.result import EpochRecord, FitResult
 
@@ -40,7 +42,10 @@ MEASURE_STEPS = 4
 """Timed steps per arm when the pack is measured against one model at a time (after one warm-up)."""
 
 
-def pack_step(stacked: StackedModule, optimizer: StackedAdamW, loss_fn: Callable[[Any, Any], dict[str, torch.Tensor]], batch: Any,
+PackOptimizer = StackedAdamW | StackedOptimizer
+
+
+def pack_step(stacked: StackedModule, optimizer: PackOptimizer, loss_fn: Callable[[Any, Any], dict[str, torch.Tensor]], batch: Any,
               models: Sequence[int], grad_clip: float | None = None) -> dict[str, torch.Tensor]:
     """One optimizer step of `models` (the ones still training), each on its own rows of `batch`
     (leaves (K, b, ...)); returns the per-model values (K,), no host sync. The others run forward
@@ -86,12 +91,34 @@ class PackedVariants:
         self.loss_fn, loss_choice = losses.resolve(cfg.loss)
         self.plan = self.plan.replace(loss=loss_choice)
         self.steps_per_epoch = -(-self.n // self.batch)
+        # Each variant's optimizer as its fit alone would build it: what the pack must step.
+        built = [make_optimizer(m, c, c.lr * self.plan.lr_scale.value, self.plan.optimizer_kernel.value) for m, c in zip(self.models, configs, strict=True)]
+        self.optimizers = [optimizer for optimizer, _ in built]
+        self.optimizer_choice = built[0][1]
+
+    def why_not(self) -> str | None:
+        """None when the variants' optimizers step correctly as one pack; else why not."""
+        return why_not_stacked_optimizer(self.models, self.optimizers)
+
+    def stacked_optimizer(self, params: Sequence[nn.Parameter]) -> tuple[PackOptimizer, Choice[str]]:
+        """The pack's optimizer over the stacked `params`, with the plan's record of it. fit's default AdamW calls
+        torch's fused kernel directly (StackedAdamW: no Python optimizer loop per step); any other optimizer is torch's
+        own class over row runs of the stacked tensors (StackedOptimizer), the same arithmetic as alone."""
+        recipes = [recipe_of(o, m) for o, m in zip(self.optimizers, self.models, strict=True)]
+        if self.cfg.optimizer == "adamw" and self.plan.optimizer_kernel.value == "fused":
+            optimizer: PackOptimizer = StackedAdamW(list(params), [float(r.groups[0][1]["lr"]) for r in recipes],
+                                                    [self.configs[i].weight_decay for i in range(self.k)])
+            how = "torch's fused AdamW kernel called over the stacked models (StackedAdamW)"
+        else:
+            optimizer = StackedOptimizer(params, recipes)
+            how = f"torch's {recipes[0].kind.__name__} over the stacked models, one call per run of models sharing every hyperparameter"
+        return optimizer, Choice(self.optimizer_choice.value, f"{self.optimizer_choice.reason}; in the pack: {how}")
 
     # -- measured: the pack against one model at a time ---------------------------------------
     def measure(self) -> tuple[float, float]:
         """Seconds per model-step: the pack of K, and one model alone with fused AdamW (copies, so nothing trains)."""
         stacked = StackedModule.from_models([copy.deepcopy(m) for m in self.models]).train()
-        optimizer = StackedAdamW(list(stacked.parameters()), [1e-3] * self.k, [0.0] * self.k)
+        optimizer, _ = self.stacked_optimizer(list(stacked.parameters()))
         everyone = list(range(self.k))
         index = torch.arange(min(self.batch, self.n), device=self.device)
         batch = self.train_data.gather(index)
@@ -100,8 +127,8 @@ class PackedVariants:
         def packed() -> None:
             pack_step(stacked, optimizer, self.loss_fn, stacked_batch, everyone)
 
-        alone = copy.deepcopy(self.models[0]).train()
-        single = torch.optim.AdamW(alone.parameters(), lr=1e-3, fused=True) if _fused_ok(self.device) else torch.optim.AdamW(alone.parameters(), lr=1e-3)
+        alone, single = copy.deepcopy([self.models[0], self.optimizers[0]])  # fit's own optimizer, on the copy
+        alone.train()
 
         def one_step() -> None:
             self.loss_fn(alone, batch)["loss"].backward()
@@ -141,11 +168,9 @@ class PackedVariants:
         started = time.perf_counter()
         cfg, k, device = self.cfg, self.k, self.device
         stacked = StackedModule.from_models(self.models).to(device)
-        optimizer = StackedAdamW(list(stacked.parameters()), [c.lr * self.plan.lr_scale.value for c in self.configs],
-                                 [c.weight_decay for c in self.configs])
+        optimizer, optimizer_choice = self.stacked_optimizer(list(stacked.parameters()))
         multiplier = _multiplier(cfg, self.steps_per_epoch * cfg.epochs)
-        plan = self.plan.replace(pack_size=choice, optimizer=Choice("adamw", "torch's AdamW kernel over the stacked models (StackedAdamW): "
-                                                                                "per-model lr and weight decay, none on biases and norm weights"),
+        plan = self.plan.replace(pack_size=choice, optimizer=optimizer_choice,
                                  schedule=make_schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), cfg,
                                                         self.steps_per_epoch * cfg.epochs)[1])
         generators = [torch.Generator(device=device).manual_seed(c.seed) for c in self.configs]
@@ -320,7 +345,6 @@ def _plan(plan: Plan) -> Plan:
         accumulation=Choice(1, "1: no accumulation in packs"),
         batch_search=Choice(False, "off in packs: every variant keeps its batch"),
         grad_scaler=Choice(False, "off: fp32"),
-        optimizer_kernel=Choice("fused", "torch's fused AdamW kernel, one call per run of models sharing lr, weight decay and step count"),
     )
 
 
@@ -340,10 +364,6 @@ def _fastest(seconds: dict[int, float], incumbent: int) -> int:
     """The fastest thread count; the incumbent unless another is at least MIN_GAIN faster (the probe's rule)."""
     best = min(seconds, key=seconds.__getitem__)
     return best if seconds[best] * MIN_GAIN <= seconds[incumbent] else incumbent
-
-
-def _fused_ok(device: torch.device) -> bool:
-    return device.type in ("cpu", "cuda")
 
 
 def _time(step: Callable[[], None], device: torch.device) -> float:
