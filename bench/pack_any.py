@@ -8,7 +8,7 @@ batches from the same initial weights, every arm computing the same loss (cross-
 - vmap by hand: PyTorch's ensembling recipe (`stack_module_state`, `functional_call` under
   `torch.vmap`) with one fused AdamW over the stacked tensors (one lr for all: all it can do);
 - gpufill pack: the step `fit_many` trains a pack with (`engine/packs/variants.py`: the same
-  vmap, StackedAdamW's per-model lr and weight decay through torch's AdamW kernel);
+  vmap, StackedAdam's per-model lr and weight decay through torch's AdamW kernel);
 - on a CPU, gpufill pack at its measured threads: `fit_many` times the pack's step at 1 thread
   and at every core and keeps the faster (the others stay pinned to one thread, as the project's
   CPU benchmarks are: the user's hand-written arms at torch's default would be its choice too).
@@ -43,7 +43,7 @@ from gpufill.engine.hardware import cpu_count, resolve_device  # noqa: E402
 from gpufill.engine.measure.resolver import MIN_GAIN  # noqa: E402
 from gpufill.engine.losses import resolve as resolve_loss  # noqa: E402
 from gpufill.engine.packs.variants import pack_step  # noqa: E402
-from gpufill.engine.packs.optim import StackedAdamW  # noqa: E402
+from gpufill.engine.packs.optim import StackedAdam  # noqa: E402
 from gpufill.engine.packs.stacked import StackedModule  # noqa: E402
 
 RUNS = {  # sizes, steps per measurement, rounds, batch
@@ -113,10 +113,10 @@ class Arms:
         # The recipe's blueprint, as a real copy: a "meta" one fails on the GPT's tied embedding under functional_call.
         self.base = copy.deepcopy(models[0]).to(device)
         self.stacked = StackedModule.from_models([copy.deepcopy(m) for m in models]).to(device).train()
-        self.pack_opt = StackedAdamW(list(self.stacked.parameters()), [LR] * self.k, [0.0] * self.k)
+        self.pack_opt = StackedAdam(list(self.stacked.parameters()), [LR] * self.k, [0.0] * self.k)
         # The same pack once more, stepped at the thread count fit_many measures for it (CPU).
         self.threaded = StackedModule.from_models([copy.deepcopy(m) for m in models]).to(device).train()
-        self.threaded_opt = StackedAdamW(list(self.threaded.parameters()), [LR] * self.k, [0.0] * self.k)
+        self.threaded_opt = StackedAdam(list(self.threaded.parameters()), [LR] * self.k, [0.0] * self.k)
         self.threads = 1
         self.everyone = list(range(self.k))
 

@@ -6,8 +6,8 @@ count. Two of them, for two ways of knowing which models step:
   their captured CUDA graph, fp16 loss scaling: `engine.precision.Precision`). Every parameter
   lives in one flat (K, P) buffer (the module's parameters become views into it), and so do
   the moments: about twenty operators for the whole pack however many tensors the model has.
-- `StackedAdamW`: which models step is known on the host (fit_many: a model stops at an epoch's
-  end), so torch's own AdamW kernel steps them, over whole stacks where the models agree.
+- `StackedAdam`: which models step is known on the host (fit_many: a model stops at an epoch's
+  end), so torch's own Adam or AdamW kernel steps them, over whole stacks where the models agree.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.optim.adam import adam
 from torch.optim.adamw import adamw
 
 from gpufill.engine.hardware import fused_optimizer_devices
@@ -109,26 +110,27 @@ class PackAdamW:
 
 
 
-class StackedAdamW:
-    """torch's AdamW for K stacked models (contiguous (K, ...) leaves) when which models step is
-    known on the host (fit_many: a model stops at an epoch's end, never mid-epoch).
+class StackedAdam:
+    """torch's Adam (L2 penalty) or AdamW (decoupled decay) for K stacked models (contiguous (K, ...) leaves) when
+    which models step is known on the host (fit_many: a model stops at an epoch's end, never mid-epoch).
 
-    Each model keeps its own lr, weight decay and step counts; decay falls on weight matrices and
-    embeddings only, as `fit` groups its AdamW. One call of torch's kernel (fused on CPU and CUDA)
-    per run of consecutive models that share lr, weight decay and step count: for variants that
-    differ only in seed that is one call over the whole stack, as PyTorch's own vmap ensemble
-    steps it; a model alone in its group is a run of one. The arithmetic is the kernel's, the very
-    one `fit` runs for each model alone.
+    Each model keeps its own lr, weight decay and step counts; as `fit` builds them, AdamW decays weight matrices
+    and embeddings only and Adam penalises every parameter. One call of torch's kernel (fused on CPU and CUDA, called
+    directly: no Python optimizer loop per step) per run of consecutive models that share lr, weight decay and step
+    count: for variants that differ only in seed that is one call over the whole stack, as PyTorch's own vmap
+    ensemble steps it; a model alone in its group is a run of one. The arithmetic is the kernel's, the very one
+    `fit` runs for each model alone.
     """
 
     def __init__(self, params: Sequence[nn.Parameter], lr: Sequence[float], weight_decay: Sequence[float],
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, *, decoupled: bool = True):
         self.params = list(params)
         self.k = k = self.params[0].shape[0]
         if len(lr) != k or len(weight_decay) != k:
             raise ValueError(f"{len(lr)} lrs and {len(weight_decay)} weight decays for {k} models")
         device = self.params[0].device
         self.fused = device.type in fused_optimizer_devices() and all(p.is_floating_point() for p in self.params)
+        self.decoupled = decoupled
         self.base_lr, self.lr, self.weight_decay = list(lr), list(lr), list(weight_decay)
         self.beta1, self.beta2 = betas
         self.eps = eps
@@ -137,8 +139,9 @@ class StackedAdamW:
         self.steps = torch.zeros(k, len(self.params), device=device)
         """(K, parameters) float32 on the device: what torch's kernel reads; `counts` is the host's copy."""
         self.counts = [0] * k
-        self.decayed = [j for j, p in enumerate(self.params) if p[0].dim() >= 2]
-        self.not_decayed = [j for j, p in enumerate(self.params) if p[0].dim() < 2]
+        # fit's AdamW decays weight matrices and embeddings; its Adam's L2 penalty falls on every parameter.
+        self.decayed = [j for j, p in enumerate(self.params) if p[0].dim() >= 2 or not decoupled]
+        self.not_decayed = [j for j, p in enumerate(self.params) if j not in self.decayed]
 
     def set_lr_factor(self, factor: float) -> None:
         """Every model's lr = its base lr x `factor` (a schedule's multiplier for the next step)."""
@@ -184,16 +187,17 @@ class StackedAdamW:
 
     def _kernel(self, params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
                 steps: list[torch.Tensor], *, lr: float, weight_decay: float) -> None:
-        """torch's AdamW update of contiguous tensors whose step counts are already advanced: its fused
+        """torch's Adam or AdamW update of contiguous tensors whose step counts are already advanced: its fused
         kernel where this torch has one for the device (it reads the step, never adds to it), else
         its foreach implementation (which adds one itself: taken back first)."""
         if self.fused:
-            torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr, beta1=self.beta1, beta2=self.beta2,
-                                weight_decay=weight_decay, eps=self.eps, maximize=False)
+            kernel = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
+            kernel(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr, beta1=self.beta1, beta2=self.beta2,
+                   weight_decay=weight_decay, eps=self.eps, maximize=False)
             return
         steps = [s.clone() - 1 for s in steps]
-        adamw(params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, amsgrad=False, beta1=self.beta1, beta2=self.beta2, lr=lr,
-              weight_decay=weight_decay, eps=self.eps, maximize=False)
+        (adamw if self.decoupled else adam)(params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, amsgrad=False, beta1=self.beta1,
+                                            beta2=self.beta2, lr=lr, weight_decay=weight_decay, eps=self.eps, maximize=False)
 
     def zero_grad(self) -> None:
         for p in self.params:
