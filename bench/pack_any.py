@@ -1,23 +1,22 @@
-"""Packs of any model (torch.func vmap) against what a user writes instead: per model and K.
+"""K variants (seeds) of one model trained the ways a user would write it, each timed as a whole call.
 
-    python bench/pack_any.py [--smoke | --quick] [--models mlp,cnn,gpt] [--sizes 1,4,16] [--rounds N] [--device auto|cpu|cuda] [--out PATH]
+    python bench/pack_any.py [--smoke | --quick] [--models mlp32,mlp256,cnn,gru] [--sizes 4,16,64] [--optimizers adam,adamw]
+                             [--rounds N] [--device auto|cpu|cuda] [--out PATH]
 
-Ways to train K variants (seeds) of one architecture, each for the same steps on the same
-batches from the same initial weights, every arm computing the same loss (cross-entropy alone):
-- one at a time: each model alone, a careful loop (resident data, torch's fused AdamW);
-- vmap by hand: PyTorch's ensembling recipe (`stack_module_state`, `functional_call` under
-  `torch.vmap`) with one fused AdamW over the stacked tensors (one lr for all: all it can do);
-- gpufill pack: the step `fit_many` trains a pack with (`engine/packs/variants.py`: the same
-  vmap, StackedAdam's per-model lr and weight decay through torch's AdamW kernel);
-- on a CPU, gpufill pack at its measured threads: `fit_many` times the pack's step at 1 thread
-  and at every core and keeps the faster (the others stay pinned to one thread, as the project's
-  CPU benchmarks are: the user's hand-written arms at torch's default would be its choice too).
-Each row: samples/s per model and in all, peak device memory (CUDA), and the largest weight deviation of the gpufill pack
-from the models trained alone (`max_dev`: float rounding, which Adam amplifies on near-zero
-gradients). Ratios: the median of per-round ratios, arms interleaved, each round starting with
-a different arm. Models: an MLP of width 64 (`mlp`, the size of the forecasting MLPs: launch-
-bound on one core) and of width 256 (`mlp256`: compute-bound), a small CNN (`cnn`), the lm_char
-GPT (`gpt`, tied embeddings).
+Every arm builds the K models (`torch.manual_seed(seed); make_model()`), trains them for the same epochs on the same
+resident data with the same optimizer, scores the validation split after every epoch and keeps each model's best
+weights; the time is the whole call (construction, checks, measurement, training, validation), not a step. The arms:
+- one at a time: a careful loop per model (resident data, a per-model permutation, torch's fused optimizer);
+- vmap by hand: PyTorch's model-ensembling recipe (`stack_module_state`, `functional_call` under `torch.vmap`) with
+  one fused optimizer of the same kind over the stacked tensors, the validation of all K in one vmapped forward;
+  a model vmap cannot batch (nn.GRU) has no such arm;
+- gpufill fit_many: `gpufill.fit_many(make_model, train, val, variants=[{"seed": s}, ...], optimizer=...)` with
+  everything left to `auto` (pack or not, threads); its in-process caches are cleared before every call, so each
+  call pays its checks and measurement.
+The hand-written arms run at torch's default threads and at one thread; ratios are against the faster of the two
+in each round. Rounds interleave the arms (each round starts with another), ratios are medians of per-round ratios.
+Each arm's models are then scored on a held-out test split (`test_loss`: the median over the K models), and
+`max_dev` is the largest weight difference of a fit_many pack from the same models trained alone by `gpufill.fit`.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import copy
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,223 +35,273 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 from _common import environment, finish  # noqa: E402
 
+import gpufill  # noqa: E402
 from gpufill.engine.backend import synchronize  # noqa: E402
-from gpufill.engine.hardware import cpu_count, resolve_device  # noqa: E402
-from gpufill.engine.measure.resolver import MIN_GAIN  # noqa: E402
-from gpufill.engine.losses import resolve as resolve_loss  # noqa: E402
-from gpufill.engine.packs.variants import pack_step  # noqa: E402
-from gpufill.engine.packs.optim import StackedAdam  # noqa: E402
-from gpufill.engine.packs.stacked import StackedModule  # noqa: E402
+from gpufill.engine.hardware import resolve_device  # noqa: E402
+from gpufill.engine.packs import many  # noqa: E402
 
-RUNS = {  # sizes, steps per measurement, rounds, batch
-    "smoke": ((1, 2), 2, 1, 16),
-    "quick": ((1, 4, 16), 20, 5, 64),
-    "full": ((1, 4, 16, 64), 10, 3, 64),
+SIZES = {  # K, rounds, train/val/test rows, batch, epochs
+    "smoke": ((2,), 1, (256, 64, 64), 64, 1),
+    "quick": ((4, 16, 64), 3, (5000, 1000, 1000), 256, 3),
+    "full": ((4, 16, 64), 5, (5000, 1000, 1000), 256, 3),
 }
-LR = 1e-3
+LR = {"adam": 5e-3, "adamw": 5e-3}
+WEIGHT_DECAY = {"adam": 0.0, "adamw": 0.01}
 
 
-def mlp(width: int = 64) -> tuple[nn.Module, Any, str]:
-    model = nn.Sequential(nn.Linear(32, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, 10))
-    return model, lambda n, g: (torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)), "cross_entropy"
+class GRUNet(nn.Module):
+    """A sequence (b, 16, 4) read by a GRU of width 32, its last state to one value."""
+
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.GRU(4, 32, batch_first=True)
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.head(self.gru(x)[0][:, -1])
 
 
-def cnn(channels: int = 16) -> tuple[nn.Module, Any, str]:
-    model = nn.Sequential(nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(),
-                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(2 * channels * 16, 10))
-    return model, lambda n, g: (torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)), "cross_entropy"
+def mlp(width: int) -> Callable[[], nn.Module]:
+    return lambda: nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 2))
 
 
-def gpt() -> tuple[nn.Module, Any, str]:
-    from lm_char import GPT
-
-    model = GPT(vocab=64, context=32, width=64, layers=2, heads=4)
-
-    def data(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.randint(0, 64, (n, 33), generator=g)
-        return ids[:, :-1], ids[:, 1:]
-
-    return model, data, "cross_entropy"
+def cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(16 * 16, 10))
 
 
-MODELS = {"mlp": mlp, "mlp256": lambda: mlp(256), "cnn": cnn, "gpt": gpt}
-SMOKE_MODELS = {"mlp": lambda: mlp(32), "cnn": lambda: cnn(4)}
+def data(name: str, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    if name.startswith("mlp"):
+        x = torch.randn(n, 64, generator=g)
+        return x, x[:, :2] * 2 - x[:, 2:4] + 0.1 * torch.randn(n, 2, generator=g)
+    if name == "cnn":
+        x = torch.rand(n, 1, 8, 8, generator=g)
+        return x, (x.flatten(1)[:, :10].argmax(dim=1))
+    x = torch.randn(n, 16, 4, generator=g)
+    return x, x[:, -4:, 0].sum(dim=1, keepdim=True)
 
 
-def build(name: str, k: int, smoke: bool) -> tuple[list[nn.Module], Any, str]:
-    models = []
-    data, loss = None, "mse"
-    for seed in range(k):
-        torch.manual_seed(seed)
-        model, data, loss = (SMOKE_MODELS if smoke else MODELS)[name]()
-        models.append(model)
-    return models, data, loss
+MODELS: dict[str, tuple[Callable[[], nn.Module], str]] = {
+    "mlp32": (mlp(32), "mse"), "mlp256": (mlp(256), "mse"), "cnn": (cnn, "cross_entropy"), "gru": (GRUNet, "mse"),
+}
 
 
-def cross_entropy(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The loss every arm trains on, the loss alone (logits of any rank: per position for the GPT)."""
-    return nn.functional.cross_entropy(model(batch[0]).flatten(0, -2), batch[1].flatten())
+def loss_of(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return nn.functional.mse_loss if kind == "mse" else nn.functional.cross_entropy
 
 
-class Arms:
-    """The three ways for one model and K, each a closure of one training step on batch `i`."""
+def optimizer_of(name: str, params: Any, fused: bool) -> torch.optim.Optimizer:
+    kind = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+    return kind(params, lr=LR[name], weight_decay=WEIGHT_DECAY[name], fused=fused)
 
-    def __init__(self, models: list[nn.Module], batches: list[tuple[torch.Tensor, torch.Tensor]], loss: str, device: torch.device):
-        self.k, self.batches, self.device = len(models), batches, device
-        self.loss_fn = cross_entropy  # every arm computes the same: the loss alone, as the hand vmap does
-        self.pack_loss_fn, _ = resolve_loss(cross_entropy)  # as fit_many calls a loss function
-        fused = device.type in ("cpu", "cuda")
-        self.alone = [copy.deepcopy(m).to(device).train() for m in models]
-        self.alone_opt = [torch.optim.AdamW(m.parameters(), lr=LR, fused=fused) for m in self.alone]
-        params, buffers = stack_module_state([copy.deepcopy(m).to(device) for m in models])
-        self.hand_params = {name: p.detach().clone().requires_grad_() for name, p in params.items()}
-        self.hand_buffers = buffers
-        self.hand_opt = torch.optim.AdamW(list(self.hand_params.values()), lr=LR, fused=fused)
-        # The recipe's blueprint, as a real copy: a "meta" one fails on the GPT's tied embedding under functional_call.
-        self.base = copy.deepcopy(models[0]).to(device)
-        self.stacked = StackedModule.from_models([copy.deepcopy(m) for m in models]).to(device).train()
-        self.pack_opt = StackedAdam(list(self.stacked.parameters()), [LR] * self.k, [0.0] * self.k)
-        # The same pack once more, stepped at the thread count fit_many measures for it (CPU).
-        self.threaded = StackedModule.from_models([copy.deepcopy(m) for m in models]).to(device).train()
-        self.threaded_opt = StackedAdam(list(self.threaded.parameters()), [LR] * self.k, [0.0] * self.k)
-        self.threads = 1
-        self.everyone = list(range(self.k))
 
-    def one_at_a_time(self, i: int) -> None:
-        x, y = self.batches[i]
-        for k, (model, optimizer) in enumerate(zip(self.alone, self.alone_opt, strict=True)):
-            self.loss_fn(model, (x[k], y[k])).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+class Task:
+    """One model, K, optimizer and data: the arms as whole calls, each returning its K trained models."""
 
-    def vmap_by_hand(self, i: int) -> None:
-        x, y = self.batches[i]
+    def __init__(self, name: str, k: int, optimizer: str, splits: dict[str, tuple[torch.Tensor, torch.Tensor]], batch: int, epochs: int,
+                 device: torch.device):
+        self.name, self.k, self.optimizer, self.batch, self.epochs, self.device = name, k, optimizer, batch, epochs, device
+        self.make, self.kind = MODELS[name]
+        self.loss = loss_of(self.kind)
+        self.splits = {key: (x.to(device), y.to(device)) for key, (x, y) in splits.items()}
+        self.fused = device.type in ("cpu", "cuda")
 
-        def loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], xk: torch.Tensor, yk: torch.Tensor) -> torch.Tensor:
-            return nn.functional.cross_entropy(functional_call(self.base, (params, buffers), (xk,)).flatten(0, -2), yk.flatten())
+    def seeded(self) -> list[nn.Module]:
+        models = []
+        for seed in range(self.k):
+            torch.manual_seed(seed)
+            models.append(self.make().to(self.device))
+        return models
 
-        torch.vmap(loss)(self.hand_params, self.hand_buffers, x, y).sum().backward()
-        self.hand_opt.step()
-        self.hand_opt.zero_grad(set_to_none=True)
+    def one_at_a_time(self) -> list[nn.Module]:
+        x, y = self.splits["train"]
+        vx, vy = self.splits["val"]
+        out = []
+        for seed, model in enumerate(self.seeded()):
+            optimizer = optimizer_of(self.optimizer, model.parameters(), self.fused)
+            order = torch.Generator(device=self.device).manual_seed(seed)
+            best, kept = float("inf"), None
+            for _ in range(self.epochs):
+                model.train()
+                perm = torch.randperm(x.shape[0], device=self.device, generator=order)
+                for start in range(0, x.shape[0], self.batch):
+                    index = perm[start : start + self.batch]
+                    self.loss(model(x[index]), y[index]).backward()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                model.eval()
+                with torch.no_grad():
+                    val = float(self.loss(model(vx), vy))
+                if val < best:
+                    best, kept = val, copy.deepcopy(model.state_dict())
+            model.load_state_dict(kept)
+            out.append(model)
+        return out
 
-    def gpufill_pack(self, i: int) -> None:
-        pack_step(self.stacked, self.pack_opt, self.pack_loss_fn, self.batches[i], self.everyone)
+    def vmap_by_hand(self) -> list[nn.Module]:
+        models = self.seeded()
+        params, buffers = stack_module_state(models)
+        base = copy.deepcopy(models[0]).to("meta")
+        optimizer = optimizer_of(self.optimizer, list(params.values()), self.fused)
 
-    def gpufill_pack_threads(self, i: int) -> None:
-        torch.set_num_threads(self.threads)
-        try:
-            pack_step(self.threaded, self.threaded_opt, self.pack_loss_fn, self.batches[i], self.everyone)
-        finally:
-            torch.set_num_threads(1)
+        def one(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xk: torch.Tensor) -> torch.Tensor:
+            return functional_call(base, (p, b), (xk,))
 
-    def choose_threads(self, steps: int) -> int:
-        """fit_many's choice: the pack's step timed at 1 thread and at every core, the faster kept
-        (by at least the probe's MIN_GAIN, else 1)."""
-        seconds: dict[int, float] = {}
-        for _ in range(2):
-            for t in dict.fromkeys((1, cpu_count())):
-                self.threads = t
-                spent = timed(self.gpufill_pack_threads, steps, self.device)
-                seconds[t] = min(seconds.get(t, spent), spent)
-        best = min(seconds, key=seconds.__getitem__)
-        self.threads = best if seconds[best] * MIN_GAIN <= seconds[1] else 1
-        return self.threads
+        each, shared = torch.vmap(one), torch.vmap(one, in_dims=(0, 0, None))
+        x, y = self.splits["train"]
+        vx, vy = self.splits["val"]
+        orders = [torch.Generator(device=self.device).manual_seed(seed) for seed in range(self.k)]
+        best = torch.full((self.k,), float("inf"), device=self.device)
+        kept = {name: p.detach().clone() for name, p in params.items()}
+        for _ in range(self.epochs):
+            perms = torch.stack([torch.randperm(x.shape[0], device=self.device, generator=g) for g in orders])
+            for start in range(0, x.shape[0], self.batch):
+                index = perms[:, start : start + self.batch]
+                xb, yb = x[index], y[index]
+                out = each(params, buffers, xb)
+                losses = torch.vmap(self.loss)(out, yb)
+                losses.sum().backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                val = torch.vmap(self.loss, in_dims=(0, None))(shared(params, buffers, vx), vy)
+                better = val < best
+                best = torch.where(better, val, best)
+                for name, p in params.items():
+                    kept[name][better] = p.detach()[better]
+        for k, model in enumerate(models):
+            model.load_state_dict({**{n: t[k] for n, t in kept.items()}, **{n: t[k] for n, t in buffers.items()}})
+        return models
+
+    def gpufill(self) -> list[nn.Module]:
+        many.clear_caches()  # every call pays its checks and measurement, as a script's one call does
+        results = gpufill.fit_many(self.make, self.splits["train"], self.splits["val"], variants=[{"seed": s} for s in range(self.k)],
+                                   optimizer=self.optimizer, loss=self.kind, epochs=self.epochs, batch_size=self.batch, lr=LR[self.optimizer],
+                                   weight_decay=WEIGHT_DECAY[self.optimizer], device=str(self.device), verbose=False)
+        self.plan = results[0].plan
+        return [r.model for r in results]
+
+    def test_loss(self, models: list[nn.Module]) -> float:
+        x, y = self.splits["test"]
+        with torch.no_grad():
+            return statistics.median(float(self.loss(m.eval()(x), y)) for m in models)
 
     def deviation(self) -> float:
-        """Largest |weight| difference of the gpufill pack's models from the same models trained alone."""
+        """Largest weight difference of a fit_many pack (pack=True) from the same two models trained alone by fit."""
+        settings = {"optimizer": self.optimizer, "loss": self.kind, "epochs": self.epochs, "batch_size": self.batch, "lr": LR[self.optimizer],
+                    "weight_decay": WEIGHT_DECAY[self.optimizer], "device": str(self.device), "threads": 1, "verbose": False}
+        packed = gpufill.fit_many(self.make, self.splits["train"], self.splits["val"], variants=[{"seed": 0}, {"seed": 1}], pack=True, **settings)
+        if packed[0].plan.pack_size.value == 1:
+            return 0.0  # trained alone: nothing to compare
         worst = 0.0
-        for k, model in enumerate(self.alone):
-            plain = self.stacked.unfuse(k)
-            for (name, a), b in zip(model.state_dict().items(), plain.state_dict().values(), strict=True):
+        for seed, result in enumerate(packed):
+            torch.manual_seed(seed)
+            alone = gpufill.fit(self.make(), self.splits["train"], self.splits["val"], seed=seed, **settings).model
+            for a, b in zip(result.model.state_dict().values(), alone.state_dict().values(), strict=True):
                 worst = max(worst, float((a.double() - b.double()).abs().max()))
         return worst
 
 
-def timed(step, steps: int, device: torch.device) -> float:
+def at_threads(arm: Callable[[], list[nn.Module]], threads: int) -> Callable[[], list[nn.Module]]:
+    def run() -> list[nn.Module]:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return arm()
+        finally:
+            torch.set_num_threads(before)
+    return run
+
+
+def timed(arm: Callable[[], list[nn.Module]], device: torch.device) -> tuple[float, list[nn.Module]]:
     synchronize(device)
     tick = time.perf_counter()
-    for i in range(steps):
-        step(i)
+    models = arm()
     synchronize(device)
-    return time.perf_counter() - tick
+    return time.perf_counter() - tick, models
+
+
+def vmap_runs(task: Task) -> bool:
+    """Whether the hand vmap recipe can run this model at all (nn.GRU has no batching rule)."""
+    try:
+        small = Task(task.name, 2, task.optimizer, {key: (x[:8], y[:8]) for key, (x, y) in task.splits.items()}, 4, 1, task.device)
+        small.vmap_by_hand()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--smoke", action="store_true", help="seconds: MLP and CNN, K 1 and 2 (CI)")
-    size.add_argument("--quick", action="store_true", help="K 1, 4, 16; a few minutes on 2 CPU cores")
-    parser.add_argument("--models", default=None, help="default mlp,mlp256,cnn,gpt (--smoke mlp,cnn)")
+    size.add_argument("--smoke", action="store_true", help="seconds: mlp32 and cnn, K 2, one epoch (CI)")
+    size.add_argument("--quick", action="store_true", help="K 4, 16, 64; minutes on 2 CPU cores")
+    parser.add_argument("--models", default=None, help="default mlp32,mlp256,cnn,gru (--smoke mlp32,cnn)")
     parser.add_argument("--sizes", default=None)
+    parser.add_argument("--optimizers", default="adam,adamw")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
-    sizes, steps, rounds, batch = RUNS[size_name]
+    sizes, rounds, (n_train, n_val, n_test), batch, epochs = SIZES[size_name]
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else sizes
     rounds = args.rounds or rounds
-    names = (args.models or ("mlp,cnn" if args.smoke else "mlp,mlp256,cnn,gpt")).split(",")
+    names = (args.models or ("mlp32,cnn" if args.smoke else "mlp32,mlp256,cnn,gru")).split(",")
+    optimizers = args.optimizers.split(",")
     device = torch.device(resolve_device(args.device))
-    if device.type == "cpu":
-        torch.set_num_threads(1)
+    default_threads = torch.get_num_threads()
     rows: list[dict[str, Any]] = []
     ratios: dict[str, float] = {}
     for name in names:
-        for k in sizes:
-            models, make_data, loss = build(name, k, args.smoke)
-            g = torch.Generator().manual_seed(0)
-            batches = []
-            for _ in range(steps + 1):  # each model its own batch: (K, b, ...)
-                x, y = zip(*(make_data(batch, g) for _ in range(k)), strict=True)
-                batches.append((torch.stack(x).to(device), torch.stack(y).to(device)))
-            arms = Arms(models, batches, loss, device)
-            ways = {"one at a time": arms.one_at_a_time, "vmap by hand": arms.vmap_by_hand, "gpufill pack": arms.gpufill_pack}
-            if device.type == "cpu":
-                threads = arms.choose_threads(min(steps, 5))
-                ways[f"gpufill pack, {threads} thread{'s' if threads > 1 else ''} (measured)"] = arms.gpufill_pack_threads
-            for step in ways.values():  # warm-up: allocator, kernel selection
-                step(steps)
-            seconds: dict[str, list[float]] = {way: [] for way in ways}
-            deviation = None
-            peak: dict[str, int | None] = {way: None for way in ways}
-            for r in range(rounds):
-                order = list(ways)[r % len(ways):] + list(ways)[: r % len(ways)]
-                for way in order:
-                    if device.type == "cuda":
-                        torch.cuda.reset_peak_memory_stats(device)
-                    seconds[way].append(timed(ways[way], steps, device))
-                    if device.type == "cuda":
-                        peak[way] = max(peak[way] or 0, torch.cuda.max_memory_allocated(device))
-                if r == 0:  # every arm has taken the same steps on the same batches from the same weights
-                    deviation = arms.deviation()
-            samples = k * batch * steps
-            per_round = {way: [samples / s for s in seconds[way]] for way in ways}
-            for way in ways:
-                rows.append({"model": name, "k": k, "way": way, "samples_per_s_per_model": round(statistics.median(per_round[way]) / k, 1),
-                             "samples_per_s": round(statistics.median(per_round[way]), 1),
-                             "peak_mib": None if peak[way] is None else round(peak[way] / 2**20, 1),
-                             "max_dev": deviation if way == "gpufill pack" else None})
-            pack_over = [p / o for p, o in zip(per_round["gpufill pack"], per_round["one at a time"], strict=True)]
-            pack_over_vmap = [p / v for p, v in zip(per_round["gpufill pack"], per_round["vmap by hand"], strict=True)]
-            ratios[f"{name}_k{k}_pack_over_one_at_a_time"] = round(statistics.median(pack_over), 3)
-            ratios[f"{name}_k{k}_pack_over_vmap_by_hand"] = round(statistics.median(pack_over_vmap), 3)
-            ratios[f"{name}_k{k}_max_deviation"] = float(f"{deviation:.3g}")
-            measured = next((way for way in ways if way.endswith("(measured)")), None)
-            if measured is not None:
-                over = [p / v for p, v in zip(per_round[measured], per_round["vmap by hand"], strict=True)]
-                ratios[f"{name}_k{k}_measured_pack_over_vmap_by_hand"] = round(statistics.median(over), 3)
-                over = [p / o for p, o in zip(per_round[measured], per_round["one at a time"], strict=True)]
-                ratios[f"{name}_k{k}_measured_pack_over_one_at_a_time"] = round(statistics.median(over), 3)
-            print(f"{name} K={k}: pack/one-at-a-time {ratios[f'{name}_k{k}_pack_over_one_at_a_time']}, "
-                  f"pack/vmap-by-hand {ratios[f'{name}_k{k}_pack_over_vmap_by_hand']}, max deviation {deviation:.2g}", flush=True)
+        g = torch.Generator().manual_seed(0)
+        x, y = data(name, n_train + n_val + n_test, g)
+        splits = {"train": (x[:n_train], y[:n_train]), "val": (x[n_train:n_train + n_val], y[n_train:n_train + n_val]),
+                  "test": (x[n_train + n_val:], y[n_train + n_val:])}
+        for optimizer in optimizers:
+            for k in sizes:
+                task = Task(name, k, optimizer, splits, batch, epochs, device)
+                hand: dict[str, Callable[[], list[nn.Module]]] = {}
+                counts = dict.fromkeys([default_threads, 1]) if device.type == "cpu" else {default_threads: None}
+                for threads in counts:
+                    suffix = f"{threads} thread{'s' if threads > 1 else ''}"
+                    hand[f"one at a time, {suffix}"] = at_threads(task.one_at_a_time, threads)
+                    if vmap_runs(task):
+                        hand[f"vmap by hand, {suffix}"] = at_threads(task.vmap_by_hand, threads)
+                arms = {**hand, "gpufill fit_many": task.gpufill}
+                for arm in arms.values():  # warm-up: the process's first vmap, allocator, kernel selection
+                    arm()
+                seconds: dict[str, list[float]] = {arm: [] for arm in arms}
+                losses: dict[str, float] = {}
+                for r in range(rounds):
+                    order = list(arms)[r % len(arms):] + list(arms)[: r % len(arms)]
+                    for arm in order:
+                        spent, models = timed(arms[arm], device)
+                        seconds[arm].append(spent)
+                        losses[arm] = task.test_loss(models)
+                deviation = task.deviation()
+                ours = seconds["gpufill fit_many"]
+                for arm in arms:
+                    rows.append({"model": name, "optimizer": optimizer, "k": k, "arm": arm, "call_s": round(statistics.median(seconds[arm]), 3),
+                                 "models_per_s": round(k / statistics.median(seconds[arm]), 2), "test_loss": float(f"{losses[arm]:.5g}"),
+                                 "vs_gpufill": round(statistics.median(s / o for s, o in zip(seconds[arm], ours, strict=True)), 3),
+                                 "choice": task.plan.pack_size.reason[:90] if arm == "gpufill fit_many" else None,
+                                 "max_dev": float(f"{deviation:.3g}") if arm == "gpufill fit_many" else None})
+                for family in ("vmap by hand", "one at a time"):
+                    mine = [a for a in arms if a.startswith(family)]
+                    if mine:  # against the faster thread count of each round
+                        best = [min(seconds[a][r] for a in mine) for r in range(rounds)]
+                        key = f"{name}_{optimizer}_k{k}_fit_many_over_{family.replace(' ', '_')}"
+                        ratios[key] = round(statistics.median(b / o for b, o in zip(best, ours, strict=True)), 3)
+                ratios[f"{name}_{optimizer}_k{k}_max_deviation"] = float(f"{deviation:.3g}")
+                shown = {key.rsplit("_over_", 1)[1]: value for key, value in ratios.items() if key.startswith(f"{name}_{optimizer}_k{k}_fit_many")}
+                print(f"{name} {optimizer} K={k}: fit_many is {shown} x as fast; {task.plan.pack_size.reason[:80]}", flush=True)
     env = environment(str(device))
-    finish("pack_any", "packs of any model vs one at a time and a hand vmap ensemble", env,
-           {"size": size_name, "models": names, "sizes": list(sizes), "steps": steps, "rounds": rounds, "batch": batch,
-            "threads": torch.get_num_threads()}, rows, ratios, args.out)
+    finish("pack_any", "K variants as whole calls: one at a time, PyTorch's vmap recipe, gpufill fit_many", env,
+           {"size": size_name, "models": names, "sizes": list(sizes), "optimizers": optimizers, "rounds": rounds, "batch": batch,
+            "epochs": epochs, "rows": [n_train, n_val, n_test], "default_threads": default_threads}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -207,7 +207,7 @@ def test_auto_measures_the_pack_against_one_model_at_a_time_and_says_so():
     data = _data()
     results = gpufill.fit_many(TinyMLP, data["train"], variants=VARIANTS, **EXACT, loss="cross_entropy", batch_size=32, epochs=1)
     reason = results[0].plan.pack_size.reason
-    assert "measured" in reason and "x" in reason
+    assert " ms per model-step vs " in reason and " ms alone after warm-up (" in reason and " s one-time, " in reason
     assert results[0].plan.pack_size.value in (1, 8)
 
 
@@ -217,22 +217,63 @@ def test_auto_measures_the_packs_threads_on_a_cpu_and_puts_torchs_back(monkeypat
     torch.set_num_threads(2)  # the plan starts from torch's current count (the fixture restores it)
     seen: list[tuple[str, int]] = []
 
-    def fake_time(step, device):
+    def fake_once(step, device, clock):
         seen.append((step.__name__, torch.get_num_threads()))
         if step.__name__ == "packed":
             return 4.0 if torch.get_num_threads() == 2 else 2.0
         return 1.5
 
-    monkeypatch.setattr("gpufill.engine.packs.variants._time", fake_time)
+    monkeypatch.setattr("gpufill.engine.packs.variants_measure._once", fake_once)
     data = _data()
     before = torch.get_num_threads()
     auto = gpufill.fit_many(TinyMLP, data["train"], variants=VARIANTS[:4], probe=False, precision="fp32", device="cpu",
-                            loss="cross_entropy", batch_size=32, epochs=1)
-    assert {threads for _, threads in seen} == {1, 2} and len(seen) == 3 * 2 * 2  # 3 rounds x 2 counts x 2 ways
-    assert auto[0].plan.pack_size.value == 4 and "measured 3.00x the samples/s of one model at a time" in auto[0].plan.pack_size.reason
+                            loss="cross_entropy", batch_size=32, epochs=50)
+    # The first step of each way, steady pairs at the plan's 2 threads until the answer is clear (2 pairs), then two
+    # steps of each way at 1 thread: the budget (5 % of 4 models x 200 steps x 1.5 s alone) allows them.
+    assert seen == [("packed", 2), ("one_step", 2)] * 3 + [("packed", 1), ("one_step", 1)] * 2
+    reason = auto[0].plan.pack_size.reason
+    assert auto[0].plan.pack_size.value == 4 and reason.startswith("one pack of 4 at 1 thread: 500 ms per model-step vs 1.5e+03 ms alone "
+                                                                    "after warm-up (3.00x); 2")
+    assert "paid back after 1 of its 200 steps" in reason
     assert auto[0].plan.threads.value == 1
-    assert auto[0].plan.threads.reason == "1: the pack's step measured at 2, 1 threads (vs 2: 1: 2.00x)"
+    assert auto[0].plan.threads.reason == "1: the pack's step measured at 2: 4e+03 ms, 1: 2e+03 ms"
     assert torch.get_num_threads() == before
+
+
+def test_the_decision_charges_one_time_costs_once_and_steady_steps_per_step():
+    from gpufill.engine.packs.decide import PackTiming, decide
+
+    # The case: a pack whose first call costs 1.7 s but whose steady step is 1.8x faster per model.
+    timing = PackTiming(k=16, pack_step_s=16 * 0.42e-3, alone_step_s=0.95e-3, pack_once_s=1.7, alone_once_s=0.02, threads=1, pairs=3)
+    long_run, verdict = decide(timing, 10_000, pack_built=False, min_gain=1.05)
+    assert long_run and verdict == ("one pack of 16 at 1 thread: 0.42 ms per model-step vs 0.95 ms alone after warm-up (2.26x); "
+                                    "1.7 s one-time, paid back after 163 of its 10000 steps")
+    # (1.7 - 16 x 0.02 s) / (16 x 0.95 ms - 16 x 0.42 ms) = 1.38 / 8.48e-3 = 162.7 steps
+    assert not decide(timing, 100, pack_built=False, min_gain=1.05)[0]  # too short to pay the one-time cost back
+    assert decide(timing, 100, pack_built=True, min_gain=1.05)[0]  # already built while measuring: only steady steps count
+    slower = PackTiming(k=4, pack_step_s=4 * 1.1e-3, alone_step_s=1e-3, pack_once_s=0.1, alone_once_s=0.0, threads=2)
+    chosen, why = decide(slower, 10_000, pack_built=True, min_gain=1.05)
+    assert not chosen and why == ("a pack of 4 at 2 threads would be slower in all: 1.1 ms per model-step vs 1 ms alone after warm-up "
+                                  "(0.91x); 0.1 s one-time, never paid back")
+
+
+def test_the_measurement_stops_when_clear_or_when_its_budget_is_spent():
+    from gpufill.engine.packs.decide import MAX_PAIRS, MeasureBudget
+
+    clear = MeasureBudget(k=16, steps=1000)
+    clear.add(pack_s=4e-3, alone_s=1e-3, spent_s=0.01)  # 16 x 1 ms alone vs 4 ms packed: 4x
+    assert not clear.done()  # one pair is never clear
+    clear.add(pack_s=5e-3, alone_s=1e-3, spent_s=0.01)
+    assert clear.done() and clear.budget_s == pytest.approx(0.05 * 16 * 1000 * 1e-3)
+    close = MeasureBudget(k=16, steps=1000)
+    for _ in range(MAX_PAIRS - 1):
+        close.add(pack_s=16e-3, alone_s=1e-3, spent_s=0.01)  # level: never clear
+        assert not close.done()
+    close.add(pack_s=16e-3, alone_s=1e-3, spent_s=0.01)
+    assert close.done()  # MAX_PAIRS taken
+    short = MeasureBudget(k=2, steps=4)  # 0.05 x 2 x 4 x 1 ms = 0.4 ms of budget
+    short.add(pack_s=2e-3, alone_s=1e-3, spent_s=0.004)
+    assert short.done()  # spent past the budget after one pair
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

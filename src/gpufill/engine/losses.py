@@ -46,6 +46,12 @@ class NamedLoss:
     def compute(self, output: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def compute_stacked(self, output: torch.Tensor, targets: torch.Tensor, *, shared: bool) -> dict[str, torch.Tensor]:
+        """`compute` for K models at once: output (K, b, ...), targets (K, b, ...) or, `shared`, one (b, ...) for all;
+        each value (K,). Here `compute` under vmap; a loss overrides it with batched arithmetic where vmap's dispatch
+        would cost more than the loss (about 1 ms a step for a K=16 pack on a CPU core)."""
+        return torch.vmap(self.compute, in_dims=(0, None if shared else 0), randomness="different")(output, targets)
+
     def describe(self) -> str:
         return self.name
 
@@ -71,6 +77,14 @@ class Regression(NamedLoss):
         output = output if output.dtype == torch.float32 else output.float()
         targets = targets if targets.dtype == torch.float32 else targets.float()
         return {"loss": _REGRESSION[self.kind](output, targets)}
+
+    def compute_stacked(self, output: torch.Tensor, targets: torch.Tensor, *, shared: bool) -> dict[str, torch.Tensor]:
+        one = targets.shape if shared else targets.shape[1:]
+        if output.shape[1:] != one or not output.is_floating_point():
+            return super().compute_stacked(output, targets, shared=shared)  # compute's own checks and messages
+        output, targets = output.float(), targets.float()
+        error = _REGRESSION[self.kind](output, targets.expand_as(output) if shared else targets, reduction="none")
+        return {"loss": error.flatten(1).mean(dim=1)}
 
 
 def smape_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -124,6 +138,19 @@ class CrossEntropy(NamedLoss):
         counted = labels != self.ignore_index
         hits = (scores.argmax(dim=-1 if scores.dim() == 2 else 1) == labels) & counted
         return {"loss": loss, "accuracy": hits.sum() / counted.sum().clamp(min=1)}
+
+    def compute_stacked(self, output: torch.Tensor, targets: torch.Tensor, *, shared: bool) -> dict[str, torch.Tensor]:
+        k = output.shape[0]
+        labels = targets.expand(k, *targets.shape) if shared else targets
+        if targets.is_floating_point() or output.dim() != labels.dim() + 1 or output.shape[:-1] != labels.shape:
+            return super().compute_stacked(output, targets, shared=shared)  # probabilities, torch's (batch, classes, ...) layout, errors
+        scores, flat = output.reshape(-1, output.shape[-1]).float(), labels.reshape(-1)
+        each = nn.functional.cross_entropy(scores, flat, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing, reduction="none")
+        counted = (labels != self.ignore_index).reshape(k, -1)
+        hits = (scores.argmax(dim=-1) == flat).view(k, -1) & counted
+        per_model = counted.sum(dim=1)
+        # torch's mean over the labels it counts (all but ignore_index); accuracy over the same, per model
+        return {"loss": each.view(k, -1).sum(dim=1) / per_model, "accuracy": hits.sum(dim=1) / per_model.clamp(min=1)}
 
     def describe(self) -> str:
         extras = [f"ignore_index={self.ignore_index}"] if self.ignore_index != -100 else []

@@ -18,19 +18,31 @@ import torch
 from torch import nn
 
 from gpufill.engine import losses
-from gpufill.engine.batches import rows
+from gpufill.engine.batches import rows, signature
 from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig
 from gpufill.engine.inputs import Source, as_source, check_model
 from gpufill.engine.loop import fit
 from gpufill.engine.packs.stacked import why_not_stacked
+from gpufill.engine.measure.cache import TuneCache, clear_memory
+from gpufill.engine.measure.resolver import MIN_GAIN
+from gpufill.engine.packs.decide import decide
 from gpufill.engine.packs.variants import PackedVariants
+from gpufill.engine.packs.variants_measure import pack_timing
 from gpufill.engine.prepare import resolve_config
 from gpufill.engine.result import FitResult
 from gpufill.errors import InputError
 
 PER_VARIANT = frozenset({"seed", "lr", "weight_decay"})
 """Settings that may differ between the variants of one pack (its optimizer holds them per model)."""
+_CHECKED: dict[tuple[Any, ...], str | None] = {}
+"""The checked step's verdict per model class, shapes, loss and batch structure: one check per shape and process."""
+
+
+def clear_caches() -> None:
+    """Forget every verdict and measurement this process holds (a benchmark charges each call its own)."""
+    _CHECKED.clear()
+    clear_memory()
 
 def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *, variants: Sequence[dict[str, Any]],
              config: FitConfig | None = None, pack: bool | str = "auto", **settings: Any) -> list[FitResult]:
@@ -54,14 +66,13 @@ def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *
     if run is not None:
         reason = run.why_not()
     if run is not None and reason is None and pack is True:
-        return run.train(Choice(len(models), f"one pack of {len(models)} (torch.func vmap): pack=True, not measured"))
+        return run.train(Choice(len(models), f"one pack of {len(models)} ({run.form}): pack=True, not measured"))
     if run is not None and reason is None:
-        per_model, alone = run.measure()
-        if per_model < alone:
-            choice = Choice(len(models), f"one pack of {len(models)} (torch.func vmap): measured {alone / per_model:.2f}x the samples/s of "
-                                         f"one model at a time ({per_model * 1e3:.2f} vs {alone * 1e3:.2f} ms per model-step)")
-            return run.train(choice)
-        reason = f"measured: a pack of {len(models)} ran at {alone / per_model:.2f}x one model at a time"
+        timing, built = pack_timing(run, TuneCache(configs[0].tune_cache))
+        chosen, why = decide(timing, run.total_steps, pack_built=built, min_gain=MIN_GAIN)
+        if chosen:
+            return run.train(Choice(len(models), f"{why} ({run.form})"))
+        reason = why
     choice = Choice(1, f"one at a time: {reason}")
     results = []
     for model, cfg in zip(models, configs, strict=True):
@@ -100,4 +111,12 @@ def _why_one_at_a_time(models: Sequence[nn.Module], configs: Sequence[FitConfig]
     if cfg.precision not in ("auto", "fp32") or cfg.compile not in ("auto", False) or cfg.micro_batch != "auto":
         return "a precision, compile or micro-batch was requested (a pack runs fp32 steps of the whole batch)"
     loss_fn, _ = losses.resolve(cfg.loss)
-    return why_not_stacked(models, loss_fn, rows(train.data, 0, min(8, train.n or 1)))
+    sample = rows(train.data, 0, min(8, train.n or 1))
+    model = models[0]
+    # The loss itself in the key (a function by identity, kept alive here: an id could be reused by another one).
+    key = (type(model), tuple((name, tuple(t.shape), t.dtype) for name, t in [*model.named_parameters(), *model.named_buffers()]),
+           cfg.loss, signature(sample), str(next(model.parameters()).device))
+    try:
+        return _CHECKED[key] if key in _CHECKED else _CHECKED.setdefault(key, why_not_stacked(models, loss_fn, sample))
+    except TypeError:  # an unhashable loss object: checked every time
+        return why_not_stacked(models, loss_fn, sample)

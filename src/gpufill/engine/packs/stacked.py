@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state
 
+from gpufill.engine.losses import NamedLoss
+from gpufill.engine.packs.direct import direct_forward
 from gpufill.engine.packs.fused import FusedModule, can_fuse, fuse
 
 # The checked step's tolerance: model 0 run in the pack against the same model run alone (fp32).
@@ -57,6 +59,8 @@ class StackedModule(FusedModule):
         self.param_names = list(params)
         self.buffer_names = list(buffers)
         self.weights = nn.ParameterList([nn.Parameter(params[name].detach().clone()) for name in self.param_names])
+        self.direct = direct_forward(template)
+        """The forward without vmap where the model is a chain of recognised layers (packs/direct.py), else None."""
         for i, name in enumerate(self.buffer_names):
             self.register_buffer(f"buffer_{i}", buffers[name].detach().clone())
 
@@ -83,6 +87,9 @@ class StackedModule(FusedModule):
         return state
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self.direct is not None and len(inputs) == 1:
+            return self.direct(self.stacked_state(), inputs[0])
+
         def one(state: dict[str, torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
             return functional_call(self.base, state, args)
 
@@ -90,7 +97,12 @@ class StackedModule(FusedModule):
 
     def per_model(self, fn: Callable[[Any, Any], Any], batch: Any, *, shared_batch: bool = False) -> Any:
         """`fn(model_k, batch_k)` for every model k, outputs stacked along a leading K.
-        `shared_batch`: every model sees the same `batch` (validation)."""
+        `shared_batch`: every model sees the same `batch` (validation). A named loss of a model with a direct forward
+        runs the model without vmap and only the loss's arithmetic under it."""
+        if self.direct is not None and isinstance(fn, NamedLoss) and isinstance(batch, tuple | list) and len(batch) == 2:
+            inputs, targets = batch
+            output = self.direct(self.stacked_state(), inputs.expand(self.k, *inputs.shape) if shared_batch else inputs)
+            return fn.compute_stacked(output, targets, shared=shared_batch)
         call = self._calls.get(fn)
         if call is None:  # one wrapper per loss function: building a module (and setting its mode) every step costs ~50 us
             call = self._calls[fn] = _LossCall(self.base, fn)
@@ -107,12 +119,16 @@ class StackedModule(FusedModule):
 
     def unfuse(self, k: int) -> nn.Module:
         """A plain model holding model k's current weights and buffers."""
-        plain = copy.deepcopy(self.base)
+        return self.write_into(k, copy.deepcopy(self.base))
+
+    def write_into(self, k: int, model: nn.Module) -> nn.Module:
+        """`model` (of the pack's structure, e.g. the one model k was stacked from) given model k's current weights,
+        buffers and mode; no copy of the module itself."""
         state = self.stacked_state()
         with torch.no_grad():
-            for name, tensor in [*plain.named_parameters(), *plain.named_buffers()]:
+            for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
                 tensor.copy_(state[name][k])
-        return plain
+        return model.train(self.training)
 
 
 def why_not_stacked(models: Sequence[nn.Module], fn: Callable[[Any, Any], Any], batch: Any) -> str | None:

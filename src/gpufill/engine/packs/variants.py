@@ -6,15 +6,14 @@ torch's AdamW kernel called directly for the default AdamW, torch's own class ov
 stacked tensors for any other elementwise optimizer); each model is trained as `fit` trains it alone: its own seed's batch order, its
 own early stopping and best weights, the same schedule, clipping per model, metrics per model.
 A model that stops (early stopping, divergence) is no longer stepped, and its weights and
-buffers are kept as they were when it stopped. `measure` times the pack against one model
-alone, at each thread count a CPU training could use.
+buffers are kept as they were when it stopped. `variants_measure.py` times the pack against one
+model alone, at each thread count a CPU training could use.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,16 +29,13 @@ from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import detect
 from gpufill.engine.inputs import Source, data_facts
 from gpufill.engine.loop import Status
-from gpufill.engine.measure.resolver import MIN_GAIN
 from gpufill.engine.optim import Multiplier, make_optimizer, make_schedule
 from gpufill.engine.packs.optim import StackedAdam
+from gpufill.engine.packs.direct import direct_forward
 from gpufill.engine.packs.stacked import StackedModule
 from gpufill.engine.packs.stacked_optim import StackedOptimizer, recipe_of, why_not_stacked_optimizer
 from gpufill.engine.plan import Plan, make_plan
 from gpufill.engine.result import EpochRecord, FitResult
-
-MEASURE_STEPS = 4
-"""Timed steps per arm when the pack is measured against one model at a time (after one warm-up)."""
 
 
 PackOptimizer = StackedAdam | StackedOptimizer
@@ -95,6 +91,14 @@ class PackedVariants:
         built = [make_optimizer(m, c, c.lr * self.plan.lr_scale.value, self.plan.optimizer_kernel.value) for m, c in zip(self.models, configs, strict=True)]
         self.optimizers = [optimizer for optimizer, _ in built]
         self.optimizer_choice = built[0][1]
+        self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.built: StackedModule | None = None
+        """The pack a measurement built and put back to its initial weights: training reuses it."""
+
+    @property
+    def form(self) -> str:
+        """How the pack runs its models, in words."""
+        return "direct batched matrix products" if direct_forward(self.models[0]) is not None else "torch.func vmap"
 
     def why_not(self) -> str | None:
         """None when the variants' optimizers step correctly as one pack; else why not."""
@@ -114,45 +118,8 @@ class PackedVariants:
             how = f"torch's {recipes[0].kind.__name__} over the stacked models, one call per run of models sharing every hyperparameter"
         return optimizer, Choice(self.optimizer_choice.value, f"{self.optimizer_choice.reason}; in the pack: {how}")
 
-    # -- measured: the pack against one model at a time ---------------------------------------
-    def measure(self) -> tuple[float, float]:
-        """Seconds per model-step: the pack of K, and one model alone with fused AdamW (copies, so nothing trains)."""
-        stacked = StackedModule.from_models([copy.deepcopy(m) for m in self.models]).train()
-        optimizer, _ = self.stacked_optimizer(list(stacked.parameters()))
-        everyone = list(range(self.k))
-        index = torch.arange(min(self.batch, self.n), device=self.device)
-        batch = self.train_data.gather(index)
-        stacked_batch = map_tensors(lambda leaf: leaf.unsqueeze(0).expand(self.k, *leaf.shape).contiguous(), batch)
-
-        def packed() -> None:
-            pack_step(stacked, optimizer, self.loss_fn, stacked_batch, everyone)
-
-        alone, single = copy.deepcopy([self.models[0], self.optimizers[0]])  # fit's own optimizer, on the copy
-        alone.train()
-
-        def one_step() -> None:
-            self.loss_fn(alone, batch)["loss"].backward()
-            single.step()
-            single.zero_grad(set_to_none=True)
-
-        # Both ways at each thread count the training could use (a CPU's cores are a measured choice,
-        # as in fit's probe), interleaved; each way's best count is what it would train with.
-        counts = self._thread_candidates()
-        timings: dict[int, list[tuple[float, float]]] = {t: [] for t in counts}
-        for _ in range(3):
-            for t in counts:
-                with backend_flags(self.plan.replace(threads=Choice(t, "measuring"))):
-                    timings[t].append((_time(packed, self.device) / self.k, _time(one_step, self.device)))
-        pack_s = {t: statistics.median(r[0] for r in runs) for t, runs in timings.items()}
-        alone_s = {t: statistics.median(r[1] for r in runs) for t, runs in timings.items()}
-        threads = _fastest(pack_s, counts[0])
-        if len(counts) > 1:
-            versus = ", ".join(f"{t}: {pack_s[counts[0]] / pack_s[t]:.2f}x" for t in counts[1:])
-            self.plan = self.plan.replace(threads=Choice(threads, f"{threads}: the pack's step measured at {', '.join(map(str, counts))} "
-                                                                  f"threads (vs {counts[0]}: {versus})"))
-        return pack_s[threads], alone_s[_fastest(alone_s, counts[0])]
-
-    def _thread_candidates(self) -> list[int]:
+    # -- measured: engine/packs/variants_measure.py times the pack against one model at a time ---------
+    def thread_candidates(self) -> list[int]:
         """The plan's thread count first, then 1 and every core (CPU, threads left to gpufill)."""
         current = self.plan.threads.value
         if self.device.type != "cpu" or self.cfg.threads != "auto":
@@ -167,7 +134,8 @@ class PackedVariants:
     def _train(self, choice: Choice[int]) -> list[FitResult]:
         started = time.perf_counter()
         cfg, k, device = self.cfg, self.k, self.device
-        stacked = StackedModule.from_models(self.models).to(device)
+        stacked = self.built if self.built is not None else StackedModule.from_models(self.models).to(device)
+        self.built = None
         optimizer, optimizer_choice = self.stacked_optimizer(list(stacked.parameters()))
         multiplier = _multiplier(cfg, self.steps_per_epoch * cfg.epochs)
         plan = self.plan.replace(pack_size=choice, optimizer=optimizer_choice,
@@ -268,7 +236,8 @@ class PackedVariants:
                 metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
         timings = {"samples_per_s": self.n / epoch_s if epoch_s > 0 else 0.0, "epoch_s": epoch_s, "train_s": sum(seconds) / self.k,
                    "pack_train_s": sum(seconds), "pack_size": self.k, "wall_s": wall, "probe_s": 0.0}
-        return FitResult(model=stacked.unfuse(i), plan=plan, history=history, metrics=metrics, timings=timings, events=events, status=status)
+        # The model variant i was stacked from, given its trained weights: no copy of the module per variant.
+        return FitResult(model=stacked.write_into(i, self.models[i]), plan=plan, history=history, metrics=metrics, timings=timings, events=events, status=status)
 
 
 class _Best:
@@ -360,19 +329,3 @@ def _multiplier(cfg: FitConfig, total_steps: int) -> Callable[[int], float] | No
     lambdas = scheduler.lr_lambdas[0]
     assert isinstance(lambdas, Multiplier)
     return lambdas
-
-
-def _fastest(seconds: dict[int, float], incumbent: int) -> int:
-    """The fastest thread count; the incumbent unless another is at least MIN_GAIN faster (the probe's rule)."""
-    best = min(seconds, key=seconds.__getitem__)
-    return best if seconds[best] * MIN_GAIN <= seconds[incumbent] else incumbent
-
-
-def _time(step: Callable[[], None], device: torch.device) -> float:
-    step()
-    synchronize(device)
-    tick = time.perf_counter()
-    for _ in range(MEASURE_STEPS):
-        step()
-    synchronize(device)
-    return (time.perf_counter() - tick) / MEASURE_STEPS

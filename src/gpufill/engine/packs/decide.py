@@ -1,0 +1,108 @@
+"""Whether K variants train as one pack: measured costs, charged as the run will pay them.
+
+A pack's first steps cost more than its later ones (vmap's first trace, the allocator, the optimizer's state), and
+so does one model's. Timing a few steps and extrapolating charges that one-time cost on every step and refuses the
+pack exactly where it pays (a pack 1.8x faster per step measured at 0.86x). Here the first step of each way is timed
+apart from its steady steps, and the decision charges each way what the training would pay: the one-time cost once
+(per model when one at a time: each fit starts fresh), the steady step for every planned step. `decide` is plain
+arithmetic on a `PackTiming`, so it is tested on made-up numbers; `MeasureBudget` stops the measuring once the
+answer is clear or the budget (a share of the planned training) is spent.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+BUDGET_SHARE = 0.05
+"""The measuring may cost this share of the training it decides (one at a time, as planned)."""
+MIN_PAIRS = 2
+"""Steady steps of each way before the answer may count as clear."""
+MAX_PAIRS = 8
+"""No more steady steps of each way, clear or not."""
+CLEAR_MARGIN = 1.3
+"""Clear: every pair so far puts one way ahead of the other by at least this much."""
+
+
+@dataclass(frozen=True)
+class PackTiming:
+    """What a pack of `k` and one model alone cost, measured on this machine (seconds)."""
+
+    k: int
+    pack_step_s: float
+    """A steady step of the whole pack."""
+    alone_step_s: float
+    """A steady step of one model alone."""
+    pack_once_s: float
+    """Building the pack and its first step beyond a steady one."""
+    alone_once_s: float
+    """One model's first step beyond a steady one: paid once per variant when they train one at a time."""
+    threads: int
+    """The pack's thread count (its fastest measured)."""
+    pairs: int = 0
+    """How many steady steps of each way the numbers are medians of."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> PackTiming:
+        return cls(**values)
+
+
+def decide(timing: PackTiming, steps: int, *, pack_built: bool, min_gain: float) -> tuple[bool, str]:
+    """(pack?, the reason) for `steps` optimizer steps per model. `pack_built`: the pack was built and stepped
+    while measuring (training reuses it), so its one-time cost is spent either way and not charged again."""
+    k = timing.k
+    per_model = timing.pack_step_s / k
+    pack_s = (0.0 if pack_built else timing.pack_once_s) + steps * timing.pack_step_s
+    alone_s = k * (timing.alone_once_s + steps * timing.alone_step_s)
+    ratio = timing.alone_step_s / per_model if per_model > 0 else math.inf
+    steady = f"{per_model * 1e3:.3g} ms per model-step vs {timing.alone_step_s * 1e3:.3g} ms alone after warm-up ({ratio:.2f}x)"
+    saving = timing.alone_step_s * k - timing.pack_step_s  # seconds a pack step saves over K steps alone
+    once = timing.pack_once_s - k * timing.alone_once_s
+    if saving > 0:
+        back = max(0, math.ceil(once / saving)) if once > 0 else 0
+        payback = f"{timing.pack_once_s:.3g} s one-time, paid back after {back} of its {steps} steps"
+    else:
+        payback = f"{timing.pack_once_s:.3g} s one-time, never paid back"
+    threads = f" at {timing.threads} thread{'s' if timing.threads > 1 else ''}"
+    if pack_s * min_gain <= alone_s:
+        return True, f"one pack of {k}{threads}: {steady}; {payback}"
+    return False, f"a pack of {k}{threads} would be slower in all: {steady}; {payback}"
+
+
+@dataclass
+class MeasureBudget:
+    """When to stop timing steady steps: the answer is clear, or the budget is spent, or MAX_PAIRS were taken."""
+
+    k: int
+    steps: int
+    """Planned optimizer steps per model."""
+    pack: list[float] = field(default_factory=list)
+    alone: list[float] = field(default_factory=list)
+    spent_s: float = 0.0
+
+    def add(self, pack_s: float, alone_s: float, spent_s: float) -> None:
+        """One steady pair: each way's step time, and the time the pair took (added to `spent_s`)."""
+        self.pack.append(pack_s)
+        self.alone.append(alone_s)
+        self.spent_s += spent_s
+
+    @property
+    def budget_s(self) -> float:
+        """BUDGET_SHARE of the training one at a time, as the first steady steps of one model price it."""
+        return BUDGET_SHARE * self.k * self.steps * (statistics.median(self.alone) if self.alone else 0.0)
+
+    def done(self) -> bool:
+        pairs = len(self.pack)
+        if pairs >= MAX_PAIRS:
+            return True
+        if pairs and self.spent_s >= self.budget_s:  # spent_s: all the measuring, building and first steps included
+            return True
+        if pairs < MIN_PAIRS:
+            return False
+        ratios = [a * self.k / p for p, a in zip(self.pack, self.alone, strict=True) if p > 0]
+        return bool(ratios) and (min(ratios) >= CLEAR_MARGIN or max(ratios) <= 1 / CLEAR_MARGIN)
