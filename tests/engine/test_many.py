@@ -211,33 +211,60 @@ def test_auto_measures_the_pack_against_one_model_at_a_time_and_says_so():
     assert results[0].plan.pack_size.value in (1, 8)
 
 
-def test_auto_measures_the_packs_threads_on_a_cpu_and_puts_torchs_back(monkeypatch):
+def test_auto_measures_the_packs_own_first_steps_and_its_threads_on_a_cpu_and_puts_torchs_back(monkeypatch):
     # Chosen timings: the pack's step takes 4 s of K=4 models at 2 threads and 2 s at 1; one model 1.5 s at either.
+    from gpufill.engine.packs.variants_measure import StepProbe
+
     monkeypatch.setattr("gpufill.engine.packs.variants.detect", lambda device: CPU)  # 2 cores
     torch.set_num_threads(2)  # the plan starts from torch's current count (the fixture restores it)
     seen: list[tuple[str, int]] = []
 
-    def fake_once(step, device, clock):
-        seen.append((step.__name__, torch.get_num_threads()))
-        if step.__name__ == "packed":
-            return 4.0 if torch.get_num_threads() == 2 else 2.0
-        return 1.5
+    def fake_time(self, step):
+        way = "alone" if len(seen) % 2 else "pack"  # timed() times the pack's step, then the model alone
+        seen.append((way, torch.get_num_threads()))
+        out = step()
+        return out, (4.0 if torch.get_num_threads() == 2 else 2.0) if way == "pack" else 1.5
 
-    monkeypatch.setattr("gpufill.engine.packs.variants_measure._once", fake_once)
+    monkeypatch.setattr(StepProbe, "_time", fake_time)
     data = _data()
     before = torch.get_num_threads()
     auto = gpufill.fit_many(TinyMLP, data["train"], variants=VARIANTS[:4], probe=False, precision="fp32", device="cpu",
                             loss="cross_entropy", batch_size=32, epochs=50)
-    # The first step of each way, steady pairs at the plan's 2 threads until the answer is clear (2 pairs), then two
-    # steps of each way at 1 thread: the budget (5 % of 4 models x 200 steps x 1.5 s alone) allows them.
-    assert seen == [("packed", 2), ("one_step", 2)] * 3 + [("packed", 1), ("one_step", 1)] * 2
+    # The first step (its one-time cost), steady pairs at the plan's 2 threads until the answer is clear (2 pairs),
+    # then two steps at 1 thread: the budget (5 % of 4 models x 200 steps x 1.5 s alone) allows them. Every one of
+    # them is a step of the training itself; the model alone is a copy.
+    assert seen == [("pack", 2), ("alone", 2)] * 3 + [("pack", 1), ("alone", 1)] * 2
     reason = auto[0].plan.pack_size.reason
     assert auto[0].plan.pack_size.value == 4 and reason.startswith("one pack of 4 at 1 thread: 500 ms per model-step vs 1.5e+03 ms alone "
                                                                     "after warm-up (3.00x); 2")
-    assert "paid back after 1 of its 200 steps" in reason
+    assert reason.endswith("paid back after 1 of its 200 steps (direct batched matrix products; measured on its first 5 training steps)")
     assert auto[0].plan.threads.value == 1
     assert auto[0].plan.threads.reason == "1: the pack's step measured at 2: 4e+03 ms, 1: 2e+03 ms"
     assert torch.get_num_threads() == before
+    # The same shape again in this process: decided before its first step, from the numbers measured above.
+    again = gpufill.fit_many(TinyMLP, data["train"], variants=VARIANTS[:4], probe=False, precision="fp32", device="cpu",
+                             loss="cross_entropy", batch_size=32, epochs=50)
+    assert len(seen) == 10 and again[0].plan.pack_size.reason.endswith("measured earlier for this shape on this machine)")
+
+
+def test_a_pack_measured_slower_on_its_first_steps_stops_and_the_variants_train_one_at_a_time(monkeypatch):
+    from gpufill.engine.packs.variants_measure import StepProbe
+
+    def fake_time(self, step):  # the pack of 4 costs 8 s a step, one model alone 1 s: the pack is half as fast
+        fake_time.calls += 1
+        return step(), 8.0 if fake_time.calls % 2 else 1.0
+
+    fake_time.calls = 0
+    monkeypatch.setattr(StepProbe, "_time", fake_time)
+    data = _data()
+    settings = {**EXACT, "loss": "cross_entropy", "batch_size": 32, "epochs": 3}
+    results = gpufill.fit_many(TinyMLP, data["train"], data["val"], variants=VARIANTS[:4], **settings)
+    assert [r.plan.pack_size.value for r in results] == [1, 1, 1, 1]
+    assert results[0].plan.pack_size.reason.startswith("one at a time: a pack of 4 at 1 thread would be slower in all: 2e+03 ms per "
+                                                       "model-step vs 1e+03 ms alone after warm-up (0.50x)")
+    for variant, result in zip(VARIANTS[:4], results, strict=True):  # trained from their initial weights, as fit alone
+        alone = _alone(TinyMLP, data, variant, **settings)
+        assert _largest_difference(result.model, alone.model) < 1e-6
 
 
 def test_the_decision_charges_one_time_costs_once_and_steady_steps_per_step():

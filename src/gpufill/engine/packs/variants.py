@@ -23,7 +23,7 @@ from torch import nn
 
 from gpufill.engine import losses
 from gpufill.engine.backend import backend_flags, synchronize
-from gpufill.engine.batches import _Resident, map_tensors
+from gpufill.engine.batches import _Resident, map_tensors, rows, signature
 from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import detect
@@ -92,8 +92,9 @@ class PackedVariants:
         self.optimizers = [optimizer for optimizer, _ in built]
         self.optimizer_choice = built[0][1]
         self.total_steps = self.steps_per_epoch * cfg.epochs
-        self.built: StackedModule | None = None
-        """The pack a measurement built and put back to its initial weights: training reuses it."""
+        self.sample_signature = signature(rows(train.data, 0, min(8, self.n or 1)))
+        self.build_s = 0.0
+        """Seconds building the stacked module took (a one-time cost of the pack)."""
 
     @property
     def form(self) -> str:
@@ -127,20 +128,20 @@ class PackedVariants:
         return list(dict.fromkeys([current, 1, self.hardware.cpu_count]))
 
     # -- training ------------------------------------------------------------------------------
-    def train(self, choice: Choice[int]) -> list[FitResult]:
+    def train(self, choice: Choice[int] | None, probe: Any = None) -> list[FitResult]:
+        """Train the pack. `choice`: why it packs; None with a `probe` (variants_measure.StepProbe), which times the
+        first steps and decides (raising its PackSlower to stop a pack that would be slower in all)."""
         with backend_flags(self.plan):  # the measured threads, restored after
-            return self._train(choice)
+            return self._train(choice, probe)
 
-    def _train(self, choice: Choice[int]) -> list[FitResult]:
+    def _train(self, choice: Choice[int] | None, probe: Any) -> list[FitResult]:
         started = time.perf_counter()
         cfg, k, device = self.cfg, self.k, self.device
-        stacked = self.built if self.built is not None else StackedModule.from_models(self.models).to(device)
-        self.built = None
+        stacked = StackedModule.from_models(self.models).to(device)
+        self.build_s = time.perf_counter() - started
         optimizer, optimizer_choice = self.stacked_optimizer(list(stacked.parameters()))
         multiplier = _multiplier(cfg, self.steps_per_epoch * cfg.epochs)
-        plan = self.plan.replace(pack_size=choice, optimizer=optimizer_choice,
-                                 schedule=make_schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), cfg,
-                                                        self.steps_per_epoch * cfg.epochs)[1])
+        schedule = make_schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), cfg, self.steps_per_epoch * cfg.epochs)[1]
         generators = [torch.Generator(device=device).manual_seed(c.seed) for c in self.configs]
         torch.manual_seed(self.configs[0].seed)  # dropout: each model draws its own masks in the pack
         active = [True] * k
@@ -148,7 +149,7 @@ class PackedVariants:
         state = _Best(k, stacked)
         histories: list[list[EpochRecord]] = [[] for _ in range(k)]
         status: list[Status] = ["completed"] * k
-        events: list[list[str]] = [[f"trained in a pack of {k} variants (torch.func vmap)"] for _ in range(k)]
+        events: list[list[str]] = [[f"trained in a pack of {k} variants ({self.form})"] for _ in range(k)]
         seconds: list[float] = []
         step_count = 0
         if multiplier is not None:
@@ -163,7 +164,10 @@ class PackedVariants:
                 size = min(self.batch, self.n - start)
                 index = order[:, start : start + size]
                 batch = _gather(self.train_data, index)
-                values = pack_step(stacked, optimizer, self.loss_fn, batch, training, cfg.grad_clip)
+                if probe is None or probe.done:
+                    values = pack_step(stacked, optimizer, self.loss_fn, batch, training, cfg.grad_clip)
+                else:  # the first steps: timed against one model alone (the probe decides, or stops the pack)
+                    values = probe.timed(lambda: pack_step(stacked, optimizer, self.loss_fn, batch, training, cfg.grad_clip), batch)
                 for name, value in values.items():
                     weighted = value.detach().float() * size
                     sums[name] = sums[name] + weighted if name in sums else weighted
@@ -201,6 +205,10 @@ class PackedVariants:
             restored = state.restore(stacked, status)
             for i in restored:
                 events[i].append(f"restored the best weights (epoch {state.best_epoch[i]}, val loss {state.best_val[i]:.6g})")
+        if choice is None:
+            choice = probe.choice if probe.choice is not None else Choice(k, f"one pack of {k} ({self.form}): its training ended before "
+                                                                              "the measurement was clear")
+        plan = self.plan.replace(pack_size=choice, optimizer=optimizer_choice, schedule=schedule)
         return [self._result(i, stacked, plan, histories[i], status[i], events[i], state, seconds, time.perf_counter() - started)
                 for i in range(k)]
 

@@ -1,11 +1,13 @@
-"""`fit_many`'s measurement: a pack of the variants against one model alone, as the training would run them.
+"""`fit_many`'s measurement: the pack's own first training steps against one model alone, as the run pays them.
 
-The pack is the one training will use (all K models, built once: training reuses it, its initial weights put back);
-one model alone is a copy of variant 0 with the optimizer its `fit` would build. Each way's first step is timed
-apart from its steady steps (`decide.PackTiming`); steady steps alternate between the ways at the plan's thread count
-until the answer is clear or a share of the planned training is spent (`decide.MeasureBudget`, which counts the
-building and first steps too), then a CPU's other thread counts get two steps of each way while the budget lasts. The numbers are cached per model shape, batch, K, optimizer and machine (`TuneCache`, in
-this process and in `tune_cache` when set): the next call of the same shape measures nothing.
+The pack is measured while it trains: its first steps are real training steps (the first one timed apart, its
+one-time cost), and between them one step of a copy of variant 0 with the optimizer its `fit` would build is timed
+on that model's rows of the same batch. Steady steps run at the plan's thread count until the answer is clear or a
+share of the planned training is spent on the copy (`decide.MeasureBudget`); then a CPU's other thread counts get
+two steps each, and the pack goes on at its fastest. Where the pack would be slower in all, `PackSlower` stops it and
+the variants train one at a time: only the measured steps are lost. The numbers are cached per model shape, batch,
+K, optimizer and machine (`TuneCache`, in this process and in `tune_cache` when set): the next call of the same shape
+decides before its first step.
 """
 
 from __future__ import annotations
@@ -14,91 +16,129 @@ import copy
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from gpufill.engine.backend import backend_flags, synchronize
-from gpufill.engine.batches import signature
+from gpufill.engine.backend import synchronize
+from gpufill.engine.batches import map_tensors
 from gpufill.engine.choice import Choice
 from gpufill.engine.measure.cache import TuneCache, shape_key
 from gpufill.engine.measure.resolver import MIN_GAIN
-from gpufill.engine.packs.decide import MeasureBudget, PackTiming
-from gpufill.engine.packs.stacked import StackedModule
-from gpufill.engine.packs.variants import PackedVariants, _gather, pack_step
+from gpufill.engine.packs.decide import MeasureBudget, PackTiming, decide
+from gpufill.engine.packs.variants import PackedVariants
+
+THREAD_STEPS = 2
+"""Steps at each other thread count of a CPU (the first after a change pays the thread pool's resizing)."""
 
 
-def pack_timing(run: PackedVariants, cache: TuneCache, clock: Callable[[], float] = time.perf_counter) -> tuple[PackTiming, bool]:
-    """(the costs, whether the pack was built and stepped now: its one-time cost is then spent). The run's plan gets
-    the pack's thread count with its reason."""
-    index = torch.arange(min(run.batch, run.n), device=run.device).expand(run.k, -1)
-    batch = _gather(run.train_data, index)
-    key = shape_key("pack-variants", run.models[0], signature(batch), run.hardware.name, k=run.k, batch=run.batch,
-                    optimizer=type(run.optimizers[0]).__name__, loss=getattr(run.loss_fn, "name", "fn"), threads=run.cfg.threads,
-                    torch=torch.__version__)
-    cached = cache.get(key)
-    if cached is not None:
-        timing = PackTiming.from_dict(cached)
-        _keep_threads(run, timing.threads, "measured earlier in this process or its tune cache")
-        return timing, False
-    timing = _measure(run, batch, clock)
-    cache.put(key, timing.to_dict())
-    return timing, True
+class PackSlower(Exception):
+    """The measured pack would be slower in all than its variants one at a time; the reason is the message."""
 
 
-def _measure(run: PackedVariants, batch: object, clock: Callable[[], float]) -> PackTiming:
-    tick = clock()
-    stacked = StackedModule.from_models(run.models).train()
-    optimizer, _ = run.stacked_optimizer(list(stacked.parameters()))
-    initial = {name: t.detach().clone() for name, t in stacked.state_dict().items()}
-    build_s = clock() - tick
-    everyone = list(range(run.k))
+def cached_timing(run: PackedVariants, cache: TuneCache) -> PackTiming | None:
+    """The costs measured earlier for this shape on this machine, the pack's thread count put in the plan; else None."""
+    cached = cache.get(_key(run))
+    if cached is None:
+        return None
+    timing = PackTiming.from_dict(cached)
+    _keep_threads(run, timing.threads, "measured earlier in this process or its tune cache")
+    return timing
 
-    def packed() -> None:
-        pack_step(stacked, optimizer, run.loss_fn, batch, everyone)
 
-    alone, single = copy.deepcopy([run.models[0], run.optimizers[0]])  # variant 0 and the optimizer its fit builds, on copies
-    alone.train()
-    one_batch = torch.utils._pytree.tree_map(lambda leaf: leaf[0] if isinstance(leaf, torch.Tensor) else leaf, batch)
+class StepProbe:
+    """Times the pack's first training steps and one model alone between them; decides once the answer is clear."""
 
-    def one_step() -> None:
-        run.loss_fn(alone, one_batch)["loss"].backward()
-        single.step()
-        single.zero_grad(set_to_none=True)
+    def __init__(self, run: PackedVariants, cache: TuneCache, clock: Callable[[], float] = time.perf_counter):
+        self.run, self.cache, self.clock = run, cache, clock
+        self.counts = run.thread_candidates()
+        self.alone, self.single = copy.deepcopy([run.models[0], run.optimizers[0]])  # variant 0 with its fit's optimizer
+        self.alone.train()
+        self.budget = MeasureBudget(run.k, run.total_steps)
+        self.pack_s: dict[int, list[float]] = {t: [] for t in self.counts}
+        self.alone_s: dict[int, list[float]] = {t: [] for t in self.counts}
+        self.first: tuple[float, float] | None = None
+        self.phase = "first"
+        """first (one-time costs), steady (pairs at the plan's thread count until clear), threads (the other counts)."""
+        self.queue = [self.counts[0]]
+        """The thread count of each step still to time."""
+        self.steps = 0
+        self.done = False
+        self.choice: Choice[int] | None = None
 
-    counts = run.thread_candidates()
-    pack_s: dict[int, list[float]] = {t: [] for t in counts}
-    alone_s: dict[int, list[float]] = {t: [] for t in counts}
-    budget = MeasureBudget(run.k, run.total_steps)
-    with _threads(run, counts[0]):
-        first_pack, first_alone = _once(packed, run.device, clock), _once(one_step, run.device, clock)
-        budget.spent_s += clock() - tick
-        while not budget.done():  # steady pairs at the plan's thread count until the answer is clear
-            started = clock()
-            pack_s[counts[0]].append(_once(packed, run.device, clock))
-            alone_s[counts[0]].append(_once(one_step, run.device, clock))
-            budget.add(pack_s[counts[0]][-1], alone_s[counts[0]][-1], clock() - started)
-    for t in counts[1:]:  # other thread counts of a CPU, while the budget lasts: two steps of each way
-        if budget.spent_s + 2 * (budget.pack[-1] + budget.alone[-1]) > max(budget.budget_s, 0.0):
-            break
-        with _threads(run, t):
-            started = clock()
-            for _ in range(2):
-                pack_s[t].append(_once(packed, run.device, clock))
-                alone_s[t].append(_once(one_step, run.device, clock))
-            budget.spent_s += clock() - started
-    tried = [t for t in counts if pack_s[t]]
-    stacked.load_state_dict(initial)  # the pack trains from its variants' initial weights and buffers
-    run.built = stacked
-    pack_threads = _fastest({t: statistics.median(pack_s[t]) for t in tried}, counts[0])
-    alone_threads = _fastest({t: statistics.median(alone_s[t]) for t in tried}, counts[0])
-    pack_step_s, alone_step_s = statistics.median(pack_s[pack_threads]), statistics.median(alone_s[alone_threads])
-    if len(tried) > 1:
-        versus = ", ".join(f"{t}: {statistics.median(pack_s[t]) * 1e3:.3g} ms" for t in tried)
-        _keep_threads(run, pack_threads, f"the pack's step measured at {versus}")
-    elif len(counts) > 1:
-        _keep_threads(run, pack_threads, f"the plan's count; no budget left to time {', '.join(map(str, counts[1:]))} (a short training)")
-    return PackTiming(k=run.k, pack_step_s=pack_step_s, alone_step_s=alone_step_s, pack_once_s=build_s + max(0.0, first_pack - pack_step_s),
-                      alone_once_s=max(0.0, first_alone - alone_step_s), threads=pack_threads, pairs=len(budget.pack))
+    def timed(self, step: Callable[[], Any], batch: Any) -> Any:
+        """Run the pack's `step` timed at the thread count its turn calls for, then one step of the model alone."""
+        threads = self.queue.pop(0)
+        torch.set_num_threads(threads)
+        values, pack_s = self._time(step)
+        one = map_tensors(lambda leaf: leaf[0], batch)  # variant 0's rows of the pack's batch
+        _, alone_s = self._time(lambda: self._alone_step(one))
+        self.steps += 1
+        self._record(threads, pack_s, alone_s)
+        return values
+
+    def _alone_step(self, batch: Any) -> None:
+        self.run.loss_fn(self.alone, batch)["loss"].backward()
+        self.single.step()
+        self.single.zero_grad(set_to_none=True)
+
+    def _time(self, step: Callable[[], Any]) -> tuple[Any, float]:
+        synchronize(self.run.device)
+        tick = self.clock()
+        out = step()
+        synchronize(self.run.device)
+        return out, self.clock() - tick
+
+    def _record(self, threads: int, pack_s: float, alone_s: float) -> None:
+        # Only the copy's steps are spent: the pack's steps are the training's own.
+        if self.phase == "first":
+            self.first, self.phase, self.queue = (pack_s, alone_s), "steady", [self.counts[0]]
+            self.budget.spent_s += alone_s
+            return
+        self.pack_s[threads].append(pack_s)
+        self.alone_s[threads].append(alone_s)
+        if self.phase == "steady":
+            self.budget.add(pack_s, alone_s, alone_s)
+            if not self.budget.done():
+                self.queue = [self.counts[0]]
+                return
+            self.phase = "threads"
+            others = len(self.counts) - 1
+            affordable = self.budget.spent_s + THREAD_STEPS * others * alone_s <= self.budget.budget_s
+            self.queue = [t for t in self.counts[1:] for _ in range(THREAD_STEPS)] if affordable else []
+        else:
+            self.budget.spent_s += alone_s
+        if not self.queue:
+            self._decide()
+
+    def _decide(self) -> None:
+        run = self.run
+        tried = [t for t in self.counts if self.pack_s[t]]
+        pack_threads = _fastest({t: statistics.median(self.pack_s[t]) for t in tried}, self.counts[0])
+        alone_threads = _fastest({t: statistics.median(self.alone_s[t]) for t in tried}, self.counts[0])
+        pack_step_s, alone_step_s = statistics.median(self.pack_s[pack_threads]), statistics.median(self.alone_s[alone_threads])
+        assert self.first is not None
+        timing = PackTiming(k=run.k, pack_step_s=pack_step_s, alone_step_s=alone_step_s,
+                            pack_once_s=run.build_s + max(0.0, self.first[0] - pack_step_s),
+                            alone_once_s=max(0.0, self.first[1] - alone_step_s), threads=pack_threads, pairs=len(self.budget.pack))
+        self.cache.put(_key(run), timing.to_dict())
+        if len(tried) > 1:
+            versus = ", ".join(f"{t}: {statistics.median(self.pack_s[t]) * 1e3:.3g} ms" for t in tried)
+            _keep_threads(run, pack_threads, f"the pack's step measured at {versus}")
+        elif len(self.counts) > 1:
+            _keep_threads(run, pack_threads, f"the plan's count; no budget left to time {', '.join(map(str, self.counts[1:]))} (a short training)")
+        torch.set_num_threads(run.plan.threads.value)
+        self.done = True
+        chosen, why = decide(timing, run.total_steps, pack_built=True, min_gain=MIN_GAIN)
+        if not chosen:
+            raise PackSlower(why)
+        self.choice = Choice(run.k, f"{why} ({run.form}; measured on its first {self.steps} training steps)")
+
+
+def _key(run: PackedVariants) -> str:
+    return shape_key("pack-variants", run.models[0], run.sample_signature, run.hardware.name, k=run.k, batch=run.batch,
+                     optimizer=type(run.optimizers[0]).__name__, loss=getattr(run.loss_fn, "name", "fn"), threads=run.cfg.threads,
+                     torch=torch.__version__)
 
 
 def _keep_threads(run: PackedVariants, threads: int, why: str) -> None:
@@ -106,19 +146,7 @@ def _keep_threads(run: PackedVariants, threads: int, why: str) -> None:
         run.plan = run.plan.replace(threads=Choice(threads, f"{threads}: {why}"))
 
 
-def _threads(run: PackedVariants, threads: int) -> object:
-    return backend_flags(run.plan.replace(threads=Choice(threads, "measuring")))
-
-
 def _fastest(seconds: dict[int, float], incumbent: int) -> int:
     """The fastest thread count; the incumbent unless another is at least MIN_GAIN faster (the probe's rule)."""
     best = min(seconds, key=seconds.__getitem__)
     return best if seconds[best] * MIN_GAIN <= seconds[incumbent] else incumbent
-
-
-def _once(step: Callable[[], None], device: torch.device, clock: Callable[[], float]) -> float:
-    synchronize(device)
-    tick = clock()
-    step()
-    synchronize(device)
-    return clock() - tick
