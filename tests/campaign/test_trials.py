@@ -204,11 +204,21 @@ def test_adding_a_project_keeps_every_old_id(spec_of):
     assert set(old) <= set(new) and len(new) == len(old) + 20
 
 
-def test_train_settings_change_neural_ids_only(spec_of):
+@pytest.mark.parametrize("edit", [{"epochs: 10": "epochs: 11"}, {"epochs: 10": "epochs: 10, optimizer: sgd"}], ids=["epochs", "optimizer"])
+def test_train_settings_change_neural_ids_only(spec_of, edit):
     before = expand(spec_of(), PROJECTS)
-    after = expand(spec_of(**{"epochs: 10": "epochs: 11"}), PROJECTS)
+    after = expand(spec_of(**edit), PROJECTS)
     for a, b in zip(before, after, strict=True):
         assert (a.trial_id != b.trial_id) == (a.kind == "neural")  # classical models have no epochs
+
+
+def test_an_optimizer_grid_splits_shapes_a_pack_shares_one_optimizer(spec_of):
+    spec = spec_of(**{"num_layers: [1, 2]}": "optimizer: [adam, sgd]}"})
+    lstm = [t for t in expand(spec, ["p000"]) if t.family == "lstm"]
+    assert {t.train["optimizer"] for t in lstm} == {"adam", "sgd"}
+    assert "lstm[lookback=30 batch_size=auto epochs=10 optimizer=sgd | hidden_size=16]" in {t.shape for t in lstm}
+    assert len({t.shape for t in lstm}) == 2 * 2 * 2  # hidden x optimizer x lookback
+    assert spec.base_config(lstm[0].train, 0).optimizer == "adam"
 
 
 @pytest.mark.parametrize(
@@ -219,8 +229,9 @@ def test_train_settings_change_neural_ids_only(spec_of):
         {"name: study": "name: renamed"},
         {"lookback: [30, 60]": "lookback: [60, 30]"},
         {"train: {epochs: 10}": "train: {epochs: 10, cuda_graph: false, batch_search: true}"},  # how steps are launched and split
+        {"train: {epochs: 10}": "train: {epochs: 10, optimizer: adamw}"},  # the optimizer every file had before the setting
     ],
-    ids=["resources", "metric", "name", "lookback_order", "step_mechanics"],
+    ids=["resources", "metric", "name", "lookback_order", "step_mechanics", "optimizer_default"],
 )
 def test_edits_that_change_no_result_change_no_id(spec_of, edit):
     assert set(ids(expand(spec_of(**edit), PROJECTS))) == set(ids(expand(spec_of(), PROJECTS)))

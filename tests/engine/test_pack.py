@@ -91,6 +91,53 @@ def test_pack_adamw_steps_a_model_only_when_active_and_ignores_a_masked_models_n
     assert torch.isfinite(ours.exp_avg).all() and torch.isfinite(ours.exp_avg_sq).all()
 
 
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_pack_adam_and_sgd_match_torchs_per_model_as_fit_builds_them_and_skip_masked_models(name):
+    from gpufill.engine.packs.optim import pack_optimizer
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(3, 4, 5)), torch.nn.Parameter(torch.randn(3, 5))]
+    start = [p.detach().clone() for p in params]
+    lr, wd = torch.tensor([1e-2, 3e-3, 1e-2]), torch.tensor([0.0, 0.1, 0.05])
+    ours = pack_optimizer(name, params, lr, wd)
+    plain = [[torch.nn.Parameter(p.detach()[k].clone()) for p in params] for k in range(3)]
+    # fit's `adam`: L2 on every parameter; fit's `sgd`: momentum 0.9, L2 on every parameter
+    theirs = [torch.optim.Adam(plain[k], lr=float(lr[k]), weight_decay=float(wd[k])) if name == "adam" else
+              torch.optim.SGD(plain[k], lr=float(lr[k]), momentum=0.9, weight_decay=float(wd[k])) for k in range(3)]
+    for step in range(25):
+        active = [True, step % 4 != 2, False]  # model 1 skips every fourth step (its buffer and moments wait); model 2 is masked
+        grads = [torch.randn_like(p) for p in params]
+        for p, g in zip(params, grads, strict=True):
+            g[2] = float("nan")  # a masked model's NaN gradient never reaches anything
+            p.grad = g
+        ours.step(torch.tensor(active))
+        for k in (0, 1):
+            if active[k]:
+                for q, g in zip(plain[k], grads, strict=True):
+                    q.grad = g[k].clone()
+                theirs[k].step()
+    for i, p in enumerate(params):
+        for k in (0, 1):
+            torch.testing.assert_close(p.detach()[k], plain[k][i].detach(), atol=2e-6, rtol=1e-6)
+        assert torch.equal(p.detach()[2], start[i][2])
+    assert all(torch.isfinite(t).all() for t in ours.state_tensors())
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_pack_with_adam_or_sgd_reproduces_separate_fits(optimizer):
+    ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3] if optimizer == "adam" else [1e-2, 3e-2, 2e-2]
+    config = FitConfig(epochs=3, batch_size=64, patience=None, loss="mse", optimizer=optimizer, weight_decay=0.01)
+    packed = fit_pack(models("mlp", ws, seeds), [PackMember(train=(w.x_train, w.y_train), val=(w.x_val, w.y_val), lr=lr, weight_decay=0.01, seed=s)
+                                                 for w, lr, s in zip(ws, lrs, seeds, strict=True)], config=config)
+    assert packed[0].plan.optimizer.value == optimizer
+    for w, seed, lr, model, result in zip(ws, seeds, lrs, models("mlp", ws, seeds), packed, strict=True):
+        alone = fit(model, (w.x_train, w.y_train), (w.x_val, w.y_val),
+                    config=FitConfig(epochs=3, batch_size=64, lr=lr, seed=seed, loss="mse", optimizer=optimizer, weight_decay=0.01))
+        assert [r.val_loss for r in result.history] == pytest.approx([r.val_loss for r in alone.history], rel=1e-4)
+        for (name, a), (_, b) in zip(alone.model.state_dict().items(), result.model.state_dict().items(), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize(("family", "loss", "scaling"), [("mlp", "mse", "project"), ("lstm", "mse", "project"), ("mlp", "mae", "last"),
                                                        ("gru", "smape", "mean")])
 def test_a_pack_reproduces_separate_fits(family, loss, scaling):
@@ -179,8 +226,11 @@ def test_a_pack_refuses_a_schedule_and_a_campaign_trains_scheduled_trials_alone(
         assert plan["scaling"]["value"] == "last" and plan["loss"]["value"] == "mae"  # the mlp recipe's other settings
 
 
-def test_a_campaign_with_packs_matches_the_same_campaign_with_fusion_off(tmp_path):
+@pytest.mark.parametrize("optimizer", [None, "sgd", "adam"])
+def test_a_campaign_with_packs_matches_the_same_campaign_with_fusion_off(tmp_path, optimizer):
     packed_path = write_campaign(tmp_path, name="packed", projects=4, epochs=3, models="mlp: {hidden_size: 16}")
+    if optimizer is not None:  # a campaign's optimizer: its packs step it as itself
+        packed_path.write_text(packed_path.read_text().replace("early_stopping: null}", f"early_stopping: null, optimizer: {optimizer}, lr: 0.01}}"))
     plain_path = tmp_path / "plain.yaml"
     plain_path.write_text(packed_path.read_text().replace("name: packed", "name: plain").replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 1}"))
     packed_yaml = packed_path.read_text().replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 4}")
@@ -192,6 +242,10 @@ def test_a_campaign_with_packs_matches_the_same_campaign_with_fusion_off(tmp_pat
     assert (a["status"] == "done").all() and len(a) == 4
     for metric in ("mae", "rmse", "smape", "mase"):
         assert a[metric].to_numpy() == pytest.approx(b[metric].to_numpy(), rel=1e-3)
+    with sqlite3.connect(tmp_path / "a" / "gpufill.db") as db:
+        plans = [json.loads(row[0]) for row in db.execute("SELECT plan FROM trials WHERE family = 'mlp'")]
+    assert {plan["optimizer"]["value"] for plan in plans} == {optimizer or "adamw"}
+    assert {plan["pack_size"]["value"] for plan in plans} == {4}
 
 
 def test_loss_scaling_skips_an_overflowed_step_for_every_model_and_halves_the_scale():

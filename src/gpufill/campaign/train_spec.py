@@ -36,6 +36,9 @@ class TrainSpec(Spec):
     """Fused packs on a GPU: replay each step as one captured CUDA graph (auto: when measured faster; cached per shape)."""
     batch_search: StrictBool | Literal["auto"] = DEFAULTS.batch_search
     """Measure micro-batch sizes and keep the fastest (auto: on GPUs for long trainings); cached per shape in the workdir."""
+    optimizer: Literal["adamw", "adam", "sgd"] = DEFAULTS.optimizer  # type: ignore[assignment]  # the default is the string "adamw"
+    """As `gpufill.fit` builds it: adamw (decay on weight matrices only), adam (L2 on every parameter) or sgd (momentum
+    0.9); packs step each as itself."""
     lr: Annotated[Float, Field(gt=0)] = DEFAULTS.lr
     weight_decay: Annotated[Float, Field(ge=0)] = DEFAULTS.weight_decay
     early_stopping: EarlyStoppingSpec | None = EarlyStoppingSpec()
@@ -78,6 +81,7 @@ class TrainSpec(Spec):
         return FitConfig(
             epochs=merged.epochs,
             lr=merged.lr,
+            optimizer=merged.optimizer,
             weight_decay=merged.weight_decay,
             batch_size=merged.batch_size,
             precision=merged.precision,

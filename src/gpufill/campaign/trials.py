@@ -124,6 +124,8 @@ def _id_base(spec: CampaignSpec, kind: str, projects: Sequence[str]) -> dict[str
         # launched) change results by float rounding at most, so they are not part of the identity:
         # turning them on must not re-run a finished campaign.
         base["train_spec"] = spec.train.model_dump(mode="json", exclude={"batch_search", "cuda_graph"})
+        if base["train_spec"].get("optimizer") == "adamw":  # the optimizer before the setting existed: those files keep their ids
+            del base["train_spec"]["optimizer"]
     return base
 
 
@@ -154,6 +156,6 @@ def _shape(spec: CampaignSpec, family: str, kind: str, params: dict[str, Any], t
     batch = train.get("batch_size", spec.train.batch_size)
     epochs = train.get("epochs", spec.train.epochs)
     model = " ".join(f"{key}={_canonical(value)}" for key, value in params.items())
-    # A pack's members share one loss and schedule (lr and scaling are each member's own).
-    shared = "".join(f" {key}={train[key]}" for key in ("loss", "schedule") if key in train)
+    # A pack's members share one loss, schedule and optimizer (lr and scaling are each member's own).
+    shared = "".join(f" {key}={train[key]}" for key in ("loss", "schedule", "optimizer") if key in train)
     return f"{family}[lookback={lookback} batch_size={batch} epochs={epochs}{shared} | {model}]"

@@ -51,9 +51,12 @@ class PackAdamW:
     gradient may be NaN and 0 x NaN is NaN): its gradient row is replaced.
     """
 
-    def __init__(self, params: Sequence[nn.Parameter], lr: torch.Tensor, weight_decay: torch.Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+    def __init__(self, params: Sequence[nn.Parameter], lr: torch.Tensor, weight_decay: torch.Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 *, decoupled: bool = True):
         self.params = list(params)
         self.flat = flatten_into_rows(self.params)
+        self.decoupled = decoupled
+        """False: Adam's L2 penalty (wd x p added to the gradient of every parameter), as fit's `adam` builds it."""
         device = lr.device
         self.base_lr = lr.detach().to(torch.float64).clone()
         self.lr = self.base_lr.clone()
@@ -63,8 +66,9 @@ class PackAdamW:
         self.eps = eps
         k = lr.shape[0]
         self.decays = bool((self.weight_decay != 0).any())
-        # (1, P): 1 on the columns of weight matrices and embeddings, 0 on biases and norm weights.
-        self.decay_columns = torch.cat([torch.full((p[0].numel(),), float(p[0].dim() >= 2), device=device) for p in self.params]).unsqueeze(0)
+        # (1, P): 1 on the columns of weight matrices and embeddings, 0 on biases and norm weights (AdamW); 1 everywhere (Adam).
+        self.decay_columns = torch.cat([torch.full((p[0].numel(),), float(p[0].dim() >= 2 or not decoupled), device=device)
+                                        for p in self.params]).unsqueeze(0)
         self.betas = torch.tensor([[self.beta1, self.beta2]], device=device, dtype=torch.float64)  # (1, 2): both corrections in one pow
         self.steps = torch.zeros(k, device=device, dtype=torch.float64)
         # Constants as tensors: a Python scalar in where/addcmul would cost one operator per step to wrap.
@@ -75,6 +79,10 @@ class PackAdamW:
     def set_lr_factor(self, factor: float) -> None:
         """Every model's lr = its base lr x `factor` (a schedule's multiplier for the next step)."""
         torch.mul(self.base_lr, factor, out=self.lr)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The tensors a step changes besides the parameters (a probe puts them back)."""
+        return [self.steps, self.exp_avg, self.exp_avg_sq]
 
     def gradients(self) -> torch.Tensor:
         """(K, P): every parameter's gradient in the flat layout (zeros where a parameter has none)."""
@@ -96,7 +104,9 @@ class PackAdamW:
         keep = active.unsqueeze(1)
         a = a64.to(self.flat.dtype).unsqueeze(1)
         g = torch.where(keep, self.gradients(), self._zero) if gradients is None else gradients
-        if self.decays:  # 1 - lr x wd on decayed columns of active models, 1 elsewhere
+        if self.decays and not self.decoupled:  # Adam's L2 term, wd x p, on active models' gradients (0 for a masked one)
+            g = g + (self.weight_decay * a64).to(self.flat.dtype).unsqueeze(1) * self.flat
+        elif self.decays:  # 1 - lr x wd on decayed columns of active models, 1 elsewhere
             decay = (self.lr * self.weight_decay * a64).to(self.flat.dtype).unsqueeze(1)
             self.flat.mul_(1 - decay * self.decay_columns)
         self.exp_avg.lerp_(g, a * (1 - self.beta1))  # masked: m + 0 * (g - m) = m
@@ -108,6 +118,58 @@ class PackAdamW:
         for p in self.params:
             p.grad = None
 
+
+
+class PackSGD:
+    """SGD with momentum over stacked (K, ...) parameters with per-model lr, weight decay and step mask: the
+    arithmetic of torch.optim.SGD as `fit`'s `sgd` builds it (momentum 0.9, no dampening, L2 weight decay on every
+    parameter; the first step's buffer is the gradient itself). The same interface and flat (K, P) layout as
+    PackAdamW; a masked model keeps its parameters and buffer."""
+
+    def __init__(self, params: Sequence[nn.Parameter], lr: torch.Tensor, weight_decay: torch.Tensor, momentum: float = 0.9):
+        self.params = list(params)
+        self.flat = flatten_into_rows(self.params)
+        device = lr.device
+        self.base_lr = lr.detach().to(torch.float64).clone()
+        self.lr = self.base_lr.clone()
+        self.weight_decay = weight_decay.detach().to(torch.float64)
+        self.decays = bool((self.weight_decay != 0).any())
+        self.momentum = momentum
+        self.steps = torch.zeros(lr.shape[0], device=device, dtype=torch.float64)
+        self._zero = torch.zeros((), device=device)
+        self.buffer = torch.zeros_like(self.flat)
+
+    set_lr_factor = PackAdamW.set_lr_factor
+    gradients = PackAdamW.gradients
+    zero_grad = PackAdamW.zero_grad
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [self.steps, self.buffer]
+
+    @torch.no_grad()
+    def step(self, active: torch.Tensor, gradients: torch.Tensor | None = None) -> None:
+        """One update for the models where `active` (K,) is true; the others keep p and their buffer."""
+        keep = active.unsqueeze(1)
+        a64 = active.to(torch.float64)
+        g = torch.where(keep, self.gradients(), self._zero) if gradients is None else gradients
+        if self.decays:
+            g = g + (self.weight_decay * a64).to(self.flat.dtype).unsqueeze(1) * self.flat
+        first = (keep & (self.steps == 0).unsqueeze(1))  # torch starts the buffer as the gradient itself
+        moved = torch.where(first, g, self.buffer * self.momentum + g)
+        self.buffer.copy_(torch.where(keep, moved, self.buffer))  # in place: a captured CUDA graph replays into the same memory
+        self.steps.add_(a64)
+        self.flat.sub_((self.lr * a64).to(self.flat.dtype).unsqueeze(1) * self.buffer)
+
+
+PACK_OPTIMIZERS = ("adamw", "adam", "sgd")
+"""fit's named optimizers a campaign pack steps itself (device-side masks, one flat buffer)."""
+
+
+def pack_optimizer(name: str, params: Sequence[nn.Parameter], lr: torch.Tensor, weight_decay: torch.Tensor) -> PackAdamW | PackSGD:
+    """The pack's optimizer for fit's named optimizer `name` (PACK_OPTIMIZERS)."""
+    if name == "sgd":
+        return PackSGD(params, lr, weight_decay)
+    return PackAdamW(params, lr, weight_decay, decoupled=name == "adamw")
 
 
 class StackedAdam:

@@ -21,7 +21,7 @@ from gpufill.engine.choice import Choice
 from gpufill.engine.graph import capture_step
 from gpufill.engine.measure.resolver import CHECK_STEPS, Measurement
 from gpufill.engine.measure.timing import MEASURE_SEED
-from gpufill.engine.packs.optim import PackAdamW
+from gpufill.engine.packs.optim import PackAdamW, PackSGD
 from gpufill.engine.plan import Plan
 from gpufill.engine.precision import Precision
 from gpufill.engine.snapshot import preserved_rng
@@ -31,7 +31,7 @@ class PackTraining(Protocol):
     """What the measurements need of a pack's training (packs/train.py's run)."""
 
     fused: nn.Module
-    optimizer: PackAdamW
+    optimizer: PackAdamW | PackSGD
     precision: Precision
     data: Any
     """x (K, N, ...) and batch."""
@@ -151,7 +151,7 @@ def preserved(run: PackTraining) -> Iterator[None]:
     """Put back everything trial steps change: weights, optimizer moments and steps, loss scale,
     the epoch's loss sums, RNGs."""
     optimizer = run.optimizer
-    live = [*run.fused.state_dict().values(), optimizer.steps, optimizer.exp_avg, optimizer.exp_avg_sq, *run.precision.device_state(),
+    live = [*run.fused.state_dict().values(), *optimizer.state_tensors(), *run.precision.device_state(),
             run.loss_sum, run.finite]
     saved = [t.detach().clone() for t in live]
     try:

@@ -26,7 +26,7 @@ from gpufill.engine.result import EpochRecord, FitResult
 from gpufill.engine.hardware import detect
 from gpufill.engine.packs.fused import FusedModule
 from gpufill.engine.packs.stacked import pack_kind, pack_module
-from gpufill.engine.packs.optim import PackAdamW
+from gpufill.engine.packs.optim import PACK_OPTIMIZERS, PackAdamW, PackSGD, pack_optimizer
 from gpufill.engine.measure.cache import TuneCache, shape_key
 from gpufill.engine.measure.candidates import Context
 from gpufill.engine.packs.probe import PackProbe, configure
@@ -62,6 +62,8 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
         raise ValueError(f"a pack trains on a regression loss ({', '.join(PACK_LOSSES)}), not {config.loss!r}: train these models one by one")
     if config.schedule != "constant":
         raise ValueError(f"a pack runs a constant lr, not schedule {config.schedule!r}: train these models one by one")
+    if not (isinstance(config.optimizer, str) and config.optimizer in PACK_OPTIMIZERS):
+        raise ValueError(f"a pack steps {', '.join(PACK_OPTIMIZERS)}, not optimizer {config.optimizer!r}: train these models one by one")
     k = len(models)
     counts = [int(m.train[0].shape[0]) for m in members]
     total_bytes = sum(t.numel() * t.element_size() for m in members for pair in (m.train, m.val) if pair is not None for t in pair)
@@ -79,7 +81,8 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     n = torch.tensor(counts, device=device)
     n_val = torch.tensor([v[0].shape[0] for v in val], device=device) if has_val else None
     lr = torch.tensor([m.lr * plan.lr_scale.value for m in members], device=device)
-    optimizer = PackAdamW(list(fused.parameters()), lr, torch.tensor([m.weight_decay for m in members], device=device))
+    optimizer = pack_optimizer(config.optimizer, list(fused.parameters()), lr, torch.tensor([m.weight_decay for m in members], device=device))
+    plan = plan.replace(optimizer=Choice(config.optimizer, PACK_OPTIMIZER_REASONS[config.optimizer]))
     generators = [torch.Generator(device=device).manual_seed(m.seed) for m in members]
     torch.manual_seed(members[0].seed)  # dropout
     precision = Precision(plan.precision.value, device, loss_scaling=plan.grad_scaler.value, masked=True)
@@ -137,14 +140,21 @@ def pack_plan(plan: Plan) -> Plan:
         micro_batch=Choice(batch, "each member's whole batch per step (packs do not accumulate)"),
         accumulation=Choice(1, "1: no accumulation in packs"),
         batch_search=Choice(False, "off in packs: each member keeps its batch; the pack size is what is measured"),
-        optimizer_kernel=Choice("fused", "PackAdamW: ~20 operators over one flat (K, P) buffer of every parameter of all K models (per-model lr, weight decay and step mask)"),
+        optimizer_kernel=Choice("fused", "the pack's own optimizer (PackAdamW or PackSGD): ~20 operators over one flat (K, P) buffer of every "
+                                         "parameter of all K models (per-model lr, weight decay and step mask)"),
         grad_scaler=Choice(plan.grad_scaler.value, f"{plan.grad_scaler.reason}; one dynamic scale for the pack, an overflowed step skipped for all"
                            if plan.grad_scaler.value else plan.grad_scaler.reason),
     )
 
 
+PACK_OPTIMIZER_REASONS = {
+    "adamw": "AdamW as fit builds it (decay on weight matrices and embeddings only), stepped for the pack by PackAdamW",
+    "adam": "Adam as fit builds it (L2 penalty on every parameter), stepped for the pack by PackAdamW",
+    "sgd": "SGD as fit builds it (momentum 0.9, L2 penalty on every parameter), stepped for the pack by PackSGD",
+}
+
 PACK_CONTEXT = Context(resident=True, distributed=False, optimizer="pack")
-"""What the probe's stages need to know of a pack: resident data, one process, PackAdamW."""
+"""What the probe's stages need to know of a pack: resident data, one process, its own optimizer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +173,7 @@ class PackData:
 
 
 class _PackRun:
-    def __init__(self, fused: FusedModule, optimizer: PackAdamW, precision: Precision, config: FitConfig, data: PackData, device: torch.device):
+    def __init__(self, fused: FusedModule, optimizer: PackAdamW | PackSGD, precision: Precision, config: FitConfig, data: PackData, device: torch.device):
         self.fused, self.optimizer, self.precision, self.cfg, self.data, self.device = fused, optimizer, precision, config, data, device
         self.k = k = len(data.counts)
         self.forward: Callable[[torch.Tensor], torch.Tensor] = fused
