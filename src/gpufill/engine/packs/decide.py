@@ -19,11 +19,14 @@ from typing import Any
 BUDGET_SHARE = 0.05
 """The measuring may cost this share of the training it decides (one at a time, as planned)."""
 MIN_PAIRS = 2
-"""Steady steps of each way before the answer may count as clear."""
+"""Steady steps of each way before a faster pack counts as clear (a clearly slower one stops after one)."""
 MAX_PAIRS = 8
 """No more steady steps of each way, clear or not."""
 CLEAR_MARGIN = 1.3
 """Clear: every pair so far puts one way ahead of the other by at least this much."""
+MIN_MEASURED_STEPS = math.ceil(2 / BUDGET_SHARE)
+"""The least a measurement takes is two pack steps (its first and a steady one), thrown away if the pack loses: a
+training of fewer planned steps per model than this trains one at a time unmeasured (pack=True packs it)."""
 
 
 @dataclass(frozen=True)
@@ -93,16 +96,20 @@ class MeasureBudget:
 
     @property
     def budget_s(self) -> float:
-        """BUDGET_SHARE of the training one at a time, as the first steady steps of one model price it."""
-        return BUDGET_SHARE * self.k * self.steps * (statistics.median(self.alone) if self.alone else 0.0)
+        """BUDGET_SHARE of the training as the faster way would run it (K models alone, or the pack), as the steady
+        steps so far price them: a share of the call the user waits for, whichever way it goes."""
+        if not self.alone:
+            return 0.0
+        alone = self.k * statistics.median(self.alone)
+        return BUDGET_SHARE * self.steps * min(alone, statistics.median(self.pack)) if self.pack else BUDGET_SHARE * self.steps * alone
 
     def done(self) -> bool:
         pairs = len(self.pack)
         if pairs >= MAX_PAIRS:
             return True
-        if pairs and self.spent_s >= self.budget_s:  # spent_s: all the measuring, building and first steps included
+        if pairs and self.spent_s + self.spent_s / (pairs + 1) > self.budget_s:  # another pair (about the mean so far) would overrun it
             return True
-        if pairs < MIN_PAIRS:
-            return False
         ratios = [a * self.k / p for p, a in zip(self.pack, self.alone, strict=True) if p > 0]
-        return bool(ratios) and (min(ratios) >= CLEAR_MARGIN or max(ratios) <= 1 / CLEAR_MARGIN)
+        if ratios and max(ratios) <= 1 / CLEAR_MARGIN:
+            return True  # a pack clearly slower: one pair is enough (its steps are thrown away, so no lingering)
+        return pairs >= MIN_PAIRS and bool(ratios) and min(ratios) >= CLEAR_MARGIN  # a faster pack's steps are training: 2+ pairs

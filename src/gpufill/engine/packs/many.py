@@ -26,7 +26,7 @@ from gpufill.engine.loop import fit
 from gpufill.engine.packs.stacked import why_not_stacked
 from gpufill.engine.measure.cache import TuneCache, clear_memory
 from gpufill.engine.measure.resolver import MIN_GAIN
-from gpufill.engine.packs.decide import decide
+from gpufill.engine.packs.decide import BUDGET_SHARE, MIN_MEASURED_STEPS, decide
 from gpufill.engine.packs.variants import PackedVariants
 from gpufill.engine.packs.variants_measure import PackSlower, StepProbe, cached_timing
 from gpufill.engine.prepare import resolve_config
@@ -61,6 +61,7 @@ def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *
     models = [_seeded(make_model, cfg.seed) for cfg in configs]
     train_source = as_source(train, "train")
     val_source = as_source(val, "val") if val is not None else None
+    measured_s = 0.0
     reason = _why_one_at_a_time(models, configs, train_source, val_source) if pack is not False else "pack=False"
     run = PackedVariants(models, configs, train_source, val_source) if reason is None else None
     if run is not None:
@@ -70,11 +71,14 @@ def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *
     if run is not None and reason is None:
         cache = TuneCache(configs[0].tune_cache)
         timing = cached_timing(run, cache)
-        if timing is None:  # measured on the pack's own first steps: a pack that would be slower in all is stopped
+        if timing is None and run.total_steps < MIN_MEASURED_STEPS:
+            reason = (f"only {run.total_steps} optimizer steps per model: measuring a pack costs two of its steps, more than "
+                      f"{BUDGET_SHARE:.0%} of so short a training (pack=True packs it unmeasured)")
+        elif timing is None:  # measured on the pack's own first steps: a pack that would be slower in all is stopped
             try:
                 return run.train(None, probe=StepProbe(run, cache))
             except PackSlower as slower:
-                reason = str(slower)
+                reason, measured_s = str(slower), slower.spent_s
         else:
             chosen, why = decide(timing, run.total_steps, pack_built=False, min_gain=MIN_GAIN)
             if chosen:
@@ -85,6 +89,7 @@ def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *
     for model, cfg in zip(models, configs, strict=True):
         fitted = fit(model, train, val, config=cfg)
         fitted.plan = fitted.plan.replace(pack_size=choice)
+        fitted.timings["pack_probe_s"] = measured_s / len(models)  # this variant's share of measuring the pack it did not join
         results.append(fitted)
     return results
 

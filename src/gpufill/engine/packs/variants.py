@@ -205,6 +205,7 @@ class PackedVariants:
             restored = state.restore(stacked, status)
             for i in restored:
                 events[i].append(f"restored the best weights (epoch {state.best_epoch[i]}, val loss {state.best_val[i]:.6g})")
+        self.probe_s = probe.budget.spent_s if probe is not None else 0.0
         if choice is None:
             choice = probe.choice if probe.choice is not None else Choice(k, f"one pack of {k} ({self.form}): its training ended before "
                                                                               "the measurement was clear")
@@ -243,7 +244,7 @@ class PackedVariants:
             if scored is not None and scored.val_metrics:
                 metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
         timings = {"samples_per_s": self.n / epoch_s if epoch_s > 0 else 0.0, "epoch_s": epoch_s, "train_s": sum(seconds) / self.k,
-                   "pack_train_s": sum(seconds), "pack_size": self.k, "wall_s": wall, "probe_s": 0.0}
+                   "pack_train_s": sum(seconds), "pack_size": self.k, "wall_s": wall, "probe_s": self.probe_s}
         # The model variant i was stacked from, given its trained weights: no copy of the module per variant.
         return FitResult(model=stacked.write_into(i, self.models[i]), plan=plan, history=history, metrics=metrics, timings=timings, events=events, status=status)
 

@@ -33,7 +33,12 @@ THREAD_STEPS = 2
 
 
 class PackSlower(Exception):
-    """The measured pack would be slower in all than its variants one at a time; the reason is the message."""
+    """The measured pack would be slower in all than its variants one at a time: why, and the seconds the measuring
+    cost (the copy's steps and the pack's, which are thrown away)."""
+
+    def __init__(self, reason: str, spent_s: float):
+        super().__init__(reason)
+        self.spent_s = spent_s
 
 
 def cached_timing(run: PackedVariants, cache: TuneCache) -> PackTiming | None:
@@ -52,9 +57,11 @@ class StepProbe:
     def __init__(self, run: PackedVariants, cache: TuneCache, clock: Callable[[], float] = time.perf_counter):
         self.run, self.cache, self.clock = run, cache, clock
         self.counts = run.thread_candidates()
+        tick = clock()
         self.alone, self.single = copy.deepcopy([run.models[0], run.optimizers[0]])  # variant 0 with its fit's optimizer
         self.alone.train()
         self.budget = MeasureBudget(run.k, run.total_steps)
+        self.budget.spent_s = clock() - tick  # what measuring costs the call: the copy and its steps (the pack's are training)
         self.pack_s: dict[int, list[float]] = {t: [] for t in self.counts}
         self.alone_s: dict[int, list[float]] = {t: [] for t in self.counts}
         self.first: tuple[float, float] | None = None
@@ -63,6 +70,8 @@ class StepProbe:
         self.queue = [self.counts[0]]
         """The thread count of each step still to time."""
         self.steps = 0
+        self.lost_s = 0.0
+        """Pack steps counted as spent (slower per model than alone when timed)."""
         self.done = False
         self.choice: Choice[int] | None = None
 
@@ -91,14 +100,19 @@ class StepProbe:
 
     def _record(self, threads: int, pack_s: float, alone_s: float) -> None:
         # Only the copy's steps are spent: the pack's steps are the training's own.
-        if self.phase == "first":
+        if self.phase == "first":  # the pack's first step counts as spent: its one-time cost is overhead whichever way wins
             self.first, self.phase, self.queue = (pack_s, alone_s), "steady", [self.counts[0]]
-            self.budget.spent_s += alone_s
+            self.budget.spent_s += alone_s + pack_s
+            self.lost_s += pack_s
             return
         self.pack_s[threads].append(pack_s)
         self.alone_s[threads].append(alone_s)
+        # A pack slower per model than one model alone is likely thrown away: its steps count as spent then.
+        lost = pack_s if pack_s > self.run.k * alone_s else 0.0
+        self.lost_s += lost
+        spent = alone_s + lost
         if self.phase == "steady":
-            self.budget.add(pack_s, alone_s, alone_s)
+            self.budget.add(pack_s, alone_s, spent)
             if not self.budget.done():
                 self.queue = [self.counts[0]]
                 return
@@ -107,7 +121,7 @@ class StepProbe:
             affordable = self.budget.spent_s + THREAD_STEPS * others * alone_s <= self.budget.budget_s
             self.queue = [t for t in self.counts[1:] for _ in range(THREAD_STEPS)] if affordable else []
         else:
-            self.budget.spent_s += alone_s
+            self.budget.spent_s += spent
         if not self.queue:
             self._decide()
 
@@ -130,8 +144,9 @@ class StepProbe:
         torch.set_num_threads(run.plan.threads.value)
         self.done = True
         chosen, why = decide(timing, run.total_steps, pack_built=True, min_gain=MIN_GAIN)
-        if not chosen:
-            raise PackSlower(why)
+        if not chosen:  # the pack's steps so far are lost with the copy's: what the measuring cost
+            pack_steps = sum(sum(v) for v in self.pack_s.values()) + self.first[0]
+            raise PackSlower(why, self.budget.spent_s + pack_steps - self.lost_s)  # the lost ones are in spent_s already
         self.choice = Choice(run.k, f"{why} ({run.form}; measured on its first {self.steps} training steps)")
 
 
