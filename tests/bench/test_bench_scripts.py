@@ -159,6 +159,15 @@ def check_pack_any(record: dict[str, Any]) -> None:
             assert 0 <= record["ratios"][f"{key}_max_deviation"] < 1e-3  # a pack of 2 ends where each model ends alone
 
 
+def check_pack_loaded(record: dict[str, Any]) -> None:
+    assert record["args"] == {"runs": 2, "busy": 1, "k": 4, "rows": 2048, "batch": 128}
+    assert [row["run"] for row in record["results"]] == [0, 1]
+    assert all(positive(row["wall_s"]) and row["pack_size"] in (1, 4) and row["choice"] for row in record["results"])
+    walls = [row["wall_s"] for row in record["results"]]
+    assert record["ratios"]["slowest_over_fastest"] == pytest.approx(max(walls) / min(walls), rel=1e-2)
+    assert record["ratios"]["packed_share"] == sum(row["pack_size"] == 4 for row in record["results"]) / 2
+
+
 def check_pack_drift(record: dict[str, Any]) -> None:
     (row,) = record["results"]
     assert row["family"] == "mlp" and row["trials"] == 4 and row["pack_sizes"] == "4"
@@ -202,6 +211,7 @@ SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "pack_speed": check_pack_speed,
     "pack_any": check_pack_any,
     "pack_drift": check_pack_drift,
+    "pack_loaded": check_pack_loaded,
     "sampler_overhead": check_sampler_overhead,
     "train_length": check_train_length,
 }

@@ -19,7 +19,7 @@ from typing import Any
 BUDGET_SHARE = 0.05
 """The measuring may cost this share of the training it decides (one at a time, as planned)."""
 MIN_PAIRS = 2
-"""Steady steps of each way before a faster pack counts as clear (a clearly slower one stops after one)."""
+"""Steady steps of each way before an answer counts as clear (a clearly slower pack stops after one)."""
 MAX_PAIRS = 8
 """No more steady steps of each way, clear or not."""
 CLEAR_MARGIN = 1.3
@@ -96,12 +96,14 @@ class MeasureBudget:
 
     @property
     def budget_s(self) -> float:
-        """BUDGET_SHARE of the training as the faster way would run it (K models alone, or the pack), as the steady
-        steps so far price them: a share of the call the user waits for, whichever way it goes."""
+        """BUDGET_SHARE of the training as the faster way would run it (K models alone, or the pack), priced at the
+        fastest steady steps so far: a share of the call the user waits for, whichever way it goes. The fastest, not
+        the median: a step timed between the other way's steps runs with a cold cache, and a loaded machine only
+        slows steps, so the median would grant a budget the real training does not last for."""
         if not self.alone:
             return 0.0
-        alone = self.k * statistics.median(self.alone)
-        return BUDGET_SHARE * self.steps * min(alone, statistics.median(self.pack)) if self.pack else BUDGET_SHARE * self.steps * alone
+        alone = self.k * min(self.alone)
+        return BUDGET_SHARE * self.steps * min(alone, min(self.pack)) if self.pack else BUDGET_SHARE * self.steps * alone
 
     def done(self) -> bool:
         pairs = len(self.pack)
@@ -110,6 +112,10 @@ class MeasureBudget:
         if pairs and self.spent_s + self.spent_s / (pairs + 1) > self.budget_s:  # another pair (about the mean so far) would overrun it
             return True
         ratios = [a * self.k / p for p, a in zip(self.pack, self.alone, strict=True) if p > 0]
-        if ratios and max(ratios) <= 1 / CLEAR_MARGIN:
+        if not ratios:
+            return False
+        if max(ratios) <= 1 / CLEAR_MARGIN:
             return True  # a pack clearly slower: one pair is enough (its steps are thrown away, so no lingering)
-        return pairs >= MIN_PAIRS and bool(ratios) and min(ratios) >= CLEAR_MARGIN  # a faster pack's steps are training: 2+ pairs
+        if pairs >= MIN_PAIRS and max(ratios) < 1:
+            return True  # slower in every pair: packing needs a gain, and each further pair is thrown away too
+        return pairs >= MIN_PAIRS and min(ratios) >= CLEAR_MARGIN  # a faster pack's steps are training: 2+ pairs

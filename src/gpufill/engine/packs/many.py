@@ -33,8 +33,9 @@ from gpufill.engine.prepare import resolve_config
 from gpufill.engine.result import FitResult
 from gpufill.errors import InputError
 
-PER_VARIANT = frozenset({"seed", "lr", "weight_decay"})
-"""Settings that may differ between the variants of one pack (its optimizer holds them per model)."""
+PER_VARIANT = frozenset({"seed", "lr", "weight_decay", "optimizer"})
+"""Settings that may differ between the variants of one pack: its optimizer holds them per model (an optimizer of
+another class than the first variant's is refused by the optimizer check, with the reason)."""
 _CHECKED: dict[tuple[Any, ...], str | None] = {}
 """The checked step's verdict per model class, shapes, loss and batch structure: one check per shape and process."""
 
