@@ -48,7 +48,10 @@ SIZES = {  # K, rounds, train/val/test rows, batch, epochs
     "full": ((4, 16, 64), 5, (5000, 1000, 1000), 256, 3),
 }
 HEAVY_ROWS = 0.4
-"""The CNN and the GRU train on this share of the rows (a step costs them 5-10x an MLP's; the same minutes in all)."""
+"""The CNN and the GRU train on this share of the rows (a step costs them 5-10x an MLP's; the same minutes in all)..."""
+HEAVY_BATCH = 0.25
+"""...in batches of this share of the MLP's: as many steps as the MLP's training takes, not a handful (a training
+of 24 steps is too short to be worth measuring, so it would only show the one-at-a-time fallback)."""
 LR = {"adam": 5e-3, "adamw": 5e-3}
 WEIGHT_DECAY = {"adam": 0.0, "adamw": 0.01}
 
@@ -265,7 +268,7 @@ def main() -> None:
         splits = {"train": (x[:a], y[:a]), "val": (x[a:a + b], y[a:a + b]), "test": (x[a + b:], y[a + b:])}
         for optimizer in optimizers:
             for k in sizes:
-                task = Task(name, k, optimizer, splits, batch, epochs, device)
+                task = Task(name, k, optimizer, splits, batch if name.startswith("mlp") else int(batch * HEAVY_BATCH), epochs, device)
                 hand: dict[str, Callable[[], list[nn.Module]]] = {}
                 counts = dict.fromkeys([default_threads, 1]) if device.type == "cpu" else {default_threads: None}
                 for threads in counts:

@@ -6,7 +6,8 @@ This is PyTorch's model-ensembling recipe (`stack_module_state` + `functional_ca
 the summed per-model losses gives each model its own gradient (the losses are independent),
 and `PackAdamW` steps them as one flat (K, P) buffer.
 
-vmap has no batching rule for some modules (nn.LSTM, nn.GRU) and some code cannot run under it
+vmap has no batching rule for some modules (nn.LSTM; nn.GRU is swapped for a batched recurrence, `stacked_rnn.py`)
+and some code cannot run under it
 at all (`.item()`, data-dependent Python control flow): `why_not_stacked` runs one checked step
 and compares it with the same model run alone, so a module that fails or disagrees is trained
 unfused with the reason, never packed into a wrong result. BatchNorm in training mode batches
@@ -26,6 +27,7 @@ from torch.func import functional_call, stack_module_state
 from gpufill.engine.losses import NamedLoss
 from gpufill.engine.packs.direct import direct_forward
 from gpufill.engine.packs.fused import FusedModule, can_fuse, fuse
+from gpufill.engine.packs.stacked_rnn import batched_recurrences
 
 # The checked step's tolerance: model 0 run in the pack against the same model run alone (fp32).
 CHECK_TOLERANCE = 1e-4
@@ -54,6 +56,7 @@ class StackedModule(FusedModule):
     def __init__(self, template: nn.Module, k: int, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]):
         super().__init__(template, k)
         self._base = (copy.deepcopy(template),)  # the blueprint functional_call runs: its own tensors are never read
+        batched_recurrences(self.base)  # nn.GRU has no batching rule: its K calls become one batched recurrence
         self._calls: dict[Any, _LossCall] = {}
         """`fn(model, batch)` wrapped as a module around the blueprint, per loss function (its mode is the blueprint's)."""
         self.param_names = list(params)
@@ -173,7 +176,7 @@ def _without_dropout(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if isinstance(module, nn.modules.dropout._DropoutNd):
             module.p = 0.0
-        elif isinstance(module, nn.MultiheadAttention):
+        elif isinstance(module, nn.MultiheadAttention | nn.RNNBase):
             module.dropout = 0.0
     return model
 
@@ -215,6 +218,8 @@ def pack_kinds(build: Callable[[], nn.Module], sample: Any) -> list[str]:
     first = build()
     if not can_fuse(first):
         return [VMAP]
+    if any(isinstance(m, nn.RNNBase) for m in first.modules()):
+        return [HAND_WRITTEN]  # the stack would run the same hand-written recurrence (stacked_rnn.py), or could not batch it
     return [HAND_WRITTEN] if why_not_stacked([first, build()], _mse, sample) is not None else [HAND_WRITTEN, VMAP]
 
 

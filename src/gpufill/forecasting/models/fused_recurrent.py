@@ -6,7 +6,7 @@ sequential launches of every step. Written as batched matmuls, one `baddbmm` per
 step advances all K models at once.
 
 Per layer, the input projection of every time step is one batched matmul before the loop;
-the recurrence itself (`recurrences.py`) is an autograd Function with a hand-written
+the recurrence itself (`engine/packs/recurrences.py`) is an autograd Function with a hand-written
 backward: one `baddbmm` and a few element-wise ops per step each way. Gate order and math are PyTorch's, so fused model k computes what plain model k computes:
 
     LSTM  i, f, g, o = chunks;  c' = σ(f) c + σ(i) tanh(g);  h' = σ(o) tanh(c')
@@ -26,7 +26,7 @@ from torch import nn
 from gpufill.engine.packs.fused import fuses, linear
 from gpufill.forecasting.models.fused import FusedForecaster
 from gpufill.forecasting.models.neural import GRUForecaster, LSTMForecaster, _Recurrent
-from gpufill.forecasting.models.recurrences import gru_layer, lstm_layer
+from gpufill.engine.packs.recurrences import gru_layer, lstm_layer
 
 __all__ = ["FusedGRU", "FusedLSTM"]
 
