@@ -16,7 +16,9 @@ weights; the time is the whole call (construction, checks, measurement, training
 The hand-written arms run at torch's default threads and at one thread; ratios are against the faster of the two
 in each round. Rounds interleave the arms (each round starts with another), ratios are medians of per-round ratios.
 Each arm's models are then scored on a held-out test split (`test_loss`: the median over the K models), and
-`max_dev` is the largest weight difference of a fit_many pack from the same models trained alone by `gpufill.fit`.
+`max_dev` is the largest weight difference of a fit_many pack from the same models trained alone by `gpufill.fit`, and
+`rounding_floor` the same difference between those models trained alone at one thread and at torch's default (float
+rounding alone, which a chaotic training amplifies: the scale `max_dev` is read on).
 """
 
 from __future__ import annotations
@@ -193,20 +195,31 @@ class Task:
         with torch.no_grad():
             return statistics.median(float(self.loss(m.eval()(x), y)) for m in models)
 
+    def settings(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer, "loss": self.kind, "epochs": self.epochs, "batch_size": self.batch, "lr": LR[self.optimizer],
+                "weight_decay": WEIGHT_DECAY[self.optimizer], "device": str(self.device), "threads": 1, "verbose": False}
+
+    def alone(self, seed: int, **changes: Any) -> nn.Module:
+        torch.manual_seed(seed)
+        return gpufill.fit(self.make(), self.splits["train"], self.splits["val"], seed=seed, **{**self.settings(), **changes}).model
+
     def deviation(self) -> float:
         """Largest weight difference of a fit_many pack (pack=True) from the same two models trained alone by fit."""
-        settings = {"optimizer": self.optimizer, "loss": self.kind, "epochs": self.epochs, "batch_size": self.batch, "lr": LR[self.optimizer],
-                    "weight_decay": WEIGHT_DECAY[self.optimizer], "device": str(self.device), "threads": 1, "verbose": False}
-        packed = gpufill.fit_many(self.make, self.splits["train"], self.splits["val"], variants=[{"seed": 0}, {"seed": 1}], pack=True, **settings)
+        packed = gpufill.fit_many(self.make, self.splits["train"], self.splits["val"], variants=[{"seed": 0}, {"seed": 1}], pack=True,
+                                  **self.settings())
         if packed[0].plan.pack_size.value == 1:
             return 0.0  # trained alone: nothing to compare
-        worst = 0.0
-        for seed, result in enumerate(packed):
-            torch.manual_seed(seed)
-            alone = gpufill.fit(self.make(), self.splits["train"], self.splits["val"], seed=seed, **settings).model
-            for a, b in zip(result.model.state_dict().values(), alone.state_dict().values(), strict=True):
-                worst = max(worst, float((a.double() - b.double()).abs().max()))
-        return worst
+        return max(_largest_difference(result.model, self.alone(seed)) for seed, result in enumerate(packed))
+
+    def rounding_floor(self) -> float:
+        """The same difference between the same two models trained alone at 1 thread and at torch's default: how far
+        float rounding alone carries this training (Adam on a ReLU CNN amplifies it), the scale `deviation` is read on."""
+        threads = torch.get_num_threads()
+        return max(_largest_difference(self.alone(seed), self.alone(seed, threads=threads)) for seed in (0, 1)) if threads > 1 else 0.0
+
+
+def _largest_difference(a: nn.Module, b: nn.Module) -> float:
+    return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 def at_threads(arm: Callable[[], list[nn.Module]], threads: int) -> Callable[[], list[nn.Module]]:
@@ -302,6 +315,8 @@ def main() -> None:
                         key = f"{name}_{optimizer}_k{k}_fit_many_over_{family.replace(' ', '_')}"
                         ratios[key] = round(statistics.median(b / o for b, o in zip(best, ours, strict=True)), 3)
                 ratios[f"{name}_{optimizer}_k{k}_max_deviation"] = float(f"{deviation:.3g}")
+                if k == sizes[0]:  # per model and optimizer: the scale the deviations are read on
+                    ratios[f"{name}_{optimizer}_rounding_floor"] = float(f"{task.rounding_floor():.3g}")
                 shown = {key.rsplit("_over_", 1)[1]: value for key, value in ratios.items() if key.startswith(f"{name}_{optimizer}_k{k}_fit_many")}
                 print(f"{name} {optimizer} K={k}: fit_many is {shown} x as fast; {task.plan.pack_size.reason[:80]}", flush=True)
     env = environment(str(device))

@@ -157,6 +157,7 @@ def check_pack_any(record: dict[str, Any]) -> None:
             key = f"{model}_{optimizer}_k2"
             assert positive(record["ratios"][f"{key}_fit_many_over_vmap_by_hand"]) and positive(record["ratios"][f"{key}_fit_many_over_one_at_a_time"])
             assert 0 <= record["ratios"][f"{key}_max_deviation"] < 1e-3  # a pack of 2 ends where each model ends alone
+            assert record["ratios"][f"{model}_{optimizer}_rounding_floor"] == 0.0  # one thread here: no other count to compare
 
 
 def check_pack_loaded(record: dict[str, Any]) -> None:

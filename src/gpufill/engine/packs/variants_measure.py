@@ -118,10 +118,12 @@ class StepProbe:
                 return
             self.phase = "threads"
             others = len(self.counts) - 1
-            affordable = self.budget.spent_s + THREAD_STEPS * others * alone_s <= self.budget.budget_s
+            # Each step at another count costs the copy's step and, at worst, a pack step more than the plan's count
+            # would take (a compute-bound pack at half the cores): priced so, or not taken.
+            affordable = self.budget.spent_s + THREAD_STEPS * others * (alone_s + pack_s) <= self.budget.budget_s
             self.queue = [t for t in self.counts[1:] for _ in range(THREAD_STEPS)] if affordable else []
-        else:
-            self.budget.spent_s += spent
+        else:  # what this count's pack step took beyond the plan's count's steady one is spent on measuring
+            self.budget.spent_s += spent + max(0.0, pack_s - statistics.median(self.pack_s[self.counts[0]]))
         if not self.queue:
             self._decide()
 
