@@ -3,8 +3,8 @@
 The pack is measured while it trains: its first steps are real training steps (the first one timed apart, its
 one-time cost), and between them one step of a copy of variant 0 with the optimizer its `fit` would build is timed
 on that model's rows of the same batch. Steady steps run at the plan's thread count until the answer is clear or a
-share of the planned training is spent on the copy (`decide.MeasureBudget`); then a CPU's other thread counts get
-two steps each, and the pack goes on at its fastest. Where the pack would be slower in all, `PackSlower` stops it and
+share of the planned training is spent on the copy (`decide.MeasureBudget`); a CPU's other thread counts get one
+step each right after the first steady one, and the steady steps go on at the fastest count so far. Where the pack would be slower in all, `PackSlower` stops it and
 the variants train one at a time: only the measured steps are lost. The numbers are cached per model shape, batch,
 K, optimizer and machine (`TuneCache`, in this process and in `tune_cache` when set): the next call of the same shape
 decides before its first step.
@@ -27,9 +27,6 @@ from gpufill.engine.measure.cache import TuneCache, shape_key
 from gpufill.engine.measure.resolver import MIN_GAIN
 from gpufill.engine.packs.decide import MeasureBudget, PackTiming, decide
 from gpufill.engine.packs.variants import PackedVariants
-
-THREAD_STEPS = 2
-"""Steps at each other thread count of a CPU (the first after a change pays the thread pool's resizing)."""
 
 
 class PackSlower(Exception):
@@ -66,7 +63,11 @@ class StepProbe:
         self.alone_s: dict[int, list[float]] = {t: [] for t in self.counts}
         self.first: tuple[float, float] | None = None
         self.phase = "first"
-        """first (one-time costs), steady (pairs at the plan's thread count until clear), threads (the other counts)."""
+        """first (one-time costs), steady (pairs at the fastest count so far until clear), threads (one step at each
+        other count, after the first steady one)."""
+        self.explored = False
+        self.count = self.counts[0]
+        """The thread count steady pairs run at: the plan's, until another count's step was faster."""
         self.queue = [self.counts[0]]
         """The thread count of each step still to time."""
         self.steps = 0
@@ -111,21 +112,24 @@ class StepProbe:
         lost = pack_s if pack_s > self.run.k * alone_s else 0.0
         self.lost_s += lost
         spent = alone_s + lost
-        if self.phase == "steady":
-            self.budget.add(pack_s, alone_s, spent)
-            if not self.budget.done():
-                self.queue = [self.counts[0]]
-                return
-            self.phase = "threads"
-            others = len(self.counts) - 1
-            # Each step at another count costs the copy's step and, at worst, a pack step more than the plan's count
-            # would take (a compute-bound pack at half the cores): priced so, or not taken.
-            affordable = self.budget.spent_s + THREAD_STEPS * others * (alone_s + pack_s) <= self.budget.budget_s
-            self.queue = [t for t in self.counts[1:] for _ in range(THREAD_STEPS)] if affordable else []
-        else:  # what this count's pack step took beyond the plan's count's steady one is spent on measuring
-            self.budget.spent_s += spent + max(0.0, pack_s - statistics.median(self.pack_s[self.counts[0]]))
-        if not self.queue:
+        if self.phase == "threads":  # what this count's step took beyond the plan's count's steady one is spent on measuring
+            spent += max(0.0, pack_s - statistics.median(self.pack_s[self.counts[0]]))
+        self.budget.add(pack_s, alone_s, spent)
+        if self.phase == "steady" and len(self.counts) > 1 and not self.explored:
+            # One step at each other count right after the first steady one, before any more are spent at the plan's
+            # count: on a machine whose other processes hold the cores, every-core steps stall at each operator's
+            # barrier (10x slower here) and one thread is the fast way; on a quiet one a step at fewer cores costs at
+            # most one pack step more.
+            self.explored, self.phase, self.queue = True, "threads", list(self.counts[1:])
+            return
+        if self.queue:
+            return
+        self.count = _fastest({t: statistics.median(v) for t, v in self.pack_s.items() if v}, self.counts[0])
+        self.phase = "steady"
+        if self.budget.done():
             self._decide()
+        else:
+            self.queue = [self.count]
 
     def _decide(self) -> None:
         run = self.run
@@ -141,8 +145,6 @@ class StepProbe:
         if len(tried) > 1:
             versus = ", ".join(f"{t}: {statistics.median(self.pack_s[t]) * 1e3:.3g} ms" for t in tried)
             _keep_threads(run, pack_threads, f"the pack's step measured at {versus}")
-        elif len(self.counts) > 1:
-            _keep_threads(run, pack_threads, f"the plan's count; no budget left to time {', '.join(map(str, self.counts[1:]))} (a short training)")
         torch.set_num_threads(run.plan.threads.value)
         self.done = True
         chosen, why = decide(timing, run.total_steps, pack_built=True, min_gain=MIN_GAIN)
