@@ -65,7 +65,6 @@ class StepProbe:
         self.phase = "first"
         """first (one-time costs), steady (pairs at the fastest count so far until clear), threads (one step at each
         other count, after the first steady one)."""
-        self.explored = False
         self.count = self.counts[0]
         """The thread count steady pairs run at: the plan's, until another count's step was faster."""
         self.queue = [self.counts[0]]
@@ -115,12 +114,12 @@ class StepProbe:
         if self.phase == "threads":  # what this count's step took beyond the plan's count's steady one is spent on measuring
             spent += max(0.0, pack_s - statistics.median(self.pack_s[self.counts[0]]))
         self.budget.add(pack_s, alone_s, spent)
-        if self.phase == "steady" and len(self.counts) > 1 and not self.explored:
+        if self.phase == "steady" and not all(self.pack_s[t] for t in self.counts[1:]):
             # One step at each other count right after the first steady one, before any more are spent at the plan's
             # count: on a machine whose other processes hold the cores, every-core steps stall at each operator's
             # barrier (10x slower here) and one thread is the fast way; on a quiet one a step at fewer cores costs at
             # most one pack step more.
-            self.explored, self.phase, self.queue = True, "threads", list(self.counts[1:])
+            self.phase, self.queue = "threads", list(self.counts[1:])
             return
         if self.queue:
             return
