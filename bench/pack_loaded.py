@@ -49,6 +49,9 @@ def main() -> None:
     y = x[:, :2] * 2 - x[:, 2:4] + 0.1 * torch.randn(x.shape[0], 2, generator=g)
     train, val = (x[: size["rows"]], y[: size["rows"]]), (x[size["rows"]:], y[size["rows"]:])
     rows: list[dict[str, Any]] = []
+    # The process's own one-time cost, which any script pays with its first optimizer (torch.optim imports
+    # torch._dynamo: about 2 s here), before the runs: they compare the same call, not the process's start.
+    torch.optim.Adam(nn.Linear(1, 1).parameters())
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(size["busy"])]
     try:
         time.sleep(0.5)  # the spinners are running before the first call
@@ -59,7 +62,11 @@ def main() -> None:
                                        batch_size=size["batch"], epochs=3, lr=5e-3, verbose=False)
             wall = time.perf_counter() - tick
             choice = results[0].plan.pack_size
+            timings = results[0].timings
             rows.append({"run": run, "wall_s": round(wall, 3), "pack_size": choice.value, "threads": results[0].plan.threads.value,
+                         "measure_s": round(timings.get("probe_s", timings.get("pack_probe_s", 0.0)), 3),
+                         "train_s": round(timings.get("pack_train_s", timings.get("train_s", 0.0) * len(results)), 3),
+                         "rechecks": sum(e.startswith("threads: ") for e in results[0].events),
                          "val_loss": float(f"{min(r.metrics['val_loss'] for r in results):.5g}"), "choice": choice.reason[:110]})
             print(f"run {run}: {wall:.2f} s, pack {choice.value}: {choice.reason[:100]}", flush=True)
     finally:

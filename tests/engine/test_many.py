@@ -571,3 +571,37 @@ def test_auto_packs_16_small_mlps_on_this_cpu():
                                loss="mse", batch_size=128, epochs=3, verbose=False)
     assert [r.plan.pack_size.value for r in results] == [16] * 16, results[0].plan.pack_size.reason
     assert "direct batched matrix products" in results[0].plan.pack_size.reason
+    # The epochs' own seconds are most of the call (a step timer once overwrote the epoch's start: 3 % of it).
+    timings = results[0].timings
+    assert 0.5 * timings["wall_s"] < timings["pack_train_s"] < timings["wall_s"]
+    assert sum(r.seconds for r in results[0].history) * 16 == pytest.approx(timings["pack_train_s"], rel=1e-6)
+
+
+def test_a_pack_whose_steps_stall_at_every_core_re_checks_its_threads_and_goes_on_at_the_faster(monkeypatch):
+    """A machine loaded halfway through the training: from the 10th watched step on, a 2-thread step takes 500x the
+    1-thread one (made-up seconds told to the real watch). The pack moves to 1 thread, says why, and ends where the
+    same pack at 1 thread throughout ends."""
+    from gpufill.engine.measure.thread_watch import ThreadWatch
+
+    class Stalling(ThreadWatch):
+        watched = 0
+
+        def observe(self, seconds: float) -> None:
+            self.watched += 1
+            stalled = self.watched > 10 and torch.get_num_threads() == 2
+            super().observe(0.5 if stalled else 0.001)
+
+    monkeypatch.setattr("gpufill.engine.packs.variants.ThreadWatch", Stalling)
+    monkeypatch.setattr("gpufill.engine.packs.variants.detect", lambda device: CPU)  # 2 cores: candidates 2 and 1
+    torch.set_num_threads(2)  # the plan starts from torch's current count (the fixture restores it)
+    data = _data()
+    settings = {"probe": False, "precision": "fp32", "device": "cpu", "loss": "cross_entropy", "batch_size": 8, "epochs": 2}
+    watched = gpufill.fit_many(TinyMLP, data["train"], data["val"], variants=VARIANTS[:4], pack=True, **settings)
+    assert watched[0].plan.threads.value == 1
+    assert watched[0].plan.threads.reason.startswith("1: re-checked while training (step drifted to 126 ms at 2 threads; "
+                                                      "re-measured (1: 1 ms, 2: 126 ms): went on at 1)")
+    assert all(any(e.startswith("threads: step drifted") for e in r.events) for r in watched)
+    plain = gpufill.fit_many(TinyMLP, data["train"], data["val"], variants=VARIANTS[:4], pack=True, **{**settings, "threads": 1})
+    assert plain[0].plan.threads.value == 1 and "re-checked" not in plain[0].plan.threads.reason
+    for a, b in zip(watched, plain, strict=True):
+        assert _largest_difference(a.model, b.model) < 1e-5

@@ -29,6 +29,7 @@ from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import detect
 from gpufill.engine.inputs import Source, data_facts
 from gpufill.engine.loop import Status
+from gpufill.engine.measure.thread_watch import ThreadWatch
 from gpufill.engine.optim import Multiplier, make_optimizer, make_schedule
 from gpufill.engine.packs.optim import StackedAdam
 from gpufill.engine.packs.direct import direct_forward
@@ -95,6 +96,8 @@ class PackedVariants:
         self.sample_signature = signature(rows(train.data, 0, min(8, self.n or 1)))
         self.build_s = 0.0
         """Seconds building the stacked module took (a one-time cost of the pack)."""
+        self.step_s: float | None = None
+        """A steady pack step measured earlier (fit_many's cached timing): what the thread watch compares steps with."""
 
     @property
     def form(self) -> str:
@@ -152,6 +155,8 @@ class PackedVariants:
         events: list[list[str]] = [[f"trained in a pack of {k} variants ({self.form})"] for _ in range(k)]
         seconds: list[float] = []
         step_count = 0
+        watch: ThreadWatch | None = None
+        """Re-checks the thread count when the steps drift (a CPU with threads left to gpufill), once measuring is done."""
         if multiplier is not None:
             optimizer.set_lr_factor(multiplier(0))
         for epoch in range(1, cfg.epochs + 1):
@@ -165,7 +170,13 @@ class PackedVariants:
                 index = order[:, start : start + size]
                 batch = _gather(self.train_data, index)
                 if probe is None or probe.done:
+                    if watch is None:
+                        measured = probe.timing if probe is not None else None
+                        watch = ThreadWatch(self.thread_candidates(), self.plan.threads.value,
+                                            measured.pack_step_s if measured is not None else self.step_s)
+                    step_started = time.perf_counter()
                     values = pack_step(stacked, optimizer, self.loss_fn, batch, training, cfg.grad_clip)
+                    watch.observe(time.perf_counter() - step_started)  # a CPU step is done when it returns: no sync to time it
                 else:  # the first steps: timed against one model alone (the probe decides, or stops the pack)
                     values = probe.timed(lambda: pack_step(stacked, optimizer, self.loss_fn, batch, training, cfg.grad_clip), batch)
                 for name, value in values.items():
@@ -210,6 +221,10 @@ class PackedVariants:
             choice = probe.choice if probe.choice is not None else Choice(k, f"one pack of {k} ({self.form}): its training ended before "
                                                                               "the measurement was clear")
         plan = self.plan.replace(pack_size=choice, optimizer=optimizer_choice, schedule=schedule)
+        if watch is not None and watch.log:
+            plan = plan.replace(threads=Choice(watch.threads, f"{watch.threads}: re-checked while training ({'; '.join(watch.log)})"))
+            for i in range(k):
+                events[i].extend(f"threads: {line}" for line in watch.log)
         return [self._result(i, stacked, plan, histories[i], status[i], events[i], state, seconds, time.perf_counter() - started)
                 for i in range(k)]
 

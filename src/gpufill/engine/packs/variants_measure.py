@@ -74,6 +74,8 @@ class StepProbe:
         """Pack steps counted as spent (slower per model than alone when timed)."""
         self.done = False
         self.choice: Choice[int] | None = None
+        self.timing: PackTiming | None = None
+        """What the measurement found, once done."""
 
     def timed(self, step: Callable[[], Any], batch: Any) -> Any:
         """Run the pack's `step` timed at the thread count its turn calls for, then one step of the model alone."""
@@ -141,6 +143,7 @@ class StepProbe:
                             pack_once_s=run.build_s + max(0.0, self.first[0] - pack_step_s),
                             alone_once_s=max(0.0, self.first[1] - alone_step_s), threads=pack_threads, pairs=len(self.budget.pack))
         self.cache.put(_key(run), timing.to_dict())
+        self.timing = timing
         if len(tried) > 1:
             versus = ", ".join(f"{t}: {statistics.median(self.pack_s[t]) * 1e3:.3g} ms" for t in tried)
             _keep_threads(run, pack_threads, f"the pack's step measured at {versus}")
