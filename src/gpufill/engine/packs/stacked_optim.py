@@ -17,6 +17,7 @@ LBFGS's, is caught there and trains one at a time, with the reason).
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,9 +57,14 @@ def recipe_of(optimizer: torch.optim.Optimizer, model: nn.Module) -> OptimizerRe
     for group in optimizer.param_groups:
         indices = tuple(position[id(p)] for p in group["params"])
         groups.append((indices, {key: value for key, value in group.items() if key != "params"}))
-    accepted = inspect.signature(type(optimizer).__init__).parameters
+    accepted = _constructor_arguments(type(optimizer))
     settings = {key: value for key, value in optimizer.defaults.items() if key in accepted}
     return OptimizerRecipe(type(optimizer), settings, tuple(groups))
+
+
+@functools.cache
+def _constructor_arguments(kind: type[torch.optim.Optimizer]) -> frozenset[str]:
+    return frozenset(inspect.signature(kind.__init__).parameters)
 
 
 class StackedOptimizer:
@@ -154,15 +160,19 @@ def _rows(state: dict[str, Any], start: int, stop: int, shape: torch.Size) -> di
     return out
 
 
-def why_not_stacked_optimizer(models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]) -> str | None:
+def why_not_stacked_optimizer(models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
+                              recipes: Sequence[OptimizerRecipe] | None = None, *, elementwise_known: bool = False) -> str | None:
     """None when the models' optimizers step correctly as one StackedOptimizer; else why not, in a few words.
 
-    One class for every model, then a check on copies of the first two models: CHECK_STEPS steps of random
-    gradients, stacked and alone, must end alike to float rounding (CHECK_RTOL)."""
-    recipes = [recipe_of(o, m) for o, m in zip(optimizers, models, strict=True)]
+    One class for every model, then (unless `elementwise_known`: the pack steps them by a kernel whose equivalence
+    tests pin) a check on copies of the first two models: CHECK_STEPS steps of random gradients, stacked and alone,
+    must end alike to float rounding (CHECK_RTOL)."""
+    recipes = recipes or [recipe_of(o, m) for o, m in zip(optimizers, models, strict=True)]
     first = recipes[0]
     if any(recipe.kind is not first.kind for recipe in recipes):  # groups and hyperparameters may differ: each run has its own
         return "the variants' optimizers are of different classes"
+    if elementwise_known:
+        return None
     second = min(1, len(models) - 1)
     pairs = [copy.deepcopy([models[i], optimizers[i]]) for i in (0, second)]  # each copy's optimizer steps its copy's parameters
     pair, alone = [model for model, _ in pairs], [optimizer for _, optimizer in pairs]

@@ -91,6 +91,7 @@ class PackedVariants:
         # Each variant's optimizer as its fit alone would build it: what the pack must step.
         built = [make_optimizer(m, c, c.lr * self.plan.lr_scale.value, self.plan.optimizer_kernel.value) for m, c in zip(self.models, configs, strict=True)]
         self.optimizers = [optimizer for optimizer, _ in built]
+        self.recipes = [recipe_of(o, m) for o, m in zip(self.optimizers, self.models, strict=True)]
         self.optimizer_choice = built[0][1]
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.sample_signature = signature(rows(train.data, 0, min(8, self.n or 1)))
@@ -106,14 +107,20 @@ class PackedVariants:
 
     def why_not(self) -> str | None:
         """None when the variants' optimizers step correctly as one pack; else why not."""
-        return why_not_stacked_optimizer(self.models, self.optimizers)
+        return why_not_stacked_optimizer(self.models, self.optimizers, self.recipes, elementwise_known=self.steps_fused_adam)
+
+    @property
+    def steps_fused_adam(self) -> bool:
+        """fit's own Adam or AdamW on its fused kernel: the pack calls that kernel over the stacked tensors (StackedAdam),
+        elementwise by construction and pinned against torch's per-model Adam by tests/engine/test_many.py."""
+        return self.cfg.optimizer in ("adam", "adamw") and self.plan.optimizer_kernel.value == "fused"
 
     def stacked_optimizer(self, params: Sequence[nn.Parameter]) -> tuple[PackOptimizer, Choice[str]]:
         """The pack's optimizer over the stacked `params`, with the plan's record of it. fit's Adam and AdamW call
         torch's fused kernel directly (StackedAdam: no Python optimizer loop per step); any other optimizer is torch's
         own class over row runs of the stacked tensors (StackedOptimizer), the same arithmetic as alone."""
-        recipes = [recipe_of(o, m) for o, m in zip(self.optimizers, self.models, strict=True)]
-        if self.cfg.optimizer in ("adam", "adamw") and self.plan.optimizer_kernel.value == "fused":
+        recipes = self.recipes
+        if self.steps_fused_adam:
             optimizer: PackOptimizer = StackedAdam(list(params), [float(r.groups[0][1]["lr"]) for r in recipes],
                                                    [self.configs[i].weight_decay for i in range(self.k)], decoupled=self.cfg.optimizer == "adamw")
             how = f"torch's fused {recipes[0].kind.__name__} kernel called directly over the stacked models (StackedAdam)"
@@ -309,10 +316,17 @@ class _Best:
 
 @torch.no_grad()
 def _copy_where(rows_: list[bool], *, source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> None:
+    """target[name][i] = source[name][i] for each chosen model i: one copy per tensor, not one per model (64 models'
+    best weights kept per epoch were 1,500 small copies, 9 % of the call)."""
+    if all(rows_):
+        for name, tensor in target.items():
+            tensor.copy_(source[name])
+        return
+    chosen: torch.Tensor | None = None
     for name, tensor in target.items():
-        for i, chosen in enumerate(rows_):
-            if chosen:
-                tensor[i].copy_(source[name][i])
+        if chosen is None or chosen.device != tensor.device:
+            chosen = torch.tensor([i for i, c in enumerate(rows_) if c], dtype=torch.long, device=tensor.device)
+        tensor.index_copy_(0, chosen, source[name].index_select(0, chosen))
 
 
 def _gather(data: _Resident, index: torch.Tensor) -> Any:
