@@ -605,3 +605,31 @@ def test_a_pack_whose_steps_stall_at_every_core_re_checks_its_threads_and_goes_o
     assert plain[0].plan.threads.value == 1 and "re-checked" not in plain[0].plan.threads.reason
     for a, b in zip(watched, plain, strict=True):
         assert _largest_difference(a.model, b.model) < 1e-5
+
+
+def _conv2d_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 6, 3), nn.Tanh(), nn.Flatten(), nn.Linear(6, 3))
+
+
+def _conv1d_net() -> nn.Module:
+    return nn.Sequential(nn.Conv1d(2, 4, 3, padding=1), nn.GELU(), nn.AvgPool1d(2), nn.Conv1d(4, 4, 3, stride=2), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4, 3))
+
+
+@pytest.mark.parametrize(("make_model", "shape"), [(_conv2d_net, (1, 6, 6)), (_conv1d_net, (2, 8))], ids=["conv2d_maxpool", "conv1d_avgpool"])
+def test_a_conv_net_packs_as_grouped_convolutions_and_each_model_ends_where_it_ends_alone(make_model, shape):
+    from gpufill.engine.packs.direct import direct_forward
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(160, *shape, generator=g)
+    labels = (x.flatten(1).sum(1) > 0).long() + (x.flatten(1)[:, 0] > 0.5).long()
+    data = {"train": (x[:128], labels[:128]), "val": (x[128:], labels[128:])}
+    assert getattr(direct_forward(make_model()), "convolves", False)
+    settings = {**EXACT, "loss": "cross_entropy", "batch_size": 32, "epochs": 3}
+    packed = gpufill.fit_many(make_model, data["train"], data["val"], variants=VARIANTS, pack=True, **settings)
+    assert packed[0].plan.pack_size.reason == "one pack of 8 (direct grouped convolutions and batched matrix products): pack=True, not measured"
+    for variant, result in zip(VARIANTS, packed, strict=True):
+        alone = _alone(make_model, data, variant, **settings)
+        assert _largest_difference(result.model, alone.model) < 1e-5, variant
+        assert result.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-5)
+        assert [r.train_loss for r in result.history] == pytest.approx([r.train_loss for r in alone.history], rel=1e-5)

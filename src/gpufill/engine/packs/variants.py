@@ -103,7 +103,10 @@ class PackedVariants:
     @property
     def form(self) -> str:
         """How the pack runs its models, in words."""
-        return "direct batched matrix products" if direct_forward(self.models[0]) is not None else "torch.func vmap"
+        direct = direct_forward(self.models[0])
+        if direct is None:
+            return "torch.func vmap"
+        return "direct grouped convolutions and batched matrix products" if getattr(direct, "convolves", False) else "direct batched matrix products"
 
     def why_not(self) -> str | None:
         """None when the variants' optimizers step correctly as one pack; else why not."""
