@@ -44,11 +44,19 @@ def _previous(states: torch.Tensor) -> torch.Tensor:
 # the (K, T, B, ...) layout of the callers (transposed views).
 
 
+def oifg(t: torch.Tensor, hidden: int) -> torch.Tensor:
+    """LSTM gate rows (dim 1 of a (K, 4H, ...) tensor) from PyTorch's (i, f, g, o) to the layer's (o, i, f, g)."""
+    i_f, g, o = t.split((2 * hidden, hidden, hidden), dim=1)
+    return torch.cat((o, i_f, g), dim=1)
+
+
 class LSTMLayer(torch.autograd.Function):
-    """h for every step (K, T, B, H) of K LSTM layers; gate rows in (o, i, f, g) order, biases in xproj."""
+    """h for every step (K, T, B, H) of K LSTM layers and the last step's cell state c (K, B, H); gate rows in
+    (o, i, f, g) order, biases in xproj."""
 
     @staticmethod
-    def forward(ctx: Any, xproj: torch.Tensor, w_hh: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, xproj: torch.Tensor, w_hh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.set_materialize_grads(False)  # a caller that reads only h sends no gradient for c
         k, steps, batch, width = xproj.shape
         hidden = width // 4
         x = xproj.transpose(0, 1)  # (T, K, B, 4H) view
@@ -70,14 +78,14 @@ class LSTMLayer(torch.autograd.Function):
                 torch.tanh(cells[t], out=cells_tanh[t])
                 torch.mul(o, cells_tanh[t], out=hs[t])
         ctx.save_for_backward(acts, cells, cells_tanh, hs, w_hh)
-        return hs.transpose(0, 1)
+        return hs.transpose(0, 1), cells[steps - 1].clone()
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def backward(ctx: Any, grad_out: torch.Tensor | None, grad_cell: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         acts, cells, cells_tanh, hs, w_hh = ctx.saved_tensors
         steps, k, batch, width = acts.shape
         hidden = width // 4
-        grad_hs = grad_out.transpose(0, 1)
+        grad_hs = torch.zeros_like(hs) if grad_out is None else grad_out.transpose(0, 1)
         o, i, f, g = acts.split(hidden, dim=-1)
         # Every factor that does not depend on the recurrence, for all steps at once:
         # d pre_o = dh * tanh(c) o (1 - o); d pre_(i, f, g) = dc * (g i (1 - i), c_prev f (1 - f), i (1 - g^2));
@@ -89,7 +97,10 @@ class LSTMLayer(torch.autograd.Function):
         dh = grad_hs[steps - 1]
         dc = None
         for t in range(steps - 1, -1, -1):
-            dc = dh * dc_from_dh[t] if dc is None else torch.addcmul(dc * f[t + 1], dh, dc_from_dh[t])
+            if t == steps - 1:  # the last cell state's own gradient (c_n read by the caller) starts the chain
+                dc = dh * dc_from_dh[t] if grad_cell is None else torch.addcmul(grad_cell, dh, dc_from_dh[t])
+            else:
+                dc = torch.addcmul(dc * f[t + 1], dh, dc_from_dh[t])
             torch.mul(by_dh[t], dh, out=grad_pre[t, ..., :hidden])
             torch.mul(by_dc[t].unflatten(-1, (3, hidden)), dc.unsqueeze(2), out=grad_pre[t, ..., hidden:].unflatten(-1, (3, hidden)))
             if t > 0:  # through the hidden projection, plus what h_(t-1) gets from above
@@ -169,6 +180,11 @@ def _summed_outer(grad_pre: torch.Tensor, hs: torch.Tensor) -> torch.Tensor:
 
 def lstm_layer(xproj: torch.Tensor, w_hh: torch.Tensor) -> torch.Tensor:
     """Every step's h (K, T, B, H); w_hh is cast to xproj's dtype once (autocast's matmul dtype)."""
+    return LSTMLayer.apply(xproj, w_hh.to(xproj.dtype))[0]
+
+
+def lstm_layer_and_cell(xproj: torch.Tensor, w_hh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every step's h (K, T, B, H) and the last cell state (K, B, H), as nn.LSTM returns c_n."""
     return LSTMLayer.apply(xproj, w_hh.to(xproj.dtype))
 
 

@@ -26,15 +26,9 @@ from torch import nn
 from gpufill.engine.packs.fused import fuses, linear
 from gpufill.forecasting.models.fused import FusedForecaster
 from gpufill.forecasting.models.neural import GRUForecaster, LSTMForecaster, _Recurrent
-from gpufill.engine.packs.recurrences import gru_layer, lstm_layer
+from gpufill.engine.packs.recurrences import gru_layer, lstm_layer, oifg
 
 __all__ = ["FusedGRU", "FusedLSTM"]
-
-
-def _oifg(t: torch.Tensor, hidden: int) -> torch.Tensor:
-    """LSTM gate rows (dim 1 of a (K, 4H, ...) tensor) from PyTorch's (i, f, g, o) to (o, i, f, g)."""
-    i_f, g, o = t.split((2 * hidden, hidden, hidden), dim=1)
-    return torch.cat((o, i_f, g), dim=1)
 
 
 class _FusedRecurrent(FusedForecaster):
@@ -105,7 +99,7 @@ class FusedLSTM(_FusedRecurrent):
         # Gate rows from PyTorch's (i, f, g, o) to the layer's (o, i, f, g), once per forward.
         # Both biases enter the gates additively: folded into the input projection of every
         # step, one batched matmul before the loop.
-        w_ih, w_hh, bias = (_oifg(t, hidden) for t in (w_ih, w_hh, b_ih + b_hh))
+        w_ih, w_hh, bias = (oifg(t, hidden) for t in (w_ih, w_hh, b_ih + b_hh))
         hs = lstm_layer(linear(x, w_ih, bias), w_hh)
         return hs if keep_sequence else hs[:, -1]
 
