@@ -1,6 +1,6 @@
 """K variants (seeds) of one model trained the ways a user would write it, each timed as a whole call.
 
-    python bench/pack_any.py [--smoke | --quick] [--models mlp32,mlp256,cnn,gru] [--sizes 4,16,64] [--optimizers adam,adamw]
+    python bench/pack_any.py [--smoke | --quick] [--models mlp32,mlp256,cnn,gru,lstm] [--sizes 4,16,64] [--optimizers adam,adamw]
                              [--rounds N] [--device auto|cpu|cuda] [--out PATH]
 
 Every arm builds the K models (`torch.manual_seed(seed); make_model()`), trains them for the same epochs on the same
@@ -9,7 +9,7 @@ weights; the time is the whole call (construction, checks, measurement, training
 - one at a time: a careful loop per model (resident data, a per-model permutation, torch's fused optimizer);
 - vmap by hand: PyTorch's model-ensembling recipe (`stack_module_state`, `functional_call` under `torch.vmap`) with
   one fused optimizer of the same kind over the stacked tensors, the validation of all K in one vmapped forward;
-  a model vmap cannot batch (nn.GRU) has no such arm;
+  a model vmap cannot batch (nn.GRU, nn.LSTM) has no such arm;
 - gpufill fit_many: `gpufill.fit_many(make_model, train, val, variants=[{"seed": s}, ...], optimizer=...)` with
   everything left to `auto` (pack or not, threads); its in-process caches are cleared before every call, so each
   call pays its checks and measurement.
@@ -58,16 +58,24 @@ LR = {"adam": 5e-3, "adamw": 5e-3}
 WEIGHT_DECAY = {"adam": 0.0, "adamw": 0.01}
 
 
-class GRUNet(nn.Module):
-    """A sequence (b, 16, 4) read by a GRU of width 32, its last state to one value."""
+class RecurrentNet(nn.Module):
+    """A sequence (b, 16, 4) read by a GRU or LSTM of width 32, its last step's output to one value."""
 
-    def __init__(self):
+    def __init__(self, cell: type[nn.Module]):
         super().__init__()
-        self.gru = nn.GRU(4, 32, batch_first=True)
+        self.rnn = cell(4, 32, batch_first=True)
         self.head = nn.Linear(32, 1)
 
     def forward(self, x):
-        return self.head(self.gru(x)[0][:, -1])
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+def gru() -> nn.Module:
+    return RecurrentNet(nn.GRU)
+
+
+def lstm() -> nn.Module:
+    return RecurrentNet(nn.LSTM)
 
 
 def mlp(width: int) -> Callable[[], nn.Module]:
@@ -91,7 +99,7 @@ def data(name: str, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Ten
 
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], str]] = {
-    "mlp32": (mlp(32), "mse"), "mlp256": (mlp(256), "mse"), "cnn": (cnn, "cross_entropy"), "gru": (GRUNet, "mse"),
+    "mlp32": (mlp(32), "mse"), "mlp256": (mlp(256), "mse"), "cnn": (cnn, "cross_entropy"), "gru": (gru, "mse"), "lstm": (lstm, "mse"),
 }
 
 
@@ -242,7 +250,7 @@ def timed(arm: Callable[[], list[nn.Module]], device: torch.device) -> tuple[flo
 
 
 def vmap_runs(task: Task) -> bool:
-    """Whether the hand vmap recipe can run this model at all (nn.GRU has no batching rule)."""
+    """Whether the hand vmap recipe can run this model at all (nn.GRU and nn.LSTM have no batching rule)."""
     try:
         small = Task(task.name, 2, task.optimizer, {key: (x[:8], y[:8]) for key, (x, y) in task.splits.items()}, 4, 1, task.device)
         small.vmap_by_hand()
@@ -256,7 +264,7 @@ def main() -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="seconds: mlp32 and cnn, K 2, one epoch (CI)")
     size.add_argument("--quick", action="store_true", help="K 4, 16, 64; minutes on 2 CPU cores")
-    parser.add_argument("--models", default=None, help="default mlp32,mlp256,cnn,gru (--smoke mlp32,cnn)")
+    parser.add_argument("--models", default=None, help="default mlp32,mlp256,cnn,gru,lstm (--smoke mlp32,cnn)")
     parser.add_argument("--sizes", default=None)
     parser.add_argument("--optimizers", default="adam,adamw")
     parser.add_argument("--rounds", type=int, default=None)
@@ -267,7 +275,7 @@ def main() -> None:
     sizes, rounds, (n_train, n_val, n_test), batch, epochs = SIZES[size_name]
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else sizes
     rounds = args.rounds or rounds
-    names = (args.models or ("mlp32,cnn" if args.smoke else "mlp32,mlp256,cnn,gru")).split(",")
+    names = (args.models or ("mlp32,cnn" if args.smoke else "mlp32,mlp256,cnn,gru,lstm")).split(",")
     optimizers = args.optimizers.split(",")
     device = torch.device(resolve_device(args.device))
     default_threads = torch.get_num_threads()

@@ -36,6 +36,18 @@ class ResidualInsideConvs(nn.Module):
         return self.head(self.flatten(h + torch.tanh(self.b(h))))
 
 
+class ReluTwice(nn.Module):
+    """A layer's output read by a ReLU and by a sum after it: the ReLU must not overwrite it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 7), nn.Linear(7, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(torch.relu(h) + h)
+
+
 def _cnn() -> nn.Module:
     return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                          nn.Linear(16 * 16, 10))
@@ -50,7 +62,10 @@ def _conv_then_linear_per_position() -> nn.Module:
     (ResidualInsideConvs, (6, 3, 8), True),
     (_conv_then_linear_per_position, (6, 3, 8), True),
     (lambda: nn.Sequential(nn.Linear(5, 7), nn.GELU(), nn.Linear(7, 2)), (6, 5), False),
-], ids=["cnn2d", "residual_inside", "linear_after_conv", "mlp"])
+    (lambda: nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 7), nn.ReLU(), nn.Linear(7, 2)), (6, 5), False),
+    (ReluTwice, (6, 5), False),
+    (lambda: nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 2)), (6, 3, 5), False),
+], ids=["cnn2d", "residual_inside", "linear_after_conv", "mlp_gelu", "mlp_relu", "relu_read_twice", "mlp_relu_3d"])
 def test_the_direct_forward_of_a_pack_is_each_models_own(make, shape, convolves):
     torch.manual_seed(0)
     models = [make() for _ in range(4)]
@@ -61,6 +76,12 @@ def test_the_direct_forward_of_a_pack_is_each_models_own(make, shape, convolves)
     mine = torch.stack([m(x[i]) for i, m in enumerate(models)])
     assert out.shape == mine.shape
     assert torch.allclose(out, mine, atol=1e-6, rtol=1e-5)
+    # The gradients too: a ReLU that overwrites a layer's output in place must leave autograd's saved values intact.
+    out.square().sum().backward()
+    sum(m(x[i]).square().sum() for i, m in enumerate(models)).backward()
+    for name, p in zip(stacked.param_names, stacked.weights, strict=True):
+        theirs = torch.stack([dict(m.named_parameters())[name].grad for m in models])
+        assert torch.allclose(p.grad, theirs, atol=1e-5, rtol=1e-4), name
 
 
 @pytest.mark.parametrize("model", [

@@ -63,6 +63,8 @@ def _trace(model: nn.Module) -> Forward | None:
     layout: dict[Any, str] = {}
     """Each traced value's layout (STACKED or GROUPED); the input is STACKED."""
     inputs = 0
+    produced_by_layer: set[Any] = set()
+    """Values a Linear or convolution produced: their backward does not read them, so a ReLU may overwrite them."""
     for node in graph.nodes:
         sources = [a for a in node.args if isinstance(a, torch.fx.Node)]
         given = layout[sources[0]] if sources else STACKED
@@ -76,9 +78,14 @@ def _trace(model: nn.Module) -> Forward | None:
             if type(module) is nn.Linear:
                 steps.append(("linear", node, (node.args[0],), {"prefix": node.target, "layout": given}))
                 layout[node] = STACKED
+                produced_by_layer.add(node)
             elif type(module) in CONVOLUTIONS and module.groups == 1 and module.padding_mode == "zeros":
                 steps.append(("conv", node, (node.args[0],), {"prefix": node.target, "module": module, "layout": given}))
                 layout[node] = GROUPED
+                produced_by_layer.add(node)
+            elif type(module) is nn.ReLU and _overwritable(node, produced_by_layer):
+                steps.append(("relu_", node, (node.args[0],), {}))
+                layout[node] = given
             elif isinstance(module, POOLS) and not getattr(module, "return_indices", False):
                 steps.append(("pool", node, (node.args[0],), {"module": module, "layout": given}))
                 layout[node] = GROUPED
@@ -90,6 +97,9 @@ def _trace(model: nn.Module) -> Forward | None:
                 layout[node] = given
             else:
                 return None
+        elif node.op in ("call_function", "call_method") and node.target in (torch.relu, F.relu, "relu") and _overwritable(node, produced_by_layer):
+            steps.append(("relu_", node, (node.args[0],), {}))
+            layout[node] = given
         elif node.op == "call_function" and (node.target in ACTIVATION_FUNCTIONS or node.target in ELEMENTWISE_BINARY):
             if len({layout[a] for a in sources}) > 1:
                 return None  # a sum of values of two layouts: vmap's case
@@ -108,6 +118,12 @@ def _trace(model: nn.Module) -> Forward | None:
         return None
     placeholder = next(node for node in graph.nodes if node.op == "placeholder")
     return _Chain(placeholder, steps, result, layout[result])
+
+
+def _overwritable(node: Any, produced_by_layer: set[Any]) -> bool:
+    """A ReLU of a layer's output that nothing else reads: in place saves writing a new (K, b, ...) tensor per layer."""
+    source = node.args[0] if node.args else None
+    return len(node.args) == 1 and not node.kwargs and source in produced_by_layer and len(source.users) == 1
 
 
 class _Chain:
@@ -137,6 +153,8 @@ class _Chain:
                 values[node] = extra["module"](_grouped(given[0]) if extra["layout"] == STACKED else given[0])
             elif kind == "flatten":
                 values[node] = _stacked(given[0], k).flatten(2) if extra["layout"] == GROUPED else given[0].flatten(2)
+            elif kind == "relu_":  # a view (a Linear over more than one batch axis) is left alone: autograd would rebase it
+                values[node] = given[0].relu_() if given[0]._base is None else torch.relu(given[0])
             elif kind == "module":
                 values[node] = extra["module"](*given)
             elif kind == "function":
@@ -169,4 +187,4 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     k, features = x.shape[0], x.shape[-1]
     flat = x.reshape(k, -1, features)
     out = torch.bmm(flat, weight.transpose(1, 2)) if bias is None else torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
-    return out.view(*x.shape[:-1], weight.shape[1])
+    return out if x.dim() == 3 else out.view(*x.shape[:-1], weight.shape[1])
