@@ -37,7 +37,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import environment, finish  # noqa: E402
+from _common import default_out, environment, finish, write_result  # noqa: E402
 
 import gpufill  # noqa: E402
 from gpufill.engine.backend import synchronize  # noqa: E402
@@ -279,6 +279,10 @@ def main() -> None:
     optimizers = args.optimizers.split(",")
     device = torch.device(resolve_device(args.device))
     default_threads = torch.get_num_threads()
+    env = environment(str(device))
+    out = args.out or default_out("pack_any", env)
+    settings = {"size": size_name, "models": names, "sizes": list(sizes), "optimizers": optimizers, "rounds": rounds, "batch": batch,
+                "epochs": epochs, "rows": [n_train, n_val, n_test], "default_threads": default_threads}
     rows: list[dict[str, Any]] = []
     ratios: dict[str, float] = {}
     for name in names:
@@ -327,10 +331,10 @@ def main() -> None:
                     ratios[f"{name}_{optimizer}_rounding_floor"] = float(f"{task.rounding_floor():.3g}")
                 shown = {key.rsplit("_over_", 1)[1]: value for key, value in ratios.items() if key.startswith(f"{name}_{optimizer}_k{k}_fit_many")}
                 print(f"{name} {optimizer} K={k}: fit_many is {shown} x as fast; {task.plan.pack_size.reason[:80]}", flush=True)
-    env = environment(str(device))
-    finish("pack_any", "K variants as whole calls: one at a time, PyTorch's vmap recipe, gpufill fit_many", env,
-           {"size": size_name, "models": names, "sizes": list(sizes), "optimizers": optimizers, "rounds": rounds, "batch": batch,
-            "epochs": epochs, "rows": [n_train, n_val, n_test], "default_threads": default_threads}, rows, ratios, args.out)
+                # A run stopped part-way (minutes per cell on 2 cores) keeps the cells it measured, marked incomplete.
+                write_result(out, env, {**settings, "complete": False}, rows, ratios)
+    finish("pack_any", "K variants as whole calls: one at a time, PyTorch's vmap recipe, gpufill fit_many", env, {**settings, "complete": True},
+           rows, ratios, out)
 
 
 if __name__ == "__main__":
