@@ -82,9 +82,8 @@ def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *
                 reason, measured_s = str(slower), slower.spent_s
         else:
             chosen, why = decide(timing, run.total_steps, pack_built=False, min_gain=MIN_GAIN)
-            run.step_s = timing.pack_step_s
             if chosen:
-                return run.train(Choice(len(models), f"{why} ({run.form}; measured earlier for this shape on this machine)"))
+                return run.train(Choice(len(models), f"{why} ({run.form}; measured earlier for this shape on this machine)"), step_s=timing.pack_step_s)
             reason = why
     choice = Choice(1, f"one at a time: {reason}")
     results = []

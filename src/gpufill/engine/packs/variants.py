@@ -97,8 +97,6 @@ class PackedVariants:
         self.sample_signature = signature(rows(train.data, 0, min(8, self.n or 1)))
         self.build_s = 0.0
         """Seconds building the stacked module took (a one-time cost of the pack)."""
-        self.step_s: float | None = None
-        """A steady pack step measured earlier (fit_many's cached timing): what the thread watch compares steps with."""
 
     @property
     def form(self) -> str:
@@ -141,13 +139,14 @@ class PackedVariants:
         return list(dict.fromkeys([current, 1, self.hardware.cpu_count]))
 
     # -- training ------------------------------------------------------------------------------
-    def train(self, choice: Choice[int] | None, probe: Any = None) -> list[FitResult]:
+    def train(self, choice: Choice[int] | None, probe: Any = None, step_s: float | None = None) -> list[FitResult]:
         """Train the pack. `choice`: why it packs; None with a `probe` (variants_measure.StepProbe), which times the
-        first steps and decides (raising its PackSlower to stop a pack that would be slower in all)."""
+        first steps and decides (raising its PackSlower to stop a pack that would be slower in all). `step_s`: a steady
+        pack step measured earlier (a cached timing), what the thread watch compares the steps with."""
         with backend_flags(self.plan):  # the measured threads, restored after
-            return self._train(choice, probe)
+            return self._train(choice, probe, step_s)
 
-    def _train(self, choice: Choice[int] | None, probe: Any) -> list[FitResult]:
+    def _train(self, choice: Choice[int] | None, probe: Any, step_s: float | None) -> list[FitResult]:
         started = time.perf_counter()
         cfg, k, device = self.cfg, self.k, self.device
         stacked = StackedModule.from_models(self.models).to(device)
@@ -183,7 +182,7 @@ class PackedVariants:
                     if watch is None:
                         measured = probe.timing if probe is not None else None
                         watch = ThreadWatch(self.thread_candidates(), self.plan.threads.value,
-                                            measured.pack_step_s if measured is not None else self.step_s)
+                                            measured.pack_step_s if measured is not None else step_s)
                     step_started = time.perf_counter()
                     values = pack_step(stacked, optimizer, self.loss_fn, batch, training, cfg.grad_clip)
                     watch.observe(time.perf_counter() - step_started)  # a CPU step is done when it returns: no sync to time it
