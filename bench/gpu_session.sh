@@ -15,18 +15,33 @@
 #    fs statsmodels patsy tqdm cloudpickle);
 #    12 is issue 28's: the N-BEATS ensemble (lookbacks 2H..7H, two losses, 5 seeds) on Tourism and M1, same wheels as 8)
 #
+# triage: every GPU claim at smoke size in one call of at most 7 minutes (a lent GPU runs it first):
+#   run(command="bash bench/gpu_session.sh triage", carry=[".whl"], timeout_s=480)   # wheels: pydantic pydantic-core
+#   annotated-types typing-inspection typing-extensions. Its parts and their limits (sum <= 420 s; the wheels' install
+#   and the environment line take ~15 s beside them):
+#     triage-tests 120      gpu-marked tests of the new code: whole-step graph, measured precision, packs, admission
+#     triage-fit_speed 75   fit_speed smoke, MLP and LSTM: gpufill vs the hand loop vs the guides' loop
+#     triage-pack_any 90    pack_any, small MLP K=16, Adam: fit_many vs the vmap recipe vs one at a time
+#     triage-campaign 90    campaign_gpu, one LSTM shape, 8 projects x 2 seeds: campaign vs one at a time vs processes
+#     triage-doctor 30      gpufill doctor --json
+#
 # Installs the wheels the GPU image lacks, runs the GPU tests, then each benchmark with a
 # time limit of its own (one that overruns is cut, the rest still run), and copies every
 # JSON and log to $OUT (default: bench/results/gpu-session/). Commit the JSON under bench/results/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-bench/results/gpu-session}"
-mkdir -p "$out"
+part=${1:-all}
+# Logs beside the JSON, except in triage: a device call returns at most 8 files, so there they are packed into one
+# archive after every part (a part cut by the call's limit still leaves the earlier ones).
+logs="$out"
+[ "$part" = triage ] && logs=/tmp/gpu-session-logs
+mkdir -p "$out" "$logs"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH="/tmp/site:$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python3 - <<'EOF' | tee "$out/environment.txt"
+python3 - <<'EOF' | tee "$logs/environment.txt"
 import torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
 EOF
@@ -35,13 +50,24 @@ step() {  # step NAME SECONDS COMMAND...: run one item, keep its log, never stop
   local name=$1 limit=$2
   shift 2
   local start=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
-  echo "$name: exit $rc after $((SECONDS - start)) s" | tee -a "$out/summary.txt"
-  tail -n 25 "$out/$name.log"
+  echo "$name: exit $rc after $((SECONDS - start)) s" | tee -a "$logs/summary.txt"
+  tail -n 25 "$logs/$name.log"
+  [ "$logs" = "$out" ] || tar czf "$out/logs.tgz" -C "$logs" .
 }
 
-part=${1:-all}
+if [ "$part" = triage ]; then  # the limits here are the ones the header lists (a test checks they agree)
+  step triage-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_step_graph.py tests/engine/test_pack_graph.py \
+    tests/engine/test_many.py tests/engine/test_gpu.py tests/campaign/test_admission.py tests/forecasting/test_fused_recurrent.py
+  step triage-fit_speed 75 python3 bench/fit_speed.py --smoke --rounds 2 --models mlp,lstm --out "$out/fit_speed-triage.json"
+  step triage-pack_any 90 python3 bench/pack_any.py --quick --models mlp32 --sizes 16 --optimizers adam --rounds 3 --out "$out/pack_any-triage.json"
+  step triage-campaign 90 python3 bench/campaign_gpu.py --shapes lstm-h128-l30 --projects 8 --seeds 2 --epochs 2 --rounds 1 --skip mps \
+    --out "$out/campaign_gpu-triage.json"
+  step triage-doctor 30 sh -c "python3 -m gpufill doctor --json > $out/doctor-triage.json"
+  ls -la "$out"
+  exit 0
+fi
 if [ "$part" = 1 ] || [ "$part" = all ]; then
   step gpu-tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests
   step fit_speed-lstm 270 python3 bench/fit_speed.py --models lstm --out "$out/fit_speed-lstm.json"

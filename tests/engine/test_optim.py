@@ -113,3 +113,15 @@ def test_a_schedule_on_an_iterable_of_unknown_length_asks_for_steps_per_epoch():
             return iter(zip(x, y))
 
     input_error(fit, linear(), Stream(), schedule="warmup_cosine", epochs=2, batch_size=16, field="schedule", contains=("steps_per_epoch",))
+
+
+@pytest.mark.parametrize(("name", "capturable"), [("adam", True), ("adamw", True), ("sgd", None)])
+def test_an_optimizer_whose_step_is_captured_keeps_its_step_count_on_the_device(name, capturable):
+    # torch refuses to record Adam's step in a CUDA graph unless capturable (seen on an H100 with torch 2.11: every
+    # whole-step graph fell back to eager steps); SGD has no step count and no such flag.
+    model = nn.Linear(4, 2)
+    cfg = FitConfig(optimizer=name, weight_decay=0.01)
+    captured, _ = make_optimizer(model, cfg, 1e-3, "for-loop", captured=True)
+    plain, _ = make_optimizer(model, cfg, 1e-3, "for-loop")
+    assert {g.get("capturable") for g in captured.param_groups} == {capturable}
+    assert {g.get("capturable") for g in plain.param_groups} == ({False} if capturable else {None})

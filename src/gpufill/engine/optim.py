@@ -29,16 +29,19 @@ _KERNEL_ARGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loo
 
 
 def make_optimizer(model: nn.Module, cfg: FitConfig, lr: float, kernel: str, *,
-                   lr_on: torch.device | None = None) -> tuple[torch.optim.Optimizer, Choice[str]]:
+                   lr_on: torch.device | None = None, captured: bool = False) -> tuple[torch.optim.Optimizer, Choice[str]]:
     """The optimizer and its Choice. `lr_on`: hold the learning rate as a tensor on that device (a
-    captured step reads it there, so a schedule's changes reach the replays)."""
+    captured step reads it there, so a schedule's changes reach the replays). `captured`: its step will be
+    recorded in a CUDA graph (Adam's step count then lives on the device: torch refuses to capture it otherwise)."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise InputError("the model has no trainable parameters", field="model", fix="pass a model with parameters that require grad")
     params = [p for _, p in named]
     if callable(cfg.optimizer):
         return _from_factory(cfg.optimizer, params, lr / cfg.lr)
-    implementation = _KERNEL_ARGS[kernel]
+    implementation: dict[str, Any] = dict(_KERNEL_ARGS[kernel])
+    if captured and cfg.optimizer in ("adam", "adamw"):
+        implementation["capturable"] = True
     rate: Any = torch.tensor(lr, device=lr_on) if lr_on is not None else lr
     if cfg.optimizer == "sgd":
         optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=rate, momentum=0.9, weight_decay=cfg.weight_decay, **implementation)

@@ -18,9 +18,10 @@ import torch
 from torch import nn
 
 from gpufill.engine import losses
-from gpufill.engine.batches import rows, signature
+from gpufill.engine.batches import map_tensors, rows, signature
 from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig
+from gpufill.engine.hardware import resolve_device
 from gpufill.engine.inputs import Source, as_source, check_model
 from gpufill.engine.loop import fit
 from gpufill.engine.packs.stacked import why_not_stacked
@@ -135,12 +136,15 @@ def _why_one_at_a_time(models: Sequence[nn.Module], configs: Sequence[FitConfig]
     if cfg.precision not in ("auto", "fp32") or cfg.compile not in ("auto", False) or cfg.micro_batch != "auto":
         return "a precision, compile or micro-batch was requested (a pack runs fp32 steps of the whole batch)"
     loss_fn, _ = losses.resolve(cfg.loss)
-    sample = rows(train.data, 0, min(8, train.n or 1))
+    # Checked where the pack would train: the models and the data may still be elsewhere (a user's CPU model
+    # with data already on the GPU, or the reverse); the pack moves both.
+    device = resolve_device(cfg.device)
+    sample = map_tensors(lambda t: t.to(device), rows(train.data, 0, min(8, train.n or 1)))
     model = models[0]
     # The loss itself in the key (a function by identity, kept alive here: an id could be reused by another one).
     key = (type(model), tuple((name, tuple(t.shape), t.dtype) for name, t in [*model.named_parameters(), *model.named_buffers()]),
-           cfg.loss, signature(sample), str(next(model.parameters()).device))
+           cfg.loss, signature(sample), str(device))
     try:
-        return _CHECKED[key] if key in _CHECKED else _CHECKED.setdefault(key, why_not_stacked(models, loss_fn, sample))
+        return _CHECKED[key] if key in _CHECKED else _CHECKED.setdefault(key, why_not_stacked(models, loss_fn, sample, device=device))
     except TypeError:  # an unhashable loss object: checked every time
-        return why_not_stacked(models, loss_fn, sample)
+        return why_not_stacked(models, loss_fn, sample, device=device)

@@ -80,7 +80,8 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
 
     `build()` returns a fresh plain model. Fusion is used only where it measured faster
     than the plain path on this device (on a small CPU, plain cuDNN-free kernels can win).
-    Candidates are tried in increasing order until one adds less than `min_gain` (None: try them all) or does not
+    Candidates are tried in increasing order until one adds less than `min_gain` over the fused sizes before it
+    (None: try them all) or does not
     fit in memory: a pack's peak (the step's, plus `data_bytes` per model that a pack keeps on
     the device) must stay within `memory_budget` (CUDA; the campaign's memory_margin of the
     device). With `count`, each step's operators are counted too (one extra step).
@@ -113,8 +114,10 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
                 del rates[k], peaks[k]
                 stopped = f"; {k} would pass the memory margin ({memory_budget / 2**30:.1f} GiB)"
                 break
-        best_before = max((r for kk, r in rates.items() if kk < k), default=0.0)
-        if k > 1 and min_gain is not None and rates[k] < min_gain * best_before:
+        # The curve is the fused packs' own: size 1 runs another implementation (cuDNN's whole-sequence LSTM against
+        # a pack's step-by-step recurrence), so a pack of 2 slower than one model says nothing of a pack of 16.
+        best_before = max((r for kk, r in rates.items() if 1 < kk < k), default=None)
+        if best_before is not None and min_gain is not None and rates[k] < min_gain * best_before:
             stopped = f"; stopped at {k}: less than {min_gain - 1:.0%} over the best so far"
             break
     best = max(rates, key=rates.__getitem__)

@@ -134,13 +134,15 @@ class StackedModule(FusedModule):
         return model.train(self.training)
 
 
-def why_not_stacked(models: Sequence[nn.Module], fn: Callable[[Any, Any], Any], batch: Any) -> str | None:
+def why_not_stacked(models: Sequence[nn.Module], fn: Callable[[Any, Any], Any], batch: Any, *,
+                    device: torch.device | None = None) -> str | None:
     """None when `models` train correctly as a StackedModule; else why not, in a few words.
 
     One checked training step on `batch`, on copies (the models are left as they were), with
     dropout's probability at 0 (a pack draws each model's masks apart): model 0's loss and
     gradients in a pack of two must equal its own alone. Dropout the check cannot switch off
     (a functional call with a fixed p) makes them differ: trained one at a time, never wrong.
+    `device`: where the copies are checked (the batch must be there already); default where the models are.
     """
     if len({type(m) for m in models}) != 1:
         return "the models are of different classes"
@@ -148,6 +150,8 @@ def why_not_stacked(models: Sequence[nn.Module], fn: Callable[[Any, Any], Any], 
     if len(shapes) != 1:
         return "the models' parameters differ in shape"
     copies = [_without_dropout(copy.deepcopy(m).train()) for m in (models[0], models[min(1, len(models) - 1)], models[0])]
+    if device is not None:
+        copies = [c.to(device) for c in copies]
     try:
         stacked = StackedModule.from_models(copies[:2]).train()
         packed_loss = _loss_of(stacked.per_model(fn, _repeat(batch, 2)))
