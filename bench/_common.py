@@ -37,10 +37,11 @@ def print_table(title: str, rows: list[dict[str, Any]], ratios: dict[str, float]
     rows = [{k: v for k, v in row.items() if not isinstance(v, list | dict)} for row in rows]
     console = Console(width=max(100, Console().width))
     table = Table(title=f"{title} — {env['device']}, torch {env['torch']}, {env['date'][:10]}", title_justify="left")
-    for column in rows[0]:
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # rows may differ (an arm that failed has fewer)
+    for column in columns:
         table.add_column(column, justify="left" if column in ("loop", "config") else "right")
     for row in rows:
-        table.add_row(*("-" if value is None else str(value) for value in row.values()))
+        table.add_row(*("-" if row.get(column) is None else str(row[column]) for column in columns))
     console.print(table)
     for name, value in ratios.items():
         console.print(f"{name}: [bold]{value:.3g}[/bold]")

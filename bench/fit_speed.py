@@ -1,20 +1,21 @@
-"""gpufill.fit against what its user would write instead, side by side in one run.
+"""gpufill.fit against what its user would write instead, each a whole script: interpreter start to trained model.
 
-Per model (the MLP, LSTM and Transformer forecasters, lm_char's small GPT), in interleaved
-rounds from the same initial weights and the same optimizer (AdamW, constant lr):
-- before: the guides' loop (per-sample Dataset in a DataLoader, Adam, loss.item() every step);
-- hand: a careful hand loop (resident tensors, index batches, zero_grad(set_to_none=True),
-  fused AdamW, no per-step sync);
-- hand, tuned: the same loop with what the guides say to switch on by hand, unmeasured:
-  bf16 autocast where the device has fast bf16, TF32 on a GPU, torch.compile;
-- lightning: Lightning's Trainer with its speed defaults (no logger, checkpoints, progress bar);
-- gpufill: gpufill.fit, its probe included (the process's tune cache is cleared before each run).
-Each row: samples/s over the steady epochs (validation included, the first epoch left out),
-the whole training's seconds (set-up, probe and compile included), the final validation loss,
-and gpufill's measured plan. Ratios: the median over rounds of each round's ratio.
-
-On a CPU every loop runs with torch pinned to one thread (two threads stall a loaded 2-core
-box 3-16x); gpufill measures its own thread count, that pinned one among the candidates.
+Per model (the MLP, LSTM and Transformer forecasters, lm_char's small GPT), every arm is a fresh Python process
+(`bench/_fit_arm.py`) that imports what its script would, loads the same data, builds the same initial weights and
+trains with the same optimizer (AdamW, constant lr, batch 128):
+- before: the guides' loop (per-sample Dataset in a DataLoader, Adam, loss.item() every step), torch's default threads;
+- hand: a careful loop (resident tensors, index batches, fused AdamW, no per-step sync), torch's default threads;
+- hand, 1 thread: the same loop pinned to one thread (on a busy 2-core box the faster of the two);
+- hand, bf16, 1 thread (CPU) / hand, tuned (GPU: bf16 autocast and TF32 switched on by hand): the guides' settings,
+  unmeasured;
+- lightning: Lightning's Trainer with its speed defaults, torch's default threads (when installed);
+- gpufill: `gpufill.fit` with everything automatic, as a first run on this machine (its probe included);
+- gpufill, cached: the same with GPUFILL_TUNE_CACHE set, after one earlier run (untimed) measured this shape: what
+  every later run of the script pays.
+Each arm's process time comes from this parent (spawn to exit); the process reports steady-epoch samples/s (the first
+epoch left out, validation included) and the loss of the model it returns on a held-out test split (never the
+validation split gpufill's restore_best chose on). Rounds interleave the arms, each round starting one arm later; each
+ratio is the median of per-round ratios, against the faster hand loop of that round (default threads or one thread).
 
     python bench/fit_speed.py [--smoke | --quick] [--models mlp,lstm,transformer,lm] [--rounds N] [--device auto|cpu|cuda] [--out PATH]
 """
@@ -22,10 +23,13 @@ box 3-16x); gpufill measures its own thread count, that pinned one among the can
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,178 +40,165 @@ sys.path[:0] = [str(Path(__file__).parent), str(ROOT / "examples")]
 from _common import environment, finish  # noqa: E402
 
 from gpufill.bench import lightning  # noqa: E402
-from gpufill.bench.guides import head  # noqa: E402
-from gpufill.bench.loops import LoopMeasurement, baseline_fit, gpufill_fit, lightning_measured, minimal_measured  # noqa: E402
-from gpufill.engine.config import FitConfig  # noqa: E402
 from gpufill.engine.hardware import resolve_device  # noqa: E402
-from gpufill.engine.measure.cache import clear_memory  # noqa: E402
 from gpufill.forecasting.data import Split, load_projects, make_windows  # noqa: E402
-from gpufill.forecasting.models import registry  # noqa: E402
 
-# Sizes per model: (series length or text bytes, epochs). "full" is sized so that gpufill's probe
-# (10 % of the expected training time) can measure its stages on a 2-core CPU: about 30 minutes in all.
+# Per model: (series length or text bytes, epochs). "quick" trains 10-40 s per process on a 2-core CPU, so that a
+# script's fixed costs (imports, data, a probe) weigh as they do in a real training of that length.
 SIZES = {
     "smoke": {"mlp": (600, 2), "lstm": (600, 2), "transformer": (600, 2), "lm": (20_000, 1)},
-    "quick": {"mlp": (8000, 6), "lstm": (5000, 4), "transformer": (2000, 3), "lm": (80_000, 2)},
-    "full": {"mlp": (40_000, 20), "lstm": (20_000, 10), "transformer": (5000, 15), "lm": (320_000, 6)},
+    "quick": {"mlp": (40_000, 6), "lstm": (8000, 4), "transformer": (4000, 4), "lm": (120_000, 2)},
+    "full": {"mlp": (80_000, 20), "lstm": (20_000, 10), "transformer": (8000, 15), "lm": (320_000, 6)},
 }
 FORECASTERS = {"mlp": {"hidden_size": 64}, "lstm": {"hidden_size": 64}, "transformer": {"d_model": 64}}
 LOOKBACK = 30
 BATCH = 128
+HANDS = ("hand", "hand, 1 thread")
+"""The careful loop at torch's default threads and at one: each round's faster of the two is the baseline."""
+ARM_TIMEOUT_S = 1800
 
 
-@dataclass(frozen=True, slots=True)
-class Workload:
-    name: str
-    make_model: Callable[[], torch.nn.Module]
-    train: Any
-    val: Any
-    loss: str
-    lr: float
-    epochs: int
-    args: dict[str, Any]
-
-
-def workload(name: str, size: str) -> Workload:
+def write_workload(name: str, size: str, directory: Path, device: str) -> dict[str, Any]:
+    """The data file and the spec every arm reads: train / val / test tensors, the model and its training."""
     amount, epochs = SIZES[size][name]
     if name == "lm":
         import lm_char
 
         data = lm_char.make_data(context=32, limit=amount)
-
-        def make_lm() -> torch.nn.Module:
-            return lm_char.make_model(context=32, width=64, layers=2, heads=4)
-
-        return Workload("lm", make_lm, data["train"], data["val"], "cross_entropy", 3e-3, epochs,
-                        {"text_bytes": amount, "context": 32, "width": 64, "layers": 2, "train_samples": int(data["train"][0].shape[0])})
-    project = next(iter(load_projects("synthetic", n_projects=1, length=amount, seed=0).values()))
-    windows = make_windows(project, LOOKBACK, 1, Split(val=0.1, test=0.2))
-    params = FORECASTERS[name]
-
-    def make_forecaster() -> torch.nn.Module:
-        torch.manual_seed(0)  # every loop starts from the same weights
-        return registry.build(name, n_features=windows.n_features, lookback=LOOKBACK, horizon=1, params=params)
-
-    return Workload(name, make_forecaster, (windows.x_train, windows.y_train), (windows.x_val, windows.y_val), "mse", 1e-3, epochs,
-                    {**params, "lookback": LOOKBACK, "series_length": amount, "train_samples": int(windows.x_train.shape[0])})
-
-
-Arm = Callable[[Workload, Any, int, int], LoopMeasurement]
+        half = data["val"][0].shape[0] // 2  # the held-out text split in two: validation, then test
+        splits = {"train": data["train"], "val": tuple(t[:half] for t in data["val"]), "test": tuple(t[half:] for t in data["val"])}
+        model_args: dict[str, Any] = {"context": 32, "width": 64, "layers": 2, "heads": 4}
+        loss, lr, args = "cross_entropy", 3e-3, {"text_bytes": amount, **model_args}
+    else:
+        project = next(iter(load_projects("synthetic", n_projects=1, length=amount, seed=0).values()))
+        w = make_windows(project, LOOKBACK, 1, Split(val=0.1, test=0.2))
+        splits = {"train": (w.x_train, w.y_train), "val": (w.x_val, w.y_val), "test": (w.x_test, w.y_test)}
+        model_args = {"n_features": w.n_features, "lookback": LOOKBACK, "horizon": 1, "params": FORECASTERS[name]}
+        loss, lr, args = "mse", 1e-3, {**FORECASTERS[name], "lookback": LOOKBACK, "series_length": amount}
+    path = directory / f"{name}.pt"
+    torch.save({key: tuple(t.clone() for t in pair) for key, pair in splits.items()}, path)  # clones: a view would save its whole storage
+    spec = {"data": str(path), "model": name, "model_args": model_args, "loss": loss, "lr": lr, "batch_size": BATCH, "epochs": epochs,
+            "device": device}
+    (directory / f"{name}.json").write_text(json.dumps(spec))
+    return {**args, "epochs": epochs, "train_samples": int(splits["train"][0].shape[0]), "test_samples": int(splits["test"][0].shape[0])}
 
 
-def arms(device: str, *, tuned_compile: bool) -> dict[str, Arm]:
-    def before(w: Workload, train: Any, epochs: int, seed: int) -> LoopMeasurement:
-        return baseline_fit(w.make_model(), train, w.val, epochs=epochs, loss=w.loss, lr=w.lr, batch_size=BATCH, device=device, seed=seed)
+OPTIONAL = ("before", "hand, bf16, 1 thread", "hand, tuned", "lightning")
+"""Arms a machine may not run (oneDNN has no bf16 LSTM on a CPU without bf16 instructions): a failure is recorded as
+the arm's row, not the benchmark's end."""
 
-    def hand(w: Workload, train: Any, epochs: int, seed: int) -> LoopMeasurement:
-        return minimal_measured(w.make_model(), train, w.val, epochs=epochs, device=device, seed=seed, loss=w.loss, lr=w.lr, batch_size=BATCH,
-                                name="hand")
 
-    def tuned(w: Workload, train: Any, epochs: int, seed: int) -> LoopMeasurement:
-        model = w.make_model()
-        if not tuned_compile:  # --smoke: the rest of the guides' settings, without compile's tens of seconds
-            torch_compile, torch.compile = torch.compile, lambda m, **_k: m  # type: ignore[assignment]
-        try:
-            return minimal_measured(model, train, w.val, epochs=epochs, device=device, seed=seed, loss=w.loss, lr=w.lr, batch_size=BATCH,
-                                    tuned=True, name="hand, tuned")
-        finally:
-            if not tuned_compile:
-                torch.compile = torch_compile  # type: ignore[assignment]
+def run_arm(spec_path: Path, arm: str, seed: int, cache: Path) -> dict[str, Any]:
+    """One whole process; its wall time measured here, from spawn to exit. An optional arm that fails: {"error": ...}."""
+    env = {key: value for key, value in os.environ.items() if key != "GPUFILL_TUNE_CACHE"}
+    if arm == "gpufill, cached":
+        env["GPUFILL_TUNE_CACHE"] = str(cache)
+    tick = time.perf_counter()
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "_fit_arm.py"), str(spec_path), arm, str(seed)], env=env, capture_output=True,
+                          text=True, timeout=ARM_TIMEOUT_S, check=False)
+    process_s = time.perf_counter() - tick
+    if done.returncode != 0 and arm in OPTIONAL:
+        return {"arm": arm, "error": (done.stderr.strip().splitlines() or ["exit " + str(done.returncode)])[-1][:200]}
+    if done.returncode != 0:
+        raise SystemExit(f"fit_speed: arm {arm!r} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "process_s": process_s}
 
-    def lightning_arm(w: Workload, train: Any, epochs: int, seed: int) -> LoopMeasurement:
-        return lightning_measured(w.make_model(), train, w.val, epochs=epochs, device=device, seed=seed, loss=w.loss, lr=w.lr, batch_size=BATCH)
 
-    def gpufill(w: Workload, train: Any, epochs: int, seed: int) -> LoopMeasurement:
-        clear_memory()  # every run pays its own probe
-        config = FitConfig(device=device, seed=seed, loss=w.loss, lr=w.lr, batch_size=BATCH)
-        return gpufill_fit(w.make_model(), train, w.val, epochs=epochs, config=config, name="gpufill")
-
-    out = {"before": before, "hand": hand, "hand, tuned": tuned}
+def arms_for(device: str) -> list[str]:
+    names = ["before", *HANDS, "hand, bf16, 1 thread" if device == "cpu" else "hand, tuned"]
+    if device != "cpu":
+        names.remove("hand, 1 thread")  # host threads only launch work on a GPU
     if lightning.available():
-        out["lightning"] = lightning_arm
-    out["gpufill"] = gpufill
-    return out
+        names.append("lightning")
+    return [*names, "gpufill", "gpufill, cached"]
 
 
-def run_model(w: Workload, loops: dict[str, Arm], rounds: int, say: Callable[[str], None]) -> dict[str, list[LoopMeasurement]]:
-    runs: dict[str, list[LoopMeasurement]] = {name: [] for name in loops}
-    names = list(loops)
-    warm = head(w.train, 2 * BATCH)
-    say(f"{w.name}: warm-up (untimed)")
-    for name in names:  # lazy initialisation, allocator and kernel caches: paid by nobody's timing
-        loops[name](w, warm, 1, 0)
+def measure_model(spec_path: Path, arms: list[str], rounds: int, cache: Path, say: Any) -> dict[str, list[dict[str, Any]]]:
+    say(f"{spec_path.stem}: warm-up (untimed; also the earlier run whose measurements 'gpufill, cached' reuses)")
+    run_arm(spec_path, "gpufill, cached", 0, cache)
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for r in range(rounds):
-        shift = r % len(names)  # each round starts one loop later, so no loop always runs first
-        for name in names[shift:] + names[:shift]:
-            say(f"{w.name}: round {r + 1}/{rounds}: {name}")
-            runs[name].append(loops[name](w, w.train, w.epochs, r))
+        shift = r % len(arms)
+        for arm in arms[shift:] + arms[:shift]:
+            say(f"{spec_path.stem}: round {r + 1}/{rounds}: {arm}")
+            runs[arm].append(run_arm(spec_path, arm, r, cache))
     return runs
 
 
-def summarise(model: str, name: str, runs: list[LoopMeasurement]) -> dict[str, Any]:
-    median = sorted(runs, key=lambda m: m.samples_per_s)[len(runs) // 2]
-    row = {"model": model, "loop": name, "samples_per_s": round(median.samples_per_s, 1), "epoch_s": round(median.epoch_s, 4),
-           "total_s": round(statistics.median(m.total_s or 0.0 for m in runs), 2),
-           "val_loss": round(statistics.fmean(m.val_loss for m in runs), 5)}
-    if name == "gpufill":
-        row["probe_s"] = round(statistics.median(m.probe_s or 0.0 for m in runs), 3)
-        row["probe_budget_s"] = round(statistics.median(m.probe_budget_s or 0.0 for m in runs), 3)
-        row["plan"] = median.plan
-    row["samples_per_s_runs"] = [round(m.samples_per_s, 1) for m in runs]
-    row["val_loss_runs"] = [round(m.val_loss, 5) for m in runs]
+def summarise(model: str, arm: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    failed = [m["error"] for m in runs if "error" in m]
+    runs = [m for m in runs if "error" not in m]
+    if not runs:
+        return {"model": model, "loop": arm, "error": failed[0]}
+    middle = sorted(runs, key=lambda m: m["process_s"])[len(runs) // 2]
+    row = {"model": model, "loop": arm, "process_s": round(statistics.median(m["process_s"] for m in runs), 2),
+           "train_s": round(statistics.median(m["train_s"] for m in runs), 2),
+           "samples_per_s": round(statistics.median(m["samples_per_s"] for m in runs), 1),
+           "test_loss": float(f"{statistics.fmean(m['test_loss'] for m in runs):.5g}"), "threads": middle["threads"]}
+    if arm.startswith("gpufill"):
+        row["setup_s"] = round(statistics.median(m["setup_s"] for m in runs), 3)
+        row["probe_s"] = round(statistics.median(m["probe_s"] for m in runs), 3)
+        row["plan"] = middle["plan"]
+    row["process_s_runs"] = [round(m["process_s"], 2) for m in runs]
     return row
 
 
-def ratios_of(model: str, runs: dict[str, list[LoopMeasurement]]) -> dict[str, float]:
+def ratios_of(model: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """Per round: the faster hand loop (default threads or one) over each gpufill arm; medians over rounds."""
+    hands = [arm for arm in HANDS if arm in runs]
+    rounds = len(runs[hands[0]])
+    best_process = [min(runs[a][r]["process_s"] for a in hands) for r in range(rounds)]
+    best_rate = [max(runs[a][r]["samples_per_s"] for a in hands) for r in range(rounds)]
+    hand_loss = statistics.fmean(m["test_loss"] for a in hands for m in runs[a])
     out: dict[str, float] = {}
-    gpufill = runs["gpufill"]
-    for name, other in runs.items():
-        if name == "gpufill":
+    for arm in ("gpufill", "gpufill, cached"):
+        key = arm.replace(", ", "_")
+        out[f"{model}:{key}_process_vs_best_hand"] = round(statistics.median(b / m["process_s"] for b, m in zip(best_process, runs[arm], strict=True)), 3)
+        out[f"{model}:{key}_samples_per_s_vs_best_hand"] = round(statistics.median(m["samples_per_s"] / b for b, m in zip(best_rate, runs[arm], strict=True)), 3)
+        out[f"{model}:{key}_test_loss_vs_hand"] = round(statistics.fmean(m["test_loss"] for m in runs[arm]) / hand_loss, 4)
+    for arm in runs:
+        if arm.startswith("gpufill") or arm in hands or any("error" in m for m in runs[arm]):
             continue
-        key = name.replace(", ", "_")
-        out[f"{model}:gpufill_over_{key}"] = statistics.median(g.samples_per_s / o.samples_per_s for g, o in zip(gpufill, other, strict=True))
-        out[f"{model}:val_loss_gpufill_over_{key}"] = statistics.fmean(m.val_loss for m in gpufill) / statistics.fmean(m.val_loss for m in other)
-    totals = [m.total_s or 0.0 for m in gpufill]
-    budgets = [(m.probe_s or 0.0) / m.probe_budget_s for m in gpufill if m.probe_budget_s]
-    if budgets:  # the probe's cost against the budget its plan states (<= 1: within it); the worst run
-        out[f"{model}:probe_over_budget_max"] = max(budgets)
-    out[f"{model}:probe_share_of_gpufill_total"] = statistics.median((m.probe_s or 0.0) / t for m, t in zip(gpufill, totals, strict=True) if t > 0)
+        key = arm.replace(", ", "_").replace(" ", "_")
+        out[f"{model}:gpufill_cached_process_vs_{key}"] = round(statistics.median(
+            o["process_s"] / g["process_s"] for o, g in zip(runs[arm], runs["gpufill, cached"], strict=True)), 3)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--smoke", action="store_true", help="seconds: every loop and model at toy sizes (CI)")
-    size.add_argument("--quick", action="store_true", help="a few minutes on 2 CPU cores")
-    parser.add_argument("--models", default="mlp,lstm,transformer,lm")
+    size.add_argument("--smoke", action="store_true", help="seconds per process: MLP and LSTM at toy sizes, one round (CI)")
+    size.add_argument("--quick", action="store_true", help="10-40 s per process on 2 CPU cores, 3 rounds")
+    parser.add_argument("--models", default=None, help="default mlp,lstm,transformer,lm (--smoke: mlp,lstm)")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    models = [m.strip() for m in (args.models or ("mlp,lstm" if args.smoke else "mlp,lstm,transformer,lm")).split(",") if m.strip()]
     unknown = sorted(set(models) - set(SIZES["full"]))
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}: use mlp, lstm, transformer, lm")
     rounds = args.rounds or (1 if args.smoke else 3)
     device = str(resolve_device(args.device))
-    if device == "cpu":
-        torch.set_num_threads(1)
     env = environment(device)
-    loops = arms(device, tuned_compile=not args.smoke)
+    arms = arms_for(device)
     rows: list[dict[str, Any]] = []
     ratios: dict[str, float] = {}
     model_args: dict[str, Any] = {}
-    for model in models:
-        w = workload(model, size_name)
-        model_args[model] = {**w.args, "epochs": w.epochs}
-        runs = run_model(w, loops, rounds, lambda text: print(text, flush=True))
-        rows += [summarise(model, name, measured) for name, measured in runs.items()]
-        ratios.update(ratios_of(model, runs))
-    run_args = {"size": size_name, "rounds": rounds, "batch_size": BATCH, "threads": torch.get_num_threads() if device == "cpu" else None,
-                "lightning": lightning.available(), "models": model_args}
-    finish("fit_speed", "gpufill.fit against the loops its user would write", env, run_args, rows, ratios, args.out)
+    with tempfile.TemporaryDirectory(prefix="gpufill-fit-speed-") as scratch:
+        directory = Path(scratch)
+        for model in models:
+            model_args[model] = write_workload(model, size_name, directory, device)
+            cache = directory / f"{model}-cache"
+            cache.mkdir()
+            runs = measure_model(directory / f"{model}.json", arms, rounds, cache, lambda text: print(text, flush=True))
+            rows += [summarise(model, arm, measured) for arm, measured in runs.items()]
+            ratios.update(ratios_of(model, runs))
+    run_args = {"size": size_name, "rounds": rounds, "batch_size": BATCH, "default_threads": torch.get_num_threads(), "arms": arms,
+                "lightning": lightning.available(), "models": model_args, "process": "each arm a fresh interpreter (bench/_fit_arm.py)"}
+    finish("fit_speed", "gpufill.fit against the scripts its user would write, each a whole process", env, run_args, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

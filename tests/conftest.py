@@ -9,6 +9,9 @@ import threading
 import pytest
 import torch
 
+# A developer's own machine-wide tune cache (engine/measure/cache.py) would change what the tests measure.
+os.environ.pop("GPUFILL_TUNE_CACHE", None)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -276,6 +279,27 @@ def test_compare_rotates_the_order_of_the_loops_each_round():
         compare(make_model, train, val, epochs=1, variants={"y": {"no_such_setting": 1}})
 
 
+def test_an_ablation_pinning_the_plans_micro_batch_survives_the_warm_up():
+    """The README's `gpufill bench --json` failed on a CPU whose plan kept bf16: the ablation row pins the plan's
+    micro-batch (128, the automatic batch on the whole data) and the untimed warm-up ran it on 256 samples, where
+    the automatic batch is 64 ("micro-batch 128 must be between 1 and the effective batch 64")."""
+    from gpufill.bench import compare
+    from gpufill.forecasting.models import registry
+
+    inputs = torch.randn(1024, 8, 1)
+    train, val = (inputs, inputs[:, -1:, 0]), (inputs[:64], inputs[:64, -1:, 0])
+
+    def make_model():
+        torch.manual_seed(0)
+        return registry.build("mlp", n_features=1, lookback=8, horizon=1, params={"hidden_size": 4})
+
+    said: list[str] = []
+    pinned = {"micro_batch": 128, "precision": "fp32", "probe": False, "batch_search": False}
+    comparison = compare(make_model, train, val, epochs=1, device="cpu", repeats=1, variants={"fp32": pinned}, progress=said.append)
+    assert said[0] == "warm-up (untimed)" and len(comparison.variants["fp32"]) == 1
+    assert comparison.variants["fp32"][0].samples_per_s > 0 and math.isfinite(comparison.variants["fp32"][0].val_loss)
+
+
 def test_the_minimal_loop_trains_and_is_paired_with_the_others():
     from gpufill.bench import compare, validation_mse
     from gpufill.bench.minimal import minimal_fit
@@ -304,3 +328,21 @@ def test_the_minimal_loop_trains_and_is_paired_with_the_others():
         m.samples_per_s / b.samples_per_s for m, b in zip(comparison.minimal, comparison.baseline, strict=True)
     )
     assert comparison.gpufill_over_minimal() > 0
+
+
+def test_the_readmes_gpufill_bench_runs_at_its_default_size_with_a_fresh_home(tmp_path):
+    """`gpufill bench` as the README shows it first, at its default size (LSTM, 8 epochs, 5 rounds; a smoke size
+    hides what only a real size meets: it once failed at the warm-up, see the test above), with nothing in HOME.
+    `--model lstm` is the same run: its settings are the defaults'."""
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    (tmp_path / "home").mkdir()
+    done = subprocess.run([sys.executable, "-m", "gpufill", "bench", "--json", "--out", str(out)], env=env, capture_output=True, text=True,
+                          timeout=1800, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert record["model"] == "lstm" and record["args"]["epochs"] == 8 and record["args"]["repeats"] == 5
+    rows = {row["loop"]: row for row in record["results"]}
+    assert {"before", "gpufill"} <= set(rows) and all(positive > 0 for positive in (rows["before"]["samples_per_s"], rows["gpufill"]["samples_per_s"]))
+    assert any(row["ablation"] for row in record["results"]) and record["ratios"]["speedup"] > 0
+    assert BenchSettings(model="lstm") == BenchSettings()

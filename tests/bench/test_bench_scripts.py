@@ -34,12 +34,19 @@ def rows_by(record: dict[str, Any], key: str) -> dict[Any, dict[str, Any]]:
 
 def check_fit_speed(record: dict[str, Any]) -> None:
     assert record["args"]["size"] == "smoke"
-    for model in ("mlp", "lstm", "transformer", "lm"):
+    for model in ("mlp", "lstm"):
         loops = {row["loop"]: row for row in record["results"] if row["model"] == model}
-        assert {"before", "hand", "hand, tuned", "gpufill"} <= set(loops), (model, sorted(loops))
-        assert all(positive(row["samples_per_s"]) and math.isfinite(row["val_loss"]) for row in loops.values())
-        assert positive(record["ratios"][f"{model}:gpufill_over_before"])
-        assert positive(record["ratios"][f"{model}:val_loss_gpufill_over_before"])
+        assert {"before", "hand", "hand, 1 thread", "hand, bf16, 1 thread", "gpufill", "gpufill, cached"} <= set(loops), (model, sorted(loops))
+        for name, row in loops.items():  # each arm a whole process: its time holds its training and more
+            if "error" in row:  # oneDNN has no bf16 LSTM on a CPU without bf16 instructions: said, not a crash
+                assert name in ("before", "hand, bf16, 1 thread", "lightning") and row["error"], row
+                continue
+            assert positive(row["samples_per_s"]) and math.isfinite(row["test_loss"]) and row["process_s"] > row["train_s"] > 0
+        assert loops["hand, 1 thread"]["threads"] == 1 and loops["hand"]["threads"] == record["args"]["default_threads"]
+        assert loops["gpufill"]["setup_s"] >= loops["gpufill"]["probe_s"] >= 0 and loops["gpufill"]["plan"]["threads"] >= 1
+        for arm in ("gpufill", "gpufill_cached"):
+            assert positive(record["ratios"][f"{model}:{arm}_process_vs_best_hand"])
+            assert 0.5 < record["ratios"][f"{model}:{arm}_test_loss_vs_hand"] < 2  # the same training, two trainers
 
 
 def check_step_overhead(record: dict[str, Any]) -> None:

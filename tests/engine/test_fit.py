@@ -266,3 +266,20 @@ def test_fit_feeds_a_training_monitor_every_step():
     assert summary["iterations"] == 3 * 4  # 256 samples / 64 per step, 3 epochs
     assert summary["samples"] == 3 * 256
     assert 0 <= summary["data_wait_share"] < 0.5 and summary["step_s_p95"] >= summary["step_s_p50"] > 0
+
+
+def test_the_plan_reports_the_set_up_from_the_call_to_the_first_epoch():
+    """Checks, plan, data to the device, the probe and the kit: what a user waits for before the first epoch, in the
+    plan and the timings; with the epochs it makes up the call's time."""
+    import time
+
+    from tests.engine.common import mlp, regression
+
+    x, y = regression(n=256)
+    tick = time.perf_counter()
+    result = fit(mlp(), (x[:192], y[:192]), (x[192:], y[192:]), device="cpu", epochs=2, batch_size=16, precision="fp32")
+    outside = time.perf_counter() - tick
+    setup = result.timings["setup_s"]
+    assert 0 < setup and setup >= result.timings["probe_s"]
+    assert setup + result.timings["train_s"] <= outside
+    assert f"set-up {setup:.2f} s from the fit call to the first epoch" in result.plan.probe.reason

@@ -1,8 +1,15 @@
-"""ThreadWatch on made-up step times: when it re-checks, what it picks, how rarely it tries a stalled count again."""
+"""ThreadWatch on made-up step times: when it re-checks, what it picks, how rarely it tries a stalled count again;
+and `fit` driven by it (a training whose steps stall at its thread count moves to the other)."""
 
 from __future__ import annotations
 
+import random
+
+import torch
+
+from gpufill.engine.loop import fit
 from gpufill.engine.measure.thread_watch import COOLDOWN, DRIFT, WINDOW, ThreadWatch
+from tests.engine.common import assert_same_weights, mlp, regression
 
 
 class Machine:
@@ -80,3 +87,62 @@ def test_no_reference_takes_the_first_window_and_one_count_is_inactive() -> None
     single = ThreadWatch([2], 2, 0.010, set_threads=machine.set_threads)
     machine.seconds[2] = 1.0
     assert machine.run(single, 50) == [2] * 50 and not single.active and single.log == []
+
+
+def test_a_step_time_that_doubles_mid_run_switches_the_thread_count() -> None:
+    machine = Machine({2: 0.010, 1: 0.014})
+    watch = ThreadWatch([2, 1], 2, None, set_threads=machine.set_threads)
+    machine.run(watch, 50)
+    machine.seconds[2] = 2 * 0.010  # another process took a core: every step at 2 threads now takes twice as long
+    ran = machine.run(watch, 50)
+    assert watch.threads == 1 and ran[-40:] == [1] * 40 and len(watch.log) == 1
+
+
+def test_a_steady_training_spends_under_three_percent_on_checks() -> None:
+    """10,000 steps of 10 ms +-40 % noise (a busy box's jitter), and the same with the load present all along (every
+    count stalls 3x from step 500): the steps run at a count other than the chosen one stay under 3 %."""
+    rng = random.Random(0)
+    for stalled_from in (None, 500):
+        machine = Machine({2: 0.010, 1: 0.016})
+        watch = ThreadWatch([2, 1], 2, None, set_threads=machine.set_threads)
+        ran = []
+        for i in range(10_000):
+            ran.append(machine.threads)
+            slow = 3.0 if stalled_from is not None and i >= stalled_from else 1.0
+            watch.observe(machine.seconds[machine.threads] * slow * rng.uniform(0.6, 1.4))
+        checks = sum(t != watch.threads for t in ran)
+        assert checks / len(ran) < 0.03, (stalled_from, checks, watch.log)
+        if stalled_from is None:
+            assert watch.log == []
+
+
+def test_fit_moves_a_stalling_training_to_the_other_thread_count_and_ends_where_that_count_ends(monkeypatch) -> None:
+    """From its 10th watched step on, whatever count the training started at stalls 100x (made-up seconds told to the
+    real watch): fit re-checks, goes on at the other count, says so in the plan and its events, and ends within float
+    rounding of the same training at that count throughout. With the probe off, nothing is watched."""
+
+    class Stalling(ThreadWatch):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.started_at, self.watched = self.threads, 0
+
+        def observe(self, seconds: float) -> None:
+            self.watched += 1
+            super().observe(0.1 if self.watched > 10 and torch.get_num_threads() == self.started_at else 0.001)
+
+    monkeypatch.setattr("gpufill.engine.loop.ThreadWatch", Stalling)
+    monkeypatch.setattr("gpufill.engine.loop.cpu_count", lambda: 2)
+    torch.set_num_threads(2)  # the plan starts from torch's current count (the fixture restores it)
+    x, y = regression(n=256)
+    settings = {"device": "cpu", "precision": "fp32", "batch_size": 16, "epochs": 10, "seed": 0, "tune_cache": None}  # 120 steps
+    watched = fit(mlp(), (x[:192], y[:192]), (x[192:], y[192:]), **settings)
+    started = 1 if watched.plan.threads.value == 2 else 2
+    assert watched.plan.threads.reason.startswith(f"{watched.plan.threads.value}: re-checked while training (step drifted to ")
+    assert f"went on at {watched.plan.threads.value}" in watched.plan.threads.reason
+    drifted = [e for e in watched.events if e.startswith("threads: step drifted to ")]
+    assert len(drifted) == 1 and f" at {started} thread" in drifted[0], watched.events
+    plain = fit(mlp(), (x[:192], y[:192]), (x[192:], y[192:]), **{**settings, "threads": watched.plan.threads.value})
+    assert "re-checked" not in plain.plan.threads.reason
+    assert_same_weights(watched.model, plain.model, atol=1e-5)
+    unwatched = fit(mlp(), (x[:192], y[:192]), (x[192:], y[192:]), **{**settings, "probe": False})
+    assert "re-checked" not in unwatched.plan.threads.reason and not any(e.startswith("threads:") for e in unwatched.events)

@@ -1,5 +1,7 @@
 """Measured choices: batch search, loader tuning, and their cache (the probe's stages: tests/engine/test_measured_plan.py)."""
 
+import json
+
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -143,6 +145,24 @@ def test_a_campaign_measures_once_per_shape(tmp_path, monkeypatch):
     assert "cached measurement" in second.plan.micro_batch.reason
     third = fit(model(), (x, y), epochs=1, batch_size=32, batch_search=True, tune_cache=tmp_path)
     assert len(calls) > measured and third.plan.effective_batch.value == 32  # another batch: measured
+
+
+def test_the_environment_names_one_cache_for_every_fit_on_the_machine(tmp_path, monkeypatch):
+    """GPUFILL_TUNE_CACHE: a user's second run of a shape (a new process) measures nothing; unset, nothing is written."""
+    measure, calls = fixed_rates({16: 500.0})
+    monkeypatch.setattr(probe_module.FitProbe, "measure", measure)
+    x, y = make_data()
+    monkeypatch.setenv("GPUFILL_TUNE_CACHE", str(tmp_path / "named"))
+    (tmp_path / "named").mkdir()
+    fit(model(), (x, y), epochs=1, batch_size=64, batch_search=True)
+    measured = len(calls)
+    assert measured >= 4 and list(json.loads((tmp_path / "named" / "tune-cache.json").read_text())) != []
+    cache_module.clear_memory()  # as the next run's process starts
+    again = fit(model(seed=1), (x, y), epochs=1, batch_search=True, batch_size=64)
+    assert len(calls) == measured and "cached measurement" in again.plan.micro_batch.reason
+    monkeypatch.delenv("GPUFILL_TUNE_CACHE")
+    cache_module.clear_memory()
+    assert TuneCache(None).path is None
 
 
 def test_a_damaged_cache_is_measured_again(tmp_path):

@@ -407,7 +407,11 @@ def compare(
         *((name, comparison.variants[name], gpufill_runner(name, overrides)) for name, overrides in variants.items()),
     ]
     say("warm-up (untimed)")
-    warm = head(train, 2 * batch_size)  # untimed: lazy init, allocator and kernel caches
+    # Untimed: lazy init, allocator and kernel caches. Enough samples for every loop's batch: an automatic batch keeps 4
+    # steps per epoch, so a variant pinning a micro-batch of 128 needs 512 (on 256 it once met an automatic batch of 64).
+    largest = max([batch_size, *(int(o[k]) for o in (options, *variants.values()) for k in ("batch_size", "micro_batch")
+                                 if isinstance(o.get(k), int))])
+    warm = head(train, 4 * largest)
     for _name, _runs, run in loops:
         run(warm, 1, 0)
     for seed in range(repeats):

@@ -79,7 +79,8 @@ class SpeedSettings:
     tune_effective_batch: bool = False
     """Let the batch search change the effective batch too (lr follows lr_scale_rule)."""
     tune_cache: str | Path | None = None
-    """Directory caching measured choices per (model shape, device); a campaign passes its workdir."""
+    """Directory caching measured choices per (model shape, device); a campaign passes its workdir. None: the directory
+    the environment variable GPUFILL_TUNE_CACHE names, else this process's memory only."""
 
     def validate(self) -> None:
         """Every speed field checked once; the first bad one raises an InputError naming it and the fix."""

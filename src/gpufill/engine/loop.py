@@ -34,7 +34,10 @@ from gpufill.engine.checkpoint import (FORMAT, Identity, TrainingState, held_dir
                                       state_meta)
 from gpufill.engine.config import FitConfig
 from gpufill.engine.inputs import Data, Source
+from gpufill.engine.hardware import cpu_count
 from gpufill.engine.kit import build_kit, capture
+from gpufill.engine.measure.resolver import PROBE_MIN_STEPS
+from gpufill.engine.measure.thread_watch import ThreadWatch
 from gpufill.engine.optim import make_schedule
 from gpufill.engine.plan import Choice, Plan
 from gpufill.engine.progress import epoch_line, epochs_left, wants_lines
@@ -62,6 +65,7 @@ def fit(
     `monitor` (a TrainingMonitor) is fed every optimizer step: its host-side time and data
     wait (on a GPU the host time is launch time: fit never syncs per step).
     """
+    called = time.perf_counter()
     cfg = resolve_config(config, overrides)
     with held_directory(cfg.checkpoint_dir):  # writable, and this training's alone: checked before anything is measured or trained
         run = prepare(model, train, val, cfg)
@@ -69,7 +73,8 @@ def fit(
             training = Training(run.model, run.cfg, run.plan, run.device, run.loss_fn, monitor, run.ddp, run.train_batches, run.resumed, run.events,
                                 total_steps=run.total_steps)
             training.identity = run.identity
-            return training.train(run.train_batches, run.val_batches, callbacks if run.ddp is None or run.ddp.is_main else (), run.train_source)
+            return training.train(run.train_batches, run.val_batches, callbacks if run.ddp is None or run.ddp.is_main else (), run.train_source,
+                                  called=called)
 
 
 def _version() -> str:
@@ -97,6 +102,10 @@ class Training:
         """What checkpoints belong to (set when checkpoint_dir is)."""
         self.timing = step.EpochTiming()
         self.first_step_done = False
+        self.watch = _thread_watch(plan, cfg, device, ddp, total_steps)
+        self.setup_s: float | None = None
+        """Seconds from the fit call to the first epoch (set by train())."""
+        """Re-checks the thread count when the steps drift (a CPU training with threads left to gpufill)."""
         saved_schedule = None
         if resumed is not None:
             saved, meta = resumed
@@ -179,15 +188,23 @@ class Training:
 
     def _stepped(self, seconds: float, samples: int, wait: float) -> None:
         self.first_step_done = True
+        if self.watch is not None:  # a CPU step is done when it returns: its host time is its time
+            self.watch.observe(seconds)
         if self.monitor is not None:
             self.monitor.log_iteration(seconds, samples=samples, data_wait_s=wait)
 
     # -- the loop -----------------------------------------------------------------------
-    def train(self, train: Any, val: Any, callbacks: Sequence[FitCallback], source: Source) -> FitResult:
+    def train(self, train: Any, val: Any, callbacks: Sequence[FitCallback], source: Source, *, called: float | None = None) -> FitResult:
+        """`called`: when fit was called (perf_counter): the set-up from there to the first epoch is reported."""
         status: Status = "completed"
         epoch_seconds: list[float] = []
         samples_per_epoch = 0
         started = time.perf_counter()
+        self.setup_s = started - called if called is not None else None
+        if self.setup_s is not None:  # checks, the plan, data to the device, the probe, the kit, a graph capture: all of it
+            probe = self.plan.probe
+            self.plan = self.plan.replace(probe=Choice(probe.value, f"{probe.reason}; set-up {self.setup_s:.2f} s from the fit call to the first "
+                                                                     f"epoch, the probe's {probe.value:.2f} s included"))
         for callback in callbacks:
             callback.on_fit_start(self.plan, self.cfg.epochs)
         lines = wants_lines(self.cfg.verbose) and (self.ddp is None or self.ddp.is_main)
@@ -236,6 +253,10 @@ class Training:
                 print(epoch_line(record, self.cfg.epochs, _steady_epoch_s(epoch_seconds), left), file=sys.stderr, flush=True)
             if status != "completed" or last:
                 break
+        if self.watch is not None and self.watch.log:
+            self.plan = self.plan.replace(threads=Choice(self.watch.threads, f"{self.watch.threads}: re-checked while training "
+                                                                                f"({'; '.join(self.watch.log)})"))
+            self.events.extend(f"threads: {line}" for line in self.watch.log)
         if self.cfg.restore_best and self.state.best_weights is not None and status != "diverged":
             self.model.load_state_dict(self.state.best_weights)
             self.events.append(f"restored the best weights (epoch {self.state.best_epoch}, val loss {self.state.best_val:.6g})")
@@ -282,6 +303,7 @@ class Training:
             "data_s": self.timing.data_s,
             "compute_s": max(0.0, train_s - self.timing.data_s),
             "probe_s": self.plan.probe.value,
+            "setup_s": self.setup_s if self.setup_s is not None else 0.0,
             "wall_s": wall,
         }
         metrics: dict[str, float | int | None] = {
@@ -297,6 +319,19 @@ class Training:
             if scored is not None and scored.val_metrics:
                 metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
         return FitResult(model=self.model, plan=self.plan, history=history, metrics=metrics, timings=timings, events=self.events, status=status)
+
+
+def _thread_watch(plan: Plan, cfg: FitConfig, device: torch.device, ddp: distributed.Distributed | None,
+                  total_steps: int | None) -> ThreadWatch | None:
+    """A watch over a CPU training's thread count where gpufill measures it: threads and the probe left to it, a training
+    long enough for the probe (not under DDP: its ranks share the cores by design). Its reference is the first steps'
+    own time: the probe measured under the load it saw, and so do they."""
+    if device.type != "cpu" or cfg.threads != "auto" or cfg.probe is False or ddp is not None:
+        return None
+    if total_steps is None or total_steps < PROBE_MIN_STEPS:
+        return None
+    watch = ThreadWatch([1, cpu_count()], plan.threads.value, None)
+    return watch if watch.active else None
 
 
 def _steady_epoch_s(epoch_seconds: list[float]) -> float:

@@ -94,6 +94,7 @@ def install(out: Path | None = None, *, steps: int | None = None, warmup: int | 
     installed.undo += _wrap_loader(recorder, torch.utils.data)
     installed.undo += _wrap_tensor(recorder, torch)
     installed.undo += _wrap_exit(recorder)
+    installed.undo += _wrap_set_num_threads(recorder, torch)
     return installed
 
 
@@ -130,6 +131,22 @@ def _wrap_optimizer_init(recorder: Recorder, optimizer_class: Any) -> list[Calla
         recorder.built_at.setdefault(self, script_line())  # a subclass's __init__ calls this one: its caller's line
 
     optimizer_class.__init__ = init
+    return undo
+
+
+def _wrap_set_num_threads(recorder: Recorder, torch: Any) -> list[Callable[[], None]]:
+    """The script's own torch.set_num_threads(N) call: its line, so that a thread fix names where to make it. Only a call
+    made by the script itself (its direct caller is not torch or gpufill: a thread trial's and fit's own calls are not)."""
+    undo = [_restore(torch, "set_num_threads")]
+    original = torch.set_num_threads
+
+    def set_num_threads(threads: int) -> None:
+        caller = sys._getframe(1).f_code.co_filename
+        if recorder.threads_set is None and not in_library(caller):
+            recorder.threads_set = {"at": f"{short_path(caller)}:{sys._getframe(1).f_lineno}", "to": int(threads)}
+        original(threads)
+
+    torch.set_num_threads = set_num_threads
     return undo
 
 

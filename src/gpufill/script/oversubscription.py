@@ -79,8 +79,21 @@ def _cores(row: dict[str, Any]) -> list[float]:
     return json.loads(values) if isinstance(values, str) else values
 
 
-def fix_text(threads: int) -> str:
+def fix_text(threads: int, set_by_script: dict[str, Any] | None = None) -> str:
+    """The fix, at the script's own torch.set_num_threads line when it has one (there the variable changes nothing)."""
+    if set_by_script:
+        return f"torch.set_num_threads({threads}) at {set_by_script['at']}, where the script sets {set_by_script['to']}"
     return f"torch.set_num_threads({threads}) at the top of the script (or OMP_NUM_THREADS={threads} in its environment)"
+
+
+def _count_text(threads: dict[str, Any], script_threads: int) -> str:
+    """How many threads and who set them: the script's line, OMP_NUM_THREADS, or torch's default."""
+    set_by = threads.get("set_by_script")
+    if set_by and set_by.get("to") == script_threads:
+        return f"{script_threads} torch threads (set at {set_by['at']})"
+    if threads.get("omp_num_threads"):
+        return f"{script_threads} torch threads (OMP_NUM_THREADS={threads['omp_num_threads']})"
+    return f"{script_threads} torch threads"
 
 
 def thread_verdict(report: dict[str, Any], samples: list[dict[str, Any]]) -> Verdict | None:
@@ -91,24 +104,37 @@ def thread_verdict(report: dict[str, Any], samples: list[dict[str, Any]]) -> Ver
         return None
     others = busy_elsewhere(report, samples)
     load = "" if others is None else f"; other processes kept about {others:.1f} of them busy"
+    set_by = threads.get("set_by_script")
+    count = _count_text(threads, script_threads)
     gain = measured_gain(threads.get("trial"))
-    if gain is not None:
-        if not gain.clear:
-            return None
-        reason = (f"{script_threads} torch threads on {usable} usable cores{load}: at {gain.fewer} thread(s) the same steps ran "
+    if gain is not None and gain.clear:
+        reason = (f"{count} on {usable} usable cores{load}: at {gain.fewer} thread(s) the same steps ran "
                   f"{gain.gain:.2f}x as fast (median of {gain.rounds} interleaved rounds, {gain.low:.2f}-{gain.high:.2f}x); "
                   "each operator waits for all its threads, and a descheduled one stalls the rest")
         return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable, "fewer": gain.fewer,
                                                                              "busy_elsewhere": others, "low": gain.low, "high": gain.high},
-                       fix=fix_text(gain.fewer), expected_gain=gain.gain,
+                       fix=fix_text(gain.fewer, set_by), expected_gain=gain.gain,
                        expected_gain_reason=f"measured: {gain.rounds} interleaved rounds of {gain.threads} vs {gain.fewer} threads")
+    if gain is not None and script_threads > usable:
+        # More threads than cores the process may use can only time-share them, whatever one trial measured on a box
+        # whose load moves (a trial within the noise is said, not taken as "nothing to gain").
+        measured = ("" if gain is None else f"; the trial measured {gain.gain:.2f}x at {gain.fewer} thread(s) "
+                    f"({gain.low:.2f}-{gain.high:.2f}x over {gain.rounds} rounds: within this box's noise)")
+        reason = (f"{count} on {usable} usable cores{load}: the threads beyond the cores only time-share them, and each operator waits "
+                  f"for all its threads{measured}")
+        return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable, "fewer": usable,
+                                                                             "busy_elsewhere": others},
+                       fix=fix_text(usable, set_by), expected_gain=None,
+                       expected_gain_reason="not measured clearly: more threads than usable cores never run at once")
+    if gain is not None:
+        return None
     free = usable - (others or 0.0)
     if script_threads <= free + SPARE_THREADS:
         return None
     fewer = max(1, int(free))
-    reason = (f"{script_threads} torch threads on {usable} usable cores{load}, leaving {max(free, 0.0):.1f} free: each operator waits for "
+    reason = (f"{count} on {usable} usable cores{load}, leaving {max(free, 0.0):.1f} free: each operator waits for "
               "all its threads, and a descheduled one stalls the rest")
     return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable, "busy_elsewhere": others},
-                   fix=fix_text(fewer), expected_gain=None,
+                   fix=fix_text(fewer, set_by), expected_gain=None,
                    expected_gain_reason="inferred from the load, not measured (a watch does not change the run): "
                                         "`gpufill doctor -- COMMAND` times the steps at fewer threads")

@@ -88,6 +88,8 @@ class Recorder:
         self.optimizers: dict[int, dict[str, Any]] = {}
         self.built_at: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         """The script's line that built each optimizer (for `fused=True` there)."""
+        self.threads_set: dict[str, Any] | None = None
+        """The script's own torch.set_num_threads(N): {"at": file:line, "to": N}, its first call (the thread fix names it)."""
         self.backward_at: str | None = None
         self.hand = HandUpdates()
         self.by_hand = False
@@ -388,7 +390,8 @@ class Recorder:
             "threads": {"torch": self.trial.threads if self.trial is not None else torch.get_num_threads(), "usable_cores": usable_cpus(),
                         "logical_cpus": os.cpu_count(), "cpu_used": None if self.cpu_used is None else [round(v, 4) for v in self.cpu_used],
                         "window": None if self.cpu_window is None else [round(v, 3) for v in self.cpu_window], "affinity": affinity(),
-                        "trial": None if self.trial is None else self.trial.to_dict()},
+                        "trial": None if self.trial is None else self.trial.to_dict(), "set_by_script": self.threads_set,
+                        "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
         }
         try:  # a new temporary file, renamed: never through a link; a full disk costs the report, never the script
             write_atomically(self.out / f"report-{report['rank']}-{os.getpid()}.json", json.dumps(report), field="--out")

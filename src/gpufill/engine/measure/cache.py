@@ -19,6 +19,10 @@ from gpufill.errors import InputError
 from gpufill.files import open_existing, write_atomically
 
 CACHE_FILE = "tune-cache.json"
+ENVIRONMENT = "GPUFILL_TUNE_CACHE"
+"""A directory a user names once (e.g. in their shell profile) so that every `fit` on this machine shares one cache:
+the second run of a shape trains at once on the first run's measurements. Unset, nothing is written anywhere but
+the paths a call names (a campaign's workdir)."""
 _MEMORY: dict[str, dict[str, Any]] = {}
 
 
@@ -33,9 +37,10 @@ def shape_key(kind: str, model: nn.Module, sample_signature: str, device_name: s
 
 
 class TuneCache:
-    """get/put of JSON-ready dicts by key; `directory=None` keeps them in this process only."""
+    """get/put of JSON-ready dicts by key; `directory=None`: the one `GPUFILL_TUNE_CACHE` names, else this process only."""
 
     def __init__(self, directory: str | Path | None):
+        directory = directory if directory is not None else os.environ.get(ENVIRONMENT) or None
         self.path = Path(directory) / CACHE_FILE if directory is not None else None
 
     def get(self, key: str) -> dict[str, Any] | None:

@@ -1,8 +1,9 @@
 """The measured plan: time each stage's candidates on real steps and keep the fastest that keeps
 the numerics, in one pass before the first epoch, within a bounded budget.
 
-What "fastest" means here: the median-free minimum over interleaved rounds of each candidate's
-seconds per optimizer step (noise only ever slows a step), and a candidate replaces the
+What "fastest" means here: the minimum over interleaved rounds of each candidate's seconds per
+optimizer step (noise only ever slows a step; within a CPU measurement, the median step, so one stalled
+step sizes neither the budget nor a choice), and a candidate replaces the
 current value only when at least MIN_GAIN faster, so the plain setting wins every tie.
 What "keeps the numerics" means: the losses of its first CHECK_STEPS steps, from the same
 weights on the same batches, within LOSS_TOLERANCE of the reference's (the plan as it started:

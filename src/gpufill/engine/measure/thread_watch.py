@@ -73,7 +73,7 @@ class ThreadWatch:
             self.reference_s = recent
         if self.since < self.cooldown:
             return
-        if recent > DRIFT * self.reference_s:
+        if recent >= DRIFT * self.reference_s:  # twice the chosen step: a step that doubled is drift
             self.trial = {self.threads: recent}
             self.queue = [t for t in self.counts if t != self.threads]
             self.set_threads(self.queue[0])
