@@ -17,12 +17,12 @@
 #
 # triage: every GPU claim at smoke size in one call of at most 7 minutes (a lent GPU runs it first):
 #   run(command="bash bench/gpu_session.sh triage", carry=[".whl"], timeout_s=480)   # wheels: pydantic pydantic-core
-#   annotated-types typing-inspection typing-extensions. Its parts and their limits (sum <= 420 s; the wheels' install
+#   annotated-types typing-inspection typing-extensions. Its parts and their limits (sum 395 s <= 420 s; the wheels' install
 #   and the environment line take ~15 s beside them):
 #     triage-tests 120      gpu-marked tests of the new code: whole-step graph, measured precision, packs, admission
-#     triage-fit_speed 75   fit_speed smoke, MLP and LSTM: gpufill vs the hand loop vs the guides' loop
-#     triage-pack_any 90    pack_any, small MLP K=16, Adam: fit_many vs the vmap recipe vs one at a time
-#     triage-campaign 90    campaign_gpu, one LSTM shape, 8 projects x 2 seeds: campaign vs one at a time vs processes
+#     triage-fit_speed 110  fit_speed smoke, MLP and LSTM, one round: each arm a whole process (gpufill, hand loops, guides, Lightning)
+#     triage-pack_any 60    pack_any, small MLP K=16, Adam: fit_many vs the vmap recipe vs one at a time
+#     triage-campaign 75    campaign_gpu, one LSTM shape, 8 projects x 2 seeds: campaign vs one at a time vs processes
 #     triage-doctor 30      gpufill doctor --json
 #
 # Installs the wheels the GPU image lacks, runs the GPU tests, then each benchmark with a
@@ -60,9 +60,9 @@ step() {  # step NAME SECONDS COMMAND...: run one item, keep its log, never stop
 if [ "$part" = triage ]; then  # the limits here are the ones the header lists (a test checks they agree)
   step triage-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_step_graph.py tests/engine/test_pack_graph.py \
     tests/engine/test_many.py tests/engine/test_gpu.py tests/campaign/test_admission.py tests/forecasting/test_fused_recurrent.py
-  step triage-fit_speed 75 python3 bench/fit_speed.py --smoke --rounds 2 --models mlp,lstm --out "$out/fit_speed-triage.json"
-  step triage-pack_any 90 python3 bench/pack_any.py --quick --models mlp32 --sizes 16 --optimizers adam --rounds 3 --out "$out/pack_any-triage.json"
-  step triage-campaign 90 python3 bench/campaign_gpu.py --shapes lstm-h128-l30 --projects 8 --seeds 2 --epochs 2 --rounds 1 --skip mps \
+  step triage-fit_speed 110 python3 bench/fit_speed.py --smoke --rounds 1 --models mlp,lstm --out "$out/fit_speed-triage.json"
+  step triage-pack_any 60 python3 bench/pack_any.py --quick --models mlp32 --sizes 16 --optimizers adam --rounds 3 --out "$out/pack_any-triage.json"
+  step triage-campaign 75 python3 bench/campaign_gpu.py --shapes lstm-h128-l30 --projects 8 --seeds 2 --epochs 2 --rounds 1 --skip mps \
     --out "$out/campaign_gpu-triage.json"
   step triage-doctor 30 sh -c "python3 -m gpufill doctor --json > $out/doctor-triage.json"
   ls -la "$out"
