@@ -257,17 +257,24 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
     assert _nvml_index(torch.device("cuda:0")) == 0
 
 
-def test_compare_rotates_the_order_of_the_loops_each_round():
-    from gpufill.bench import compare
+def _tiny_mlp_target(rows: int, val_rows: int):
+    """A 4-wide MLP forecaster on random windows of 8: (make_model, train, val) for `compare`."""
     from gpufill.forecasting.models import registry
 
-    inputs = torch.randn(64, 8, 1)
-    train, val = (inputs, inputs[:, -1:, 0]), (inputs[:16], inputs[:16, -1:, 0])
+    inputs = torch.randn(rows, 8, 1)
+    train, val = (inputs, inputs[:, -1:, 0]), (inputs[:val_rows], inputs[:val_rows, -1:, 0])
 
     def make_model():
         torch.manual_seed(0)
         return registry.build("mlp", n_features=1, lookback=8, horizon=1, params={"hidden_size": 4})
 
+    return make_model, train, val
+
+
+def test_compare_rotates_the_order_of_the_loops_each_round():
+    from gpufill.bench import compare
+
+    make_model, train, val = _tiny_mlp_target(64, 16)
     said: list[str] = []
     comparison = compare(make_model, train, val, epochs=2, device="cpu", repeats=3, variants={"x": {"sync_every_step": True}}, progress=said.append)
     assert said[1:] == [f"round {r}/3: {name}" for r, names in ((1, ("baseline", "gpufill", "x")), (2, ("gpufill", "x", "baseline")), (3, ("x", "baseline", "gpufill")))
@@ -284,15 +291,8 @@ def test_an_ablation_pinning_the_plans_micro_batch_survives_the_warm_up():
     micro-batch (128, the automatic batch on the whole data) and the untimed warm-up ran it on 256 samples, where
     the automatic batch is 64 ("micro-batch 128 must be between 1 and the effective batch 64")."""
     from gpufill.bench import compare
-    from gpufill.forecasting.models import registry
 
-    inputs = torch.randn(1024, 8, 1)
-    train, val = (inputs, inputs[:, -1:, 0]), (inputs[:64], inputs[:64, -1:, 0])
-
-    def make_model():
-        torch.manual_seed(0)
-        return registry.build("mlp", n_features=1, lookback=8, horizon=1, params={"hidden_size": 4})
-
+    make_model, train, val = _tiny_mlp_target(1024, 64)
     said: list[str] = []
     pinned = {"micro_batch": 128, "precision": "fp32", "probe": False, "batch_search": False}
     comparison = compare(make_model, train, val, epochs=1, device="cpu", repeats=1, variants={"fp32": pinned}, progress=said.append)

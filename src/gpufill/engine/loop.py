@@ -36,6 +36,7 @@ from gpufill.engine.config import FitConfig
 from gpufill.engine.inputs import Data, Source
 from gpufill.engine.hardware import cpu_count
 from gpufill.engine.kit import build_kit, capture
+from gpufill.engine.measure.candidates import thread_counts
 from gpufill.engine.measure.resolver import PROBE_MIN_STEPS
 from gpufill.engine.measure.thread_watch import ThreadWatch
 from gpufill.engine.optim import make_schedule
@@ -103,9 +104,9 @@ class Training:
         self.timing = step.EpochTiming()
         self.first_step_done = False
         self.watch = _thread_watch(plan, cfg, device, ddp, total_steps)
+        """Re-checks the thread count when the steps drift (a CPU training with threads left to gpufill)."""
         self.setup_s: float | None = None
         """Seconds from the fit call to the first epoch (set by train())."""
-        """Re-checks the thread count when the steps drift (a CPU training with threads left to gpufill)."""
         saved_schedule = None
         if resumed is not None:
             saved, meta = resumed
@@ -330,7 +331,7 @@ def _thread_watch(plan: Plan, cfg: FitConfig, device: torch.device, ddp: distrib
         return None
     if total_steps is None or total_steps < PROBE_MIN_STEPS:
         return None
-    watch = ThreadWatch([1, cpu_count()], plan.threads.value, None)
+    watch = ThreadWatch(thread_counts(plan.threads.value, cpu_count()), plan.threads.value, None)
     return watch if watch.active else None
 
 

@@ -107,27 +107,27 @@ def thread_verdict(report: dict[str, Any], samples: list[dict[str, Any]]) -> Ver
     set_by = threads.get("set_by_script")
     count = _count_text(threads, script_threads)
     gain = measured_gain(threads.get("trial"))
-    if gain is not None and gain.clear:
-        reason = (f"{count} on {usable} usable cores{load}: at {gain.fewer} thread(s) the same steps ran "
-                  f"{gain.gain:.2f}x as fast (median of {gain.rounds} interleaved rounds, {gain.low:.2f}-{gain.high:.2f}x); "
-                  "each operator waits for all its threads, and a descheduled one stalls the rest")
-        return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable, "fewer": gain.fewer,
-                                                                             "busy_elsewhere": others, "low": gain.low, "high": gain.high},
-                       fix=fix_text(gain.fewer, set_by), expected_gain=gain.gain,
-                       expected_gain_reason=f"measured: {gain.rounds} interleaved rounds of {gain.threads} vs {gain.fewer} threads")
-    if gain is not None and script_threads > usable:
+    if gain is not None:
+        if gain.clear:
+            reason = (f"{count} on {usable} usable cores{load}: at {gain.fewer} thread(s) the same steps ran "
+                      f"{gain.gain:.2f}x as fast (median of {gain.rounds} interleaved rounds, {gain.low:.2f}-{gain.high:.2f}x); "
+                      "each operator waits for all its threads, and a descheduled one stalls the rest")
+            return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable,
+                                                                                 "fewer": gain.fewer, "busy_elsewhere": others, "low": gain.low,
+                                                                                 "high": gain.high},
+                           fix=fix_text(gain.fewer, set_by), expected_gain=gain.gain,
+                           expected_gain_reason=f"measured: {gain.rounds} interleaved rounds of {gain.threads} vs {gain.fewer} threads")
+        if script_threads <= usable:
+            return None
         # More threads than cores the process may use can only time-share them, whatever one trial measured on a box
         # whose load moves (a trial within the noise is said, not taken as "nothing to gain").
-        measured = ("" if gain is None else f"; the trial measured {gain.gain:.2f}x at {gain.fewer} thread(s) "
-                    f"({gain.low:.2f}-{gain.high:.2f}x over {gain.rounds} rounds: within this box's noise)")
         reason = (f"{count} on {usable} usable cores{load}: the threads beyond the cores only time-share them, and each operator waits "
-                  f"for all its threads{measured}")
+                  f"for all its threads; the trial measured {gain.gain:.2f}x at {gain.fewer} thread(s) "
+                  f"({gain.low:.2f}-{gain.high:.2f}x over {gain.rounds} rounds: within this box's noise)")
         return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable, "fewer": usable,
                                                                              "busy_elsewhere": others},
                        fix=fix_text(usable, set_by), expected_gain=None,
                        expected_gain_reason="not measured clearly: more threads than usable cores never run at once")
-    if gain is not None:
-        return None
     free = usable - (others or 0.0)
     if script_threads <= free + SPARE_THREADS:
         return None

@@ -48,14 +48,18 @@ class Context:
     sync_every_step: bool = False
 
 
+def thread_counts(current: int, cores: int) -> list[int]:
+    """The CPU thread counts a training chooses between: its current one first, then 1 and every core."""
+    return list(dict.fromkeys([current, 1, cores]))
+
+
 def stages(plan: Plan, settings: SpeedSettings, hardware: Hardware, context: Context) -> list[Stage]:
     """The stages for this plan, in the module docstring's order."""
     out: list[Stage] = []
     if settings.threads == "auto" and hardware.device_type == "cpu":
-        current = plan.threads.value
-        others = [n for n in (1, hardware.cpu_count) if n != current]
-        if others:
-            out.append(Stage("threads", (current, *dict.fromkeys(others))))
+        counts = thread_counts(plan.threads.value, hardware.cpu_count)
+        if len(counts) > 1:
+            out.append(Stage("threads", tuple(counts)))
     if settings.precision == "auto":
         low = ("bf16",) if hardware.bf16_supported else ()
         if hardware.is_cuda:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from gpufill.engine import losses
-from gpufill.engine.batches import map_tensors, rows, signature
+from gpufill.engine.batches import rows, signature, to_device
 from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import resolve_device
@@ -139,7 +139,7 @@ def _why_one_at_a_time(models: Sequence[nn.Module], configs: Sequence[FitConfig]
     # Checked where the pack would train: the models and the data may still be elsewhere (a user's CPU model
     # with data already on the GPU, or the reverse); the pack moves both.
     device = resolve_device(cfg.device)
-    sample = map_tensors(lambda t: t.to(device), rows(train.data, 0, min(8, train.n or 1)))
+    sample = to_device(rows(train.data, 0, min(8, train.n or 1)), device)
     model = models[0]
     # The loss itself in the key (a function by identity, kept alive here: an id could be reused by another one).
     key = (type(model), tuple((name, tuple(t.shape), t.dtype) for name, t in [*model.named_parameters(), *model.named_buffers()]),

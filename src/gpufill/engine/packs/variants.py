@@ -29,6 +29,7 @@ from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import detect
 from gpufill.engine.inputs import Source, data_facts
 from gpufill.engine.loop import Status
+from gpufill.engine.measure.candidates import thread_counts
 from gpufill.engine.measure.thread_watch import ThreadWatch
 from gpufill.engine.optim import Multiplier, make_optimizer, make_schedule
 from gpufill.engine.packs.optim import StackedAdam
@@ -136,7 +137,7 @@ class PackedVariants:
         current = self.plan.threads.value
         if self.device.type != "cpu" or self.cfg.threads != "auto":
             return [current]
-        return list(dict.fromkeys([current, 1, self.hardware.cpu_count]))
+        return thread_counts(current, self.hardware.cpu_count)
 
     # -- training ------------------------------------------------------------------------------
     def train(self, choice: Choice[int] | None, probe: Any = None, step_s: float | None = None) -> list[FitResult]:
