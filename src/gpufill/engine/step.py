@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -180,14 +181,51 @@ class EpochTiming:
     val_s: float = 0.0
 
 
+LONG_PASS_STEPS = 100_000
+LONG_PASS_S = 600.0
+"""An unbounded pass of a stream of unknown length says so once it passes this many steps or seconds (then at each
+doubling): reading a stream's code cannot find every endless loop (`itertools.cycle` returned, `while not False:`)."""
+
+
+class EndlessStreamWarning(UserWarning):
+    """A pass of a stream of unknown length, with nothing to bound it, goes on and on."""
+
+
+@dataclass(slots=True)
+class _LongPassGuard:
+    """Says, in one line, that an unbounded pass may never end and how to bound it; checked once per step."""
+
+    batches: Batches
+    started: float
+    next_steps: int
+    next_s: float
+
+    def check(self, steps: int, now: float) -> None:
+        seconds = now - self.started
+        if steps < self.next_steps and seconds < self.next_s:
+            return
+        self.next_steps, self.next_s = 2 * max(steps, self.next_steps), 2 * max(seconds, self.next_s)
+        source = getattr(self.batches, "dataset", None) or getattr(getattr(self.batches, "loader", None), "dataset", None)
+        name = type(source).__name__ if source is not None else "the training data"
+        warnings.warn(f"train: one epoch of {name} has run {steps} steps in {seconds:.0f} s without ending; if its __iter__ never ends, "
+                      f"set steps_per_epoch=N (optimizer steps per epoch) or max_steps=N (in all)", EndlessStreamWarning, stacklevel=2)
+
+
+def _unbounded(batches: Batches, max_steps: int | None) -> bool:
+    """A pass that only the data can end: no step limit, a length not known, no steps per epoch."""
+    return max_steps is None and batches.n is None and getattr(batches, "steps", None) is None
+
+
 def train_epoch(step: Callable[[EffectiveBatch], Any], batches: Batches, effective: int, generator: torch.Generator, totals: Totals, *,
                 timing: EpochTiming, sync_every_step: bool = False, on_step: Callable[[float, int, float], None] | None = None,
-                recover: Callable[[BaseException], bool] | None = None, max_steps: int | None = None) -> int:
+                recover: Callable[[BaseException], bool] | None = None, max_steps: int | None = None,
+                clock: Callable[[], float] = time.perf_counter) -> int:
     """One pass of optimizer steps (at most `max_steps`); returns how many were taken. `recover(error)` is asked
-    about a failed step: True retries the same samples (an out-of-memory error halved the micro-batch), False re-raises."""
+    about a failed step: True retries the same samples (an out-of-memory error halved the micro-batch), False re-raises.
+    A pass only the data can end warns when it runs long (`_LongPassGuard`)."""
     totals.reset()
     batch_iter = batches.epoch(effective, generator)
-    clock = time.perf_counter
+    guard = _LongPassGuard(batches, clock(), LONG_PASS_STEPS, LONG_PASS_S) if _unbounded(batches, max_steps) else None
     steps = 0
     while max_steps is None or steps < max_steps:
         tick = clock()
@@ -209,6 +247,8 @@ def train_epoch(step: Callable[[EffectiveBatch], Any], batches: Batches, effecti
         steps += 1
         if on_step is not None:
             on_step(clock() - tick, batch.size, wait)
+        if guard is not None:
+            guard.check(steps, clock())
     return steps
 
 
