@@ -54,7 +54,7 @@ def test_the_checkpoint_is_tensors_and_json_that_load_with_weights_only(tmp_path
     meta = json.loads(payload["meta_json"])
     assert meta == json.loads((tmp_path / "meta.json").read_text())
     assert meta["format"] == FORMAT and meta["state"]["epoch"] == 2 and len(meta["state"]["history"]) == 2
-    assert set(meta["identity"]) == {"model", "optimizer", "data"}
+    assert set(meta["identity"]) == {"model", "optimizer", "data", "settings"} and meta["identity"]["settings"]["seed"] == 11
     assert meta["plan"]["schedule"]["value"] == "warmup_cosine"
     assert set(payload) == {"model", "optimizer", "precision", "rng", "best_weights", "schedule", "meta_json"}
     assert sorted(os.listdir(tmp_path)) == [".gpufill-training.lock", "last.pt", "meta.json"]  # no temporary file left; the lock stays (flock)

@@ -6,8 +6,8 @@ write (tmp + os.replace) keeps them together; `meta.json` beside it is the same 
 people and tools. Loading with weights_only=True means a crafted file cannot run code.
 
 The metadata says what the checkpoint belongs to (fingerprints of the model, the optimizer
-and the training data): resuming with another one is refused in one line, as is a damaged
-file or one written by an older gpufill.
+and the training data, and the settings that change what is learned: seed, lr, ...): resuming
+with another one is refused in one line, as is a damaged file or one written by an older gpufill.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gpufill.engine.config import FitConfig
 from gpufill.engine.result import EpochRecord
 from gpufill.errors import InputError
 from gpufill.files import check_target, check_writable, make_folder, open_lock, write_atomically
@@ -55,19 +56,39 @@ class TrainingState:
     """Optimizer steps done (max_steps counts from the first)."""
 
 
+LEARNING = ("seed", "lr", "weight_decay", "batch_size", "reference_batch", "lr_scale_rule", "optimizer", "schedule", "warmup_steps",
+            "min_lr_ratio", "loss", "grad_clip")
+"""The settings a resume must share with its checkpoint: each changes what the weights become (a resume at another lr
+or seed would continue silently at the checkpoint's). Not epochs, max_steps or patience: resuming to train longer is what
+a checkpoint is for. A function (a loss, schedule or optimizer factory) cannot be compared across processes: left out."""
+
+
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """What a checkpoint belongs to; a resume must match all three."""
+    """What a checkpoint belongs to; a resume must match all of it."""
 
     model: str
     optimizer: str
     data: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The LEARNING settings that are plain values (`learning_settings`)."""
 
-    def mismatch(self, saved: dict[str, str]) -> str | None:
+    def mismatch(self, saved: dict[str, Any]) -> str | None:
         for what in ("model", "optimizer", "data"):
             if saved.get(what) != getattr(self, what):
                 return what
         return None
+
+    def setting_mismatch(self, saved: dict[str, Any]) -> tuple[str, Any, Any] | None:
+        """(name, the checkpoint's value, this training's) of the first setting that differs; None when all agree.
+        A checkpoint written before settings were kept has none to compare."""
+        kept = saved.get("settings") or {}
+        return next(((name, kept[name], value) for name, value in self.settings.items() if name in kept and kept[name] != value), None)
+
+
+def learning_settings(cfg: FitConfig) -> dict[str, Any]:
+    """cfg's LEARNING settings that are plain values (JSON: they are compared after a round trip through meta.json)."""
+    return {name: value for name in LEARNING if isinstance(value := getattr(cfg, name), str | int | float | None)}
 
 
 def model_fingerprint(model: nn.Module) -> str:
@@ -170,12 +191,19 @@ def load_checkpoint(directory: str | os.PathLike[str], device: torch.device) -> 
 
 
 def check_identity(meta: dict[str, Any], identity: Identity, directory: str | os.PathLike[str]) -> None:
-    what = identity.mismatch(meta.get("identity", {}))
+    saved = meta.get("identity", {})
+    what = identity.mismatch(saved)
     if what is not None:
         other = {"model": "another model (different class or parameter shapes)", "optimizer": "another optimizer or parameter groups",
                  "data": "other training data (different samples, structure or size)"}[what]
         raise InputError(f"{checkpoint_path(directory)} was written for {other}; resuming would mix two trainings", field="resume",
                          fix=f"resume with the same {what}, or {_FIX}")
+    differs = identity.setting_mismatch(saved)
+    if differs is not None:
+        name, kept, value = differs
+        raise InputError(f"{checkpoint_path(directory)} was written with {name}={kept!r}, this training has {name}={value!r}; resuming "
+                         "would continue the other training's weights under this one's settings", field=name,
+                         fix=f"resume with {name}={kept!r}, or {_FIX}")
 
 
 def state_meta(state: TrainingState) -> dict[str, Any]:

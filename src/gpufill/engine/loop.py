@@ -43,7 +43,7 @@ from gpufill.engine.optim import make_schedule
 from gpufill.engine.plan import Choice, Plan
 from gpufill.engine.progress import epoch_line, epochs_left, wants_lines
 from gpufill.engine.prepare import automatic_plan, measured_plan, prepare, resolve_config, with_micro_batch  # noqa: F401  (automatic_plan, measured_plan: where callers find them)
-from gpufill.engine.result import EpochRecord, FitCallback, FitResult
+from gpufill.engine.result import EpochRecord, FitCallback, FitResult, throughput
 from gpufill.errors import InputError
 
 Status = Literal["completed", "early_stopped", "diverged"]
@@ -199,7 +199,8 @@ class Training:
         """`called`: when fit was called (perf_counter): the set-up from there to the first epoch is reported."""
         status: Status = "completed"
         epoch_seconds: list[float] = []
-        samples_per_epoch = 0
+        epoch_samples: list[int] = []
+        """Each epoch's seconds and samples trained in this run (a cut last epoch: what it trained)."""
         started = time.perf_counter()
         self.setup_s = started - called if called is not None else None
         if self.setup_s is not None:  # checks, the plan, data to the device, the probe, the kit, a graph capture: all of it
@@ -224,6 +225,7 @@ class Training:
             samples_per_epoch = self.kit.totals.samples
             seconds = time.perf_counter() - tick
             epoch_seconds.append(seconds)
+            epoch_samples.append(samples_per_epoch)
             if source.n is None and epoch == self.state.epoch + 1 and self.cfg.steps_per_epoch is None:
                 self.events.append(f"an epoch is {samples_per_epoch} samples (counted in the first epoch)")
             val_values = None
@@ -251,7 +253,7 @@ class Training:
                 callback.on_epoch_end(record)
             if lines:
                 left = epochs_left(record, self.cfg.epochs, max_steps, self.state.steps) if status == "completed" else 0.0
-                print(epoch_line(record, self.cfg.epochs, _steady_epoch_s(epoch_seconds), left), file=sys.stderr, flush=True)
+                print(epoch_line(record, self.cfg.epochs, throughput(epoch_seconds, epoch_samples)[1], left), file=sys.stderr, flush=True)
             if status != "completed" or last:
                 break
         if self.watch is not None and self.watch.log:
@@ -261,7 +263,7 @@ class Training:
         if self.cfg.restore_best and self.state.best_weights is not None and status != "diverged":
             self.model.load_state_dict(self.state.best_weights)
             self.events.append(f"restored the best weights (epoch {self.state.best_epoch}, val loss {self.state.best_val:.6g})")
-        return self._result(status, epoch_seconds, time.perf_counter() - started, samples_per_epoch)
+        return self._result(status, epoch_seconds, epoch_samples, time.perf_counter() - started)
 
     def _early_stop(self, val_loss: float, epoch: int) -> bool:
         if val_loss < self.state.best_val - self.cfg.min_delta:
@@ -290,13 +292,13 @@ class Training:
                 "micro_batch": self.plan.micro_batch.value, "plan": self.plan.to_dict()}
         save_checkpoint(self.cfg.checkpoint_dir, tensors, meta)
 
-    def _result(self, status: Status, epoch_seconds: list[float], wall: float, samples_per_epoch: int) -> FitResult:
+    def _result(self, status: Status, epoch_seconds: list[float], epoch_samples: list[int], wall: float) -> FitResult:
         history = self.state.history
-        # The first epoch pays warm-up (allocator, cuDNN autotune, compile): report it apart.
-        epoch_s = _steady_epoch_s(epoch_seconds)
+        # The first epoch pays warm-up (allocator, cuDNN autotune, compile): reported apart, left out of the rate.
+        samples_per_s, epoch_s = throughput(epoch_seconds, epoch_samples)
         train_s = sum(epoch_seconds)
         timings = {
-            "samples_per_s": samples_per_epoch / epoch_s if epoch_s > 0 else 0.0,
+            "samples_per_s": samples_per_s,
             "epoch_s": epoch_s,
             "first_epoch_s": epoch_seconds[0] if epoch_seconds else 0.0,
             "train_s": train_s,
@@ -333,12 +335,6 @@ def _thread_watch(plan: Plan, cfg: FitConfig, device: torch.device, ddp: distrib
         return None
     watch = ThreadWatch(thread_counts(plan.threads.value, cpu_count()), plan.threads.value, None)
     return watch if watch.active else None
-
-
-def _steady_epoch_s(epoch_seconds: list[float]) -> float:
-    """An epoch's seconds, the first left out where there are more (it pays warm-up: allocator, cuDNN autotune, compile)."""
-    steady = epoch_seconds[1:] or epoch_seconds
-    return sum(steady) / len(steady) if steady else 0.0
 
 
 def _lr(optimizer: torch.optim.Optimizer) -> float:

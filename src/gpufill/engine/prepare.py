@@ -17,7 +17,7 @@ from torch import nn
 
 from gpufill.engine import batching, distributed, losses
 from gpufill.engine.batches import ResidentBatches, signature
-from gpufill.engine.checkpoint import Identity, model_fingerprint, optimizer_fingerprint, resume
+from gpufill.engine.checkpoint import Identity, learning_settings, model_fingerprint, optimizer_fingerprint, resume
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import check_device, detect
 from gpufill.engine.inputs import Data, Source, as_dataset, as_source, check_model, data_facts, fingerprint, harmonise_floats, make_batches
@@ -89,7 +89,8 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> 
     identity = resumed = None
     if cfg.checkpoint_dir is not None:  # what a checkpoint belongs to (reads a sample of the data once)
         probe_optimizer, _ = make_optimizer(model, cfg, cfg.lr, plan.optimizer_kernel.value)
-        identity = Identity(model=model_fingerprint(model), optimizer=optimizer_fingerprint(probe_optimizer), data=fingerprint(train_source, cfg.data_id))
+        identity = Identity(model=model_fingerprint(model), optimizer=optimizer_fingerprint(probe_optimizer), data=fingerprint(train_source, cfg.data_id),
+                            settings=learning_settings(cfg))
         resumed = resume(cfg.checkpoint_dir, identity, model, device, events) if cfg.resume else None
     if resumed is not None:
         plan = plan.replace(batch_search=Choice(False, "off: resumed with the checkpoint's micro-batch"))

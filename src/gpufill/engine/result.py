@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,7 +36,8 @@ class FitResult:
     ran with, its history, and `metrics`: train_loss (last epoch), val_loss (best), best_epoch,
     epochs_run, and the loss's other outputs as train_<name> (last epoch) and val_<name> (best epoch)."""
 
-    model: nn.Module
+    model: nn.Module | None
+    """None only where `fit_many(..., keep_models=False)` let it go once trained."""
     plan: Plan
     history: list[EpochRecord]
     metrics: dict[str, float | int | None]
@@ -52,6 +54,23 @@ class FitResult:
             "history": [dataclasses.asdict(record) for record in self.history],
             "events": self.events,
         }
+
+
+def throughput(seconds: Sequence[float], samples: Sequence[int]) -> tuple[float, float]:
+    """(samples_per_s, epoch_s) of the epochs a training ran, given each one's seconds and samples trained.
+
+    The first epoch is left out where there are more (it pays warm-up: allocator, cuDNN autotune, compile).
+    samples_per_s: the samples the other epochs trained over the seconds they took, so an epoch that max_steps
+    cut counts what it trained, not a whole epoch's samples (a cut epoch's samples over the mean of whole epochs'
+    seconds read ~8x low). epoch_s: the seconds a whole epoch (the most samples any epoch trained) takes at that rate.
+    """
+    pairs = list(zip(seconds, samples, strict=True))
+    steady = pairs[1:] or pairs
+    spent, trained = sum(s for s, _ in steady), sum(n for _, n in steady)
+    if spent <= 0 or trained <= 0:  # nothing trained (resumed after the last step), or a clock too coarse to see it
+        return 0.0, (spent / len(steady) if steady else 0.0)
+    rate = trained / spent
+    return rate, max(n for _, n in pairs) / rate
 
 
 class FitCallback:

@@ -5,16 +5,17 @@ initial weights are `torch.manual_seed(seed); make_model()`, its batches the per
 `fit` draws from that seed. Where that is correct and measured faster, the variants train as
 one pack of any architecture (`packs/variants.py`); otherwise one after another through
 `fit`, the reason in each plan's `pack_size`. Packs reproduce the separate trainings
-to float rounding: `tests/engine/test_many.py` says so, weights within 1e-5.
+to float rounding: `tests/engine/test_many.py` says so, weights within 1e-5. A bias whose gradient
+is zero (a Linear's before a BatchNorm) drifts apart by rounding instead: `test_many_limits.py` says what holds there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from gpufill.engine import losses
@@ -22,11 +23,12 @@ from gpufill.engine.batches import rows, signature, to_device
 from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import resolve_device
-from gpufill.engine.inputs import Source, as_source, check_model
+from gpufill.engine.inputs import Source, as_source
 from gpufill.engine.loop import fit
 from gpufill.engine.packs.stacked import why_not_stacked
 from gpufill.engine.measure.cache import TuneCache, clear_memory
 from gpufill.engine.measure.resolver import MIN_GAIN
+from gpufill.engine.packs.builds import Builds, pack_chunk
 from gpufill.engine.packs.decide import BUDGET_SHARE, MIN_MEASURED_STEPS, decide
 from gpufill.engine.packs.variants import PackedVariants
 from gpufill.engine.packs.variants_measure import PackSlower, StepProbe, cached_timing
@@ -46,31 +48,53 @@ def clear_caches() -> None:
     _CHECKED.clear()
     clear_memory()
 
+
 def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *, variants: Sequence[dict[str, Any]],
-             config: FitConfig | None = None, pack: bool | str = "auto", **settings: Any) -> list[FitResult]:
+             config: FitConfig | None = None, pack: bool | str = "auto", keep_models: bool = True, **settings: Any) -> list[FitResult]:
     """Train one model per variant; results in the order of `variants`, each as `fit` would return it alone.
 
-    `make_model()` is called once per variant after `torch.manual_seed(variant's seed)`;
-    `variants` are dicts of fit settings (seed, lr, weight_decay, ... ) laid over `settings`.
+    `make_model()` is called once per variant after `torch.manual_seed(variant's seed)`, as late as the training
+    allows (one at a time: one model ahead; packed: a pack's worth), and each variant trains its own tensors
+    (`packs/builds.py`); `variants` are dicts of fit settings (seed, lr, weight_decay, ... ) laid over `settings`.
     `pack`: "auto" packs where correct and measured faster; True where correct (no measurement);
-    False trains one at a time.
+    False trains one at a time. A pack larger than the memory free is split into packs that fit.
+    `checkpoint_dir`: each variant checkpoints in its own `variant-<index>` folder there.
+    `keep_models`: False lets each trained model go (its result's model is None): a sweep read for its metrics
+    holds one model at a time, not K.
     """
     if pack not in ("auto", True, False):
         raise InputError(f"pack={pack!r}", field="pack", fix="use 'auto', True or False")
-    if not variants:
-        raise InputError("fit_many got no variants", field="variants", fix="pass variants=[{'seed': 0}, {'seed': 1}, ...]")
-    configs = [resolve_config(config, {**settings, **dict(variant)}) for variant in variants]
-    models = [_seeded(make_model, cfg.seed) for cfg in configs]
+    configs = [resolve_config(config, {**settings, **variant}) for variant in _checked_variants(variants)]
+    builds = Builds(make_model, [cfg.seed for cfg in configs])
     train_source = as_source(train, "train")
     val_source = as_source(val, "val") if val is not None else None
+    reason = _why_not_by_settings(configs, train_source, val_source) if pack is not False else "pack=False"
+    configs = _own_checkpoints(configs)
+    size, why_split = (len(configs), None) if reason is not None else pack_chunk(builds.peek(), configs[0], len(configs))
+    results: list[FitResult] = []
+    for start in range(0, len(configs), size):
+        part = configs[start : start + size]
+        results.extend(_fit_part(builds, part, train, val, train_source, val_source, pack, reason, why_split, keep_models))
+    return results
+
+
+def _fit_part(builds: Builds, configs: Sequence[FitConfig], train: Any, val: Any, train_source: Source, val_source: Source | None,
+              pack: bool | str, reason: str | None, why_split: str | None, keep_models: bool) -> list[FitResult]:
+    """The variants of `configs`: one pack where correct (and, under "auto", measured faster), else one at a time
+    (`reason`, when given, says why already)."""
+    if reason is not None:
+        return _one_at_a_time(builds, configs, train, val, Choice(1, f"one at a time: {reason}"), 0.0, keep_models)
+    models = builds.take(len(configs))
+    note = f"; {why_split}" if why_split else ""
     measured_s = 0.0
-    reason = _why_one_at_a_time(models, configs, train_source, val_source) if pack is not False else "pack=False"
+    reason = _why_one_at_a_time(models, configs, train_source, val_source)
     run = PackedVariants(models, configs, train_source, val_source) if reason is None else None
     if run is not None:
         reason = run.why_not()
+    results: list[FitResult] | None = None
     if run is not None and reason is None and pack is True:
-        return run.train(Choice(len(models), f"one pack of {len(models)} ({run.form}): pack=True, not measured"))
-    if run is not None and reason is None:
+        results = run.train(Choice(len(models), f"one pack of {len(models)} ({run.form}): pack=True, not measured{note}"))
+    elif run is not None and reason is None:
         cache = TuneCache(configs[0].tune_cache)
         timing = cached_timing(run, cache)
         if timing is None and run.total_steps < MIN_MEASURED_STEPS:
@@ -78,48 +102,63 @@ def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *
                       f"{BUDGET_SHARE:.0%} of so short a training (pack=True packs it unmeasured)")
         elif timing is None:  # measured on the pack's own first steps: a pack that would be slower in all is stopped
             try:
-                return run.train(None, probe=StepProbe(run, cache))
+                results = run.train(None, probe=StepProbe(run, cache))
             except PackSlower as slower:
                 reason, measured_s = str(slower), slower.spent_s
         else:
             chosen, why = decide(timing, run.total_steps, pack_built=False, min_gain=MIN_GAIN)
             if chosen:
-                return run.train(Choice(len(models), f"{why} ({run.form}; measured earlier for this shape on this machine)"), step_s=timing.pack_step_s)
+                results = run.train(Choice(len(models), f"{why} ({run.form}; measured earlier for this shape on this machine){note}"),
+                                    step_s=timing.pack_step_s)
             reason = why
-    choice = Choice(1, f"one at a time: {reason}")
+    if results is not None:
+        for result in results:
+            result.model = result.model if keep_models else None
+        return results
+    del run
+    return _one_at_a_time(iter(models), configs, train, val, Choice(1, f"one at a time: {reason}"), measured_s, keep_models)
+
+
+def _one_at_a_time(models: Builds | Iterator[nn.Module], configs: Sequence[FitConfig], train: Any, val: Any, choice: Choice[int],
+                   measured_s: float, keep_models: bool) -> list[FitResult]:
     results = []
-    for model, cfg in zip(models, configs, strict=True):
-        fitted = fit(model, train, val, config=cfg)
+    for cfg in configs:  # no name holds the model past its fit: with keep_models=False it is gone before the next is built
+        fitted = fit(models.take(1)[0] if isinstance(models, Builds) else next(models), train, val, config=cfg)
         fitted.plan = fitted.plan.replace(pack_size=choice)
-        fitted.timings["pack_probe_s"] = measured_s / len(models)  # this variant's share of measuring the pack it did not join
+        fitted.timings["pack_probe_s"] = measured_s / len(configs)  # this variant's share of measuring the pack it did not join
+        fitted.model = fitted.model if keep_models else None
         results.append(fitted)
     return results
 
 
-def _seeded(make_model: Callable[[], nn.Module], seed: int) -> nn.Module:
-    _seed(seed)
-    model = make_model()
-    if not isinstance(model, nn.Module):
-        raise InputError(f"make_model returned a {type(model).__name__}, not a torch.nn.Module", field="make_model",
-                         fix="pass a function of no arguments that builds the model, e.g. lambda: MyNet(width=64)")
-    check_model(model, "make_model")
-    return model
+def _checked_variants(variants: Any) -> list[dict[str, Any]]:
+    """`variants` as a list of dicts of fit settings, or one line naming what is wrong."""
+    fix = "pass variants=[{'seed': 0}, {'seed': 1}, ...]: a list of dicts of fit settings"
+    if isinstance(variants, str | bytes | Mapping) or not isinstance(variants, Sequence):
+        raise InputError(f"variants is a {type(variants).__name__}, not a list of dicts", field="variants", fix=fix)
+    if not variants:
+        raise InputError("fit_many got no variants", field="variants", fix=fix)
+    for index, variant in enumerate(variants):
+        if not isinstance(variant, Mapping):
+            raise InputError(f"variants[{index}] is {variant!r} (a {type(variant).__name__}), not a dict of fit settings", field="variants",
+                             fix=fix)
+        if not all(isinstance(name, str) for name in variant):
+            raise InputError(f"variants[{index}] has a key that is not a setting name: {variant!r}", field="variants", fix=fix)
+    return [dict(variant) for variant in variants]
 
 
-def _seed(seed: int) -> None:
-    """torch.manual_seed(seed). Where no accelerator is there to seed, its CPU generator directly: torch.manual_seed
-    also queues a lazy seeding of CUDA, XPU and MPS, each capturing a stack trace (about 1 ms a call inside a
-    training; 64 variants paid 70 ms), and the CPU's random stream is the same either way."""
-    accelerators = torch.cuda.is_available() or torch.backends.mps.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
-    if accelerators:
-        torch.manual_seed(seed)
-    else:
-        torch.default_generator.manual_seed(seed)
+def _own_checkpoints(configs: list[FitConfig]) -> list[FitConfig]:
+    """Each variant's checkpoints in a folder of its own, `checkpoint_dir/variant-<index>`: in one folder each would
+    overwrite the one before, and a resume would continue every variant from the last one's checkpoint."""
+    if all(cfg.checkpoint_dir is None for cfg in configs):
+        return configs
+    return [cfg if cfg.checkpoint_dir is None else dataclasses.replace(cfg, checkpoint_dir=Path(cfg.checkpoint_dir) / f"variant-{index}")
+            for index, cfg in enumerate(configs)]
 
 
-def _why_one_at_a_time(models: Sequence[nn.Module], configs: Sequence[FitConfig], train: Source, val: Source | None) -> str | None:
-    """None when the variants can train as one pack; else why not."""
-    if len(models) < 2:
+def _why_not_by_settings(configs: Sequence[FitConfig], train: Source, val: Source | None) -> str | None:
+    """Why the variants cannot train as one pack, known from their settings and data alone (no model built); None."""
+    if len(configs) < 2:
         return "one variant"
     first = dataclasses.asdict(configs[0])
     for cfg in configs[1:]:
@@ -135,6 +174,14 @@ def _why_one_at_a_time(models: Sequence[nn.Module], configs: Sequence[FitConfig]
         return "steps_per_epoch is set (a pack runs whole epochs of resident data)"
     if cfg.precision not in ("auto", "fp32") or cfg.compile not in ("auto", False) or cfg.micro_batch != "auto":
         return "a precision, compile or micro-batch was requested (a pack runs fp32 steps of the whole batch)"
+    return None
+
+
+def _why_one_at_a_time(models: Sequence[nn.Module], configs: Sequence[FitConfig], train: Source, val: Source | None) -> str | None:
+    """None when these variants' models can train as one pack; else why not."""
+    if len(models) < 2:
+        return "one variant"
+    cfg = configs[0]
     loss_fn, _ = losses.resolve(cfg.loss)
     # Checked where the pack would train: the models and the data may still be elsewhere (a user's CPU model
     # with data already on the GPU, or the reverse); the pack moves both.

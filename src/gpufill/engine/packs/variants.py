@@ -37,7 +37,8 @@ from gpufill.engine.packs.direct import direct_forward
 from gpufill.engine.packs.stacked import StackedModule
 from gpufill.engine.packs.stacked_optim import StackedOptimizer, recipe_of, why_not_stacked_optimizer
 from gpufill.engine.plan import Plan, make_plan
-from gpufill.engine.result import EpochRecord, FitResult
+from gpufill.engine.prepare import total_steps
+from gpufill.engine.result import EpochRecord, FitResult, throughput
 
 
 PackOptimizer = StackedAdam | StackedOptimizer
@@ -94,7 +95,8 @@ class PackedVariants:
         self.optimizers = [optimizer for optimizer, _ in built]
         self.recipes = [recipe_of(o, m) for o, m in zip(self.optimizers, self.models, strict=True)]
         self.optimizer_choice = built[0][1]
-        self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.total_steps = total_steps(self.steps_per_epoch, cfg) or 0
+        """Optimizer steps per model: the epochs', or max_steps where it ends them first (as `fit` counts them)."""
         self.sample_signature = signature(rows(train.data, 0, min(8, self.n or 1)))
         self.build_s = 0.0
         """Seconds building the stacked module took (a one-time cost of the pack)."""
@@ -153,8 +155,8 @@ class PackedVariants:
         stacked = StackedModule.from_models(self.models).to(device)
         self.build_s = time.perf_counter() - started
         optimizer, optimizer_choice = self.stacked_optimizer(list(stacked.parameters()))
-        multiplier = _multiplier(cfg, self.steps_per_epoch * cfg.epochs)
-        schedule = make_schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), cfg, self.steps_per_epoch * cfg.epochs)[1]
+        multiplier = _multiplier(cfg, self.total_steps)
+        schedule = make_schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), cfg, self.total_steps)[1]
         generators = [torch.Generator(device=device).manual_seed(c.seed) for c in self.configs]
         torch.manual_seed(self.configs[0].seed)  # dropout: each model draws its own masks in the pack
         active = [True] * k
@@ -164,6 +166,8 @@ class PackedVariants:
         status: list[Status] = ["completed"] * k
         events: list[list[str]] = [[f"trained in a pack of {k} variants ({self.form})"] for _ in range(k)]
         seconds: list[float] = []
+        samples: list[int] = []
+        """Each epoch's seconds (the pack's) and samples trained (each model's; a cut last epoch: what it trained)."""
         step_count = 0
         watch: ThreadWatch | None = None
         """Re-checks the thread count when the steps drift (a CPU with threads left to gpufill), once measuring is done."""
@@ -175,7 +179,10 @@ class PackedVariants:
             order = torch.stack([torch.randperm(self.n, device=device, generator=g) for g in generators])
             sums: dict[str, torch.Tensor] = {}
             training = [i for i in range(k) if active[i]]
+            epoch_steps = epoch_samples = 0
             for start in range(0, self.n, self.batch):
+                if step_count >= self.total_steps:
+                    break  # max_steps reached: the epoch is cut where fit alone cuts it
                 size = min(self.batch, self.n - start)
                 index = order[:, start : start + size]
                 batch = _gather(self.train_data, index)
@@ -193,11 +200,15 @@ class PackedVariants:
                     weighted = value.detach().float() * size
                     sums[name] = sums[name] + weighted if name in sums else weighted
                 step_count += 1
+                epoch_steps += 1
+                epoch_samples += size
                 if multiplier is not None:
                     optimizer.set_lr_factor(multiplier(step_count))
-            train_values = {name: (total / self.n).tolist() for name, total in sums.items()}  # the epoch's one read
+            train_values = {name: (total / max(epoch_samples, 1)).tolist() for name, total in sums.items()}  # the epoch's one read
             seconds.append(time.perf_counter() - tick)
-            validate = self.val_data is not None and (epoch % cfg.validate_every == 0 or epoch == cfg.epochs)
+            samples.append(epoch_samples)
+            last = epoch == cfg.epochs or step_count >= self.total_steps
+            validate = self.val_data is not None and (epoch % cfg.validate_every == 0 or last)
             val_values = self._validate(stacked) if validate else None
             was_active, lrs = list(active), list(optimizer.lr)
             for i in range(k):
@@ -207,7 +218,8 @@ class PackedVariants:
                 val_loss = val_values["loss"][i] if val_values is not None else None
                 record = EpochRecord(epoch=epoch, train_loss=train_loss, val_loss=val_loss, seconds=seconds[-1] / k, lr=lrs[i],
                                      train_metrics={n: v[i] for n, v in train_values.items() if n != "loss"},
-                                     val_metrics=None if val_values is None else {n: v[i] for n, v in val_values.items() if n != "loss"})
+                                     val_metrics=None if val_values is None else {n: v[i] for n, v in val_values.items() if n != "loss"},
+                                     samples=epoch_samples, steps=epoch_steps)
                 histories[i].append(record)
                 if not math.isfinite(train_loss) or (val_loss is not None and not math.isfinite(val_loss)):
                     status[i] = "diverged"
@@ -217,9 +229,11 @@ class PackedVariants:
                     status[i] = "early_stopped"
                     events[i].append(f"early stop at epoch {epoch}: no improvement for {cfg.patience} validations")
                     active[i] = False
+                elif last and epoch < cfg.epochs:
+                    events[i].append(f"stopped at max_steps {cfg.max_steps} in epoch {epoch} ({epoch_steps} of its steps)")
             state.keep_improved(stacked)
             state.keep_stopped([i for i in training if not active[i]], stacked)
-            if not any(active):
+            if not any(active) or last:
                 break
         state.put_back_stopped(stacked)  # a stopped model's buffers (BatchNorm statistics) as they were when it stopped
         if cfg.restore_best:
@@ -235,7 +249,7 @@ class PackedVariants:
             plan = plan.replace(threads=Choice(watch.threads, f"{watch.threads}: re-checked while training ({'; '.join(watch.log)})"))
             for i in range(k):
                 events[i].extend(f"threads: {line}" for line in watch.log)
-        return [self._result(i, stacked, plan, histories[i], status[i], events[i], state, seconds, time.perf_counter() - started)
+        return [self._result(i, stacked, plan, histories[i], status[i], events[i], state, seconds, samples, time.perf_counter() - started)
                 for i in range(k)]
 
     @torch.no_grad()
@@ -253,9 +267,8 @@ class PackedVariants:
         return {name: (total / self.n_val).tolist() for name, total in sums.items()}
 
     def _result(self, i: int, stacked: StackedModule, plan: Plan, history: list[EpochRecord], status: Status, events: list[str], state: _Best,
-                seconds: list[float], wall: float) -> FitResult:
-        steady = seconds[1:] or seconds
-        epoch_s = sum(steady) / len(steady) / self.k  # this model's share of the pack's time
+                seconds: list[float], samples: list[int], wall: float) -> FitResult:
+        samples_per_s, epoch_s = throughput([s / self.k for s in seconds], samples)  # this model's share of the pack's time
         metrics: dict[str, float | int | None] = {
             "train_loss": history[-1].train_loss if history else None,
             "val_loss": state.best_val[i] if state.best_epoch[i] is not None else None,
@@ -268,7 +281,7 @@ class PackedVariants:
             scored = best or next((r for r in reversed(history) if r.val_metrics is not None), None)
             if scored is not None and scored.val_metrics:
                 metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
-        timings = {"samples_per_s": self.n / epoch_s if epoch_s > 0 else 0.0, "epoch_s": epoch_s, "train_s": sum(seconds) / self.k,
+        timings = {"samples_per_s": samples_per_s, "epoch_s": epoch_s, "train_s": sum(seconds) / self.k,
                    "pack_train_s": sum(seconds), "pack_size": self.k, "wall_s": wall, "probe_s": self.probe_s}
         # The model variant i was stacked from, given its trained weights: no copy of the module per variant.
         return FitResult(model=stacked.write_into(i, self.models[i]), plan=plan, history=history, metrics=metrics, timings=timings, events=events, status=status)
