@@ -34,8 +34,8 @@ def cpu_quota(root: Path = CGROUP_ROOT, cgroup_file: Path = Path("/proc/self/cgr
 
 def _quota_files(root: Path, cgroup_file: Path) -> list[Path]:
     """cgroup v2's cpu.max, or v1's cfs quota files, of this process's cgroup and each of its parents."""
-    try:
-        lines = cgroup_file.read_text().splitlines()
+    try:  # a cgroup's name is bytes to the kernel: decoded as file names are (os.fsdecode), so any name maps back to its folder
+        lines = os.fsdecode(cgroup_file.read_bytes()).splitlines()
     except OSError:
         lines = []
     files = []
@@ -57,12 +57,17 @@ def _up_from(mount: Path, path: str) -> list[Path]:
 
 
 def _read_quota(path: Path) -> float | None:
+    """One file's quota in cores; None for no limit, and for anything not a positive quota over a positive period
+    (v1 writes -1 for none; a zero, negative or unreadable value limits nothing we can trust, in v1 and v2 alike)."""
     try:
         if path.name == "cpu.max":
             quota, period = (path.read_text().split() + ["100000"])[:2]
-            return None if quota == "max" else int(quota) / int(period)
-        quota_us = int(path.read_text().strip())
-        period_us = int((path.parent / "cpu.cfs_period_us").read_text().strip())
-        return None if quota_us <= 0 else quota_us / period_us
-    except (OSError, ValueError, ZeroDivisionError):
+            if quota == "max":
+                return None
+            quota_us, period_us = int(quota), int(period)
+        else:
+            quota_us = int(path.read_text().strip())
+            period_us = int((path.parent / "cpu.cfs_period_us").read_text().strip())
+        return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+    except (OSError, ValueError, OverflowError):  # ValueError: not digits, or not UTF-8; OverflowError: more cores than a float holds
         return None

@@ -9,10 +9,15 @@ and one line (an InputError naming the path, the option and the fix) when it can
   one, opened with O_NOFOLLOW (sample and step timelines, run logs, the workdir lock); `append_whole`
   cuts a failed append back, so a reader never meets half a line.
 - `make_folder(path)`: a folder gpufill creates, refused when a file or a link is in its place.
+- `open_input(path)`: a file the user gave gpufill to read (the campaign file), refused at once when it is a pipe.
+- `check_in_place(path)`: the same refusals, by name, for a file a library opens itself (SQLite's store files).
 
 The rule for a path that is already something else: a symbolic link, a directory, a device or a
 pipe where gpufill writes a file is refused in one line (exit 2 in the CLI); the link, and the
-file it points at, are left as they were. A temporary file whose write fails (a full disk) is removed.
+file it points at, are left as they were. So is a file with more than one name (a hard link) that
+gpufill would write in place (append to, truncate): its other names would see the writes. The check is
+on the opened descriptor (fstat), and nothing is truncated before it. A temporary file whose write
+fails (a full disk) is removed.
 """
 
 from __future__ import annotations
@@ -67,6 +72,12 @@ def symlink_refused(path: str | os.PathLike[str], *, field: str) -> InputError:
 def not_regular(path: str | os.PathLike[str], *, field: str) -> InputError:
     return InputError("not a regular file (a device, pipe or socket)", where=_shorten(Path(path)), field=field,
                       fix=f"give {field} the name of a regular file")
+
+
+def hard_link_refused(path: str | os.PathLike[str], names: int, *, field: str) -> InputError:
+    return InputError(f"the file there has {names} names (hard links); gpufill does not write into a file that other names share "
+                      "(the file and its other names are left as they were)", where=_shorten(Path(path)), field=field,
+                      fix=f"remove that name (the file stays under its other names), or pass another {field}")
 
 
 def not_a_folder(path: str | os.PathLike[str], *, field: str) -> InputError:
@@ -206,6 +217,38 @@ def open_lock(path: str | os.PathLike[str], *, field: str) -> int:
     return _open_regular(path, os.O_RDWR | os.O_CREAT, field=field)
 
 
+def open_input(path: str | os.PathLike[str], *, field: str) -> int:
+    """The descriptor of a file gpufill reads (links followed: the user named it): a pipe or socket is refused at once
+    instead of waiting for a writer that may never come. A device stays non-blocking (a read that would wait fails)."""
+    descriptor = os.open(path, os.O_RDONLY | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))  # OSError (not found, a directory) is the caller's
+    mode = os.fstat(descriptor).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        os.close(descriptor)
+        raise InputError("a pipe (FIFO) or socket, not a regular file: reading it would wait for a writer", where=_shorten(Path(path)),
+                         field=field, fix=f"pass a regular file as the {field} (save what the pipe carries to a file first)")
+    if stat.S_ISREG(mode):
+        os.set_blocking(descriptor, True)
+    return descriptor
+
+
+def check_in_place(path: str | os.PathLike[str], *, field: str) -> None:
+    """Refuse, by name, an existing file that a library (SQLite) will open and write in place itself: a link, a file
+    that is not regular, or one with other names. By name, not by descriptor: SQLite offers none to check, and a
+    descriptor of ours closed on its files would drop the locks it holds on them in this process."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise cannot_write(error, path, field=field) from None
+    if stat.S_ISLNK(info.st_mode):
+        raise symlink_refused(path, field=field)
+    if not stat.S_ISREG(info.st_mode):
+        raise not_regular(path, field=field)
+    if info.st_nlink > 1:
+        raise hard_link_refused(path, info.st_nlink, field=field)
+
+
 def open_existing(path: str | os.PathLike[str], flags: int = os.O_RDONLY, *, field: str) -> int | None:
     """The descriptor of an existing regular file opened without following a link (None: nothing there)."""
     try:
@@ -215,6 +258,9 @@ def open_existing(path: str | os.PathLike[str], flags: int = os.O_RDONLY, *, fie
 
 
 def _open_regular(path: str | os.PathLike[str], flags: int, *, field: str) -> int:
+    """Open without following a link or waiting on a pipe; refuse what is not a regular file, and, when opened for
+    writing, a file with other names. Never O_TRUNC: it would empty the file before the checks (ftruncate after)."""
+    assert not flags & os.O_TRUNC, "truncate with os.ftruncate after _open_regular's checks"
     path = Path(path)
     try:
         descriptor = os.open(path, flags | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0), 0o666)
@@ -228,9 +274,13 @@ def _open_regular(path: str | os.PathLike[str], flags: int, *, field: str) -> in
         if error.errno == errno.ENXIO:  # a pipe nobody reads (O_NONBLOCK), or a device without its driver
             raise not_regular(path, field=field) from None
         raise cannot_write(error, path, field=field) from None
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # a pipe or device: O_NONBLOCK kept the open itself from hanging
+    info = os.fstat(descriptor)  # the file opened, not whatever the name points at a moment later
+    if not stat.S_ISREG(info.st_mode):  # a pipe or device: O_NONBLOCK kept the open itself from hanging
         os.close(descriptor)
         raise not_regular(path, field=field)
+    if flags & (os.O_WRONLY | os.O_RDWR) and info.st_nlink > 1:  # a hard link: a write here lands in the file its other names show
+        os.close(descriptor)
+        raise hard_link_refused(path, info.st_nlink, field=field)
     os.set_blocking(descriptor, True)
     return descriptor
 

@@ -9,6 +9,7 @@ InputError with the file, line, dotted field, problem and fix. :class:`LocatedEr
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, get_args
@@ -17,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from gpufill.errors import InputError
+from gpufill.files import open_input
 
 __all__ = [
     "LocatedError",
@@ -94,7 +96,8 @@ def _check_size(root: yaml.Node | None, path: Path) -> None:
 def read_yaml(path: Path) -> tuple[yaml.Node, dict[str, Any]]:
     """The file's node tree (for lines) and its values, a mapping; any problem is an InputError."""
     try:
-        with path.open("rb") as handle:  # at most MAX_BYTES + 1: an endless or huge file is never read whole
+        # A FIFO is refused, not waited on; at most MAX_BYTES + 1: an endless or huge file is never read whole.
+        with os.fdopen(open_input(path, field="campaign file"), "rb") as handle:
             raw = handle.read(MAX_BYTES + 1)
         if len(raw) > MAX_BYTES:
             raise InputError(f"the file is larger than the {MAX_BYTES // (1024 * 1024)} MiB a campaign file may be", where=str(path),
@@ -110,6 +113,9 @@ def read_yaml(path: Path) -> tuple[yaml.Node, dict[str, Any]]:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         _check_size(root, path)  # before anything walks the values: a few hundred bytes of aliases can expand to billions
         data = yaml.safe_load(text)
+    except RecursionError:  # PyYAML's composer recurses once per level: a few hundred levels of [[[...]]] exhaust the stack
+        raise InputError("nesting too deep: values nested more levels deep than the YAML reader can follow", where=str(path),
+                         fix="flatten the file: a campaign nests a few levels (models: family: parameter: [values])") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         if "<stream end>" in str(getattr(exc, "problem", "")) and getattr(exc, "context_mark", None) is not None:

@@ -29,6 +29,7 @@ from gpufill.campaign.queue import Queued
 from gpufill.forecasting.trial import Trial, TrialResult
 from gpufill.campaign.store_health import check_intact, damaged
 from gpufill.errors import InputError
+from gpufill.files import check_in_place
 from gpufill.campaign.store_queries import (
     ENVIRONMENT,
     FRAME_COLUMNS,
@@ -43,6 +44,8 @@ from gpufill.campaign.store_queries import (
 __all__ = ["DB_NAME", "ENVIRONMENT", "FRAME_COLUMNS", "METRICS", "STATUSES", "TRIAL_COLUMNS", "Counts", "Store"]  # the read side's names too: where readers have always found them
 
 DB_NAME = "gpufill.db"
+_SIDECARS = ("-wal", "-shm")
+"""Files SQLite keeps beside the store in WAL mode; every connection, read-only ones included, may write them."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -99,6 +102,8 @@ class Store(StoreQueries):
         """Open (creating if needed) the store for writing: the scheduler's connection."""
         path = Path(workdir) / DB_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
+        for suffix in ("", *_SIDECARS, "-journal"):  # SQLite writes them in place: never through a link, never into a shared file
+            check_in_place(f"{path}{suffix}", field="--workdir")
         try:
             # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in _transaction).
             db = sqlite3.connect(path, isolation_level=None, timeout=30)
@@ -121,6 +126,8 @@ class Store(StoreQueries):
         path = Path(workdir) / DB_NAME
         if not path.exists():
             raise InputError(f"no campaign store ({DB_NAME}) here", where=str(workdir), field="--workdir", fix="pass the workdir a `gpufill run` wrote, or run a campaign first")
+        for suffix in _SIDECARS:  # a reader too writes the shared-memory index (and may recover the WAL) in place
+            check_in_place(f"{path}{suffix}", field="--workdir")
         try:
             db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
             check_intact(db, path, existing=True)

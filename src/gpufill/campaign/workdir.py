@@ -4,7 +4,8 @@ A run writes (beside `gpufill.lock`, campaign/lock.py) the store `gpufill.db` wi
 `-wal`, `-shm` and `-journal` files, `logs/run-<id>.log` (rotated to `.1` ... `.3`), the
 measurement cache under `tune/` and, with --executor slurm, `slurm/`. None of them is ever
 opened through a symbolic link: a link (or a file where a folder belongs) at one of these
-names refuses the run in one line before anything is written. `--fresh` deletes the store
+names refuses the run in one line before anything is written, and so does a file there with other names
+(a hard link: what the run writes would land in the file those names show). `--fresh` deletes the store
 and the run logs, regular files only, and nothing else: no folder, and never a file of the
 user's (`checkpoints/`, notes, data kept beside the store stay as they were).
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufill.campaign.store import DB_NAME
-from gpufill.files import make_folder, not_a_folder, open_append, remove_file, symlink_refused
+from gpufill.files import hard_link_refused, make_folder, not_a_folder, open_append, remove_file, symlink_refused
 
 STORE_FILES = tuple(f"{DB_NAME}{suffix}" for suffix in ("", "-wal", "-shm", "-journal"))
 """The store and the files SQLite keeps beside it."""
@@ -32,22 +33,30 @@ RUN_LOG = re.compile(r"run-\d+\.log(\.\d+)?")
 
 
 def check_paths(workdir: Path) -> None:
-    """Refuse (one line) a workdir where a name the run writes is a symbolic link, or a folder's name is a file."""
+    """Refuse (one line) a workdir where a name the run writes is a symbolic link or a file with other names (a hard
+    link), or a folder's name is a file. By name, early: the writers' own checks on the opened file stay the guarantee."""
     for name in (*STORE_FILES, *FOLDERS):
         path = workdir / name
         try:
-            mode = os.lstat(path).st_mode
+            info = os.lstat(path)
         except FileNotFoundError:
             continue
-        if stat.S_ISLNK(mode):
+        if stat.S_ISLNK(info.st_mode):
             raise symlink_refused(path, field="--workdir")
-        if name in FOLDERS and not stat.S_ISDIR(mode):
+        if name in FOLDERS and not stat.S_ISDIR(info.st_mode):
             raise not_a_folder(path, field="--workdir")
+        if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+            raise hard_link_refused(path, info.st_nlink, field="--workdir")
     logs = workdir / LOG_FOLDER
     if logs.is_dir():  # this run's log name is known only once the store numbers the run: a link at any of them is refused now
         for entry in sorted(logs.iterdir(), key=lambda e: e.name):
-            if RUN_LOG.fullmatch(entry.name) and entry.is_symlink():
+            if not RUN_LOG.fullmatch(entry.name):
+                continue
+            info = os.lstat(entry)
+            if stat.S_ISLNK(info.st_mode):
                 raise symlink_refused(entry, field="--workdir")
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                raise hard_link_refused(entry, info.st_nlink, field="--workdir")
 
 
 def delete_run_files(workdir: Path) -> list[str]:

@@ -47,8 +47,9 @@ class TuneCache:
         if key in _MEMORY:
             return _MEMORY[key]
         value = self._read().get(key)
-        if value is not None:
-            _MEMORY[key] = value
+        if not isinstance(value, dict):
+            return None  # absent, or an entry of another shape: measured again, like a damaged file
+        _MEMORY[key] = value
         return value
 
     def put(self, key: str, value: dict[str, Any]) -> None:
@@ -70,9 +71,10 @@ class TuneCache:
             if descriptor is None:
                 return {}
             with os.fdopen(descriptor) as handle:
-                return json.loads(handle.read())
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError, InputError):
+                entries = json.loads(handle.read())
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError, InputError, RecursionError):
             return {}  # a cache is only a shortcut: a damaged one is measured again
+        return entries if isinstance(entries, dict) else {}  # `[]`, `null`, a number: valid JSON, damaged all the same
 
 
 def clear_memory() -> None:

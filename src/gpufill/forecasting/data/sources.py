@@ -22,6 +22,7 @@ from gpufill.forecasting.data.project import Project
 from gpufill.forecasting.data.series import FILLS, TIME_NAMES, to_project
 from gpufill.forecasting.data.synthetic import synthetic_projects
 from gpufill.errors import InputError
+from gpufill.files import not_regular
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -94,6 +95,8 @@ def _resolve(source: str) -> list[Path]:
     if path.is_file():
         _check_extension(path, source)
         return [path]
+    if path.exists():  # a pipe, socket or device: reading it could wait forever (a FIFO with no writer)
+        raise not_regular(path, field="source")
     if any(char in source for char in "*?["):
         matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(source), recursive=True) if Path(p).is_file())
         if not matches:
