@@ -29,7 +29,7 @@ from tests.engine.common import input_error, linear, regression
     ({"steps_per_epoch": 0}, "steps_per_epoch", ()),
     ({"device": "tpu"}, "device", ()),
     ({"device": 0}, "device", ("int",)),
-    ({"patience": 0}, "patience", ()),
+    ({"patience": -1}, "patience", ()),
     ({"loss": "cosine"}, "loss", ("cross_entropy",)),
 ])
 def test_bad_settings_name_the_argument(overrides, field, words):

@@ -216,7 +216,7 @@ def test_a_dataset_trains_through_a_dataloader():
         ({"lr": 0.0}, "lr"),
         ({"validate_every": 0}, "validate_every"),
         ({"resume": True}, "resume"),
-        ({"patience": 0}, "patience"),
+        ({"patience": -1}, "patience"),
         ({"loss": "cosine"}, "loss"),
         ({"learning_rate": 1e-3}, "fit"),
         ({"batch_size": -4}, "batch_size"),

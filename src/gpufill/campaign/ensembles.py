@@ -5,14 +5,21 @@ that differs only in the seed (and, with `over=("seed", "lookback")`, in the loo
 test windows are the same for every lookback), by the median or the mean of each forecast
 value, and scores the combination with the same metrics as a trial. Packs make its members
 almost free: a campaign with 5 seeds already holds a 5-member ensemble of every configuration.
+
+The campaign's declared ensemble (`ensemble:`) is combined by the runner after each run and kept in the store's meta,
+each project's row naming the member trials it combined (their ids hash the data fingerprint and every setting).
+Read back, a row is current only while those are exactly the finished member trials of the file as it is now and
+the file declares the same ensemble; otherwise it is stale, as a trial of an earlier file or data is. A row
+combining fewer members than the file has (failed or not yet run) says so: "4 of 8 members".
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -20,8 +27,12 @@ from gpufill.campaign.store import Store
 from gpufill.campaign.store_health import check_rows
 from gpufill.errors import InputError
 from gpufill.forecasting.data.metrics import forecast_metrics
+from gpufill.forecasting.trial import GLOBAL_PROJECT
 
-__all__ = ["ENSEMBLE_HOW", "declared_ensemble", "ensembles", "forecast_rows", "read_declared"]
+if TYPE_CHECKING:
+    from gpufill.campaign.spec import CampaignSpec
+
+__all__ = ["ENSEMBLE_HOW", "declared_ensemble", "ensembles", "forecast_rows", "members_shown", "read_declared", "store_declared"]
 
 ENSEMBLE_HOW = ("median", "mean")
 COMBINE = {"median": np.median, "mean": np.mean}
@@ -91,19 +102,39 @@ def forecast_rows(workdir: str | Path) -> list[dict[str, Any]]:
 
 
 ENSEMBLE_META = "declared_ensemble"
-"""The store's meta key of the declared ensemble's rows (written by the runner after each run)."""
+"""The store's meta key of the declared ensemble: {"definition", "families", "rows"} (written by the runner after each
+run; a list of rows in stores written before rows named their members)."""
+SPEC_META = "spec"
+"""The meta key the runner keeps the campaign file as it is now under (written when each run starts)."""
+
+
+def store_declared(store: Store, spec: CampaignSpec) -> None:
+    """Combine the declared ensemble from what is finished and keep it in the store, with what defines it."""
+    assert spec.ensemble is not None
+    members = spec.ensemble_members()
+    rows = declared_ensemble(store, members, spec.ensemble.combine)
+    definition = _definition(json.loads(spec.model_dump_json()))
+    store.set_meta({ENSEMBLE_META: json.dumps({"definition": definition, "families": members, "rows": rows})})
+
+
+def _definition(spec: dict[str, Any]) -> dict[str, Any]:
+    """What decides the declared ensemble's members and how they combine: the ensemble section (folded) and the model
+    families (its default members are every learned one), from the spec as JSON (the meta's, or the runner's)."""
+    return {"ensemble": spec.get("ensemble"), "models": sorted(spec.get("models") or {})}
 
 
 def declared_ensemble(store: Store, members: list[str], combine: str) -> list[dict[str, Any]]:
     """The campaign's declared ensemble per project: `combine` of every finished, current trial of the `members`
     families (every seed, lookback, loss and grid point) over their stored test forecasts, scored like a trial;
-    `cost_s`: the members' training seconds, all projects together (a global trial trains them at once)."""
+    `cost_s`: the members' training seconds, all projects together (a global trial trains them at once);
+    `trial_ids`: the finished member trials it was computed from, `expected`: the file's member trials (any status)."""
     records = [r for r in _done(store) if r["family"] in members and not r["stale"]]
     kept = store.forecasts([r["trial_id"] for r in records])
     by_id = {r["trial_id"]: r for r in records}
     per_project: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
     for (trial_id, project), forecast in sorted(kept.items()):
         per_project[project].append((by_id[trial_id], forecast))
+    done, expected = _members_now(store, members)
     cost = float(sum(r["duration_s"] or 0.0 for r in records))
     rows = []
     for project, pairs in sorted(per_project.items()):
@@ -113,13 +144,54 @@ def declared_ensemble(store: Store, members: list[str], combine: str) -> list[di
         truth = first["truth"].astype(np.float64)
         rows.append({"project": project, "combine": combine, "members": len(same), "families": sorted({r["family"] for r, _ in same}),
                      "lookbacks": sorted({int(r["lookback"]) for r, _ in same}), **forecast_metrics(truth, combined, first["mase_scale"]),
-                     "cost_s": round(cost, 3)})
+                     "cost_s": round(cost, 3), "trial_ids": sorted(_of(done, project)), "expected": _count(expected, project)})
     return rows
 
 
-def read_declared(store: Store) -> list[dict[str, Any]]:
-    """The declared ensemble's rows the last run kept (none without an ensemble)."""
-    import json
-
+def read_declared(store: Store, *, include_stale: bool = False) -> list[dict[str, Any]]:
+    """The declared ensemble's rows the last run kept (none without an ensemble), each with `stale` (computed from
+    other member trials than the finished ones of the file as it is now, or under another ensemble) and `expected`
+    (how many member trials the file has for the project); stale rows only with `include_stale`."""
     text = store.meta(ENSEMBLE_META)
-    return json.loads(text) if text else []
+    if not text:
+        return []
+    kept = json.loads(text)
+    if isinstance(kept, list):  # kept before rows named their members: nothing ties them to the trials now
+        rows = [{**row, "stale": True, "expected": row["members"]} for row in kept]
+        return rows if include_stale else []
+    spec = store.meta(SPEC_META)
+    same_ensemble = spec is None or _definition(json.loads(spec)) == kept["definition"]
+    done, expected = _members_now(store, kept["families"])
+    rows = []
+    for row in kept["rows"]:
+        current = same_ensemble and set(row["trial_ids"]) == _of(done, row["project"])
+        if current or include_stale:
+            rows.append({**row, "stale": not current, "expected": _count(expected, row["project"]) if current else row["expected"]})
+    return rows
+
+
+def members_shown(row: dict[str, Any]) -> str:
+    """A declared ensemble row's members as a reader should see them: "12", or "4 of 8 members" when some of the
+    file's member trials failed or have not run (a partial ensemble is never shown as a whole one)."""
+    expected = row.get("expected")
+    return f"{row['members']} of {expected} members" if expected is not None and row["members"] < expected else str(row["members"])
+
+
+def _members_now(store: Store, families: list[str]) -> tuple[dict[str, set[str]], dict[str, int]]:
+    """The file's member trials now: per project ("*": a global trial, every project's), the finished ones' ids, and
+    how many there are in any status."""
+    done: dict[str, set[str]] = defaultdict(set)
+    expected: dict[str, int] = defaultdict(int)
+    for trial_id, project, status in store.member_trials(families):
+        expected[project] += 1
+        if status == "done":
+            done[project].add(trial_id)
+    return done, expected
+
+
+def _of(done: dict[str, set[str]], project: str) -> set[str]:
+    return done.get(project, set()) | done.get(GLOBAL_PROJECT, set())
+
+
+def _count(expected: dict[str, int], project: str) -> int:
+    return expected.get(project, 0) + expected.get(GLOBAL_PROJECT, 0)

@@ -147,22 +147,29 @@ def read_best(workdir: str | Path, *, include_stale: bool = False, metric: str =
     store = Store.open(workdir)
     try:
         check_rows(store.db, store.path)
-        means, bases, declared = store.config_means(metric, include_stale=include_stale), store.bases(), read_declared(store)
+        means, bases = store.config_means(metric, include_stale=include_stale), store.bases()
+        declared = read_declared(store, include_stale=include_stale)
     finally:
         store.close()
     return with_declared(_pick_best(with_effective_train(means, bases), metric), declared, metric)
 
 
 def with_declared(best: list[dict[str, Any]], declared: list[dict[str, Any]], metric: str = "mae") -> list[dict[str, Any]]:
-    """The summary's rows with the declared ensemble's beside them (one per project: all its members, no choice made)."""
+    """The summary's rows with the declared ensemble's beside them (one per project: all its members, no choice made;
+    a stale one marked stale, a partial one's family saying "4 of 8 members")."""
+    from gpufill.campaign.ensembles import members_shown
+
     if not declared:
         return best
     references = {g["project"]: g[metric] for g in best if g["family"] == REFERENCE and not g["stale"]}
     rows = [*best]
     for row in declared:
-        reference = references.get(row["project"])
-        rows.append({"project": row["project"], "family": f"ensemble ({row['combine']})", "params": json.dumps({"members": row["families"]}),
-                     "train": "{}", "lookback": ",".join(map(str, row["lookbacks"])), "stale": False, metric: row[metric],
+        stale = bool(row.get("stale"))
+        reference = None if stale else references.get(row["project"])
+        members = members_shown(row)
+        family = f"ensemble ({row['combine']}{'' if members == str(row['members']) else f'; {members}'})"
+        rows.append({"project": row["project"], "family": family, "params": json.dumps({"members": row["families"]}),
+                     "train": "{}", "lookback": ",".join(map(str, row["lookbacks"])), "stale": stale, metric: row[metric],
                      f"vs_{REFERENCE}": row[metric] / reference if reference else None, "seeds": row["members"], "chosen_on": "all",
                      "config_id": ""})
     return sorted(rows, key=lambda g: (g["project"], g["stale"], g[metric]))

@@ -256,11 +256,9 @@ class Campaign:
                 store.end_run(run_id, "interrupted")
             raise
         if self.spec.ensemble is not None:  # combined and scored from what is finished, kept beside the trials
-            import json
+            from gpufill.campaign.ensembles import store_declared
 
-            from gpufill.campaign.ensembles import ENSEMBLE_META, declared_ensemble
-
-            store.set_meta({ENSEMBLE_META: json.dumps(declared_ensemble(store, self.spec.ensemble_members(), self.spec.ensemble.combine))})
+            store_declared(store, self.spec)
         store.end_run(run_id, "failed" if outcome.failed else "incomplete" if outcome.waiting else "done")
         log.info("run %d ended: %d done, %d failed, %d retried, %d environment failures (not counted), %d left waiting, %d worker crashes in %.1f s",
                  run_id, outcome.done, outcome.failed, outcome.retried, outcome.environment, outcome.waiting, outcome.crashed, outcome.elapsed_s)

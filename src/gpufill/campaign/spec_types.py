@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from gpufill.errors import InputError
 
-__all__ = ["Count", "Float", "Spec", "at_most"]
+__all__ = ["Count", "Float", "Spec", "at_most", "digits"]
 
 SCIENTIFIC = re.compile(r"^[+-]?\d+(\.\d*)?[eE][+-]?\d+$")
 
@@ -22,7 +22,7 @@ def _number(value: Any) -> Any:
     return value
 
 
-def _digits(value: Any) -> Any:
+def digits(value: Any) -> Any:
     # YAML 1.1 reads 1e8 (no dot, no exponent sign) as the text "1e8": say so, instead of "expected an integer, got '1e8'".
     if isinstance(value, str) and SCIENTIFIC.match(value.strip()):
         number = float(value)
@@ -43,7 +43,7 @@ def at_most(limit: int, why: str) -> AfterValidator:
 
 
 Float = Annotated[float, BeforeValidator(_number)]
-Count = Annotated[StrictInt, BeforeValidator(_digits), Field(ge=1)]
+Count = Annotated[StrictInt, BeforeValidator(digits), Field(ge=1)]
 
 
 class Spec(BaseModel):

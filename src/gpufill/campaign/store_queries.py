@@ -163,6 +163,15 @@ class StoreQueries:
             f" GROUP BY project, family, {current}, {config}, CASE WHEN {config} = '' THEN params || train || lookback END")
         return _with_stale(cursor)
 
+    def member_trials(self, families: Sequence[str]) -> list[tuple[str, str, str]]:
+        """(trial_id, project, status) of the file's trials of `families` as it is now (skipped ones aside): what a
+        declared ensemble's row is checked against (campaign/ensembles.py)."""
+        if not families:
+            return []
+        marks = ",".join("?" * len(families))
+        return self.db.execute(f"SELECT trial_id, project, status FROM trials WHERE {self._column('current')} = 1 AND status != 'skipped'"
+                               f" AND family IN ({marks})", list(families)).fetchall()
+
     def count(self, *, include_stale: bool = False) -> int:
         where = "" if include_stale else f" WHERE status != 'skipped' AND {self._column('current')} = 1"
         return int(self.db.execute(f"SELECT COUNT(*) FROM trials{where}").fetchone()[0])

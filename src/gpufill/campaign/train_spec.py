@@ -6,18 +6,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, StrictBool, ValidationError, field_validator
 
 from gpufill.campaign.grid_checks import TRAIN_KEYS
 from gpufill.campaign.spec_errors import dotted, explain
-from gpufill.campaign.spec_types import Count, Float, Spec
+from gpufill.campaign.spec_types import Count, Float, Spec, digits
 from gpufill.errors import InputError
-from gpufill.forecasting.training import DEFAULTS, FORECAST_EPOCHS, FORECAST_PATIENCE, FitConfig
+from gpufill.forecasting.training import DEFAULTS, FORECAST_EPOCHS, FORECAST_PATIENCE, FitConfig, check_patience
+
+
+def _patience(value: Any) -> Any:
+    return check_patience(digits(value), none="null")  # fit's one check: 0 or null is off, a negative is refused
 
 
 class EarlyStoppingSpec(Spec):
-    patience: Count = FORECAST_PATIENCE
-    """Validations without improvement before a training stops."""
+    patience: Annotated[int | None, BeforeValidator(_patience)] = FORECAST_PATIENCE
+    """Validations without improvement before a training stops; 0 or null turns early stopping off (as
+    `early_stopping: null` does, and as in fit and `gpufill train --patience 0`)."""
     min_delta: Annotated[Float, Field(ge=0)] = 0.0
     """Smallest drop in validation loss that counts as an improvement."""
 
@@ -58,6 +63,13 @@ class TrainSpec(Spec):
                 fix="write early_stopping: null to turn it off, or a mapping such as {patience: 5}",
             )
         return value
+
+    @field_validator("early_stopping")
+    @classmethod
+    def _patience_off(cls, value: EarlyStoppingSpec | None) -> EarlyStoppingSpec | None:
+        # patience 0 or null is early stopping off: stored as `early_stopping: null`, so the three spellings are one
+        # setting (the same trial ids, the same FitConfig).
+        return None if value is not None and value.patience is None else value
 
     def fit_config(self, overrides: Mapping[str, Any], seed: int) -> FitConfig:
         """The FitConfig of one trial: these settings, the trial's overrides, its seed."""

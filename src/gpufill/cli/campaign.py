@@ -188,11 +188,14 @@ def results(
             rows, total = reading.read_trial_records(directory, include_stale=all_, limit=None if all_ else campaign_tables.TABLE_ROWS)
         Console().print(campaign_tables.results_table(rows, summary=summary, total=total, stale_view=all_))
         return
+    import pandas as pd
+
     from gpufill.campaign.export import write_frame
 
-    frame = reading.read_trials(directory, include_stale=all_)
-    if summary:
-        frame = reading.best_per_project(frame)
+    if summary:  # the table's rows, declared ensemble included: the same reader, the same numbers
+        frame = pd.DataFrame.from_records(reading.read_best(directory, include_stale=all_), columns=reading.summary_columns(stale=all_))
+    else:
+        frame = reading.read_trials(directory, include_stale=all_)
     write_frame(frame, "csv" if format_ == "table" else format_, out)
 
 

@@ -38,7 +38,7 @@ def train(
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
     lr: float = typer.Option(DEFAULTS.lr, "--lr", help="Learning rate at the reference batch (128)."),
     lr_scale_rule: str = typer.Option(DEFAULTS.lr_scale_rule, "--lr-scale", help="linear, sqrt or none: how lr follows the batch."),
-    patience: int = typer.Option(FORECAST_PATIENCE, "--patience", help="Early stopping patience (validations without improvement); 0 turns it off."),
+    patience: int = typer.Option(FORECAST_PATIENCE, "--patience", help="Early stopping patience: validations without improvement before training stops; 0 turns early stopping off."),
     seed: int = typer.Option(DEFAULTS.seed, "--seed"),
     param: list[str] = typer.Option([], "--param", "-p", help="Model parameter KEY=VALUE (repeatable)."),
     val: str = typer.Option("0.1", "--val", help="Validation split: fraction or count of final steps."),
@@ -78,7 +78,7 @@ def train(
         config = FitConfig(
             epochs=epochs,
             lr=lr,
-            patience=None if patience == 0 else patience,  # 0: no early stopping (--epochs decides)
+            patience=patience,  # 0: early stopping off, as in fit and a campaign (FitConfig keeps it as None)
             seed=seed,
             device=device,
             precision=precision,  # type: ignore[arg-type]  # checked by validate()
@@ -158,4 +158,5 @@ def _as_options() -> Iterator[None]:
         if option is None:
             raise
         fix = error.fix.replace(f"set {error.field} to", f"pass {option}").replace(" or None", "")
-        raise InputError(error.problem, where="command line", field=option, fix=fix) from None
+        problem = error.problem.replace(" or None", "")  # None cannot be typed on a command line
+        raise InputError(problem, where="command line", field=option, fix=fix) from None

@@ -129,7 +129,8 @@ class FitConfig(SpeedSettings):
     """Max global gradient norm (None: off). Opt-in: on small models it costs ~8 % of a CPU step."""
     validate_every: int = 1
     patience: int | None = None
-    """Early stopping: validations without improvement before stopping (None: off)."""
+    """Early stopping: validations without improvement before stopping; 0 or None turns early stopping off
+    (stored as None: one meaning in fit, `gpufill train --patience` and a campaign's early_stopping.patience)."""
     min_delta: float = 0.0
     restore_best: bool = True
     """End with the weights of the best validation, not the last epoch (needs val data)."""
@@ -151,6 +152,11 @@ class FitConfig(SpeedSettings):
     seed: int = 0
     """Seeds batch order and dropout (not the model's init, which happens before fit)."""
 
+    def __post_init__(self) -> None:
+        # Patience 0 means off, as None does: the loops then test `patience is None` only (0 would stop at once).
+        if isinstance(self.patience, int) and not isinstance(self.patience, bool) and self.patience == 0:
+            object.__setattr__(self, "patience", None)
+
     def validate(self) -> None:
         """Every field checked once; the first bad one raises an InputError naming it and the fix."""
         SpeedSettings.validate(self)
@@ -160,7 +166,8 @@ class FitConfig(SpeedSettings):
         if self.seed >= 2**64:  # torch's generator takes 64 bits: a larger seed is an overflow deep in manual_seed
             raise InputError(f"seed {self.seed} does not fit in 64 bits", field="seed", fix="use a seed below 2**64 (any 32-bit number works everywhere)")
         _one_of("verbose", self.verbose, (True, False, "auto"))
-        for name in ("patience", "steps_per_epoch", "max_steps"):
+        check_patience(self.patience)
+        for name in ("steps_per_epoch", "max_steps"):
             if getattr(self, name) is not None:
                 _whole(name, getattr(self, name), minimum=1, none=True)
         if self.warmup_steps != "auto":
@@ -180,6 +187,22 @@ class FitConfig(SpeedSettings):
         if self.checkpoint_dir is not None and Path(self.checkpoint_dir).exists() and not Path(self.checkpoint_dir).is_dir():
             raise InputError(f"{str(self.checkpoint_dir)!r} is a file, not a directory", field="checkpoint_dir",
                              fix="set checkpoint_dir to a directory (it is created if missing)")
+
+
+PATIENCE_OFF = "0 or None turns early stopping off"
+"""What patience 0 means, in the same words in fit's, `gpufill train`'s and the campaign file's help and errors."""
+
+
+def check_patience(value: Any, *, none: str = "None") -> int | None:
+    """Early-stopping patience: a whole number >= 0, or None; 0 and None turn early stopping off (returned as None).
+    `none`: how the caller spells None (a campaign file: null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        off = PATIENCE_OFF.replace("None", none)
+        raise InputError(f"patience must be a whole number >= 0 ({off}), got {value!r}", field="patience",
+                         fix="set patience to a whole number such as 5, or 0 to turn early stopping off")
+    return value or None
 
 
 def _whole(name: str, value: Any, *, minimum: int, auto: bool = False, none: bool = False) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpufill.campaign.ensembles import read_declared
+from gpufill.campaign.ensembles import members_shown, read_declared
 from gpufill.campaign.reading import best_per_project
 from gpufill.campaign.provenance import with_effective_train
 from gpufill.campaign.store import FRAME_COLUMNS, Store
@@ -139,7 +139,7 @@ def _declared(declared: list[dict], best: pd.DataFrame) -> str:
     for row in declared:
         members = best[(best["project"] == row["project"]) & best["family"].isin(row["families"])]
         single = members.sort_values("mae").head(1)
-        rows.append([escape(row["project"]), escape(row["combine"]), str(row["members"]), escape(", ".join(row["families"])),
+        rows.append([escape(row["project"]), escape(row["combine"]), members_shown(row), escape(", ".join(row["families"])),
                      escape(", ".join(map(str, row["lookbacks"]))), f"{row['mae']:.4g}", f"{row['smape']:.4g}", f"{row['mase']:.4g}",
                      "" if single.empty else f"{single['mae'].iloc[0]:.4g} ({escape(single['family'].iloc[0])})", f"{row['cost_s']:.1f}"])
     return "\n" + "\n".join(["<h3>Declared ensemble</h3>",
