@@ -8,6 +8,10 @@ once per round, the as-is run first) and one more as-is run closes the last roun
 as-is rates bound the machine's run-to-run noise, and a gain inside it is called so. What needs
 a change to the script (a DataLoader's settings, a per-step sync, autocast, a fused optimizer)
 comes from the doctor's diagnosis of the as-is run, with its line, and is not applied.
+
+The command therefore runs `len(run_order(...))` times (3 on a CPU at one round, 7 at three): said
+before the first run, since a script with side effects (a log, an upload) has them that many times.
+Each run has its own deadline (supervise.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from gpufill.errors import InputError
 from gpufill.script.diagnose import WARMUP_STEPS, analyse
 from gpufill.script.instrument import SETTINGS
 from gpufill.script.launch import ScriptRun, check_command, run_instrumented
+from gpufill.script.supervise import DEADLINE_S, check_timeout, left_running_text
 
 ALLOCATOR = "expandable_segments:True"
 """PyTorch's caching allocator maps memory in growing segments: less fragmentation and fewer cudaMalloc
@@ -92,6 +97,8 @@ class ScriptBench:
     code_changes: list[dict[str, Any]]
     skipped: list[str]
     environment: dict[str, Any]
+    endings: list[str] = field(default_factory=list)
+    """How gpufill ended a run of the command (a deadline, an ignored SIGTERM), and what a run left running."""
 
     @property
     def as_is(self) -> float:
@@ -117,12 +124,29 @@ class ScriptBench:
                          "flags_in_effect": result.flags, "note": result.note})
         return {"command": self.command, "steps": self.steps, "warmup": WARMUP_STEPS, "repeats": self.repeats, "unit": self.unit,
                 "training_device": self.device, "variants": rows, "closing_as_is": _round(self.closing_as_is), "noise": _round(self.noise),
-                "skipped": self.skipped, "code_changes": self.code_changes, **self.environment}
+                "skipped": self.skipped, "code_changes": self.code_changes, "endings": self.endings, **self.environment}
 
 
-def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tuple[str, ...] = (), progress: Any = None) -> ScriptBench:
-    """Measure the command as it is, then with each variant (all that apply to its device, or those in `tries`)."""
+def run_order(variants: list[Variant], repeats: int) -> list[tuple[int, Variant]]:
+    """(round, variant) of every run of the command, in order: the as-is run, the variants of the first round, then per
+    further round the as-is run and the variants again, and one closing as-is run (round `repeats`)."""
+    rounds = [(r, v) for r in range(repeats) for v in ([AS_IS] if r else []) + variants]
+    return [(0, AS_IS), *rounds, (repeats, AS_IS)]
+
+
+def runs_text(variants: list[Variant], repeats: int, steps: int) -> str:
+    """What the user is told before the first run: how many times the command runs."""
+    n = len(run_order(variants, repeats))
+    each = f" and {repeats} with each of {', '.join(v.name for v in variants)}" if variants else ""
+    return f"your command runs {n} times: {repeats + 1} as it is{each}; each run stopped after {WARMUP_STEPS} warm-up + {steps} steps"
+
+
+def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tuple[str, ...] = (), progress: Any = None,
+                 say: Any = None, timeout_s: float | None = DEADLINE_S) -> ScriptBench:
+    """Measure the command as it is, then with each variant (all that apply to its device, or those in `tries`).
+    `say(text)`: lines the user must see (how many times the command runs); `progress(text)`: transient ones."""
     check_command(command, "bench")
+    check_timeout(timeout_s)
     known = {v.name: v for v in VARIANTS}
     unknown = [name for name in tries if name not in known]
     if unknown:
@@ -131,9 +155,14 @@ def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tup
     if steps < 1 or repeats < 1:
         raise InputError(f"--steps {steps} / --repeats {repeats}: both must be at least 1", where="command line", field="--steps", fix="e.g. --steps 30")
     report = lambda text: progress(text) if progress else None  # noqa: E731
+    tell = lambda text: say(text) if say else None  # noqa: E731
+    # Which variants apply depends on the training's device, known after the first run: until then, this machine's.
+    expected = _choose(known, tries, on_gpu=_cuda_here())
+    tell(runs_text(expected, repeats, steps))
     as_is = VariantResult(AS_IS)
+    endings: list[str] = []
     report("the command as it is")
-    first = _measure(command, AS_IS, steps)
+    first = _measure(command, AS_IS, steps, timeout_s, endings)
     if first.report is None or not first.stopped_by_gpufill:
         raise ScriptNotMeasured(first)
     device = next((d for d in first.report["devices"] if d.startswith("cuda")), first.report["devices"][0] if first.report["devices"] else "cpu")
@@ -141,33 +170,46 @@ def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tup
     as_is.rates.append(_rate(first))
     as_is.flags = {**first.report["flags"], "torch_threads": _threads(first.report)}
     on_gpu = device.startswith("cuda")
-    chosen = [known[name] for name in tries] if tries else [v for v in VARIANTS if v.applies_to(on_gpu)]
+    chosen = _choose(known, tries, on_gpu=on_gpu)
+    if chosen != expected:
+        tell(f"the training runs on {device}: your command runs {len(run_order(chosen, repeats))} times in all, not {len(run_order(expected, repeats))} "
+             f"({', '.join(v.name for v in chosen) or 'no'} variants)")
     skipped = [] if tries else [f"{v.name}: {v.only_for}, and the training runs on {device}" for v in VARIANTS if not v.applies_to(on_gpu)]
-    results = [as_is, *(VariantResult(v, note="" if v.applies_to(on_gpu) else f"{v.only_for}: no effect expected on {device}") for v in chosen)]
+    results = {v.name: VariantResult(v, note="" if v.applies_to(on_gpu) else f"{v.only_for}: no effect expected on {device}") for v in chosen}
     closing: float | None = None
-    for round_index in range(repeats):
-        for result in results:
-            if result is as_is and round_index == 0:
-                continue
-            report(f"round {round_index + 1}/{repeats}: {result.variant.name}")
-            run = _measure(command, result.variant, steps)
-            if run.report is None or not run.stopped_by_gpufill:
-                result.note = f"did not finish {steps} steps: {run.report['stop_reason'] if run.report else 'no report'} (exit code {run.exit_code})"
-                continue
-            result.rates.append(_rate(run))
-            result.flags = {**run.report["flags"], "torch_threads": _threads(run.report)}
-            result.note = result.note or _did_not_stick(result.variant, result.flags)
-    report("the command as it is, again (the noise)")
-    again = _measure(command, AS_IS, steps)
-    if again.report is not None and again.stopped_by_gpufill:
-        closing = _rate(again)
-        as_is.rates.append(closing)
+    for round_index, variant in run_order(chosen, repeats)[1:]:
+        if round_index == repeats:
+            report("the command as it is, again (the noise)")
+            again = _measure(command, AS_IS, steps, timeout_s, endings)
+            if again.report is not None and again.stopped_by_gpufill:
+                closing = _rate(again)
+                as_is.rates.append(closing)
+            continue
+        result = as_is if variant is AS_IS else results[variant.name]
+        report(f"round {round_index + 1}/{repeats}: {variant.name}")
+        run = _measure(command, variant, steps, timeout_s, endings)
+        if run.report is None or not run.stopped_by_gpufill:
+            result.note = f"did not finish {steps} steps: {run.report['stop_reason'] if run.report else 'no report'} (exit code {run.exit_code})"
+            continue
+        result.rates.append(_rate(run))
+        result.flags = {**run.report["flags"], "torch_threads": _threads(run.report)}
+        result.note = result.note or _did_not_stick(variant, result.flags)
     from gpufill.bench.report import environment
 
     diagnosis = analyse(first)
     changes = [f.to_dict() for f in diagnosis.findings if f.where]  # the ones that name a line of the script
-    return ScriptBench(command=command, steps=steps, repeats=repeats, unit=unit, device=device, results=results, closing_as_is=closing,
-                       code_changes=changes, skipped=skipped, environment=environment(device))
+    return ScriptBench(command=command, steps=steps, repeats=repeats, unit=unit, device=device, results=[as_is, *results.values()], closing_as_is=closing,
+                       code_changes=changes, skipped=skipped, environment=environment(device), endings=endings)
+
+
+def _choose(known: dict[str, Variant], tries: tuple[str, ...], *, on_gpu: bool) -> list[Variant]:
+    return [known[name] for name in tries] if tries else [v for v in VARIANTS if v.applies_to(on_gpu)]
+
+
+def _cuda_here() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 class ScriptNotMeasured(Exception):
@@ -176,14 +218,18 @@ class ScriptNotMeasured(Exception):
     def __init__(self, run: ScriptRun):
         self.run = run
         reason = run.report["stop_reason"] if run.report else "no Python process of the command was instrumented"
-        super().__init__(f"gpufill bench: the command was not measured: {reason} (exit code {run.exit_code})")
+        ended = f"; gpufill ended it: {run.ending}" if run.ending else ""
+        super().__init__(f"gpufill bench: the command was not measured: {reason} (exit code {run.exit_code}){ended}")
 
 
-def _measure(command: list[str], variant: Variant, steps: int) -> ScriptRun:
+def _measure(command: list[str], variant: Variant, steps: int, timeout_s: float | None, endings: list[str]) -> ScriptRun:
     # The script's standard output goes to /dev/null (a table of rates is the product here); its errors still show.
     with tempfile.TemporaryDirectory(prefix="gpufill-bench-") as folder, open(os.devnull, "w") as quiet:
-        return run_instrumented(command, Path(folder), steps=steps, warmup=WARMUP_STEPS, settings=variant.settings, extra_env=variant.env(),
-                                sample_every_s=5.0, stdout=quiet)
+        run = run_instrumented(command, Path(folder), steps=steps, warmup=WARMUP_STEPS, settings=variant.settings, extra_env=variant.env(),
+                               sample_every_s=5.0, stdout=quiet, timeout_s=timeout_s)
+    ended = [f"gpufill ended it: {run.ending}"] if run.ending else []
+    endings.extend(f"the {variant.name} run: {line}" for line in ended + left_running_text(run.left_running))
+    return run
 
 
 def _rate(run: ScriptRun) -> float:

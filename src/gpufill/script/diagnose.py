@@ -22,6 +22,7 @@ from gpufill.monitor.summary import summarise
 from gpufill.script.instrument import THREAD_TRIAL_ENV
 from gpufill.script.launch import ScriptRun, check_command, run_instrumented
 from gpufill.script.oversubscription import fix_text, measured_gain, thread_verdict
+from gpufill.script.supervise import DEADLINE_S, check_timeout
 
 WARMUP_STEPS = 3
 SYNCS_WORTH_A_FINDING = 0.25
@@ -63,6 +64,9 @@ class ScriptDiagnosis:
     not_measured: list[str] = field(default_factory=list)
     machine: dict[str, Any] = field(default_factory=dict)
     """The run as the campaign sampler saw it (host CPU and memory; GPU utilisation, memory, power, clocks)."""
+    ending: str = ""
+    """How gpufill ended the command (ScriptRun.ending); empty when it ended by itself."""
+    left_running: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         report = self.report or {}
@@ -83,16 +87,20 @@ class ScriptDiagnosis:
             "not_measured": self.not_measured,
             "stop_reason": report.get("stop_reason"),
             "error": report.get("error"),
+            "ending": self.ending,
+            "left_running": self.left_running,
         }
 
 
-def diagnose_script(command: list[str], *, steps: int, quiet_output: bool = False) -> ScriptDiagnosis:
-    """Run `command` instrumented for WARMUP_STEPS + `steps` optimizer steps and diagnose it."""
+def diagnose_script(command: list[str], *, steps: int, quiet_output: bool = False, timeout_s: float | None = DEADLINE_S) -> ScriptDiagnosis:
+    """Run `command` instrumented for WARMUP_STEPS + `steps` optimizer steps and diagnose it; it is ended
+    after `timeout_s` seconds (supervise.py) if it has not ended by then."""
     check_command(command, "doctor")
+    check_timeout(timeout_s)
     with tempfile.TemporaryDirectory(prefix="gpufill-doctor-") as folder:
         # The script's own output goes to stderr under --json, so stdout stays one JSON object.
         run = run_instrumented(command, Path(folder), steps=steps, warmup=WARMUP_STEPS, sample_every_s=SAMPLE_EVERY_S,
-                               stdout=sys.stderr if quiet_output else None, extra_env={THREAD_TRIAL_ENV: "1"})
+                               stdout=sys.stderr if quiet_output else None, extra_env={THREAD_TRIAL_ENV: "1"}, timeout_s=timeout_s)
     return analyse(run)
 
 
@@ -102,10 +110,14 @@ def analyse(run: ScriptRun, *, statistic: Literal["median", "mean"] = "median") 
     report = run.report
     stopped = run.stopped_by_gpufill
     diagnosis = ScriptDiagnosis(command=run.command, exit_code=0 if stopped else run.exit_code, stopped_by_doctor=stopped, report=report,
-                                ranks=len(run.reports), timings=None, verdict=None, machine=summarise(run.samples))
-    if report is None:
+                                ranks=len(run.reports), timings=None, verdict=None, machine=summarise(run.samples), ending=run.ending,
+                                left_running=run.left_running)
+    if report is None and run.ending:  # killed before any process of it wrote a report
+        diagnosis.not_measured.append("everything: gpufill ended the command before it wrote a report (see how, below)")
+    elif report is None:
         diagnosis.not_measured.append("everything: no Python process of the command loaded gpufill's instrumentation (not a Python command, "
                                       "or one that resets PYTHONPATH)")
+    if report is None:
         return diagnosis
     _analyse(diagnosis, report, statistic, run.samples)
     return diagnosis

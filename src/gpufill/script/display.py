@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufill.script.diagnose import gain_text, loader_text
+from gpufill.script.supervise import left_running_text
 
 
 def print_script_report(record: dict[str, Any], console: Console) -> None:
@@ -39,7 +40,16 @@ def print_script_report(record: dict[str, Any], console: Console) -> None:
         console.print(Text(f"{rank}. {finding['what']}{gain}"))
     for item in record["not_measured"]:
         console.print(Text(f"not measured: {item}", style="yellow"))
-    console.print(Text(f"the script: {record['stop_reason']}" + (f"; exit code {record['exit_code']}" if record["exit_code"] else "")))
+    console.print(Text(f"the script: {record['stop_reason'] or 'no report from it'}" + (f"; exit code {record['exit_code']}" if record["exit_code"] else "")))
+    print_ending(record, console)
+
+
+def print_ending(record: dict[str, Any], console: Console) -> None:
+    """How gpufill ended the command, and what it left running: one line each."""
+    if record.get("ending"):
+        console.print(Text(f"gpufill ended it: {record['ending']}", style="yellow"), soft_wrap=True)  # one line, however narrow the terminal
+    for line in left_running_text(record.get("left_running", [])):
+        console.print(Text(line, style="yellow"), soft_wrap=True)
 
 
 def print_watch_summary(record: dict[str, Any], console: Console) -> None:
@@ -65,6 +75,7 @@ def print_watch_summary(record: dict[str, Any], console: Console) -> None:
         console.print(Text(f"{rank}. {finding['what']}{gain}"))
     for item in record["not_measured"]:
         console.print(Text(f"not measured: {item}", style="yellow"))
+    print_ending(record, console)
     console.print(Text(f"report: {record['folder']}/report.html (timelines, step breakdown, verdict); data: {record['folder']}/"))
 
 
@@ -85,6 +96,8 @@ def print_script_bench(record: dict[str, Any], console: Console) -> None:
                            "a gain inside that is marked (noise)", style="dim"))
     for line in record["skipped"]:
         console.print(Text(f"not run: {line}", style="dim"))
+    for line in record.get("endings", []):
+        console.print(Text(line, style="yellow"), soft_wrap=True)
     if record["code_changes"]:
         console.print(Text("changes to the script itself (not applied; from the diagnosis of the as-is run):", style="bold"))
         for rank, change in enumerate(record["code_changes"], start=1):
