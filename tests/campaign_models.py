@@ -99,3 +99,17 @@ def stalls_on_first_try(n_features: int, lookback: int, horizon: int, *, marker:
 def tagged(n_features: int, lookback: int, horizon: int, *, tag: str = "") -> nn.Module:
     """A linear model with a text parameter that only names it (the hostile-input tests put `$` in it)."""
     return _Linear(n_features, lookback, horizon)
+
+
+_CACHED: dict[tuple[int, int, int], nn.Module] = {}
+_SHARED_HEAD = nn.Linear(1, 1)
+
+
+def cached_linear(n_features: int, lookback: int, horizon: int) -> nn.Module:
+    """A factory that caches its module per shape: each call hands back the same (trained) module."""
+    return _CACHED.setdefault((n_features, lookback, horizon), _Linear(n_features, lookback, horizon))
+
+
+def shared_part(n_features: int, lookback: int, horizon: int) -> nn.Module:
+    """A new module each call that holds one submodule shared by all of them."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(n_features * lookback, 1), _SHARED_HEAD, nn.Linear(1, horizon))

@@ -270,3 +270,19 @@ def test_unusable_factories(user_modules, factory, text):
         build(f"custom_model_fixture:{factory}", n_features=1, lookback=4, horizon=1)
     message = str(info.value)
     assert message.startswith("model: ") and text in message and "; fix: " in message
+
+
+def test_a_factory_that_hands_back_a_module_it_returned_before_is_refused_in_one_line():
+    """Issue 37 item 2: a `module:factory` caching its module per shape would start each later trial from the weights
+    an earlier trial trained (metrics depending on what the worker ran before); sharing a trainable part does too."""
+    shape = {"n_features": 1, "lookback": 4, "horizon": 2}
+    first = registry.build("tests.campaign_models:cached_linear", **shape)
+    with pytest.raises(InputError) as caught:
+        registry.build("tests.campaign_models:cached_linear", **shape)
+    assert caught.value.field == "tests.campaign_models:cached_linear" and "\n" not in str(caught.value)
+    assert "returned before" in str(caught.value) and "build a new module inside the factory" in caught.value.fix
+    registry.build("tests.campaign_models:shared_part", **shape)
+    with pytest.raises(InputError, match="returned before"):
+        registry.build("tests.campaign_models:shared_part", **shape)
+    fresh = [registry.build("mlp", **shape) for _ in range(2)]
+    assert fresh[0] is not fresh[1] and first is not None  # a factory that builds anew each call is never refused

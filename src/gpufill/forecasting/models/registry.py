@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -139,7 +140,29 @@ def build(
     """Build model family ``name`` for the given shapes with ``params`` over its defaults."""
     merged = check_params(name, {} if params is None else params)
     family = _import_family(name) if name in _REMEMBERED else resolve(name)  # building runs the user's code: here, never a stand-in
-    return family.factory(n_features=n_features, lookback=lookback, horizon=horizon, **merged)
+    model = family.factory(n_features=n_features, lookback=lookback, horizon=horizon, **merged)
+    _check_fresh(name, model)
+    return model
+
+
+_HANDED_OUT: dict[int, weakref.ref[Any]] = {}
+"""id -> the parameter itself (weakly), for every parameter of a model build() returned in this process."""
+
+
+def _check_fresh(name: str, model: Any) -> None:
+    """Refuse a model that holds a parameter an earlier build() returned: a factory that caches its modules would start
+    each later trial from the weights an earlier one trained, and a trial's metrics would depend on what its worker
+    ran before. By identity, not by value (a tensor's == compares elements)."""
+    parameters = getattr(model, "parameters", None)
+    if not callable(parameters):
+        return  # a classical family's estimator: fitted from scratch by its fit()
+    tensors = [t for t in parameters() if t.requires_grad]  # a frozen part shared on purpose (a pretrained encoder) never trains
+    if any((held := _HANDED_OUT.get(id(t))) is not None and held() is t for t in tensors):
+        raise InputError(f"the factory returned a module (or a part of one) it had returned before, so this trial would start "
+                         f"from the weights an earlier trial trained", field=name,
+                         fix="build a new module inside the factory on every call (cache data or settings, never modules)")
+    for t in tensors:
+        _HANDED_OUT[id(t)] = weakref.ref(t, lambda _, key=id(t): _HANDED_OUT.pop(key, None))
 
 
 _REMEMBERED: dict[str, Family] = {}
