@@ -39,13 +39,19 @@ def test_the_doctor_measures_fewer_threads_and_names_the_oversubscription_first(
         "oversubscribed.py:19, where the script sets 4")  # the script's own line: OMP_NUM_THREADS would change nothing there
     timed = report["threads"]["trial"]
     assert timed["arms"] == [4, 1, 2] and len(timed["rounds"]) >= 2 and all(len(steps) == 2 for r in timed["rounds"] for steps in r.values())
-    # The gain is the median of per-round ratios of the recorded step times, and its range is theirs.
     ratios = sorted(_median(r["4"]) / _median(r[str(fewer)]) for r in timed["rounds"])
-    assert first["expected_gain"] == pytest.approx(_median(ratios), abs=0.01) and first["expected_gain"] >= NOISE_FLOOR
-    assert first["spread"] == [pytest.approx(ratios[0], abs=0.01), pytest.approx(ratios[-1], abs=0.01)]
-    # Fewer threads won the rounds the verdict needs (3 of 4; all of 2 or 3): a busy box may lose one of 4 (seen: 0.99x).
-    assert sum(r > 1.0 for r in ratios) >= math.ceil(WINNING_ROUNDS * len(ratios))
-    assert not first["within_noise"]
+    if first["expected_gain"] is None:
+        # A box loaded past its cores (load 4-6 on 2, seen: 0.15x) can hide the gain in the trial's rounds: the verdict
+        # still names the count (4 threads never run at once on 2 cores) and says the trial was within the noise.
+        assert "within this box's noise" in verdict["reason"] and fewer == 2
+        assert _median(ratios) < NOISE_FLOOR or sum(r > 1.0 for r in ratios) < math.ceil(WINNING_ROUNDS * len(ratios))
+    else:
+        # The gain is the median of per-round ratios of the recorded step times, and its range is theirs.
+        assert first["expected_gain"] == pytest.approx(_median(ratios), abs=0.01) and first["expected_gain"] >= NOISE_FLOOR
+        assert first["spread"] == [pytest.approx(ratios[0], abs=0.01), pytest.approx(ratios[-1], abs=0.01)]
+        # Fewer threads won the rounds the verdict needs (3 of 4; all of 2 or 3): a busy box may lose one of 4 (seen: 0.99x).
+        assert sum(r > 1.0 for r in ratios) >= math.ceil(WINNING_ROUNDS * len(ratios))
+        assert not first["within_noise"]
     # No batch-size advice from steps that stalled; what else is listed says it was timed under the stall.
     assert not any("batch" in f["what"] for f in report["findings"])
     assert all("measure again after the thread fix" in f["why"] for f in report["findings"][1:])
