@@ -135,3 +135,33 @@ def test_a_run_samples_the_host_into_the_store(tmp_path):
     assert len(host) >= 1  # at least the sample taken as the sampler starts
     assert host["cpu_percent"].between(0, 100).all() and (host["ram_total"] > 0).all()
     assert (samples["source"] != "gpu0").all()  # no GPU here: host rows only, no crash
+
+
+READERS = """name: readers
+data: {source: synthetic, projects: 2, length: 200, seed: 1}
+task: {lookback: [6], horizon: 3, split: {val: 20, test: 20}}
+models:
+  linear: {}
+  snaive: {}
+ensemble: {families: [linear, snaive]}
+seeds: [0, 1]
+resources: {retries: 0}
+"""
+
+
+@pytest.mark.parametrize("command", [["status"], ["results"], ["results", "--summary"]])
+def test_status_and_results_read_the_store_without_torch_pandas_or_numpy(tmp_path, command):
+    """What keeps them fast on a 36,000-trial store (bench/campaign_scale.py): torch alone takes seconds to import.
+    The summary shows the declared ensemble's kept rows: reading them needs neither numpy nor the metrics."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "readers.yaml"
+    path.write_text(READERS)
+    assert Campaign.from_yaml(path, tmp_path / "work").run().done == 2 * 2 * 2
+    code = ("import sys; from gpufill.cli import main\nsys.argv = ['gpufill', *sys.argv[1:]]\ntry:\n    main()\nexcept SystemExit as end:\n    assert not end.code\n"
+            "print('loaded:', sorted(m for m in ('torch', 'pandas', 'numpy', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, *command, "--workdir", str(tmp_path / "work")], capture_output=True, text=True, check=True).stdout
+    assert out.rstrip().endswith("loaded: []")
+    if command[-1] == "--summary":
+        assert "ensemble (median)" in out  # the declared ensemble's rows were read

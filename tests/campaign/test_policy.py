@@ -7,7 +7,7 @@ import dataclasses
 from gpufill.campaign.admission import Running, ShapeBook, ShapeFact
 from gpufill.campaign.lanes import Lane
 from gpufill.campaign.policy import PROBE_PACK, DispatchPolicy, Pick
-from gpufill.campaign.queue import Queued, ShapeQueue
+from gpufill.campaign.queue import ShapeQueue, Waiting
 from tests.helpers import a_trial
 
 GIB = 2**30
@@ -16,7 +16,7 @@ CPU = Lane(name="cpu", slots=2, threads=1, device="cpu", kinds=("classical",), q
 
 
 def queue_of(*shapes: str, kind: str = "neural", project: str = "p0") -> ShapeQueue:
-    return ShapeQueue(Queued(a_trial(f"t{i}", shape=shape, kind=kind, project=project), attempts=0) for i, shape in enumerate(shapes))
+    return ShapeQueue(Waiting.of(a_trial(f"t{i}", shape=shape, kind=kind, project=project)) for i, shape in enumerate(shapes))
 
 
 def test_the_last_shape_goes_first_then_the_oldest():

@@ -44,7 +44,7 @@ def test_a_result_is_recorded_once_and_only_for_a_running_trial(store):
     assert not store.record_done("t000", result(9.0), duration_s=1.0)  # a second record changes nothing
     row = store.frame().iloc[0]
     assert (row["status"], row["mae"], row["naive_mae"], row["attempts"]) == ("done", 1.0, 2.0, 1)
-    assert store.runnable(max_attempts=3) == []
+    assert list(store.runnable(max_attempts=3)) == []
 
 
 def test_failures_retry_until_the_attempt_limit(store):
@@ -54,7 +54,7 @@ def test_failures_retry_until_the_attempt_limit(store):
         assert store.record_failed("t000", "ValueError: boom", "Traceback ...", duration_s=0.1, retry=attempt < 2)
     row = store.frame().iloc[0]
     assert (row["status"], row["attempts"], row["error"]) == ("failed", 2, "ValueError: boom")
-    assert store.runnable(max_attempts=2) == []
+    assert list(store.runnable(max_attempts=2)) == []
     assert [t.trial_id for t in store.runnable(max_attempts=3)] == ["t000"]  # a higher limit on the next run retries it
     assert store.trial_details("t000")["traceback"] == "Traceback ..."
 

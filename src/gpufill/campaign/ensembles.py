@@ -21,21 +21,37 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
 from gpufill.campaign.store import Store
 from gpufill.campaign.store_health import check_rows
 from gpufill.errors import InputError
-from gpufill.forecasting.data.metrics import forecast_metrics
 from gpufill.forecasting.trial import GLOBAL_PROJECT
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from gpufill.campaign.spec import CampaignSpec
 
 __all__ = ["ENSEMBLE_HOW", "declared_ensemble", "ensembles", "forecast_rows", "members_shown", "read_declared", "store_declared"]
 
 ENSEMBLE_HOW = ("median", "mean")
-COMBINE = {"median": np.median, "mean": np.mean}
+"""How members combine: numpy's function of that name (`_combined`)."""
+
+
+def _combined(how: str, forecasts: list[np.ndarray]) -> np.ndarray:
+    """`how` (median or mean) of the members' forecasts, value by value, in float64. numpy loads here and in
+    `_scored`, not with this module: `results --summary` reads the kept rows of the declared ensemble without it."""
+    import numpy as np
+
+    return getattr(np, how)(np.stack(forecasts).astype(np.float64), axis=0)
+
+
+def _scored(forecast: np.ndarray, truth: np.ndarray, mase_scale: float) -> dict[str, float]:
+    """A forecast's metrics, as a trial's are computed (the metrics module imports torch: loaded only to score)."""
+    import numpy as np
+
+    from gpufill.forecasting.data.metrics import forecast_metrics
+
+    return forecast_metrics(truth.astype(np.float64), forecast.astype(np.float64), mase_scale)
 
 
 def _done(store: Store) -> list[dict[str, Any]]:
@@ -44,7 +60,7 @@ def _done(store: Store) -> list[dict[str, Any]]:
 
 def ensembles(workdir: str | Path, how: Literal["median", "mean"] = "median", *, over: tuple[str, ...] = ("seed",)) -> list[dict[str, Any]]:
     """One row per configuration and project: the ensemble's metrics, its members, and the members' mean and best MAE."""
-    if how not in COMBINE:
+    if how not in ENSEMBLE_HOW:
         raise InputError(f"unknown ensemble {how!r}", where="command line", field="--ensemble", fix=f"use {' or '.join(ENSEMBLE_HOW)}")
     unknown = set(over) - {"seed", "lookback"}
     if "seed" not in over or unknown:
@@ -71,11 +87,9 @@ def ensembles(workdir: str | Path, how: Literal["median", "mean"] = "median", *,
                 per_project[project].append(forecast)
         for project, forecasts in sorted(per_project.items()):
             first = forecasts[0]
-            same = [f for f in forecasts if np.array_equal(f["origins"], first["origins"])]  # the same test windows
-            combined = COMBINE[how](np.stack([f["forecast"] for f in same]).astype(np.float64), axis=0)
-            truth = first["truth"].astype(np.float64)
-            scores = forecast_metrics(truth, combined, first["mase_scale"])
-            member_mae = [forecast_metrics(truth, f["forecast"].astype(np.float64), first["mase_scale"])["mae"] for f in same]
+            same = [f for f in forecasts if _same_windows(f, first)]
+            scores = _scored(_combined(how, [f["forecast"] for f in same]), first["truth"], first["mase_scale"])
+            member_mae = [_scored(f["forecast"], first["truth"], first["mase_scale"])["mae"] for f in same]
             rows.append({"project": project, "family": family, "params": params, "train": train, "lookback": lookback, "ensemble": how,
                          "members": len(same), **scores, "member_mae_mean": statistics.fmean(member_mae), "member_mae_best": min(member_mae)})
     return sorted(rows, key=lambda r: (r["project"], r["mae"]))
@@ -139,11 +153,9 @@ def declared_ensemble(store: Store, members: list[str], combine: str) -> list[di
     rows = []
     for project, pairs in sorted(per_project.items()):
         first = pairs[0][1]
-        same = [(r, f) for r, f in pairs if np.array_equal(f["origins"], first["origins"])]  # the same test windows
-        combined = COMBINE[combine](np.stack([f["forecast"] for _, f in same]).astype(np.float64), axis=0)
-        truth = first["truth"].astype(np.float64)
+        same = [(r, f) for r, f in pairs if _same_windows(f, first)]
         rows.append({"project": project, "combine": combine, "members": len(same), "families": sorted({r["family"] for r, _ in same}),
-                     "lookbacks": sorted({int(r["lookback"]) for r, _ in same}), **forecast_metrics(truth, combined, first["mase_scale"]),
+                     "lookbacks": sorted({int(r["lookback"]) for r, _ in same}), **_scored(_combined(combine, [f["forecast"] for _, f in same]), first["truth"], first["mase_scale"]),
                      "cost_s": round(cost, 3), "trial_ids": sorted(_of(done, project)), "expected": _count(expected, project)})
     return rows
 
@@ -187,6 +199,13 @@ def _members_now(store: Store, families: list[str]) -> tuple[dict[str, set[str]]
         if status == "done":
             done[project].add(trial_id)
     return done, expected
+
+
+def _same_windows(forecast: dict[str, Any], first: dict[str, Any]) -> bool:
+    """Whether `forecast` covers the same test windows as `first` (only those combine)."""
+    import numpy as np
+
+    return bool(np.array_equal(forecast["origins"], first["origins"]))
 
 
 def _of(done: dict[str, set[str]], project: str) -> set[str]:

@@ -55,8 +55,7 @@ class DispatchPolicy:
     def admitted_count(self, lane: Lane, queue: ShapeQueue, shape: str, running: Sequence[Running], contexts: Sequence[int | None]) -> int:
         """How many trials of `shape` to send now (0: none fits beside what runs). A measured pack that
         does not fit is halved until it does; alone on the lane, at least one trial goes."""
-        first = queue.peek(shape).trial
-        if first.kind != "neural" or first.is_global:  # a global model trains on every project at once: not fused
+        if not queue.fusable(shape):  # classical, or a global model (it trains on every project at once)
             return 1 if admits(lane, self.book, shape, 1, running, contexts) else 0
         size = self.book.pack_size(lane.name, shape)
         count = min(queue.count(shape), PROBE_PACK if size is None else size)

@@ -80,7 +80,7 @@ class Scheduler:
         self.book = ShapeBook.from_json(store.meta(META_KEY), fixed_pack_size=pack_size)
         self.policy = DispatchPolicy(self.book)
         self.tracked: dict[str, Queued] = {}
-        """This run's trials by id, queued or running, with their attempts."""
+        """This run's trials in flight (sent, not yet recorded) by id, with their attempts; a waiting trial is only an id in its queue."""
         self.started_at: dict[str, float] = {}
         self.finished_this_run: dict[str, int] = {lane.name: 0 for lane in lanes}
         self.outcome = RunOutcome(done=0, failed=0, retried=0, crashed=0, elapsed_s=0.0)
@@ -100,9 +100,8 @@ class Scheduler:
     def run(self, check_stop: Callable[[], None] = lambda: None) -> RunOutcome:
         """Runs every runnable trial; `check_stop` raises (a signal's Interrupted) at the top of an iteration."""
         start = self.clock()
-        for queued in self.store.runnable(self.max_attempts):
-            self.tracked[queued.trial_id] = queued
-            self.queue[self.queue_of_kind[queued.trial.kind]].append(queued)
+        for waiting in self.store.runnable(self.max_attempts):
+            self.queue[self.queue_of_kind[waiting.kind]].append(waiting)
         self.executor.start([lane for lane in self.lanes if self.queue[lane.queue]])
         self.timeline.mark("workers started")
         last_update = -float("inf")
@@ -148,6 +147,7 @@ class Scheduler:
                 self.store.mark_running([q.trial_id for q in trials], lane=lane.name, worker=worker.name, run_id=self.run_id)
                 for queued in trials:
                     queued.attempts += 1
+                    self.tracked[queued.trial_id] = queued
                     self.started_at[queued.trial_id] = self.clock()
                 shape = trials[0].shape
                 worker.clock = self.clock  # its heartbeats and time limits are on the scheduler's clock
@@ -165,7 +165,7 @@ class Scheduler:
         # Every worker process of the lane holds its CUDA context, busy or idle.
         contexts = [w.context_bytes for w in [*busy, *self.executor.idle(lane)]] if lane.memory_budget_bytes is not None else []
         pick = self.policy.next_task(lane, self.queue[lane.queue], worker.last_shape, running, contexts)
-        return None if pick is None else (self.queue[lane.queue].take(pick.shape, pick.count), pick.pack_size)
+        return None if pick is None else (self.store.queued(self.queue[lane.queue].take(pick.shape, pick.count)), pick.pack_size)
 
     def _learn_measured(self, worker: Worker, task: dict[str, Any] | None) -> None:
         """A pack size (and its peak memory per K) the worker measured, taken as soon as it reports it."""
@@ -186,7 +186,7 @@ class Scheduler:
         if outcome.task is None:
             return
         self._learn_measured(outcome.worker, outcome.task)  # reported mid-task, in the same poll as the end
-        trials = {t.trial_id: self.tracked[t.trial_id] for t in outcome.task["trials"]}
+        trials = {t.trial_id: self.tracked.pop(t.trial_id) for t in outcome.task["trials"]}  # each is recorded or queued again below
         if isinstance(outcome, Crashed):
             self._crashed(outcome, trials)
             return
@@ -208,7 +208,7 @@ class Scheduler:
         for trial in unstarted:
             trial.attempts -= 1
             self.started_at.pop(trial.trial_id, None)
-            self.queue[lane.queue].append(trial)
+            self.queue[lane.queue].append(trial.waiting())
 
     def _crashed(self, outcome: Crashed, trials: dict[str, Queued]) -> None:
         """The worker died with the task: the trials that finished are kept, the one(s) training fail
@@ -309,7 +309,7 @@ class Scheduler:
         log.warning("trial %s (%s %s) failed, attempt %d/%d: %s", trial.trial_id, trial.family, trial.project, queued.attempts, self.max_attempts, error)
         if retry:
             self.outcome.retried += 1
-            self.queue[self.queue_of_kind[trial.kind]].append(queued)
+            self.queue[self.queue_of_kind[trial.kind]].append(queued.waiting())
         else:
             self.outcome.failed += 1
             self.finished_this_run[lane_name] += 1
@@ -326,7 +326,7 @@ class Scheduler:
             self.outcome.waiting_reason = error
             said = f"left pending after {self.environment.trial_limit} environment failures in this run (not counted as attempts)"
         else:
-            self.queue[self.queue_of_kind[trial.kind]].append(queued)
+            self.queue[self.queue_of_kind[trial.kind]].append(queued.waiting())
             said = f"not counted as an attempt; retried after a {pause:g} s pause"
         self.store.event("environment", f"{said}: {error}", run_id=self.run_id, trial_id=trial.trial_id)
         log.warning("trial %s (%s %s): %s: %s", trial.trial_id, trial.family, trial.project, said, error)

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufill import __version__
-from gpufill.campaign.queue import Queued
-from gpufill.forecasting.trial import Trial, TrialResult
+from gpufill.campaign.queue import Queued, Waiting
+from gpufill.forecasting.trial import GLOBAL_PROJECT, Trial, TrialResult
 from gpufill.campaign.store_health import check_intact, damaged
 from gpufill.errors import InputError
 from gpufill.files import check_in_place
@@ -204,27 +204,23 @@ class Store(StoreQueries):
 
         Returns (added, skipped). Done trials are never touched.
         """
-        wanted = {trial.trial_id for trial in trials}
         with self._transaction() as db:
             before = db.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
             db.executemany("INSERT OR IGNORE INTO bases (base_id, base) VALUES (?, ?)", [(key, _dumps(base)) for key, base in (bases or {}).items()])
             db.execute("UPDATE trials SET current = 0 WHERE current = 1")
-            db.executemany(
+            db.executemany(  # rows made one at a time: 36,000 of them at once would be the scheduler's largest allocation
                 "INSERT INTO trials (trial_id, position, project, family, kind, params, train, seed, lookback, shape, lane, data_fingerprint, config_id, base_id)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(trial_id) DO UPDATE SET position = excluded.position, current = 1",
-                [
-                    (t.trial_id, i, t.project, t.family, t.kind, _dumps(t.params), _dumps(t.train), t.seed, t.lookback, t.shape, lane_of[t.kind],
-                     t.data_fingerprint, t.config_id, t.base_id)
-                    for i, t in enumerate(trials)
-                ],
+                ((t.trial_id, i, t.project, t.family, t.kind, _dumps(t.params), _dumps(t.train), t.seed, t.lookback, t.shape, lane_of[t.kind],
+                  t.data_fingerprint, t.config_id, t.base_id)
+                 for i, t in enumerate(trials)),
             )
             added = db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] - before
-            existing = [row[0] for row in db.execute("SELECT trial_id FROM trials WHERE status IN ('pending', 'failed', 'skipped')")]
-            dropped = [tid for tid in existing if tid not in wanted]
-            revived = [tid for tid in existing if tid in wanted]
-            db.executemany("UPDATE trials SET status = 'skipped' WHERE trial_id = ? AND status IN ('pending', 'failed')", [(t,) for t in dropped])
-            db.executemany("UPDATE trials SET status = 'pending' WHERE trial_id = ? AND status = 'skipped'", [(t,) for t in revived])
-        return added, len(dropped)
+            # The file's trials are exactly the rows marked current now: the rest that could run is skipped, and skipped ones of the file revived.
+            dropped = db.execute("SELECT COUNT(*) FROM trials WHERE current = 0 AND status IN ('pending', 'failed', 'skipped')").fetchone()[0]
+            db.execute("UPDATE trials SET status = 'skipped' WHERE current = 0 AND status IN ('pending', 'failed')")
+            db.execute("UPDATE trials SET status = 'pending' WHERE current = 1 AND status = 'skipped'")
+        return added, dropped
 
     def recover_interrupted(self, run_id: int) -> int:
         """Trials left `running` by a scheduler that died go back to pending (their attempt counted)."""
@@ -237,27 +233,28 @@ class Store(StoreQueries):
             )
         return len(ids)
 
-    def runnable(self, max_attempts: int) -> list[Queued]:
-        """Pending trials, and failed ones with attempts left, in campaign order, with their attempts so far (and the
-        data fingerprint their ids name: a worker trains a trial only on that data)."""
+    def runnable(self, max_attempts: int) -> Iterator[Waiting]:
+        """Pending trials, and failed ones with attempts left, in campaign order: what the scheduler queues (a trial's
+        id and shape; the rest is read again when it is sent, `queued`)."""
         cursor = self.db.execute(
-            f"SELECT trial_id, project, family, kind, params, train, seed, lookback, shape, attempts, {self._column('data_fingerprint')} FROM trials"
-            " WHERE status = 'pending' OR (status = 'failed' AND attempts < ?) ORDER BY position",
-            (max_attempts,),
+            f"SELECT trial_id, shape, kind, kind = 'neural' AND project != ? FROM trials WHERE status = 'pending' OR (status = 'failed' AND attempts < ?)"
+            " ORDER BY position",
+            (GLOBAL_PROJECT, max_attempts),
         )
-        # Tens of thousands of trials share a few hundred projects, shapes and parameter sets: one object
-        # each (read-only here), so the scheduler's queue stays small.
-        shared: dict[Any, Any] = {}
+        shared: dict[str, str] = {}  # tens of thousands of trials share a few hundred shapes: one string each
+        for trial_id, shape, kind, fusable in cursor:
+            yield Waiting(trial_id, shared.setdefault(shape, shape), shared.setdefault(kind, kind), bool(fusable))
 
-        def one(value: Any) -> Any:
-            return shared.setdefault(value, value)
-
-        def parsed(text: str) -> Any:
-            return shared[("json", text)] if ("json", text) in shared else shared.setdefault(("json", text), json.loads(text))
-
-        return [Queued(Trial(trial_id=trial_id, project=one(project), family=one(family), kind=one(kind), params=parsed(params), train=parsed(train),
-                             seed=seed, lookback=lookback, shape=one(shape), data_fingerprint=fingerprint or ""), attempts=attempts)
-                for trial_id, project, family, kind, params, train, seed, lookback, shape, attempts, fingerprint in cursor]
+    def queued(self, trial_ids: Sequence[str]) -> list[Queued]:
+        """The trials `trial_ids` (in that order) as a worker gets them, with their attempts so far (and the data
+        fingerprint their ids name: a worker trains a trial only on that data)."""
+        marks = ",".join("?" * len(trial_ids))
+        rows = {row[0]: row for row in self.db.execute(
+            f"SELECT trial_id, project, family, kind, params, train, seed, lookback, shape, attempts, {self._column('data_fingerprint')} FROM trials"
+            f" WHERE trial_id IN ({marks})", list(trial_ids))}
+        return [Queued(Trial(trial_id=trial_id, project=project, family=family, kind=kind, params=json.loads(params), train=json.loads(train),
+                             seed=seed, lookback=lookback, shape=shape, data_fingerprint=fingerprint or ""), attempts=attempts)
+                for trial_id, project, family, kind, params, train, seed, lookback, shape, attempts, fingerprint in map(rows.__getitem__, trial_ids)]
 
     def mark_running(self, trial_ids: Sequence[str], *, lane: str, worker: str, run_id: int) -> None:
         now = time.time()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
 from gpufill.errors import InputError
 
 
@@ -43,6 +41,8 @@ def parse_split_size(value: str, option: str) -> float | int:
 
 def parse_params(pairs: list[str]) -> dict[str, Any]:
     """KEY=VALUE pairs; values are read as YAML scalars (128 -> int, 1e-3 -> float, true -> bool)."""
+    import yaml  # here: every command imports this module, few read --param (status and results never)
+
     params: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
