@@ -337,8 +337,7 @@ class Scheduler:
         self.queue = {name: ShapeQueue() for name in self.queue}
         self.outcome.waiting += left
         self.outcome.waiting_reason = self.environment.last_error
-        message = (f"the environment failed every trial for {self.environment.patience_s:g} s: {left} trials stay pending for a re-run "
-                   f"(last: {self.environment.last_error})")
+        message = self.environment.why_stopped(left)
         self.store.event("environment", message, run_id=self.run_id)
         log.warning("%s", message)
 

@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufill.campaign import environment
 from gpufill.campaign.attempt import EnvironmentFailure, attempt, failure
 from gpufill.forecasting.trial import GLOBAL_PROJECT, PackEntry, Trial, TrialResult
 
@@ -174,7 +175,7 @@ class TrialRunner:
         found = self._fingerprint(trial.project)
         if found != wanted:
             what = "the data" if trial.is_global else f"the data of project {trial.project}"
-            raise EnvironmentFailure(f"{what} changed since the run began (fingerprint {found} now, {wanted} in the trial's id): "
+            raise EnvironmentFailure(f"{what} {environment.CHANGED} (fingerprint {found} now, {wanted} in the trial's id): "
                                      "not trained on data its id does not name")
 
     def _fingerprint(self, project: str) -> str:
