@@ -33,7 +33,7 @@ def to_project(
 ) -> Project:
     import pandas as pd
 
-    where = f"{label} (project {name})" if split else label
+    where = project_where(name, label, split)
     columns = [str(c) for c in frame.columns]
     if target not in frame.columns:
         raise InputError(
@@ -44,7 +44,7 @@ def to_project(
         )
     frame, time, time_name = _sort_by_time(frame, where, time_column, target, rows)
     column = frame[target]
-    if not pd.api.types.is_numeric_dtype(column) or pd.api.types.is_bool_dtype(column):
+    if not numeric_target(column):
         bad = column[pd.to_numeric(column, errors="coerce").isna() & column.notna()]
         example = f", e.g. {bad.iloc[0]!r} at {rows.name(int(bad.index[0]))}" if len(bad) else ""
         raise InputError(
@@ -53,26 +53,56 @@ def to_project(
             where=where,
             field=target,
         )
-    # Covariates: every other numeric column, in file order; text columns are ignored, a numeric one with text cells refused.
-    skip = {target, time_name, project_column}
-    refuse_text_cells(frame, [c for c in frame.columns if c not in skip], where, rows)
-    cov_names = [c for c in frame.columns if c not in skip and pd.api.types.is_numeric_dtype(frame[c])]
+    others = [c for c in frame.columns if c not in {target, time_name, project_column}]
+    refuse_text_cells(frame, others, where, rows)
+    cov_names = covariates(frame, others)
     values = frame[[target, *cov_names]].to_numpy(dtype=np.float64, na_value=np.nan)
-    names = [target, *map(str, cov_names)]
+    return finish(name, values, [target, *map(str, cov_names)], time, frame.index.to_numpy(), label, where, rows, fill)
+
+
+def finish(
+    name: str, values: np.ndarray, names: list[str], time: np.ndarray | None, positions: np.ndarray, label: str, where: str, rows: Rows, fill: str
+) -> Project:
+    """A project's cells in time order (target first, then covariates) to a Project: fingerprinted, filled and
+    checked, in that order, however they were gathered (one frame here, a whole table in tables.py)."""
     # The cells as read, before the fill (which the campaign's data settings name): a pure function of the
     # file's bytes, so the same fingerprint on every machine; nothing a kernel computed enters it.
     origin = cells_fingerprint(values[:, 0], values[:, 1:], names[1:])
     values = _fill(values, names, fill, where)
-    check_values(values, names, where, frame.index.to_numpy(), rows)
+    check_values(values, names, where, positions, rows)
     return Project(
         name=name,
         target=np.ascontiguousarray(values[:, 0]),
         covariates=np.ascontiguousarray(values[:, 1:]),
-        covariate_names=tuple(str(c) for c in cov_names),
+        covariate_names=tuple(names[1:]),
         source=label,
         time=time,
         origin=origin,
     )
+
+
+def project_where(name: str, label: str, split: bool) -> str:
+    """What a refusal names: the file(s), and the project when the file holds several."""
+    return f"{label} (project {name})" if split else label
+
+
+def numeric_target(column: pd.Series) -> bool:
+    import pandas as pd
+
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
+
+
+def covariates(frame: pd.DataFrame, others: list[object]) -> list[object]:
+    """Covariates: every numeric column but the target, time and project columns, in file order; text columns are
+    ignored (a numeric one with text cells is refused before, by refuse_text_cells)."""
+    import pandas as pd
+
+    return [c for c in others if pd.api.types.is_numeric_dtype(frame[c])]
+
+
+def find_time_column(columns: list[object], target: str) -> object | None:
+    """The time column found without being named: the first called time/date/timestamp (any case), not the target."""
+    return next((c for c in columns if str(c).lower() in TIME_NAMES and c != target), None)
 
 
 def _sort_by_time(
@@ -83,7 +113,7 @@ def _sort_by_time(
 
     name = time_column
     if name is None:
-        name = next((c for c in frame.columns if str(c).lower() in TIME_NAMES and c != target), None)
+        name = find_time_column(list(frame.columns), target)
         if name is None:
             return frame, None, None  # row order is time order
     elif name not in frame.columns:
@@ -98,8 +128,7 @@ def _sort_by_time(
         stamps = column  # numeric steps sort as numbers
     else:
         try:
-            # utc=True accepts mixed offsets; naive stamps are read as UTC, so nothing shifts
-            stamps = pd.to_datetime(column, utc=True).dt.tz_localize(None)
+            stamps = parse_dates(column)
         except (ValueError, TypeError) as exc:
             raise InputError(
                 f"cannot parse time values as dates ({' '.join(str(exc).split())[:120]})",
@@ -117,6 +146,15 @@ def _sort_by_time(
     refuse_duplicate_times(stamps.to_numpy(), column.to_numpy(), frame.index.to_numpy(), str(name), where, rows)
     order = np.argsort(stamps.to_numpy(), kind="stable")
     return frame.iloc[order], stamps.to_numpy()[order], name
+
+
+def parse_dates(values: pd.Series | np.ndarray, **how: object) -> pd.Series | pd.DatetimeIndex:
+    """Time cells that are not numbers, as naive stamps: utc=True accepts mixed offsets; naive stamps are read as
+    UTC, so nothing shifts. `how`: more pd.to_datetime arguments (a format, errors)."""
+    import pandas as pd
+
+    parsed = pd.to_datetime(values, utc=True, **how)
+    return parsed.dt.tz_localize(None) if isinstance(parsed, pd.Series) else parsed.tz_localize(None)
 
 
 def _fill(values: np.ndarray, names: list[str], fill: str, where: str) -> np.ndarray:

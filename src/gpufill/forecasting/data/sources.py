@@ -3,7 +3,8 @@
 Layouts: one file per project (file stem = project name), or one file holding many
 projects split by ``project_column``. Shards ``NAME_part1.csv``, ``NAME_part2.csv``, ...
 are merged in numeric order (part10 after part9) before anything else. Each project's rows
-become a Project in series.py (time order, covariates, fills, value checks).
+become a Project in series.py (time order, covariates, fills, value checks), all of a file's projects at once
+in tables.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import numpy as np
 
 from gpufill.forecasting.data.checks import MAX_ABS_VALUE, Rows
 from gpufill.forecasting.data.project import Project
-from gpufill.forecasting.data.series import FILLS, TIME_NAMES, to_project
+from gpufill.forecasting.data.series import FILLS, TIME_NAMES
+from gpufill.forecasting.data.tables import Table, to_projects
 from gpufill.forecasting.data.synthetic import synthetic_projects
 from gpufill.errors import InputError
 from gpufill.files import not_regular
@@ -67,9 +69,9 @@ def load_projects(
         names = _select(source, sorted(loaded), projects)
         return {name: loaded[name] for name in names}
 
-    frames = _frames_by_project(_resolve(source), project_column)
-    names = _select(source, sorted(frames), projects)
-    return {name: to_project(name, *frames[name], target, time_column, project_column, fill) for name in names}
+    owners = _tables(_resolve(source), project_column)
+    names = _select(source, sorted(owners), projects)
+    return to_projects(owners, names, target, time_column, project_column, fill)
 
 
 def _resolve(source: str) -> list[Path]:
@@ -239,10 +241,11 @@ def _refuse_nested(path: Path) -> None:
                          fix=f"flatten {field.name!r} into one column per element (or drop it) and write the file again")
 
 
-def _frames_by_project(files: list[Path], project_column: str) -> dict[str, tuple[pd.DataFrame, str, bool, Rows]]:
-    """name -> (frame, label of its file(s), whether it was split out by project_column, where its rows came from).
-    A frame's index is each row's position in its file(s), for messages that name a row."""
-    out: dict[str, tuple[pd.DataFrame, str, bool, Rows]] = {}
+def _tables(files: list[Path], project_column: str) -> dict[str, tuple[Table, int]]:
+    """name -> the table holding the project (a file or set of shards, read once) and the project's code in it."""
+    import pandas as pd
+
+    out: dict[str, tuple[Table, int]] = {}
     for stem, paths in _shard_groups(files).items():
         frame, label, rows = _merge_shards(paths, project_column)
         if project_column in frame.columns:
@@ -255,21 +258,20 @@ def _frames_by_project(files: list[Path], project_column: str) -> dict[str, tupl
                     where=label,
                     field=project_column,
                 )
-            groups = frame.groupby(keys.astype(str), sort=False)  # one pass, no per-row loop
-            parts = {str(key): part.drop(columns=project_column) for key, part in groups}
-            split = True
+            codes, names = pd.factorize(keys.astype(str), sort=False)  # one pass, names in order of first appearance
+            table = Table.of(frame, label, True, rows, codes.astype(np.int64), tuple(map(str, names)))
         else:
             _refuse_hidden_projects(frame, label, project_column)
-            parts, split = {stem: frame}, False
-        for name, part in parts.items():
+            table = Table.of(frame, label, False, rows, np.zeros(len(frame), dtype=np.int64), (stem,))
+        for code, name in enumerate(table.names):
             if name in out:
                 raise InputError(
-                    f"project {name!r} appears both here and in {out[name][1]}",
+                    f"project {name!r} appears both here and in {out[name][0].label}",
                     fix="give every project one file (or one set of shards), or distinct names",
                     where=label,
-                    field=project_column if split else "source",
+                    field=project_column if table.split else "source",
                 )
-            out[name] = (part, label, split, rows)
+            out[name] = (table, code)
     return out
 
 
