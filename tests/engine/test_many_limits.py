@@ -138,6 +138,30 @@ def test_packs_split_by_memory_end_where_each_variant_ends_alone(monkeypatch):
         assert _difference(result.model, _alone(variant, **SETTINGS).model) < 1e-5
 
 
+def test_a_pack_is_capped_whatever_memory_is_free(monkeypatch):
+    """Done-when: a pack=True of 100 big models is split although the memory would hold it (this box: 22 GiB free);
+    shrunk here to 6 variants and a cap of 2 models' worth, on the real free memory."""
+    from gpufill.engine.packs import builds
+    per_model = builds.PACK_COPIES * sum(p.numel() * 4 for p in _net().parameters())
+    monkeypatch.setattr(builds, "PACK_MAX_BYTES", int(2.5 * per_model))
+    assert builds.free_memory_bytes(builds.detect("cpu")) * builds.PACK_MEMORY_SHARE * 0.85 > 100 * builds.PACK_MAX_BYTES  # room for far more
+    variants = [{"seed": s, "lr": 1e-2 * (s + 1)} for s in range(6)]
+    results = gpufill.fit_many(_net, _data(), variants=variants, pack=True, **SETTINGS)
+    assert [r.plan.pack_size.value for r in results] == [2] * 6
+    assert "compute-bound alone, so smaller packs lose nothing" in results[0].plan.pack_size.reason
+
+
+def test_a_hundred_4_mb_models_go_in_four_packs_of_25():
+    from types import SimpleNamespace
+
+    from gpufill.engine.packs import builds
+    free = builds.free_memory_bytes(builds.detect("cpu"))
+    if free * builds.PACK_MEMORY_SHARE * 0.85 < builds.PACK_MAX_BYTES:
+        pytest.skip("less memory free than the cap: the free memory decides here")
+    size, why = builds.pack_chunk(nn.Linear(1024, 1024), SimpleNamespace(device="cpu", memory_margin=0.85), 100)
+    assert size == 25 and why.startswith("100 variants in packs of at most 25: a pack holds about 32.0 MiB per model")
+
+
 # -- item 3: one checkpoint folder per variant; a resume with other settings is refused ----------------------------
 def test_each_variant_checkpoints_in_its_own_folder_and_resumes_from_its_own(tmp_path):
     variants = [{"seed": s, "lr": lr} for s, lr in [(0, 1e-2), (1, 3e-2), (2, 2e-2)]]
