@@ -84,18 +84,26 @@ def not_a_folder(path: str | os.PathLike[str], *, field: str) -> InputError:
     return InputError("a file is there, not a folder", where=_shorten(Path(path)), field=field, fix=f"move that file away, or pass another {field}")
 
 
-def check_target(path: str | os.PathLike[str], *, field: str) -> None:
-    """Refuse, in one line, a path gpufill is about to write a file to that is a link, a directory, a device or a pipe.
-    Nothing there (or a regular file, which is replaced) passes."""
-    path = Path(path)
+def _existing(path: str | os.PathLike[str], *, field: str) -> os.stat_result | None:
+    """What is at `path`, not following a link (None: nothing): a link is refused, an unreadable path is one line."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
-        return
+        return None
     except OSError as error:
         raise cannot_write(error, path, field=field) from None
     if stat.S_ISLNK(info.st_mode):
         raise symlink_refused(path, field=field)
+    return info
+
+
+def check_target(path: str | os.PathLike[str], *, field: str) -> None:
+    """Refuse, in one line, a path gpufill is about to write a file to that is a link, a directory, a device or a pipe.
+    Nothing there (or a regular file, which is replaced) passes."""
+    path = Path(path)
+    info = _existing(path, field=field)
+    if info is None:
+        return
     if stat.S_ISDIR(info.st_mode):
         raise cannot_write(OSError(errno.EISDIR, "Is a directory"), path, field=field)
     if not stat.S_ISREG(info.st_mode):
@@ -111,15 +119,8 @@ def make_folder(path: str | os.PathLike[str], *, field: str, inside: str | os.Pa
         for part in [path, *path.parents]:
             if part == base or base not in part.parents:
                 break
-            try:
-                info = os.lstat(part)
-            except FileNotFoundError:
-                continue
-            except OSError as error:
-                raise cannot_write(error, part, field=field) from None
-            if stat.S_ISLNK(info.st_mode):
-                raise symlink_refused(part, field=field)
-            if not stat.S_ISDIR(info.st_mode):
+            info = _existing(part, field=field)
+            if info is not None and not stat.S_ISDIR(info.st_mode):
                 raise not_a_folder(part, field=field)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -235,14 +236,9 @@ def check_in_place(path: str | os.PathLike[str], *, field: str) -> None:
     """Refuse, by name, an existing file that a library (SQLite) will open and write in place itself: a link, a file
     that is not regular, or one with other names. By name, not by descriptor: SQLite offers none to check, and a
     descriptor of ours closed on its files would drop the locks it holds on them in this process."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
+    info = _existing(path, field=field)
+    if info is None:
         return
-    except OSError as error:
-        raise cannot_write(error, path, field=field) from None
-    if stat.S_ISLNK(info.st_mode):
-        raise symlink_refused(path, field=field)
     if not stat.S_ISREG(info.st_mode):
         raise not_regular(path, field=field)
     if info.st_nlink > 1:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gpufill.forecasting.trial import Trial
+from gpufill.forecasting.trial import GLOBAL_PROJECT, Trial
 
 
 class Waiting(NamedTuple):
@@ -31,7 +31,13 @@ class Waiting(NamedTuple):
 
     @classmethod
     def of(cls, trial: Trial) -> Waiting:
-        return cls(trial.trial_id, trial.shape, trial.kind, trial.kind == "neural" and not trial.is_global)
+        return cls(trial.trial_id, trial.shape, trial.kind, fuses(trial.kind, trial.project))
+
+
+def fuses(kind: str, project: str) -> bool:
+    """Whether trials of this kind and project train together as fused packs: neural, and not global (a global model
+    trains on every project at once)."""
+    return kind == "neural" and project != GLOBAL_PROJECT
 
 
 @dataclass(slots=True, eq=False)

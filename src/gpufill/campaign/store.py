@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufill import __version__
-from gpufill.campaign.queue import Queued, Waiting
-from gpufill.forecasting.trial import GLOBAL_PROJECT, Trial, TrialResult
+from gpufill.campaign.queue import Queued, Waiting, fuses
+from gpufill.forecasting.trial import Trial, TrialResult
 from gpufill.campaign.store_health import check_intact, damaged
 from gpufill.errors import InputError
 from gpufill.files import check_in_place
@@ -237,13 +237,12 @@ class Store(StoreQueries):
         """Pending trials, and failed ones with attempts left, in campaign order: what the scheduler queues (a trial's
         id and shape; the rest is read again when it is sent, `queued`)."""
         cursor = self.db.execute(
-            f"SELECT trial_id, shape, kind, kind = 'neural' AND project != ? FROM trials WHERE status = 'pending' OR (status = 'failed' AND attempts < ?)"
-            " ORDER BY position",
-            (GLOBAL_PROJECT, max_attempts),
+            "SELECT trial_id, shape, kind, project FROM trials WHERE status = 'pending' OR (status = 'failed' AND attempts < ?) ORDER BY position",
+            (max_attempts,),
         )
         shared: dict[str, str] = {}  # tens of thousands of trials share a few hundred shapes: one string each
-        for trial_id, shape, kind, fusable in cursor:
-            yield Waiting(trial_id, shared.setdefault(shape, shape), shared.setdefault(kind, kind), bool(fusable))
+        for trial_id, shape, kind, project in cursor:
+            yield Waiting(trial_id, shared.setdefault(shape, shape), shared.setdefault(kind, kind), fuses(kind, project))
 
     def queued(self, trial_ids: Sequence[str]) -> list[Queued]:
         """The trials `trial_ids` (in that order) as a worker gets them, with their attempts so far (and the data
