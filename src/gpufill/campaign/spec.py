@@ -222,8 +222,10 @@ class CampaignSpec(Spec):
         return params, train
 
     def recipe(self, family: str, train: Mapping[str, Any]) -> Recipe:
-        """How a trial of `family` with these overrides is trained: scaling, loss, schedule (auto: the family's recipe)."""
-        return recipe(family, scaling=train.get("scaling", self.task.scaling), loss=train.get("loss", self.train.loss),
+        """How a trial of `family` with these overrides is trained: scaling, loss, schedule (auto: the family's recipe).
+        `train.loss` is a network's: a classical family (one fit, no loss) keeps its recipe whatever the campaign's loss."""
+        loss = train.get("loss", self.train.loss) if self.kind(family) == "neural" else "auto"
+        return recipe(family, scaling=train.get("scaling", self.task.scaling), loss=loss,
                       schedule=train.get("schedule", self.train.schedule))
 
     def windows(self, project: Project, lookback: int) -> WindowedProject:

@@ -89,8 +89,13 @@ class Regression(NamedLoss):
 
 def smape_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Symmetric absolute percentage error, 2|y - f| / (|y| + |f|) (0 where both are 0): scale-free,
-    so values must keep their zero (a forecaster's windows scaled by their mean, not standardised)."""
-    error = 2 * (output - targets).abs() / (output.abs() + targets.abs()).clamp(min=1e-8)
+    so values must keep their zero (a forecaster's windows scaled by their mean, not standardised).
+
+    The denominator carries no gradient, as in N-BEATS' own sMAPE loss (`forecast.data`): differentiated
+    through |f|, the loss is flat at 2 for any forecast of the wrong sign (a network that starts below zero
+    never leaves) and flattens as a forecast overshoots, so training drifts high; detached, each value's
+    gradient is its absolute error's, weighted by 2 / (|y| + |f|). The value is the same either way."""
+    error = 2 * (output - targets).abs() / (output.detach().abs() + targets.abs()).clamp(min=1e-8)
     return error.mean() if reduction == "mean" else error
 
 
