@@ -21,7 +21,7 @@ task: {lookback: [6], horizon: 3, split: {val: 20, test: 20}}
 models:
   mlp: {hidden_size: 8}
   linear: {}
-ensemble: {families: [mlp, linear], lookbacks: [2, 4], losses: [mae, huber]}
+ensemble: {families: [mlp, linear], lookbacks: [2, 4], losses: [mae, huber], within: null}
 train: {epochs: 2, early_stopping: null}
 seeds: [0, 1]
 resources: {retries: 0, pack_size: 2}
@@ -32,7 +32,7 @@ def test_the_ensembles_lookbacks_and_losses_become_trials(tmp_path):
     path = tmp_path / "declared.yaml"
     path.write_text(YAML)
     spec = load_campaign(path)
-    assert spec.task.lookback == [6, 12]  # 2 and 4 horizons; 6 was there already
+    assert spec.task.lookback == [6] and spec.lookbacks("mlp") == spec.lookbacks("linear") == [6, 12]  # 2 and 4 horizons; 6 was there already
     assert spec.models["mlp"]["loss"] == ["mae", "huber"] and "loss" not in spec.models["linear"]  # a loss is a network's
     assert spec.ensemble_members() == ["mlp", "linear"]
     assert load_campaign(path).model_dump() == spec.model_dump()  # folding is idempotent (a worker re-reads the spec)

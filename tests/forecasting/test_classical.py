@@ -415,7 +415,8 @@ def test_a_classical_trials_result_has_the_shape_of_a_networks(windows):
         "scaling": {"value": "project", "reason": recipe("rf").why["scaling"]},
     }
     alone = train_classical(windows, "rf", {"n_estimators": 20}, threads=1, seed=0)
-    assert out["metrics"] == {"test": alone.test, "naive": alone.naive}  # the library call and the trial agree
+    assert out["metrics"] == {"test": alone.test, "naive": alone.naive, "val": alone.val}  # the library call and the trial agree
+    assert set(out["metrics"]["val"]) == set(net["metrics"]["val"]) == {"mae", "rmse", "smape", "mase"}  # scored on validation as a network
     assert out["metrics"]["naive"] == net["metrics"]["naive"]  # same windows, same naive forecast
     assert set(out["metrics"]["test"]) == {"mae", "rmse", "smape", "mase"}
     assert out["params"] == {**check_params("rf", {}), "n_estimators": 20}
@@ -425,8 +426,8 @@ def test_a_classical_trials_result_has_the_shape_of_a_networks(windows):
 
 def test_timings_count_train_and_val_windows(runs, windows):
     timings = runs["linear"].timings
-    assert set(timings) == {"fit_s", "predict_s", "samples_per_s"}
-    assert timings["fit_s"] > 0 and timings["predict_s"] > 0
+    assert set(timings) == {"fit_s", "predict_s", "samples_per_s", "validate_s"}
+    assert timings["fit_s"] > 0 and timings["predict_s"] > 0 and timings["validate_s"] > 0
     n_fit = windows.x_train.shape[0] + windows.x_val.shape[0]  # the val split is folded into training
     assert timings["samples_per_s"] == pytest.approx(n_fit / timings["fit_s"])
     assert isinstance(runs["linear"], ClassicalRun) and runs["linear"].threads == 1

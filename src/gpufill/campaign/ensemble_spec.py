@@ -2,12 +2,14 @@
 
     ensemble:
       families: [nbeats]        # members: every trial of these families (left out: every learned family; [] is refused)
-      lookbacks: [2, 3, 4, 5]   # whole multiples of task.horizon (>= 1): each is trained as a lookback of the campaign
+      lookbacks: [2, 3, 4, 5]   # whole multiples of task.horizon (>= 1): each member family also trains at these
       losses: [mae, smape]      # each member family trains once per loss (a grid axis)
       combine: median           # or mean
+      within: 1.5               # members whose validation score is within 1.5x the best member's (null: all)
 
-The lookbacks and losses are folded into the campaign before it is checked (`fold_ensemble`): they become trials
-like any other, so trials of one shape train as one pack and a re-run keeps what finished. After a run the
+The losses are folded into the member networks' grids before the campaign is checked (`fold_ensemble`) and the
+lookbacks join the member families' own (`CampaignSpec.lookbacks`; the other families keep task.lookback): they
+become trials like any other, so trials of one shape train as one pack and a re-run keeps what finished. After a run the
 ensemble is combined per project from its members' stored test forecasts and scored like a trial
 (campaign/ensembles.py: `declared_ensemble`).
 
@@ -41,6 +43,10 @@ class EnsembleSpec(Spec):
     losses: list[LossName] | None = Field(default=None, min_length=1)
     """Each member network trains once per loss."""
     combine: Literal["median", "mean"] = "median"
+    within: float | None = Field(default=1.5, ge=1.0, allow_inf_nan=False)
+    """A member joins only if its validation score (task.metric) is within this factor of the best member's on the
+    same project; null: every member joins. A member trained badly (a loss or a setting that did not work) would
+    drag the median with it; the members left out, and why, are kept with the row and shown in the summary."""
 
     @field_validator("lookbacks", mode="before")
     @classmethod
@@ -106,8 +112,8 @@ def default_members(families: list[str]) -> list[str]:
 
 
 def fold_ensemble(data: Any) -> Any:
-    """The campaign file (a mapping) with its ensemble's lookbacks added to task.lookback and its losses added as a
-    `loss` axis of each member network's grid; idempotent (a checked spec folds to itself). Bad lookbacks or
+    """The campaign file (a mapping) with its ensemble's losses added as a `loss` axis of each member network's grid
+    (its lookbacks are added to the member families' own, `CampaignSpec.lookbacks`); idempotent (a checked spec folds to itself). Bad lookbacks or
     families are refused here, at their line (never skipped: the workers fold the same spec); anything else
     malformed is left for validation to name."""
     if not isinstance(data, Mapping) or not isinstance(data.get("ensemble"), Mapping):
@@ -121,12 +127,6 @@ def fold_ensemble(data: Any) -> Any:
     if not isinstance(task, Mapping) or not isinstance(models, Mapping):
         return data
     folded = dict(data)
-    horizon = task.get("horizon", 1)
-    if multiples is not None and isinstance(horizon, int) and not isinstance(horizon, bool):
-        given = task.get("lookback", [30])
-        given = given if isinstance(given, list) else [given]
-        wanted = [m * horizon for m in multiples]
-        folded["task"] = {**task, "lookback": list(dict.fromkeys([*given, *wanted]))}
     losses = ensemble.get("losses")
     if isinstance(losses, list) and losses:
         members = ensemble.get("families") or default_members(list(models))

@@ -126,7 +126,7 @@ def store_declared(store: Store, spec: CampaignSpec) -> None:
     """Combine the declared ensemble from what is finished and keep it in the store, with what defines it."""
     assert spec.ensemble is not None
     members = spec.ensemble_members()
-    rows = declared_ensemble(store, members, spec.ensemble.combine)
+    rows = declared_ensemble(store, members, spec.ensemble.combine, within=spec.ensemble.within, metric=spec.task.metric)
     definition = _definition(json.loads(spec.model_dump_json()))
     store.set_meta({ENSEMBLE_META: json.dumps({"definition": definition, "families": members, "rows": rows})})
 
@@ -137,9 +137,11 @@ def _definition(spec: dict[str, Any]) -> dict[str, Any]:
     return {"ensemble": spec.get("ensemble"), "models": sorted(spec.get("models") or {})}
 
 
-def declared_ensemble(store: Store, members: list[str], combine: str) -> list[dict[str, Any]]:
-    """The campaign's declared ensemble per project: `combine` of every finished, current trial of the `members`
+def declared_ensemble(store: Store, members: list[str], combine: str, *, within: float | None = None, metric: str = "mae") -> list[dict[str, Any]]:
+    """The campaign's declared ensemble per project: `combine` of the finished, current trials of the `members`
     families (every seed, lookback, loss and grid point) over their stored test forecasts, scored like a trial;
+    with `within`, only the members whose validation `metric` is within that factor of the best member's (chosen on
+    validation, never on the test it is scored on; `left_out`: the others, each with its validation score);
     `cost_s`: the members' training seconds, all projects together (a global trial trains them at once);
     `trial_ids`: the finished member trials it was computed from, `expected`: the file's member trials (any status)."""
     records = [r for r in _done(store) if r["family"] in members and not r["stale"]]
@@ -154,10 +156,28 @@ def declared_ensemble(store: Store, members: list[str], combine: str) -> list[di
     for project, pairs in sorted(per_project.items()):
         first = pairs[0][1]
         same = [(r, f) for r, f in pairs if _same_windows(f, first)]
-        rows.append({"project": project, "combine": combine, "members": len(same), "families": sorted({r["family"] for r, _ in same}),
-                     "lookbacks": sorted({int(r["lookback"]) for r, _ in same}), **_scored(_combined(combine, [f["forecast"] for _, f in same]), first["truth"], first["mase_scale"]),
-                     "cost_s": round(cost, 3), "trial_ids": sorted(_of(done, project)), "expected": _count(expected, project)})
+        joined, left_out = _chosen_on_validation(same, within, metric)
+        rows.append({"project": project, "combine": combine, "members": len(joined), "families": sorted({r["family"] for r, _ in joined}),
+                     "lookbacks": sorted({int(r["lookback"]) for r, _ in joined}),
+                     **_scored(_combined(combine, [f["forecast"] for _, f in joined]), first["truth"], first["mase_scale"]),
+                     "cost_s": round(cost, 3), "trial_ids": sorted(_of(done, project)), "expected": _count(expected, project),
+                     "left_out": left_out, "within": within})
     return rows
+
+
+def _chosen_on_validation(pairs: list[tuple[dict[str, Any], Any]], within: float | None, metric: str
+                          ) -> tuple[list[tuple[dict[str, Any], Any]], list[dict[str, Any]]]:
+    """(the members that join, the ones left out with their validation score): a member whose validation `metric` is
+    more than `within` times the best member's is left out. A global trial's score is its mean over projects (one
+    model: it joins or not for every project); without validation scores (no validation split) every member joins."""
+    scores = [r.get(f"val_{metric}") for r, _ in pairs]
+    if within is None or any(score is None or score != score for score in scores):
+        return pairs, []
+    limit = within * min(scores)
+    joined = [pair for pair, score in zip(pairs, scores, strict=True) if score <= limit]
+    left_out = [{"trial_id": r["trial_id"], "family": r["family"], "lookback": int(r["lookback"]), "train": r["train"], "params": r["params"],
+                 f"val_{metric}": score, "best": min(scores)} for (r, _), score in zip(pairs, scores, strict=True) if score > limit]
+    return joined, left_out
 
 
 def read_declared(store: Store, *, include_stale: bool = False) -> list[dict[str, Any]]:
@@ -183,10 +203,17 @@ def read_declared(store: Store, *, include_stale: bool = False) -> list[dict[str
 
 
 def members_shown(row: dict[str, Any]) -> str:
-    """A declared ensemble row's members as a reader should see them: "12", or "4 of 8 members" when some of the
-    file's member trials failed or have not run (a partial ensemble is never shown as a whole one)."""
-    expected = row.get("expected")
-    return f"{row['members']} of {expected} members" if expected is not None and row["members"] < expected else str(row["members"])
+    """A declared ensemble row's members as a reader should see them: "12", "4 of 8 members" when some of the
+    file's member trials failed or have not run (a partial ensemble is never shown as a whole one), and "2 left out
+    on validation (> 1.5x the best)" for the members its choice on validation left out."""
+    expected, left = row.get("expected"), len(row.get("left_out") or [])
+    if expected is not None and row["members"] + left < expected:
+        shown = f"{row['members']} of {expected} members"
+    else:
+        shown = f"{row['members']} of {row['members'] + left} members" if left else str(row["members"])
+    if left:
+        shown += f"; {left} left out on validation, > {row['within']:g}x the best member's"
+    return shown
 
 
 def _members_now(store: Store, families: list[str]) -> tuple[dict[str, set[str]], dict[str, int]]:

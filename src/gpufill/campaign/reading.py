@@ -16,6 +16,7 @@ from gpufill.campaign.lock import holder
 from gpufill.campaign.store import DB_NAME, FRAME_COLUMNS, Counts, Store
 from gpufill.campaign.store_health import check_rows
 from gpufill.errors import InputError
+from gpufill.forecasting.trial import GLOBAL_PROJECT
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -124,11 +125,14 @@ def best_per_project(results: pd.DataFrame, metric: str = "mae") -> pd.DataFrame
 
 REFERENCE = "snaive"
 """The family every summary row is also measured against (a ratio below 1 beats it): what practitioners read."""
+REFERENCES = (REFERENCE, "ets")
+"""Each gives a summary row a `vs_<family>` ratio where the campaign has it: the seasonal naive (the floor every
+forecaster must clear) and AutoETS (the statistical line a learned model has to beat to be worth its cost)."""
 
 
 def summary_columns(metric: str = "mae", *, stale: bool = False) -> list[str]:
-    return ["project", "family", "params", "train", "lookback", *(["stale"] if stale else []), metric, f"vs_{REFERENCE}", "seeds", "chosen_on",
-            "config_id"]
+    return ["project", "family", "params", "train", "lookback", *(["stale"] if stale else []), metric, f"val_{metric}",
+            *(f"vs_{family}" for family in REFERENCES), "seeds", "chosen_on", "config_id"]
 
 
 CHOSEN_ON_VALIDATION = "val"
@@ -161,18 +165,38 @@ def with_declared(best: list[dict[str, Any]], declared: list[dict[str, Any]], me
 
     if not declared:
         return best
-    references = {g["project"]: g[metric] for g in best if g["family"] == REFERENCE and not g["stale"]}
+    if best and all(g["project"] == GLOBAL_PROJECT for g in best):
+        declared = _pooled(declared, metric)
+    references = {family: {g["project"]: g[metric] for g in best if g["family"] == family and not g["stale"]} for family in REFERENCES}
     rows = [*best]
     for row in declared:
         stale = bool(row.get("stale"))
-        reference = None if stale else references.get(row["project"])
+        ratios = {f"vs_{family}": None if stale or not by_project.get(row["project"]) else row[metric] / by_project[row["project"]]
+                  for family, by_project in references.items()}
         members = members_shown(row)
         family = f"ensemble ({row['combine']}{'' if members == str(row['members']) else f'; {members}'})"
         rows.append({"project": row["project"], "family": family, "params": json.dumps({"members": row["families"]}),
-                     "train": "{}", "lookback": ",".join(map(str, row["lookbacks"])), "stale": stale, metric: row[metric],
-                     f"vs_{REFERENCE}": row[metric] / reference if reference else None, "seeds": row["members"], "chosen_on": "all",
+                     "train": "{}", "lookback": ",".join(map(str, row["lookbacks"])), "stale": stale, metric: row[metric], f"val_{metric}": None,
+                     **ratios, "seeds": row["members"], "chosen_on": "all",
                      "config_id": ""})
     return sorted(rows, key=lambda g: (g["project"], g["stale"], g[metric]))
+
+
+def _pooled(declared: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """A global campaign's declared ensemble as one row (and one stale row), as its families' rows are: the mean
+    over projects of each project's score, as a global trial's score is (forecasting/run.py: `run_global`)."""
+    import statistics
+
+    pooled = []
+    for stale in (False, True):
+        rows = [row for row in declared if bool(row.get("stale")) == stale]
+        if rows:
+            expected = [row.get("expected") for row in rows]
+            pooled.append({**rows[0], "project": GLOBAL_PROJECT, "stale": stale, metric: statistics.fmean(row[metric] for row in rows),
+                           "members": min(row["members"] for row in rows), "expected": None if None in expected else max(expected),
+                           "families": sorted({f for row in rows for f in row["families"]}),
+                           "lookbacks": sorted({lb for row in rows for lb in row["lookbacks"]})})
+    return pooled
 
 
 def best_configurations(records: list[dict[str, Any]], metric: str = "mae") -> list[dict[str, Any]]:
@@ -215,13 +239,13 @@ def _pick_best(configurations: list[dict[str, Any]], metric: str) -> list[dict[s
         on_validation = all(c.get(f"val_{metric}") is not None for c in candidates)
         rank = f"val_{metric}" if on_validation else metric
         chosen = min(candidates, key=lambda c: c[rank])
-        best[slot] = {**{k: v for k, v in chosen.items() if k not in (f"val_{metric}", "val_seeds")},
-                      "chosen_on": CHOSEN_ON_VALIDATION if on_validation else CHOSEN_ON_TEST}
-    # Each row's metric over the seasonal naive's on the same project (None where the campaign has no snaive).
-    references = {(g["project"], g["stale"]): g[metric] for g in best.values() if g["family"] == REFERENCE}
-    for group in best.values():
-        reference = references.get((group["project"], group["stale"]))
-        group[f"vs_{REFERENCE}"] = group[metric] / reference if reference else None
+        best[slot] = {**{k: v for k, v in chosen.items() if k != "val_seeds"}, "chosen_on": CHOSEN_ON_VALIDATION if on_validation else CHOSEN_ON_TEST}
+    # Each row's metric over each reference's on the same project (None where the campaign has not that family).
+    for family in REFERENCES:
+        references = {(g["project"], g["stale"]): g[metric] for g in best.values() if g["family"] == family}
+        for group in best.values():
+            reference = references.get((group["project"], group["stale"]))
+            group[f"vs_{family}"] = group[metric] / reference if reference else None
     return sorted(best.values(), key=lambda g: (g["project"], g["stale"], g[metric]))
 
 
@@ -229,18 +253,25 @@ def winners(best: list[dict[str, Any]], metric: str = "mae") -> list[dict[str, A
     """Each project's best configuration across families, one row per project, from the per-family rows of
     `best_configurations` (the file as it is now; declared ensembles left out), with the runner-up family.
 
-    Ranked on the test window: the statistical references and the classical window models have no validation
-    score to rank on, so this is a leaderboard of the test scores the per-family rows already show."""
+    Ranked on the validation window where every family's row has a validation score (every family is scored on it:
+    networks, classical and statistical models alike, each fitted on the train part for it), so the test score a
+    row shows is an honest estimate of the choice; else on the test window, and `chosen_on` says "test".
+    `runner_up_by`: how much worse the runner-up is on what the ranking read."""
     by_project: dict[str, list[dict[str, Any]]] = {}
     for row in best:
-        if not row["stale"] and not str(row["family"]).startswith("ensemble ("):
+        if not row.get("stale") and not str(row["family"]).startswith("ensemble ("):
             by_project.setdefault(row["project"], []).append(row)
     rows = []
     for project in sorted(by_project):
-        ranked = sorted(by_project[project], key=lambda r: r[metric])
+        candidates = by_project[project]
+        on_validation = all(r.get(f"val_{metric}") is not None and r.get("chosen_on") == CHOSEN_ON_VALIDATION for r in candidates)
+        key = f"val_{metric}" if on_validation else metric
+        ranked = sorted(candidates, key=lambda r: r[key])
         runner_up = ranked[1] if len(ranked) > 1 else None
-        rows.append({**ranked[0], "families": len(ranked), "runner_up": None if runner_up is None else runner_up["family"],
-                     f"runner_up_{metric}": None if runner_up is None else runner_up[metric]})
+        worse = runner_up[key] / ranked[0][key] - 1 if runner_up is not None and ranked[0][key] else None
+        rows.append({**ranked[0], "families": len(ranked), "chosen_on": CHOSEN_ON_VALIDATION if on_validation else CHOSEN_ON_TEST,
+                     "runner_up": None if runner_up is None else runner_up["family"],
+                     f"runner_up_{metric}": None if runner_up is None else runner_up[metric], "runner_up_by": worse})
     return rows
 
 

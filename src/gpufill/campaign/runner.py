@@ -331,7 +331,7 @@ def _too_short(projects: dict[str, Any], spec: Any) -> tuple[dict[tuple[str, int
     padded: dict[str, list[int]] = {}
     unvalidated: set[str] = set()
     for project in projects.values():
-        for lookback in sorted(set(task.lookback), reverse=True):
+        for lookback in sorted(spec.every_lookback, reverse=True):
             try:
                 windows = spec.windows(project, lookback)
             except InputError as error:
@@ -345,8 +345,23 @@ def _too_short(projects: dict[str, Any], spec: Any) -> tuple[dict[tuple[str, int
                         unvalidated.add(project.name)
                     continue
                 break  # a shorter lookback fits too
-    notes = [f"project {name} (length {projects[name].length}) is left-padded at lookback {', '.join(map(str, sorted(lookbacks)))}: "
-             "shorter than a full lookback before its first training target; its padded inputs are 0 after scaling and its targets are all real"
-             + ("; too short for the validation split as well, it trains on its whole history (the other projects validate)" if name in unvalidated else "")
-             for name, lookbacks in sorted(padded.items())]
-    return found, notes
+    return found, _padded_notes(projects, padded, unvalidated)
+
+
+def _padded_notes(projects: dict[str, Any], padded: dict[str, list[int]], unvalidated: set[str]) -> list[str]:
+    """One note for the padded projects, however many (a data set of short series padded 52 three-line warnings
+    before the run): the count, the shortest series and how many also train without validation."""
+    if not padded:
+        return []
+    if len(padded) == 1:
+        (name, lookbacks), = padded.items()
+        return [f"project {name} (length {projects[name].length}) is left-padded at lookback {', '.join(map(str, sorted(lookbacks)))}: "
+                "shorter than a full lookback before its first training target; its padded inputs are 0 after scaling and its targets are all real"
+                + ("; too short for the validation split as well, it trains on its whole history (the other projects validate)" if unvalidated else "")]
+    shortest = min(padded, key=lambda name: (projects[name].length, name))
+    lookbacks = sorted({lookback for found in padded.values() for lookback in found})
+    return [f"{len(padded):,} projects are left-padded at lookback {', '.join(map(str, lookbacks))} (the shortest: {shortest}, length "
+            f"{projects[shortest].length}): shorter than a full lookback before their first training target; padded inputs are 0 after scaling "
+            "and targets are all real"
+            + (f"; {len(unvalidated):,} of them are too short for the validation split as well and train on their whole history (the other "
+               "projects validate)" if unvalidated else "")]

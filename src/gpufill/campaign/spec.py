@@ -158,7 +158,7 @@ class CampaignSpec(Spec):
     @model_validator(mode="after")
     def _check_against_task(self, info: ValidationInfo) -> CampaignSpec:
         if self.data.source == "synthetic":
-            check_length(self.data.length, self.task.split.to_split(), lookback=max(self.task.lookback), horizon=self.task.horizon)
+            check_length(self.data.length, self.task.split.to_split(), lookback=max(self.every_lookback), horizon=self.task.horizon)
         if _checked_already(info):
             return self
         known = self.data.projects if isinstance(self.data.projects, int) else len(self.data.projects) if isinstance(self.data.projects, list) else None
@@ -166,7 +166,7 @@ class CampaignSpec(Spec):
             known = SYNTHETIC_DEFAULT_PROJECTS
         self.check_trial_count(known or 1)  # before any grid point is built: a grid of a billion points is refused at once
         for family in self.models:
-            check_builds(family, self.models[family], lookback=min(self.task.lookback), horizon=self.task.horizon)
+            check_builds(family, self.models[family], lookback=min(self.lookbacks(family)), horizon=self.task.horizon)
             self._check_recipes(family)
         for index, family in enumerate(self.ensemble.families or [] if self.ensemble else []):
             if family not in self.models:
@@ -196,7 +196,7 @@ class CampaignSpec(Spec):
 
     def check_trial_count(self, projects: int, *, where: str | None = None) -> None:
         """At most MAX_TRIALS trials (spec_limits.py); `where`: the file:line to name once the spec is loaded."""
-        check_trial_count(self.models, len(self.task.lookback), len(self.seeds), projects, one_project=self.task.mode == "global", where=where)
+        check_trial_count(self.models, len(self.every_lookback), len(self.seeds), projects, one_project=self.task.mode == "global", where=where)
 
     # -- helpers for the rest of the campaign -----------------------------------------------
 
@@ -209,10 +209,27 @@ class CampaignSpec(Spec):
         return registry.resolve(family).kind
 
     def lookbacks(self, family: str) -> list[int]:
-        """The lookbacks a family's trials run at. A family that fits the whole series (snaive, ets, theta) reads no
-        window, and every lookback's test windows are the same: one trial per project and grid point, at the
-        shortest lookback (a lookback grid used to re-run it with identical results)."""
-        return [min(self.task.lookback)] if registry.resolve(family).fits_series else list(self.task.lookback)
+        """The lookbacks a family's trials run at: task.lookback, and a declared ensemble's lookbacks for its member
+        families only. A family that fits the whole series (snaive, ets, theta) reads no window, and every lookback's
+        test windows are the same: one trial per project and grid point, at the shortest lookback (a lookback grid
+        used to re-run it with identical results)."""
+        if registry.resolve(family).fits_series:
+            return [min(self.task.lookback)]
+        members = self.ensemble.lookbacks if self.ensemble is not None and self.ensemble.lookbacks and family in self.ensemble_members() else []
+        return list(dict.fromkeys([*self.task.lookback, *(m * self.task.horizon for m in members)]))
+
+    @property
+    def every_lookback(self) -> list[int]:
+        """Every lookback some family runs at (task.lookback and the declared ensemble's), sorted: what the data must hold."""
+        return sorted({lookback for family in self.models for lookback in self.lookbacks(family)} | set(self.task.lookback))
+
+    def seeds_of(self, family: str) -> list[int]:
+        """The seeds a family's trials run with. A deterministic family (the statistical references snaive, ets, theta)
+        draws no random number: every seed would give the same forecast, so it runs once per project and grid point,
+        with the smallest seed."""
+        if registry.resolve(family).deterministic:
+            return [min(self.seeds)]
+        return list(self.seeds)
 
     def split_point(self, family: str, point: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """A grid point as (model params, training and window overrides), each sorted by key."""

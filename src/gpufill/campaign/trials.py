@@ -31,7 +31,8 @@ __all__ = ["GLOBAL_PROJECT", "Trial", "data_digest", "expand", "id_base", "trial
 
 
 def expand(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str]) -> list[Trial]:
-    """Every trial of the campaign, ordered by project (by name), family (file order), lookback, grid point, seed.
+    """Every trial of the campaign, ordered by project (by name), family (file order), lookback, grid point, seed
+    (a statistical reference: one seed, `CampaignSpec.seeds_of`).
 
     `projects`: names, or names -> data fingerprint (`Project.fingerprint()`), which then
     enters each trial's identity. Grid points are the cartesian product of each family's axes
@@ -51,15 +52,15 @@ def expand(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str]) -> l
     for family, axes in spec.models.items():
         kind = spec.kind(family)
         points = [spec.split_point(family, dict(zip(axes, combo))) for combo in itertools.product(*axes.values())]
-        families.append((family, kind, points, spec.lookbacks(family)))
+        families.append((family, kind, points, spec.lookbacks(family), spec.seeds_of(family)))
     trials = []
     for project in targets:
-        for family, kind, points, lookbacks in families:
+        for family, kind, points, lookbacks, seeds in families:
             for lookback in lookbacks:
                 for params, train in points:
                     shape = _shape(spec, family, kind, params, train, lookback)
                     config_id = _hash(base[kind], project, family, params, train, None, lookback, prints[project])
-                    for seed in spec.seeds:
+                    for seed in seeds:
                         tid = _hash(base[kind], project, family, params, train, seed, lookback, prints[project])
                         trials.append(Trial(tid, project, family, kind, params, train, seed, lookback, shape, prints[project], config_id, base_ids[kind]))
     return trials

@@ -147,6 +147,15 @@ def status(
             console.print(visible(f"Slurm jobs {state}: {len(ids)} ({', '.join(ids[:20])}{', ...' if len(ids) > 20 else ''})"), markup=False)
 
 
+OFF_TERMINAL_WIDTH = 1000
+"""Columns a table gets when stdout is not a terminal (a pipe, a file): wide enough that no column is cut (rich
+would take 80, printing `projec famil see`), so `gpufill results > table.txt` keeps every value whole."""
+
+
+def _table_console() -> Console:
+    return Console() if sys.stdout.isatty() else Console(width=OFF_TERMINAL_WIDTH)
+
+
 @app.command()
 def results(
     workdir: Path | None = typer.Option(None, "--workdir"),
@@ -172,7 +181,7 @@ def results(
     if best:
         rows = reading.winners(reading.read_best(directory))
         if format_ == "table" and out is None:
-            Console().print(campaign_tables.winners_table(rows))
+            _table_console().print(campaign_tables.winners_table(rows))
             return
         import pandas as pd
 
@@ -186,7 +195,7 @@ def results(
             total = len(rows)
         else:
             rows, total = reading.read_trial_records(directory, include_stale=all_, limit=None if all_ else campaign_tables.TABLE_ROWS)
-        Console().print(campaign_tables.results_table(rows, summary=summary, total=total, stale_view=all_))
+        _table_console().print(campaign_tables.results_table(rows, summary=summary, total=total, stale_view=all_))
         return
     import pandas as pd
 

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpufill.campaign.reading import CHOSEN_ON_TEST, REFERENCE, summary_columns
+from gpufill.campaign.reading import CHOSEN_ON_TEST, CHOSEN_ON_VALIDATION, REFERENCES, summary_columns
 from gpufill.errors import visible
 
 
@@ -86,8 +86,11 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
     else:
         columns = list(_STALE_COLUMNS if stale_view else _TRIAL_COLUMNS)  # with --all: room for what differs
     columns = [c for c in columns if not rows or c in rows[0]]
-    if not any(row.get(f"vs_{REFERENCE}") is not None for row in rows):  # no seasonal naive in this campaign
-        columns = [c for c in columns if c != f"vs_{REFERENCE}"]
+    for family in REFERENCES:  # a reference the campaign does not have: no empty column
+        if not any(row.get(f"vs_{family}") is not None for row in rows):
+            columns = [c for c in columns if c != f"vs_{family}"]
+    if not any(row.get("val_mae") is not None for row in rows):
+        columns = [c for c in columns if c != "val_mae"]
     if summary and rows and not any(row.get("train") for row in rows):  # no train setting varies: no empty column
         columns = [c for c in columns if c != "train"]
     seeds = {row.get("seeds") for row in rows}
@@ -108,18 +111,22 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
 
 def winners_table(rows: list[dict[str, Any]], metric: str = "mae") -> Table:
     """`results --best`: each project's best configuration across families (reading.winners), one line each."""
-    columns = ["project", "family", "params", "lookback", metric, f"vs_{REFERENCE}", "runner_up"]
-    if not any(row.get(f"vs_{REFERENCE}") is not None for row in rows):
-        columns.remove(f"vs_{REFERENCE}")
+    columns = ["project", "family", "params", "lookback", metric, *(f"vs_{family}" for family in REFERENCES), "runner_up"]
+    columns = [c for c in columns if not c.startswith("vs_") or any(row.get(c) is not None for row in rows)]
     counts = {row["families"] for row in rows}
     families = f"{counts.pop()} families" if len(counts) == 1 else f"up to {max(counts, default=0)} families"
-    table = Table(title=f"best configuration per project, of {families} (ranked on the test window; runner-up: how much worse)",
+    on = {row.get("chosen_on") for row in rows}
+    ranked = ("ranked on the validation window; test scores shown" if on == {CHOSEN_ON_VALIDATION} else
+              "ranked on the test window: no validation window (task.split.val chooses without the test)" if on == {CHOSEN_ON_TEST} else
+              "ranked on the validation window where every family has one, else on the test window")
+    table = Table(title=f"best configuration per project, of {families} ({ranked}; runner-up: how much worse)",
                   title_justify="left", pad_edge=False, box=None, header_style="bold")
     cells = []
     for row in rows:
-        runner_up = "" if row["runner_up"] is None else f"{row['runner_up']} +{row[f'runner_up_{metric}'] / row[metric] - 1:.0%}" if row[metric] else row["runner_up"]
+        worse = row.get("runner_up_by")
+        runner_up = "" if row["runner_up"] is None else f"{row['runner_up']} +{worse:.0%}" if worse is not None else row["runner_up"]
         cells.append([visible(runner_up) if column == "runner_up" else _cell(column, row.get(column)) for column in columns])
-    return _filled(table, columns, cells, right={metric, f"vs_{REFERENCE}", "lookback"}, wrapped=("params",))
+    return _filled(table, columns, cells, right={metric, *(f"vs_{family}" for family in REFERENCES), "lookback"}, wrapped=("params",))
 
 
 def _filled(table: Table, columns: list[str], cells: list[list[str]], *, right: set[str], wrapped: tuple[str, ...]) -> Table:
@@ -139,7 +146,8 @@ def _longest_word(cells: list[str]) -> int | None:
     return min(max(words), 40) if words else None
 
 
-_HEADERS = {"runner_up": "runner-up", "trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config", "chosen_on": "by", f"vs_{REFERENCE}": f"vs {REFERENCE}"}
+_HEADERS = {"runner_up": "runner-up", "trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config", "chosen_on": "by", "val_mae": "val mae",
+            **{f"vs_{family}": f"vs {family}" for family in REFERENCES}}
 
 
 def _varying_settings(train: Any) -> list[str]:

@@ -23,8 +23,7 @@ from gpufill.engine.loop import fit
 from gpufill.engine.result import FitCallback, FitResult
 from gpufill.errors import InputError
 from gpufill.forecasting.data import WindowedProject
-from gpufill.forecasting.data.metrics import forecast_metrics
-from gpufill.forecasting.data.scoring import per_origin, score
+from gpufill.forecasting.data.scoring import per_origin, score, score_validation
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe
 from gpufill.forecasting.task import predict, seeded_model
@@ -73,7 +72,7 @@ def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, call
 
         run = train_classical(windows, trial.family, trial.params, threads=setup.threads, seed=trial.seed)
         return trial_result(trial, status="completed", plan=classical_plan(run.threads), params=run.params, timings=run.timings,
-                            metrics={"test": run.test, "naive": run.naive, **per_origin(run.forecast)},
+                            metrics={"test": run.test, "naive": run.naive, **({"val": run.val} if run.val else {}), **per_origin(run.forecast)},
                             forecasts={trial.project: run.forecast} if run.forecast is not None else {}, recipe=setup.recorded, pack=pack)
     on_cuda = str(setup.config.device).startswith("cuda")
     if on_cuda:
@@ -102,8 +101,7 @@ def validation(model: Any, windows: WindowedProject, dtype: torch.dtype | None) 
     without a validation split: what choosing between configurations reads, never the test split."""
     if not windows.x_val.shape[0]:
         return {}
-    prediction = windows.inverse_target(predict(model, windows.x_val, dtype=dtype), "val")
-    return {"val": forecast_metrics(windows.val_truth(), prediction, windows.mase_scale)}
+    return score_validation(windows, windows.inverse_target(predict(model, windows.x_val, dtype=dtype), "val"))
 
 
 def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSetup, *, where: str | None = None) -> TrialResult:
@@ -119,8 +117,8 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
     train_x, train_y = torch.cat([w.x_train for w in windows]), torch.cat([w.y_train for w in windows])
     val_x, val_y = torch.cat([w.x_val for w in windows]), torch.cat([w.y_val for w in windows])
     if trial.kind == "classical":
-        predictions, plan, timings = _global_classical(trial, windows, setup.threads, train_x, train_y, val_x, val_y)
-        history, events, status, validations = [], [], "completed", []
+        predictions, validations, plan, timings = _global_classical(trial, windows, setup.threads, train_x, train_y, val_x, val_y)
+        history, events, status = [], [], "completed"
     else:
         fitted = fit(build_model(trial, windows[0]), (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=setup.config)
         predictions = [w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype)) for w in windows]
@@ -140,28 +138,40 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
 
 
 def _global_classical(trial: Trial, windows: Sequence[WindowedProject], threads: int, train_x: torch.Tensor, train_y: torch.Tensor,
-                      val_x: torch.Tensor, val_y: torch.Tensor) -> tuple[list[np.ndarray], dict[str, Any], dict[str, float]]:
-    from gpufill.forecasting.models.classical import SeriesForecaster, classical_plan, fit_and_forecast
+                      val_x: torch.Tensor, val_y: torch.Tensor
+                      ) -> tuple[list[np.ndarray], list[dict[str, float] | None], dict[str, Any], dict[str, float]]:
+    """Each project's test forecasts and validation metrics (None where it has none), the plan and the timings.
+    Validated as `train_classical` does: fitted on the train part alone, then again on train + validation for the test."""
+    from gpufill.forecasting.models.classical import SeriesForecaster, classical_plan, fit_and_forecast, fit_and_validate, validate_regressor
 
-    first = windows[0]
-    model = registry.build(trial.family, n_features=first.n_features, lookback=first.lookback, horizon=first.horizon, params=trial.params)
+    def built(w: WindowedProject) -> Any:
+        return registry.build(trial.family, n_features=w.n_features, lookback=w.lookback, horizon=w.horizon, params=trial.params)
+
+    model = built(windows[0])
     if isinstance(model, SeriesForecaster):  # a statistical reference is a model of one series: fitted per project in either mode
-        predictions, fit_s, predict_s = [], 0.0, 0.0
+        predictions, validations, fit_s, predict_s, validate_s = [], [], 0.0, 0.0, 0.0
         for w in windows:
-            model = registry.build(trial.family, n_features=w.n_features, lookback=w.lookback, horizon=w.horizon, params=trial.params)
-            prediction, spent = fit_and_forecast(model, w, threads=threads, seed=trial.seed)
+            tick = time.perf_counter()
+            validated = fit_and_validate(built(w), w, threads=threads, seed=trial.seed)
+            validations.append(score_validation(w, validated).get("val") if validated is not None else None)
+            validate_s += time.perf_counter() - tick
+            prediction, spent = fit_and_forecast(built(w), w, threads=threads, seed=trial.seed)
             predictions.append(prediction)
             fit_s, predict_s = fit_s + spent["fit_s"], predict_s + spent["predict_s"]
         points = sum(w.fit_end for w in windows)
-        return predictions, classical_plan(threads), {"fit_s": fit_s, "predict_s": predict_s, "samples_per_s": points / fit_s if fit_s > 0 else 0.0}
-    # No epochs to validate: the validation windows are training data for classical models.
+        return predictions, validations, classical_plan(threads), {"fit_s": fit_s, "predict_s": predict_s, "validate_s": validate_s,
+                                                                   "samples_per_s": points / fit_s if fit_s > 0 else 0.0}
+    tick = time.perf_counter()
+    validations = validate_regressor(built(windows[0]), train_x.numpy(), train_y.numpy(), windows, threads=threads, seed=trial.seed)
+    validate_s = time.perf_counter() - tick
     x, y = torch.cat([train_x, val_x]).numpy(), torch.cat([train_y, val_y]).numpy()
     tick = time.perf_counter()
     model.fit(x, y, threads=threads, seed=trial.seed)
     fit_s = time.perf_counter() - tick
     tick = time.perf_counter()
     predictions = [w.inverse_target(np.asarray(model.predict(w.x_test.numpy()))) for w in windows]
-    return predictions, classical_plan(threads), {"fit_s": fit_s, "predict_s": time.perf_counter() - tick, "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0}
+    return predictions, validations, classical_plan(threads), {"fit_s": fit_s, "predict_s": time.perf_counter() - tick, "validate_s": validate_s,
+                                                               "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0}
 
 
 def epoch_seconds(trial: Trial, windows: Sequence[WindowedProject], config: FitConfig, *, sample: int) -> float:

@@ -17,10 +17,11 @@ import numpy as np
 import pandas as pd
 
 from gpufill.campaign.ensembles import members_shown, read_declared
-from gpufill.campaign.reading import best_per_project
+from gpufill.campaign.reading import best_per_project, winners
 from gpufill.campaign.provenance import with_effective_train
 from gpufill.campaign.store import FRAME_COLUMNS, Store
 from gpufill.campaign.store_health import check_rows
+from gpufill.forecasting.trial import GLOBAL_PROJECT
 from gpufill.files import check_target
 from gpufill.report import plots
 from gpufill.report.page import img, page, plot_or_note, section, table, write_atomically
@@ -117,16 +118,17 @@ def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame) -> str:
     if best.empty:
         parts.append("<p class='note'>no finished trials yet</p>")
     else:
-        top = best.groupby("project", sort=True).head(1)  # best_per_project sorts by project, then metric
-        families = best.groupby("project")["family"].count()
-        rows = [
-            [escape(r.project), escape(r.family), escape(_params(r.params)), str(r.lookback), f"{r.mae:.4g}",
-             "" if r.vs_snaive is None or r.vs_snaive != r.vs_snaive else f"{r.vs_snaive:.3f}", str(r.seeds), str(families[r.project])]
-            for r in top.itertuples()
-        ]
+        top = winners(best.to_dict("records"))  # chosen on validation where every family has it, as `results --best`
+
+        def ratio(value: Any) -> str:
+            return "" if value is None or value != value else f"{value:.3f}"
+
+        rows = [[escape(r["project"]), escape(r["family"]), escape(_params(r["params"])), str(r["lookback"]), f"{r['mae']:.4g}",
+                 "" if r["val_mae"] is None or r["val_mae"] != r["val_mae"] else f"{r['val_mae']:.4g}", ratio(r["vs_snaive"]), ratio(r["vs_ets"]),
+                 str(r["seeds"]), str(r["families"]), escape(str(r["chosen_on"]))] for r in top]
         parts += ["<h3>Best configuration per project</h3>",
-                  table(["project", "family", "params", "lookback", "test MAE", "MAE / seasonal naive's", "seeds", "families compared"], rows,
-                        table_id="best", numeric={3, 4, 5, 6, 7})]
+                  table(["project", "family", "params", "lookback", "test MAE", "validation MAE", "MAE / seasonal naive's", "MAE / ETS's", "seeds",
+                         "families compared", "chosen on"], rows, table_id="best", numeric={3, 4, 5, 6, 7, 8, 9})]
     parts += ["<h3>Hyper-parameter effects</h3>", plot_or_note(plots.parameter_effects(done), "no grid parameter varies within a family")]
     return "\n".join(parts)
 
@@ -137,14 +139,16 @@ def _declared(declared: list[dict], best: pd.DataFrame) -> str:
         return ""
     rows = []
     for row in declared:
-        members = best[(best["project"] == row["project"]) & best["family"].isin(row["families"])]
-        single = members.sort_values("mae").head(1)
+        # A global campaign's families have one row over every project ("*"): the member to beat is that one.
+        members = best[best["project"].isin([row["project"], GLOBAL_PROJECT]) & best["family"].isin(row["families"])]
+        single = members.sort_values("val_mae" if members["val_mae"].notna().all() else "mae").head(1)  # chosen as --best chooses
         rows.append([escape(row["project"]), escape(row["combine"]), members_shown(row), escape(", ".join(row["families"])),
                      escape(", ".join(map(str, row["lookbacks"]))), f"{row['mae']:.4g}", f"{row['smape']:.4g}", f"{row['mase']:.4g}",
                      "" if single.empty else f"{single['mae'].iloc[0]:.4g} ({escape(single['family'].iloc[0])})", f"{row['cost_s']:.1f}"])
     return "\n" + "\n".join(["<h3>Declared ensemble</h3>",
                               "<p class='note'>Every member's test forecast combined per project and scored like a trial; the best single "
-                              "configuration of its families is chosen as results --summary chooses it. Cost: the members' training seconds.</p>",
+                              "configuration of its families is chosen on validation where each has a score, as results --best chooses. Members whose "
+                              "validation score is worse than ensemble.within times the best member's are left out, and counted. Cost: the members' training seconds.</p>",
                               table(["project", "combine", "members", "families", "lookbacks", "test MAE", "sMAPE", "MASE",
                                      "best single member's MAE", "cost (s)"], rows, table_id="ensemble", numeric={2, 5, 6, 7, 9})])
 

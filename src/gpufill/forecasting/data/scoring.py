@@ -15,7 +15,7 @@ import numpy as np
 from gpufill.forecasting.data.metrics import forecast_metrics
 from gpufill.forecasting.data.windows import WindowedProject
 
-__all__ = ["Scored", "per_origin", "score"]
+__all__ = ["Scored", "per_origin", "score", "score_validation"]
 
 Scored = tuple[dict[str, float], dict[str, float], dict[str, Any]]
 """(test metrics, the last-value forecast's metrics on the same windows, the forecast kept)."""
@@ -36,6 +36,14 @@ def score(windows: WindowedProject, prediction: np.ndarray) -> Scored:
     naive = [forecast_metrics(windows.test_truth[i : i + 1], windows.naive_test[i : i + 1], windows.mase_scale) for i in range(len(per_origin))]
     kept["per_origin"] = per_origin
     return _mean(per_origin), _mean(naive), kept
+
+
+def score_validation(windows: WindowedProject, prediction: np.ndarray) -> dict[str, dict[str, float]]:
+    """{"val": metrics of `prediction` (N_val, horizon), original scale, against the validation windows' targets},
+    or nothing without validation windows: what a choice between configurations reads, never the test split."""
+    if not windows.x_val.shape[0]:
+        return {}
+    return {"val": forecast_metrics(windows.val_truth(), np.asarray(prediction, dtype=np.float64), windows.mase_scale)}
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -7,6 +7,7 @@ earlier regions (that is what a forecaster sees at that time, so it is no leak).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -186,6 +187,9 @@ class WindowedProject:
     """Set when the series was too short for a full lookback and was left-padded (global mode)."""
     window_scaling: WindowScaling | None = None
     """Set when each window's target was scaled by its own inputs (forecasting.data.window_scaling)."""
+    val_origins: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """(N_val,) the time each validation window's forecast starts at: a series model fitted on series[:val_origins[0]]
+    forecasts them to be scored on validation, as a network is."""
     data_id: str = ""
     """What names these windows on every machine: the project's fingerprint and how they were cut and scaled (their
     float values differ in the last bits from one CPU to the next). A training's checkpoint records it."""
@@ -374,6 +378,7 @@ def make_windows(
         season_length=season_length_of(project.time, project.source),
         backtest=split.backtest is not None,
         padding=padding,
+        val_origins=val_t,
         data_id=recipe_fingerprint("gpufill.windows", 1, data=project.fingerprint(), lookback=lookback, horizon=horizon, stride=stride, pad=pad,
                                    split=[split.val, split.test, split.backtest]),
     )

@@ -51,6 +51,12 @@ class Family:
         no window scaling, loss or schedule applies to it."""
         return callable(getattr(self.factory, "fit_series", None))
 
+    @property
+    def deterministic(self) -> bool:
+        """The factory says its forecasts draw no random number (`deterministic = True`: the built-in statistical
+        references): every seed gives the same result, so a campaign runs it with one seed."""
+        return getattr(self.factory, "deterministic", False) is True
+
 
 _FAMILIES: dict[str, Family] = {}
 

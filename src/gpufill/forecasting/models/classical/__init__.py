@@ -23,14 +23,14 @@ library adapters, registered on import). The training entry point lives here.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gpufill.forecasting.data import WindowedProject
-from gpufill.forecasting.data.scoring import score
+from gpufill.forecasting.data.scoring import score, score_validation
 from gpufill.errors import InputError
 from gpufill.forecasting.models.classical.base import (
     ClassicalForecaster,
@@ -51,6 +51,7 @@ from gpufill.forecasting.models.classical.statistical import (
     SeriesForecaster,
     ThetaForecaster,
     fit_and_forecast,
+    fit_and_validate,
 )
 from gpufill.forecasting.models.registry import build, check_params, resolve
 
@@ -66,7 +67,9 @@ __all__ = [
     "ThetaForecaster",
     "WindowRegressor",
     "XGBForecaster",
+    "fit_and_validate",
     "train_classical",
+    "validate_regressor",
 ]
 
 
@@ -83,10 +86,13 @@ class ClassicalRun:
     """The family's defaults updated with the given parameters."""
     test: dict[str, float]
     """forecast_metrics of the test predictions, original scale."""
+    val: dict[str, float] | None
     naive: dict[str, float]
     """forecast_metrics of the last-value forecast on the same test windows."""
+    """forecast_metrics of the validation windows' forecasts by the model fitted on the train region alone (None
+    without validation windows): what choosing between families reads."""
     timings: dict[str, float]
-    """fit_s, predict_s, samples_per_s (training windows / fit_s)."""
+    """fit_s, predict_s, samples_per_s (training windows / fit_s), validate_s (the train-region fit and its forecasts)."""
     threads: int
     model: Any = field(default=None, repr=False)
     forecast: dict[str, Any] | None = field(default=None, repr=False)
@@ -104,6 +110,17 @@ def classical_plan(threads: int) -> dict[str, dict[str, Any]]:
         "device": {"value": "cpu", "reason": "classical family: runs on the CPU lane"},
         "threads": {"value": threads, "reason": "given by the scheduler's CPU budget"},
     }
+
+
+def validate_regressor(model: ClassicalForecaster, x_train: np.ndarray, y_train: np.ndarray, windows: Sequence[WindowedProject], *,
+                       threads: int, seed: int) -> list[dict[str, float] | None]:
+    """Each project's validation metrics (None where it has no validation windows) of `model` fitted on the train
+    windows alone; the caller fits it again on train + validation for the test."""
+    if not any(w.x_val.shape[0] for w in windows):
+        return [None] * len(windows)
+    model.fit(x_train, y_train, threads=threads, seed=seed)
+    return [score_validation(w, w.inverse_target(np.asarray(model.predict(w.x_val.numpy()), dtype=np.float64), "val")).get("val")
+            for w in windows]
 
 
 def train_classical(
@@ -124,20 +141,31 @@ def train_classical(
             field="model",
         )
     threads, seed = _threads_and_seed(threads, seed)
-    model = build(family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=resolved)
+
+    def built() -> Any:  # the validation's fit gets a model of its own: nothing it learned reaches the test's
+        return build(family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=resolved)
+
+    model = built()
     if isinstance(model, SeriesForecaster):  # snaive, ets, theta: fitted on the series, not on windows
+        started = time.perf_counter()
+        validated = fit_and_validate(built(), windows, threads=threads, seed=seed)
+        val = score_validation(windows, validated) if validated is not None else {}
+        validate_s = time.perf_counter() - started
         prediction, timings = fit_and_forecast(model, windows, threads=threads, seed=seed)
         test, naive, kept = score(windows, prediction)
-        return ClassicalRun(project=windows.name, family=family, params=dict(resolved), test=test, naive=naive, timings=timings,
-                            threads=threads, model=model, forecast=kept)
+        return ClassicalRun(project=windows.name, family=family, params=dict(resolved), test=test, val=val.get("val"), naive=naive,
+                            timings={**timings, "validate_s": validate_s}, threads=threads, model=model, forecast=kept)
     if not isinstance(model, ClassicalForecaster):
         raise InputError(
             f"classical family {family!r} built a {type(model).__name__} without fit(x, y, *, threads, seed) and predict(x)",
             fix="return an object with those two methods from the factory (see models.classical.ClassicalForecaster)",
             field="model",
         )
-    # Classical models have no epochs, so nothing to early-stop or select on the validation
-    # split: it is folded into training, and the model sees all data before the test region.
+    # No epochs to early-stop: fitted on the train windows, the model is scored on the validation windows (what a
+    # choice between families reads), then fitted again on train + validation, all the data before the test region.
+    started = time.perf_counter()
+    val = validate_regressor(built(), windows.x_train.numpy(), windows.y_train.numpy(), [windows], threads=threads, seed=seed)[0]
+    validate_s = time.perf_counter() - started
     x = np.concatenate([windows.x_train.numpy(), windows.x_val.numpy()])
     y = np.concatenate([windows.y_train.numpy(), windows.y_val.numpy()])
     started = time.perf_counter()
@@ -152,9 +180,10 @@ def train_classical(
         family=family,
         params=dict(resolved),
         test=test,
+        val=val,
         naive=naive,
         forecast=kept,
-        timings={"fit_s": fit_s, "predict_s": predict_s, "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0},
+        timings={"fit_s": fit_s, "predict_s": predict_s, "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0, "validate_s": validate_s},
         threads=threads,
         model=model,
     )

@@ -7,7 +7,8 @@ before the test region (train + validation, as the other classical families) and
 test window's origin t, forecasts the next ``horizon`` steps from the series up to t with the
 fitted parameters (statsforecast's ``forward``: the state is updated with the actual values, the
 parameters are not refitted). So they are scored on exactly the test windows every other family
-is scored on. They run on the CPU lane like the classical families and see the target only.
+is scored on. Before that, fitted on the train region alone, they forecast the validation windows
+(`fit_and_validate`): their validation score is what a choice between families reads, as a network's is. They run on the CPU lane like the classical families and see the target only.
 
 The season length is ``season_length`` (an int) or ``auto``: the project's
 (``data.windows.season_length_of``: daily 7, weekly 52, monthly 12, quarterly 4, hourly 24;
@@ -25,7 +26,7 @@ from gpufill.errors import InputError
 from gpufill.forecasting.models.checks import whole_number
 from gpufill.forecasting.models.registry import register
 
-__all__ = ["ETSForecaster", "SeasonalNaiveForecaster", "SeriesForecaster", "ThetaForecaster", "fit_and_forecast"]
+__all__ = ["ETSForecaster", "SeasonalNaiveForecaster", "SeriesForecaster", "ThetaForecaster", "fit_and_forecast", "fit_and_validate"]
 
 @runtime_checkable
 class SeriesForecaster(Protocol):
@@ -40,6 +41,9 @@ class SeriesForecaster(Protocol):
 
 class _StatisticalForecaster:
     family: ClassVar[str] = "statistical"
+    deterministic: ClassVar[bool] = True
+    """No random number is drawn (statsforecast's AutoETS and Theta fit by deterministic optimisation): a campaign
+    runs one seed of it (registry.Family.deterministic)."""
 
     def __init__(self, n_features: int, lookback: int, horizon: int, *, season_length: int | str = "auto"):
         self.n_features, self.lookback, self.horizon = n_features, lookback, horizon
@@ -139,3 +143,13 @@ def fit_and_forecast(model: SeriesForecaster, windows: Any, *, threads: int, see
     prediction = model.forecast_from(windows.series, windows.test_origins)
     predict_s = time.perf_counter() - started
     return prediction, {"fit_s": fit_s, "predict_s": predict_s, "samples_per_s": windows.fit_end / fit_s if fit_s > 0 else 0.0}
+
+
+def fit_and_validate(model: SeriesForecaster, windows: Any, *, threads: int, seed: int) -> np.ndarray | None:
+    """The validation windows' forecasts (original scale) of `model` fitted on the history before them (the train
+    region), as a network is scored on them before anything is chosen; None without validation windows. `model` is
+    fitted again by `fit_and_forecast` on train + validation for the test."""
+    if not len(windows.val_origins):
+        return None
+    model.fit_series(windows.series[: int(windows.val_origins[0])], season_length=windows.season_length, threads=threads, seed=seed)
+    return model.forecast_from(windows.series, windows.val_origins)
