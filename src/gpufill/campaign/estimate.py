@@ -4,14 +4,18 @@ Neural shapes: one sample project's training runs for two epochs on at most
 `SAMPLE_WINDOWS` windows under the lane's thread count; the second (steady) epoch,
 scaled to the full window count, times the configured epochs. Early stopping can only
 make the real campaign shorter, so neural figures are upper bounds. Classical shapes:
-real fits (validation's and test's) after an untimed first one; tree ensembles are fitted with at most `SAMPLE_TREES` trees and scaled
-linearly (their fit time is linear in the number of trees). A lane's wall time is its
-trials' summed time divided by its slots.
+real fits (validation's and test's) after an untimed first one, on a sample of the projects (`_timed_fits`); tree
+ensembles are timed at `SAMPLE_TREES` and twice that, and extrapolated along that line. A lane's wall time is its
+trials' summed time divided by its slots; the campaign's is its slowest lane's, plus the start-up (a worker's
+imports and the data's loading, timed).
 """
 
 from __future__ import annotations
 
 
+import dataclasses
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -22,14 +26,20 @@ import torch
 
 from gpufill.campaign.lanes import Lane
 from gpufill.campaign.runner import Campaign
-from gpufill.campaign.trials import Trial
+from gpufill.campaign.trials import GLOBAL_PROJECT, Trial
 
 # Windows a neural sample trains on: enough for steady per-step timings, few enough
 # that the largest ablation shapes sample in about a second on a 2-core CPU.
 SAMPLE_WINDOWS = 256
 SAMPLE_TREES = 20
+STARTUP_TIMEOUT_S = 300
+"""A worker's start timed longer than this (a machine stalled) is counted as this."""
 SAMPLE_PROJECTS = 3
-"""Projects a classical shape over many projects (global mode) is timed on, after an untimed first fit."""
+"""Projects a series model over many projects (global mode: one fit each) is timed on, after an untimed first fit."""
+SAMPLE_GLOBAL_WINDOWS = 20_000
+"""Windows a global window regressor's one fit is timed on (the first projects that hold as many; all of them when
+they hold fewer): a fit's cost is not proportional to its windows (a fixed part per tree), so a small sample scaled
+up overestimates it (8 of 24 projects made lgbm 2x too high)."""
 
 
 @dataclass(slots=True)
@@ -49,6 +59,8 @@ class Estimate:
     lanes: list[Lane]
     shapes: list[ShapeEstimate] = field(default_factory=list)
     sampling_s: float = 0.0
+    startup_s: float = 0.0
+    """Before the first trial: the workers' start (`worker_startup_seconds`) and loading the data (timed here)."""
 
     def queues(self) -> dict[str, tuple[Lane, int]]:
         """Queue -> (a lane of it, slots of all its lanes): per-GPU lanes share one queue and add up."""
@@ -82,7 +94,8 @@ class Estimate:
                 }
                 for queue, (lane, slots) in self.queues().items()
             },
-            "total_seconds": round(max(lane_seconds.values(), default=0.0), 1),
+            "total_seconds": round(max(lane_seconds.values(), default=0.0) + self.startup_s, 1),
+            "startup_seconds": round(self.startup_s, 1),
             "families": {name: {"trials": int(v["trials"]), "trial_seconds": round(v["trial_seconds"], 1)} for name, v in per_family.items()},
             "shapes": [shape.to_dict() for shape in self.shapes],
             "sampling_s": round(self.sampling_s, 2),
@@ -94,7 +107,9 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
     started = time.perf_counter()
     prepared = campaign.prepare()
     spec = campaign.spec
+    tick = time.perf_counter()
     projects = spec.data.load(campaign.base_dir)
+    loading_s = time.perf_counter() - tick
     lane_of = {kind: lane for lane in prepared.lanes for kind in lane.kinds}
     groups: dict[str, list[Trial]] = defaultdict(list)
     for trial in prepared.trials:
@@ -113,12 +128,27 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
             if sample.kind == "neural":
                 seconds, how = _time_neural(sample, windows, spec, lane)
             else:
-                seconds, how = _time_classical(sample, windows, lane)
+                seconds, how = _time_classical(sample, windows, spec, lane)
             result.shapes.append(ShapeEstimate(family=sample.family, lane=lane.queue, trials=len(trials), seconds_per_trial=seconds, how=how))
     finally:
         torch.set_num_threads(threads_before)
+    result.startup_s = worker_startup_seconds() + loading_s
     result.sampling_s = time.perf_counter() - started
     return result
+
+
+def worker_startup_seconds() -> float:
+    """Seconds a fresh worker takes before its first trial: an interpreter importing what a worker imports (torch,
+    the trial code), timed in a child as the local executor starts one. Every slot starts at once, so the run pays it
+    once; it is most of a small campaign's wall time (without it, a 30-second campaign was estimated at 0.5x)."""
+    code = "import torch, gpufill.campaign.worker, gpufill.forecasting.run, gpufill.forecasting.models.classical"
+    tick = time.perf_counter()
+    try:
+        subprocess.run([sys.executable, "-c", code], check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=STARTUP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return float(STARTUP_TIMEOUT_S)
+    return time.perf_counter() - tick
 
 
 def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, str]:
@@ -133,22 +163,54 @@ def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tup
                                           "an upper bound with early stopping")
 
 
-def _time_classical(trial: Trial, windows: list[Any], lane: Lane) -> tuple[float, str]:
+def _time_classical(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, str]:
+    """Seconds of one classical trial over `windows` (validation fit included): timed fits after an untimed first.
+
+    The first fit in a process pays what no later trial of a worker pays again (statsforecast compiles AutoETS and
+    Theta with numba: seconds; libraries load); timing it made ets 7x too high (issue 38). A tree ensemble is timed
+    at `SAMPLE_TREES` and twice that, and extrapolated along that line (a fit's fixed part, binning the data, is
+    paid once, not per tree: scaling one timing by the trees made lgbm 2x too high)."""
     from gpufill.forecasting.models.classical import train_classical
 
-    params = dict(trial.params)
-    trees = params.get("n_estimators")
-    scale = 1.0
-    if isinstance(trees, int) and trees > SAMPLE_TREES:
-        params["n_estimators"], scale = SAMPLE_TREES, trees / SAMPLE_TREES
-    # The first fit in a process pays what no later trial of a worker pays again (statsforecast compiles AutoETS and
-    # Theta with numba: seconds; libraries load): it is not timed. Timing it made ets 7x too high (issue 38).
-    train_classical(windows[0], trial.family, params, threads=lane.threads, seed=trial.seed)
-    timed = windows[:SAMPLE_PROJECTS]
+    trees = trial.params.get("n_estimators")
+    sampled = isinstance(trees, int) and not isinstance(trees, bool) and trees > 2 * SAMPLE_TREES
+    first = dataclasses.replace(trial, params={**trial.params, "n_estimators": SAMPLE_TREES}) if sampled else trial
+    train_classical(windows[0], first.family, first.params, threads=lane.threads, seed=trial.seed)
+    seconds, how = _timed_fits(first, windows, spec, lane)
+    if sampled:
+        doubled, _ = _timed_fits(dataclasses.replace(trial, params={**trial.params, "n_estimators": 2 * SAMPLE_TREES}), windows, spec, lane)
+        per_tree = max(doubled - seconds, 0.0) / SAMPLE_TREES or seconds / SAMPLE_TREES  # noise: no slope, scale linearly
+        seconds += per_tree * (trees - SAMPLE_TREES)
+        how += f"; at {SAMPLE_TREES} and {2 * SAMPLE_TREES} of {trees} trees, extrapolated"
+    return seconds, how
+
+
+def _timed_fits(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, str]:
+    """Seconds of `trial` over every project of `windows`, from a sample of them, and how they were timed.
+
+    A series model (one fit per project): `SAMPLE_PROJECTS` fits, times the projects. A global window regressor is
+    one fit over every project's windows (timing one project and multiplying by the projects made lgbm 5.6x too
+    high): the global fit on `SAMPLE_GLOBAL_WINDOWS` windows' projects, scaled by the windows of all of them."""
+    from gpufill.forecasting.models import registry
+    from gpufill.forecasting.models.classical import train_classical
+    from gpufill.forecasting.run import run_global, trial_setup
+
+    if trial.project == GLOBAL_PROJECT and not registry.resolve(trial.family).fits_series:
+        counts = [w.x_train.shape[0] + w.x_val.shape[0] for w in windows]
+        taken = next((i + 1 for i in range(len(counts)) if sum(counts[: i + 1]) >= SAMPLE_GLOBAL_WINDOWS), len(counts))
+        sample = windows[:taken]
+        setup = trial_setup(trial, spec.recipe(trial.family, trial.train), spec.base_config(trial.train, trial.seed), threads=lane.threads)
+        tick = time.perf_counter()
+        run_global(trial, sample, setup)
+        spent = time.perf_counter() - tick
+        rows = sum(w.x_train.shape[0] + w.x_val.shape[0] for w in windows)
+        timed = sum(w.x_train.shape[0] + w.x_val.shape[0] for w in sample)
+        return spent * rows / timed, (f"the global fit on {len(sample)} of {len(windows)} projects ({timed} of {rows} windows), scaled by "
+                                      f"windows, with {lane.threads} thread(s), validation fit included")
+    sample = windows[:SAMPLE_PROJECTS]
     tick = time.perf_counter()
-    for one in timed:
-        train_classical(one, trial.family, params, threads=lane.threads, seed=trial.seed)
-    seconds = (time.perf_counter() - tick) / len(timed) * scale * len(windows)
-    scaled = f" with {SAMPLE_TREES} of {trees} trees, scaled linearly" if scale != 1.0 else ""
-    return seconds, (f"{len(timed)} fit(s) timed after an untimed first{scaled}, x {len(windows)} project(s), with {lane.threads} thread(s) "
-                     "(validation fit included)")
+    for one in sample:
+        train_classical(one, trial.family, trial.params, threads=lane.threads, seed=trial.seed)
+    spent = time.perf_counter() - tick
+    return spent / len(sample) * len(windows), (f"{len(sample)} fit(s) timed, x {len(windows)} project(s), with {lane.threads} thread(s), "
+                                                "validation fit included")

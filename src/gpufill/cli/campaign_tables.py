@@ -201,6 +201,7 @@ def estimate_table(estimate: dict[str, Any]) -> Table:
         table.add_column(column, justify="left" if column in ("lane", "device") else "right")
     for name, lane in estimate["lanes"].items():
         table.add_row(name, str(lane["trials"]), f"{lane['slots']} x {lane['threads']}", Text(visible(lane["device"])), _duration(lane["seconds"]))
+    table.add_row("start-up", "", "", "workers' imports, data", _duration(estimate.get("startup_seconds", 0.0)), style="dim")
     table.add_row("campaign", str(sum(lane["trials"] for lane in estimate["lanes"].values())), "", "lanes run at once", _duration(estimate["total_seconds"]), style="bold")
     for family, numbers in estimate["families"].items():
         table.add_row(Text(visible(f"  {family}")), str(numbers["trials"]), "", "trial-time", _duration(numbers["trial_seconds"]), style="dim")
