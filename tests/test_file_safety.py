@@ -104,7 +104,7 @@ def can_mount() -> bool:
     probe.mkdir(exist_ok=True)
     try:
         return subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k none {shlex.quote(str(probe))}"],
-                              capture_output=True, timeout=30).returncode == 0
+                              capture_output=True, timeout=240).returncode == 0
     finally:
         probe.rmdir()
 
@@ -309,7 +309,7 @@ def test_a_signal_before_the_command_exists_is_passed_on_and_one_after_it_ended_
     assert forwarder.held == [signal.SIGTERM]
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     forwarder.attach(child)
-    assert child.wait(timeout=60) == -signal.SIGTERM
+    assert child.wait(timeout=240) == -signal.SIGTERM
     forwarder(signal.SIGHUP, None)  # the command has ended: nothing to pass it to, and gpufill goes on writing
     assert forwarder.after_end == [signal.SIGHUP]
 

@@ -71,7 +71,7 @@ def test_a_command_that_cannot_be_measured_is_one_line():
     assert too_short.returncode == 2 and too_short.stderr.strip().splitlines()[1:] == [  # after how many times the command would run
         "gpufill bench: the command was not measured: the script ended after 200 optimizer steps (wanted 3 warm-up + 500) (exit code 0); "
         "fix: fewer --steps than 500, or a longer run"]
-    unknown = bench("item_every_step.py", "--try", "amp", timeout=60)
+    unknown = bench("item_every_step.py", "--try", "amp", timeout=240)
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr and "--try amp is not a speed-up" in unknown.stderr
 
 
@@ -89,7 +89,7 @@ def test_on_a_gpu_every_speed_up_is_measured_against_the_script_as_it_is():
 
 
 def test_impossible_steps_are_one_line_before_anything_runs():
-    run = bench("item_every_step.py", "--steps", "0", timeout=60)
+    run = bench("item_every_step.py", "--steps", "0", timeout=240)
     assert run.returncode == 2 and "Traceback" not in run.stderr and "--steps 0" in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
