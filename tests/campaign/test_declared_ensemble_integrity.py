@@ -224,7 +224,7 @@ def test_the_scheduler_and_the_workers_check_the_same_ensemble_the_same_way(tmp_
     path = tmp_path / "good.yaml"
     path.write_text(BAD.replace("VALUE", "4.0"))  # a whole float is a whole multiple: kept as 4, never rounded
     spec = load_campaign(path)
-    assert spec.ensemble.lookbacks == [2, 4] and spec.task.lookback == [6, 12]
+    assert spec.ensemble.lookbacks == [2, 4] and spec.task.lookback == [6] and spec.every_lookback == [6, 12]
     worker = CampaignSpec.model_validate(json.loads(spec.model_dump_json()), context=CHECKED)  # what a worker validates
     assert worker.model_dump() == spec.model_dump()
     for bad, problem in ((["4"], "'4' is text to YAML, not a number"), ([True], "true is not a number"), ([-2], "-2 is not a multiple >= 1"),

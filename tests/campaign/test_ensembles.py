@@ -55,10 +55,10 @@ def test_global_models_of_several_seeds_train_alone_and_ensemble_per_project(tmp
     text = path.read_text().replace("seeds: [0]", "seeds: [0, 1]").replace("task: {lookback: [12], horizon: 1}", "task: {lookback: [12], horizon: 2, mode: global}")
     path.write_text(text)
     outcome = Campaign.from_yaml(path, tmp_path / "w").run()  # two global mlp trials of one shape: not a fused pack (it knows no '*')
-    assert (outcome.done, outcome.failed) == (4, 0)
+    assert (outcome.done, outcome.failed) == (3, 0)  # snaive is deterministic: one seed
     median = pd.DataFrame(ensembles(tmp_path / "w", "median"))
     assert sorted(median["project"].unique()) == ["p000", "p001", "p002"]  # a global model's forecasts are kept per project
-    assert median.groupby("family")["members"].max().to_dict() == {"mlp": 2, "snaive": 2}
+    assert median.groupby("family")["members"].max().to_dict() == {"mlp": 2, "snaive": 1}
     results = read_results(tmp_path / "w")
     mlp = median[median["family"] == "mlp"]
     # The global trials' MAE is the mean over projects of their per-project MAE: the members' mean MAE averages to it.
