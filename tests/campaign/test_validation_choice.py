@@ -101,7 +101,7 @@ models:
   mlp: {hidden_size: 8}
   linear: {}
   snaive: {season_length: 7}
-ensemble: {families: [mlp, linear]}
+ensemble: {families: [mlp, linear], within: null}
 train: {epochs: 2, early_stopping: null}
 seeds: [0, 1]
 resources: {retries: 0}

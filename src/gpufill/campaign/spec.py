@@ -220,8 +220,11 @@ class CampaignSpec(Spec):
 
     @property
     def every_lookback(self) -> list[int]:
-        """Every lookback some family runs at (task.lookback and the declared ensemble's), sorted: what the data must hold."""
-        return sorted({lookback for family in self.models for lookback in self.lookbacks(family)} | set(self.task.lookback))
+        """Every lookback some family runs at (task.lookback and the declared ensemble's), sorted: what the data must
+        hold. Resolves no family: a worker checking its spec must not import a user's model module it does not train
+        (one that crashes on import took the worker of a `linear` trial with it)."""
+        multiples = self.ensemble.lookbacks if self.ensemble is not None and self.ensemble.lookbacks else []
+        return sorted(set(self.task.lookback) | {m * self.task.horizon for m in multiples})
 
     def seeds_of(self, family: str) -> list[int]:
         """The seeds a family's trials run with. A deterministic family (the statistical references snaive, ets, theta)
