@@ -173,10 +173,10 @@ def _chosen_on_validation(pairs: list[tuple[dict[str, Any], Any]], within: float
     scores = [r.get(f"val_{metric}") for r, _ in pairs]
     if within is None or any(score is None or score != score for score in scores):
         return pairs, []
-    limit = within * min(scores)
-    joined = [pair for pair, score in zip(pairs, scores, strict=True) if score <= limit]
+    best = min(scores)
+    joined = [pair for pair, score in zip(pairs, scores, strict=True) if score <= within * best]
     left_out = [{"trial_id": r["trial_id"], "family": r["family"], "lookback": int(r["lookback"]), "train": r["train"], "params": r["params"],
-                 f"val_{metric}": score, "best": min(scores)} for (r, _), score in zip(pairs, scores, strict=True) if score > limit]
+                 f"val_{metric}": score, "best": best} for (r, _), score in zip(pairs, scores, strict=True) if score > within * best]
     return joined, left_out
 
 

@@ -13,7 +13,9 @@ imports and the data's loading, timed).
 from __future__ import annotations
 
 
+import bisect
 import dataclasses
+import itertools
 import subprocess
 import sys
 import time
@@ -196,15 +198,14 @@ def _timed_fits(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tupl
     from gpufill.forecasting.run import run_global, trial_setup
 
     if trial.project == GLOBAL_PROJECT and not registry.resolve(trial.family).fits_series:
-        counts = [w.x_train.shape[0] + w.x_val.shape[0] for w in windows]
-        taken = next((i + 1 for i in range(len(counts)) if sum(counts[: i + 1]) >= SAMPLE_GLOBAL_WINDOWS), len(counts))
-        sample = windows[:taken]
+        # The first projects that hold SAMPLE_GLOBAL_WINDOWS fitted windows (train + validation), or all of them.
+        held = list(itertools.accumulate(w.x_train.shape[0] + w.x_val.shape[0] for w in windows))
+        sample = windows[: min(len(held), bisect.bisect_left(held, SAMPLE_GLOBAL_WINDOWS) + 1)]
         setup = trial_setup(trial, spec.recipe(trial.family, trial.train), spec.base_config(trial.train, trial.seed), threads=lane.threads)
         tick = time.perf_counter()
         run_global(trial, sample, setup)
         spent = time.perf_counter() - tick
-        rows = sum(w.x_train.shape[0] + w.x_val.shape[0] for w in windows)
-        timed = sum(w.x_train.shape[0] + w.x_val.shape[0] for w in sample)
+        rows, timed = held[-1], held[len(sample) - 1]
         return spent * rows / timed, (f"the global fit on {len(sample)} of {len(windows)} projects ({timed} of {rows} windows), scaled by "
                                       f"windows, with {lane.threads} thread(s), validation fit included")
     sample = windows[:SAMPLE_PROJECTS]

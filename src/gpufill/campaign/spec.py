@@ -215,16 +215,20 @@ class CampaignSpec(Spec):
         used to re-run it with identical results)."""
         if registry.resolve(family).fits_series:
             return [min(self.task.lookback)]
-        members = self.ensemble.lookbacks if self.ensemble is not None and self.ensemble.lookbacks and family in self.ensemble_members() else []
-        return list(dict.fromkeys([*self.task.lookback, *(m * self.task.horizon for m in members)]))
+        added = self._ensemble_lookbacks() if family in self.ensemble_members() else []
+        return list(dict.fromkeys([*self.task.lookback, *added]))
 
     @property
     def every_lookback(self) -> list[int]:
         """Every lookback some family runs at (task.lookback and the declared ensemble's), sorted: what the data must
         hold. Resolves no family: a worker checking its spec must not import a user's model module it does not train
         (one that crashes on import took the worker of a `linear` trial with it)."""
+        return sorted({*self.task.lookback, *self._ensemble_lookbacks()})
+
+    def _ensemble_lookbacks(self) -> list[int]:
+        """The declared ensemble's lookbacks in steps (its multiples of task.horizon; none without them)."""
         multiples = self.ensemble.lookbacks if self.ensemble is not None and self.ensemble.lookbacks else []
-        return sorted(set(self.task.lookback) | {m * self.task.horizon for m in multiples})
+        return [m * self.task.horizon for m in multiples]
 
     def seeds_of(self, family: str) -> list[int]:
         """The seeds a family's trials run with. A deterministic family (the statistical references snaive, ets, theta)

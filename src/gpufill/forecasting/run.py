@@ -152,8 +152,7 @@ def _global_classical(trial: Trial, windows: Sequence[WindowedProject], threads:
         predictions, validations, fit_s, predict_s, validate_s = [], [], 0.0, 0.0, 0.0
         for w in windows:
             tick = time.perf_counter()
-            validated = fit_and_validate(built(w), w, threads=threads, seed=trial.seed)
-            validations.append(score_validation(w, validated).get("val") if validated is not None else None)
+            validations.append(fit_and_validate(built(w), w, threads=threads, seed=trial.seed))
             validate_s += time.perf_counter() - tick
             prediction, spent = fit_and_forecast(built(w), w, threads=threads, seed=trial.seed)
             predictions.append(prediction)

@@ -148,12 +148,11 @@ def train_classical(
     model = built()
     if isinstance(model, SeriesForecaster):  # snaive, ets, theta: fitted on the series, not on windows
         started = time.perf_counter()
-        validated = fit_and_validate(built(), windows, threads=threads, seed=seed)
-        val = score_validation(windows, validated) if validated is not None else {}
+        val = fit_and_validate(built(), windows, threads=threads, seed=seed)
         validate_s = time.perf_counter() - started
         prediction, timings = fit_and_forecast(model, windows, threads=threads, seed=seed)
         test, naive, kept = score(windows, prediction)
-        return ClassicalRun(project=windows.name, family=family, params=dict(resolved), test=test, val=val.get("val"), naive=naive,
+        return ClassicalRun(project=windows.name, family=family, params=dict(resolved), test=test, val=val, naive=naive,
                             timings={**timings, "validate_s": validate_s}, threads=threads, model=model, forecast=kept)
     if not isinstance(model, ClassicalForecaster):
         raise InputError(
