@@ -77,11 +77,15 @@ def test_the_ensembles_lookbacks_apply_to_its_member_families_only(tmp_path):
 
 
 @pytest.mark.parametrize("within", ["0.5", ".nan", "fast"])
-def test_a_bad_within_is_one_line(tmp_path, within):
+def test_a_bad_within_is_one_line(tmp_path, capsys, within):
     from gpufill.errors import InputError
+    from tests.helpers import run_cli
 
     path = tmp_path / "c.yaml"
     path.write_text(YAML.replace("lookbacks: [4]}", f"lookbacks: [4], within: {within}}}"))
     with pytest.raises(InputError) as error:
         load_campaign(path)
     assert "within" in str(error.value) and "c.yaml:" in str(error.value)
+    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "within" in err and "Traceback" not in err
+    assert not (tmp_path / "work").exists()  # nothing ran, nothing was written
