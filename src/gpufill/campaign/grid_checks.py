@@ -16,13 +16,14 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ValidationError
 
+from gpufill.campaign.search_spec import Range, is_range, parse_range
 from gpufill.campaign.spec_errors import LocatedError, explain, first_duplicate, show
 from gpufill.forecasting.data import Split, split_bounds
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
 
 
-__all__ = ["TRAIN_KEYS", "WINDOW_KEYS", "check_builds", "check_grid", "check_length", "is_setting"]
+__all__ = ["TRAIN_KEYS", "WINDOW_KEYS", "check_builds", "check_grid", "check_length", "corner_axes", "is_setting"]
 
 TRAIN_KEYS = frozenset({"lr", "weight_decay", "batch_size", "epochs", "loss", "schedule", "optimizer"})
 """Training settings a neural family's grid may override (``lstm: {lr: [1e-3, 3e-4]}``)."""
@@ -40,15 +41,20 @@ def is_setting(fam: registry.Family, key: str) -> bool:
     return key in WINDOW_KEYS and key not in fam.defaults
 
 
-def check_grid(family: str, grid: dict[str, Any], train: type[BaseModel], task: type[BaseModel]) -> dict[str, list[Any]]:
+def check_grid(family: str, grid: dict[str, Any], train: type[BaseModel], task: type[BaseModel], *, search: bool = False
+               ) -> dict[str, list[Any] | Range]:
     """One family's grid with every value an axis; training and window settings validated and coerced by
-    ``train`` (TrainSpec) and ``task`` (TaskSpec)."""
+    ``train`` (TrainSpec) and ``task`` (TaskSpec). `search`: the campaign samples its grids, so a range
+    ``{low, high, log | step}`` is an axis too (campaign/search_spec.py); without it a range is refused here."""
     try:
         fam = registry.resolve(family)
     except InputError as exc:
         raise LocatedError((family,), exc.problem, fix=exc.fix) from None
-    axes: dict[str, list[Any]] = {}
+    axes: dict[str, list[Any] | Range] = {}
     for key, value in grid.items():
+        if is_range(value):
+            axes[key] = _range_axis(fam, family, key, value, train, task, search=search)
+            continue
         values = list(value) if isinstance(value, list) else [value]
         if not values:
             default = fam.defaults.get(key, "...")
@@ -72,6 +78,26 @@ def check_grid(family: str, grid: dict[str, Any], train: type[BaseModel], task: 
             raise LocatedError((family, key, seen), f"value {values[seen]!r} appears twice in the grid of {key!r}", fix="list each value once (a repeat would train the same trial twice)")
         axes[key] = values
     return axes
+
+
+def _range_axis(fam: registry.Family, family: str, key: str, value: Any, train: type[BaseModel], task: type[BaseModel], *, search: bool) -> Range:
+    """A range in a family's grid: a search's axis, checked at both ends; refused in a grid campaign."""
+    if not search:
+        raise LocatedError((family, key), f"{key}: a range {{low, high}} is a search space, and this campaign has no search: section",
+                           fix=f"list the values of {key} (a grid trains each), or add search: {{sampler: tpe, trials: 50}} to sample the range")
+    found = parse_range((family, key), value)
+    if is_setting(fam, key):
+        model = task if key in WINDOW_KEYS else train
+        for end in ("low", "high"):
+            _training_value(model, family, key, None, getattr(found, end) if not found.integer else int(getattr(found, end)))
+    else:
+        _check_param(fam, key)
+    return found
+
+
+def corner_axes(axes: Mapping[str, list[Any] | Range]) -> dict[str, list[Any]]:
+    """A grid's axes with each range at its two ends: the points a load-time check builds."""
+    return {key: axis.corners() if isinstance(axis, Range) else axis for key, axis in axes.items()}
 
 
 def _check_param(fam: registry.Family, key: str) -> None:
@@ -98,12 +124,12 @@ def _training_value(train: type[BaseModel], family: str, key: str, index: int | 
         raise LocatedError(loc, problem, fix=fix) from None
 
 
-def check_builds(family: str, axes: Mapping[str, list[Any]], *, lookback: int, horizon: int) -> None:
-    """Build every grid point once (training axes aside), so bad values fail at load time."""
+def check_builds(family: str, axes: Mapping[str, list[Any] | Range], *, lookback: int, horizon: int) -> None:
+    """Build every grid point once (training axes aside; a range at both ends), so bad values fail at load time."""
     if registry.is_remembered(family):  # a user's factory, built in a child process already (campaign/user_models.py)
         return
     fam = registry.resolve(family)
-    model_axes = {k: v for k, v in axes.items() if not is_setting(fam, k)}
+    model_axes = {k: v for k, v in corner_axes(axes).items() if not is_setting(fam, k)}
     for combo in itertools.product(*model_axes.values()):
         params = dict(zip(model_axes, combo))
         # Building initialises weights: keep the caller's global RNG untouched.

@@ -72,6 +72,8 @@ class Prepared:
     warnings: list[str]
     bases: dict[str, Any]
     """base_id -> what every trial of a kind shares (stored once: a row's full configuration is base + row)."""
+    fingerprints: dict[str, str]
+    """project -> its data fingerprint (part of each trial's id): what a search's proposals are listed with."""
 
 
 class Campaign:
@@ -102,7 +104,9 @@ class Campaign:
         self.spec.check_trial_count(len(projects), where=self.spec.where("models"))  # the file's projects are known now: before the trials are listed
         too_short, notes = _too_short(projects, self.spec)  # fails before the run on any other data problem, naming the project
         # Each project's data is part of its trials' identity (the same on every machine): an edited file re-runs exactly what it changed.
-        trials = expand(self.spec, {name: project.fingerprint() for name, project in projects.items()})
+        fingerprints = {name: project.fingerprint() for name, project in projects.items()}
+        # A search lists its trials a round at a time, from the store (campaign/search.py): none before the run.
+        trials = expand(self.spec, fingerprints) if self.spec.search is None else []
         if too_short:  # local mode: a project too short for a lookback sits out that lookback; the others run
             kept = [t for t in trials if (t.project, t.lookback) not in too_short]
             if not kept:
@@ -114,7 +118,7 @@ class Campaign:
         bases = {trial.base_id: id_base(self.spec, trial.kind, list(projects)) for trial in {t.kind: t for t in trials}.values()}
         resources = self.spec.resources
         request = LaneRequest(
-            kinds=frozenset(trial.kind for trial in trials),
+            kinds=frozenset(trial.kind for trial in trials) if self.spec.search is None else frozenset(map(self.spec.kind, self.spec.models)),
             gpu_slots=gpu_slots if gpu_slots is not None else resources.gpu_slots,
             cpu_slots=cpu_slots if cpu_slots is not None else resources.cpu_slots,
             threads_per_trial=resources.threads_per_trial,
@@ -124,7 +128,7 @@ class Campaign:
         lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
         timeline.mark("lanes planned")
         warnings = [*(user_models.notes[family] for family in self.spec.models if family in user_models.notes), *notes, *warnings]
-        return Prepared(trials=trials, lanes=lanes, warnings=warnings, bases=bases)
+        return Prepared(trials=trials, lanes=lanes, warnings=warnings, bases=bases, fingerprints=fingerprints)
 
     def check_workdir(self, *, fresh: bool) -> None:
         """Refuse a workdir that holds another campaign (unless fresh); reads only."""
@@ -209,6 +213,7 @@ class Campaign:
              timeline: Timeline) -> RunOutcome:
         store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json()})
         lane_of = {kind: lane.queue for lane in prepared.lanes for kind in lane.kinds}  # pending trials belong to a queue
+        search, refill = self._search(store, prepared, lane_of)
         added, skipped = store.sync_trials(prepared.trials, lane_of, prepared.bases)
         recovered = store.recover_interrupted(run_id)
         waiting, why = store.waiting_on_environment()
@@ -236,7 +241,7 @@ class Campaign:
             store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id,
             pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update, samples=queue.drain,
             trial_timeout=self.spec.resources.trial_timeout, heartbeat_timeout=self.spec.resources.heartbeat_timeout,
-            timeline=timeline,
+            timeline=timeline, refill=refill,
         )
         try:
             with signals_interrupt() as stop_request, sampler:
@@ -255,6 +260,11 @@ class Campaign:
                 store.recover_interrupted(run_id)
                 store.end_run(run_id, "interrupted")
             raise
+        if search is not None:
+            message = (f"search: {search.proposed} of {self.spec.search.trials} configurations proposed in {len(search.rounds)} rounds"
+                       + (" (the space holds no other)" if search.exhausted else ""))
+            store.event("run", message, run_id=run_id)
+            log.info(message)
         if self.spec.ensemble is not None:  # combined and scored from what is finished, kept beside the trials
             from gpufill.campaign.ensembles import store_declared
 
@@ -263,6 +273,32 @@ class Campaign:
         log.info("run %d ended: %d done, %d failed, %d retried, %d environment failures (not counted), %d left waiting, %d worker crashes in %.1f s",
                  run_id, outcome.done, outcome.failed, outcome.retried, outcome.environment, outcome.waiting, outcome.crashed, outcome.elapsed_s)
         return outcome
+
+    def _search(self, store: Store, prepared: Prepared, lane_of: dict[str, str]) -> tuple[Any, Callable[[], bool] | None]:
+        """A search campaign's proposals so far (replayed from the store) listed in `prepared`, and the scheduler's
+        refill that proposes the next round when one is trained; (None, None) for a grid."""
+        if self.spec.search is None:
+            return None, None
+        from gpufill.campaign.search import Search
+
+        search = Search(self.spec, prepared.fingerprints, max_attempts=self.spec.resources.retries + 1)
+        projects = list(prepared.fingerprints)
+
+        def listed() -> list[Trial]:
+            trials = search.trials()
+            prepared.bases.update({t.base_id: id_base(self.spec, t.kind, projects) for t in {t.kind: t for t in trials}.values()})
+            return trials
+
+        search.advance(store)
+        prepared.trials.extend(listed())
+
+        def refill() -> bool:
+            if not search.advance(store):
+                return False
+            store.sync_trials(listed(), lane_of, prepared.bases)  # the file's trials: every round's so far
+            return True
+
+        return search, refill
 
     def delete_store(self) -> list[str]:
         """--fresh: the store and its run logs, nothing else (campaign/workdir.py); the names deleted."""

@@ -66,6 +66,7 @@ class Scheduler:
         trial_timeout: float | str = "auto",
         heartbeat_timeout: float = 120.0,
         timeline: Timeline | None = None,
+        refill: Callable[[], bool] | None = None,
     ):
         self.store, self.executor, self.lanes = store, executor, lanes
         self.max_attempts = retries + 1
@@ -94,19 +95,21 @@ class Scheduler:
         self.timeline = timeline or Timeline()
         self.shape_seconds: dict[str, float] = {}
         """Slowest finished trial per shape: what an "auto" time limit is derived from."""
+        self.refill = refill
+        """Called when nothing is queued or running (a search's next round): True when it added runnable trials to the store."""
         self.environment = environment.EnvironmentWait(clock=clock, patience_s=environment.PATIENCE_S, trial_limit=environment.TRIAL_LIMIT)
 
     # -- the loop -----------------------------------------------------------------------
     def run(self, check_stop: Callable[[], None] = lambda: None) -> RunOutcome:
         """Runs every runnable trial; `check_stop` raises (a signal's Interrupted) at the top of an iteration."""
         start = self.clock()
-        for waiting in self.store.runnable(self.max_attempts):
-            self.queue[self.queue_of_kind[waiting.kind]].append(waiting)
-        self.executor.start([lane for lane in self.lanes if self.queue[lane.queue]])
+        self._queue_runnable()
+        # A search's later rounds may need any lane: all of them start.
+        self.executor.start([lane for lane in self.lanes if self.queue[lane.queue] or self.refill is not None])
         self.timeline.mark("workers started")
         last_update = -float("inf")
         try:
-            while any(self.queue.values()) or self.executor.busy():
+            while any(self.queue.values()) or self.executor.busy() or self._refilled():
                 check_stop()
                 if self.environment.exhausted() and any(self.queue.values()):
                     self._stop_waiting()
@@ -134,6 +137,17 @@ class Scheduler:
         if self.on_update is not None:
             self.on_update(self.snapshot(self.outcome.elapsed_s))
         return self.outcome
+
+    def _queue_runnable(self) -> None:
+        for waiting in self.store.runnable(self.max_attempts):
+            self.queue[self.queue_of_kind[waiting.kind]].append(waiting)
+
+    def _refilled(self) -> bool:
+        """Nothing queued or running: whether `refill` added trials (then they are queued)."""
+        if self.refill is None or self.environment.exhausted() or not self.refill():
+            return False
+        self._queue_runnable()
+        return any(self.queue.values())
 
     def _dispatch(self) -> None:
         if self.environment.paused():  # the environment failed a trial just now: give it a moment

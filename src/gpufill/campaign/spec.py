@@ -43,6 +43,7 @@ from gpufill.campaign.grid_checks import (
 from gpufill.campaign.data_spec import SYNTHETIC_DEFAULT_PROJECTS, DataSpec
 from gpufill.campaign.ensemble_spec import EnsembleSpec, default_members, fold_ensemble
 from gpufill.campaign.resources_spec import ResourcesSpec, SlurmSpec
+from gpufill.campaign.search_spec import SearchSpec
 from gpufill.campaign.user_models import inspect_in_child
 from gpufill.campaign.spec_errors import (
     LocatedError,
@@ -89,6 +90,8 @@ class CampaignSpec(Spec):
     """Names the workdir and the report: letters, digits, '_', '.', '-'."""
     data: DataSpec = DataSpec()
     task: TaskSpec = TaskSpec()
+    search: SearchSpec | None = None
+    """Sample the grids (campaign/search_spec.py) instead of training every point; before `models`, whose ranges it allows."""
     models: dict[str, dict[str, Any]]
     """family -> {key: axis}; see the module docstring."""
     train: TrainSpec = TrainSpec()
@@ -147,13 +150,14 @@ class CampaignSpec(Spec):
         check_grid_points(value)  # before any grid point is built, here or in the inspection child
         task = info.data.get("task")
         # The scheduler's own `module:factory` models: imported, checked and built in a child process.
-        inspected = inspect_in_child(value, min(task.lookback) if task else None, task.horizon if task else None)
+        search = info.data.get("search") is not None
+        inspected = inspect_in_child(value, min(task.lookback) if task else None, task.horizon if task else None, search=search)
         for family, found in inspected.items():
             if found.get("error"):
                 error = found["error"]
                 loc = tuple(error["loc"][1:]) if error["loc"] and error["loc"][0] == "models" else tuple(error["loc"])  # relative to models
                 raise LocatedError(loc, error["problem"], fix=error["fix"])
-        return {family: check_grid(family, grid, TrainSpec, TaskSpec) for family, grid in value.items()}
+        return {family: check_grid(family, grid, TrainSpec, TaskSpec, search=search) for family, grid in value.items()}
 
     @model_validator(mode="after")
     def _check_against_task(self, info: ValidationInfo) -> CampaignSpec:
@@ -165,6 +169,8 @@ class CampaignSpec(Spec):
         if self.data.source == "synthetic" and known is None:
             known = SYNTHETIC_DEFAULT_PROJECTS
         self.check_trial_count(known or 1)  # before any grid point is built: a grid of a billion points is refused at once
+        if self.search is not None:
+            self._check_search()
         for family in self.models:
             check_builds(family, self.models[family], lookback=min(self.lookbacks(family)), horizon=self.task.horizon)
             self._check_recipes(family)
@@ -173,6 +179,15 @@ class CampaignSpec(Spec):
                 raise LocatedError(("ensemble", "families", index), f"ensemble member {family!r} is not a family of models",
                                    fix=f"list families of models ({', '.join(self.models)}), or leave families out for all of them")
         return self
+
+    def _check_search(self) -> None:
+        """What a search needs of the rest of the file: a validation window to choose on, and no declared ensemble."""
+        if not self.task.split.val:
+            raise LocatedError(("task", "split", "val"), f"search.metric {self.search.metric} is scored on the validation window, and split.val is 0",
+                               fix=f"set task.split.val (e.g. {self.task.horizon}), so the search chooses without reading the test window")
+        if self.ensemble is not None:
+            raise LocatedError(("ensemble",), "a declared ensemble combines a grid's trials; a search samples configurations",
+                               fix="remove ensemble: from the search campaign (or search: to train the ensemble's grid)")
 
     def ensemble_members(self) -> list[str]:
         """The declared ensemble's member families (none without an ensemble)."""
@@ -195,7 +210,12 @@ class CampaignSpec(Spec):
                     raise LocatedError(loc, exc.problem, fix=exc.fix) from None
 
     def check_trial_count(self, projects: int, *, where: str | None = None) -> None:
-        """At most MAX_TRIALS trials (spec_limits.py); `where`: the file:line to name once the spec is loaded."""
+        """At most MAX_TRIALS trials (spec_limits.py); `where`: the file:line to name once the spec is loaded. A search
+        trains at most `search.trials` configurations, each with every seed (on every project in local mode)."""
+        if self.search is not None:
+            check_trial_count({"search": {"trials": [None] * self.search.trials}}, 1, len(self.seeds), projects,
+                              one_project=self.task.mode == "global", where=where)
+            return
         check_trial_count(self.models, len(self.every_lookback), len(self.seeds), projects, one_project=self.task.mode == "global", where=where)
 
     # -- helpers for the rest of the campaign -----------------------------------------------

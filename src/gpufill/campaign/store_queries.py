@@ -209,6 +209,26 @@ class StoreQueries:
                                             "truth": np.frombuffer(truth, np.float32).reshape(-1, horizon)}
         return out
 
+    def trial_states(self, trial_ids: Sequence[str]) -> dict[str, tuple[str, int]]:
+        """trial_id -> (status, attempts) of those of `trial_ids` the store holds."""
+        out: dict[str, tuple[str, int]] = {}
+        for chunk in (trial_ids[i : i + 500] for i in range(0, len(trial_ids), 500)):  # SQLite's bound-variable limit
+            marks = ",".join("?" * len(chunk))
+            out.update((tid, (status, attempts)) for tid, status, attempts in self.db.execute(
+                f"SELECT trial_id, status, attempts FROM trials WHERE trial_id IN ({marks})", list(chunk)))
+        return out
+
+    def validation_scores(self, trial_ids: Sequence[str], metric: str) -> dict[str, float | None]:
+        """trial_id -> its validation `metric` (None without one), for the done trials of `trial_ids`."""
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}")
+        out: dict[str, float | None] = {}
+        for chunk in (trial_ids[i : i + 500] for i in range(0, len(trial_ids), 500)):
+            marks = ",".join("?" * len(chunk))
+            out.update(self.db.execute(f"SELECT trial_id, {_validation(metric)} FROM trials WHERE status = 'done' AND trial_id IN ({marks})",
+                                       list(chunk)).fetchall())
+        return out
+
     def trial_details(self, trial_id: str) -> dict[str, Any] | None:
         row = self.db.execute("SELECT metrics, timings, plan, history, events, traceback FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
         if row is None:

@@ -27,7 +27,7 @@ from gpufill.forecasting.trial import GLOBAL_PROJECT, Trial
 if TYPE_CHECKING:  # trials stay light (the store imports them); the spec imports torch
     from gpufill.campaign.spec import CampaignSpec
 
-__all__ = ["GLOBAL_PROJECT", "Trial", "data_digest", "expand", "id_base", "trial_id"]
+__all__ = ["GLOBAL_PROJECT", "Trial", "data_digest", "canonical", "expand", "expand_points", "id_base", "trial_id"]
 
 
 def expand(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str]) -> list[Trial]:
@@ -39,6 +39,18 @@ def expand(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str]) -> l
     in file key order (the last key varies fastest). In global mode each (family, grid point,
     lookback, seed) is one trial over all projects, with project "*".
     """
+    families = []
+    for family, axes in spec.models.items():
+        points = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+        families.append((family, points, spec.lookbacks(family)))
+    return expand_points(spec, projects, families)
+
+
+def expand_points(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str],
+                  families: Sequence[tuple[str, Sequence[Mapping[str, Any]], Sequence[int]]]) -> list[Trial]:
+    """The trials of given grid points: (family, its points, the lookbacks each runs at) in that order, every
+    seed of the family, on every project (global mode: one trial over all). `expand` gives every point of the
+    grids; a search (campaign/search.py) the configurations its sampler proposed. The ids are the same either way."""
     names = _check_projects(projects if isinstance(projects, str) else list(projects))
     prints = {name: str(projects[name]) for name in names} if isinstance(projects, Mapping) else dict.fromkeys(names, "")
     if spec.task.mode == "global":
@@ -48,14 +60,11 @@ def expand(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str]) -> l
         targets = sorted(names)
     base = {kind: _id_base(spec, kind, names) for kind in ("neural", "classical")}
     base_ids = {kind: _digest(value) for kind, value in base.items()}
-    families = []
-    for family, axes in spec.models.items():
-        kind = spec.kind(family)
-        points = [spec.split_point(family, dict(zip(axes, combo))) for combo in itertools.product(*axes.values())]
-        families.append((family, kind, points, spec.lookbacks(family), spec.seeds_of(family)))
+    listed = [(family, spec.kind(family), [spec.split_point(family, point) for point in points], lookbacks, spec.seeds_of(family))
+              for family, points, lookbacks in families]
     trials = []
     for project in targets:
-        for family, kind, points, lookbacks, seeds in families:
+        for family, kind, points, lookbacks, seeds in listed:
             for lookback in lookbacks:
                 for params, train in points:
                     shape = _shape(spec, family, kind, params, train, lookback)
@@ -142,10 +151,10 @@ def _hash(base: Mapping[str, Any], project: str, family: str, params: dict[str, 
 
 
 def _digest(value: Any) -> str:
-    return hashlib.sha256(_canonical(value).encode()).hexdigest()[:16]
+    return hashlib.sha256(canonical(value).encode()).hexdigest()[:16]
 
 
-def _canonical(value: Any) -> str:
+def canonical(value: Any) -> str:
     # default=str: a YAML date in a grid still hashes the same way in every process
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
 
@@ -156,7 +165,7 @@ def _shape(spec: CampaignSpec, family: str, kind: str, params: dict[str, Any], t
         return f"{family}[lookback={lookback}]"
     batch = train.get("batch_size", spec.train.batch_size)
     epochs = train.get("epochs", spec.train.epochs)
-    model = " ".join(f"{key}={_canonical(value)}" for key, value in params.items())
+    model = " ".join(f"{key}={canonical(value)}" for key, value in params.items())
     # A pack's members share one loss, schedule and optimizer (lr and scaling are each member's own).
     shared = "".join(f" {key}={train[key]}" for key in ("loss", "schedule", "optimizer") if key in train)
     return f"{family}[lookback={lookback} batch_size={batch} epochs={epochs}{shared} | {model}]"

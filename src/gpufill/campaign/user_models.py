@@ -58,16 +58,17 @@ def is_user_model(family: str) -> bool:
     return ":" in family and family not in registry.families()
 
 
-def inspect_in_child(grids: Mapping[str, dict[str, Any]], lookback: int | None, horizon: int | None) -> dict[str, dict[str, Any]]:
+def inspect_in_child(grids: Mapping[str, dict[str, Any]], lookback: int | None, horizon: int | None, *, search: bool = False
+                     ) -> dict[str, dict[str, Any]]:
     """ref -> what the child found: {"kind", "defaults", "accepts_any", "error": None | {loc, problem, fix}}; each
     ref is also remembered by the registry, so `resolve` answers without importing it here. Only when asked
-    (`checked_elsewhere`); otherwise {} and the caller checks in this process."""
+    (`checked_elsewhere`); otherwise {} and the caller checks in this process. `search`: ranges are axes (a search campaign)."""
     refs = {family: grid for family, grid in grids.items() if is_user_model(family) and not registry.is_remembered(family)}
     if not _elsewhere.get() or not refs:
         return {}
     with tempfile.TemporaryDirectory(prefix="gpufill-models-") as folder:
         request, answer = Path(folder) / "in.json", Path(folder) / "out.json"
-        request.write_text(json.dumps({"grids": refs, "lookback": lookback, "horizon": horizon}, default=str))
+        request.write_text(json.dumps({"grids": refs, "lookback": lookback, "horizon": horizon, "search": search}, default=str))
         problem = _run_child(request, answer)
         found = json.loads(answer.read_text()) if problem is None and answer.exists() else {}
     for ref in refs:

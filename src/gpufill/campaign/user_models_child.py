@@ -27,7 +27,7 @@ def main(request: Path, answer: Path) -> None:
             continue
         entry: dict[str, Any] = {"kind": family.kind, "defaults": dict(family.defaults), "accepts_any": family.accepts_any, "error": None}
         try:
-            axes = check_grid(ref, grid, TrainSpec, TaskSpec)
+            axes = check_grid(ref, grid, TrainSpec, TaskSpec, search=asked.get("search", False))
             if asked["lookback"] is not None and asked["horizon"] is not None:
                 check_builds(ref, axes, lookback=asked["lookback"], horizon=asked["horizon"])
         except LocatedError as error:

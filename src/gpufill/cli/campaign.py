@@ -60,7 +60,12 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
             console.print(visible(f"lane {lane['lane']}: {lane['slots']} slots x {lane['threads']} threads on {lane['device']} ({', '.join(lane['runs'])}): "
                                   f"{lane['reason']}"), markup=False)
         console.print(f"trial timeout: {describe_timeout(job.spec.resources)}", markup=False)
-        console.print(visible(f"{_trials_line(len(prepared.trials), job.status().total)}; workdir {job.workdir}"), markup=False)
+        search = job.spec.search
+        listed = _trials_line(len(prepared.trials), job.status().total)
+        if search is not None:  # its trials are listed a round at a time
+            listed = (f"search: {search.sampler} sampler, {search.trials} configurations in rounds of {search.batch}, chosen on {search.metric}; "
+                      f"{listed} listed so far")
+        console.print(visible(f"{listed}; workdir {job.workdir}"), markup=False)
         live.start()
 
     try:

@@ -1,0 +1,104 @@
+"""`search:` a campaign that samples its families' grids instead of training every point.
+
+    search:
+      sampler: tpe          # random | tpe | grid (Optuna's samplers)
+      trials: 200           # configurations to train (each with every seed; in local mode on every project)
+      seed: 0               # the sampler's: the same seed and results propose the same configurations
+      metric: val_smape     # what is minimised: a validation metric (val_mae, val_rmse, val_smape, val_mase)
+      direction: minimize
+      batch: 8              # configurations proposed together (a round): they train side by side, packed by shape,
+                            # and the sampler learns from a round's results before it proposes the next
+
+With `search:` the families' grids are the search space: a list is a categorical choice, and two forms that only a
+search accepts are ranges, ``{low: 1e-4, high: 1e-2, log: true}`` (a float, log-uniform here) and
+``{low: 32, high: 256, step: 32}`` (an int: low, high and step whole numbers). Outside `search:` a range is refused
+at its line (a grid needs the values listed). `task.lookback` with several values is a choice too, and so is the
+family when there are several.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from gpufill.campaign.spec_errors import LocatedError
+from gpufill.campaign.spec_types import Count, Spec, at_most
+from gpufill.forecasting.trial import METRICS
+
+__all__ = ["MAX_SEARCH_TRIALS", "RANGE_KEYS", "Range", "SearchSpec", "is_range", "parse_range"]
+
+MAX_SEARCH_TRIALS = 100_000
+"""Configurations one search proposes (each is a round trip through the sampler, whose TPE grows with its history)."""
+RANGE_KEYS = frozenset({"low", "high", "log", "step"})
+
+
+class SearchSpec(Spec):
+    sampler: Literal["random", "tpe", "grid"] = "tpe"
+    trials: Annotated[Count, at_most(MAX_SEARCH_TRIALS, "configurations one search proposes")] = 50
+    seed: int = 0
+    metric: str = "val_mae"
+    direction: Literal["minimize", "maximize"] = "minimize"
+    batch: Count = Field(default=8)
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, value: str) -> str:
+        known = [f"val_{name}" for name in METRICS]
+        if value not in known:
+            raise LocatedError((), f"unknown search metric {value!r}: a search chooses on the validation window",
+                               fix=f"use one of {', '.join(known)}")
+        return value
+
+    @property
+    def validation_metric(self) -> str:
+        """The stored metric's name without its `val_` prefix (the validation window's `mae`, ...)."""
+        return self.metric.removeprefix("val_")
+
+
+class Range(Spec):
+    """A numeric search range (see the module docstring): an int range when low, high (and step) are whole numbers."""
+
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+    integer: bool = False
+
+    def corners(self) -> list[Any]:
+        """Its two ends, as the values a family is built with at load time."""
+        cast = int if self.integer else float
+        return [cast(self.low), cast(self.high)]
+
+
+def is_range(value: Any) -> bool:
+    """A grid value written as a range: a mapping with low and high (and at most log and step besides)."""
+    return isinstance(value, Mapping) and {"low", "high"} <= set(value) and set(value) <= RANGE_KEYS
+
+
+def parse_range(loc: tuple[str | int, ...], value: Mapping[str, Any]) -> Range:
+    """A range written in a family's grid, checked: numbers, low < high, a positive low for log, step or log."""
+    def number(key: str) -> float | int:
+        found = value[key]
+        if isinstance(found, bool) or not isinstance(found, int | float) or not math.isfinite(found):
+            raise LocatedError((*loc, key), f"range {key} must be a finite number, got {found!r}",
+                               fix=f"write {key} as a number (YAML reads 1e-3 without a dot as text: write 1.0e-3)")
+        return found
+
+    low, high = number("low"), number("high")
+    step = number("step") if value.get("step") is not None else None
+    log = value.get("log", False)
+    if not isinstance(log, bool):
+        raise LocatedError((*loc, "log"), f"range log must be true or false, got {log!r}", fix="write log: true for a log-uniform range")
+    if low >= high:
+        raise LocatedError(loc, f"range low {low!r} is not below high {high!r}", fix="give low < high (one value: write it without a range)")
+    if log and low <= 0:
+        raise LocatedError((*loc, "low"), f"a log range needs low > 0, got {low!r}", fix="raise low above 0, or drop log: true")
+    if log and step is not None:
+        raise LocatedError(loc, "a range takes step or log, not both", fix="drop step (log-uniform) or log (evenly stepped)")
+    if step is not None and step <= 0:
+        raise LocatedError((*loc, "step"), f"range step must be > 0, got {step!r}", fix="give a positive step")
+    integer = all(isinstance(v, int) for v in (low, high, *(() if step is None else (step,))))
+    return Range(low=low, high=high, log=log, step=step, integer=integer)

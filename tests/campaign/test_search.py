@@ -1,0 +1,182 @@
+"""`search:` campaigns: the space's forms and their refusals at their line, random and TPE runs on synthetic data,
+and a search killed mid-run that resumes with the same proposals (campaign/search.py, campaign/search_spec.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufill.campaign.runner import Campaign, read_results
+from gpufill.campaign.search_spec import Range
+from gpufill.campaign.spec import load_campaign
+from gpufill.errors import InputError
+
+pytest.importorskip("optuna")
+
+MODELS = "  mlp: {hidden_size: {low: 16, high: 64, step: 16}, lr: {low: 1.0e-4, high: 1.0e-2, log: true}, epochs: [2, 3]}\n  linear: {}\n"
+
+
+def search_file(tmp_path: Path, *, search: str = "{sampler: tpe, trials: 6, batch: 3, seed: 7}", models: str = MODELS,
+                split: str = "{val: 14, test: 14}", extra: str = "", name: str = "search") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\n"
+                    "data: {source: synthetic, projects: 3, length: 200, seed: 0}\n"
+                    f"task: {{lookback: [14, 28], horizon: 7, split: {split}, mode: global}}\n"
+                    f"search: {search}\n"
+                    f"models:\n{models}"
+                    "train: {epochs: 2, early_stopping: null}\n"
+                    "seeds: [0]\n"
+                    "resources: {retries: 0}\n" + extra)
+    return path
+
+
+def refused(path: Path) -> InputError:
+    with pytest.raises(InputError) as caught:
+        load_campaign(path)
+    return caught.value
+
+
+def test_a_list_an_int_range_and_a_log_float_range_parse_as_the_space(tmp_path):
+    spec = load_campaign(search_file(tmp_path))
+    grid = spec.models["mlp"]
+    assert grid["hidden_size"] == Range(low=16, high=64, step=16, integer=True)
+    assert grid["lr"] == Range(low=1e-4, high=1e-2, log=True, integer=False)
+    assert grid["epochs"] == [2, 3]
+    assert (spec.search.sampler, spec.search.trials, spec.search.batch, spec.search.seed, spec.search.metric) == ("tpe", 6, 3, 7, "val_mae")
+
+
+@pytest.mark.parametrize("models, line, field, words", [
+    ("  mlp: {hidden_size: {low: 64, high: 16}}\n", 6, "models.mlp.hidden_size", "range low 64 is not below high 16"),
+    ("  mlp: {lr: {low: 0.0, high: 1.0e-2, log: true}}\n", 6, "models.mlp.lr.low", "a log range needs low > 0"),
+    ("  mlp: {lr: {low: 1.0e-4, high: 1.0e-2, log: true, step: 1.0e-4}}\n", 6, "models.mlp.lr", "a range takes step or log, not both"),
+    ("  mlp: {lr: {low: 1e-4, high: 1.0e-2}}\n", 6, "models.mlp.lr.low", "range low must be a finite number, got '1e-4'"),
+    ("  mlp: {hidden_size: {low: 16, high: 64, step: 0}}\n", 6, "models.mlp.hidden_size.step", "range step must be > 0"),
+    ("  mlp: {lr: {low: -1.0, high: 1.0}}\n", 6, "models.mlp.lr", "expected a value > 0, got -1.0"),
+    ("  mlp: {width: {low: 1, high: 4}}\n", 6, "models.mlp.width", "unknown parameter 'width'"),
+])
+def test_a_malformed_range_is_refused_at_its_line(tmp_path, models, line, field, words):
+    error = refused(search_file(tmp_path, models=models))
+    assert error.where == f"{tmp_path / 'search.yaml'}:{line}"
+    assert error.field == field
+    assert words in error.problem
+
+
+def test_a_range_outside_a_search_is_refused_at_its_line(tmp_path):
+    path = search_file(tmp_path)
+    path.write_text(path.read_text().replace("search: {sampler: tpe, trials: 6, batch: 3, seed: 7}\n", ""))
+    error = refused(path)
+    assert (error.where, error.field) == (f"{path}:5", "models.mlp.hidden_size")
+    assert "a range {low, high} is a search space, and this campaign has no search: section" in error.problem
+    assert "add search:" in error.fix
+
+
+@pytest.mark.parametrize("search, split, extra, field, words", [
+    ("{trials: 5, metric: smape}", "{val: 14, test: 14}", "", "search.metric", "unknown search metric 'smape'"),
+    ("{trials: 0}", "{val: 14, test: 14}", "", "search.trials", ""),
+    ("{trials: 5, sampler: cmaes}", "{val: 14, test: 14}", "", "search.sampler", ""),
+    ("{trials: 5}", "{val: 0, test: 14}", "", "task.split.val", "scored on the validation window, and split.val is 0"),
+    ("{trials: 5}", "{val: 14, test: 14}", "ensemble: {families: [mlp]}\n", "ensemble", "a declared ensemble combines a grid's trials"),
+    ("{trials: 5, pruner: {kind: asha}}", "{val: 14, test: 14}", "", "search.pruner", "unknown key"),
+])
+def test_a_search_the_file_cannot_hold_is_refused_in_one_line(tmp_path, search, split, extra, field, words):
+    error = refused(search_file(tmp_path, search=search, split=split, extra=extra))
+    assert error.field == field
+    assert error.where.startswith(f"{tmp_path / 'search.yaml'}:")
+    assert words in error.problem
+    assert "\n" not in str(error)
+
+
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_a_search_trains_its_budget_of_distinct_configurations_inside_the_space(tmp_path, sampler):
+    path = search_file(tmp_path, search=f"{{sampler: {sampler}, trials: 7, batch: 3, seed: 1}}")
+    outcome = Campaign.from_yaml(path, tmp_path / "work").run()
+    results = read_results(tmp_path / "work")
+    assert (outcome.done, outcome.failed) == (7, 0) and len(results) == 7
+    assert (results["status"] == "done").all() and results["val_mae"].notna().all()
+    configs = {(row.family, row.params, row.train, row.lookback) for row in results.itertuples()}
+    assert len(configs) == 7  # every proposal a new configuration
+    for row in results[results["family"] == "mlp"].itertuples():
+        params, train = json.loads(row.params), json.loads(row.train)
+        assert params["hidden_size"] in (16, 32, 48, 64)
+        assert 1e-4 <= train["lr"] <= 1e-2 and train["epochs"] in (2, 3)
+        assert row.lookback in (14, 28)
+    assert set(results[results["family"] == "linear"]["params"]) <= {"{}"}
+    with sqlite3.connect(tmp_path / "work" / "gpufill.db") as con:
+        (message,), = con.execute("SELECT message FROM events WHERE message LIKE 'search:%'").fetchall()
+    assert message == "search: 7 of 7 configurations proposed in 3 rounds"
+
+
+def test_a_small_space_ends_the_search_when_every_configuration_is_proposed(tmp_path):
+    models = "  mlp: {hidden_size: [16, 32]}\n"
+    path = search_file(tmp_path, search="{sampler: random, trials: 10, batch: 3}", models=models)
+    path.write_text(path.read_text().replace("lookback: [14, 28]", "lookback: [14]"))
+    outcome = Campaign.from_yaml(path, tmp_path / "work").run()
+    results = read_results(tmp_path / "work")
+    assert outcome.done == 2 and sorted(json.loads(p)["hidden_size"] for p in results["params"]) == [16, 32]
+    with sqlite3.connect(tmp_path / "work" / "gpufill.db") as con:
+        (message,), = con.execute("SELECT message FROM events WHERE message LIKE 'search:%'").fetchall()
+    assert message == "search: 2 of 10 configurations proposed in 1 rounds (the space holds no other)"
+
+
+def test_tpe_learns_from_earlier_rounds(tmp_path):
+    """Told the scores, TPE proposes near the best region: its later rounds' mean validation score beats its first."""
+    models = "  mlp: {hidden_size: [32], lr: {low: 1.0e-5, high: 3.0e-2, log: true}, epochs: [4]}\n"
+    path = search_file(tmp_path, search="{sampler: tpe, trials: 16, batch: 4, seed: 3}", models=models)
+    path.write_text(path.read_text().replace("lookback: [14, 28]", "lookback: [14]"))
+    Campaign.from_yaml(path, tmp_path / "work").run()
+    results = read_results(tmp_path / "work")  # in proposal order
+    assert len(results) == 16
+    first, last = results["val_mae"].iloc[:4].mean(), results["val_mae"].iloc[-4:].mean()
+    assert last < first, (first, last)
+
+
+def ids_in_order(workdir: Path) -> list[str]:
+    with sqlite3.connect(workdir / "gpufill.db") as con:
+        return [tid for (tid,) in con.execute("SELECT trial_id FROM trials WHERE current = 1 ORDER BY position")]
+
+
+def test_a_search_killed_mid_run_resumes_with_the_same_proposals_and_loses_nothing(tmp_path):
+    models = "  mlp: {hidden_size: {low: 16, high: 64, step: 16}, lr: {low: 1.0e-4, high: 1.0e-2, log: true}, epochs: [30]}\n  linear: {}\n"
+    search = "{sampler: tpe, trials: 9, batch: 3, seed: 5}"
+    (tmp_path / "a").mkdir()
+    whole = search_file(tmp_path / "a", search=search, models=models)
+    Campaign.from_yaml(whole, tmp_path / "a" / "work").run(cpu_slots=1)
+    expected = ids_in_order(tmp_path / "a" / "work")
+    assert len(expected) == 9
+
+    (tmp_path / "b").mkdir()
+    path = search_file(tmp_path / "b", search=search, models=models)
+    workdir = tmp_path / "b" / "work"
+    command = [sys.executable, "-m", "gpufill.cli", "run", str(path), "--workdir", str(workdir), "--cpu-slots", "1"]
+    done_before: dict[str, tuple[float, int]] = {}
+    for kill_after in (2, 5):  # in the first round, then in the second: two kills, then the resume
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 240  # sized for a loaded box
+        done: dict[str, tuple[float, int]] = {}
+        while time.monotonic() < deadline and len(done) < kill_after and process.poll() is None:
+            if (workdir / "gpufill.db").exists():
+                try:
+                    with sqlite3.connect(f"file:{workdir / 'gpufill.db'}?mode=ro", uri=True) as con:
+                        done = {tid: (mae, attempts) for tid, mae, attempts in con.execute(
+                            "SELECT trial_id, mae, attempts FROM trials WHERE status = 'done'")}
+                except sqlite3.OperationalError:
+                    pass
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=240)
+        done_before.update(done)
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert ids_in_order(workdir) == expected  # the same proposals, in the same order
+    results = read_results(workdir)
+    assert len(results) == 9 and results["trial_id"].is_unique and (results["status"] == "done").all()
+    after = {tid: (mae, attempts) for tid, mae, attempts in zip(results["trial_id"], results["mae"], results["attempts"])}
+    assert len(done_before) >= 5 and all(after[tid] == seen for tid, seen in done_before.items())  # finished results unchanged, never trained again
