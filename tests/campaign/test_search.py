@@ -17,7 +17,9 @@ import pytest
 from gpufill.campaign.runner import Campaign, read_results
 from gpufill.campaign.search_spec import Range
 from gpufill.campaign.spec import load_campaign
+from gpufill.campaign.store import Store
 from gpufill.errors import InputError
+from tests.helpers import run_cli
 
 pytest.importorskip("optuna")
 
@@ -84,7 +86,8 @@ def test_a_range_outside_a_search_is_refused_at_its_line(tmp_path):
     ("{trials: 5, sampler: cmaes}", "{val: 14, test: 14}", "", "search.sampler", ""),
     ("{trials: 5}", "{val: 0, test: 14}", "", "task.split.val", "scored on the validation window, and split.val is 0"),
     ("{trials: 5}", "{val: 14, test: 14}", "ensemble: {families: [mlp]}\n", "ensemble", "a declared ensemble combines a grid's trials"),
-    ("{trials: 5, pruner: {kind: asha}}", "{val: 14, test: 14}", "", "search.pruner", "unknown key"),
+    ("{trials: 5, pruner: {kind: hyperband}}", "{val: 14, test: 14}", "", "search.pruner.kind", ""),
+    ("{trials: 5, pruner: {kind: asha, reduction_factor: 1}}", "{val: 14, test: 14}", "", "search.pruner.reduction_factor", ""),
 ])
 def test_a_search_the_file_cannot_hold_is_refused_in_one_line(tmp_path, search, split, extra, field, words):
     error = refused(search_file(tmp_path, search=search, split=split, extra=extra))
@@ -138,19 +141,57 @@ def test_tpe_learns_from_earlier_rounds(tmp_path):
     assert last < first, (first, last)
 
 
-def ids_in_order(workdir: Path) -> list[str]:
+def ids_in_order(workdir: Path) -> list[tuple[str, str]]:
     with sqlite3.connect(workdir / "gpufill.db") as con:
-        return [tid for (tid,) in con.execute("SELECT trial_id FROM trials WHERE current = 1 ORDER BY position")]
+        return con.execute("SELECT trial_id, status FROM trials WHERE current = 1 ORDER BY position").fetchall()
 
 
-def test_a_search_killed_mid_run_resumes_with_the_same_proposals_and_loses_nothing(tmp_path):
-    models = "  mlp: {hidden_size: {low: 16, high: 64, step: 16}, lr: {low: 1.0e-4, high: 1.0e-2, log: true}, epochs: [30]}\n  linear: {}\n"
-    search = "{sampler: tpe, trials: 9, batch: 3, seed: 5}"
+PRUNED_SEARCH = "{sampler: random, trials: 12, batch: 4, seed: 2, pruner: {kind: asha, min_epochs: 1, reduction_factor: 3}}"
+
+
+def test_asha_prunes_trials_that_are_recorded_with_their_epoch_and_score_and_never_ranked(tmp_path, capsys):
+    models = "  mlp: {hidden_size: [32], lr: {low: 1.0e-5, high: 1.0e-1, log: true}, epochs: [9]}\n"
+    path = search_file(tmp_path, search=PRUNED_SEARCH, models=models)
+    path.write_text(path.read_text().replace("lookback: [14, 28]", "lookback: [14]"))
+    outcome = Campaign.from_yaml(path, tmp_path / "work").run()
+    results = read_results(tmp_path / "work")
+    pruned = results[results["status"] == "pruned"]
+    assert outcome.pruned == len(pruned) and outcome.done + outcome.pruned == 12
+    assert 1 <= len(pruned) <= 8  # the first round has no earlier trials to lose to: 4 run to the end
+    assert pruned["mae"].isna().all() and pruned["val_mae"].notna().all()  # a validation score, no test score
+    store = Store.open(tmp_path / "work")
+    try:
+        for trial_id in pruned["trial_id"]:
+            details = store.trial_details(trial_id)
+            epoch = len(details["history"])
+            assert 1 <= epoch < 9
+            assert any(event.startswith(f"pruned at epoch {epoch}: ASHA stopped it: validation val_mae ") for event in details["events"])
+            rungs = details["metrics"]["rungs"]
+            assert list(rungs) == [str(e) for e in range(1, epoch + 1)]
+            assert details["metrics"]["pruned"] == {"epoch": epoch, "val_mae": rungs[str(epoch)]}
+            assert details["metrics"]["val"]["mae"] == pytest.approx(min(rungs.values()), rel=1e-4)  # the best epoch's weights, restored
+        assert store.forecasts(list(pruned["trial_id"])) == {}
+    finally:
+        store.close()
+    first_round = results.iloc[:4]
+    assert (first_round["status"] == "done").all()
+    code, out, _ = run_cli(capsys, "results", "--workdir", tmp_path / "work", "--best", "--format", "json")
+    best = json.loads(out)
+    done = results[results["status"] == "done"]
+    assert code == 0 and best[0]["config_id"] in set(done["config_id"]) and best[0]["config_id"] not in set(pruned["config_id"])
+    assert best[0]["val_mae"] == pytest.approx(done["val_mae"].min())  # the best finished configuration, on validation
+    code, out, _ = run_cli(capsys, "status", "--workdir", tmp_path / "work", "--json")
+    assert json.loads(out)["pruned"] == len(pruned)
+
+
+def test_a_pruned_search_killed_twice_resumes_with_the_same_proposals_and_decisions_and_loses_nothing(tmp_path):
+    models = "  mlp: {hidden_size: {low: 16, high: 64, step: 16}, lr: {low: 1.0e-5, high: 1.0e-1, log: true}, epochs: [30]}\n  linear: {}\n"
+    search = "{sampler: tpe, trials: 9, batch: 3, seed: 5, pruner: {kind: asha, min_epochs: 2, reduction_factor: 2}}"
     (tmp_path / "a").mkdir()
     whole = search_file(tmp_path / "a", search=search, models=models)
     Campaign.from_yaml(whole, tmp_path / "a" / "work").run(cpu_slots=1)
     expected = ids_in_order(tmp_path / "a" / "work")
-    assert len(expected) == 9
+    assert len(expected) == 9 and {status for _, status in expected} <= {"done", "pruned"}
 
     (tmp_path / "b").mkdir()
     path = search_file(tmp_path / "b", search=search, models=models)
@@ -166,7 +207,7 @@ def test_a_search_killed_mid_run_resumes_with_the_same_proposals_and_loses_nothi
                 try:
                     with sqlite3.connect(f"file:{workdir / 'gpufill.db'}?mode=ro", uri=True) as con:
                         done = {tid: (mae, attempts) for tid, mae, attempts in con.execute(
-                            "SELECT trial_id, mae, attempts FROM trials WHERE status = 'done'")}
+                            "SELECT trial_id, mae, attempts FROM trials WHERE status IN ('done', 'pruned')")}
                 except sqlite3.OperationalError:
                     pass
             time.sleep(0.05)
@@ -175,8 +216,11 @@ def test_a_search_killed_mid_run_resumes_with_the_same_proposals_and_loses_nothi
         done_before.update(done)
     rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
-    assert ids_in_order(workdir) == expected  # the same proposals, in the same order
+    assert ids_in_order(workdir) == expected  # the same proposals, in the same order, pruned alike
     results = read_results(workdir)
-    assert len(results) == 9 and results["trial_id"].is_unique and (results["status"] == "done").all()
+    assert len(results) == 9 and results["trial_id"].is_unique
     after = {tid: (mae, attempts) for tid, mae, attempts in zip(results["trial_id"], results["mae"], results["attempts"])}
-    assert len(done_before) >= 5 and all(after[tid] == seen for tid, seen in done_before.items())  # finished results unchanged, never trained again
+    def same(now: tuple, seen: tuple) -> bool:  # a pruned trial has no test mae: None in SQLite, NaN in the frame
+        return now[1] == seen[1] and (now[0] == seen[0] or (seen[0] is None and now[0] != now[0]))
+
+    assert len(done_before) >= 5 and all(same(after[tid], seen) for tid, seen in done_before.items())  # finished results unchanged, never trained again

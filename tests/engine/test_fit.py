@@ -90,6 +90,23 @@ def test_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tmp_path):
     assert_same_weights(straight.model, resumed.model)
 
 
+def test_a_callback_that_stops_the_training_ends_it_pruned_at_that_epoch_with_the_weights_it_had():
+    x, y = make_data()
+    train, val = (x[:200], y[:200]), (x[200:], y[200:])
+    settings = dict(epochs=6, batch_size=32, seed=3, restore_best=False)
+
+    class StopAt3(FitCallback):
+        def stop(self, record):
+            return "the pruner said so" if record.epoch == 3 else None
+
+    straight = fit(model(), train, val, epochs=3, **{k: v for k, v in settings.items() if k != "epochs"})
+    stopped = fit(model(), train, val, callbacks=[StopAt3()], **settings)
+    assert stopped.status == "pruned" and [r.epoch for r in stopped.history] == [1, 2, 3]
+    assert "pruned at epoch 3: the pruner said so" in stopped.events
+    assert [r.val_loss for r in stopped.history] == [r.val_loss for r in straight.history]
+    assert_same_weights(straight.model, stopped.model)
+
+
 def test_resume_without_a_checkpoint_starts_fresh(tmp_path):
     x, y = make_data()
     result = fit(model(), (x, y), epochs=1, checkpoint_dir=tmp_path, resume=True)

@@ -17,10 +17,12 @@ class LaneProgress:
     running: int = 0
     pending: int = 0
     finished_this_run: int = 0
+    pruned: int = 0
+    """Stopped by a search's pruner: finished (shown with done), never ranked."""
 
     @property
     def total(self) -> int:
-        return self.done + self.failed + self.running + self.pending
+        return self.done + self.pruned + self.failed + self.running + self.pending
 
 
 @dataclass(slots=True)
@@ -59,6 +61,8 @@ class RunOutcome:
     """Trials left pending at the end because the environment kept failing them: a re-run once it is fixed runs them."""
     waiting_reason: str = ""
     """The last environment failure's error."""
+    pruned: int = 0
+    """Trials a search's pruner stopped (campaign/pruning.py): finished, never ranked."""
 
 
 def snapshot(counts: Any, lanes: Sequence[Any], finished_this_run: Mapping[str, int], busy: Sequence[Any], started_at: Mapping[str, float],
@@ -79,6 +83,7 @@ def snapshot(counts: Any, lanes: Sequence[Any], finished_this_run: Mapping[str, 
             running=by_status.get("running", 0),
             pending=by_status.get("pending", 0),
             finished_this_run=finished_this_run[lane.name],
+            pruned=by_status.get("pruned", 0),
         )
     running = [
         {

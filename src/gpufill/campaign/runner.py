@@ -213,7 +213,8 @@ class Campaign:
              timeline: Timeline) -> RunOutcome:
         store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json()})
         lane_of = {kind: lane.queue for lane in prepared.lanes for kind in lane.kinds}  # pending trials belong to a queue
-        search, refill = self._search(store, prepared, lane_of)
+        extras: dict[str, Any] = {}
+        search, refill = self._search(store, prepared, lane_of, extras)
         added, skipped = store.sync_trials(prepared.trials, lane_of, prepared.bases)
         recovered = store.recover_interrupted(run_id)
         waiting, why = store.waiting_on_environment()
@@ -235,13 +236,18 @@ class Campaign:
             on_start(prepared, run_id)
         prepared.trials.clear()  # in the store now: the scheduler works from its rows (36,000 Trial objects are ~20 MB)
         pack_size = self.spec.resources.pack_size
+        if search is not None and self.spec.search.pruner.kind != "none" and pack_size != 1:
+            pack_size = 1
+            message = "a pruned search trains its networks one trial at a time (pruning inside a fused pack is not built yet): pack size 1"
+            store.event("run", message, run_id=run_id)
+            log.info(message)
         queue = QueueSink()
         sampler = Sampler(interval=1.0, gpu_source="auto", pids=executor.pids, sink=queue)
         scheduler = Scheduler(
             store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id,
             pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update, samples=queue.drain,
             trial_timeout=self.spec.resources.trial_timeout, heartbeat_timeout=self.spec.resources.heartbeat_timeout,
-            timeline=timeline, refill=refill,
+            timeline=timeline, refill=refill, task_extras=extras,
         )
         try:
             with signals_interrupt() as stop_request, sampler:
@@ -274,9 +280,10 @@ class Campaign:
                  run_id, outcome.done, outcome.failed, outcome.retried, outcome.environment, outcome.waiting, outcome.crashed, outcome.elapsed_s)
         return outcome
 
-    def _search(self, store: Store, prepared: Prepared, lane_of: dict[str, str]) -> tuple[Any, Callable[[], bool] | None]:
+    def _search(self, store: Store, prepared: Prepared, lane_of: dict[str, str], extras: dict[str, Any]) -> tuple[Any, Callable[[], bool] | None]:
         """A search campaign's proposals so far (replayed from the store) listed in `prepared`, and the scheduler's
-        refill that proposes the next round when one is trained; (None, None) for a grid."""
+        refill that proposes the next round when one is trained; (None, None) for a grid. `extras`: what every task
+        carries, kept current here (a pruner's earlier rounds)."""
         if self.spec.search is None:
             return None, None
         from gpufill.campaign.search import Search
@@ -289,13 +296,20 @@ class Campaign:
             prepared.bases.update({t.base_id: id_base(self.spec, t.kind, projects) for t in {t.kind: t for t in trials}.values()})
             return trials
 
+        def pruning() -> None:
+            found = search.pruning(store)
+            if found is not None:
+                extras["pruning"] = found
+
         search.advance(store)
         prepared.trials.extend(listed())
+        pruning()
 
         def refill() -> bool:
             if not search.advance(store):
                 return False
             store.sync_trials(listed(), lane_of, prepared.bases)  # the file's trials: every round's so far
+            pruning()
             return True
 
         return search, refill

@@ -67,6 +67,7 @@ class Scheduler:
         heartbeat_timeout: float = 120.0,
         timeline: Timeline | None = None,
         refill: Callable[[], bool] | None = None,
+        task_extras: dict[str, Any] | None = None,
     ):
         self.store, self.executor, self.lanes = store, executor, lanes
         self.max_attempts = retries + 1
@@ -96,6 +97,8 @@ class Scheduler:
         self.shape_seconds: dict[str, float] = {}
         """Slowest finished trial per shape: what an "auto" time limit is derived from."""
         self.refill = refill
+        self.task_extras = task_extras if task_extras is not None else {}
+        """Sent with every task as they are when it is sent (a pruned search's earlier rounds: `refill` updates them)."""
         """Called when nothing is queued or running (a search's next round): True when it added runnable trials to the store."""
         self.environment = environment.EnvironmentWait(clock=clock, patience_s=environment.PATIENCE_S, trial_limit=environment.TRIAL_LIMIT)
 
@@ -168,7 +171,7 @@ class Scheduler:
                 if size is None and trials[0].trial.kind == "neural":
                     self.book.measuring.add((lane.name, shape))
                 self.executor.submit(worker, {"trials": [q.trial for q in trials], "pack_size": size, "pack_reason": self.book.reason(lane.name, shape),
-                                              "pack_kind": self.book.kind(lane.name, shape)})
+                                              "pack_kind": self.book.kind(lane.name, shape), **self.task_extras})
 
     def _next_task(self, lane: Lane, worker: Worker) -> tuple[list[Queued], int | None] | None:
         """Trials for `worker` (one, or a fused pack of one shape) and the pack size to send (None: measure it):
@@ -273,6 +276,12 @@ class Scheduler:
                 self.book.learn_peak(lane_name, trial.shape, int(timings.get("pack_size", 1)), int(timings["peak_memory_bytes"]))
             if duration > self.shape_seconds.get(trial.shape, 0.0):
                 self._slowest(trial.shape, duration)
+            if result.status == "pruned":
+                if self.store.record_pruned(trial.trial_id, result, duration_s=duration):
+                    log.debug("pruned %s %s %s in %.2f s: %s", trial.trial_id, trial.trial.family, trial.trial.project, duration, result.events[-1:])
+                    self.outcome.pruned += 1
+                    self.finished_this_run[lane_name] += 1
+                continue
             if self.store.record_done(trial.trial_id, result, duration_s=duration):
                 log.debug("done %s %s %s in %.2f s: test mae %.4g", trial.trial_id, trial.trial.family, trial.trial.project, duration, result.metrics["test"]["mae"])
                 self.outcome.done += 1

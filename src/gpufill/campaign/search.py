@@ -159,17 +159,45 @@ class Search:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _settled(self, store: Store, found: Sequence[tuple[Config, list[Trial]]]) -> bool:
-        """Whether every trial of the round is done, or failed with no attempt left."""
-        states = store.trial_states([t.trial_id for _, trials in found for t in trials])
-        return all(status == "done" or (status == "failed" and attempts >= self.max_attempts) for status, attempts in states.values()) \
-            and len(states) == sum(len(trials) for _, trials in found)
+    def _rows(self, store: Store, trials: Sequence[Trial]) -> dict[str, dict[str, Any]]:
+        return store.search_rows([t.trial_id for t in trials], self.search.validation_metric)
 
-    def _score(self, store: Store, trials: Sequence[Trial]) -> float | None:
-        """A configuration's validation score: the mean over its done trials (None: none has one)."""
-        values = store.validation_scores([t.trial_id for t in trials], self.search.validation_metric)
-        scored = [v for v in values.values() if v is not None and np.isfinite(v)]
-        return float(np.mean(scored)) if scored else None
+    def _settled(self, store: Store, found: Sequence[tuple[Config, list[Trial]]]) -> bool:
+        """Whether every trial of the round is done, pruned, or failed with no attempt left."""
+        trials = [t for _, listed in found for t in listed]
+        rows = self._rows(store, trials)
+        return len(rows) == len(trials) and all(
+            row["status"] in ("done", "pruned") or (row["status"] == "failed" and row["attempts"] >= self.max_attempts) for row in rows.values())
+
+    def _told(self, store: Store, trials: Sequence[Trial]) -> tuple[str, float | None, dict[int, float]]:
+        """What the sampler is told of a configuration: ("complete", the mean validation score of its done trials),
+        ("pruned", None, the mean score per epoch its trials reported) when a pruner stopped one of them, or ("fail", ...)."""
+        rows = list(self._rows(store, trials).values())
+        if any(row["status"] == "pruned" for row in rows):
+            epochs: dict[int, list[float]] = {}
+            for row in rows:
+                for epoch, value in row["rungs"].items():
+                    epochs.setdefault(int(epoch), []).append(float(value))
+            return "pruned", None, {epoch: float(np.mean(values)) for epoch, values in sorted(epochs.items())}
+        scored = [row["val"] for row in rows if row["status"] == "done" and row["val"] is not None and np.isfinite(row["val"])]
+        return ("complete", float(np.mean(scored)), {}) if scored else ("fail", None, {})
+
+    def pruning(self, store: Store) -> dict[str, Any] | None:
+        """What a worker's pruner needs for the newest round's trials (campaign/pruning.py): the pruner's settings and,
+        per project, the earlier rounds' trials in proposal order (their scores per epoch, how they ended); None
+        without a pruner."""
+        pruner = self.search.pruner
+        if pruner.kind == "none":
+            return None
+        earlier = [t for found in self.rounds[:-1] for _, trials in found for t in trials if t.kind == "neural"]
+        rows = self._rows(store, earlier)
+        history: dict[str, list[dict[str, Any]]] = {}
+        for trial in earlier:
+            row = rows.get(trial.trial_id)
+            if row is not None and row["status"] in ("done", "pruned") and row["rungs"]:
+                history.setdefault(trial.project, []).append({"values": row["rungs"], "state": row["status"], "value": row["val"]})
+        settings = {**pruner.model_dump(), "metric": self.search.metric, "direction": self.search.direction}
+        return {"settings": settings, "history": history}
 
     def _sampler(self, round_index: int) -> optuna.samplers.BaseSampler:
         optuna = optuna_module()
@@ -188,15 +216,14 @@ class Search:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             study = optuna.create_study(direction=self.search.direction, sampler=self._sampler(round_index))
-        known: dict[Config, float | None] = {}
+        states = {"complete": optuna.trial.TrialState.COMPLETE, "pruned": optuna.trial.TrialState.PRUNED, "fail": optuna.trial.TrialState.FAIL}
+        known: dict[Config, tuple[str, float | None, dict[int, float]]] = {}
         for found in self.rounds:
             for config, trials in found:
-                value = self._score(store, trials)
-                known[config] = value
+                known[config] = state, value, steps = self._told(store, trials)
                 distributions = {name: self.space.distributions[name] for name in config.params}
-                study.add_trial(optuna.trial.create_trial(
-                    params=config.params, distributions=distributions, value=value,
-                    state=optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL))
+                study.add_trial(optuna.trial.create_trial(params=config.params, distributions=distributions, value=value, state=states[state],
+                                                          intermediate_values=steps or None))
         wanted = min(self.search.batch, self.search.trials - self.proposed)
         new: list[Config] = []
         for _ in range(ASKS_PER_PROPOSAL * wanted):
@@ -207,8 +234,10 @@ class Search:
                 asked = study.ask()
                 config = self.space.sample(asked)
             if config in known:  # proposed before: its score is known, and the sampler learns it again
-                value = known[config]
-                study.tell(asked, value) if value is not None else study.tell(asked, state=optuna.trial.TrialState.FAIL)
+                state, value, steps = known[config]
+                for step, reported in steps.items():
+                    asked.report(reported, step)
+                study.tell(asked, value) if state == "complete" else study.tell(asked, state=states[state])
             elif config not in new:
                 new.append(config)  # left running: TPE's constant liar keeps the rest of the round away from it
         return [(config, self._trials_of(config)) for config in new]

@@ -8,12 +8,19 @@
       direction: minimize
       batch: 8              # configurations proposed together (a round): they train side by side, packed by shape,
                             # and the sampler learns from a round's results before it proposes the next
+      pruner: {kind: asha, min_epochs: 2, reduction_factor: 3}   # or median, or none (the default)
 
 With `search:` the families' grids are the search space: a list is a categorical choice, and two forms that only a
 search accepts are ranges, ``{low: 1e-4, high: 1e-2, log: true}`` (a float, log-uniform here) and
 ``{low: 32, high: 256, step: 32}`` (an int: low, high and step whole numbers). Outside `search:` a range is refused
 at its line (a grid needs the values listed). `task.lookback` with several values is a choice too, and so is the
 family when there are several.
+
+A pruner (Optuna's SuccessiveHalvingPruner, i.e. ASHA, or MedianPruner) stops a network's trial at an epoch where its
+validation score (`metric`, in the data's own units) is among the worse of those the earlier rounds' trials had at that
+epoch: the trial ends `pruned`, with the epoch it reached and its last score, and is never ranked as finished.
+Decisions read only earlier rounds (replayed through the pruner in proposal order), so they are the same on a resumed
+run. Classical families (one fit) are sampled, never pruned.
 """
 
 from __future__ import annotations
@@ -28,11 +35,19 @@ from gpufill.campaign.spec_errors import LocatedError
 from gpufill.campaign.spec_types import Count, Spec, at_most
 from gpufill.forecasting.trial import METRICS
 
-__all__ = ["MAX_SEARCH_TRIALS", "RANGE_KEYS", "Range", "SearchSpec", "is_range", "parse_range"]
+__all__ = ["MAX_SEARCH_TRIALS", "RANGE_KEYS", "PrunerSpec", "Range", "SearchSpec", "is_range", "parse_range"]
 
 MAX_SEARCH_TRIALS = 100_000
 """Configurations one search proposes (each is a round trip through the sampler, whose TPE grows with its history)."""
 RANGE_KEYS = frozenset({"low", "high", "log", "step"})
+
+
+class PrunerSpec(Spec):
+    kind: Literal["asha", "median", "none"] = "none"
+    min_epochs: Count = 1
+    """ASHA's first rung (its min_resource); the median rule's warm-up: no trial is stopped before it."""
+    reduction_factor: Annotated[int, Field(ge=2)] = 3
+    """ASHA: one in reduction_factor trials goes on at each rung (rungs at min_epochs x reduction_factor^k)."""
 
 
 class SearchSpec(Spec):
@@ -42,6 +57,7 @@ class SearchSpec(Spec):
     metric: str = "val_mae"
     direction: Literal["minimize", "maximize"] = "minimize"
     batch: Count = Field(default=8)
+    pruner: PrunerSpec = PrunerSpec()
 
     @field_validator("metric")
     @classmethod

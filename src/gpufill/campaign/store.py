@@ -6,6 +6,7 @@ Trial status is a small state machine:
                               |------(error/crash)--> failed --(retry allowed)--> pending
                               |------(environment failure)--> pending (the attempt not counted)
     pending/failed --(dropped from the campaign file)--> skipped --(back in the file)--> pending
+                              |------(a search's pruner stopped it)--> pruned (final, never ranked)
 
 Every transition is one transaction, so a kill -9 at any moment leaves either the old
 state or the new one. A result is recorded only for a trial that is `running`, which
@@ -271,6 +272,19 @@ class Store(StoreQueries):
                 "UPDATE trials SET status = 'pending', attempts = attempts - 1, worker = NULL WHERE trial_id = ? AND status = 'running'",
                 [(tid,) for tid in trial_ids],
             )
+
+    def record_pruned(self, trial_id: str, result: TrialResult, *, duration_s: float) -> bool:
+        """Record a trial a search's pruner stopped: its validation scores, history and events, no test score and no
+        forecasts (it never finished, so nothing ranks it); False (and nothing written) unless it was running."""
+        kept = {key: value for key, value in result.metrics.items() if key in ("val", "rungs", "pruned")}
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE trials SET status = 'pruned', finished_at = ?, duration_s = ?, metrics = ?, timings = ?, plan = ?, history = ?, events = ?,"
+                " error = NULL, traceback = NULL WHERE trial_id = ? AND status = 'running'",
+                (time.time(), duration_s, _dumps(kept), _dumps(result.timings), _dumps(result.plan), _dumps(result.history), _dumps(result.events),
+                 trial_id),
+            )
+            return cursor.rowcount == 1
 
     def record_done(self, trial_id: str, result: TrialResult, *, duration_s: float) -> bool:
         """Record a finished trial's result; False (and nothing written) unless it was running."""

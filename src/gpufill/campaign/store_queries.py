@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-STATUSES = ("pending", "running", "done", "failed", "skipped")
+STATUSES = ("pending", "running", "done", "pruned", "failed", "skipped")
 ENVIRONMENT = "environment: "
 """How the error of a trial an environment failure sent back to pending begins."""
 
@@ -209,24 +209,19 @@ class StoreQueries:
                                             "truth": np.frombuffer(truth, np.float32).reshape(-1, horizon)}
         return out
 
-    def trial_states(self, trial_ids: Sequence[str]) -> dict[str, tuple[str, int]]:
-        """trial_id -> (status, attempts) of those of `trial_ids` the store holds."""
-        out: dict[str, tuple[str, int]] = {}
-        for chunk in (trial_ids[i : i + 500] for i in range(0, len(trial_ids), 500)):  # SQLite's bound-variable limit
-            marks = ",".join("?" * len(chunk))
-            out.update((tid, (status, attempts)) for tid, status, attempts in self.db.execute(
-                f"SELECT trial_id, status, attempts FROM trials WHERE trial_id IN ({marks})", list(chunk)))
-        return out
-
-    def validation_scores(self, trial_ids: Sequence[str], metric: str) -> dict[str, float | None]:
-        """trial_id -> its validation `metric` (None without one), for the done trials of `trial_ids`."""
+    def search_rows(self, trial_ids: Sequence[str], metric: str) -> dict[str, dict[str, Any]]:
+        """trial_id -> {status, attempts, val (its validation `metric`, None without one), rungs ({epoch: score} a
+        search's pruner saw)} of those of `trial_ids` the store holds: what a search replays (campaign/search.py)."""
         if metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}")
-        out: dict[str, float | None] = {}
-        for chunk in (trial_ids[i : i + 500] for i in range(0, len(trial_ids), 500)):
+        out: dict[str, dict[str, Any]] = {}
+        for chunk in (trial_ids[i : i + 500] for i in range(0, len(trial_ids), 500)):  # SQLite's bound-variable limit
             marks = ",".join("?" * len(chunk))
-            out.update(self.db.execute(f"SELECT trial_id, {_validation(metric)} FROM trials WHERE status = 'done' AND trial_id IN ({marks})",
-                                       list(chunk)).fetchall())
+            for tid, status, attempts, val, rungs in self.db.execute(
+                    f"SELECT trial_id, status, attempts, {_validation(metric)}, CASE WHEN json_valid(metrics) THEN json_extract(metrics, '$.rungs') END"
+                    f" FROM trials WHERE trial_id IN ({marks})", list(chunk)):
+                out[tid] = {"status": status, "attempts": attempts, "val": val if status in ("done", "pruned") else None,
+                            "rungs": json.loads(rungs) if rungs else {}}
         return out
 
     def trial_details(self, trial_id: str) -> dict[str, Any] | None:

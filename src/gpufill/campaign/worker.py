@@ -128,6 +128,8 @@ class TrialRunner:
         """Fingerprints of the loaded projects (and "*": all of them, as a global-mode trial's id holds them)."""
         self._reread = False
         """Whether the data was read again during the current task (a difference is looked into once per task)."""
+        self._pruning: dict[str, Any] | None = None
+        """The current task's search pruner: its settings and the earlier rounds' trials per project (campaign/pruning.py)."""
         self._read_at = time.monotonic()
         self._windows: dict[tuple[str, int, str], Any] = {}
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
@@ -208,6 +210,7 @@ class TrialRunner:
     def run_task(self, task: dict[str, Any]) -> dict[str, Any]:
         """A task is one trial, or several neural trials of one shape to train as a fused pack."""
         trials, waiting, self._reread = task["trials"], [], False
+        self._pruning = task.get("pruning")  # a pruned search's settings and its earlier rounds (campaign/pruning.py)
         if len(trials) > 1 and task.get("pack_size") != 1:  # a pack reads every trial's data before any trains: check it first
             waiting = self._not_ready(trials)  # these wait for the environment; the rest pack
             trials = [t for t in trials if t.trial_id not in {m["trial_id"] for m in waiting}]
@@ -234,10 +237,32 @@ class TrialRunner:
         from gpufill.forecasting.run import run_alone, run_global
 
         setup = self.setup(trial)
+        windows = [self.trial_windows(trial, name) for name in self.projects()] if trial.is_global else [self.trial_windows(trial)]
+        pruners: list[Any] = []
+        watch = self._pruner(trial, windows, pruners) if self._pruning and trial.kind == "neural" else None
         if trial.is_global:
-            windows = [self.trial_windows(trial, name) for name in self.projects()]
-            return run_global(trial, windows, setup, where=self.spec.path and str(self.spec.path))
-        return run_alone(trial, self.trial_windows(trial), setup, pack=pack)
+            result = run_global(trial, windows, setup, where=self.spec.path and str(self.spec.path), watch=watch)
+        else:
+            result = run_alone(trial, windows[0], setup, pack=pack, watch=watch)
+        if pruners:  # each epoch's validation score: what later rounds' pruning replays
+            pruner = pruners[0]
+            result.metrics["rungs"] = {str(epoch): value for epoch, value in pruner.values.items()}
+            if pruner.pruned_at is not None:  # the epoch it reached and its score there (its "val" is its best epoch's weights')
+                result.metrics["pruned"] = {"epoch": pruner.pruned_at, pruner.settings["metric"]: pruner.values[pruner.pruned_at]}
+        return result
+
+    def _pruner(self, trial: Trial, windows: list[Any], made: list[Any]) -> Any:
+        """The watch that gives a network's training its search pruner (kept in `made` for its reported scores)."""
+        from gpufill.campaign.pruning import RungPruner
+        from gpufill.forecasting.run import validation_score
+
+        settings, history = self._pruning["settings"], self._pruning["history"].get(trial.project, [])
+
+        def watch(model: Any) -> list[Any]:
+            made.append(RungPruner(settings, history, lambda: validation_score(model, windows, settings["metric"].removeprefix("val_"))))
+            return made
+
+        return watch
 
 
 if __name__ == "__main__":  # started by executors/local.py: python -m gpufill.campaign.worker FD

@@ -90,7 +90,8 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
             console.print()
     counts = job.status().to_dict()
     environment = f", {outcome.environment} environment failures retried without using an attempt" if outcome.environment else ""
-    console.print(f"done {counts['done']}, failed {counts['failed']}, pending {counts['pending']} of {counts['total']} trials in {outcome.elapsed_s:.1f} s"
+    pruned = f", pruned {counts['pruned']}" if counts.get("pruned") else ""  # a search's pruner stopped them: finished, never ranked
+    console.print(f"done {counts['done']}{pruned}, failed {counts['failed']}, pending {counts['pending']} of {counts['total']} trials in {outcome.elapsed_s:.1f} s"
                   f" ({outcome.retried} retried{environment}, {outcome.crashed} worker crashes). Results: gpufill results --workdir {job.workdir}", markup=False)
     if outcome.waiting:  # the campaign is not finished: say why and what finishes it
         print(visible(f"gpufill: {outcome.waiting} trials are left pending because the environment kept failing them (last: {outcome.waiting_reason}); "

@@ -37,9 +37,9 @@ def campaign_view(snapshot: Any, title: str = "campaign") -> Table:
     table.add_column("ETA", justify="right")
     for name, lane in snapshot.lanes.items():
         total = max(lane.total, 1)
-        filled = int(16 * (lane.done + lane.failed) / total)
+        filled = int(16 * (lane.done + lane.pruned + lane.failed) / total)
         bar = "[green]" + "█" * filled + "[/green]" + "░" * (16 - filled)
-        table.add_row(f"{name} ({lane.slots}x{lane.threads}t)", bar, str(lane.done), str(lane.failed), str(lane.running), str(lane.pending), _duration(snapshot.eta_s(name)))
+        table.add_row(f"{name} ({lane.slots}x{lane.threads}t)", bar, str(lane.done) + (f" +{lane.pruned} pruned" if lane.pruned else ""), str(lane.failed), str(lane.running), str(lane.pending), _duration(snapshot.eta_s(name)))
     for trial in snapshot.running[:6]:
         table.add_row("", Text(visible(f"{trial['family']} {trial['project']}"), style="dim"), "", "", f"[dim]{trial['seconds']:.0f}s[/dim]", "", "")
     return table

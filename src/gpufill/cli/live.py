@@ -50,7 +50,7 @@ def snapshot(workdir: str | Path, *, now: Callable[[], float] = time.time) -> di
         counts = with_run(store.counts(), run).to_dict()
         t = now()
         finished_recently = store.db.execute(
-            "SELECT COUNT(*) FROM trials WHERE status IN ('done', 'failed') AND finished_at >= ?", (t - RATE_WINDOW_S,)
+            "SELECT COUNT(*) FROM trials WHERE status IN ('done', 'pruned', 'failed') AND finished_at >= ?", (t - RATE_WINDOW_S,)
         ).fetchone()[0]
         first_finish = store.db.execute("SELECT MIN(finished_at) FROM trials WHERE finished_at >= ?", (t - RATE_WINDOW_S,)).fetchone()[0]
         window = min(RATE_WINDOW_S, t - first_finish) if first_finish is not None else 0.0
@@ -102,7 +102,8 @@ def render(data: dict[str, Any]) -> Group:
         pace = f"{data['trials_per_min']:.1f} trials/min, ETA {eta_text}"
     else:  # trials are left but no scheduler is running them: no pace, no ETA
         pace = f"not running (last run {state})"
-    header = Text(f"{visible(data['campaign'])}: {counts['done']}/{counts['total']} done, {counts['failed']} failed, {pace}", style="bold")
+    pruned = f", {counts['pruned']} pruned" if counts.get("pruned") else ""
+    header = Text(f"{visible(data['campaign'])}: {counts['done']}/{counts['total']} done{pruned}, {counts['failed']} failed, {pace}", style="bold")
     lanes = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("lane", "total", "done", "failed", "running", "pending", "skipped"):
         lanes.add_column(column, justify="left" if column == "lane" else "right")

@@ -46,7 +46,7 @@ from gpufill.engine.prepare import automatic_plan, measured_plan, prepare, resol
 from gpufill.engine.result import EpochRecord, FitCallback, FitResult, throughput
 from gpufill.errors import InputError
 
-Status = Literal["completed", "early_stopped", "diverged"]
+Status = Literal["completed", "early_stopped", "diverged", "pruned"]
 
 
 def fit(
@@ -251,6 +251,11 @@ class Training:
             self._maybe_checkpoint(epoch, final=status != "completed" or last)
             for callback in callbacks:
                 callback.on_epoch_end(record)
+            if status == "completed" and not last:
+                reason = next((found for callback in callbacks if (found := callback.stop(record))), None)
+                if reason:
+                    status = "pruned"
+                    self.events.append(f"pruned at epoch {epoch}: {reason}")
             if lines:
                 left = epochs_left(record, self.cfg.epochs, max_steps, self.state.steps) if status == "completed" else 0.0
                 print(epoch_line(record, self.cfg.epochs, throughput(epoch_seconds, epoch_samples)[1], left), file=sys.stderr, flush=True)

@@ -43,7 +43,7 @@ class FitResult:
     metrics: dict[str, float | int | None]
     timings: dict[str, float]
     events: list[str]
-    status: Literal["completed", "early_stopped", "diverged"]
+    status: Literal["completed", "early_stopped", "diverged", "pruned"]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,3 +81,7 @@ class FitCallback:
 
     def on_epoch_end(self, record: EpochRecord) -> None:
         """After each epoch (and its validation and checkpoint)."""
+
+    def stop(self, record: EpochRecord) -> str | None:
+        """After on_epoch_end: a reason to end the training here (status "pruned": a search's pruner), or None to go on."""
+        return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -29,7 +29,7 @@ from gpufill.forecasting.recipes import Recipe
 from gpufill.forecasting.task import predict, seeded_model
 from gpufill.forecasting.trial import METRICS, PackEntry, Trial, TrialResult, trial_result
 
-__all__ = ["TrialSetup", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup"]
+__all__ = ["TrialSetup", "Watch", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup", "validation_score"]
 
 @dataclass(frozen=True, slots=True)
 class TrialSetup:
@@ -64,8 +64,12 @@ def build_model(trial: Trial, windows: WindowedProject) -> Any:
     return seeded_model(trial.family, windows, trial.params, trial.seed)
 
 
+Watch = Callable[[Any], Sequence[FitCallback]]
+"""Callbacks made for the model about to train (a search's pruner scores it on validation after each epoch)."""
+
+
 def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, callbacks: Sequence[FitCallback] = (),
-              pack: PackEntry | None = None) -> TrialResult:
+              pack: PackEntry | None = None, watch: Watch | None = None) -> TrialResult:
     """Train and score `trial` on its project's windows (already scaled as its recipe says)."""
     if trial.kind == "classical":
         from gpufill.forecasting.models.classical import classical_plan, train_classical
@@ -78,6 +82,7 @@ def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, call
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
     model = build_model(trial, windows)
+    callbacks = [*callbacks, *(watch(model) if watch is not None else ())]
     fitted = fit(model, (windows.x_train, windows.y_train), (windows.x_val, windows.y_val) if windows.x_val.shape[0] else None,
                  config=setup.config, callbacks=callbacks, data_id=windows.data_id or None)  # a checkpoint resumes on another CPU
     peak = int(torch.cuda.max_memory_reserved()) if on_cuda else None
@@ -104,7 +109,15 @@ def validation(model: Any, windows: WindowedProject, dtype: torch.dtype | None) 
     return score_validation(windows, windows.inverse_target(predict(model, windows.x_val, dtype=dtype), "val"))
 
 
-def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSetup, *, where: str | None = None) -> TrialResult:
+def validation_score(model: Any, windows: Sequence[WindowedProject], metric: str) -> float:
+    """`model`'s validation `metric` in the data's units: the mean over the projects with a validation window (NaN
+    where none has one), as a global trial's stored score is."""
+    scored = [validation(model, w, None)["val"][metric] for w in windows if w.x_val.shape[0]]
+    return statistics.fmean(scored) if scored else float("nan")
+
+
+def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSetup, *, where: str | None = None,
+               watch: Watch | None = None) -> TrialResult:
     """`mode: global`: one model trained on every project's windows, scored on each project's test split.
 
     Each project keeps its own scaling (fitted on its own training part), so windows from projects of different
@@ -120,7 +133,9 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
         predictions, validations, plan, timings = _global_classical(trial, windows, setup.threads, train_x, train_y, val_x, val_y)
         history, events, status = [], [], "completed"
     else:
-        fitted = fit(build_model(trial, windows[0]), (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=setup.config)
+        model = build_model(trial, windows[0])
+        fitted = fit(model, (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=setup.config,
+                     callbacks=watch(model) if watch is not None else ())
         predictions = [w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype)) for w in windows]
         validations = [validation(fitted.model, w, fitted.plan.autocast_dtype).get("val") for w in windows]
         done = fitted.to_dict()

@@ -81,6 +81,7 @@ def summary_rows(store: Store, trials: pd.DataFrame, samples: pd.DataFrame, runs
         ["campaign", escape(store.meta("campaign_name") or "n/a")],
         ["trials total", str(sum(counts.values()))],
         ["trials done", str(counts["done"])],
+        *([["trials pruned (a search's pruner stopped them; never ranked)", str(counts["pruned"])]] if counts.get("pruned") else []),
         ["trials failed", str(counts["failed"])],
         ["trials skipped", str(counts["skipped"])],
         ["stale trials kept (an earlier file or data; not shown)", str(all_counts.stale)],

@@ -1,0 +1,80 @@
+"""A search's pruner inside one network's training (campaign/search_spec.py: `search.pruner`).
+
+The scheduler sends each trial of a round the earlier rounds' trials of its project (`History`: each one's
+validation score at every epoch it reported, and how it ended). `RungPruner`, a fit callback, replays them through
+a fresh Optuna pruner in proposal order (so ASHA's rungs hold exactly the values they held then), then reports this
+trial's validation score after each epoch and stops the training where the pruner says so. The decisions read
+nothing of the trials running beside it: a resumed search prunes the same trials at the same epochs.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gpufill.engine.result import EpochRecord, FitCallback
+
+__all__ = ["RungPruner", "make_pruner"]
+
+
+def make_pruner(settings: Mapping[str, Any]) -> Any:
+    """The Optuna pruner `settings` name: asha (SuccessiveHalvingPruner) or median (MedianPruner)."""
+    from gpufill.campaign.search import optuna_module
+
+    optuna = optuna_module()
+    if settings["kind"] == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=settings["min_epochs"], reduction_factor=settings["reduction_factor"])
+    return optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=settings["min_epochs"] - 1)
+
+
+class RungPruner(FitCallback):
+    """Reports `score()` (this trial's validation metric, lower is better unless direction says otherwise) after
+    each epoch from min_epochs on, and stops the training when the pruner, knowing only `history`, says so."""
+
+    def __init__(self, settings: Mapping[str, Any], history: Sequence[Mapping[str, Any]], score: Callable[[], float]):
+        self.settings, self.score = settings, score
+        self.values: dict[int, float] = {}
+        """epoch -> the validation score reported there: kept with the trial's result (what later rounds replay)."""
+        self.pruned_at: int | None = None
+        self._trial = _replayed(settings, history)
+
+    def on_epoch_end(self, record: EpochRecord) -> None:
+        if record.epoch < self.settings["min_epochs"]:
+            return
+        value = float(self.score())
+        if not math.isfinite(value):
+            return  # a diverging training ends on its own
+        self.values[record.epoch] = value
+        self._trial.report(value, record.epoch)
+        if self._trial.should_prune():
+            self.pruned_at = record.epoch
+
+    def stop(self, record: EpochRecord) -> str | None:
+        if self.pruned_at != record.epoch:
+            return None
+        kind = "ASHA" if self.settings["kind"] == "asha" else "the median rule"
+        return (f"{kind} stopped it: validation {self.settings['metric']} {self.values[record.epoch]:.6g} among the worse at this epoch "
+                "of the earlier rounds' trials")
+
+
+def _replayed(settings: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> Any:
+    """A running Optuna trial of a study that has seen `history` in order, each trial's reports and pruning checks
+    as they happened (ASHA records its rungs as trials pass them), then its end."""
+    from gpufill.campaign.search import optuna_module
+
+    optuna = optuna_module()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study = optuna.create_study(direction=settings["direction"], pruner=make_pruner(settings), sampler=optuna.samplers.RandomSampler(seed=0))
+        for past in history:
+            trial = study.ask()
+            for epoch, value in sorted((int(e), float(v)) for e, v in past["values"].items()):
+                trial.report(value, epoch)
+                trial.should_prune()
+            if past["state"] == "pruned" or past.get("value") is None:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                study.tell(trial, float(past["value"]))
+        return study.ask()
