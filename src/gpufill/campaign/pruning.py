@@ -14,9 +14,9 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpufill.engine.result import EpochRecord, FitCallback
+from gpufill.forecasting.run import EpochRecord, FitCallback, validation_score
 
-__all__ = ["RungPruner", "make_pruner"]
+__all__ = ["PrunerWatch", "RungPruner", "make_pruner"]
 
 
 def make_pruner(settings: Mapping[str, Any]) -> Any:
@@ -57,6 +57,30 @@ class RungPruner(FitCallback):
         kind = "ASHA" if self.settings["kind"] == "asha" else "the median rule"
         return (f"{kind} stopped it: validation {self.settings['metric']} {self.values[record.epoch]:.6g} among the worse at this epoch "
                 "of the earlier rounds' trials")
+
+
+class PrunerWatch:
+    """A search pruner for one trial's network (forecasting/run.py's Watch): it scores the model on its projects'
+    validation windows (the search metric, in the data's units) and records what it saw with the trial's result."""
+
+    def __init__(self, settings: Mapping[str, Any], history: Sequence[Mapping[str, Any]], windows: Sequence[Any]):
+        self.settings, self.history, self.windows = settings, history, windows
+        self.pruner: RungPruner | None = None
+
+    def callbacks(self, model: Any) -> list[FitCallback]:
+        metric = self.settings["metric"].removeprefix("val_")
+        self.pruner = RungPruner(self.settings, self.history, lambda: validation_score(model, self.windows, metric))
+        return [self.pruner]
+
+    def metrics(self) -> dict[str, Any]:
+        """{"rungs": {epoch: score}} (what later rounds replay) and, when it stopped the training, {"pruned": {epoch,
+        metric: its score there}} (the trial's "val" is its best epoch's weights')."""
+        if self.pruner is None:
+            return {}
+        found: dict[str, Any] = {"rungs": {str(epoch): value for epoch, value in self.pruner.values.items()}}
+        if self.pruner.pruned_at is not None:
+            found["pruned"] = {"epoch": self.pruner.pruned_at, self.settings["metric"]: self.pruner.values[self.pruner.pruned_at]}
+        return found
 
 
 def _replayed(settings: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> Any:

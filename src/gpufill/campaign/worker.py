@@ -238,31 +238,14 @@ class TrialRunner:
 
         setup = self.setup(trial)
         windows = [self.trial_windows(trial, name) for name in self.projects()] if trial.is_global else [self.trial_windows(trial)]
-        pruners: list[Any] = []
-        watch = self._pruner(trial, windows, pruners) if self._pruning and trial.kind == "neural" else None
+        watch = None
+        if self._pruning and trial.kind == "neural":
+            from gpufill.campaign.pruning import PrunerWatch
+
+            watch = PrunerWatch(self._pruning["settings"], self._pruning["history"].get(trial.project, []), windows)
         if trial.is_global:
-            result = run_global(trial, windows, setup, where=self.spec.path and str(self.spec.path), watch=watch)
-        else:
-            result = run_alone(trial, windows[0], setup, pack=pack, watch=watch)
-        if pruners:  # each epoch's validation score: what later rounds' pruning replays
-            pruner = pruners[0]
-            result.metrics["rungs"] = {str(epoch): value for epoch, value in pruner.values.items()}
-            if pruner.pruned_at is not None:  # the epoch it reached and its score there (its "val" is its best epoch's weights')
-                result.metrics["pruned"] = {"epoch": pruner.pruned_at, pruner.settings["metric"]: pruner.values[pruner.pruned_at]}
-        return result
-
-    def _pruner(self, trial: Trial, windows: list[Any], made: list[Any]) -> Any:
-        """The watch that gives a network's training its search pruner (kept in `made` for its reported scores)."""
-        from gpufill.campaign.pruning import RungPruner
-        from gpufill.forecasting.run import validation_score
-
-        settings, history = self._pruning["settings"], self._pruning["history"].get(trial.project, [])
-
-        def watch(model: Any) -> list[Any]:
-            made.append(RungPruner(settings, history, lambda: validation_score(model, windows, settings["metric"].removeprefix("val_"))))
-            return made
-
-        return watch
+            return run_global(trial, windows, setup, where=self.spec.path and str(self.spec.path), watch=watch)
+        return run_alone(trial, windows[0], setup, pack=pack, watch=watch)
 
 
 if __name__ == "__main__":  # started by executors/local.py: python -m gpufill.campaign.worker FD

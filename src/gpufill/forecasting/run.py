@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ import torch
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import cpu_count
 from gpufill.engine.loop import fit
-from gpufill.engine.result import FitCallback, FitResult
+from gpufill.engine.result import EpochRecord, FitCallback, FitResult
 from gpufill.errors import InputError
 from gpufill.forecasting.data import WindowedProject
 from gpufill.forecasting.data.scoring import per_origin, score, score_validation
@@ -29,7 +29,7 @@ from gpufill.forecasting.recipes import Recipe
 from gpufill.forecasting.task import predict, seeded_model
 from gpufill.forecasting.trial import METRICS, PackEntry, Trial, TrialResult, trial_result
 
-__all__ = ["TrialSetup", "Watch", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup", "validation_score"]
+__all__ = ["EpochRecord", "FitCallback", "TrialSetup", "Watch", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup", "validation_score"]
 
 @dataclass(frozen=True, slots=True)
 class TrialSetup:
@@ -64,8 +64,14 @@ def build_model(trial: Trial, windows: WindowedProject) -> Any:
     return seeded_model(trial.family, windows, trial.params, trial.seed)
 
 
-Watch = Callable[[Any], Sequence[FitCallback]]
-"""Callbacks made for the model about to train (a search's pruner scores it on validation after each epoch)."""
+class Watch(Protocol):
+    """What watches a trial's network train (a search's pruner scoring it on validation after each epoch)."""
+
+    def callbacks(self, model: Any) -> Sequence[FitCallback]:
+        """The fit callbacks for `model`, about to train."""
+
+    def metrics(self) -> dict[str, Any]:
+        """What the trial's result records of it once trained (a pruner: its scores per epoch, where it stopped)."""
 
 
 def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, callbacks: Sequence[FitCallback] = (),
@@ -82,21 +88,22 @@ def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, call
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
     model = build_model(trial, windows)
-    callbacks = [*callbacks, *(watch(model) if watch is not None else ())]
+    callbacks = [*callbacks, *(watch.callbacks(model) if watch is not None else ())]
     fitted = fit(model, (windows.x_train, windows.y_train), (windows.x_val, windows.y_val) if windows.x_val.shape[0] else None,
                  config=setup.config, callbacks=callbacks, data_id=windows.data_id or None)  # a checkpoint resumes on another CPU
     peak = int(torch.cuda.max_memory_reserved()) if on_cuda else None
-    return neural_result(trial, windows, fitted, setup, pack=pack, peak_memory_bytes=peak)
+    return neural_result(trial, windows, fitted, setup, pack=pack, peak_memory_bytes=peak, watched=watch.metrics() if watch is not None else None)
 
 
 def neural_result(trial: Trial, windows: WindowedProject, fitted: FitResult, setup: TrialSetup, *, pack: PackEntry | None = None,
-                  peak_memory_bytes: int | None = None) -> TrialResult:
-    """A trained network scored on its project's test split, next to the naive forecast (alone or a pack's member)."""
+                  peak_memory_bytes: int | None = None, watched: dict[str, Any] | None = None) -> TrialResult:
+    """A trained network scored on its project's test split, next to the naive forecast (alone or a pack's member);
+    `watched`: what its Watch recorded, kept with its metrics."""
     test, naive, kept = score(windows, windows.inverse_target(predict(fitted.model, windows.x_test, dtype=fitted.plan.autocast_dtype)))
     done = fitted.to_dict()
     return trial_result(trial, status=fitted.status, plan=done["plan"], timings=fitted.timings, history=done["history"], events=fitted.events,
                         metrics={"test": test, "naive": naive, **validation(fitted.model, windows, fitted.plan.autocast_dtype),
-                                 **{f"fit_{k}": v for k, v in fitted.metrics.items()}, **per_origin(kept)},
+                                 **{f"fit_{k}": v for k, v in fitted.metrics.items()}, **per_origin(kept), **(watched or {})},
                         forecasts={trial.project: kept} if kept is not None else {}, recipe=setup.recorded, pack=pack,
                         peak_memory_bytes=peak_memory_bytes, params=registry.check_params(trial.family, trial.params))
 
@@ -135,7 +142,7 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
     else:
         model = build_model(trial, windows[0])
         fitted = fit(model, (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=setup.config,
-                     callbacks=watch(model) if watch is not None else ())
+                     callbacks=watch.callbacks(model) if watch is not None else ())
         predictions = [w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype)) for w in windows]
         validations = [validation(fitted.model, w, fitted.plan.autocast_dtype).get("val") for w in windows]
         done = fitted.to_dict()
@@ -148,7 +155,8 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
     scored = [v for v in validations if v is not None]
     if scored:  # the projects with validation windows (a short series may have none)
         average["val"] = {key: statistics.fmean(v[key] for v in scored) for key in METRICS}
-    return trial_result(trial, status=status, plan=plan, metrics={**average, "per_project": per_project}, timings=timings, history=history,
+    watched = watch.metrics() if watch is not None and trial.kind != "classical" else {}
+    return trial_result(trial, status=status, plan=plan, metrics={**average, "per_project": per_project, **watched}, timings=timings, history=history,
                         events=events, forecasts=forecasts, recipe=setup.recorded)
 
 
