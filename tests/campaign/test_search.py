@@ -52,7 +52,7 @@ def test_a_list_an_int_range_and_a_log_float_range_parse_as_the_space(tmp_path):
     assert grid["hidden_size"] == Range(low=16, high=64, step=16, integer=True)
     assert grid["lr"] == Range(low=1e-4, high=1e-2, log=True, integer=False)
     assert grid["epochs"] == [2, 3]
-    assert (spec.search.sampler, spec.search.trials, spec.search.batch, spec.search.seed, spec.search.metric) == ("tpe", 6, 3, 7, "val_mae")
+    assert (spec.search.sampler, spec.search.trials, spec.search.batch, spec.search.seed, spec.search_metric) == ("tpe", 6, 3, 7, "val_mae")
 
 
 @pytest.mark.parametrize("models, line, field, words", [
@@ -82,6 +82,7 @@ def test_a_range_outside_a_search_is_refused_at_its_line(tmp_path):
 
 @pytest.mark.parametrize("search, split, extra, field, words", [
     ("{trials: 5, metric: smape}", "{val: 14, test: 14}", "", "search.metric", "unknown search metric 'smape'"),
+    ("{trials: 5, metric: val_smape}", "{val: 14, test: 14}", "", "search.metric", "search.metric val_smape and task.metric mae disagree"),
     ("{trials: 0}", "{val: 14, test: 14}", "", "search.trials", ""),
     ("{trials: 5, sampler: cmaes}", "{val: 14, test: 14}", "", "search.sampler", ""),
     ("{trials: 5}", "{val: 0, test: 14}", "", "task.split.val", "scored on the validation window, and split.val is 0"),
@@ -224,3 +225,26 @@ def test_a_pruned_search_killed_twice_resumes_with_the_same_proposals_and_decisi
         return now[1] == seen[1] and (now[0] == seen[0] or (seen[0] is None and now[0] != now[0]))
 
     assert len(done_before) >= 5 and all(same(after[tid], seen) for tid, seen in done_before.items())  # finished results unchanged, never trained again
+
+
+def test_the_example_search_file_loads_with_its_space():
+    spec = load_campaign(Path(__file__).resolve().parents[2] / "examples" / "search.yaml")
+    assert (spec.search.sampler, spec.search.trials, spec.search.batch, spec.search.pruner.kind, spec.search_metric) == ("tpe", 24, 6, "asha", "val_smape")
+    assert spec.models["mlp"]["hidden_size"] == Range(low=32, high=256, step=32, integer=True)
+    assert spec.models["mlp"]["scaling"] == ["last", "standard"] and spec.models["lgbm"]["n_estimators"].integer
+
+
+def test_results_rank_by_the_campaigns_task_metric_as_its_search_does(tmp_path, capsys):
+    models = "  mlp: {hidden_size: [16, 64], lr: [1.0e-3, 3.0e-2]}\n"
+    path = search_file(tmp_path, search="{sampler: grid, trials: 4, batch: 4}", models=models)
+    path.write_text(path.read_text().replace("lookback: [14, 28]", "lookback: [14]").replace("mode: global", "mode: global, metric: smape"))
+    Campaign.from_yaml(path, tmp_path / "work").run()
+    results = read_results(tmp_path / "work")
+    assert len(results) == 4 and (results["status"] == "done").all()
+    code, out, _ = run_cli(capsys, "results", "--workdir", tmp_path / "work", "--best", "--format", "json")
+    (best,) = json.loads(out)
+    assert code == 0 and "smape" in best and "val_smape" in best and "val_mae" not in best
+    assert best["val_smape"] == pytest.approx(results["val_smape"].min()) and best["chosen_on"] == "val"
+    code, out, _ = run_cli(capsys, "results", "--workdir", tmp_path / "work", "--summary")
+    header = next(line for line in out.splitlines() if line.startswith("project"))
+    assert code == 0 and header.split()[:5] == ["project", "family", "params", "lb", "smape"] and "val smape" in header

@@ -16,7 +16,7 @@ from gpufill.campaign.lock import holder
 from gpufill.campaign.store import DB_NAME, FRAME_COLUMNS, Counts, Store
 from gpufill.campaign.store_health import check_rows
 from gpufill.errors import InputError
-from gpufill.forecasting.trial import GLOBAL_PROJECT
+from gpufill.forecasting.trial import GLOBAL_PROJECT, METRICS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -140,6 +140,24 @@ CHOSEN_ON_TEST = "test"
 """(no validation window: set task.split.val to choose without the test; the summary's title says so)"""
 """How a summary row's configuration was chosen among its family's: on the validation window where every candidate has
 one (the test score shown is then an honest estimate), else on the test window, and the row says so."""
+
+
+def campaign_metric(workdir: str | Path) -> str:
+    """The campaign's task.metric, as stored with its spec: what its results rank by (mae where the store does not say)."""
+    store = Store.open(workdir)
+    try:
+        return stored_metric(store)
+    finally:
+        store.close()
+
+
+def stored_metric(store: Store) -> str:
+    """`campaign_metric` of an open store."""
+    try:
+        metric = json.loads(store.meta("spec") or "{}").get("task", {}).get("metric")
+    except (ValueError, AttributeError):
+        metric = None
+    return metric if metric in METRICS else "mae"
 
 
 def read_best(workdir: str | Path, *, include_stale: bool = False, metric: str = "mae") -> list[dict[str, Any]]:

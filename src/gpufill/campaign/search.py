@@ -160,7 +160,7 @@ class Search:
     # -- internals ---------------------------------------------------------------------------------
 
     def _rows(self, store: Store, trials: Sequence[Trial]) -> dict[str, dict[str, Any]]:
-        return store.search_rows([t.trial_id for t in trials], self.search.validation_metric)
+        return store.search_rows([t.trial_id for t in trials], self.spec.task.metric)
 
     def _settled(self, store: Store, found: Sequence[tuple[Config, list[Trial]]]) -> bool:
         """Whether every trial of the round is done, pruned, or failed with no attempt left."""
@@ -196,7 +196,7 @@ class Search:
             row = rows.get(trial.trial_id)
             if row is not None and row["status"] in ("done", "pruned") and row["rungs"]:
                 history.setdefault(trial.project, []).append({"values": row["rungs"], "state": row["status"], "value": row["val"]})
-        settings = {**pruner.model_dump(), "metric": self.search.metric, "direction": self.search.direction}
+        settings = {**pruner.model_dump(), "metric": self.spec.search_metric, "direction": self.search.direction}
         return {"settings": settings, "history": history}
 
     def _sampler(self, round_index: int) -> optuna.samplers.BaseSampler:

@@ -4,7 +4,7 @@
       sampler: tpe          # random | tpe | grid (Optuna's samplers)
       trials: 200           # configurations to train (each with every seed; in local mode on every project)
       seed: 0               # the sampler's: the same seed and results propose the same configurations
-      metric: val_smape     # what is minimised: a validation metric (val_mae, val_rmse, val_smape, val_mase)
+      metric: val_smape     # what is minimised: task.metric on the validation window (left out: it follows task.metric)
       direction: minimize
       batch: 8              # configurations proposed together (a round): they train side by side, packed by shape,
                             # and the sampler learns from a round's results before it proposes the next
@@ -54,24 +54,23 @@ class SearchSpec(Spec):
     sampler: Literal["random", "tpe", "grid"] = "tpe"
     trials: Annotated[Count, at_most(MAX_SEARCH_TRIALS, "configurations one search proposes")] = 50
     seed: int = 0
-    metric: str = "val_mae"
+    metric: str | None = None
+    """`val_` + task.metric (what `results` ranks by, so the search and its results choose alike); None: that."""
     direction: Literal["minimize", "maximize"] = "minimize"
     batch: Count = Field(default=8)
     pruner: PrunerSpec = PrunerSpec()
 
     @field_validator("metric")
     @classmethod
-    def _metric(cls, value: str) -> str:
+    def _metric(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         known = [f"val_{name}" for name in METRICS]
         if value not in known:
             raise LocatedError((), f"unknown search metric {value!r}: a search chooses on the validation window",
                                fix=f"use one of {', '.join(known)}")
         return value
 
-    @property
-    def validation_metric(self) -> str:
-        """The stored metric's name without its `val_` prefix (the validation window's `mae`, ...)."""
-        return self.metric.removeprefix("val_")
 
 
 class Range(Spec):

@@ -182,12 +182,21 @@ class CampaignSpec(Spec):
 
     def _check_search(self) -> None:
         """What a search needs of the rest of the file: a validation window to choose on, and no declared ensemble."""
+        if self.search.metric is not None and self.search.metric != self.search_metric:
+            raise LocatedError(("search", "metric"), f"search.metric {self.search.metric} and task.metric {self.task.metric} disagree: results rank "
+                               "configurations by task.metric on the validation window",
+                               fix=f"set task.metric: {self.search.metric.removeprefix('val_')} (or leave search.metric out: it follows task.metric)")
         if not self.task.split.val:
-            raise LocatedError(("task", "split", "val"), f"search.metric {self.search.metric} is scored on the validation window, and split.val is 0",
+            raise LocatedError(("task", "split", "val"), f"the search's {self.search_metric} is scored on the validation window, and split.val is 0",
                                fix=f"set task.split.val (e.g. {self.task.horizon}), so the search chooses without reading the test window")
         if self.ensemble is not None:
             raise LocatedError(("ensemble",), "a declared ensemble combines a grid's trials; a search samples configurations",
                                fix="remove ensemble: from the search campaign (or search: to train the ensemble's grid)")
+
+    @property
+    def search_metric(self) -> str:
+        """What a search minimises: task.metric on the validation window (`val_mae`, ...), as results rank."""
+        return f"val_{self.task.metric}"
 
     def ensemble_members(self) -> list[str]:
         """The declared ensemble's member families (none without an ensemble)."""

@@ -63,7 +63,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
         search = job.spec.search
         listed = _trials_line(len(prepared.trials), job.status().total)
         if search is not None:  # its trials are listed a round at a time
-            listed = (f"search: {search.sampler} sampler, {search.trials} configurations in rounds of {search.batch}, chosen on {search.metric}; "
+            listed = (f"search: {search.sampler} sampler, {search.trials} configurations in rounds of {search.batch}, chosen on {job.spec.search_metric}; "
                       f"{listed} listed so far")
         console.print(visible(f"{listed}; workdir {job.workdir}"), markup=False)
         live.start()
@@ -184,10 +184,11 @@ def results(
     if forecasts or ensemble is not None:
         _forecast_views(directory, forecasts=forecasts, ensemble=ensemble, over=tuple(ensemble_over.split(",")), format_=format_, out=out)
         return
+    metric = reading.campaign_metric(directory)  # the campaign's task.metric: what --best and --summary rank by
     if best:
-        rows = reading.winners(reading.read_best(directory))
+        rows = reading.winners(reading.read_best(directory, metric=metric), metric)
         if format_ == "table" and out is None:
-            _table_console().print(campaign_tables.winners_table(rows))
+            _table_console().print(campaign_tables.winners_table(rows, metric))
             return
         import pandas as pd
 
@@ -197,18 +198,18 @@ def results(
         return
     if format_ == "table" and out is None:  # plain SQLite, no pandas: answers in well under a second from 36,000 trials
         if summary:
-            rows = reading.read_best(directory, include_stale=all_)
+            rows = reading.read_best(directory, include_stale=all_, metric=metric)
             total = len(rows)
         else:
             rows, total = reading.read_trial_records(directory, include_stale=all_, limit=None if all_ else campaign_tables.TABLE_ROWS)
-        _table_console().print(campaign_tables.results_table(rows, summary=summary, total=total, stale_view=all_))
+        _table_console().print(campaign_tables.results_table(rows, summary=summary, total=total, stale_view=all_, metric=metric))
         return
     import pandas as pd
 
     from gpufill.campaign.export import write_frame
 
     if summary:  # the table's rows, declared ensemble included: the same reader, the same numbers
-        frame = pd.DataFrame.from_records(reading.read_best(directory, include_stale=all_), columns=reading.summary_columns(stale=all_))
+        frame = pd.DataFrame.from_records(reading.read_best(directory, include_stale=all_, metric=metric), columns=reading.summary_columns(metric, stale=all_))
     else:
         frame = reading.read_trials(directory, include_stale=all_)
     write_frame(frame, "csv" if format_ == "table" else format_, out)

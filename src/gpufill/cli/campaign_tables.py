@@ -14,6 +14,7 @@ from rich.text import Text
 
 from gpufill.campaign.reading import CHOSEN_ON_TEST, CHOSEN_ON_VALIDATION, REFERENCES, summary_columns
 from gpufill.errors import visible
+from gpufill.forecasting.trial import METRICS
 
 
 def _duration(seconds: float | None) -> str:
@@ -65,14 +66,15 @@ _WRAPPED = ("params", "train", "differs")
 """Columns that wrap onto more lines; the others keep one line (cut, not wrapped, when the terminal is narrow)."""
 
 
-SUMMARY_COLUMNS = tuple(summary_columns("mae", stale=True))
 TABLE_ROWS = 100
 """Rows the table view prints (a terminal's worth; --format csv has them all)."""
 
 
-def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_view: bool = False, max_rows: int = TABLE_ROWS) -> Table:
-    """`rows`: dicts (or a DataFrame) of trials, or of best configurations with `summary`; `total`: how many
-    there are in all when `rows` holds only the first ones; `stale_view`: --all (stale rows and what differs)."""
+def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_view: bool = False, max_rows: int = TABLE_ROWS,
+                  metric: str = "mae") -> Table:
+    """`rows`: dicts (or a DataFrame) of trials, or of best configurations with `summary` (ranked by `metric`, the
+    campaign's task.metric); `total`: how many there are in all when `rows` holds only the first ones; `stale_view`:
+    --all (stale rows and what differs)."""
     if hasattr(rows, "to_dict"):
         stale_view = stale_view or "differs" in rows.columns
         rows = rows.to_dict("records")
@@ -82,15 +84,15 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
         for row, shown in zip(rows, _varying_settings([row["train"] for row in rows]), strict=True):
             row["train"] = shown
     if summary:
-        columns = [c for c in SUMMARY_COLUMNS if c != "stale" or stale_view]
+        columns = [c for c in summary_columns(metric, stale=True) if c != "stale" or stale_view]
     else:
         columns = list(_STALE_COLUMNS if stale_view else _TRIAL_COLUMNS)  # with --all: room for what differs
     columns = [c for c in columns if not rows or c in rows[0]]
     for family in REFERENCES:  # a reference the campaign does not have: no empty column
         if not any(row.get(f"vs_{family}") is not None for row in rows):
             columns = [c for c in columns if c != f"vs_{family}"]
-    if not any(row.get("val_mae") is not None for row in rows):
-        columns = [c for c in columns if c != "val_mae"]
+    if not any(row.get(f"val_{metric}") is not None for row in rows):
+        columns = [c for c in columns if c != f"val_{metric}"]
     if summary and rows and not any(row.get("train") for row in rows):  # no train setting varies: no empty column
         columns = [c for c in columns if c != "train"]
     seeds = {row.get("seeds") for row in rows}
@@ -146,7 +148,7 @@ def _longest_word(cells: list[str]) -> int | None:
     return min(max(words), 40) if words else None
 
 
-_HEADERS = {"runner_up": "runner-up", "trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config", "chosen_on": "by", "val_mae": "val mae",
+_HEADERS = {"runner_up": "runner-up", "trial_id": "id", "lookback": "lb", "attempts": "try", "duration_s": "secs", "config_id": "config", "chosen_on": "by", **{f"val_{m}": f"val {m}" for m in METRICS},
             **{f"vs_{family}": f"vs {family}" for family in REFERENCES}}
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from gpufill.campaign.ensembles import members_shown, read_declared
-from gpufill.campaign.reading import best_per_project, winners
+from gpufill.campaign.reading import best_per_project, stored_metric, winners
 from gpufill.campaign.provenance import with_effective_train
 from gpufill.campaign.store import FRAME_COLUMNS, Store
 from gpufill.campaign.store_health import check_rows
@@ -51,7 +51,7 @@ def render_report(store: Store) -> str:
     sections = [
         f"<p class='note'>Written {escape(time.strftime('%Y-%m-%d %H:%M:%S'))} from {escape(str(store.path))}.</p>",
         section("Campaign summary", table(["quantity", "value"], summary_rows(store, trials, samples, runs), table_id="summary")),
-        section("Model comparison", _model_comparison(trials, done) + _declared(read_declared(store), best_per_project(trials))),
+        section("Model comparison", _model_comparison(trials, done, stored_metric(store)) + _declared(read_declared(store), best_per_project(trials))),
         section("Forecasts", _forecasts(store, trials)),
         section("Resource timelines", _resources(samples, t0)),
         section("Trial durations", plot_or_note(plots.durations(trials), "no finished trials yet")),
@@ -113,22 +113,29 @@ def _duration(seconds: float) -> str:
 
 
 # -- sections -----------------------------------------------------------------------------------
-def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame) -> str:
+METRIC_NAMES = {"mae": "MAE", "rmse": "RMSE", "smape": "sMAPE", "mase": "MASE"}
+
+
+def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame, metric: str = "mae") -> str:
+    """Test MAE per family, and each project's best configuration ranked by `metric` (the campaign's task.metric, as
+    `results --best` ranks)."""
     parts = ["<h3>Test MAE per family</h3>", plot_or_note(plots.metric_per_family(done), "no finished trials yet")]
-    best = best_per_project(trials)
+    best = best_per_project(trials, metric)
     if best.empty:
         parts.append("<p class='note'>no finished trials yet</p>")
     else:
-        top = winners(best.to_dict("records"))  # chosen on validation where every family has it, as `results --best`
+        top = winners(best.to_dict("records"), metric)  # chosen on validation where every family has it, as `results --best`
+        name = METRIC_NAMES[metric]
 
         def ratio(value: Any) -> str:
             return "" if value is None or value != value else f"{value:.3f}"
 
-        rows = [[escape(r["project"]), escape(r["family"]), escape(_params(r["params"])), str(r["lookback"]), f"{r['mae']:.4g}",
-                 "" if r["val_mae"] is None or r["val_mae"] != r["val_mae"] else f"{r['val_mae']:.4g}", ratio(r["vs_snaive"]), ratio(r["vs_ets"]),
+        rows = [[escape(r["project"]), escape(r["family"]), escape(_params(r["params"])), str(r["lookback"]), f"{r[metric]:.4g}",
+                 "" if r[f"val_{metric}"] is None or r[f"val_{metric}"] != r[f"val_{metric}"] else f"{r[f'val_{metric}']:.4g}", ratio(r["vs_snaive"]),
+                 ratio(r["vs_ets"]),
                  str(r["seeds"]), str(r["families"]), escape(str(r["chosen_on"]))] for r in top]
         parts += ["<h3>Best configuration per project</h3>",
-                  table(["project", "family", "params", "lookback", "test MAE", "validation MAE", "MAE / seasonal naive's", "MAE / ETS's", "seeds",
+                  table(["project", "family", "params", "lookback", f"test {name}", f"validation {name}", f"{name} / seasonal naive's", f"{name} / ETS's", "seeds",
                          "families compared", "chosen on"], rows, table_id="best", numeric={3, 4, 5, 6, 7, 8, 9})]
     parts += ["<h3>Hyper-parameter effects</h3>", plot_or_note(plots.parameter_effects(done), "no grid parameter varies within a family")]
     return "\n".join(parts)
