@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 import tempfile
 import time
@@ -82,8 +83,14 @@ def run_arm(folder: Path, data: Path, horizon: int, size: dict[str, Any], name: 
     chosen = done.loc[done["val_smape"].idxmin()]  # on validation, never on the test
     return {"arm": name, "configurations": len(trials), "pruned": int((trials["status"] == "pruned").sum()),
             "best_val_smape": round(float(chosen["val_smape"]), 4), "test_smape_of_choice": round(float(chosen["smape"]), 4),
-            "chosen": f"hidden {chosen['params']} {chosen['train']} lookback {chosen['lookback']}",
+            "chosen": _described(chosen),
             "train_seconds": round(float(trials["duration_s"].sum()), 1), "wall_seconds": round(wall, 1)}
+
+
+def _described(row: Any) -> str:
+    """A configuration in a few words: its width, lr, scaling and lookback."""
+    params, train = json.loads(row["params"]), json.loads(row["train"])
+    return f"hidden {params.get('hidden_size')}, lr {train.get('lr'):.0e}, {train.get('scaling')}, lookback {row['lookback']}"
 
 
 def main() -> None:

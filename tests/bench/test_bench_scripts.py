@@ -204,6 +204,18 @@ def check_train_length(record: dict[str, Any]) -> None:
     assert ratio == pytest.approx(long["median_mae_over_snaive"] / short["median_mae_over_snaive"], rel=1e-3)
 
 
+def check_search_quality(record: dict[str, Any]) -> None:
+    arms = rows_by(record, "arm")
+    assert set(arms) == {"grid", "tpe+asha-50pct", "random+asha-50pct"} and record["args"]["grid"] == 8
+    assert arms["grid"]["configurations"] == 8 and arms["grid"]["pruned"] == 0
+    for name, row in arms.items():
+        assert 0 < row["best_val_smape"] <= 200 and 0 < row["test_smape_of_choice"] <= 200 and positive(row["train_seconds"])
+        if name != "grid":  # a search over the grid's own points: never better on validation than the grid's best
+            assert row["configurations"] == 4 and row["best_val_smape"] >= arms["grid"]["best_val_smape"] - 1e-9
+            ratio = record["ratios"][f"{name}: best val sMAPE / grid's"]
+            assert ratio == pytest.approx(row["best_val_smape"] / arms["grid"]["best_val_smape"]) and ratio >= 1 - 1e-9
+
+
 SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "fit_speed": check_fit_speed,
     "step_overhead": check_step_overhead,
@@ -221,6 +233,7 @@ SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "pack_drift": check_pack_drift,
     "pack_loaded": check_pack_loaded,
     "sampler_overhead": check_sampler_overhead,
+    "search_quality": check_search_quality,
     "train_length": check_train_length,
 }
 EXTRA_ARGS: dict[str, list[str]] = {
