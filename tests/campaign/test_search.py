@@ -183,6 +183,11 @@ def test_asha_prunes_trials_that_are_recorded_with_their_epoch_and_score_and_nev
     assert best[0]["val_mae"] == pytest.approx(done["val_mae"].min())  # the best finished configuration, on validation
     code, out, _ = run_cli(capsys, "status", "--workdir", tmp_path / "work", "--json")
     assert json.loads(out)["pruned"] == len(pruned)
+    from gpufill.report.html import write_report
+
+    page = write_report(tmp_path / "work", tmp_path / "report.html").read_text()
+    assert f"Scatter of 12 trials&#x27; validation mae against cumulative training seconds, {len(pruned)} pruned" in page
+    assert f"trials pruned (a search's pruner stopped them; never ranked)</td><td>{len(pruned)}" in page
 
 
 def test_a_pruned_search_killed_twice_resumes_with_the_same_proposals_and_decisions_and_loses_nothing(tmp_path):

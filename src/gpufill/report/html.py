@@ -52,6 +52,8 @@ def render_report(store: Store) -> str:
         f"<p class='note'>Written {escape(time.strftime('%Y-%m-%d %H:%M:%S'))} from {escape(str(store.path))}.</p>",
         section("Campaign summary", table(["quantity", "value"], summary_rows(store, trials, samples, runs), table_id="summary")),
         section("Model comparison", _model_comparison(trials, done, stored_metric(store)) + _declared(read_declared(store), best_per_project(trials))),
+        *([section("Search", plot_or_note(plots.search_progress(trials, stored_metric(store)), "no finished trials yet"))]
+          if _is_search(store) else []),
         section("Forecasts", _forecasts(store, trials)),
         section("Resource timelines", _resources(samples, t0)),
         section("Trial durations", plot_or_note(plots.durations(trials), "no finished trials yet")),
@@ -114,6 +116,14 @@ def _duration(seconds: float) -> str:
 
 # -- sections -----------------------------------------------------------------------------------
 METRIC_NAMES = {"mae": "MAE", "rmse": "RMSE", "smape": "sMAPE", "mase": "MASE"}
+
+
+def _is_search(store: Store) -> bool:
+    """Whether the campaign samples its grids (`search:` in its stored spec)."""
+    try:
+        return json.loads(store.meta("spec") or "{}").get("search") is not None
+    except (ValueError, AttributeError):
+        return False
 
 
 def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame, metric: str = "mae") -> str:

@@ -217,6 +217,30 @@ def durations(trials: pd.DataFrame) -> Plot | None:
     return _render(fig, f"Box plot of trial durations in seconds for {len(labels)} family/lane groups")
 
 
+@_drawn_as_text
+def search_progress(trials: pd.DataFrame, metric: str = "mae") -> Plot | None:
+    """A search's course: each finished trial's validation score against the training seconds spent up to it (in the
+    order the sampler proposed them), pruned trials marked, and the best finished score so far as a step line."""
+    column = f"val_{metric}"
+    rows = trials[trials["status"].isin(["done", "pruned"])].dropna(subset=["duration_s"])
+    if rows.empty or column not in rows or rows[column].isna().all():
+        return None
+    spent = rows["duration_s"].cumsum()
+    done = rows["status"] == "done"
+    best = rows[column].where(done).cummin()
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.scatter(spent[done], rows.loc[done, column], s=18, label="finished trial", color="tab:blue")
+    ax.scatter(spent[~done], rows.loc[~done, column], s=24, marker="x", label="pruned (its score where it stopped)", color="tab:red")
+    ax.step(spent, best, where="post", color="black", label="best finished so far")
+    ax.set_title(f"Search: validation {metric} against training seconds spent")
+    ax.set_xlabel("training seconds, summed over trials in proposal order")
+    ax.set_ylabel(f"validation {metric}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _render(fig, f"Scatter of {len(rows)} trials' validation {metric} against cumulative training seconds, "
+                        f"{int((~done).sum())} pruned, with the best finished score so far")
+
+
 # -- a watched script's steps -----------------------------------------------------------------
 PHASE_COLOURS = {"data_wait": "tab:red", "copy": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:purple"}
 
