@@ -183,6 +183,8 @@ def test_asha_prunes_trials_that_are_recorded_with_their_epoch_and_score_and_nev
     assert best[0]["val_mae"] == pytest.approx(done["val_mae"].min())  # the best finished configuration, on validation
     code, out, _ = run_cli(capsys, "status", "--workdir", tmp_path / "work", "--json")
     assert json.loads(out)["pruned"] == len(pruned)
+    code, out, _ = run_cli(capsys, "monitor", "--workdir", tmp_path / "work", "--once")
+    assert code == 0 and f": {outcome.done}/12 done, {len(pruned)} pruned, 0 failed" in out
     from gpufill.report.html import write_report
 
     page = write_report(tmp_path / "work", tmp_path / "report.html").read_text()

@@ -48,7 +48,7 @@ def campaign_view(snapshot: Any, title: str = "campaign") -> Table:
 
 def status_table(counts: dict[str, Any]) -> Table:
     table = Table(title="trials", title_justify="left")
-    columns = ("total", "pending", "running", "done", "failed", "skipped")
+    columns = ("total", "pending", "running", "done", *(("pruned",) if counts.get("pruned") else ()), "failed", "skipped")
     table.add_column("lane", style="bold")
     for column in columns:
         table.add_column(column, justify="right")

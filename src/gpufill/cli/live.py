@@ -105,10 +105,11 @@ def render(data: dict[str, Any]) -> Group:
     pruned = f", {counts['pruned']} pruned" if counts.get("pruned") else ""
     header = Text(f"{visible(data['campaign'])}: {counts['done']}/{counts['total']} done{pruned}, {counts['failed']} failed, {pace}", style="bold")
     lanes = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("lane", "total", "done", "failed", "running", "pending", "skipped"):
+    shown = ("total", "done", *(("pruned",) if counts.get("pruned") else ()), "failed", "running", "pending", "skipped")
+    for column in ("lane", *shown):
         lanes.add_column(column, justify="left" if column == "lane" else "right")
     for lane, c in counts["lanes"].items():
-        lanes.add_row(lane, *(str(c[k]) for k in ("total", "done", "failed", "running", "pending", "skipped")))
+        lanes.add_row(lane, *(str(c.get(k, 0)) for k in shown))
     parts: list[Any] = [header, lanes]
     if state == "interrupted":
         parts.append(Text(stopped_line(data["run"], counts.get("interrupted", 0)), style="yellow"))
