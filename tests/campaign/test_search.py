@@ -255,3 +255,29 @@ def test_results_rank_by_the_campaigns_task_metric_as_its_search_does(tmp_path, 
     code, out, _ = run_cli(capsys, "results", "--workdir", tmp_path / "work", "--summary")
     header = next(line for line in out.splitlines() if line.startswith("project"))
     assert code == 0 and header.split()[:5] == ["project", "family", "params", "lb", "smape"] and "val smape" in header
+
+
+def test_a_pruned_local_search_prunes_inside_fused_packs(tmp_path):
+    """Local mode: a configuration's trials (one per project) train as one fused pack, and the pruner stops a member
+    there while the rest of the pack goes on."""
+    path = tmp_path / "local.yaml"
+    path.write_text("name: local\n"
+                    "data: {source: synthetic, projects: 4, length: 300, seed: 0}\n"
+                    "task: {lookback: [14], horizon: 7, split: {val: 14, test: 14}, mode: local}\n"
+                    "search: {sampler: random, trials: 8, batch: 4, seed: 1, pruner: {kind: asha, min_epochs: 1, reduction_factor: 3}}\n"
+                    "models:\n  mlp: {hidden_size: [32], lr: {low: 1.0e-5, high: 1.0e-1, log: true}}\n"
+                    "train: {epochs: 9, early_stopping: null}\n"
+                    "resources: {pack_size: 4, retries: 0}\n")
+    outcome = Campaign.from_yaml(path, tmp_path / "work").run()
+    results = read_results(tmp_path / "work")
+    assert len(results) == 32 and outcome.done + outcome.pruned == 32 and outcome.pruned >= 1
+    store = Store.open(tmp_path / "work")
+    try:
+        pruned = [store.trial_details(t) for t in results[results["status"] == "pruned"]["trial_id"]]
+    finally:
+        store.close()
+    for details in pruned:
+        assert details["timings"]["pack_size"] > 1  # stopped inside a fused pack
+        assert any(e.startswith("pruned at epoch ") and e.endswith("masked, the rest of the pack went on") for e in details["events"])
+        assert details["metrics"]["pruned"]["epoch"] in (1, 3)
+    assert (results.iloc[:16]["status"] == "done").all()  # the first round has no earlier trials to lose to

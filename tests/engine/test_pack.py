@@ -179,6 +179,33 @@ def test_early_stopped_and_diverged_models_are_masked_while_the_rest_go_on():
     assert all(torch.isfinite(p).all() for p in results[1].model.parameters())  # the NaN did not leak
 
 
+def test_a_member_pruned_inside_a_pack_stops_there_and_leaves_the_others_as_trained_without_it():
+    """A search's pruner inside a pack (PackMember.watch): the pruned member's weights are its training alone cut at
+    that epoch, and the survivors' weights equal a pack that never held it (1e-5)."""
+    ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
+    config = FitConfig(epochs=5, batch_size=64, patience=None, restore_best=False)
+    asked: list[tuple[int, tuple[int, ...]]] = []
+
+    def prune_at_2(epoch, predictions):
+        shape = tuple(predictions().shape)
+        asked.append((epoch, shape))
+        return "the pruner said so" if epoch == 2 else None
+
+    watched = members(ws, lrs, seeds)
+    watched[1] = PackMember(train=watched[1].train, val=watched[1].val, lr=lrs[1], weight_decay=0.0, seed=1, watch=prune_at_2)
+    packed = fit_pack(models("mlp", ws, seeds), watched, config=config)
+    assert [r.status for r in packed] == ["completed", "pruned", "completed"]
+    assert asked == [(1, tuple(ws[1].y_val.shape)), (2, tuple(ws[1].y_val.shape))]  # its own validation windows, in the pack's units
+    assert packed[1].metrics["epochs_run"] == 2 and any(e.startswith("pruned at epoch 2: the pruner said so; masked") for e in packed[1].events)
+    without = fit_pack(models("mlp", [ws[0], ws[2]], [0, 2]), members([ws[0], ws[2]], [lrs[0], lrs[2]], [0, 2]), config=config)
+    for kept, alone in zip([packed[0], packed[2]], without, strict=True):
+        for (name, a), (_, b) in zip(alone.model.state_dict().items(), kept.model.state_dict().items(), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
+    cut = fit_pack(models("mlp", [ws[1]], [1]), members([ws[1]], [lrs[1]], [1]), config=FitConfig(epochs=2, batch_size=64, patience=None, restore_best=False))
+    for (name, a), (_, b) in zip(cut[0].model.state_dict().items(), packed[1].model.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
+
+
 def test_pack_size_is_measured_and_explained():
     ws = windows(1)
     choice = measure_pack_size(lambda: models("mlp", ws, [0])[0], (ws[0].x_train, ws[0].y_train), batch=64, device="cpu", candidates=(1, 2, 4), steps=2, min_gain=None)

@@ -38,6 +38,7 @@ class RungPruner(FitCallback):
         self.values: dict[int, float] = {}
         """epoch -> the validation score reported there: kept with the trial's result (what later rounds replay)."""
         self.pruned_at: int | None = None
+        self._reason: str | None = None
         self._trial = _replayed(settings, history)
 
     def reports_at(self, epoch: int) -> bool:
@@ -54,23 +55,27 @@ class RungPruner(FitCallback):
             rung *= self.settings["reduction_factor"]
         return rung == epoch
 
-    def on_epoch_end(self, record: EpochRecord) -> None:
-        if not self.reports_at(record.epoch):
-            return
+    def after_epoch(self, epoch: int) -> str | None:
+        """Report this epoch's score where the pruner reads one; a reason to stop here, or None."""
+        if not self.reports_at(epoch):
+            return None
         value = float(self.score())
         if not math.isfinite(value):
-            return  # a diverging training ends on its own
-        self.values[record.epoch] = value
-        self._trial.report(value, record.epoch)
-        if self._trial.should_prune():
-            self.pruned_at = record.epoch
+            return None  # a diverging training ends on its own
+        self.values[epoch] = value
+        self._trial.report(value, epoch)
+        if not self._trial.should_prune():
+            return None
+        self.pruned_at = epoch
+        kind = "ASHA" if self.settings["kind"] == "asha" else "the median rule"
+        return (f"{kind} stopped it: validation {self.settings['metric']} {value:.6g} among the worse at this epoch "
+                "of the earlier rounds' trials")
+
+    def on_epoch_end(self, record: EpochRecord) -> None:
+        self._reason = self.after_epoch(record.epoch)
 
     def stop(self, record: EpochRecord) -> str | None:
-        if self.pruned_at != record.epoch:
-            return None
-        kind = "ASHA" if self.settings["kind"] == "asha" else "the median rule"
-        return (f"{kind} stopped it: validation {self.settings['metric']} {self.values[record.epoch]:.6g} among the worse at this epoch "
-                "of the earlier rounds' trials")
+        return self._reason
 
 
 class PrunerWatch:
@@ -85,6 +90,18 @@ class PrunerWatch:
         scorer = ValidationScorer(self.windows, self.settings["metric"].removeprefix("val_"))
         self.pruner = RungPruner(self.settings, self.history, lambda: scorer(model))
         return [self.pruner]
+
+    def member(self) -> Any:
+        """The pruner for the trial trained in a pack: scored from the pack's predictions of its validation windows."""
+        scorer = ValidationScorer(self.windows, self.settings["metric"].removeprefix("val_"))
+        latest: list[Any] = [None]
+        self.pruner = RungPruner(self.settings, self.history, lambda: scorer.score(latest[0]()))
+
+        def watch(epoch: int, predictions: Any) -> str | None:
+            latest[0] = predictions
+            return self.pruner.after_epoch(epoch)
+
+        return watch
 
     def metrics(self) -> dict[str, Any]:
         """{"rungs": {epoch: score}} (what later rounds replay) and, when it stopped the training, {"pruned": {epoch,

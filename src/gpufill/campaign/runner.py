@@ -236,11 +236,6 @@ class Campaign:
             on_start(prepared, run_id)
         prepared.trials.clear()  # in the store now: the scheduler works from its rows (36,000 Trial objects are ~20 MB)
         pack_size = self.spec.resources.pack_size
-        if search is not None and self.spec.search.pruner.kind != "none" and pack_size != 1:
-            pack_size = 1
-            message = "a pruned search trains its networks one trial at a time (pruning inside a fused pack is not built yet): pack size 1"
-            store.event("run", message, run_id=run_id)
-            log.info(message)
         queue = QueueSink()
         sampler = Sampler(interval=1.0, gpu_source="auto", pids=executor.pids, sink=queue)
         scheduler = Scheduler(

@@ -170,17 +170,20 @@ class Search:
             row["status"] in ("done", "pruned") or (row["status"] == "failed" and row["attempts"] >= self.max_attempts) for row in rows.values())
 
     def _told(self, store: Store, trials: Sequence[Trial]) -> tuple[str, float | None, dict[int, float]]:
-        """What the sampler is told of a configuration: ("complete", the mean validation score of its done trials),
-        ("pruned", None, the mean score per epoch its trials reported) when a pruner stopped one of them, or ("fail", ...)."""
+        """What the sampler is told of a configuration: ("complete", the mean validation score of its done trials)
+        where any finished (local mode: a pruner stops each project's trial on its own), ("pruned", None, the mean
+        score per epoch its trials reported) where a pruner stopped them all, else ("fail", None, {})."""
         rows = list(self._rows(store, trials).values())
+        scored = [row["val"] for row in rows if row["status"] == "done" and row["val"] is not None and np.isfinite(row["val"])]
+        if scored:
+            return "complete", float(np.mean(scored)), {}
         if any(row["status"] == "pruned" for row in rows):
             epochs: dict[int, list[float]] = {}
             for row in rows:
                 for epoch, value in row["rungs"].items():
                     epochs.setdefault(int(epoch), []).append(float(value))
             return "pruned", None, {epoch: float(np.mean(values)) for epoch, values in sorted(epochs.items())}
-        scored = [row["val"] for row in rows if row["status"] == "done" and row["val"] is not None and np.isfinite(row["val"])]
-        return ("complete", float(np.mean(scored)), {}) if scored else ("fail", None, {})
+        return "fail", None, {}
 
     def pruning(self, store: Store) -> dict[str, Any] | None:
         """What a worker's pruner needs for the newest round's trials (campaign/pruning.py): the pruner's settings and,

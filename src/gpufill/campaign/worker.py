@@ -238,14 +238,19 @@ class TrialRunner:
 
         setup = self.setup(trial)
         windows = [self.trial_windows(trial, name) for name in self.projects()] if trial.is_global else [self.trial_windows(trial)]
-        watch = None
-        if self._pruning and trial.kind == "neural":
-            from gpufill.campaign.pruning import PrunerWatch
-
-            watch = PrunerWatch(self._pruning["settings"], self._pruning["history"].get(trial.project, []), windows)
+        watch = self.watch(trial, windows)
         if trial.is_global:
             return run_global(trial, windows, setup, where=self.spec.path and str(self.spec.path), watch=watch)
         return run_alone(trial, windows[0], setup, pack=pack, watch=watch)
+
+    def watch(self, trial: Trial, windows: list[Any]) -> Any:
+        """What watches `trial`'s network train on `windows`: the current task's search pruner (campaign/pruning.py),
+        or None."""
+        if not self._pruning or trial.kind != "neural":
+            return None
+        from gpufill.campaign.pruning import PrunerWatch
+
+        return PrunerWatch(self._pruning["settings"], self._pruning["history"].get(trial.project, []), windows)
 
 
 if __name__ == "__main__":  # started by executors/local.py: python -m gpufill.campaign.worker FD

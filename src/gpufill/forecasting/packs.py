@@ -17,7 +17,7 @@ from gpufill.engine.packs.size import CANDIDATE_SIZES, PackSizeChoice, choose_pa
 from gpufill.engine.packs.stacked import pack_kind
 from gpufill.engine.packs.train import PackMember, fit_pack
 from gpufill.forecasting.data import WindowedProject
-from gpufill.forecasting.run import TrialSetup, build_model, neural_result
+from gpufill.forecasting.run import TrialSetup, Watch, build_model, neural_result
 from gpufill.forecasting.trial import PackEntry, Trial, TrialResult
 
 __all__ = ["CANDIDATE_SIZES", "PackSizeChoice", "by_width", "data_bytes", "size_pack", "train_pack"]
@@ -43,10 +43,12 @@ def by_width(trials: Sequence[Trial], windows: Mapping[str, WindowedProject]) ->
 
 
 def train_pack(trials: Sequence[Trial], windows: Mapping[str, WindowedProject], setups: Mapping[str, TrialSetup], *, kind: str | None,
-               reason: str | None) -> list[tuple[float, Callable[[], TrialResult]]]:
+               reason: str | None, watches: Mapping[str, Watch] | None = None) -> list[tuple[float, Callable[[], TrialResult]]]:
     """Train `trials` (one shape, one width) as one pack: per trial, its share of the pack's seconds and its result,
     made when called (scoring may fail for one trial alone). Raises where the pack itself fails: its trials can
-    still train one at a time."""
+    still train one at a time. `watches`: per trial id, what watches it train (a search's pruner stops a member
+    inside the pack, the others go on)."""
+    watches = watches or {}
     first = setups[trials[0].trial_id].config
     on_cuda = str(first.device).startswith("cuda")
     if on_cuda:
@@ -55,12 +57,14 @@ def train_pack(trials: Sequence[Trial], windows: Mapping[str, WindowedProject], 
     for trial in trials:
         w, config = windows[trial.trial_id], setups[trial.trial_id].config
         models.append(build_model(trial, w))  # the same initial weights as the trial alone
+        watch = watches.get(trial.trial_id)
         members.append(PackMember(train=(w.x_train, w.y_train), val=(w.x_val, w.y_val) if w.x_val.shape[0] else None,
-                                  lr=config.lr, weight_decay=config.weight_decay, seed=trial.seed))
+                                  lr=config.lr, weight_decay=config.weight_decay, seed=trial.seed, watch=watch.member() if watch else None))
     fits = fit_pack(models, members, config=first, kind=kind)  # first's tune cache: the pack's compile measurement, once per shape
     peak = int(torch.cuda.max_memory_reserved()) if on_cuda else None  # the pack's, for GPU admission
     pack = PackEntry(len(trials), reason or f"a pack of {len(trials)} ({kind or pack_kind(fits[0].model)}): "
                                             "the size the scheduler sent (measured for this shape, or resources.pack_size)")
-    return [(fitted.timings["train_s"], lambda trial=trial, fitted=fitted: neural_result(trial, windows[trial.trial_id], fitted, setups[trial.trial_id], pack=pack,
-                                                            peak_memory_bytes=peak))
+    return [(fitted.timings["train_s"], lambda trial=trial, fitted=fitted: neural_result(
+                trial, windows[trial.trial_id], fitted, setups[trial.trial_id], pack=pack, peak_memory_bytes=peak,
+                watched=watches[trial.trial_id].metrics() if trial.trial_id in watches else None))
             for trial, fitted in zip(trials, fits, strict=True)]

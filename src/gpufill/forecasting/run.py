@@ -73,6 +73,10 @@ class Watch(Protocol):
     def metrics(self) -> dict[str, Any]:
         """What the trial's result records of it once trained (a pruner: its scores per epoch, where it stopped)."""
 
+    def member(self) -> Callable[[int, Callable[[], torch.Tensor]], str | None]:
+        """The same watch for the trial trained as a pack's member (engine/packs/train.py: `PackMember.watch`): asked
+        after each epoch with a getter of its validation predictions, in the pack's units."""
+
 
 def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, callbacks: Sequence[FitCallback] = (),
               pack: PackEntry | None = None, watch: Watch | None = None) -> TrialResult:
@@ -140,9 +144,15 @@ class ValidationScorer:
         self.mase_scale = np.array([w.mase_scale for w in scored], dtype=np.float64)
 
     def __call__(self, model: Any) -> float:
+        return self.score(predict(model, self.inputs)) if self.inputs is not None else float("nan")
+
+    def score(self, scaled: np.ndarray | torch.Tensor) -> float:
+        """The metric of predictions of the joined validation windows, in the windows' scaled units (a pack's)."""
         if self.inputs is None:
             return float("nan")
-        prediction = predict(model, self.inputs) * self.slope + self.offset
+        if isinstance(scaled, torch.Tensor):
+            scaled = scaled.detach().to("cpu", torch.float64).numpy()
+        prediction = np.asarray(scaled, dtype=np.float64).reshape(self.slope.shape) * self.slope + self.offset
         errors = np.abs(self.truth - prediction)
         if self.metric == "smape":
             denominator = np.abs(self.truth) + np.abs(prediction)

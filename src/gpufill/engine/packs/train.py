@@ -44,6 +44,10 @@ PACK_LOSSES = ("mse", "mae", "huber", "smape")
 """The named regression losses a pack computes per sample and masks per model."""
 
 
+MemberWatch = Callable[[int, Callable[[], torch.Tensor]], "str | None"]
+"""(epoch, a getter of the member's validation predictions (N_val, ...), in the pack's scaled units) -> a reason to stop."""
+
+
 @dataclass(frozen=True, slots=True)
 class PackMember:
     """One model of a pack: its data and its own training settings."""
@@ -53,6 +57,9 @@ class PackMember:
     lr: float
     weight_decay: float
     seed: int
+    watch: MemberWatch | None = None
+    """Asked after each epoch but the last (validation data given): a reason to stop this member there (status
+    "pruned": a search's pruner), or None. It stops changing, as an early-stopped member does; the others go on."""
 
 
 def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, config: FitConfig, kind: str | None = None) -> list[FitResult]:
@@ -88,6 +95,7 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     precision = Precision(plan.precision.value, device, loss_scaling=plan.grad_scaler.value, masked=True)
     data = PackData(x=x, y=y, n=n, counts=counts, batch=batch, vx=vx, vy=vy, n_val=n_val)
     run = _PackRun(fused, optimizer, precision, config, data, device)
+    run.watches = [m.watch for m in members]
     requested = {name: getattr(config, name) for name in ("precision", "tf32", "cudnn_benchmark", "compile", "cuda_graph", "threads")}
     key = shape_key("pack-plan", models[0], signature((x[0, :1], y[0, :1])), hardware.name, k=k, batch=batch, loss=config.loss,
                     cores=hardware.cpu_count, threads_now=torch.get_num_threads(), torch=torch.__version__, **requested)
@@ -200,6 +208,7 @@ class _PackRun:
         self.best_state = {name: t.detach().clone() for name, t in fused.state_dict().items()}
         self.events: list[list[str]] = [[] for _ in range(k)]
         self.lrs = optimizer.lr.tolist()
+        self.watches: list[MemberWatch | None] = [None] * k
 
     def use_compiled(self, mode: Any = "default") -> None:
         self.forward = torch.compile(self.fused) if mode in (True, "default") else torch.compile(self.fused, mode=mode)
@@ -286,6 +295,8 @@ class _PackRun:
                     status[i] = "early_stopped"
                     self.events[i].append(f"early stop at epoch {epoch}: masked, no improvement for {self.cfg.patience} validations")
                     self.active[i] = False
+            if epoch < self.cfg.epochs and d.vx is not None and any(self.watches):
+                self._watch(epoch, status)
             self._keep_best(val_loss, was_active)
             if not bool(self.active.any()):
                 break
@@ -296,6 +307,35 @@ class _PackRun:
                 if bool(restore[i]):
                     self.events[i].append(f"restored the best weights (epoch {self.best_epoch[i]}, val loss {self.best_val[i]:.6g})")
         return histories, status, seconds
+
+    def _watch(self, epoch: int, status: list[str]) -> None:
+        """Ask each still-training member's watch whether to stop it here (its validation predictions made once for
+        all members, when the first watch asks)."""
+        predictions: list[torch.Tensor] = []
+
+        def member(i: int) -> torch.Tensor:
+            if not predictions:
+                predictions.append(self._predict(self.data.vx))
+            return predictions[0][i, : int(self.data.n_val[i])]
+
+        for i, watch in enumerate(self.watches):
+            if watch is None or status[i] != "completed" or not bool(self.active[i]):
+                continue
+            reason = watch(epoch, lambda i=i: member(i))
+            if reason:
+                status[i] = "pruned"
+                self.events[i].append(f"pruned at epoch {epoch}: {reason}; masked, the rest of the pack went on")
+                self.active[i] = False
+
+    @torch.no_grad()
+    def _predict(self, vx: torch.Tensor) -> torch.Tensor:
+        """Every member's predictions of its validation windows (K, N_max, ...), float32."""
+        self.fused.eval()
+        chunks = []
+        for start in range(0, vx.shape[1], 1024):
+            with self.precision.autocast():
+                chunks.append(self.forward(vx[:, start : start + 1024]).float())
+        return torch.cat(chunks, dim=1)
 
     @torch.no_grad()
     def _validate(self, vx, vy, n_val) -> list[float]:
