@@ -85,6 +85,7 @@ def test_a_range_outside_a_search_is_refused_at_its_line(tmp_path):
     ("{trials: 5, metric: val_smape}", "{val: 14, test: 14}", "", "search.metric", "search.metric val_smape and task.metric mae disagree"),
     ("{trials: 0}", "{val: 14, test: 14}", "", "search.trials", ""),
     ("{trials: 5, sampler: cmaes}", "{val: 14, test: 14}", "", "search.sampler", ""),
+    ("{trials: 5, direction: maximize}", "{val: 14, test: 14}", "", "search.direction", ""),
     ("{trials: 5}", "{val: 0, test: 14}", "", "task.split.val", "scored on the validation window, and split.val is 0"),
     ("{trials: 5}", "{val: 14, test: 14}", "ensemble: {families: [mlp]}\n", "ensemble", "a declared ensemble combines a grid's trials"),
     ("{trials: 5, pruner: {kind: hyperband}}", "{val: 14, test: 14}", "", "search.pruner.kind", ""),

@@ -5,7 +5,7 @@
       trials: 200           # configurations to train (each with every seed; in local mode on every project)
       seed: 0               # the sampler's: the same seed and results propose the same configurations
       metric: val_smape     # what is minimised: task.metric on the validation window (left out: it follows task.metric)
-      direction: minimize
+      direction: minimize  # the only one: every metric gpufill scores is an error
       batch: 8              # configurations proposed together (a round): they train side by side, packed by shape,
                             # and the sampler learns from a round's results before it proposes the next
       pruner: {kind: asha, min_epochs: 2, reduction_factor: 3}   # or median, or none (the default)
@@ -56,7 +56,8 @@ class SearchSpec(Spec):
     seed: int = 0
     metric: str | None = None
     """`val_` + task.metric (what `results` ranks by, so the search and its results choose alike); None: that."""
-    direction: Literal["minimize", "maximize"] = "minimize"
+    direction: Literal["minimize"] = "minimize"
+    """Every metric gpufill scores is an error (lower is better), as results rank them."""
     batch: Count = Field(default=8)
     pruner: PrunerSpec = PrunerSpec()
 
