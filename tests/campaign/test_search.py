@@ -282,3 +282,14 @@ def test_a_pruned_local_search_prunes_inside_fused_packs(tmp_path):
         assert any(e.startswith("pruned at epoch ") and e.endswith("masked, the rest of the pack went on") for e in details["events"])
         assert details["metrics"]["pruned"]["epoch"] in (1, 3)
     assert (results.iloc[:16]["status"] == "done").all()  # the first round has no earlier trials to lose to
+
+
+def test_estimate_times_a_search_from_its_first_round_scaled_to_its_budget(tmp_path):
+    from gpufill.campaign.estimate import estimate
+
+    path = search_file(tmp_path, search="{sampler: random, trials: 12, batch: 3, seed: 4}")
+    path.write_text(path.read_text().replace("seeds: [0]", "seeds: [0, 1]"))
+    found = estimate(Campaign.from_yaml(path, tmp_path / "work"))
+    assert sum(shape.trials for shape in found.shapes) == 24  # 12 configurations x 2 seeds, from 3 sampled
+    assert all("a search: its first round's configurations, x4 for its 12" in shape.how for shape in found.shapes)
+    assert not (tmp_path / "work").exists()  # an estimate writes nothing

@@ -113,8 +113,15 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
     projects = spec.data.load(campaign.base_dir)
     loading_s = time.perf_counter() - tick
     lane_of = {kind: lane for lane in prepared.lanes for kind in lane.kinds}
+    trials, scale = prepared.trials, 1.0
+    if spec.search is not None:  # its trials are proposed as it runs: the first round is the sample, scaled to the budget
+        from gpufill.campaign.search import Search
+
+        search = Search(spec, prepared.fingerprints, max_attempts=1)
+        trials = search.first_round()
+        scale = spec.search.trials / max(search.proposed, 1)
     groups: dict[str, list[Trial]] = defaultdict(list)
-    for trial in prepared.trials:
+    for trial in trials:
         groups[trial.shape if trial.kind == "neural" else f"{trial.shape}|{sorted(trial.params.items())}"].append(trial)
     result = Estimate(lanes=prepared.lanes)
     threads_before = torch.get_num_threads()
@@ -131,7 +138,10 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
                 seconds, how = _time_neural(sample, windows, spec, lane)
             else:
                 seconds, how = _time_classical(sample, windows, spec, lane)
-            result.shapes.append(ShapeEstimate(family=sample.family, lane=lane.queue, trials=len(trials), seconds_per_trial=seconds, how=how))
+            if scale != 1.0:
+                how += f"; a search: its first round's configurations, x{scale:.3g} for its {spec.search.trials} (pruning ends some sooner)"
+            result.shapes.append(ShapeEstimate(family=sample.family, lane=lane.queue, trials=round(len(trials) * scale), seconds_per_trial=seconds,
+                                               how=how))
     finally:
         torch.set_num_threads(threads_before)
     result.startup_s = worker_startup_seconds() + loading_s

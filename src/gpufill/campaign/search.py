@@ -157,6 +157,12 @@ class Search:
             added = True
         return added
 
+    def first_round(self) -> list[Trial]:
+        """The first round's proposals (no results needed): the sample of the space `gpufill estimate` times."""
+        if not self.rounds:
+            self.rounds.append(self._propose(None, 0))
+        return [trial for _, trials in self.rounds[0] for trial in trials]
+
     # -- internals ---------------------------------------------------------------------------------
 
     def _rows(self, store: Store, trials: Sequence[Trial]) -> dict[str, dict[str, Any]]:
@@ -214,7 +220,9 @@ class Search:
             warnings.simplefilter("ignore")
             return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True, group=True)
 
-    def _propose(self, store: Store, round_index: int) -> list[tuple[Config, list[Trial]]]:
+    def _propose(self, store: Store | None, round_index: int) -> list[tuple[Config, list[Trial]]]:
+        """Round `round_index`'s new configurations, the sampler told every earlier round's results (read from `store`;
+        the first round reads nothing)."""
         optuna = optuna_module()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
