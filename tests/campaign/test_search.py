@@ -293,3 +293,22 @@ def test_estimate_times_a_search_from_its_first_round_scaled_to_its_budget(tmp_p
     assert sum(shape.trials for shape in found.shapes) == 24  # 12 configurations x 2 seeds, from 3 sampled
     assert all("a search: its first round's configurations, x4 for its 12" in shape.how for shape in found.shapes)
     assert not (tmp_path / "work").exists()  # an estimate writes nothing
+
+
+def test_the_median_rule_prunes_from_min_epochs_on(tmp_path):
+    models = "  mlp: {hidden_size: [32], lr: {low: 1.0e-5, high: 1.0e-1, log: true}, epochs: [6]}\n"
+    search = "{sampler: random, trials: 8, batch: 4, seed: 2, pruner: {kind: median, min_epochs: 2}}"
+    path = search_file(tmp_path, search=search, models=models)
+    path.write_text(path.read_text().replace("lookback: [14, 28]", "lookback: [14]"))
+    outcome = Campaign.from_yaml(path, tmp_path / "work").run()
+    results = read_results(tmp_path / "work")
+    assert outcome.done + outcome.pruned == 8 and outcome.pruned >= 1 and (results.iloc[:4]["status"] == "done").all()
+    store = Store.open(tmp_path / "work")
+    try:
+        for trial_id in results[results["status"] == "pruned"]["trial_id"]:
+            details = store.trial_details(trial_id)
+            epoch = details["metrics"]["pruned"]["epoch"]
+            assert 2 <= epoch < 6 and list(details["metrics"]["rungs"]) == [str(e) for e in range(2, epoch + 1)]
+            assert any(e.startswith(f"pruned at epoch {epoch}: the median rule stopped it") for e in details["events"])
+    finally:
+        store.close()

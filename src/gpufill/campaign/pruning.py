@@ -1,10 +1,11 @@
 """A search's pruner inside one network's training (campaign/search_spec.py: `search.pruner`).
 
-The scheduler sends each trial of a round the earlier rounds' trials of its project (`History`: each one's
-validation score at every epoch it reported, and how it ended). `RungPruner`, a fit callback, replays them through
-a fresh Optuna pruner in proposal order (so ASHA's rungs hold exactly the values they held then), then reports this
-trial's validation score after each epoch and stops the training where the pruner says so. The decisions read
-nothing of the trials running beside it: a resumed search prunes the same trials at the same epochs.
+The scheduler sends each trial of a round the earlier rounds' trials of its project (each one's validation score
+at the epochs it reported, and how it ended). `RungPruner` replays them through a fresh Optuna pruner in proposal
+order (so ASHA's rungs hold exactly the values they held then), then reports this trial's validation score where
+the pruner reads one and stops the training where it says so: as a fit callback for a trial alone, as
+`PackMember.watch` for a pack's member (`PrunerWatch` makes either). The decisions read nothing of the trials
+running beside it: a resumed search prunes the same trials at the same epochs.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def make_pruner(settings: Mapping[str, Any]) -> Any:
 
 
 class RungPruner(FitCallback):
-    """Reports `score()` (this trial's validation metric, lower is better unless direction says otherwise) after
-    each epoch from min_epochs on, and stops the training when the pruner, knowing only `history`, says so."""
+    """Reports `score()` (this trial's validation metric, lower is better) where the pruner reads one, and stops the
+    training when the pruner, knowing only `history`, says so."""
 
     def __init__(self, settings: Mapping[str, Any], history: Sequence[Mapping[str, Any]], score: Callable[[], float]):
         self.settings, self.score = settings, score
@@ -43,8 +44,8 @@ class RungPruner(FitCallback):
 
     def reports_at(self, epoch: int) -> bool:
         """ASHA reads a trial's score at its rungs only (min_epochs x reduction_factor^k): scoring the validation
-        windows there alone keeps the pruner's cost off the other epochs (617 series: 0.4 s a time on 2 cores); the
-        median rule reads every epoch from min_epochs on."""
+        windows (a forward over them) there alone keeps the pruner's cost off the other epochs; the median rule reads
+        every epoch from min_epochs on."""
         first = self.settings["min_epochs"]
         if epoch < first:
             return False
