@@ -193,7 +193,7 @@ def test_asha_prunes_trials_that_are_recorded_with_their_epoch_and_score_and_nev
     assert f"trials pruned (a search's pruner stopped them; never ranked)</td><td>{len(pruned)}" in page
 
 
-def test_a_pruned_search_killed_twice_resumes_with_the_same_proposals_and_decisions_and_loses_nothing(tmp_path):
+def test_a_pruned_search_killed_three_times_resumes_with_the_same_proposals_and_decisions_and_loses_nothing(tmp_path):
     models = "  mlp: {hidden_size: {low: 16, high: 64, step: 16}, lr: {low: 1.0e-5, high: 1.0e-1, log: true}, epochs: [30]}\n  linear: {}\n"
     search = "{sampler: tpe, trials: 9, batch: 3, seed: 5, pruner: {kind: asha, min_epochs: 2, reduction_factor: 2}}"
     (tmp_path / "a").mkdir()
@@ -207,7 +207,7 @@ def test_a_pruned_search_killed_twice_resumes_with_the_same_proposals_and_decisi
     workdir = tmp_path / "b" / "work"
     command = [sys.executable, "-m", "gpufill.cli", "run", str(path), "--workdir", str(workdir), "--cpu-slots", "1"]
     done_before: dict[str, tuple[float, int]] = {}
-    for kill_after in (2, 5):  # in the first round, then in the second: two kills, then the resume
+    for kill_after in (2, 4, 7):  # kill -9 at three points (rounds one, two and three), then the resume
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 240  # sized for a loaded box
         done: dict[str, tuple[float, int]] = {}
