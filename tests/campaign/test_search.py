@@ -46,6 +46,11 @@ def refused(path: Path) -> InputError:
     return caught.value
 
 
+def test_a_range_written_as_yaml_text_1e_4_is_the_number_it_reads_as(tmp_path):
+    spec = load_campaign(search_file(tmp_path, models="  mlp: {lr: {low: 1e-4, high: 1e-2, log: true}}\n"))
+    assert spec.models["mlp"]["lr"] == Range(low=1e-4, high=1e-2, log=True, integer=False)
+
+
 def test_a_list_an_int_range_and_a_log_float_range_parse_as_the_space(tmp_path):
     spec = load_campaign(search_file(tmp_path))
     grid = spec.models["mlp"]
@@ -59,7 +64,8 @@ def test_a_list_an_int_range_and_a_log_float_range_parse_as_the_space(tmp_path):
     ("  mlp: {hidden_size: {low: 64, high: 16}}\n", 6, "models.mlp.hidden_size", "range low 64 is not below high 16"),
     ("  mlp: {lr: {low: 0.0, high: 1.0e-2, log: true}}\n", 6, "models.mlp.lr.low", "a log range needs low > 0"),
     ("  mlp: {lr: {low: 1.0e-4, high: 1.0e-2, log: true, step: 1.0e-4}}\n", 6, "models.mlp.lr", "a range takes step or log, not both"),
-    ("  mlp: {lr: {low: 1e-4, high: 1.0e-2}}\n", 6, "models.mlp.lr.low", "range low must be a finite number, got '1e-4'"),
+    ("  mlp: {lr: {low: small, high: 1.0e-2}}\n", 6, "models.mlp.lr.low", "range low must be a finite number, got 'small'"),
+    ("  mlp: {lr: {low: 1.0e-4, high: .inf}}\n", 6, "models.mlp.lr.high", "range high must be a finite number, got inf"),
     ("  mlp: {hidden_size: {low: 16, high: 64, step: 0}}\n", 6, "models.mlp.hidden_size.step", "range step must be > 0"),
     ("  mlp: {lr: {low: -1.0, high: 1.0}}\n", 6, "models.mlp.lr", "expected a value > 0, got -1.0"),
     ("  mlp: {width: {low: 1, high: 4}}\n", 6, "models.mlp.width", "unknown parameter 'width'"),

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from gpufill.campaign.spec_errors import LocatedError
-from gpufill.campaign.spec_types import Count, Spec, at_most
+from gpufill.campaign.spec_types import SCIENTIFIC, Count, Spec, at_most
 from gpufill.forecasting.trial import METRICS
 
 __all__ = ["MAX_SEARCH_TRIALS", "RANGE_KEYS", "PrunerSpec", "Range", "SearchSpec", "is_range", "parse_range"]
@@ -98,9 +98,10 @@ def parse_range(loc: tuple[str | int, ...], value: Mapping[str, Any]) -> Range:
     """A range written in a family's grid, checked: numbers, low < high, a positive low for log, step or log."""
     def number(key: str) -> float | int:
         found = value[key]
+        if isinstance(found, str) and SCIENTIFIC.match(found.strip()):
+            found = float(found)  # YAML 1.1 reads 1e-4 (no dot) as text: it is the number a reader sees
         if isinstance(found, bool) or not isinstance(found, int | float) or not math.isfinite(found):
-            raise LocatedError((*loc, key), f"range {key} must be a finite number, got {found!r}",
-                               fix=f"write {key} as a number (YAML reads 1e-3 without a dot as text: write 1.0e-3)")
+            raise LocatedError((*loc, key), f"range {key} must be a finite number, got {found!r}", fix=f"write {key} as a number, e.g. 1.0e-3")
         return found
 
     low, high = number("low"), number("high")
