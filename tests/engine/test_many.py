@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -544,17 +545,26 @@ def test_deciding_costs_at_most_5_percent_of_a_4_variant_call_of_a_million_param
     assert 1.0e6 < sum(p.numel() for p in Wide().parameters()) < 1.1e6
     from gpufill.engine.packs import many
 
-    many.clear_caches()  # measured now, not remembered
     g = torch.Generator().manual_seed(0)
     x = torch.randn(640, 32, generator=g)
     y = x[:, :1] - x[:, 1:2]
-    tick = time.perf_counter()
-    # 320 steps a model, as a real training has (the issue's: 4 variants of a makemore-sized model, 42 s in plain fits)
-    results = gpufill.fit_many(Wide, (x[:512], y[:512]), (x[512:], y[512:]), variants=[{"seed": s} for s in range(4)], loss="mse",
-                               batch_size=16, epochs=10, threads=1, verbose=False)
-    wall = time.perf_counter() - tick
-    measured = results[0].timings["probe_s"] if results[0].plan.pack_size.value == 4 else sum(r.timings["pack_probe_s"] for r in results)
-    assert 0 < measured <= 0.05 * wall, (measured, wall, results[0].plan.pack_size.reason)
+
+    def share() -> tuple[float, float, str]:
+        many.clear_caches()  # measured now, not remembered
+        tick = time.perf_counter()
+        # 320 steps a model, as a real training has (the issue's: 4 variants of a makemore-sized model, 42 s in plain fits)
+        results = gpufill.fit_many(Wide, (x[:512], y[:512]), (x[512:], y[512:]), variants=[{"seed": s} for s in range(4)], loss="mse",
+                                   batch_size=16, epochs=10, threads=1, verbose=False)
+        wall = time.perf_counter() - tick
+        measured = results[0].timings["probe_s"] if results[0].plan.pack_size.value == 4 else sum(r.timings["pack_probe_s"] for r in results)
+        assert measured > 0
+        return measured / wall, wall, results[0].plan.pack_size.reason
+
+    # A load spike on a shared box can land on the measurement alone: one call on a quiet box, the median of three otherwise.
+    found = [share()]
+    if found[0][0] > 0.05:
+        found += [share(), share()]
+    assert statistics.median(ratio for ratio, _, _ in found) <= 0.05, found
 
 
 def test_one_at_a_time_the_variants_share_one_measured_plan():
