@@ -27,17 +27,24 @@ MODELS = "  mlp: {hidden_size: {low: 16, high: 64, step: 16}, lr: {low: 1.0e-4, 
 
 
 def search_file(tmp_path: Path, *, search: str = "{sampler: tpe, trials: 6, batch: 3, seed: 7}", models: str = MODELS,
-                split: str = "{val: 14, test: 14}", extra: str = "", name: str = "search") -> Path:
+                split: str = "{val: 14, test: 14}", extra: str = "", name: str = "search", lookbacks: str = "[14, 28]") -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"name: {name}\n"
                     "data: {source: synthetic, projects: 3, length: 200, seed: 0}\n"
-                    f"task: {{lookback: [14, 28], horizon: 7, split: {split}, mode: global}}\n"
+                    f"task: {{lookback: {lookbacks}, horizon: 7, split: {split}, mode: global}}\n"
                     f"search: {search}\n"
                     f"models:\n{models}"
                     "train: {epochs: 2, early_stopping: null}\n"
                     "seeds: [0]\n"
                     "resources: {retries: 0}\n" + extra)
     return path
+
+
+def search_event(workdir: Path) -> str:
+    """The run's one event saying how the search ended."""
+    with sqlite3.connect(workdir / "gpufill.db") as con:
+        (message,), = con.execute("SELECT message FROM events WHERE message LIKE 'search:%'").fetchall()
+    return message
 
 
 def refused(path: Path) -> InputError:
@@ -120,28 +127,22 @@ def test_a_search_trains_its_budget_of_distinct_configurations_inside_the_space(
         assert 1e-4 <= train["lr"] <= 1e-2 and train["epochs"] in (2, 3)
         assert row.lookback in (14, 28)
     assert set(results[results["family"] == "linear"]["params"]) <= {"{}"}
-    with sqlite3.connect(tmp_path / "work" / "gpufill.db") as con:
-        (message,), = con.execute("SELECT message FROM events WHERE message LIKE 'search:%'").fetchall()
-    assert message == "search: 7 of 7 configurations proposed in 3 rounds"
+    assert search_event(tmp_path / "work") == "search: 7 of 7 configurations proposed in 3 rounds"
 
 
 def test_a_small_space_ends_the_search_when_every_configuration_is_proposed(tmp_path):
     models = "  mlp: {hidden_size: [16, 32]}\n"
-    path = search_file(tmp_path, search="{sampler: random, trials: 10, batch: 3}", models=models)
-    path.write_text(path.read_text().replace("lookback: [14, 28]", "lookback: [14]"))
+    path = search_file(tmp_path, search="{sampler: random, trials: 10, batch: 3}", models=models, lookbacks="[14]")
     outcome = Campaign.from_yaml(path, tmp_path / "work").run()
     results = read_results(tmp_path / "work")
     assert outcome.done == 2 and sorted(json.loads(p)["hidden_size"] for p in results["params"]) == [16, 32]
-    with sqlite3.connect(tmp_path / "work" / "gpufill.db") as con:
-        (message,), = con.execute("SELECT message FROM events WHERE message LIKE 'search:%'").fetchall()
-    assert message == "search: 2 of 10 configurations proposed in 1 rounds (the space holds no other)"
+    assert search_event(tmp_path / "work") == "search: 2 of 10 configurations proposed in 1 rounds (the space holds no other)"
 
 
 def test_tpe_learns_from_earlier_rounds(tmp_path):
     """Told the scores, TPE proposes near the best region: its later rounds' mean validation score beats its first."""
     models = "  mlp: {hidden_size: [32], lr: {low: 1.0e-5, high: 3.0e-2, log: true}, epochs: [4]}\n"
-    path = search_file(tmp_path, search="{sampler: tpe, trials: 16, batch: 4, seed: 3}", models=models)
-    path.write_text(path.read_text().replace("lookback: [14, 28]", "lookback: [14]"))
+    path = search_file(tmp_path, search="{sampler: tpe, trials: 16, batch: 4, seed: 3}", models=models, lookbacks="[14]")
     Campaign.from_yaml(path, tmp_path / "work").run()
     results = read_results(tmp_path / "work")  # in proposal order
     assert len(results) == 16
@@ -159,8 +160,7 @@ PRUNED_SEARCH = "{sampler: random, trials: 12, batch: 4, seed: 2, pruner: {kind:
 
 def test_asha_prunes_trials_that_are_recorded_with_their_epoch_and_score_and_never_ranked(tmp_path, capsys):
     models = "  mlp: {hidden_size: [32], lr: {low: 1.0e-5, high: 1.0e-1, log: true}, epochs: [9]}\n"
-    path = search_file(tmp_path, search=PRUNED_SEARCH, models=models)
-    path.write_text(path.read_text().replace("lookback: [14, 28]", "lookback: [14]"))
+    path = search_file(tmp_path, search=PRUNED_SEARCH, models=models, lookbacks="[14]")
     outcome = Campaign.from_yaml(path, tmp_path / "work").run()
     results = read_results(tmp_path / "work")
     pruned = results[results["status"] == "pruned"]
@@ -250,8 +250,8 @@ def test_the_example_search_file_loads_with_its_space():
 
 def test_results_rank_by_the_campaigns_task_metric_as_its_search_does(tmp_path, capsys):
     models = "  mlp: {hidden_size: [16, 64], lr: [1.0e-3, 3.0e-2]}\n"
-    path = search_file(tmp_path, search="{sampler: grid, trials: 4, batch: 4}", models=models)
-    path.write_text(path.read_text().replace("lookback: [14, 28]", "lookback: [14]").replace("mode: global", "mode: global, metric: smape"))
+    path = search_file(tmp_path, search="{sampler: grid, trials: 4, batch: 4}", models=models, lookbacks="[14]")
+    path.write_text(path.read_text().replace("mode: global", "mode: global, metric: smape"))
     Campaign.from_yaml(path, tmp_path / "work").run()
     results = read_results(tmp_path / "work")
     assert len(results) == 4 and (results["status"] == "done").all()
@@ -304,8 +304,7 @@ def test_estimate_times_a_search_from_its_first_round_scaled_to_its_budget(tmp_p
 def test_the_median_rule_prunes_from_min_epochs_on(tmp_path):
     models = "  mlp: {hidden_size: [32], lr: {low: 1.0e-5, high: 1.0e-1, log: true}, epochs: [6]}\n"
     search = "{sampler: random, trials: 8, batch: 4, seed: 2, pruner: {kind: median, min_epochs: 2}}"
-    path = search_file(tmp_path, search=search, models=models)
-    path.write_text(path.read_text().replace("lookback: [14, 28]", "lookback: [14]"))
+    path = search_file(tmp_path, search=search, models=models, lookbacks="[14]")
     outcome = Campaign.from_yaml(path, tmp_path / "work").run()
     results = read_results(tmp_path / "work")
     assert outcome.done + outcome.pruned == 8 and outcome.pruned >= 1 and (results.iloc[:4]["status"] == "done").all()

@@ -175,11 +175,11 @@ class Search:
         return len(rows) == len(trials) and all(
             row["status"] in ("done", "pruned") or (row["status"] == "failed" and row["attempts"] >= self.max_attempts) for row in rows.values())
 
-    def _told(self, store: Store, trials: Sequence[Trial]) -> tuple[str, float | None, dict[int, float]]:
+    def _told(self, rows_of: Mapping[str, dict[str, Any]], trials: Sequence[Trial]) -> tuple[str, float | None, dict[int, float]]:
         """What the sampler is told of a configuration: ("complete", the mean validation score of its done trials)
         where any finished (local mode: a pruner stops each project's trial on its own), ("pruned", None, the mean
         score per epoch its trials reported) where a pruner stopped them all, else ("fail", None, {})."""
-        rows = list(self._rows(store, trials).values())
+        rows = [rows_of[t.trial_id] for t in trials if t.trial_id in rows_of]
         scored = [row["val"] for row in rows if row["status"] == "done" and row["val"] is not None and np.isfinite(row["val"])]
         if scored:
             return "complete", float(np.mean(scored)), {}
@@ -229,9 +229,10 @@ class Search:
             study = optuna.create_study(direction=self.search.direction, sampler=self._sampler(round_index))
         states = {"complete": optuna.trial.TrialState.COMPLETE, "pruned": optuna.trial.TrialState.PRUNED, "fail": optuna.trial.TrialState.FAIL}
         known: dict[Config, tuple[str, float | None, dict[int, float]]] = {}
+        rows = self._rows(store, self.trials()) if store is not None and self.rounds else {}  # every earlier trial, read once
         for found in self.rounds:
             for config, trials in found:
-                known[config] = state, value, steps = self._told(store, trials)
+                known[config] = state, value, steps = self._told(rows, trials)
                 distributions = {name: self.space.distributions[name] for name in config.params}
                 study.add_trial(optuna.trial.create_trial(params=config.params, distributions=distributions, value=value, state=states[state],
                                                           intermediate_values=steps or None))
