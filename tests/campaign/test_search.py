@@ -317,3 +317,11 @@ def test_the_median_rule_prunes_from_min_epochs_on(tmp_path):
             assert any(e.startswith(f"pruned at epoch {epoch}: the median rule stopped it") for e in details["events"])
     finally:
         store.close()
+
+
+def test_gpufill_run_refuses_a_bad_search_in_one_line_with_exit_2_and_writes_nothing(tmp_path, capsys):
+    path = search_file(tmp_path, models="  mlp: {hidden_size: {low: 64, high: 16}}\n")
+    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"gpufill: error: {path}:6: models.mlp.hidden_size: range low 64 is not below high 16")
+    assert not (tmp_path / "work").exists()
