@@ -266,7 +266,7 @@ def test_results_rank_by_the_campaigns_task_metric_as_its_search_does(tmp_path, 
 
 def test_a_pruned_local_search_prunes_inside_fused_packs(tmp_path):
     """Local mode: a configuration's trials (one per project) train as one fused pack, and the pruner stops a member
-    there while the rest of the pack goes on."""
+    there while the rest of the pack goes on (masked, or re-formed without it where that measures faster)."""
     path = tmp_path / "local.yaml"
     path.write_text("name: local\n"
                     "data: {source: synthetic, projects: 4, length: 300, seed: 0}\n"
@@ -287,6 +287,10 @@ def test_a_pruned_local_search_prunes_inside_fused_packs(tmp_path):
         assert details["timings"]["pack_size"] > 1  # stopped inside a fused pack
         assert any(e.startswith("pruned at epoch ") and e.endswith("masked, the rest of the pack went on") for e in details["events"])
         assert details["metrics"]["pruned"]["epoch"] in (1, 3)
+    # Where members of a pack were pruned and others trained on, what the pack did next is recorded in every member's
+    # events: re-formed from its survivors or kept masked, with the measured epochs where it measured.
+    decisions = [e for details in pruned for e in details["events"] if e.startswith(("pack re-formed after epoch", "pack kept its 4 slots after epoch"))]
+    assert decisions and all(" of the pack's 4 members still training" in e for e in decisions), decisions
     assert (results.iloc[:16]["status"] == "done").all()  # the first round has no earlier trials to lose to
 
 

@@ -16,6 +16,7 @@ from gpufill.engine.loop import fit
 from gpufill.forecasting.models import registry
 from gpufill.engine.packs.train import PackAdamW, PackMember, fit_pack
 from gpufill.engine.packs.size import measure_pack_size
+from gpufill.engine.packs.stacked import HAND_WRITTEN, VMAP
 from tests.helpers import write_campaign
 
 
@@ -179,9 +180,11 @@ def test_early_stopped_and_diverged_models_are_masked_while_the_rest_go_on():
     assert all(torch.isfinite(p).all() for p in results[1].model.parameters())  # the NaN did not leak
 
 
-def test_a_member_pruned_inside_a_pack_stops_there_and_leaves_the_others_as_trained_without_it():
+@pytest.mark.parametrize("reform", ["always", "never", "measured"])
+def test_a_member_pruned_inside_a_pack_stops_there_and_leaves_the_others_as_trained_without_it(reform):
     """A search's pruner inside a pack (PackMember.watch): the pruned member's weights are its training alone cut at
-    that epoch, and the survivors' weights equal a pack that never held it (1e-5)."""
+    that epoch, and the survivors' weights equal a pack that never held it (1e-5), whether the pack goes on masked or
+    re-formed from its survivors."""
     ws, seeds, lrs = windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
     config = FitConfig(epochs=5, batch_size=64, patience=None, restore_best=False)
     asked: list[tuple[int, tuple[int, ...]]] = []
@@ -193,8 +196,11 @@ def test_a_member_pruned_inside_a_pack_stops_there_and_leaves_the_others_as_trai
 
     watched = members(ws, lrs, seeds)
     watched[1] = PackMember(train=watched[1].train, val=watched[1].val, lr=lrs[1], weight_decay=0.0, seed=1, watch=prune_at_2)
-    packed = fit_pack(models("mlp", ws, seeds), watched, config=config)
+    packed = fit_pack(models("mlp", ws, seeds), watched, config=config, reform=reform)
     assert [r.status for r in packed] == ["completed", "pruned", "completed"]
+    decision = [e for e in packed[0].events if "after epoch 2, 2 of the pack's 3 members still training" in e]
+    assert len(decision) == 1 and decision == [e for e in packed[1].events if "after epoch 2" in e]
+    assert decision[0].startswith("pack re-formed" if reform == "always" else "pack kept its 3 slots" if reform == "never" else "pack ")
     assert asked == [(1, tuple(ws[1].y_val.shape)), (2, tuple(ws[1].y_val.shape))]  # its own validation windows, in the pack's units
     assert packed[1].metrics["epochs_run"] == 2 and any(e.startswith("pruned at epoch 2: the pruner said so; masked") for e in packed[1].events)
     without = fit_pack(models("mlp", [ws[0], ws[2]], [0, 2]), members([ws[0], ws[2]], [lrs[0], lrs[2]], [0, 2]), config=config)
@@ -469,3 +475,48 @@ def test_a_users_family_vmap_cannot_run_trains_unfused_in_a_campaign_with_the_re
     for plan in plans:
         assert plan["pack_size"]["value"] == 1
         assert "vmap cannot run it" in plan["pack_size"]["reason"] and "item" in plan["pack_size"]["reason"]
+
+
+@pytest.mark.parametrize(("family", "kind"), [("mlp", HAND_WRITTEN), ("mlp", VMAP), ("lstm", HAND_WRITTEN)])
+def test_a_pack_re_formed_from_its_survivors_trains_them_as_the_masked_pack_does(family, kind):
+    """Re-forming carries each survivor's weights, moments, step counts, best weights and early-stopping count over:
+    with an early stop (model 0), a pruned member (model 2) and restore_best, every member ends where the pack that
+    kept its slots ends (1e-5), with the same statuses, best epochs and histories."""
+    ws, seeds, lrs = windows(4), [0, 1, 2, 3], [1e-2, 3e-3, 2e-3, 1e-3]
+    config = FitConfig(epochs=6, batch_size=64, patience=2, restore_best=True)
+
+    def run(reform):
+        watched = members(ws, lrs, seeds)
+        watched[0] = PackMember(train=watched[0].train, val=(ws[0].x_val, -ws[0].y_val * 5), lr=lrs[0], weight_decay=0.0, seed=0)
+        watched[2] = PackMember(train=watched[2].train, val=watched[2].val, lr=lrs[2], weight_decay=0.1, seed=2,
+                                watch=lambda epoch, predictions: "pruned" if epoch == 3 else None)
+        return fit_pack(models(family, ws, seeds), watched, config=config, kind=kind, reform=reform)
+
+    masked, reformed = run("never"), run("always")
+    assert [r.status for r in reformed] == [r.status for r in masked]
+    assert reformed[0].status == "early_stopped" and reformed[2].status == "pruned" and reformed[1].status == reformed[3].status == "completed"
+    assert sum("pack re-formed" in e for e in reformed[1].events) >= 1 and not any("pack re-formed" in e for e in masked[1].events)
+    for a, b in zip(masked, reformed, strict=True):
+        assert a.metrics["best_epoch"] == b.metrics["best_epoch"] and a.metrics["epochs_run"] == b.metrics["epochs_run"]
+        assert a.metrics["val_loss"] == pytest.approx(b.metrics["val_loss"], rel=1e-5)
+        assert [h.train_loss for h in a.history] == pytest.approx([h.train_loss for h in b.history], rel=1e-5)
+        for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items(), strict=True):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_a_measured_re_form_compares_the_smaller_packs_epoch_with_the_masked_ones_and_says_so():
+    """With steps enough to repay a measurement, the decision carries both epochs' seconds; the pack halved on a CPU
+    (a step's cost grows with K there) goes on re-formed unless timing noise says otherwise, and trains equally."""
+    ws, seeds, lrs = windows(4, length=1200), [0, 1, 2, 3], [1e-3] * 4
+    config = FitConfig(epochs=8, batch_size=32, patience=None, restore_best=False, threads=1)
+    watched = members(ws, lrs, seeds)
+    for i in (1, 3):
+        watched[i] = PackMember(train=watched[i].train, val=watched[i].val, lr=1e-3, weight_decay=0.0, seed=i,
+                                watch=lambda epoch, predictions: "pruned" if epoch == 1 else None)
+    results = fit_pack(models("mlp", ws, seeds, params={"hidden_size": 256}), watched, config=config, reform="measured")
+    decision = [e for e in results[0].events if "after epoch 1, 2 of the pack's 4 members still training" in e]
+    assert len(decision) == 1 and "masked (measured)" in decision[0] and "building it" in decision[0]
+    masked = fit_pack(models("mlp", ws, seeds, params={"hidden_size": 256}), watched, config=config, reform="never")
+    for i in (0, 2):
+        for (name, x), (_, y) in zip(masked[i].model.state_dict().items(), results[i].model.state_dict().items(), strict=True):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5, msg=name)

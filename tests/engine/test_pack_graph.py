@@ -106,6 +106,27 @@ def test_early_stopping_and_divergence_masking_work_under_replay():
     assert outcomes[True][1][0] == "diverged" and any(status == "early_stopped" for status, _, _ in outcomes[True])
 
 
+@pytest.mark.gpu
+def test_a_pack_re_formed_under_replay_recaptures_its_step_and_trains_as_the_masked_pack():
+    """On a GPU the smaller pack captures its own step graph; its survivors end where the masked pack's end (1e-5)."""
+    ws = windows(6, length=400, lookback=12)
+    seeds = list(range(6))
+    outcomes = {}
+    for reform in ("never", "always"):
+        pack_members = members(ws, seeds)
+        for i in (1, 4):
+            pack_members[i] = PackMember(train=pack_members[i].train, val=pack_members[i].val, lr=pack_members[i].lr, weight_decay=0.0, seed=i,
+                                         watch=lambda epoch, predictions: "pruned" if epoch == 2 else None)
+        config = FitConfig(epochs=5, batch_size=64, device="cuda", precision="fp32", cuda_graph=True, compile=False, tf32=False, patience=None)
+        outcomes[reform] = fit_pack(build("lstm", ws, seeds, {"hidden_size": 16}), pack_members, config=config, reform=reform)
+    reformed = outcomes["always"]
+    assert reformed[0].plan.step_graph.value and any("pack re-formed after epoch 2" in e for e in reformed[0].events)
+    assert sum(e.startswith("step graph:") for e in reformed[0].events) == 2  # the full pack's capture, then the smaller pack's
+    assert [r.status for r in reformed] == [r.status for r in outcomes["never"]]
+    for masked, again in zip(_pack_weights(outcomes["never"]), _pack_weights(reformed), strict=True):
+        torch.testing.assert_close(again, masked, rtol=0, atol=1e-5)
+
+
 class UsersForecaster(torch.nn.Module):
     """A user's own forecaster (no hand-written fused twin): the pack is torch.func's vmap of it."""
 

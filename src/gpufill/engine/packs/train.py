@@ -28,7 +28,6 @@ from gpufill.engine.packs.fused import FusedModule
 from gpufill.engine.packs.stacked import pack_kind, pack_module
 from gpufill.engine.packs.optim import PACK_OPTIMIZERS, PackAdamW, PackSGD, pack_optimizer
 from gpufill.engine.measure.cache import TuneCache, shape_key
-from gpufill.engine.measure.candidates import Context
 from gpufill.engine.packs.probe import PackProbe, configure
 from gpufill.engine.measure.resolver import resolve
 from gpufill.engine.plan import Choice, DataFacts, Plan, make_plan
@@ -36,9 +35,9 @@ from gpufill.engine.backend import backend_flags
 from gpufill.engine.precision import Precision
 from gpufill.engine.batches import signature
 from gpufill.engine.losses import per_sample_regression
-
-Pair = tuple[torch.Tensor, torch.Tensor]
-
+from gpufill.engine.packs.pack_plan import PACK_CONTEXT, PACK_OPTIMIZER_REASONS, pack_plan
+from gpufill.engine.packs.pack_data import Pair, PackData, orders, padded
+from gpufill.engine.packs.reform import MEASURED_STEPS, REFORM_MODES, decide, needs_measurement, survivors_optimizer
 
 PACK_LOSSES = ("mse", "mae", "huber", "smape")
 """The named regression losses a pack computes per sample and masks per model."""
@@ -62,9 +61,13 @@ class PackMember:
     "pruned": a search's pruner), or None. It stops changing, as an early-stopped member does; the others go on."""
 
 
-def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, config: FitConfig, kind: str | None = None) -> list[FitResult]:
+def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, config: FitConfig, kind: str | None = None,
+             reform: str = "measured") -> list[FitResult]:
     """Train `models` (same class and shapes) as one fused pack of `kind` (None: the default kind,
-    `packs.stacked.pack_kind`); one FitResult per model."""
+    `packs.stacked.pack_kind`); one FitResult per model. `reform`: when members stop early, whether the pack goes on
+    with its survivors alone (packs/reform.py: measured, always or never)."""
+    if reform not in REFORM_MODES:
+        raise ValueError(f"reform is one of {', '.join(REFORM_MODES)}, not {reform!r}")
     if not (isinstance(config.loss, str) and config.loss in PACK_LOSSES):
         raise ValueError(f"a pack trains on a regression loss ({', '.join(PACK_LOSSES)}), not {config.loss!r}: train these models one by one")
     if config.schedule != "constant":
@@ -81,10 +84,10 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     device = torch.device(plan.device.value)
     kind = kind or pack_kind(models[0])
     fused = pack_module(models, kind).to(device)
-    x, y = _padded([m.train for m in members], device)
+    x, y = padded([m.train for m in members], device)
     val = [m.val for m in members]
     has_val = all(v is not None and v[0].shape[0] > 0 for v in val)
-    vx, vy = _padded(val, device) if has_val else (None, None)
+    vx, vy = padded(val, device) if has_val else (None, None)
     n = torch.tensor(counts, device=device)
     n_val = torch.tensor([v[0].shape[0] for v in val], device=device) if has_val else None
     lr = torch.tensor([m.lr * plan.lr_scale.value for m in members], device=device)
@@ -96,6 +99,7 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     data = PackData(x=x, y=y, n=n, counts=counts, batch=batch, vx=vx, vy=vy, n_val=n_val)
     run = _PackRun(fused, optimizer, precision, config, data, device)
     run.watches = [m.watch for m in members]
+    run.kind, run.reform = kind, reform
     requested = {name: getattr(config, name) for name in ("precision", "tf32", "cudnn_benchmark", "compile", "cuda_graph", "threads")}
     key = shape_key("pack-plan", models[0], signature((x[0, :1], y[0, :1])), hardware.name, k=k, batch=batch, loss=config.loss,
                     cores=hardware.cpu_count, threads_now=torch.get_num_threads(), torch=torch.__version__, **requested)
@@ -103,7 +107,7 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     plan = resolve(plan, PackProbe(run), settings=config, hardware=hardware, facts=facts, context=PACK_CONTEXT,
                    total_steps=run.steps_per_epoch * config.epochs, cache=TuneCache(config.tune_cache), key=key, events=events)
     with backend_flags(plan):
-        plan = configure(run, plan)
+        plan = run.plan = configure(run, plan)
         for member_events in run.events:
             member_events[:0] = events
         histories, status, seconds = run.train(generators)
@@ -138,48 +142,6 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     return results
 
 
-def pack_plan(plan: Plan) -> Plan:
-    """A single training's plan, corrected to what a pack does (the plan is recorded with every trial)."""
-    batch = plan.effective_batch.value
-    return plan.replace(
-        data_placement=Choice("device", "fused packs keep every member's windows on the device, padded to the longest"),
-        loader=Choice(None, "no DataLoader: pack data is resident"),
-        loader_tuning=Choice(False, "off: pack data is resident"),
-        micro_batch=Choice(batch, "each member's whole batch per step (packs do not accumulate)"),
-        accumulation=Choice(1, "1: no accumulation in packs"),
-        batch_search=Choice(False, "off in packs: each member keeps its batch; the pack size is what is measured"),
-        optimizer_kernel=Choice("fused", "the pack's own optimizer (PackAdamW or PackSGD): ~20 operators over one flat (K, P) buffer of every "
-                                         "parameter of all K models (per-model lr, weight decay and step mask)"),
-        grad_scaler=Choice(plan.grad_scaler.value, f"{plan.grad_scaler.reason}; one dynamic scale for the pack, an overflowed step skipped for all"
-                           if plan.grad_scaler.value else plan.grad_scaler.reason),
-    )
-
-
-PACK_OPTIMIZER_REASONS = {
-    "adamw": "AdamW as fit builds it (decay on weight matrices and embeddings only), stepped for the pack by PackAdamW",
-    "adam": "Adam as fit builds it (L2 penalty on every parameter), stepped for the pack by PackAdamW",
-    "sgd": "SGD as fit builds it (momentum 0.9, L2 penalty on every parameter), stepped for the pack by PackSGD",
-}
-
-PACK_CONTEXT = Context(resident=True, distributed=False, optimizer="pack")
-"""What the probe's stages need to know of a pack: resident data, one process, its own optimizer."""
-
-
-@dataclass(frozen=True, slots=True)
-class PackData:
-    """A pack's data on the device: (K, N_max, ...) tensors padded past each member's own count."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    n: torch.Tensor
-    """(K,) training windows per member."""
-    counts: list[int]
-    batch: int
-    vx: torch.Tensor | None
-    vy: torch.Tensor | None
-    n_val: torch.Tensor | None
-
-
 class _PackRun:
     def __init__(self, fused: FusedModule, optimizer: PackAdamW | PackSGD, precision: Precision, config: FitConfig, data: PackData, device: torch.device):
         self.fused, self.optimizer, self.precision, self.cfg, self.data, self.device = fused, optimizer, precision, config, data, device
@@ -209,6 +171,11 @@ class _PackRun:
         self.events: list[list[str]] = [[] for _ in range(k)]
         self.lrs = optimizer.lr.tolist()
         self.watches: list[MemberWatch | None] = [None] * k
+        self.training = k
+        """Members still training when the pack last considered re-forming (it considers again when fewer are)."""
+        self.kind: str | None = None
+        self.reform = "never"
+        self.plan: Plan | None = None
 
     def use_compiled(self, mode: Any = "default") -> None:
         self.forward = torch.compile(self.fused) if mode in (True, "default") else torch.compile(self.fused, mode=mode)
@@ -264,21 +231,38 @@ class _PackRun:
                 events.append(f"compile failed ({type(error).__name__}); the pack fell back to eager")
             self.step()
 
-    def train(self, generators: Sequence[torch.Generator]):
+    def train(self, generators: Sequence[torch.Generator]) -> tuple[list[list[EpochRecord]], list[str], list[float]]:
+        """Every epoch (the pack re-formed from its survivors where that measures faster); each member's history,
+        its status and the pack's epoch seconds."""
+        histories: list[list[EpochRecord]] = [[] for _ in range(self.k)]
+        status = ["completed"] * self.k
+        seconds: list[float] = []
+        self._epochs(1, generators, histories, status, seconds)
+        if self.cfg.restore_best and any(e is not None for e in self.best_epoch):
+            restore = torch.tensor([e is not None and s != "diverged" for e, s in zip(self.best_epoch, status, strict=True)], device=self.device)
+            self._copy_where(restore, source=self.best_state, target=self.fused.state_dict())
+            for i in range(self.k):
+                if bool(restore[i]):
+                    self.events[i].append(f"restored the best weights (epoch {self.best_epoch[i]}, val loss {self.best_val[i]:.6g})")
+        return histories, status, seconds
+
+    def _epochs(self, first: int, generators: Sequence[torch.Generator], histories: list[list[EpochRecord]], status: list[str],
+                seconds: list[float]) -> None:
+        """Epochs `first`.. of this pack; where members stopped and a smaller pack measures faster, the rest are the
+        smaller pack's, its members' weights and state written back here at the end."""
         k, d = self.k, self.data
-        histories: list[list[EpochRecord]] = [[] for _ in range(k)]
-        status = ["completed"] * k
-        seconds = []
-        for epoch in range(1, self.cfg.epochs + 1):
+        own_seconds: list[float] = []
+        for epoch in range(first, self.cfg.epochs + 1):
             tick = time.perf_counter()
-            order = _orders(generators, d.counts, d.x.shape[1], self.device)
+            order = orders(generators, d.counts, d.x.shape[1], self.device)
             self.loss_sum.zero_()
             self.finite.fill_(True)
             self.fused.train()
             for start in range(0, d.x.shape[1], d.batch):
                 self._advance(order, start)
             train_loss = (self.loss_sum / d.n.clamp(min=1)).tolist()  # the epoch's one read
-            seconds.append(time.perf_counter() - tick)
+            own_seconds.append(time.perf_counter() - tick)
+            seconds.append(own_seconds[-1])
             val_loss = self._validate(d.vx, d.vy, d.n_val) if d.vx is not None and (epoch % self.cfg.validate_every == 0 or epoch == self.cfg.epochs) else None
             was_active = self.active.tolist()
             finite_list = self.finite.tolist()
@@ -299,14 +283,68 @@ class _PackRun:
                 self._watch(epoch, status)
             self._keep_best(val_loss, was_active)
             if not bool(self.active.any()):
-                break
-        if self.cfg.restore_best and any(e is not None for e in self.best_epoch):
-            restore = torch.tensor([e is not None and s != "diverged" for e, s in zip(self.best_epoch, status, strict=True)], device=self.device)
-            self._copy_where(restore, source=self.best_state, target=self.fused.state_dict())
-            for i in range(k):
-                if bool(restore[i]):
-                    self.events[i].append(f"restored the best weights (epoch {self.best_epoch[i]}, val loss {self.best_val[i]:.6g})")
-        return histories, status, seconds
+                return
+            smaller = self._reformed(epoch, min(own_seconds)) if epoch < self.cfg.epochs else None
+            if smaller is not None:
+                keep, run = smaller
+                kept_status = [status[i] for i in keep]
+                run._epochs(epoch + 1, [generators[i] for i in keep], [histories[i] for i in keep], kept_status, seconds)
+                self._take_back(run, keep, kept_status, status)
+                return
+
+    def _reformed(self, epoch: int, masked_epoch_s: float) -> tuple[list[int], _PackRun] | None:
+        """Where members stopped at `epoch`: the members still training as a smaller pack ready to go on, when that
+        measures faster than going on masked (packs/reform.py); the decision is an event of every member's."""
+        keep = [i for i, on in enumerate(self.active.tolist()) if on]
+        if len(keep) >= self.training:
+            return None
+        self.training = len(keep)
+        epochs_left = self.cfg.epochs - epoch
+        run, reformed_epoch_s, build_s = None, None, 0.0
+        if self.reform == "always" or needs_measurement(self.reform, self.steps_per_epoch * epochs_left):
+            tick = time.perf_counter()
+            run = self._survivors(keep)
+            build_s = time.perf_counter() - tick
+            if self.reform == "measured":
+                measured = PackProbe(run).measure(self.plan, timed_steps=MEASURED_STEPS, check=False)
+                if measured.step_s is not None:
+                    reformed_epoch_s, build_s = measured.step_s * run.steps_per_epoch, build_s + measured.setup_s
+        decision = decide(mode=self.reform, k=self.k, kept=len(keep), epoch=epoch, epochs_left=epochs_left,
+                          masked_epoch_s=masked_epoch_s, reformed_epoch_s=reformed_epoch_s, build_s=build_s)
+        for events in self.events:
+            events.append(decision.event)
+        if not decision.reform or run is None:
+            return None
+        run.plan = configure(run, self.plan)
+        return keep, run
+
+    def _survivors(self, keep: list[int]) -> _PackRun:
+        """A pack of the members `keep` alone, each carrying on exactly where it is: its weights, optimizer moments and
+        steps, best weights and early-stopping count, data and watch (its events are the same list)."""
+        fused = pack_module([self.fused.unfuse(i) for i in keep], self.kind).to(self.device)
+        optimizer = survivors_optimizer(self.cfg.optimizer, self.optimizer, list(fused.parameters()), keep)
+        run = _PackRun(fused, optimizer, self.precision, self.cfg, self.data.rows(keep), self.device)
+        rows = torch.tensor(keep, device=self.device)
+        with torch.no_grad():
+            for name, tensor in run.best_state.items():
+                tensor.copy_(self.best_state[name][rows])
+        run.best_val, run.best_epoch, run.bad = ([values[i] for i in keep] for values in (self.best_val, self.best_epoch, self.bad))
+        run.events, run.watches = [self.events[i] for i in keep], [self.watches[i] for i in keep]
+        run.kind, run.reform, run.plan = self.kind, self.reform, self.plan
+        return run
+
+    def _take_back(self, run: _PackRun, keep: list[int], kept_status: list[str], status: list[str]) -> None:
+        """The smaller pack's members back into their rows here: weights, best weights, early-stopping state, status."""
+        rows = torch.tensor(keep, device=self.device)
+        with torch.no_grad():
+            theirs = run.fused.state_dict()
+            for name, tensor in self.fused.state_dict().items():
+                tensor[rows] = theirs[name]
+            for name, tensor in self.best_state.items():
+                tensor[rows] = run.best_state[name]
+            self.active[rows] = run.active
+        for j, i in enumerate(keep):
+            status[i], self.best_val[i], self.best_epoch[i], self.bad[i] = kept_status[j], run.best_val[j], run.best_epoch[j], run.bad[j]
 
     def _watch(self, epoch: int, status: list[str]) -> None:
         """Ask each still-training member's watch whether to stop it here (its validation predictions made once for
@@ -370,23 +408,3 @@ class _PackRun:
         for name, tensor in target.items():
             view = (-1,) + (1,) * (tensor.dim() - 1)
             tensor.copy_(torch.where(mask.view(view), source[name], tensor))
-
-
-def _padded(pairs: Sequence[Pair | None], device: torch.device) -> Pair:
-    """(K, N_max, ...) tensors: each model's samples first, zeros after (masked by counts)."""
-    longest = max(p[0].shape[0] for p in pairs if p is not None)
-    xs, ys = [], []
-    for inputs, targets in pairs:  # type: ignore[misc]
-        pad = longest - inputs.shape[0]
-        xs.append(torch.cat([inputs, inputs.new_zeros((pad, *inputs.shape[1:]))]))
-        ys.append(torch.cat([targets, targets.new_zeros((pad, *targets.shape[1:]))]))
-    return torch.stack(xs).to(device), torch.stack(ys).to(device)
-
-
-def _orders(generators: Sequence[torch.Generator], counts: Sequence[int], width: int, device: torch.device) -> torch.Tensor:
-    """Each model's own permutation (the one plain fit draws from its seed), padded to `width`."""
-    rows = []
-    for generator, count in zip(generators, counts, strict=True):
-        perm = torch.randperm(count, device=device, generator=generator)
-        rows.append(torch.cat([perm, torch.arange(count, width, device=device)]))
-    return torch.stack(rows)
