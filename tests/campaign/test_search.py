@@ -329,3 +329,30 @@ def test_gpufill_run_refuses_a_bad_search_in_one_line_with_exit_2_and_writes_not
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"gpufill: error: {path}:6: models.mlp.hidden_size: range low 64 is not below high 16")
     assert not (tmp_path / "work").exists()
+
+
+def test_the_report_draws_a_search_beside_its_full_grid_and_says_what_it_saved(tmp_path, capsys):
+    """`gpufill report --grid`: the search's course beside the grid's, and one line comparing their best finished
+    validation scores and training seconds, computed from both stores."""
+    models = "  mlp: {hidden_size: [16, 32], lr: [1.0e-4, 1.0e-3, 1.0e-2], epochs: [6]}\n"
+    search = "{sampler: random, trials: 4, batch: 2, seed: 3, pruner: {kind: asha, min_epochs: 1, reduction_factor: 3}}"
+    searched = search_file(tmp_path, search=search, models=models, lookbacks="[14]")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("\n".join(line for line in searched.read_text().splitlines() if not line.startswith("search:")).replace("name: search", "name: grid"))
+    Campaign.from_yaml(searched, tmp_path / "search").run()
+    Campaign.from_yaml(grid, tmp_path / "grid").run()
+    code, _, err = run_cli(capsys, "report", "--workdir", tmp_path / "search", "--grid", tmp_path / "grid", "--out", tmp_path / "r.html")
+    assert code == 0, err
+    page = (tmp_path / "r.html").read_text()
+    found, full = read_results(tmp_path / "search"), read_results(tmp_path / "grid")
+    assert len(full) == 6 and (full["status"] == "done").all() and len(found) == 4
+    score, grid_score = found[found["status"] == "done"]["val_mae"].min(), full["val_mae"].min()
+    seconds, grid_seconds = found["duration_s"].sum(), full["duration_s"].sum()
+    assert (f"the search's {score:.4g} ({score / grid_score:.3f}x the full grid's {grid_score:.4g}) with {seconds:.4g} training "
+            f"seconds, {100 * seconds / grid_seconds:.1f} % of the grid's {grid_seconds:.4g}.") in page
+    assert "beside the full grid&#x27;s best so far over 6 trials" in page  # the plot's text alternative
+    for workdir, other, words in [(tmp_path / "grid", tmp_path / "grid", "is not a search"), (tmp_path / "search", tmp_path / "search", "is a search, not a full grid"),
+                                  (tmp_path / "search", tmp_path / "missing", "no campaign store")]:
+        code, out, err = run_cli(capsys, "report", "--workdir", workdir, "--grid", other, "--out", tmp_path / "x.html")
+        assert code == 2 and "--grid" in err and words in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "x.html").exists()

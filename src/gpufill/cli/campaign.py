@@ -284,11 +284,13 @@ def monitor(
 def report(
     workdir: Path | None = typer.Option(None, "--workdir"),
     out: Path | None = typer.Option(None, "--out", help="HTML file to write (default WORKDIR/report.html)."),
+    grid: Path | None = typer.Option(None, "--grid", help="A search's report only: the workdir of the same campaign run as a full grid, "
+                                                          "its course drawn beside the search's."),
 ) -> None:
     """Write one self-contained HTML report: summary, model comparison, resources, failures, alerts, plans."""
     from gpufill.campaign.reading import find_workdir
     from gpufill.report import write_report
 
-    print(write_report(find_workdir(workdir), out))
+    print(write_report(find_workdir(workdir), out, grid=grid))
 
 

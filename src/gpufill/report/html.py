@@ -22,26 +22,52 @@ from gpufill.campaign.provenance import with_effective_train
 from gpufill.campaign.store import FRAME_COLUMNS, Store
 from gpufill.campaign.store_health import check_rows
 from gpufill.forecasting.trial import GLOBAL_PROJECT
+from gpufill.errors import InputError
 from gpufill.files import check_target
 from gpufill.report import plots
 from gpufill.report.page import img, page, plot_or_note, section, table, write_atomically
 
 
-def write_report(workdir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
-    """Write the campaign's HTML report (default WORKDIR/report.html) and return its path."""
+def write_report(workdir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
+                 grid: str | os.PathLike[str] | None = None) -> Path:
+    """Write the campaign's HTML report (default WORKDIR/report.html) and return its path. `grid`: the workdir of a
+    full-grid campaign over the same space as this search: its course is drawn beside the search's."""
     workdir = Path(workdir)
     target = Path(out) if out is not None else workdir / "report.html"
     check_target(target, field="--out")  # a directory, a link or a device there: one line before the report is built
     store = Store.open(workdir)  # InputError (exit 2) when there is no store
     try:
         check_rows(store.db, store.path, documents=True)  # a row edited or damaged: one line naming it, before any is drawn
-        text = render_report(store)
+        grid_trials = _grid_trials(store, Path(grid)) if grid is not None else None
+        text = render_report(store, grid_trials)
     finally:
         store.close()
     return write_atomically(target, text)
 
 
-def render_report(store: Store) -> str:
+def _grid_trials(search: Store, workdir: Path) -> pd.DataFrame:
+    """The trials of the full grid at `workdir`, checked to be one this search can be drawn beside."""
+    if not _is_search(search):
+        raise InputError(f"{search.path} is not a search", where=str(search.path), field="--grid",
+                         fix="--grid draws a search (a campaign with search:) beside its full grid: pass the search's --workdir")
+    try:
+        grid = Store.open(workdir)
+    except InputError as error:  # the store's own words, under the option that named it
+        raise InputError(error.problem, where=error.where, field="--grid", fix=error.fix) from None
+    try:
+        check_rows(grid.db, grid.path, documents=True)
+        if _is_search(grid):
+            raise InputError(f"{grid.path} is a search, not a full grid", where=str(grid.path), field="--grid",
+                             fix="pass the workdir of the same campaign run without search:")
+        if stored_metric(grid) != stored_metric(search):
+            raise InputError(f"the grid ranks by {stored_metric(grid)}, the search by {stored_metric(search)}", where=str(grid.path),
+                             field="--grid", fix="compare campaigns with the same task.metric")
+        return pd.DataFrame.from_records(with_effective_train(grid.records(), grid.bases()), columns=FRAME_COLUMNS)
+    finally:
+        grid.close()
+
+
+def render_report(store: Store, grid: pd.DataFrame | None = None) -> str:
     name = store.meta("campaign_name") or "campaign"
     trials = pd.DataFrame.from_records(with_effective_train(store.records(), store.bases()), columns=FRAME_COLUMNS)  # the file as it is now
     samples = store.samples()
@@ -52,8 +78,7 @@ def render_report(store: Store) -> str:
         f"<p class='note'>Written {escape(time.strftime('%Y-%m-%d %H:%M:%S'))} from {escape(str(store.path))}.</p>",
         section("Campaign summary", table(["quantity", "value"], summary_rows(store, trials, samples, runs), table_id="summary")),
         section("Model comparison", _model_comparison(trials, done, stored_metric(store)) + _declared(read_declared(store), best_per_project(trials))),
-        *([section("Search", plot_or_note(plots.search_progress(trials, stored_metric(store)), "no finished trials yet"))]
-          if _is_search(store) else []),
+        *([section("Search", _search(trials, stored_metric(store), grid))] if _is_search(store) else []),
         section("Forecasts", _forecasts(store, trials)),
         section("Resource timelines", _resources(samples, t0)),
         section("Trial durations", plot_or_note(plots.durations(trials), "no finished trials yet")),
@@ -116,6 +141,30 @@ def _duration(seconds: float) -> str:
 
 # -- sections -----------------------------------------------------------------------------------
 METRIC_NAMES = {"mae": "MAE", "rmse": "RMSE", "smape": "sMAPE", "mase": "MASE"}
+
+
+def _search(trials: pd.DataFrame, metric: str, grid: pd.DataFrame | None) -> str:
+    """The search's course plot and, beside a full grid, what it found with what share of the grid's seconds."""
+    drawn = plot_or_note(plots.search_progress(trials, metric, grid), "no finished trials yet")
+    if grid is None:
+        return drawn
+    column = f"val_{metric}"
+    found = [_best_and_seconds(frame, column) for frame in (trials, grid)]
+    if any(f is None for f in found):
+        return drawn + "<p class='note'>no finished trial in the search or the grid yet: nothing to compare</p>"
+    (score, seconds), (grid_score, grid_seconds) = found  # type: ignore[misc]
+    return drawn + (f"<p class='note' id='search-vs-grid'>Best finished validation {escape(metric)}: the search's {score:.4g} "
+                    f"({score / grid_score:.3f}x the full grid's {grid_score:.4g}) with {seconds:.4g} training seconds, "
+                    f"{100 * seconds / grid_seconds:.1f} % of the grid's {grid_seconds:.4g}.</p>")
+
+
+def _best_and_seconds(trials: pd.DataFrame, column: str) -> tuple[float, float] | None:
+    """The best finished validation score and the training seconds of every finished or pruned trial."""
+    done = trials[trials["status"] == "done"][column].dropna()
+    if done.empty:
+        return None
+    spent = trials[trials["status"].isin(["done", "pruned"])]["duration_s"].fillna(0.0).sum()
+    return float(done.min()), float(spent)
 
 
 def _is_search(store: Store) -> bool:

@@ -218,12 +218,13 @@ def durations(trials: pd.DataFrame) -> Plot | None:
 
 
 @_drawn_as_text
-def search_progress(trials: pd.DataFrame, metric: str = "mae") -> Plot | None:
+def search_progress(trials: pd.DataFrame, metric: str = "mae", grid: pd.DataFrame | None = None) -> Plot | None:
     """A search's course: each finished trial's validation score against the training seconds spent up to it (in the
-    order the sampler proposed them), pruned trials marked, and the best finished score so far as a step line."""
+    order the sampler proposed them), pruned trials marked, and the best finished score so far as a step line;
+    `grid`: a full grid's trials over the same space, its best so far drawn beside (what the search saved)."""
     column = f"val_{metric}"
-    rows = trials[trials["status"].isin(["done", "pruned"])].dropna(subset=["duration_s"])
-    if rows.empty or column not in rows or rows[column].isna().all():
+    rows = _scored(trials, column)
+    if rows is None:
         return None
     spent = rows["duration_s"].cumsum()
     done = rows["status"] == "done"
@@ -232,13 +233,29 @@ def search_progress(trials: pd.DataFrame, metric: str = "mae") -> Plot | None:
     ax.scatter(spent[done], rows.loc[done, column], s=18, label="finished trial", color="tab:blue")
     ax.scatter(spent[~done], rows.loc[~done, column], s=24, marker="x", label="pruned (its score where it stopped)", color="tab:red")
     ax.step(spent, best, where="post", color="black", label="best finished so far")
+    beside = ""
+    grid_rows = _scored(grid, column) if grid is not None else None
+    if grid_rows is not None:
+        grid_done = grid_rows["status"] == "done"
+        ax.step(grid_rows["duration_s"].cumsum(), grid_rows[column].where(grid_done).cummin(), where="post", color="tab:gray",
+                linestyle="--", label=f"full grid's best so far ({len(grid_rows)} trials)")
+        ax.set_xscale("log")  # the grid spends several times the search's seconds: both courses stay readable
+        beside = f", beside the full grid's best so far over {len(grid_rows)} trials"
     ax.set_title(f"Search: validation {metric} against training seconds spent")
-    ax.set_xlabel("training seconds, summed over trials in proposal order")
+    ax.set_xlabel("training seconds, summed over trials in proposal order" + (" (log scale)" if beside else ""))
     ax.set_ylabel(f"validation {metric}")
     ax.grid(alpha=0.3)
     ax.legend()
     return _render(fig, f"Scatter of {len(rows)} trials' validation {metric} against cumulative training seconds, "
-                        f"{int((~done).sum())} pruned, with the best finished score so far")
+                        f"{int((~done).sum())} pruned, with the best finished score so far{beside}")
+
+
+def _scored(trials: pd.DataFrame, column: str) -> pd.DataFrame | None:
+    """The finished and pruned trials with a duration, or None where none carries a score in `column`."""
+    rows = trials[trials["status"].isin(["done", "pruned"])].dropna(subset=["duration_s"])
+    if rows.empty or column not in rows or rows[column].isna().all():
+        return None
+    return rows
 
 
 # -- a watched script's steps -----------------------------------------------------------------
