@@ -42,8 +42,8 @@ def _hygiene():
     python_threads = {t.ident for t in threading.enumerate()}
     yield
     changed = (set(env) ^ set(os.environ)) | {k for k in env if os.environ.get(k) != env[k]}
-    # pytest, torch's compiler and scikit-learn (KMP_INIT_AT_FORK, on import) set their own variables.
-    leaked_env = {k for k in changed if not k.lstrip("_").startswith(("PYTEST_", "TORCHINDUCTOR_", "TRITON_", "KMP_"))}
+    # pytest, torch's compiler, scikit-learn (KMP_INIT_AT_FORK, on import) and MLflow (its telemetry session) set their own variables.
+    leaked_env = {k for k in changed if not k.lstrip("_").startswith(("PYTEST_", "TORCHINDUCTOR_", "TRITON_", "KMP_", "MLFLOW_TELEMETRY_"))}
     os.environ.clear()
     os.environ.update(env)
     assert not leaked_env, f"test leaked environment variables: {sorted(leaked_env)}"

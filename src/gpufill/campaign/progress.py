@@ -63,6 +63,8 @@ class RunOutcome:
     """The last environment failure's error."""
     pruned: int = 0
     """Trials a search's pruner stopped (campaign/pruning.py): finished, never ranked."""
+    tracking: str = ""
+    """What reached the tracking server (campaign/tracking.py), one line; empty without `tracking:`."""
 
 
 def snapshot(counts: Any, lanes: Sequence[Any], finished_this_run: Mapping[str, int], busy: Sequence[Any], started_at: Mapping[str, float],

@@ -8,6 +8,7 @@ belongs to this campaign), so a refused run never modifies an existing store.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import sqlite3
 from collections import Counter
@@ -83,6 +84,8 @@ class Campaign:
         self.spec = spec
         self.workdir = Path(workdir) if workdir is not None else Path(f"gpufill-{spec.name}")
         self.source = str(spec.path) if spec.path else "campaign"
+        self.tracking_uri: str | None = None
+        """Where this run copies finished trials (MLflow), set by `run`."""
 
     @classmethod
     def from_yaml(cls, path: str | Path, workdir: str | Path | None = None) -> Campaign:
@@ -162,13 +165,16 @@ class Campaign:
         address: str | None = None,
         on_start: Callable[[Prepared, int], None] | None = None,
         on_update: Callable[[Snapshot], None] | None = None,
+        mlflow: str | None = None,
     ) -> RunOutcome:
         """Run (or resume) the campaign: done trials are kept, interrupted ones retried.
 
         `executor` is local (worker processes here), ray (a local Ray, or the cluster at
         `address`) or slurm (jobs through submitit, settings in resources.slurm); the store,
-        the trial ids and resuming are the same whichever runs the trials.
+        the trial ids and resuming are the same whichever runs the trials. `mlflow`: a tracking
+        URI finished trials are copied to (overrides the file's tracking.mlflow).
         """
+        self.tracking_uri = tracking_uri(self.spec, mlflow)
         timeline = Timeline()
         timeline.mark("run begins (interpreter, imports, campaign file)")
         runs = make_executor(executor, spec=self.spec, base_dir=str(self.base_dir), workdir=self.workdir, address=address)
@@ -203,11 +209,38 @@ class Campaign:
                 if lock.taken_over:
                     prepared.warnings.append(f"took the workdir over from a run that stopped without releasing it (pid {lock.taken_over.get('pid')} "
                                              f"on {lock.taken_over.get('host')})")
-                with run_log(self.workdir, run_id, verbose=verbose):
+                with run_log(self.workdir, run_id, verbose=verbose), self._tracked(store, run_id) as tracked:
                     timeline.start_logging()
-                    return self._run(store, run_id, prepared, runs, on_start, on_update, timeline)
+                    return tracked(self._run(store, run_id, prepared, runs, on_start, on_update, timeline))
             finally:
                 store.close()
+
+    @contextmanager
+    def _tracked(self, store: Store, run_id: int) -> Iterator[Callable[[RunOutcome], RunOutcome]]:
+        """With a tracking URI, a follower exports finished trials while the run goes on (campaign/tracking.py); at the
+        end it gets a last pass, and the outcome says what reached the server (an interrupted run waits less)."""
+        if self.tracking_uri is None:
+            yield lambda outcome: outcome
+            return
+        from gpufill.campaign.tracking import Follower
+
+        experiment = (self.spec.tracking.experiment if self.spec.tracking else None) or self.spec.name
+        follower = Follower(self.workdir, self.tracking_uri, experiment, self.workdir / "logs" / "tracking.log")
+        said: list[str] = []
+
+        def finished(outcome: RunOutcome) -> RunOutcome:
+            said.append(follower.finish())
+            outcome.tracking = said[0]
+            return outcome
+
+        try:
+            yield finished
+        finally:
+            if not said:  # stopped before its end: a short last pass
+                said.append(follower.finish(wait_s=10.0))
+            with contextlib.suppress(sqlite3.Error):
+                store.event("tracking", said[0], run_id=run_id)
+            log.info(said[0])
 
     def _run(self, store: Store, run_id: int, prepared: Prepared, executor: Executor, on_start: Any, on_update: Any,
              timeline: Timeline) -> RunOutcome:
@@ -319,6 +352,23 @@ class Campaign:
 
     def results(self) -> pd.DataFrame:
         return read_results(self.workdir)
+
+
+def tracking_uri(spec: CampaignSpec, override: str | None) -> str | None:
+    """The MLflow URI a run copies its trials to (--mlflow, else tracking.mlflow), checked before anything runs."""
+    uri = override or (spec.tracking.mlflow if spec.tracking else None)
+    if uri is None:
+        return None
+    from gpufill.campaign.tracking_spec import check_uri
+
+    try:
+        check_uri(uri)
+    except ValueError as error:
+        raise InputError(str(error), where=uri, field="--mlflow" if override else "tracking.mlflow", fix="pass a tracking URI") from None
+    if importlib.util.find_spec("mlflow") is None:
+        raise InputError("tracking to MLflow needs the mlflow package", where=uri, field="--mlflow" if override else "tracking.mlflow",
+                         fix="pip install 'gpufill[mlflow]'")
+    return uri
 
 
 def describe_timeout(resources: Any) -> str:

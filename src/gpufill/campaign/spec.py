@@ -44,6 +44,7 @@ from gpufill.campaign.data_spec import SYNTHETIC_DEFAULT_PROJECTS, DataSpec
 from gpufill.campaign.ensemble_spec import EnsembleSpec, default_members, fold_ensemble
 from gpufill.campaign.resources_spec import ResourcesSpec, SlurmSpec
 from gpufill.campaign.search_spec import SearchSpec
+from gpufill.campaign.tracking_spec import TrackingSpec
 from gpufill.campaign.user_models import inspect_in_child
 from gpufill.campaign.spec_errors import (
     LocatedError,
@@ -99,6 +100,8 @@ class CampaignSpec(Spec):
     resources: ResourcesSpec = ResourcesSpec()
     ensemble: EnsembleSpec | None = None
     """The declared ensemble (campaign/ensemble_spec.py): its lookbacks and losses are folded into task and models."""
+    tracking: TrackingSpec | None = None
+    """Where finished trials are copied to (campaign/tracking_spec.py: an MLflow server); never part of a trial id."""
     path: Path | None = Field(default=None, exclude=True)
     """The file this spec was loaded from (relative data paths resolve against its folder)."""
 

@@ -27,13 +27,15 @@ def run(
     fresh: bool = typer.Option(False, "--fresh", help="Start over: delete this workdir's store and run logs first (nothing else in it)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before --fresh deletes results."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every trial (WORKDIR/logs/run-N.log)."),
+    mlflow: str | None = typer.Option(None, "--mlflow", help="Copy finished trials to this MLflow tracking URI as they finish (gpufill[mlflow]); "
+                                                             "overrides the file's tracking.mlflow."),
 ) -> None:
     """Run a campaign; running it again resumes (done trials are kept)."""
-    _run_campaign(campaign, workdir, gpu_slots, cpu_slots, executor, fresh, yes, command="gpufill run", verbose=verbose, address=address)
+    _run_campaign(campaign, workdir, gpu_slots, cpu_slots, executor, fresh, yes, command="gpufill run", verbose=verbose, address=address, mlflow=mlflow)
 
 
 def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, cpu_slots: str | None, executor: str, fresh: bool, yes: bool, command: str,
-                  verbose: bool = False, address: str | None = None) -> None:
+                  verbose: bool = False, address: str | None = None, mlflow: str | None = None) -> None:
     from rich.live import Live
     from rich.markup import escape
 
@@ -79,6 +81,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
             address=address,
             on_start=on_start,
             on_update=lambda snapshot: live.update(campaign_tables.campaign_view(snapshot, job.spec.name)),
+            mlflow=mlflow,
         )
     except RunInterrupted as stopped:
         live.stop()
@@ -93,6 +96,8 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
     pruned = f", pruned {counts['pruned']}" if counts.get("pruned") else ""  # a search's pruner stopped them: finished, never ranked
     console.print(f"done {counts['done']}{pruned}, failed {counts['failed']}, pending {counts['pending']} of {counts['total']} trials in {outcome.elapsed_s:.1f} s"
                   f" ({outcome.retried} retried{environment}, {outcome.crashed} worker crashes). Results: gpufill results --workdir {job.workdir}", markup=False)
+    if outcome.tracking:
+        console.print(visible(outcome.tracking), markup=False)
     if outcome.waiting:  # the campaign is not finished: say why and what finishes it
         print(visible(f"gpufill: {outcome.waiting} trials are left pending because the environment kept failing them (last: {outcome.waiting_reason}); "
                       f"they used none of their retries: once that is fixed, finish the campaign with: {job.resume_command(command)}"), file=sys.stderr)

@@ -1,0 +1,63 @@
+"""`gpufill export mlflow`: a campaign's finished trials copied to an MLflow tracking server (campaign/tracking.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import typer
+
+from gpufill.cli.app import app
+from gpufill.errors import InputError
+
+export_app = typer.Typer(help="Copy a campaign's results to where a team already tracks runs.", no_args_is_help=True)
+app.add_typer(export_app, name="export")
+
+EXPORT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+"""An export a person waits on: a server that does not answer is said in about a minute, not MLflow's several."""
+
+
+@export_app.command("mlflow")
+def export_mlflow(
+    workdir: Path | None = typer.Option(None, "--workdir", help="The campaign's workdir (default: the one here)."),
+    uri: str = typer.Option(..., "--uri", help="MLflow tracking URI: http://HOST:PORT, sqlite:///path/mlflow.db, ..."),
+    experiment: str | None = typer.Option(None, "--experiment", help="MLflow experiment (default: the file's tracking.experiment, else the campaign's name)."),
+    follow: bool = typer.Option(False, "--follow", hidden=True, help="Export every few seconds until stdin closes (what a tracked run starts)."),
+) -> None:
+    """One MLflow run per finished trial (params, metrics, epoch curves, status), the report on a campaign run; run it
+    again at any time: only what is missing or trained again since is sent."""
+    from gpufill.campaign import tracking
+    from gpufill.campaign.reading import find_workdir
+    from gpufill.campaign.tracking_spec import check_uri
+
+    try:
+        check_uri(uri)
+    except ValueError as error:
+        raise InputError(str(error), where=uri, field="--uri", fix="pass a tracking URI") from None
+    folder = find_workdir(workdir)
+    tracking.client_for(uri)  # the extra, checked before the store is read
+    if follow:
+        raise typer.Exit(tracking.follow(folder, uri, experiment=experiment))
+    try:
+        with _defaults(EXPORT_ENV):
+            outcome = tracking.export_mlflow(folder, uri, experiment=experiment)
+    except InputError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a server down or refusing: one line, nothing lost (the store is untouched)
+        raise InputError(tracking.unreachable(error, uri), where=str(folder), field="--uri",
+                         fix="start the server (or check the URI) and run this again: it sends only what is missing") from None
+    print(outcome.line())
+
+
+@contextlib.contextmanager
+def _defaults(values: dict[str, str]) -> Iterator[None]:
+    """`values` in the environment where the user set none, for the duration (MLflow reads them at each request)."""
+    added = [key for key in values if key not in os.environ]
+    os.environ.update({key: values[key] for key in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
