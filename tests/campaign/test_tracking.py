@@ -152,6 +152,7 @@ def test_a_tracked_campaign_killed_resumed_and_cut_off_from_its_server_ends_with
         server.stop()  # the tracking server goes away mid-run
         output, _ = resumed.communicate(timeout=WAIT_S)
         assert resumed.returncode == 0, output
+        output = " ".join(output.split())  # the terminal's line wrapping aside
         assert _finished_in_store(workdir) == 18  # nothing lost to the server's absence
         assert f"tracking: MLflow at {server.uri} did not answer" in output and "the store keeps every result" in output
         assert f"gpufill export mlflow --workdir {workdir} --uri {server.uri}" in output

@@ -97,7 +97,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
     console.print(f"done {counts['done']}{pruned}, failed {counts['failed']}, pending {counts['pending']} of {counts['total']} trials in {outcome.elapsed_s:.1f} s"
                   f" ({outcome.retried} retried{environment}, {outcome.crashed} worker crashes). Results: gpufill results --workdir {job.workdir}", markup=False)
     if outcome.tracking:
-        console.print(visible(outcome.tracking), markup=False)
+        console.print(visible(outcome.tracking), markup=False, soft_wrap=True)  # one line, whole: it holds a command to copy
     if outcome.waiting:  # the campaign is not finished: say why and what finishes it
         print(visible(f"gpufill: {outcome.waiting} trials are left pending because the environment kept failing them (last: {outcome.waiting_reason}); "
                       f"they used none of their retries: once that is fixed, finish the campaign with: {job.resume_command(command)}"), file=sys.stderr)

@@ -28,7 +28,7 @@ def export_mlflow(
 ) -> None:
     """One MLflow run per finished trial (params, metrics, epoch curves, status), the report on a campaign run; run it
     again at any time: only what is missing or trained again since is sent."""
-    from gpufill.campaign import tracking
+    from gpufill.tracking import mlflow_export as tracking
     from gpufill.campaign.reading import find_workdir
     from gpufill.campaign.tracking_spec import check_uri
 

@@ -36,6 +36,7 @@ from gpufill.engine.config import FitConfig
 from gpufill.engine.inputs import Data, Source
 from gpufill.engine.hardware import cpu_count
 from gpufill.engine.kit import build_kit, capture
+from gpufill.engine.loggers import open_loggers, parse_loggers
 from gpufill.engine.measure.candidates import thread_counts
 from gpufill.engine.measure.resolver import PROBE_MIN_STEPS
 from gpufill.engine.measure.thread_watch import ThreadWatch
@@ -57,6 +58,7 @@ def fit(
     config: FitConfig | None = None,
     callbacks: Sequence[FitCallback] = (),
     monitor: Any = None,
+    loggers: Sequence[str] | str | None = None,
     **overrides: Any,
 ) -> FitResult:
     """Train `model` on `train`, scoring `val` (each: tensors in any structure, a Dataset, a
@@ -65,17 +67,27 @@ def fit(
     Settings come from `config` with `overrides` (any FitConfig field) applied on top.
     `monitor` (a TrainingMonitor) is fed every optimizer step: its host-side time and data
     wait (on a GPU the host time is launch time: fit never syncs per step).
+    `loggers`: "tensorboard:DIR" and/or "mlflow:URI" (engine/loggers.py): the plan, each
+    epoch's numbers and the result written there as the training goes (rank 0 alone under DDP).
     """
     called = time.perf_counter()
     cfg = resolve_config(config, overrides)
+    wanted = parse_loggers(loggers)  # a malformed one or a missing extra: refused before anything trains
     with held_directory(cfg.checkpoint_dir):  # writable, and this training's alone: checked before anything is measured or trained
         run = prepare(model, train, val, cfg)
-        with backend_flags(run.plan):
-            training = Training(run.model, run.cfg, run.plan, run.device, run.loss_fn, monitor, run.ddp, run.train_batches, run.resumed, run.events,
-                                total_steps=run.total_steps)
-            training.identity = run.identity
-            return training.train(run.train_batches, run.val_batches, callbacks if run.ddp is None or run.ddp.is_main else (), run.train_source,
-                                  called=called)
+        main = run.ddp is None or run.ddp.is_main
+        writing = open_loggers(wanted) if main else []
+        result: FitResult | None = None
+        try:
+            with backend_flags(run.plan):
+                training = Training(run.model, run.cfg, run.plan, run.device, run.loss_fn, monitor, run.ddp, run.train_batches, run.resumed, run.events,
+                                    total_steps=run.total_steps)
+                training.identity = run.identity
+                result = training.train(run.train_batches, run.val_batches, [*callbacks, *writing] if main else (), run.train_source, called=called)
+                return result
+        finally:
+            for logger in writing:
+                logger.close(result)
 
 
 def _version() -> str:

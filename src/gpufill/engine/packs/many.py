@@ -21,6 +21,7 @@ from torch import nn
 from gpufill.engine import losses
 from gpufill.engine.batches import rows, signature, to_device
 from gpufill.engine.choice import Choice
+from gpufill.engine.loggers import open_loggers, parse_loggers
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import resolve_device
 from gpufill.engine.inputs import Source, as_source
@@ -50,7 +51,8 @@ def clear_caches() -> None:
 
 
 def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *, variants: Sequence[dict[str, Any]],
-             config: FitConfig | None = None, pack: bool | str = "auto", keep_models: bool = True, **settings: Any) -> list[FitResult]:
+             config: FitConfig | None = None, pack: bool | str = "auto", keep_models: bool = True, loggers: Sequence[str] | str | None = None,
+             **settings: Any) -> list[FitResult]:
     """Train one model per variant; results in the order of `variants`, each as `fit` would return it alone.
 
     `make_model()` is called once per variant after `torch.manual_seed(variant's seed)`, as late as the training
@@ -61,6 +63,8 @@ def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *
     `checkpoint_dir`: each variant checkpoints in its own `variant-<index>` folder there.
     `keep_models`: False lets each trained model go (its result's model is None): a sweep read for its metrics
     holds one model at a time, not K.
+    `loggers`: as fit's ("tensorboard:DIR", "mlflow:URI"), one run per variant (`variant-<index>`), written as each
+    variant's part of the sweep finishes.
     """
     if pack not in ("auto", True, False):
         raise InputError(f"pack={pack!r}", field="pack", fix="use 'auto', True or False")
@@ -71,10 +75,14 @@ def fit_many(make_model: Callable[[], nn.Module], train: Any, val: Any = None, *
     reason = _why_not_by_settings(configs, train_source, val_source) if pack is not False else "pack=False"
     configs = _own_checkpoints(configs)
     size, why_split = (len(configs), None) if reason is not None else pack_chunk(builds.peek(), configs[0], len(configs))
+    wanted = parse_loggers(loggers)  # refused before anything trains
     results: list[FitResult] = []
     for start in range(0, len(configs), size):
         part = configs[start : start + size]
         results.extend(_fit_part(builds, part, train, val, train_source, val_source, pack, reason, why_split, keep_models))
+        for index in range(start, len(results)):
+            for logger in open_loggers(wanted, run_name=f"variant-{index}"):
+                logger.replay(results[index])
     return results
 
 

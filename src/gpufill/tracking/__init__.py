@@ -1,0 +1,1 @@
+"""Results out to where a team already tracks its runs: MLflow (mlflow_export.py)."""

@@ -1,0 +1,284 @@
+"""A campaign in MLflow: one experiment per campaign, one run per finished trial, the report as an artifact.
+
+`export_mlflow` copies what the store holds to a tracking server through MLflow's client (`MlflowClient`): each
+finished trial (done, pruned or failed) becomes a run, nested under one "campaign" run that holds the report. A
+trial's run carries its configuration as params (family, grid point, train overrides, lookback, seed, project, data
+fingerprint), every stored metric (test and validation scores, the naive baseline, seconds) and its per-epoch
+curves, and tags saying its status, lane, pack and trial id.
+
+The trial id is the key: exporting twice, or a resumed campaign exporting again, creates no second run of a trial.
+A trial trained again (retried after a failure, its data changed) has a new finish time: its old run is deleted and
+a new one made, so the server shows what the store holds.
+
+During a run, `follow` is the child process campaign/tracking.py's Follower starts: it exports every few seconds and
+writes each pass's outcome to WORKDIR/tracking-mlflow.json. (This module sits above campaign/ and report/: it
+reads the store and writes the report; the campaign only starts it, by its command line.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufill.campaign.provenance import with_effective_train
+from gpufill.campaign.store import METRICS, Store
+from gpufill.campaign.tracking import STATE_FILE
+from gpufill.errors import InputError
+from gpufill.files import write_atomically
+
+__all__ = ["Exported", "client_for", "export_mlflow", "follow", "unreachable"]
+
+KEY_TAG = "gpufill.trial_id"
+RESULT_TAG = "gpufill.finished_at"
+"""A trial's finish time as exported, set once its run is complete: another value in the store means it was trained
+again; none means its export was cut off (the server went away): either way the run is made again."""
+KIND_TAG = "gpufill.kind"
+RUN_STATUS = {"done": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
+FOLLOW_EVERY_S = 5.0
+"""Seconds between a following export's passes."""
+BATCH = {"metrics": 900, "params": 100, "tags": 100}
+"""MLflow's log_batch limits (1000 items, 100 params, 100 tags per call), with room to spare."""
+
+
+@dataclass(frozen=True, slots=True)
+class Exported:
+    uri: str
+    experiment: str
+    finished: int
+    """Finished trials in the store."""
+    created: int
+    replaced: int
+    """Runs deleted and made again: their trial was trained again since, or their export was cut off."""
+    already: int
+
+    def line(self) -> str:
+        return (f"{self.finished} finished trials in MLflow at {self.uri}, experiment {self.experiment!r}: {self.created} runs made"
+                f"{f' ({self.replaced} of them replacing a copy that was cut off or older)' if self.replaced else ''}, {self.already} already there")
+
+
+def client_for(uri: str) -> Any:
+    """MLflow's client for `uri`, or one line naming the extra to install."""
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise InputError("tracking to MLflow needs the mlflow package", where=uri, field="tracking.mlflow",
+                         fix="pip install 'gpufill[mlflow]'") from None
+    return MlflowClient(tracking_uri=uri)
+
+
+def export_mlflow(workdir: str | os.PathLike[str], uri: str, *, experiment: str | None = None, report: bool = True,
+                  lock_wait_s: float = 120.0) -> Exported:
+    """Copy every finished trial of the campaign at `workdir` to MLflow at `uri` (idempotent: the trial id is the key).
+    Raises what the client raises when the server cannot be reached (`unreachable` words it)."""
+    workdir = Path(workdir)
+    client = client_for(uri)
+    Store.open(workdir).close()  # no store there: one line before the lock file is made
+    with exporting(workdir, wait_s=lock_wait_s):  # one export at a time: two would both see a trial missing
+        store = Store.open(workdir)  # read under the lock: a later pass never overwrites a newer result with an older one
+        try:
+            name = experiment or _spec_experiment(store) or store.meta("campaign_name") or workdir.name
+            rows = with_effective_train(store.finished_rows(), store.bases())  # the settings each trained with, as results show
+        finally:
+            store.close()
+        experiment_id = _experiment(client, name)
+        present = _present(client, experiment_id)
+        parent = present.pop(None, None) or _campaign_run(client, experiment_id, name)
+        created = replaced = already = 0
+        for row in rows:
+            old = present.get(row["trial_id"])
+            if old is not None and old[1] == _finished(row):
+                already += 1
+                continue
+            if old is not None:
+                client.delete_run(old[0])
+                replaced += 1
+            _log_trial(client, experiment_id, parent, row)
+            created += 1
+        if report:  # the campaign run: its report and its trials' statuses, ended (a later export adds to them)
+            _attach_report(client, parent, workdir)
+            _log_counts(client, parent, rows)
+            client.set_terminated(parent, status="FINISHED")
+    return Exported(uri, name, len(rows), created, replaced, already)
+
+
+LOCK_FILE = "tracking-mlflow.lock"
+
+
+@contextlib.contextmanager
+def exporting(workdir: Path, *, wait_s: float) -> Iterator[None]:
+    """Hold the workdir's export lock (a resumed run's follower may start while the killed run's still makes its last
+    pass); InputError after `wait_s` seconds of another export holding it."""
+    import fcntl
+
+    from gpufill.files import open_lock
+
+    descriptor = open_lock(workdir / LOCK_FILE, field="tracking")
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise InputError(f"another export to MLflow from this workdir is still running after {wait_s:.0f} s", where=str(workdir),
+                                     field="tracking", fix="wait for it (a run's follower makes a last pass when the run ends), then export again") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
+def unreachable(error: BaseException, uri: str) -> str:
+    """One line for a failed export: what the client said, first line only."""
+    text = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    return f"MLflow at {uri} did not answer ({type(error).__name__}: {text})"
+
+
+# -- following a run -------------------------------------------------------------------------------------
+def follow(workdir: str | os.PathLike[str], uri: str, *, experiment: str | None = None, every_s: float = FOLLOW_EVERY_S) -> int:
+    """Export every `every_s` seconds until stdin closes (the campaign's run ended, or was killed), then once more with
+    the report; each pass's outcome in WORKDIR/tracking-mlflow.json. Never raises for a server that is down."""
+    workdir = Path(workdir)
+    ended = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), ended.set()), daemon=True).start()
+    while True:
+        last = ended.is_set()
+        _pass(workdir, uri, experiment, report=last)
+        if last:
+            return 0
+        ended.wait(every_s)
+
+
+def _pass(workdir: Path, uri: str, experiment: str | None, *, report: bool) -> None:
+    state: dict[str, Any] = {"uri": uri, "at": time.time(), "final": report}
+    try:
+        # A pass waits little for another export's lock (a killed run's follower making its last pass): the next tries again.
+        state.update(asdict(export_mlflow(workdir, uri, experiment=experiment, report=report, lock_wait_s=60.0 if report else 5.0)), error=None)
+    except InputError as error:  # the lock held too long, the store gone: said, tried again next pass
+        state["error"] = error.one_line()
+    except Exception as error:  # noqa: BLE001 - a server down or refusing: said in the state, tried again next pass
+        state["error"] = unreachable(error, uri)
+    write_atomically(workdir / STATE_FILE, json.dumps(state) + "\n", field="tracking")
+
+
+# -- what a run holds -------------------------------------------------------------------------------------
+def _experiment(client: Any, name: str) -> str:
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            client.restore_experiment(found.experiment_id)
+        return found.experiment_id
+    return client.create_experiment(name, tags={KIND_TAG: "campaign"})
+
+
+def _present(client: Any, experiment_id: str) -> dict[str | None, Any]:
+    """trial id -> (run id, finished-at tag) of the experiment's live runs; None -> the campaign run's id."""
+    found: dict[str | None, Any] = {}
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
+        for run in page:
+            tags = run.data.tags
+            if tags.get(KIND_TAG) == "campaign":
+                found[None] = run.info.run_id
+            elif KEY_TAG in tags:
+                found[tags[KEY_TAG]] = (run.info.run_id, tags.get(RESULT_TAG))
+        token = page.token
+        if not token:
+            return found
+
+
+def _campaign_run(client: Any, experiment_id: str, name: str) -> str:
+    run = client.create_run(experiment_id, run_name=f"campaign {name}", tags={KIND_TAG: "campaign"})
+    return run.info.run_id
+
+
+def _finished(row: Mapping[str, Any]) -> str:
+    return repr(row["finished_at"])
+
+
+def _log_trial(client: Any, experiment_id: str, parent: str, row: Mapping[str, Any]) -> None:
+    from mlflow.entities import Metric, Param
+
+    started = int((row["started_at"] or row["finished_at"] or time.time()) * 1000)
+    ended = int((row["finished_at"] or time.time()) * 1000)
+    timings = row["timings"] or {}
+    tags = {KEY_TAG: row["trial_id"], "gpufill.status": row["status"], "gpufill.lane": str(row["lane"]),
+            "gpufill.pack_size": str(timings.get("pack_size", 1)), "gpufill.config_id": row["config_id"], "mlflow.parentRunId": parent}
+    if row["error"]:
+        tags["gpufill.error"] = str(row["error"]).splitlines()[0][:500]
+    run = client.create_run(experiment_id, start_time=started, run_name=f"{row['family']} {row['project']} seed {row['seed']}", tags=tags)
+    params = [Param(key, value[:6000]) for key, value in _params(row).items()]
+    metrics = [Metric(key, value, ended, step) for key, value, step in _metrics(row)]
+    for chunk in _chunks(metrics, BATCH["metrics"]):
+        client.log_batch(run.info.run_id, metrics=chunk)
+    for chunk in _chunks(params, BATCH["params"]):
+        client.log_batch(run.info.run_id, params=chunk)
+    client.set_terminated(run.info.run_id, status=RUN_STATUS[row["status"]], end_time=ended)
+    client.set_tag(run.info.run_id, RESULT_TAG, _finished(row))  # last: a run cut off before it is made again by the next export
+
+
+def _params(row: Mapping[str, Any]) -> dict[str, str]:
+    """The trial's configuration: who it is, then its grid point and train overrides under their own names."""
+    found = {"family": row["family"], "project": row["project"], "lookback": str(row["lookback"]), "seed": str(row["seed"]),
+             "kind": row["kind"], "data_fingerprint": row["data_fingerprint"], "config_id": row["config_id"]}
+    for prefix, text in (("", row["params"]), ("train.", row["train"])):
+        for key, value in (json.loads(text) if text else {}).items():
+            found.setdefault(f"{prefix}{key}", json.dumps(value) if not isinstance(value, str) else value)
+    return found
+
+
+def _metrics(row: Mapping[str, Any]) -> Iterator[tuple[str, float, int]]:
+    """(key, value, step): the test and validation scores, the naive baseline, seconds, then per-epoch curves."""
+    for name in (*METRICS, "naive_mae", *(f"val_{m}" for m in METRICS), "duration_s"):
+        if _finite(row.get(name)):
+            yield name, float(row[name]), 0
+    for record in row["history"] or []:
+        for name in ("train_loss", "val_loss", "lr", "seconds"):
+            if _finite(record.get(name)):
+                yield f"epoch_{name}", float(record[name]), int(record["epoch"])
+    for epoch, value in ((row["metrics"] or {}).get("rungs") or {}).items():  # a search's pruner: its scores at the rungs
+        if _finite(value):
+            yield "rung_score", float(value), int(epoch)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _log_counts(client: Any, run_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    statuses = [row["status"] for row in rows]
+    client.log_batch(run_id, metrics=[Metric(f"trials_{status}", statuses.count(status), now, 0) for status in RUN_STATUS])
+
+
+def _attach_report(client: Any, run_id: str, workdir: Path) -> None:
+    """The campaign's HTML report, written to a temporary folder (never into the workdir) and logged to the run."""
+    from gpufill.report import write_report
+
+    with tempfile.TemporaryDirectory(prefix="gpufill-report-") as folder:
+        path = write_report(workdir, Path(folder) / "report.html")
+        client.log_artifact(run_id, str(path))
+
+
+def _spec_experiment(store: Store) -> str | None:
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        return (json.loads(store.meta("spec") or "{}").get("tracking") or {}).get("experiment")
+    return None
