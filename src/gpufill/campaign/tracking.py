@@ -25,9 +25,9 @@ STATE_FILE = "tracking-mlflow.json"
 
 FINAL_PASS_S = 60.0
 """How long a run waits, once its trials are done, for the follower's last pass (the report included)."""
-FOLLOWER_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+FOLLOWER_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 """A follower's client gives up on a request in 10 s with no retries (MLflow's default retries for minutes):
-the next pass tries again."""
+the next pass tries again. It prints no "View run" line per trial into the tracking log."""
 
 
 class Follower:

@@ -15,8 +15,9 @@ from gpufill.errors import InputError
 export_app = typer.Typer(help="Copy a campaign's results to where a team already tracks runs.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
 
-EXPORT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
-"""An export a person waits on: a server that does not answer is said in about a minute, not MLflow's several."""
+EXPORT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+"""An export a person waits on: a server that does not answer is said in about a minute, not MLflow's several; and
+one line at the end, not MLflow's "View run" line per trial."""
 
 
 @export_app.command("mlflow")
