@@ -181,15 +181,15 @@ def test_bad_executor_settings_exit_2_before_anything_runs(tmp_path, capsys, mon
     assert not (tmp_path / "work").exists()
 
 
-def test_resources_slurm_from_the_readme_become_the_jobs_sbatch_lines(tmp_path, monkeypatch):
+def test_resources_slurm_from_the_docs_become_the_jobs_sbatch_lines(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"  # stand-ins: submitit checks for srun, gpufill for sbatch; nothing is submitted
     bin_dir.mkdir()
     for tool in ("srun", "sbatch"):
         (bin_dir / tool).write_text("#!/bin/sh\nexit 1\n")
         (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    block = readme.split("## Scaling out")[1].split("```yaml\n")[1].split("```")[0]
+    page = (Path(__file__).parents[2] / "docs" / "scale-out.md").read_text()  # the Slurm settings as the docs show them
+    block = page.split("## Slurm")[1].split("```yaml\n")[1].split("```")[0]
     path = tmp_path / "readme.yaml"
     path.write_text("name: readme\ndata: {source: synthetic, projects: 1, length: 300}\ntask: {lookback: [12]}\nmodels: {mlp: {hidden_size: 8}, linear: {}}\n" + block)
     spec = load_campaign(path)
