@@ -28,6 +28,9 @@ ALLOWED = {
     "gpufill.forecasting": {*SHARED, "gpufill.engine"},
     "gpufill.campaign": {*SHARED, "gpufill", "gpufill.engine", "gpufill.forecasting", "gpufill.monitor"},
     "gpufill.monitor": {*SHARED, "gpufill.engine"},
+    # An export to MLflow reads the store and writes the report: above both, below the cli; the campaign starts it by
+    # its command line, never by import.
+    "gpufill.tracking": {*SHARED, "gpufill.campaign", "gpufill.report", "gpufill.forecasting", "gpufill.engine"},
 }
 
 
