@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpufill.campaign.spec import load_campaign
-from gpufill.campaign.spec_errors import MAX_VALUES, expanded_size, first_duplicate
+from gpufill.campaign.spec.spec import load_campaign
+from gpufill.campaign.spec.spec_errors import MAX_VALUES, expanded_size, first_duplicate
 from gpufill.errors import InputError
 
 BOMB = """name: bomb

@@ -14,7 +14,7 @@ from gpufill.forecasting.training import FORECAST_EPOCHS, FORECAST_PATIENCE
 import torch
 
 from gpufill.campaign import expand, load_campaign
-from gpufill.campaign.spec import TRAIN_KEYS, CampaignSpec, DataSpec, TrainSpec
+from gpufill.campaign.spec.spec import TRAIN_KEYS, CampaignSpec, DataSpec, TrainSpec
 from gpufill.forecasting.data import Split
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufill.campaign.spec import load_campaign
+from gpufill.campaign.spec.spec import load_campaign
 from gpufill.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]

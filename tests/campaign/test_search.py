@@ -1,5 +1,5 @@
 """`search:` campaigns: the space's forms and their refusals at their line, random and TPE runs on synthetic data,
-and a search killed mid-run that resumes with the same proposals (campaign/search.py, campaign/search_spec.py)."""
+and a search killed mid-run that resumes with the same proposals (campaign/search.py, campaign/spec/search_spec.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gpufill.campaign.runner import Campaign, read_results
-from gpufill.campaign.search_spec import Range
-from gpufill.campaign.spec import load_campaign
+from gpufill.campaign.spec.search_spec import Range
+from gpufill.campaign.spec.spec import load_campaign
 from gpufill.campaign.store import Store
 from gpufill.errors import InputError
 from tests.helpers import run_cli

@@ -12,8 +12,8 @@ from typing import Any
 
 # name -> submodule of gpufill.campaign that defines it
 _HOME = {
-    "CampaignSpec": "spec",
-    "load_campaign": "spec",
+    "CampaignSpec": "spec.spec",
+    "load_campaign": "spec.spec",
     "Trial": "trials",
     "expand": "trials",
     "trial_id": "trials",

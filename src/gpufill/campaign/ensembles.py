@@ -29,7 +29,7 @@ from gpufill.forecasting.trial import GLOBAL_PROJECT
 if TYPE_CHECKING:
     import numpy as np
 
-    from gpufill.campaign.spec import CampaignSpec
+    from gpufill.campaign.spec.spec import CampaignSpec
 
 __all__ = ["ENSEMBLE_HOW", "declared_ensemble", "ensembles", "forecast_rows", "members_shown", "read_declared", "store_declared"]
 

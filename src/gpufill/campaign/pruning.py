@@ -1,4 +1,4 @@
-"""A search's pruner inside one network's training (campaign/search_spec.py: `search.pruner`).
+"""A search's pruner inside one network's training (campaign/spec/search_spec.py: `search.pruner`).
 
 The scheduler sends each trial of a round the earlier rounds' trials of its project (each one's validation score
 at the epochs it reported, and how it ended). `RungPruner` replays them through a fresh Optuna pruner in proposal

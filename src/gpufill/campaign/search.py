@@ -1,4 +1,4 @@
-"""A search campaign's proposals: Optuna's samplers over the families' grids, round by round (campaign/search_spec.py).
+"""A search campaign's proposals: Optuna's samplers over the families' grids, round by round (campaign/spec/search_spec.py).
 
 Round r proposes `search.batch` configurations no earlier round proposed. Its sampler is made afresh, seeded by
 (search.seed, r), and told every earlier configuration's validation score (the mean over its trials; a
@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufill.campaign.search_spec import Range, SearchSpec
+from gpufill.campaign.spec.search_spec import Range, SearchSpec
 from gpufill.campaign.trials import Trial, canonical, expand_points
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:
     import optuna
 
-    from gpufill.campaign.spec import CampaignSpec
+    from gpufill.campaign.spec.spec import CampaignSpec
     from gpufill.campaign.store import Store
 
 __all__ = ["ASKS_PER_PROPOSAL", "Config", "Search", "optuna_module"]

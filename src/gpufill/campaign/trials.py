@@ -25,7 +25,7 @@ from gpufill.errors import InputError
 from gpufill.forecasting.trial import GLOBAL_PROJECT, Trial
 
 if TYPE_CHECKING:  # trials stay light (the store imports them); the spec imports torch
-    from gpufill.campaign.spec import CampaignSpec
+    from gpufill.campaign.spec.spec import CampaignSpec
 
 __all__ = ["GLOBAL_PROJECT", "Trial", "data_digest", "canonical", "expand", "expand_points", "id_base", "trial_id"]
 

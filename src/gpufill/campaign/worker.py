@@ -116,7 +116,7 @@ class TrialRunner:
     and with which data."""
 
     def __init__(self, spec_payload: dict[str, Any], base_dir: Path, *, threads: int, device: str, tune_cache: str | None = None):
-        from gpufill.campaign.spec import CHECKED, CampaignSpec
+        from gpufill.campaign.spec.spec import CHECKED, CampaignSpec
 
         self.spec = CampaignSpec.model_validate(spec_payload, context=CHECKED)
         self.base_dir = base_dir

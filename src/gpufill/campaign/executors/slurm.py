@@ -40,7 +40,7 @@ from gpufill.campaign.lanes import Lane
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:
-    from gpufill.campaign.spec import SlurmSpec
+    from gpufill.campaign.spec.spec import SlurmSpec
 
 INSTALL_FIX = "pip install 'gpufill[slurm]'"
 # Slurm states of a job that has not started yet (UNKNOWN: just submitted, sacct has no row yet).

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import StrictInt, field_validator, model_validator
 
-from gpufill.campaign.spec_errors import LocatedError, first_duplicate
-from gpufill.campaign.spec_types import Count, Float, Spec
+from gpufill.campaign.spec.spec_errors import LocatedError, first_duplicate
+from gpufill.campaign.spec.spec_types import Count, Float, Spec
 from gpufill.errors import InputError
 from gpufill.forecasting.data import Split
 from gpufill.forecasting.trial import METRICS

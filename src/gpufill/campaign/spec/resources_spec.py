@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, field_validator
 
-from gpufill.campaign.spec_errors import LocatedError
-from gpufill.campaign.spec_types import Count, Float, Spec
+from gpufill.campaign.spec.spec_errors import LocatedError
+from gpufill.campaign.spec.spec_types import Count, Float, Spec
 
 __all__ = ["ResourcesSpec", "SlurmSpec"]
 

@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import StrictInt, field_validator, model_validator
 
-from gpufill.campaign.spec_errors import LocatedError, first_duplicate
-from gpufill.campaign.spec_limits import Length, Seed, check_project_count, check_synthetic
-from gpufill.campaign.spec_types import Count, Spec
+from gpufill.campaign.spec.spec_errors import LocatedError, first_duplicate
+from gpufill.campaign.spec.spec_limits import Length, Seed, check_project_count, check_synthetic
+from gpufill.campaign.spec.spec_types import Count, Spec
 from gpufill.errors import InputError
 from gpufill.forecasting.data import Project, load_projects
 

@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from gpufill.campaign.grid_checks import (
+from gpufill.campaign.spec.grid_checks import (
     TRAIN_KEYS,
     WINDOW_KEYS,
     check_builds,
@@ -40,12 +40,12 @@ from gpufill.campaign.grid_checks import (
     check_length,
     is_setting,
 )
-from gpufill.campaign.data_spec import SYNTHETIC_DEFAULT_PROJECTS, DataSpec
-from gpufill.campaign.ensemble_spec import EnsembleSpec, default_members, fold_ensemble
-from gpufill.campaign.resources_spec import ResourcesSpec, SlurmSpec
-from gpufill.campaign.search_spec import SearchSpec
-from gpufill.campaign.user_models import inspect_in_child
-from gpufill.campaign.spec_errors import (
+from gpufill.campaign.spec.data_spec import SYNTHETIC_DEFAULT_PROJECTS, DataSpec
+from gpufill.campaign.spec.ensemble_spec import EnsembleSpec, default_members, fold_ensemble
+from gpufill.campaign.spec.resources_spec import ResourcesSpec, SlurmSpec
+from gpufill.campaign.spec.search_spec import SearchSpec
+from gpufill.campaign.spec.user_models import inspect_in_child
+from gpufill.campaign.spec.spec_errors import (
     LocatedError,
     allowed_keys,
     first_duplicate,
@@ -54,10 +54,10 @@ from gpufill.campaign.spec_errors import (
     read_yaml,
     to_input_error,
 )
-from gpufill.campaign.spec_limits import Seed, check_grid_points, check_trial_count
-from gpufill.campaign.spec_types import Spec
-from gpufill.campaign.task_spec import SplitSpec, TaskSpec
-from gpufill.campaign.train_spec import EarlyStoppingSpec, TrainSpec
+from gpufill.campaign.spec.spec_limits import Seed, check_grid_points, check_trial_count
+from gpufill.campaign.spec.spec_types import Spec
+from gpufill.campaign.spec.task_spec import SplitSpec, TaskSpec
+from gpufill.campaign.spec.train_spec import EarlyStoppingSpec, TrainSpec
 from gpufill.forecasting.data import Project, WindowedProject, make_windows
 from gpufill.errors import InputError
 from gpufill.forecasting.training import FitConfig
@@ -91,14 +91,14 @@ class CampaignSpec(Spec):
     data: DataSpec = DataSpec()
     task: TaskSpec = TaskSpec()
     search: SearchSpec | None = None
-    """Sample the grids (campaign/search_spec.py) instead of training every point; before `models`, whose ranges it allows."""
+    """Sample the grids (campaign/spec/search_spec.py) instead of training every point; before `models`, whose ranges it allows."""
     models: dict[str, dict[str, Any]]
     """family -> {key: axis}; see the module docstring."""
     train: TrainSpec = TrainSpec()
     seeds: list[Seed] = [0]
     resources: ResourcesSpec = ResourcesSpec()
     ensemble: EnsembleSpec | None = None
-    """The declared ensemble (campaign/ensemble_spec.py): its lookbacks and losses are folded into task and models."""
+    """The declared ensemble (campaign/spec/ensemble_spec.py): its lookbacks and losses are folded into task and models."""
     path: Path | None = Field(default=None, exclude=True)
     """The file this spec was loaded from (relative data paths resolve against its folder)."""
 

@@ -9,7 +9,7 @@ value is still one line at ``file:line`` before anything runs. A child that cras
 taken as neural with any parameters, the run says so, and its trials fail in the workers (each
 a fresh process) while the rest of the campaign goes on.
 
-The child is ``python -m gpufill.campaign.user_models_child IN OUT``.
+The child is ``python -m gpufill.campaign.spec.user_models_child IN OUT``.
 
 How often a factory is called (each call must return a new model; side effects such as a download, a
 log line or a counter happen each time, so keep them idempotent): once per grid point at load (in the
@@ -89,7 +89,7 @@ def _run_child(request: Path, answer: Path) -> str | None:
     """None when the child answered; else why not, in a few words."""
     try:
         # stdin /dev/null: a module that reads stdin at import gets end-of-file at once instead of waiting on the user's terminal.
-        done = subprocess.run([sys.executable, "-m", "gpufill.campaign.user_models_child", str(request), str(answer)], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-m", "gpufill.campaign.spec.user_models_child", str(request), str(answer)], capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, timeout=INSPECT_TIMEOUT_S, start_new_session=True)
     except subprocess.TimeoutExpired:
         return f"no answer in {INSPECT_TIMEOUT_S:.0f} s"

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, StrictInt
 
-from gpufill.campaign.spec_errors import LocatedError
-from gpufill.campaign.spec_types import SCIENTIFIC, at_most
+from gpufill.campaign.spec.spec_errors import LocatedError
+from gpufill.campaign.spec.spec_types import SCIENTIFIC, at_most
 from gpufill.errors import InputError
 
 __all__ = ["MAX_LENGTH", "MAX_PROJECTS", "MAX_SEED", "MAX_SYNTHETIC_STEPS", "MAX_TRIALS", "Seed", "check_grid_points", "check_project_count",

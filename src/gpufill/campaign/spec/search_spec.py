@@ -31,8 +31,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from gpufill.campaign.spec_errors import LocatedError
-from gpufill.campaign.spec_types import SCIENTIFIC, Count, Spec, at_most
+from gpufill.campaign.spec.spec_errors import LocatedError
+from gpufill.campaign.spec.spec_types import SCIENTIFIC, Count, Spec, at_most
 from gpufill.forecasting.trial import METRICS
 
 __all__ = ["MAX_SEARCH_TRIALS", "RANGE_KEYS", "PrunerSpec", "Range", "SearchSpec", "is_range", "parse_range"]

@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StrictBool, ValidationError, field_validator
 
-from gpufill.campaign.grid_checks import TRAIN_KEYS
-from gpufill.campaign.spec_errors import dotted, explain
-from gpufill.campaign.spec_types import Count, Float, Spec, digits
+from gpufill.campaign.spec.grid_checks import TRAIN_KEYS
+from gpufill.campaign.spec.spec_errors import dotted, explain
+from gpufill.campaign.spec.spec_types import Count, Float, Spec, digits
 from gpufill.errors import InputError
 from gpufill.forecasting.training import DEFAULTS, FORECAST_EPOCHS, FORECAST_PATIENCE, FitConfig, check_patience
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ValidationError
 
-from gpufill.campaign.search_spec import Range, is_range, parse_range
-from gpufill.campaign.spec_errors import LocatedError, explain, first_duplicate, show
+from gpufill.campaign.spec.search_spec import Range, is_range, parse_range
+from gpufill.campaign.spec.spec_errors import LocatedError, explain, first_duplicate, show
 from gpufill.forecasting.data import Split, split_bounds
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
@@ -45,7 +45,7 @@ def check_grid(family: str, grid: dict[str, Any], train: type[BaseModel], task: 
                ) -> dict[str, list[Any] | Range]:
     """One family's grid with every value an axis; training and window settings validated and coerced by
     ``train`` (TrainSpec) and ``task`` (TaskSpec). `search`: the campaign samples its grids, so a range
-    ``{low, high, log | step}`` is an axis too (campaign/search_spec.py); without it a range is refused here."""
+    ``{low, high, log | step}`` is an axis too (campaign/spec/search_spec.py); without it a range is refused here."""
     try:
         fam = registry.resolve(family)
     except InputError as exc:
@@ -126,7 +126,7 @@ def _training_value(train: type[BaseModel], family: str, key: str, index: int | 
 
 def check_builds(family: str, axes: Mapping[str, list[Any] | Range], *, lookback: int, horizon: int) -> None:
     """Build every grid point once (training axes aside; a range at both ends), so bad values fail at load time."""
-    if registry.is_remembered(family):  # a user's factory, built in a child process already (campaign/user_models.py)
+    if registry.is_remembered(family):  # a user's factory, built in a child process already (campaign/spec/user_models.py)
         return
     fam = registry.resolve(family)
     model_axes = {k: v for k, v in corner_axes(axes).items() if not is_setting(fam, k)}

@@ -1,4 +1,4 @@
-"""The child process of campaign/user_models.py: imports a campaign file's `module:factory` models, checks
+"""The child process of campaign/spec/user_models.py: imports a campaign file's `module:factory` models, checks
 their grids and builds every grid point, and writes what it found as JSON (the scheduler never does this)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpufill.campaign.grid_checks import check_builds, check_grid
-from gpufill.campaign.spec import TaskSpec, TrainSpec
-from gpufill.campaign.spec_errors import LocatedError
+from gpufill.campaign.spec.grid_checks import check_builds, check_grid
+from gpufill.campaign.spec.spec import TaskSpec, TrainSpec
+from gpufill.campaign.spec.spec_errors import LocatedError
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
 

@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from gpufill.campaign.spec_errors import LocatedError
-from gpufill.campaign.spec_types import Spec
+from gpufill.campaign.spec.spec_errors import LocatedError
+from gpufill.campaign.spec.spec_types import Spec
 from gpufill.forecasting.models import registry
 
 __all__ = ["EnsembleSpec", "default_members", "fold_ensemble", "lookback_multiples", "member_families"]
