@@ -259,7 +259,7 @@ def test_a_campaign_of_more_trials_than_the_limit_is_refused_before_any_is_liste
 
 
 def test_gpu_slots_past_the_limit_are_refused_before_any_worker_starts():
-    from gpufill.campaign.lanes import MAX_REQUESTED_GPU_SLOTS, plan_lanes
+    from gpufill.campaign.policy.lanes import MAX_REQUESTED_GPU_SLOTS, plan_lanes
 
     for slots in (MAX_REQUESTED_GPU_SLOTS + 1, 10**9):
         with pytest.raises(InputError) as caught:

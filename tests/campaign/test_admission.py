@@ -9,10 +9,10 @@ alone until it is measured, and measure each shape once, this run and the next.
 
 from __future__ import annotations
 
-from gpufill.campaign.admission import CONTEXT_BYTES_DEFAULT, META_KEY, Running, ShapeBook, ShapeFact, admits
+from gpufill.campaign.policy.admission import CONTEXT_BYTES_DEFAULT, META_KEY, Running, ShapeBook, ShapeFact, admits
 from gpufill.campaign.executors.base import Finished, Worker
-from gpufill.campaign.lanes import Lane
-from gpufill.campaign.policy import PROBE_PACK
+from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.policy import PROBE_PACK
 from gpufill.campaign.scheduler import Scheduler
 from gpufill.campaign.store import Store
 from gpufill.campaign.trials import Trial

@@ -3,8 +3,7 @@ CHANGED_PATIENCE_S, not after the PATIENCE_S a missing file or a full disk gets,
 
 from __future__ import annotations
 
-from gpufill.campaign import environment
-from gpufill.campaign.environment import CHANGED, CHANGED_PATIENCE_S, PATIENCE_S, EnvironmentWait
+from gpufill.campaign.policy.environment import CHANGED, CHANGED_PATIENCE_S, PATIENCE_S, EnvironmentWait
 
 CHANGED_ERROR = f"the data of project p000 {CHANGED} (fingerprint abc now, def in the trial's id): not trained on data its id does not name"
 MISSING_ERROR = "the data could not be loaded: data.path: no such file"
@@ -56,7 +55,8 @@ def test_a_success_forgets_the_change_and_the_worker_says_the_words_the_wait_loo
     assert not wait.exhausted()
     clock.now = 101.0
     assert wait.exhausted()
+    from importlib.util import find_spec
     from pathlib import Path
 
-    worker_source = Path(environment.__file__).with_name("worker.py").read_text()
+    worker_source = Path(find_spec("gpufill.campaign.worker").origin).read_text()
     assert "{environment.CHANGED} (fingerprint" in worker_source  # one phrase, written by the worker, read here

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from rich.console import Console
 
-from gpufill.campaign import environment
+from gpufill.campaign.policy import environment
 from gpufill.campaign.attempt import attempt
 from gpufill.campaign.lock import WorkdirLock
 from gpufill.campaign.reading import read_status

@@ -1,6 +1,6 @@
 import pytest
 
-from gpufill.campaign.lanes import plan_lanes
+from gpufill.campaign.policy.lanes import plan_lanes
 from gpufill.errors import InputError
 
 GIB = 2**30

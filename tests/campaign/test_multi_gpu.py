@@ -1,7 +1,7 @@
 """Several GPUs on one machine: one lane per GPU, workers pinned to theirs, one shared queue."""
 
 from gpufill.campaign.executors.base import Finished, gpu_env
-from gpufill.campaign.lanes import plan_lanes, visible_gpu
+from gpufill.campaign.policy.lanes import plan_lanes, visible_gpu
 from gpufill.campaign.scheduler import Scheduler
 from gpufill.campaign.store import Store
 from gpufill.campaign.trials import Trial

@@ -1,13 +1,13 @@
-"""campaign/policy.py: what runs next and how many trials of it, decided on plain values (no store, executor or clock)."""
+"""campaign/policy/policy.py: what runs next and how many trials of it, decided on plain values (no store, executor or clock)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from gpufill.campaign.admission import Running, ShapeBook, ShapeFact
-from gpufill.campaign.lanes import Lane
-from gpufill.campaign.policy import PROBE_PACK, DispatchPolicy, Pick
-from gpufill.campaign.queue import ShapeQueue, Waiting
+from gpufill.campaign.policy.admission import Running, ShapeBook, ShapeFact
+from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.policy import PROBE_PACK, DispatchPolicy, Pick
+from gpufill.campaign.policy.queue import ShapeQueue, Waiting
 from tests.helpers import a_trial
 
 GIB = 2**30

@@ -5,8 +5,8 @@ from __future__ import annotations
 import gc
 
 from gpufill.campaign.executors.base import Finished
-from gpufill.campaign.lanes import Lane
-from gpufill.campaign.queue import ShapeQueue, Waiting
+from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.queue import ShapeQueue, Waiting
 from gpufill.campaign.scheduler import Scheduler
 from gpufill.campaign.store import Store
 from gpufill.forecasting.trial import Trial

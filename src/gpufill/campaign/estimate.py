@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from gpufill.campaign.lanes import Lane
+from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.runner import Campaign
 from gpufill.campaign.trials import GLOBAL_PROJECT, Trial
 

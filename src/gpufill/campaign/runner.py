@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpufill.campaign.executors import Executor, LaneRequest, make_executor
 from gpufill.campaign.executors.local import plan_here
-from gpufill.campaign.lanes import Lane
+from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.lock import WorkdirLock
 from gpufill.campaign.scheduler import RunOutcome, Scheduler, Snapshot
 from gpufill.campaign.spec.spec import CampaignSpec, load_campaign

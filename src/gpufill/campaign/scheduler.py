@@ -22,13 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 from gpufill.campaign.executors.base import Crashed, Executor, Finished, Worker
-from gpufill.campaign.admission import META_KEY, Running, ShapeBook
-from gpufill.campaign import environment
-from gpufill.campaign.lanes import Lane
-from gpufill.campaign.policy import DispatchPolicy
+from gpufill.campaign.policy.admission import META_KEY, Running, ShapeBook
+from gpufill.campaign.policy import environment
+from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.policy import DispatchPolicy
 from gpufill.campaign import progress
 from gpufill.campaign.progress import LaneProgress, RunOutcome, Snapshot
-from gpufill.campaign.queue import Queued, ShapeQueue
+from gpufill.campaign.policy.queue import Queued, ShapeQueue
 from gpufill.campaign.startup import Timeline
 from gpufill.campaign.store import Store
 from gpufill.monitor.alerts import AlertWatch

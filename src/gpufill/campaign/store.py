@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufill import __version__
-from gpufill.campaign.queue import Queued, Waiting, fuses
+from gpufill.campaign.policy.queue import Queued, Waiting, fuses
 from gpufill.forecasting.trial import Trial, TrialResult
 from gpufill.campaign.store_health import check_intact, damaged
 from gpufill.errors import InputError

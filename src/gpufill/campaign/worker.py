@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpufill.campaign import environment
+from gpufill.campaign.policy import environment
 from gpufill.campaign.attempt import EnvironmentFailure, attempt, failure
 from gpufill.forecasting.trial import GLOBAL_PROJECT, PackEntry, Trial, TrialResult
 

@@ -30,7 +30,7 @@ from gpufill.campaign.executors.base import (
     thread_env,
     worker_setup,
 )
-from gpufill.campaign.lanes import Lane, plan_lanes
+from gpufill.campaign.policy.lanes import Lane, plan_lanes
 
 
 @dataclass(slots=True, eq=False)

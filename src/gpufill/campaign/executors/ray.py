@@ -34,7 +34,7 @@ from gpufill.campaign.executors.base import (
     worker_setup,
 )
 from gpufill.campaign.executors.local import plan_here, plan_on
-from gpufill.campaign.lanes import Lane
+from gpufill.campaign.policy.lanes import Lane
 from gpufill.errors import InputError
 
 INSTALL_FIX = "pip install 'gpufill[ray]'"

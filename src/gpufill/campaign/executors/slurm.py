@@ -36,7 +36,7 @@ from gpufill.campaign.executors.base import (
     thread_env,
     worker_setup,
 )
-from gpufill.campaign.lanes import Lane
+from gpufill.campaign.policy.lanes import Lane
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:

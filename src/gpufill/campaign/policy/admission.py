@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpufill.campaign.lanes import Lane
+from gpufill.campaign.policy.lanes import Lane
 
 CONTEXT_BYTES_DEFAULT = 600 * 2**20
 """A CUDA context and library workspaces (cuBLAS, cuDNN) per process until a worker reports its own

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpufill.campaign.admission import Running, ShapeBook, admits
-from gpufill.campaign.lanes import Lane
-from gpufill.campaign.queue import ShapeQueue
+from gpufill.campaign.policy.admission import Running, ShapeBook, admits
+from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.queue import ShapeQueue
 
 PROBE_PACK = 64
 """Trials sent together for a shape whose pack size is not measured yet: the largest size the worker
