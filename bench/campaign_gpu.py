@@ -119,7 +119,7 @@ def the_campaign(path: Path, workdir: Path) -> tuple[float, dict[str, float], di
     seconds = time.perf_counter() - tick
     results = read_results(workdir)
     assert outcome.failed == 0, f"{outcome.failed} trials failed"
-    from gpufill.campaign.store import Store
+    from gpufill.campaign.store.store import Store
 
     store = Store.open(workdir)
     try:

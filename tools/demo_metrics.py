@@ -128,7 +128,7 @@ def run_demo(workdir: Path, pack_size: str) -> None:
 
 def read_metrics(workdir: Path) -> Metrics:
     """Each trial's test and naive metrics and its plan's choice values, keyed by trial id, through the store's read API."""
-    from gpufill.campaign.store import Store
+    from gpufill.campaign.store.store import Store
 
     store = Store.open(workdir)
     try:

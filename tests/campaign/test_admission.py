@@ -14,7 +14,7 @@ from gpufill.campaign.executors.base import Finished, Worker
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.policy.policy import PROBE_PACK
 from gpufill.campaign.scheduler import Scheduler
-from gpufill.campaign.store import Store
+from gpufill.campaign.store.store import Store
 from gpufill.campaign.trials import Trial
 from tests.fakes import FakeExecutor, done_result
 

@@ -125,7 +125,7 @@ def test_each_run_writes_a_log_file_and_verbose_logs_every_trial(tmp_path, capsy
 def test_a_run_samples_the_host_into_the_store(tmp_path):
     path = write_campaign(tmp_path, projects=2, epochs=30, models="mlp: {hidden_size: 32}")
     Campaign.from_yaml(path, tmp_path / "work").run()
-    from gpufill.campaign.store import Store
+    from gpufill.campaign.store.store import Store
 
     store = Store.open(tmp_path / "work")
     try:

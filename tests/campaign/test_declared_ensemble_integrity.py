@@ -16,7 +16,7 @@ from gpufill.campaign.ensembles import read_declared
 from gpufill.campaign.reading import read_best
 from gpufill.campaign.runner import Campaign
 from gpufill.campaign.spec.spec import CHECKED, CampaignSpec, load_campaign
-from gpufill.campaign.store import Store
+from gpufill.campaign.store.store import Store
 from gpufill.errors import InputError
 from tests.helpers import run_cli
 

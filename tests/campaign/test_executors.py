@@ -18,7 +18,7 @@ from gpufill.campaign.executors import LaneRequest, make_executor
 from gpufill.campaign.executors.slurm import SlurmExecutor
 from gpufill.campaign.runner import Campaign, read_jobs, read_results, read_status
 from gpufill.campaign.spec.spec import SlurmSpec, load_campaign
-from gpufill.campaign.store import Store
+from gpufill.campaign.store.store import Store
 from tests.helpers import run_cli, write_campaign
 
 ray = pytest.importorskip("ray")  # imported at collection: its import sets RAY_CLIENT_MODE once, before any test

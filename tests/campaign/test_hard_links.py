@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from gpufill import files
-from gpufill.campaign.lock import WorkdirLock
-from gpufill.campaign.store import Store
-from gpufill.campaign.workdir import open_run_log
+from gpufill.campaign.store.lock import WorkdirLock
+from gpufill.campaign.store.store import Store
+from gpufill.campaign.store.workdir import open_run_log
 from gpufill.engine.checkpoint import LOCK_NAME
 from gpufill.engine.loop import fit
 from gpufill.errors import InputError

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpufill.campaign.store import Store
+from gpufill.campaign.store.store import Store
 from tests.helpers import run_cli
 
 

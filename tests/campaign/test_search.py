@@ -17,7 +17,7 @@ import pytest
 from gpufill.campaign.runner import Campaign, read_results
 from gpufill.campaign.spec.search_spec import Range
 from gpufill.campaign.spec.spec import load_campaign
-from gpufill.campaign.store import Store
+from gpufill.campaign.store.store import Store
 from gpufill.errors import InputError
 from tests.helpers import run_cli
 

@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from gpufill.campaign.attempt import attempt
-from gpufill.campaign.store import Store
+from gpufill.campaign.store.store import Store
 from tests.helpers import a_result, a_trial, run_cli, write_campaign
 
 DB = "gpufill.db"

@@ -19,7 +19,7 @@ import pytest
 from gpufill.campaign.ensembles import read_declared
 from gpufill.campaign.reading import read_best, read_trials, winners
 from gpufill.campaign.runner import Campaign
-from gpufill.campaign.store import Store
+from gpufill.campaign.store.store import Store
 from tests.helpers import run_cli
 
 DISAGREE = """name: disagree

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gpufill.campaign.lock import LOCK_NAME, WorkdirLock, check_free, holder
+from gpufill.campaign.store.lock import LOCK_NAME, WorkdirLock, check_free, holder
 from gpufill.campaign.runner import read_results
 from gpufill.errors import InputError
 from tests.helpers import write_campaign

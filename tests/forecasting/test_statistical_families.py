@@ -117,7 +117,7 @@ def test_in_local_mode_a_too_short_project_sits_out_the_lookbacks_it_cannot_hold
 
 def _run_events(workdir, containing: str) -> list[str]:
     """The messages of the run events in `workdir`'s store that contain `containing`."""
-    from gpufill.campaign.store import Store
+    from gpufill.campaign.store.store import Store
 
     store = Store.open(workdir)
     try:
@@ -149,7 +149,7 @@ def test_in_global_mode_a_padded_short_series_trains_and_scores(tmp_path):
 
 
 def test_a_backtest_scores_each_rolling_origin_and_its_metrics_are_their_mean(tmp_path):
-    from gpufill.campaign.store import Store
+    from gpufill.campaign.store.store import Store
 
     path = write_campaign(tmp_path, name="bt", models="linear: {}\n  snaive: {}\n  mlp: {hidden_size: 8}", projects=2, epochs=2)
     path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}",

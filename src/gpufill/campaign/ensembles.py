@@ -21,8 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from gpufill.campaign.store import Store
-from gpufill.campaign.store_health import check_rows
+from gpufill.campaign.store.store import Store
+from gpufill.campaign.store.store_health import check_rows
 from gpufill.errors import InputError
 from gpufill.forecasting.trial import GLOBAL_PROJECT
 

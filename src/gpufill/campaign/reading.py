@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpufill.campaign.lock import holder
-from gpufill.campaign.store import DB_NAME, FRAME_COLUMNS, Counts, Store
-from gpufill.campaign.store_health import check_rows
+from gpufill.campaign.store.lock import holder
+from gpufill.campaign.store.store import DB_NAME, FRAME_COLUMNS, Counts, Store
+from gpufill.campaign.store.store_health import check_rows
 from gpufill.errors import InputError
 from gpufill.forecasting.trial import GLOBAL_PROJECT, METRICS
 
@@ -37,7 +37,7 @@ def read_status(workdir: str | Path) -> Counts:
 
 def run_state(workdir: str | Path, store: Store) -> dict[str, Any]:
     """The latest run: {"state", "run_id", "started_at", "pid", "host", "detail", "resume"}. Whether a run is alive is the
-    workdir lock's answer (campaign/lock.py: the kernel releases it however its holder ends): a run the store still
+    workdir lock's answer (campaign/store/lock.py: the kernel releases it however its holder ends): a run the store still
     calls running while no process holds the lock was killed, and shows as "interrupted"."""
     alive = holder(workdir) is not None  # read before the store: a run that ends meanwhile has written its end first
     run = store.last_run()

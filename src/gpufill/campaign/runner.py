@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any, Literal
 from gpufill.campaign.executors import Executor, LaneRequest, make_executor
 from gpufill.campaign.executors.local import plan_here
 from gpufill.campaign.policy.lanes import Lane
-from gpufill.campaign.lock import WorkdirLock
+from gpufill.campaign.store.lock import WorkdirLock
 from gpufill.campaign.scheduler import RunOutcome, Scheduler, Snapshot
 from gpufill.campaign.spec.spec import CampaignSpec, load_campaign
 from gpufill.campaign.stopping import RunInterrupted, from_exception, signals_interrupt
 from gpufill.campaign.reading import best_per_project, find_workdir, read_jobs, read_results, read_status, read_trials
-from gpufill.campaign.store import DB_NAME, Counts, Store
+from gpufill.campaign.store.store import DB_NAME, Counts, Store
 from gpufill.campaign.startup import Timeline
-from gpufill.campaign.store_health import check_rows, damaged, is_damage, out_of_space
+from gpufill.campaign.store.store_health import check_rows, damaged, is_damage, out_of_space
 from gpufill.campaign.spec import user_models
 from gpufill.campaign.trials import Trial, expand, id_base
 from gpufill.campaign.spec.user_models import checked_elsewhere
-from gpufill.campaign.workdir import check_paths, delete_run_files, open_run_log
+from gpufill.campaign.store.workdir import check_paths, delete_run_files, open_run_log
 from gpufill.errors import InputError
 from gpufill.monitor.sampler import QueueSink, Sampler
 
@@ -310,7 +310,7 @@ class Campaign:
         return search, refill
 
     def delete_store(self) -> list[str]:
-        """--fresh: the store and its run logs, nothing else (campaign/workdir.py); the names deleted."""
+        """--fresh: the store and its run logs, nothing else (campaign/store/workdir.py); the names deleted."""
         return delete_run_files(self.workdir)
 
     # -- reading ------------------------------------------------------------------------

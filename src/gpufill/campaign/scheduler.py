@@ -30,7 +30,7 @@ from gpufill.campaign import progress
 from gpufill.campaign.progress import LaneProgress, RunOutcome, Snapshot
 from gpufill.campaign.policy.queue import Queued, ShapeQueue
 from gpufill.campaign.startup import Timeline
-from gpufill.campaign.store import Store
+from gpufill.campaign.store.store import Store
 from gpufill.monitor.alerts import AlertWatch
 from gpufill.forecasting.trial import TrialResult
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import optuna
 
     from gpufill.campaign.spec.spec import CampaignSpec
-    from gpufill.campaign.store import Store
+    from gpufill.campaign.store.store import Store
 
 __all__ = ["ASKS_PER_PROPOSAL", "Config", "Search", "optuna_module"]
 

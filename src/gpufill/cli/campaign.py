@@ -39,7 +39,7 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
 
     from gpufill.cli import campaign_tables
     from gpufill.campaign.executors import check_executor
-    from gpufill.campaign.lock import check_free
+    from gpufill.campaign.store.lock import check_free
     from gpufill.campaign.stopping import RunInterrupted
     from gpufill.campaign.runner import Campaign, describe_lanes, describe_timeout
 

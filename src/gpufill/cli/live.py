@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufill.campaign.reading import run_state, stopped_line, with_run
-from gpufill.campaign.store import Store
+from gpufill.campaign.store.store import Store
 from gpufill.errors import visible
 
 _BARS = "▁▂▃▄▅▆▇█"

@@ -28,10 +28,10 @@ from typing import Any
 from gpufill import __version__
 from gpufill.campaign.policy.queue import Queued, Waiting, fuses
 from gpufill.forecasting.trial import Trial, TrialResult
-from gpufill.campaign.store_health import check_intact, damaged
+from gpufill.campaign.store.store_health import check_intact, damaged
 from gpufill.errors import InputError
 from gpufill.files import check_in_place
-from gpufill.campaign.store_queries import (
+from gpufill.campaign.store.store_queries import (
     ENVIRONMENT,
     FRAME_COLUMNS,
     METRICS,

@@ -1,6 +1,6 @@
 """The files a campaign run writes in its workdir, and the only ones `--fresh` deletes.
 
-A run writes (beside `gpufill.lock`, campaign/lock.py) the store `gpufill.db` with SQLite's
+A run writes (beside `gpufill.lock`, campaign/store/lock.py) the store `gpufill.db` with SQLite's
 `-wal`, `-shm` and `-journal` files, `logs/run-<id>.log` (rotated to `.1` ... `.3`), the
 measurement cache under `tune/` and, with --executor slurm, `slurm/`. None of them is ever
 opened through a symbolic link: a link (or a file where a folder belongs) at one of these
@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from gpufill.campaign.store import DB_NAME
+from gpufill.campaign.store.store import DB_NAME
 from gpufill.files import hard_link_refused, make_folder, not_a_folder, open_append, remove_file, symlink_refused
 
 STORE_FILES = tuple(f"{DB_NAME}{suffix}" for suffix in ("", "-wal", "-shm", "-journal"))
