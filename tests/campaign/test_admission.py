@@ -15,7 +15,7 @@ from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.policy.policy import PROBE_PACK
 from gpufill.campaign.scheduler import Scheduler
 from gpufill.campaign.store.store import Store
-from gpufill.campaign.trials import Trial
+from gpufill.campaign.trials.trials import Trial
 from tests.fakes import FakeExecutor, done_result
 
 GIB = 2**30
@@ -145,7 +145,7 @@ def test_admission_rule_with_a_fake_memory_model():
 
 def test_memory_margin_reaches_every_trial_and_pack(tmp_path, monkeypatch):
     from gpufill.campaign.runner import Campaign
-    from gpufill.campaign.trials import expand
+    from gpufill.campaign.trials.trials import expand
     from gpufill.campaign.worker import TrialRunner
     from gpufill.forecasting import packs, run
     from tests.helpers import write_campaign

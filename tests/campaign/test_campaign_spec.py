@@ -398,7 +398,7 @@ def test_batch_search_takes_auto_or_a_boolean(tmp_path):
 
 
 def test_batch_search_does_not_change_trial_ids(tmp_path):
-    from gpufill.campaign.trials import expand
+    from gpufill.campaign.trials.trials import expand
 
     plain = load_campaign(write(tmp_path, FULL))
     searched = load_campaign(write(tmp_path, FULL.replace("train: {", "train: {batch_search: true, ", 1)))

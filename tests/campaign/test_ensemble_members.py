@@ -11,7 +11,7 @@ from gpufill.campaign.reading import read_best
 from gpufill.campaign.runner import Campaign
 from gpufill.campaign.spec.spec import load_campaign
 from gpufill.campaign.store.store import Store
-from gpufill.campaign.trials import expand
+from gpufill.campaign.trials.trials import expand
 from gpufill.forecasting.data.metrics import forecast_metrics
 
 # mlp on the project's scaling with 3 epochs is about 2x worse than linear on validation (and on test) here.

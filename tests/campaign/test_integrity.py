@@ -27,7 +27,7 @@ from gpufill.campaign.store.lock import WorkdirLock
 from gpufill.campaign.reading import read_status
 from gpufill.campaign.runner import Campaign
 from gpufill.campaign.store.store import Store
-from gpufill.campaign.trials import Trial
+from gpufill.campaign.trials.trials import Trial
 from gpufill.forecasting.data import load_projects, rmse
 from gpufill.cli.live import render, snapshot
 from tests.helpers import a_result, a_trial, run_cli

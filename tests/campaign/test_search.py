@@ -1,5 +1,5 @@
 """`search:` campaigns: the space's forms and their refusals at their line, random and TPE runs on synthetic data,
-and a search killed mid-run that resumes with the same proposals (campaign/search.py, campaign/spec/search_spec.py)."""
+and a search killed mid-run that resumes with the same proposals (campaign/trials/search.py, campaign/spec/search_spec.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 import pytest
 
 from gpufill.campaign.store.store import Store
-from gpufill.campaign.trials import Trial
+from gpufill.campaign.trials.trials import Trial
 from gpufill.errors import InputError
 from tests.helpers import a_result
 

@@ -14,9 +14,9 @@ from typing import Any
 _HOME = {
     "CampaignSpec": "spec.spec",
     "load_campaign": "spec.spec",
-    "Trial": "trials",
-    "expand": "trials",
-    "trial_id": "trials",
+    "Trial": "trials.trials",
+    "expand": "trials.trials",
+    "trial_id": "trials.trials",
     "Campaign": "runner",
     "best_per_project": "reading",
     "demo_campaign_path": "runner",

@@ -28,7 +28,7 @@ import torch
 
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.runner import Campaign
-from gpufill.campaign.trials import GLOBAL_PROJECT, Trial
+from gpufill.campaign.trials.trials import GLOBAL_PROJECT, Trial
 
 # Windows a neural sample trains on: enough for steady per-step timings, few enough
 # that the largest ablation shapes sample in about a second on a 2-core CPU.
@@ -115,7 +115,7 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
     lane_of = {kind: lane for lane in prepared.lanes for kind in lane.kinds}
     trials, scale = prepared.trials, 1.0
     if spec.search is not None:  # its trials are proposed as it runs: the first round is the sample, scaled to the budget
-        from gpufill.campaign.search import Search
+        from gpufill.campaign.trials.search import Search
 
         search = Search(spec, prepared.fingerprints, max_attempts=1)
         trials = search.first_round()

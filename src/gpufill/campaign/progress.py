@@ -62,7 +62,7 @@ class RunOutcome:
     waiting_reason: str = ""
     """The last environment failure's error."""
     pruned: int = 0
-    """Trials a search's pruner stopped (campaign/pruning.py): finished, never ranked."""
+    """Trials a search's pruner stopped (campaign/trials/pruning.py): finished, never ranked."""
 
 
 def snapshot(counts: Any, lanes: Sequence[Any], finished_this_run: Mapping[str, int], busy: Sequence[Any], started_at: Mapping[str, float],

@@ -29,7 +29,7 @@ from gpufill.campaign.store.store import DB_NAME, Counts, Store
 from gpufill.campaign.startup import Timeline
 from gpufill.campaign.store.store_health import check_rows, damaged, is_damage, out_of_space
 from gpufill.campaign.spec import user_models
-from gpufill.campaign.trials import Trial, expand, id_base
+from gpufill.campaign.trials.trials import Trial, expand, id_base
 from gpufill.campaign.spec.user_models import checked_elsewhere
 from gpufill.campaign.store.workdir import check_paths, delete_run_files, open_run_log
 from gpufill.errors import InputError
@@ -105,7 +105,7 @@ class Campaign:
         too_short, notes = _too_short(projects, self.spec)  # fails before the run on any other data problem, naming the project
         # Each project's data is part of its trials' identity (the same on every machine): an edited file re-runs exactly what it changed.
         fingerprints = {name: project.fingerprint() for name, project in projects.items()}
-        # A search lists its trials a round at a time, from the store (campaign/search.py): none before the run.
+        # A search lists its trials a round at a time, from the store (campaign/trials/search.py): none before the run.
         trials = expand(self.spec, fingerprints) if self.spec.search is None else []
         if too_short:  # local mode: a project too short for a lookback sits out that lookback; the others run
             kept = [t for t in trials if (t.project, t.lookback) not in too_short]
@@ -281,7 +281,7 @@ class Campaign:
         carries, kept current here (a pruner's earlier rounds)."""
         if self.spec.search is None:
             return None, None
-        from gpufill.campaign.search import Search
+        from gpufill.campaign.trials.search import Search
 
         search = Search(self.spec, prepared.fingerprints, max_attempts=self.spec.resources.retries + 1)
         projects = list(prepared.fingerprints)

@@ -129,7 +129,7 @@ class TrialRunner:
         self._reread = False
         """Whether the data was read again during the current task (a difference is looked into once per task)."""
         self._pruning: dict[str, Any] | None = None
-        """The current task's search pruner: its settings and the earlier rounds' trials per project (campaign/pruning.py)."""
+        """The current task's search pruner: its settings and the earlier rounds' trials per project (campaign/trials/pruning.py)."""
         self._read_at = time.monotonic()
         self._windows: dict[tuple[str, int, str], Any] = {}
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
@@ -182,7 +182,7 @@ class TrialRunner:
 
     def _fingerprint(self, project: str) -> str:
         if project not in self._prints:
-            from gpufill.campaign.trials import data_digest
+            from gpufill.campaign.trials.trials import data_digest
 
             projects = self.projects()
             if project == GLOBAL_PROJECT:
@@ -210,7 +210,7 @@ class TrialRunner:
     def run_task(self, task: dict[str, Any]) -> dict[str, Any]:
         """A task is one trial, or several neural trials of one shape to train as a fused pack."""
         trials, waiting, self._reread = task["trials"], [], False
-        self._pruning = task.get("pruning")  # a pruned search's settings and its earlier rounds (campaign/pruning.py)
+        self._pruning = task.get("pruning")  # a pruned search's settings and its earlier rounds (campaign/trials/pruning.py)
         if len(trials) > 1 and task.get("pack_size") != 1:  # a pack reads every trial's data before any trains: check it first
             waiting = self._not_ready(trials)  # these wait for the environment; the rest pack
             trials = [t for t in trials if t.trial_id not in {m["trial_id"] for m in waiting}]
@@ -244,11 +244,11 @@ class TrialRunner:
         return run_alone(trial, windows[0], setup, pack=pack, watch=watch)
 
     def watch(self, trial: Trial, windows: list[Any]) -> Any:
-        """What watches `trial`'s network train on `windows`: the current task's search pruner (campaign/pruning.py),
+        """What watches `trial`'s network train on `windows`: the current task's search pruner (campaign/trials/pruning.py),
         or None."""
         if not self._pruning or trial.kind != "neural":
             return None
-        from gpufill.campaign.pruning import PrunerWatch
+        from gpufill.campaign.trials.pruning import PrunerWatch
 
         return PrunerWatch(self._pruning["settings"], self._pruning["history"].get(trial.project, []), windows)
 

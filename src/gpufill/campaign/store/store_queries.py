@@ -211,7 +211,7 @@ class StoreQueries:
 
     def search_rows(self, trial_ids: Sequence[str], metric: str) -> dict[str, dict[str, Any]]:
         """trial_id -> {status, attempts, val (its validation `metric`, None without one), rungs ({epoch: score} a
-        search's pruner saw)} of those of `trial_ids` the store holds: what a search replays (campaign/search.py)."""
+        search's pruner saw)} of those of `trial_ids` the store holds: what a search replays (campaign/trials/search.py)."""
         if metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}")
         out: dict[str, dict[str, Any]] = {}

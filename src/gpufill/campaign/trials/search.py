@@ -4,7 +4,7 @@ Round r proposes `search.batch` configurations no earlier round proposed. Its sa
 (search.seed, r), and told every earlier configuration's validation score (the mean over its trials; a
 configuration whose trials all failed is told as failed): the proposals are a function of the seed and the
 stored results alone. So a resumed search replays its finished rounds from the store, proposes what the
-interrupted one would have, and a proposal's trials keep their content-hash ids (campaign/trials.py): a
+interrupted one would have, and a proposal's trials keep their content-hash ids (campaign/trials/trials.py): a
 round's trials that finished are never trained again.
 
 A configuration's trials (every seed; local mode: every project) train together, packed by shape like a grid's.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufill.campaign.spec.search_spec import Range, SearchSpec
-from gpufill.campaign.trials import Trial, canonical, expand_points
+from gpufill.campaign.trials.trials import Trial, canonical, expand_points
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ class Search:
         return "fail", None, {}
 
     def pruning(self, store: Store) -> dict[str, Any] | None:
-        """What a worker's pruner needs for the newest round's trials (campaign/pruning.py): the pruner's settings and,
+        """What a worker's pruner needs for the newest round's trials (campaign/trials/pruning.py): the pruner's settings and,
         per project, the earlier rounds' trials in proposal order (their scores per epoch, how they ended); None
         without a pruner."""
         pruner = self.search.pruner

@@ -22,7 +22,7 @@ __all__ = ["PrunerWatch", "RungPruner", "make_pruner"]
 
 def make_pruner(settings: Mapping[str, Any]) -> Any:
     """The Optuna pruner `settings` name: asha (SuccessiveHalvingPruner) or median (MedianPruner)."""
-    from gpufill.campaign.search import optuna_module
+    from gpufill.campaign.trials.search import optuna_module
 
     optuna = optuna_module()
     if settings["kind"] == "asha":
@@ -118,7 +118,7 @@ class PrunerWatch:
 def _replayed(settings: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> Any:
     """A running Optuna trial of a study that has seen `history` in order, each trial's reports and pruning checks
     as they happened (ASHA records its rungs as trials pass them), then its end."""
-    from gpufill.campaign.search import optuna_module
+    from gpufill.campaign.trials.search import optuna_module
 
     optuna = optuna_module()
     with warnings.catch_warnings():

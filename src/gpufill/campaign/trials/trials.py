@@ -50,7 +50,7 @@ def expand_points(spec: CampaignSpec, projects: Sequence[str] | Mapping[str, str
                   families: Sequence[tuple[str, Sequence[Mapping[str, Any]], Sequence[int]]]) -> list[Trial]:
     """The trials of given grid points: (family, its points, the lookbacks each runs at) in that order, every
     seed of the family, on every project (global mode: one trial over all). `expand` gives every point of the
-    grids; a search (campaign/search.py) the configurations its sampler proposed. The ids are the same either way."""
+    grids; a search (campaign/trials/search.py) the configurations its sampler proposed. The ids are the same either way."""
     names = _check_projects(projects if isinstance(projects, str) else list(projects))
     prints = {name: str(projects[name]) for name in names} if isinstance(projects, Mapping) else dict.fromkeys(names, "")
     if spec.task.mode == "global":
