@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 from forecast_quality import load  # noqa: E402
 
-from gpufill.campaign.reading import read_trials  # noqa: E402
+from gpufill.campaign.results.reading import read_trials  # noqa: E402
 from gpufill.campaign.runner import Campaign  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {

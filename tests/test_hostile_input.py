@@ -124,7 +124,7 @@ def test_csv_cells_that_start_a_formula_are_neutralised_and_other_formats_keep_v
 
 
 def test_csv_to_a_terminal_shows_control_characters_as_escapes():
-    from gpufill.campaign.export import csv_safe
+    from gpufill.campaign.results.export import csv_safe
 
     frame = pd.DataFrame({"project": [CLEAR, "=1+1", "\tx", "ok"], "mae": [-1.0, 2.0, 3.0, 4.0]})
     assert list(csv_safe(frame)["project"]) == [CLEAR, "'=1+1", "'\tx", "ok"]

@@ -79,7 +79,7 @@ def test_the_demo_runs_and_results_show_every_project_and_family(tmp_path, capsy
         assert row["mae"] == pytest.approx(ranked[0]["mae"]) and row["runner_up_mae"] == pytest.approx(ranked[1]["mae"])
         assert row["runner_up_by"] == pytest.approx(ranked[1]["val_mae"] / ranked[0]["val_mae"] - 1)
     with Console(width=80, record=True, file=io.StringIO()) as console:  # at 80 columns: no line longer, no word cut
-        from gpufill.campaign.reading import read_best, winners
+        from gpufill.campaign.results.reading import read_best, winners
         from gpufill.cli.campaign_tables import results_table, winners_table
 
         console.print(winners_table(winners(read_best(tmp_path / "gpufill-demo"))))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpufill.campaign.ensembles import read_declared
-from gpufill.campaign.reading import read_best
+from gpufill.campaign.results.ensembles import read_declared
+from gpufill.campaign.results.reading import read_best
 from gpufill.campaign.runner import Campaign
 from gpufill.campaign.spec.spec import load_campaign
 from gpufill.campaign.store.store import Store

@@ -12,7 +12,7 @@ from tests.helpers import write_campaign
 
 
 def test_forecasts_are_kept_and_an_ensemble_of_one_member_is_that_member(tmp_path, capsys):
-    from gpufill.campaign.ensembles import ensembles, forecast_rows
+    from gpufill.campaign.results.ensembles import ensembles, forecast_rows
     from tests.helpers import run_cli
 
     path = write_campaign(tmp_path, name="ens", models="linear: {}\n  mlp: {hidden_size: 8}", projects=2, epochs=2)
@@ -49,7 +49,7 @@ def test_forecasts_are_kept_and_an_ensemble_of_one_member_is_that_member(tmp_pat
 
 
 def test_global_models_of_several_seeds_train_alone_and_ensemble_per_project(tmp_path):
-    from gpufill.campaign.ensembles import ensembles
+    from gpufill.campaign.results.ensembles import ensembles
 
     path = write_campaign(tmp_path, name="glob", models="mlp: {hidden_size: 8}\n  snaive: {}", projects=3, epochs=2)
     text = path.read_text().replace("seeds: [0]", "seeds: [0, 1]").replace("task: {lookback: [12], horizon: 1}", "task: {lookback: [12], horizon: 2, mode: global}")

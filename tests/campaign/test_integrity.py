@@ -24,7 +24,7 @@ from rich.console import Console
 from gpufill.campaign.policy import environment
 from gpufill.campaign.attempt import attempt
 from gpufill.campaign.store.lock import WorkdirLock
-from gpufill.campaign.reading import read_status
+from gpufill.campaign.results.reading import read_status
 from gpufill.campaign.runner import Campaign
 from gpufill.campaign.store.store import Store
 from gpufill.campaign.trials.trials import Trial

@@ -3,7 +3,7 @@ and the test score it shows is that configuration's; without a validation window
 
 from __future__ import annotations
 
-from gpufill.campaign.reading import CHOSEN_ON_TEST, CHOSEN_ON_VALIDATION, best_per_project, read_best, read_trials
+from gpufill.campaign.results.reading import CHOSEN_ON_TEST, CHOSEN_ON_VALIDATION, best_per_project, read_best, read_trials
 from gpufill.campaign.runner import Campaign
 
 

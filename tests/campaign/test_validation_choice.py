@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpufill.campaign.ensembles import read_declared
-from gpufill.campaign.reading import read_best, read_trials, winners
+from gpufill.campaign.results.ensembles import read_declared
+from gpufill.campaign.results.reading import read_best, read_trials, winners
 from gpufill.campaign.runner import Campaign
 from gpufill.campaign.store.store import Store
 from tests.helpers import run_cli

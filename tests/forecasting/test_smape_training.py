@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from gpufill.campaign.reading import read_trials
+from gpufill.campaign.results.reading import read_trials
 from gpufill.campaign.runner import Campaign
 from gpufill.engine import losses
 

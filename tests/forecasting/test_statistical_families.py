@@ -75,7 +75,7 @@ def test_in_a_campaign_the_references_run_on_the_cpu_lane_and_global_mode_fits_t
 
 
 def test_the_summary_measures_every_family_against_the_seasonal_naive(tmp_path, capsys):
-    from gpufill.campaign.reading import best_per_project, read_best
+    from gpufill.campaign.results.reading import best_per_project, read_best
     from tests.helpers import run_cli
 
     path = write_campaign(tmp_path, name="ratio", models="snaive: {}\n  linear: {}", projects=2)

@@ -18,14 +18,14 @@ _HOME = {
     "expand": "trials.trials",
     "trial_id": "trials.trials",
     "Campaign": "runner",
-    "best_per_project": "reading",
+    "best_per_project": "results.reading",
     "demo_campaign_path": "runner",
     "describe_lanes": "runner",
-    "find_workdir": "reading",
-    "read_results": "reading",
-    "read_status": "reading",
-    "read_trials": "reading",
-    "write_frame": "export",
+    "find_workdir": "results.reading",
+    "read_results": "results.reading",
+    "read_status": "results.reading",
+    "read_trials": "results.reading",
+    "write_frame": "results.export",
 }
 __all__ = sorted(_HOME)
 

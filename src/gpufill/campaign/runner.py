@@ -24,7 +24,7 @@ from gpufill.campaign.store.lock import WorkdirLock
 from gpufill.campaign.scheduler import RunOutcome, Scheduler, Snapshot
 from gpufill.campaign.spec.spec import CampaignSpec, load_campaign
 from gpufill.campaign.stopping import RunInterrupted, from_exception, signals_interrupt
-from gpufill.campaign.reading import best_per_project, find_workdir, read_jobs, read_results, read_status, read_trials
+from gpufill.campaign.results.reading import best_per_project, find_workdir, read_jobs, read_results, read_status, read_trials
 from gpufill.campaign.store.store import DB_NAME, Counts, Store
 from gpufill.campaign.startup import Timeline
 from gpufill.campaign.store.store_health import check_rows, damaged, is_damage, out_of_space
@@ -267,7 +267,7 @@ class Campaign:
             store.event("run", message, run_id=run_id)
             log.info(message)
         if self.spec.ensemble is not None:  # combined and scored from what is finished, kept beside the trials
-            from gpufill.campaign.ensembles import store_declared
+            from gpufill.campaign.results.ensembles import store_declared
 
             store_declared(store, self.spec)
         store.end_run(run_id, "failed" if outcome.failed else "incomplete" if outcome.waiting else "done")

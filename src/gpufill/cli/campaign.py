@@ -128,7 +128,7 @@ def status(
 ) -> None:
     """Trial counts per status, overall and per lane; Slurm jobs queued or running."""
     from gpufill.cli import campaign_tables
-    from gpufill.campaign.reading import find_workdir, read_jobs, read_status
+    from gpufill.campaign.results.reading import find_workdir, read_jobs, read_status
 
     directory = find_workdir(workdir)
     counts = read_status(directory).to_dict()
@@ -141,7 +141,7 @@ def status(
     console = Console()
     console.print(campaign_tables.status_table(counts))
     if counts["run"] and counts["run"]["state"] == "interrupted":
-        from gpufill.campaign.reading import stopped_line
+        from gpufill.campaign.results.reading import stopped_line
 
         console.print(visible(stopped_line(counts["run"], counts["interrupted"])), markup=False, soft_wrap=True)  # the resume command stays whole
     if counts["stale"]:
@@ -176,7 +176,7 @@ def results(
 ) -> None:
     """One row per trial of the campaign file as it is now (or, with --summary, the best configuration per project and family)."""
     from gpufill.cli import campaign_tables
-    from gpufill.campaign import reading
+    from gpufill.campaign.results import reading
 
     if format_ not in ("table", "csv", "parquet", "json"):
         raise InputError(f"unknown format {format_!r}", where="command line", field="--format", fix="use table, csv, parquet or json")
@@ -192,7 +192,7 @@ def results(
             return
         import pandas as pd
 
-        from gpufill.campaign.export import write_frame
+        from gpufill.campaign.results.export import write_frame
 
         write_frame(pd.DataFrame.from_records(rows), "csv" if format_ == "table" else format_, out)
         return
@@ -206,7 +206,7 @@ def results(
         return
     import pandas as pd
 
-    from gpufill.campaign.export import write_frame
+    from gpufill.campaign.results.export import write_frame
 
     if summary:  # the table's rows, declared ensemble included: the same reader, the same numbers
         frame = pd.DataFrame.from_records(reading.read_best(directory, include_stale=all_, metric=metric), columns=reading.summary_columns(metric, stale=all_))
@@ -218,8 +218,8 @@ def results(
 def _forecast_views(directory: Path, *, forecasts: bool, ensemble: str | None, over: tuple[str, ...], format_: str, out: Path | None) -> None:
     import pandas as pd
 
-    from gpufill.campaign.ensembles import ensembles, forecast_rows
-    from gpufill.campaign.export import write_frame
+    from gpufill.campaign.results.ensembles import ensembles, forecast_rows
+    from gpufill.campaign.results.export import write_frame
     from gpufill.cli import campaign_tables
 
     if forecasts and ensemble is not None:
@@ -263,7 +263,7 @@ def monitor(
 
     from rich.live import Live
 
-    from gpufill.campaign.reading import find_workdir
+    from gpufill.campaign.results.reading import find_workdir
     from gpufill.cli import live as dashboard
 
     directory = find_workdir(workdir)
@@ -288,7 +288,7 @@ def report(
                                                           "its course drawn beside the search's."),
 ) -> None:
     """Write one self-contained HTML report: summary, model comparison, resources, failures, alerts, plans."""
-    from gpufill.campaign.reading import find_workdir
+    from gpufill.campaign.results.reading import find_workdir
     from gpufill.report import write_report
 
     print(write_report(find_workdir(workdir), out, grid=grid))

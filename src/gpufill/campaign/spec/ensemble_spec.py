@@ -11,7 +11,7 @@ The losses are folded into the member networks' grids before the campaign is che
 lookbacks join the member families' own (`CampaignSpec.lookbacks`; the other families keep task.lookback): they
 become trials like any other, so trials of one shape train as one pack and a re-run keeps what finished. After a run the
 ensemble is combined per project from its members' stored test forecasts and scored like a trial
-(campaign/ensembles.py: `declared_ensemble`).
+(campaign/results/ensembles.py: `declared_ensemble`).
 
 `lookback_multiples` and `member_families` are the one check of those two fields: the fold runs them on the file
 (a value it could not fold is refused there, at its line), and `EnsembleSpec` runs them again, so the scheduler and

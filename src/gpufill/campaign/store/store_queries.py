@@ -165,7 +165,7 @@ class StoreQueries:
 
     def member_trials(self, families: Sequence[str]) -> list[tuple[str, str, str]]:
         """(trial_id, project, status) of the file's trials of `families` as it is now (skipped ones aside): what a
-        declared ensemble's row is checked against (campaign/ensembles.py)."""
+        declared ensemble's row is checked against (campaign/results/ensembles.py)."""
         if not families:
             return []
         marks = ",".join("?" * len(families))

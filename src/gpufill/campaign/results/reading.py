@@ -99,7 +99,7 @@ def read_trials(workdir: str | Path, *, include_stale: bool = False) -> pd.DataF
 
 def read_trial_records(workdir: str | Path, *, include_stale: bool = False, limit: int | None = None) -> tuple[list[dict[str, Any]], int]:
     """`read_trials` as dicts, the first `limit` only (and how many there are): what the CLI's table needs, without pandas."""
-    from gpufill.campaign.provenance import describe_stale, with_effective_train
+    from gpufill.campaign.results.provenance import describe_stale, with_effective_train
 
     store = Store.open(workdir)
     try:
@@ -162,9 +162,9 @@ def stored_metric(store: Store) -> str:
 
 def read_best(workdir: str | Path, *, include_stale: bool = False, metric: str = "mae") -> list[dict[str, Any]]:
     """`best_configurations` computed by SQLite from the store (what `results --summary` prints)."""
-    from gpufill.campaign.provenance import with_effective_train
+    from gpufill.campaign.results.provenance import with_effective_train
 
-    from gpufill.campaign.ensembles import read_declared
+    from gpufill.campaign.results.ensembles import read_declared
 
     store = Store.open(workdir)
     try:
@@ -179,7 +179,7 @@ def read_best(workdir: str | Path, *, include_stale: bool = False, metric: str =
 def with_declared(best: list[dict[str, Any]], declared: list[dict[str, Any]], metric: str = "mae") -> list[dict[str, Any]]:
     """The summary's rows with the declared ensemble's beside them (one per project: all its members, no choice made;
     a stale one marked stale, a partial one's family saying "4 of 8 members")."""
-    from gpufill.campaign.ensembles import members_shown
+    from gpufill.campaign.results.ensembles import members_shown
 
     if not declared:
         return best
