@@ -52,7 +52,7 @@ from _common import environment, finish  # noqa: E402
 from gpufill.campaign.policy.admission import META_KEY, ShapeBook  # noqa: E402
 from gpufill.campaign.runner import Campaign, read_results  # noqa: E402
 from gpufill.campaign.trials.trials import Trial, expand  # noqa: E402
-from gpufill.campaign.worker import TrialRunner  # noqa: E402
+from gpufill.campaign.worker.worker import TrialRunner  # noqa: E402
 from gpufill.monitor.summary import summarise  # noqa: E402
 from gpufill.engine.hardware import resolve_device  # noqa: E402
 from gpufill.engine.packs.size import measure_pack_size  # noqa: E402

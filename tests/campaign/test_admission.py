@@ -146,7 +146,7 @@ def test_admission_rule_with_a_fake_memory_model():
 def test_memory_margin_reaches_every_trial_and_pack(tmp_path, monkeypatch):
     from gpufill.campaign.runner import Campaign
     from gpufill.campaign.trials.trials import expand
-    from gpufill.campaign.worker import TrialRunner
+    from gpufill.campaign.worker.worker import TrialRunner
     from gpufill.forecasting import packs, run
     from tests.helpers import write_campaign
 

@@ -58,5 +58,5 @@ def test_a_success_forgets_the_change_and_the_worker_says_the_words_the_wait_loo
     from importlib.util import find_spec
     from pathlib import Path
 
-    worker_source = Path(find_spec("gpufill.campaign.worker").origin).read_text()
+    worker_source = Path(find_spec("gpufill.campaign.worker.worker").origin).read_text()
     assert "{environment.CHANGED} (fingerprint" in worker_source  # one phrase, written by the worker, read here

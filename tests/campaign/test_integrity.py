@@ -22,7 +22,7 @@ import pytest
 from rich.console import Console
 
 from gpufill.campaign.policy import environment
-from gpufill.campaign.attempt import attempt
+from gpufill.campaign.worker.attempt import attempt
 from gpufill.campaign.store.lock import WorkdirLock
 from gpufill.campaign.results.reading import read_status
 from gpufill.campaign.runner import Campaign

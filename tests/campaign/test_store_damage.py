@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from gpufill.campaign.attempt import attempt
+from gpufill.campaign.worker.attempt import attempt
 from gpufill.campaign.store.store import Store
 from tests.helpers import a_result, a_trial, run_cli, write_campaign
 

@@ -153,7 +153,7 @@ def worker_startup_seconds() -> float:
     """Seconds a fresh worker takes before its first trial: an interpreter importing what a worker imports (torch,
     the trial code), timed in a child as the local executor starts one. Every slot starts at once, so the run pays it
     once; it is most of a small campaign's wall time (without it, a 30-second campaign was estimated at 0.5x)."""
-    code = "import torch, gpufill.campaign.worker, gpufill.forecasting.run, gpufill.forecasting.models.classical"
+    code = "import torch, gpufill.campaign.worker.worker, gpufill.forecasting.run, gpufill.forecasting.models.classical"
     tick = time.perf_counter()
     try:
         subprocess.run([sys.executable, "-c", code], check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

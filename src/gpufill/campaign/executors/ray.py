@@ -55,7 +55,7 @@ class _Slot:
     """The actor: one worker process serving one lane slot (see worker.start_runner)."""
 
     def __init__(self, setup: dict[str, Any]):
-        from gpufill.campaign.worker import start_runner
+        from gpufill.campaign.worker.worker import start_runner
 
         self.runner = start_runner(setup)
 

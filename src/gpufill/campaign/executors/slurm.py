@@ -201,7 +201,7 @@ class SlurmExecutor:
             by_lane.setdefault(worker.lane.name, []).append(worker)
         self._unsubmitted.clear()
         for lane_name, workers in by_lane.items():
-            from gpufill.campaign.worker import (
+            from gpufill.campaign.worker.worker import (
                 run_job,  # pickled by name: the job imports it
             )
 

@@ -11,7 +11,7 @@ trial compares the loaded project's fingerprint with the trial's. On a differenc
 data once more (the file may have been restored); still different, or not loadable at all, the
 trial fails as an environment failure (attempt.EnvironmentFailure), which uses none of its retries.
 
-Run as ``python -m gpufill.campaign.worker FD`` it is a local worker (executors/local.py).
+Run as ``python -m gpufill.campaign.worker.worker FD`` it is a local worker (executors/local.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufill.campaign.policy import environment
-from gpufill.campaign.attempt import EnvironmentFailure, attempt, failure
+from gpufill.campaign.worker.attempt import EnvironmentFailure, attempt, failure
 from gpufill.forecasting.trial import GLOBAL_PROJECT, PackEntry, Trial, TrialResult
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ class TrialRunner:
         if len(trials) <= 1 or task.get("pack_size") == 1:
             unfused = PackEntry(1, task["pack_reason"]) if task.get("pack_size") == 1 and task.get("pack_reason") else None
             return {"results": [*waiting, *(self.attempt(t, lambda t=t: self.run(t, pack=unfused)) for t in trials)], "pack": None}
-        from gpufill.campaign.packs import run_pack
+        from gpufill.campaign.worker.packs import run_pack
 
         message = run_pack(self, trials, task.get("pack_size"), task.get("pack_kind"))
         return {**message, "results": [*waiting, *message["results"]]}
@@ -253,7 +253,7 @@ class TrialRunner:
         return PrunerWatch(self._pruning["settings"], self._pruning["history"].get(trial.project, []), windows)
 
 
-if __name__ == "__main__":  # started by executors/local.py: python -m gpufill.campaign.worker FD
+if __name__ == "__main__":  # started by executors/local.py: python -m gpufill.campaign.worker.worker FD
     import sys
 
     worker_main(Connection(int(sys.argv[1])))

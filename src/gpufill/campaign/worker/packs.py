@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from gpufill.campaign.attempt import attempt
+from gpufill.campaign.worker.attempt import attempt
 from gpufill.forecasting.packs import PackSizeChoice, by_width, size_pack, train_pack
 from gpufill.forecasting.run import TrialSetup
 from gpufill.forecasting.trial import PackEntry, Trial, TrialResult
 
 
 class TrialRunner(Protocol):
-    """What packs need of the worker's runner (campaign/worker.py)."""
+    """What packs need of the worker's runner (campaign/worker/worker.py)."""
 
     device: str
 
