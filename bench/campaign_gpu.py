@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
 from gpufill.campaign.policy.admission import META_KEY, ShapeBook  # noqa: E402
-from gpufill.campaign.runner import Campaign, read_results  # noqa: E402
+from gpufill.campaign.run.runner import Campaign, read_results  # noqa: E402
 from gpufill.campaign.trials.trials import Trial, expand  # noqa: E402
 from gpufill.campaign.worker.worker import TrialRunner  # noqa: E402
 from gpufill.monitor.summary import summarise  # noqa: E402

@@ -190,7 +190,7 @@ def test_left_out_notes_name_a_few_projects_each_and_summarise_many_in_linear_ti
     import time
     from collections import Counter
 
-    from gpufill.campaign.runner import LEFT_OUT_LISTED, _left_out_notes
+    from gpufill.campaign.run.runner import LEFT_OUT_LISTED, _left_out_notes
 
     few = {("a", 30): "too short", ("a", 60): "too short", ("b", 60): "shorter"}
     assert _left_out_notes(few, Counter({"a": 4, "b": 2})) == ["project a left out at lookback 30, 60 (4 trials): too short",

@@ -13,7 +13,7 @@ from gpufill.campaign.policy.admission import CONTEXT_BYTES_DEFAULT, META_KEY, R
 from gpufill.campaign.executors.base import Finished, Worker
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.policy.policy import PROBE_PACK
-from gpufill.campaign.scheduler import Scheduler
+from gpufill.campaign.run.scheduler import Scheduler
 from gpufill.campaign.store.store import Store
 from gpufill.campaign.trials.trials import Trial
 from tests.fakes import FakeExecutor, done_result
@@ -144,7 +144,7 @@ def test_admission_rule_with_a_fake_memory_model():
 
 
 def test_memory_margin_reaches_every_trial_and_pack(tmp_path, monkeypatch):
-    from gpufill.campaign.runner import Campaign
+    from gpufill.campaign.run.runner import Campaign
     from gpufill.campaign.trials.trials import expand
     from gpufill.campaign.worker.worker import TrialRunner
     from gpufill.forecasting import packs, run
@@ -177,7 +177,7 @@ def test_on_a_gpu_three_shapes_run_within_the_memory_margin(tmp_path):
     the device memory NVML saw while it ran stayed within memory_margin of the device."""
     import sqlite3
 
-    from gpufill.campaign.runner import Campaign
+    from gpufill.campaign.run.runner import Campaign
     from tests.helpers import write_campaign
 
     path = write_campaign(tmp_path, models="lstm: {hidden_size: [16, 64, 128]}", projects=12, epochs=2)

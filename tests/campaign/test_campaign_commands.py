@@ -10,8 +10,8 @@ import sqlite3
 import pytest
 from rich.console import Console
 
-from gpufill.campaign.estimate import estimate
-from gpufill.campaign.runner import Campaign, read_results
+from gpufill.campaign.run.estimate import estimate
+from gpufill.campaign.run.runner import Campaign, read_results
 from tests.helpers import run_cli, write_campaign
 
 

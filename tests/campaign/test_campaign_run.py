@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufill.campaign.runner import Campaign, read_results, read_status
+from gpufill.campaign.run.runner import Campaign, read_results, read_status
 from tests.helpers import run_cli, write_campaign
 
 

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from gpufill.campaign.runner import read_results
+from gpufill.campaign.run.runner import read_results
 from tests.helpers import write_campaign
 
 
@@ -70,7 +70,7 @@ def test_a_signal_stops_the_run_in_one_line_and_a_rerun_finishes_everything_once
 def test_a_first_signal_is_recorded_and_raised_at_the_next_check_a_second_raises_at_once(signum):
     import os
 
-    from gpufill.campaign.stopping import Interrupted, from_exception, signals_interrupt
+    from gpufill.campaign.run.stopping import Interrupted, from_exception, signals_interrupt
 
     before = signal.getsignal(signum)
     with signals_interrupt() as request:

@@ -14,7 +14,7 @@ import pytest
 from gpufill.campaign.spec.ensemble_spec import EnsembleSpec
 from gpufill.campaign.results.ensembles import read_declared
 from gpufill.campaign.results.reading import read_best
-from gpufill.campaign.runner import Campaign
+from gpufill.campaign.run.runner import Campaign
 from gpufill.campaign.spec.spec import CHECKED, CampaignSpec, load_campaign
 from gpufill.campaign.store.store import Store
 from gpufill.errors import InputError

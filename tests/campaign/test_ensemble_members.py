@@ -8,7 +8,7 @@ import pytest
 
 from gpufill.campaign.results.ensembles import read_declared
 from gpufill.campaign.results.reading import read_best
-from gpufill.campaign.runner import Campaign
+from gpufill.campaign.run.runner import Campaign
 from gpufill.campaign.spec.spec import load_campaign
 from gpufill.campaign.store.store import Store
 from gpufill.campaign.trials.trials import expand

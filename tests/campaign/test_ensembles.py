@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpufill.campaign.runner import Campaign, read_results
+from gpufill.campaign.run.runner import Campaign, read_results
 from tests.helpers import write_campaign
 
 

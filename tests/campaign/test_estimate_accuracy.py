@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from gpufill.campaign.estimate import estimate
-from gpufill.campaign.runner import Campaign
+from gpufill.campaign.run.estimate import estimate
+from gpufill.campaign.run.runner import Campaign
 
 CAMPAIGN = """name: estimated
 data: {source: synthetic, projects: 16, length: 144, seed: 5}

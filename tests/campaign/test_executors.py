@@ -16,7 +16,7 @@ import pytest
 
 from gpufill.campaign.executors import LaneRequest, make_executor
 from gpufill.campaign.executors.slurm import SlurmExecutor
-from gpufill.campaign.runner import Campaign, read_jobs, read_results, read_status
+from gpufill.campaign.run.runner import Campaign, read_jobs, read_results, read_status
 from gpufill.campaign.spec.spec import SlurmSpec, load_campaign
 from gpufill.campaign.store.store import Store
 from tests.helpers import run_cli, write_campaign

@@ -10,7 +10,7 @@ from contextlib import closing
 
 import psutil
 
-from gpufill.campaign.scheduler import AUTO_TIMEOUT_FACTOR, AUTO_TIMEOUT_FLOOR_S, Scheduler
+from gpufill.campaign.run.scheduler import AUTO_TIMEOUT_FACTOR, AUTO_TIMEOUT_FLOOR_S, Scheduler
 from tests.helpers import run_cli, write_campaign
 
 

@@ -25,7 +25,7 @@ from gpufill.campaign.policy import environment
 from gpufill.campaign.worker.attempt import attempt
 from gpufill.campaign.store.lock import WorkdirLock
 from gpufill.campaign.results.reading import read_status
-from gpufill.campaign.runner import Campaign
+from gpufill.campaign.run.runner import Campaign
 from gpufill.campaign.store.store import Store
 from gpufill.campaign.trials.trials import Trial
 from gpufill.forecasting.data import load_projects, rmse

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gpufill.campaign import expand, load_campaign
-from gpufill.campaign.runner import demo_campaign_path
+from gpufill.campaign.run.runner import demo_campaign_path
 from gpufill.forecasting.data import load_projects, synthetic, synthetic_projects
 from tests.other_cpu import kernel_settings, run_python
 

@@ -2,7 +2,7 @@
 
 from gpufill.campaign.executors.base import Finished, gpu_env
 from gpufill.campaign.policy.lanes import plan_lanes, visible_gpu
-from gpufill.campaign.scheduler import Scheduler
+from gpufill.campaign.run.scheduler import Scheduler
 from gpufill.campaign.store.store import Store
 from gpufill.campaign.trials.trials import Trial
 from tests.fakes import FakeExecutor, done_result

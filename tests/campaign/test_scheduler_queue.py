@@ -7,7 +7,7 @@ import gc
 from gpufill.campaign.executors.base import Finished
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.policy.queue import ShapeQueue, Waiting
-from gpufill.campaign.scheduler import Scheduler
+from gpufill.campaign.run.scheduler import Scheduler
 from gpufill.campaign.store.store import Store
 from gpufill.forecasting.trial import Trial
 from tests.fakes import FakeExecutor, done_result

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufill.campaign.runner import Campaign, read_results
+from gpufill.campaign.run.runner import Campaign, read_results
 from gpufill.campaign.spec.search_spec import Range
 from gpufill.campaign.spec.spec import load_campaign
 from gpufill.campaign.store.store import Store
@@ -295,7 +295,7 @@ def test_a_pruned_local_search_prunes_inside_fused_packs(tmp_path):
 
 
 def test_estimate_times_a_search_from_its_first_round_scaled_to_its_budget(tmp_path):
-    from gpufill.campaign.estimate import estimate
+    from gpufill.campaign.run.estimate import estimate
 
     path = search_file(tmp_path, search="{sampler: random, trials: 12, batch: 3, seed: 4}")
     path.write_text(path.read_text().replace("seeds: [0]", "seeds: [0, 1]"))

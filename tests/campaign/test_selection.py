@@ -4,7 +4,7 @@ and the test score it shows is that configuration's; without a validation window
 from __future__ import annotations
 
 from gpufill.campaign.results.reading import CHOSEN_ON_TEST, CHOSEN_ON_VALIDATION, best_per_project, read_best, read_trials
-from gpufill.campaign.runner import Campaign
+from gpufill.campaign.run.runner import Campaign
 
 
 def campaign(tmp_path, val: int) -> Campaign:

@@ -18,7 +18,7 @@ import pytest
 
 from gpufill.campaign.results.ensembles import read_declared
 from gpufill.campaign.results.reading import read_best, read_trials, winners
-from gpufill.campaign.runner import Campaign
+from gpufill.campaign.run.runner import Campaign
 from gpufill.campaign.store.store import Store
 from tests.helpers import run_cli
 

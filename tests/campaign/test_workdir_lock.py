@@ -14,7 +14,7 @@ import time
 import pytest
 
 from gpufill.campaign.store.lock import LOCK_NAME, WorkdirLock, check_free, holder
-from gpufill.campaign.runner import read_results
+from gpufill.campaign.run.runner import read_results
 from gpufill.errors import InputError
 from tests.helpers import write_campaign
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpufill.campaign.results.reading import read_trials
-from gpufill.campaign.runner import Campaign
+from gpufill.campaign.run.runner import Campaign
 from gpufill.engine import losses
 
 CAMPAIGN = """name: smape-vs-mae

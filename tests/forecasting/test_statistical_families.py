@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpufill.campaign.runner import Campaign, read_results
+from gpufill.campaign.run.runner import Campaign, read_results
 from gpufill.errors import InputError
 from gpufill.forecasting.data.project import Project
 from gpufill.forecasting.data.windows import Split, make_windows, season_length_of

@@ -40,8 +40,8 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
     from gpufill.cli import campaign_tables
     from gpufill.campaign.executors import check_executor
     from gpufill.campaign.store.lock import check_free
-    from gpufill.campaign.stopping import RunInterrupted
-    from gpufill.campaign.runner import Campaign, describe_lanes, describe_timeout
+    from gpufill.campaign.run.stopping import RunInterrupted
+    from gpufill.campaign.run.runner import Campaign, describe_lanes, describe_timeout
 
     check_executor(executor, address)  # before the file is read or --fresh asks anything
     job = Campaign.from_yaml(campaign, workdir)
@@ -116,7 +116,7 @@ def demo(
     yes: bool = typer.Option(False, "--yes", "-y"),
 ) -> None:
     """Run the bundled example campaign (all 8 families, a few minutes on 2 CPU cores)."""
-    from gpufill.campaign.runner import demo_campaign_path
+    from gpufill.campaign.run.runner import demo_campaign_path
 
     _run_campaign(demo_campaign_path(), workdir, None, None, "local", fresh, yes, command="gpufill demo")
 
@@ -240,8 +240,8 @@ def estimate(
 ) -> None:
     """Predict a campaign's time per lane by timing a sample of each trial shape."""
     from gpufill.cli import campaign_tables
-    from gpufill.campaign.estimate import estimate as run_estimate
-    from gpufill.campaign.runner import Campaign
+    from gpufill.campaign.run.estimate import estimate as run_estimate
+    from gpufill.campaign.run.runner import Campaign
 
     console = Console(stderr=as_json)
     with console.status("timing a sample of each trial shape") as spinner:

@@ -21,12 +21,12 @@ from gpufill.campaign.executors import Executor, LaneRequest, make_executor
 from gpufill.campaign.executors.local import plan_here
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.store.lock import WorkdirLock
-from gpufill.campaign.scheduler import RunOutcome, Scheduler, Snapshot
+from gpufill.campaign.run.scheduler import RunOutcome, Scheduler, Snapshot
 from gpufill.campaign.spec.spec import CampaignSpec, load_campaign
-from gpufill.campaign.stopping import RunInterrupted, from_exception, signals_interrupt
+from gpufill.campaign.run.stopping import RunInterrupted, from_exception, signals_interrupt
 from gpufill.campaign.results.reading import best_per_project, find_workdir, read_jobs, read_results, read_status, read_trials
 from gpufill.campaign.store.store import DB_NAME, Counts, Store
-from gpufill.campaign.startup import Timeline
+from gpufill.campaign.run.startup import Timeline
 from gpufill.campaign.store.store_health import check_rows, damaged, is_damage, out_of_space
 from gpufill.campaign.spec import user_models
 from gpufill.campaign.trials.trials import Trial, expand, id_base
@@ -323,7 +323,7 @@ class Campaign:
 
 def describe_timeout(resources: Any) -> str:
     """The time limits of the plan, in words (printed when a run starts)."""
-    from gpufill.campaign.scheduler import AUTO_TIMEOUT_FACTOR, AUTO_TIMEOUT_FLOOR_S
+    from gpufill.campaign.run.scheduler import AUTO_TIMEOUT_FACTOR, AUTO_TIMEOUT_FLOOR_S
 
     if resources.trial_timeout == "auto":
         limit = (f"auto: {AUTO_TIMEOUT_FACTOR:g}x the slowest finished trial of the same shape, at least {AUTO_TIMEOUT_FLOOR_S:g} s "
@@ -339,7 +339,7 @@ def describe_lanes(lanes: Sequence[Lane]) -> list[dict[str, Any]]:
 
 def demo_campaign_path() -> Path:
     """examples/demo.yaml of the source checkout gpufill runs from."""
-    path = Path(__file__).resolve().parents[3] / "examples" / "demo.yaml"
+    path = Path(__file__).resolve().parents[4] / "examples" / "demo.yaml"
     if not path.exists():
         raise InputError("the demo campaign file is not next to this installation", where=str(path), field="demo", fix="run from a source checkout (pip install -e .) or pass a campaign to `gpufill run`")
     return path

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from gpufill.campaign.policy.lanes import Lane
-from gpufill.campaign.runner import Campaign
+from gpufill.campaign.run.runner import Campaign
 from gpufill.campaign.trials.trials import GLOBAL_PROJECT, Trial
 
 # Windows a neural sample trains on: enough for steady per-step timings, few enough

@@ -26,10 +26,10 @@ from gpufill.campaign.policy.admission import META_KEY, Running, ShapeBook
 from gpufill.campaign.policy import environment
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.policy.policy import DispatchPolicy
-from gpufill.campaign import progress
-from gpufill.campaign.progress import LaneProgress, RunOutcome, Snapshot
+from gpufill.campaign.run import progress
+from gpufill.campaign.run.progress import LaneProgress, RunOutcome, Snapshot
 from gpufill.campaign.policy.queue import Queued, ShapeQueue
-from gpufill.campaign.startup import Timeline
+from gpufill.campaign.run.startup import Timeline
 from gpufill.campaign.store.store import Store
 from gpufill.monitor.alerts import AlertWatch
 from gpufill.forecasting.trial import TrialResult
