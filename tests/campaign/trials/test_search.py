@@ -242,7 +242,7 @@ def test_a_pruned_search_killed_three_times_resumes_with_the_same_proposals_and_
 
 
 def test_the_example_search_file_loads_with_its_space():
-    spec = load_campaign(Path(__file__).resolve().parents[2] / "examples" / "search.yaml")
+    spec = load_campaign(Path(__file__).resolve().parents[3] / "examples" / "search.yaml")
     assert (spec.search.sampler, spec.search.trials, spec.search.batch, spec.search.pruner.kind, spec.search_metric) == ("tpe", 24, 6, "asha", "val_smape")
     assert spec.models["mlp"]["hidden_size"] == Range(low=32, high=256, step=32, integer=True)
     assert spec.models["mlp"]["scaling"] == ["last", "standard"] and spec.models["lgbm"]["n_estimators"].integer

@@ -188,7 +188,7 @@ def test_resources_slurm_from_the_readme_become_the_jobs_sbatch_lines(tmp_path, 
         (bin_dir / tool).write_text("#!/bin/sh\nexit 1\n")
         (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
     block = readme.split("## Scaling out")[1].split("```yaml\n")[1].split("```")[0]
     path = tmp_path / "readme.yaml"
     path.write_text("name: readme\ndata: {source: synthetic, projects: 1, length: 300}\ntask: {lookback: [12]}\nmodels: {mlp: {hidden_size: 8}, linear: {}}\n" + block)

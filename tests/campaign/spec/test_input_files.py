@@ -17,7 +17,7 @@ import pytest
 from gpufill.campaign.spec.spec import load_campaign
 from gpufill.errors import InputError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PIPE_FIX = "a pipe (FIFO) or socket, not a regular file: reading it would wait for a writer; fix: pass a regular file as the {field} " \
            "(save what the pipe carries to a file first)"
 DEEP = "nesting too deep: values nested more levels deep than the YAML reader can follow; " \
