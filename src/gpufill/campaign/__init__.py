@@ -1,6 +1,14 @@
-"""Campaigns: when and where thousands of trials run. The YAML spec, trial expansion, the store, the scheduler
-(its policy, its queue, GPU admission) and its executors; what a trial is and how it trains is
-`gpufill.forecasting`'s (trial.py, run.py, packs.py).
+"""Campaigns: when and where thousands of trials run; what a trial is and how it trains is `gpufill.forecasting`'s
+(trial.py, run.py, packs.py). Its folders, each importing only those above it here:
+
+    spec/       the campaign file: its models, `file:line` errors, limits, grid checks
+    policy/     the scheduler's decisions on plain values: lanes, queue, admission, what runs next
+    store/      the workdir: the SQLite store (writes, reads, health), the run lock, the run's files
+    trials/     which trials: expansion and ids, a search's proposals, its pruner
+    results/    the store read back: status, results, ensembles, provenance, export
+    worker/     a worker's side: the task loop, one trial's attempt, fused packs
+    executors/  how tasks reach workers: local processes, Ray actors, Slurm jobs
+    run/        a run: Campaign, the scheduler loop, progress, stopping, estimate
 
 Names load lazily, on first use, so importing one submodule does not import the others.
 """

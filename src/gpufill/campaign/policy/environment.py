@@ -25,7 +25,7 @@ CHANGED_PATIENCE_S = 60.0
 """...and how long when they say the data changed (read whole, with another fingerprint): a file being rewritten
 changes for seconds; one that stays changed for a minute was replaced, and waiting longer will not bring it back."""
 CHANGED = "changed since the run began"
-"""The words of a worker's failure for data that is not the data the trial's id names (worker.py writes them)."""
+"""The words of a worker's failure for data that is not the data the trial's id names (worker/worker.py writes them)."""
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 `DispatchPolicy` reads the waiting trials (a lane's ShapeQueue), what the lane runs now and the shapes'
 measured facts (admission.ShapeBook); it touches no store, executor or clock, so every rule here is tested
-on plain values (tests/campaign/policy/test_policy.py). The scheduler (scheduler.py) gathers those values, takes
+on plain values (tests/campaign/policy/test_policy.py). The scheduler (run/scheduler.py) gathers those values, takes
 the trials the policy names and sends them.
 """
 

@@ -6,9 +6,9 @@ pack: of the size the worker measured for that shape, or, for a shape not sized 
 to `policy.PROBE_PACK` so the worker can measure (one worker per shape; the size is kept in the
 store for the rest of the campaign). The GPU lane admits tasks of any shapes while their
 measured peak memory and the workers' CUDA contexts fit its budget; a shape not measured
-yet runs alone first (admission.py). Failures and worker crashes are retried up to the limit; everything else goes on.
+yet runs alone first (policy/admission.py). Failures and worker crashes are retried up to the limit; everything else goes on.
 Failures of the environment (data missing or changed, a full disk, a worker killed from outside) use no
-attempt: the trial waits for the environment (environment.py).
+attempt: the trial waits for the environment (policy/environment.py).
 How tasks run (processes, Ray actors, Slurm jobs) is the executor's business
 (executors/base.py); the scheduler is the store's only writer, whichever executor runs.
 """
