@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
 from gpufill.bench import baseline_fit  # noqa: E402
-from gpufill.campaign.runner import Campaign  # noqa: E402
-from gpufill.campaign.trials import Trial, expand  # noqa: E402
-from gpufill.campaign.worker import TrialRunner  # noqa: E402
+from gpufill.campaign.run.runner import Campaign  # noqa: E402
+from gpufill.campaign.trials.trials import Trial, expand  # noqa: E402
+from gpufill.campaign.worker.worker import TrialRunner  # noqa: E402
 from gpufill.engine.hardware import cpu_count  # noqa: E402
 from gpufill.forecasting.data import forecast_metrics  # noqa: E402
 from gpufill.forecasting.models import registry  # noqa: E402

@@ -49,10 +49,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
-from gpufill.campaign.admission import META_KEY, ShapeBook  # noqa: E402
-from gpufill.campaign.runner import Campaign, read_results  # noqa: E402
-from gpufill.campaign.trials import Trial, expand  # noqa: E402
-from gpufill.campaign.worker import TrialRunner  # noqa: E402
+from gpufill.campaign.policy.admission import META_KEY, ShapeBook  # noqa: E402
+from gpufill.campaign.run.runner import Campaign, read_results  # noqa: E402
+from gpufill.campaign.trials.trials import Trial, expand  # noqa: E402
+from gpufill.campaign.worker.worker import TrialRunner  # noqa: E402
 from gpufill.monitor.summary import summarise  # noqa: E402
 from gpufill.engine.hardware import resolve_device  # noqa: E402
 from gpufill.engine.packs.size import measure_pack_size  # noqa: E402
@@ -119,7 +119,7 @@ def the_campaign(path: Path, workdir: Path) -> tuple[float, dict[str, float], di
     seconds = time.perf_counter() - tick
     results = read_results(workdir)
     assert outcome.failed == 0, f"{outcome.failed} trials failed"
-    from gpufill.campaign.store import Store
+    from gpufill.campaign.store.store import Store
 
     store = Store.open(workdir)
     try:

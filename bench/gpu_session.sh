@@ -59,7 +59,7 @@ step() {  # step NAME SECONDS COMMAND...: run one item, keep its log, never stop
 
 if [ "$part" = triage ]; then  # the limits here are the ones the header lists (a test checks they agree)
   step triage-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_step_graph.py tests/engine/test_pack_graph.py \
-    tests/engine/test_many.py tests/engine/test_gpu.py tests/campaign/test_admission.py tests/forecasting/test_fused_recurrent.py
+    tests/engine/test_many.py tests/engine/test_gpu.py tests/campaign/policy/test_admission.py tests/forecasting/test_fused_recurrent.py
   step triage-fit_speed 110 python3 bench/fit_speed.py --smoke --rounds 1 --models mlp,lstm --out "$out/fit_speed-triage.json"
   step triage-pack_any 60 python3 bench/pack_any.py --quick --models mlp32 --sizes 16 --optimizers adam --rounds 3 --out "$out/pack_any-triage.json"
   step triage-campaign 75 python3 bench/campaign_gpu.py --shapes lstm-h128-l30 --projects 8 --seeds 2 --epochs 2 --rounds 1 --skip mps \

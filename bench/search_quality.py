@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 from forecast_quality import load  # noqa: E402
 
-from gpufill.campaign.reading import read_trials  # noqa: E402
-from gpufill.campaign.runner import Campaign  # noqa: E402
+from gpufill.campaign.results.reading import read_trials  # noqa: E402
+from gpufill.campaign.run.runner import Campaign  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {
     "smoke": {"dataset": "synthetic", "widths": [16, 32], "lrs": [1e-3, 1e-2], "lookbacks": [1, 2], "scalings": ["last"], "epochs": 4,

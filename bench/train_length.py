@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment, finish  # noqa: E402
 from forecast_quality import load  # noqa: E402
 
-from gpufill.campaign.runner import Campaign, read_results  # noqa: E402
+from gpufill.campaign.run.runner import Campaign, read_results  # noqa: E402
 
 SEASON = 12
 

@@ -36,7 +36,7 @@ import pytest
 import torch
 
 from gpufill import files
-from gpufill.campaign.workdir import delete_run_files
+from gpufill.campaign.store.workdir import delete_run_files
 from gpufill.engine.checkpoint import LOCK_NAME, held_directory
 from gpufill.engine.loop import fit
 from gpufill.engine.result import FitCallback

@@ -124,7 +124,7 @@ def test_csv_cells_that_start_a_formula_are_neutralised_and_other_formats_keep_v
 
 
 def test_csv_to_a_terminal_shows_control_characters_as_escapes():
-    from gpufill.campaign.export import csv_safe
+    from gpufill.campaign.results.export import csv_safe
 
     frame = pd.DataFrame({"project": [CLEAR, "=1+1", "\tx", "ok"], "mae": [-1.0, 2.0, 3.0, 4.0]})
     assert list(csv_safe(frame)["project"]) == [CLEAR, "'=1+1", "'\tx", "ok"]
@@ -190,7 +190,7 @@ def test_left_out_notes_name_a_few_projects_each_and_summarise_many_in_linear_ti
     import time
     from collections import Counter
 
-    from gpufill.campaign.runner import LEFT_OUT_LISTED, _left_out_notes
+    from gpufill.campaign.run.runner import LEFT_OUT_LISTED, _left_out_notes
 
     few = {("a", 30): "too short", ("a", 60): "too short", ("b", 60): "shorter"}
     assert _left_out_notes(few, Counter({"a": 4, "b": 2})) == ["project a left out at lookback 30, 60 (4 trials): too short",
@@ -259,7 +259,7 @@ def test_a_campaign_of_more_trials_than_the_limit_is_refused_before_any_is_liste
 
 
 def test_gpu_slots_past_the_limit_are_refused_before_any_worker_starts():
-    from gpufill.campaign.lanes import MAX_REQUESTED_GPU_SLOTS, plan_lanes
+    from gpufill.campaign.policy.lanes import MAX_REQUESTED_GPU_SLOTS, plan_lanes
 
     for slots in (MAX_REQUESTED_GPU_SLOTS + 1, 10**9):
         with pytest.raises(InputError) as caught:

@@ -129,6 +129,37 @@ def test_no_two_folders_import_each_other():
     assert cycles(edges) == []
 
 
+# campaign/'s folders along the flow, bottom up: each imports only folders before it (DEVELOPERS.md, "Layers").
+CAMPAIGN_STACK = ["spec", "policy", "store", "trials", "results", "worker", "executors", "run"]
+
+
+def campaign_folder(module: str) -> str | None:
+    """The folder of campaign/ a module is in (gpufill.campaign.store.store -> store); None outside campaign/ and for
+    campaign/__init__.py and modules beside it."""
+    parts = module.split(".")
+    inside = parts[:2] == ["gpufill", "campaign"] and len(parts) > 2
+    return parts[2] if inside and (PACKAGE / "campaign" / parts[2]).is_dir() else None
+
+
+def test_the_campaign_folders_form_a_stack():
+    """Inside campaign/, every import between two of its folders points down CAMPAIGN_STACK: no folder is imported
+    back by one it imports, and a new folder is placed in the stack before anything may import it."""
+    upward = []
+    folders = set()
+    for module, targets in graph().items():
+        here = campaign_folder(module)
+        if here is None:
+            continue
+        folders.add(here)
+        for target in targets:
+            there = campaign_folder(target)
+            if there is not None and there != here and (
+                    here not in CAMPAIGN_STACK or there not in CAMPAIGN_STACK or CAMPAIGN_STACK.index(there) > CAMPAIGN_STACK.index(here)):
+                upward.append(f"{module} -> {target}")
+    assert folders == set(CAMPAIGN_STACK)
+    assert upward == []
+
+
 def test_cycle_detection_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -118,7 +118,7 @@ def test_relative_difference(a, b, expected):
 def test_the_reference_ids_are_the_ids_this_machine_gives_the_demo():
     """Ids are never compared with a tolerance: on every CPU the demo's trials have the reference's ids (issue 34)."""
     from gpufill.campaign import expand, load_campaign
-    from gpufill.campaign.runner import demo_campaign_path
+    from gpufill.campaign.run.runner import demo_campaign_path
 
     spec = load_campaign(demo_campaign_path())
     prints = {name: project.fingerprint() for name, project in spec.data.load(demo_campaign_path().parent).items()}

@@ -114,7 +114,7 @@ def run_demo(workdir: Path, pack_size: str) -> None:
         if pack_size != "auto":
             import yaml
 
-            from gpufill.campaign.runner import demo_campaign_path
+            from gpufill.campaign.run.runner import demo_campaign_path
 
             campaign = yaml.safe_load(demo_campaign_path().read_text())
             campaign.setdefault("resources", {})["pack_size"] = int(pack_size)
@@ -128,7 +128,7 @@ def run_demo(workdir: Path, pack_size: str) -> None:
 
 def read_metrics(workdir: Path) -> Metrics:
     """Each trial's test and naive metrics and its plan's choice values, keyed by trial id, through the store's read API."""
-    from gpufill.campaign.store import Store
+    from gpufill.campaign.store.store import Store
 
     store = Store.open(workdir)
     try:

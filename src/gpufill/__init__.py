@@ -20,7 +20,7 @@ _HOME = {
     "FitConfig": "gpufill.engine.config",
     "FitResult": "gpufill.engine.result",
     "Plan": "gpufill.engine.plan",
-    "Campaign": "gpufill.campaign.runner",
+    "Campaign": "gpufill.campaign.run.runner",
     "TrainingMonitor": "gpufill.monitor.training",
 }
 __all__ = ["InputError", "__version__", *sorted(_HOME)]

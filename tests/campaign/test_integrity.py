@@ -21,13 +21,13 @@ import psutil
 import pytest
 from rich.console import Console
 
-from gpufill.campaign import environment
-from gpufill.campaign.attempt import attempt
-from gpufill.campaign.lock import WorkdirLock
-from gpufill.campaign.reading import read_status
-from gpufill.campaign.runner import Campaign
-from gpufill.campaign.store import Store
-from gpufill.campaign.trials import Trial
+from gpufill.campaign.policy import environment
+from gpufill.campaign.worker.attempt import attempt
+from gpufill.campaign.store.lock import WorkdirLock
+from gpufill.campaign.results.reading import read_status
+from gpufill.campaign.run.runner import Campaign
+from gpufill.campaign.store.store import Store
+from gpufill.campaign.trials.trials import Trial
 from gpufill.forecasting.data import load_projects, rmse
 from gpufill.cli.live import render, snapshot
 from tests.helpers import a_result, a_trial, run_cli

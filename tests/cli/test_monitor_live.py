@@ -7,8 +7,8 @@ import sys
 
 from rich.console import Console
 
-from gpufill.campaign.store import Store
-from gpufill.campaign.trials import Trial
+from gpufill.campaign.store.store import Store
+from gpufill.campaign.trials.trials import Trial
 from gpufill.cli.live import render, snapshot, sparkline
 from tests.helpers import a_result
 

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 import torch
 
-from gpufill.campaign.runner import Campaign
+from gpufill.campaign.run.runner import Campaign
 from gpufill.forecasting.data import load_projects, make_windows
 from gpufill.forecasting.data.window_scaling import scale_windows
 from gpufill.engine.config import FitConfig

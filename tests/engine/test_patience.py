@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpufill.campaign.spec import load_campaign
-from gpufill.campaign.trials import expand
+from gpufill.campaign.spec.spec import load_campaign
+from gpufill.campaign.trials.trials import expand
 from gpufill.engine.config import PATIENCE_OFF, FitConfig
 from gpufill.engine.loop import fit
 from gpufill.errors import InputError

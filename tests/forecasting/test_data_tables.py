@@ -148,7 +148,7 @@ def test_twenty_thousand_one_row_projects_load_in_seconds_and_are_left_out_with_
     """Issue 37: 20,000 one-row projects beside a real one took about a minute to load (a pandas frame, three column
     lookups and a sort per project; `gpufill estimate` loads twice). Loaded now in about 2 s and prepared in about 9 s
     on a busy 2-core box (the bounds are generous), with one warning for all of them."""
-    from gpufill.campaign.runner import Campaign
+    from gpufill.campaign.run.runner import Campaign
 
     t = np.arange(300)
     tiny = pd.DataFrame({"project": [f"t{i:05d}" for i in range(20_000)], "t": 0, "target": 1.0})

@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from gpufill.campaign.reading import read_trials
-from gpufill.campaign.runner import Campaign
+from gpufill.campaign.results.reading import read_trials
+from gpufill.campaign.run.runner import Campaign
 from gpufill.engine import losses
 
 CAMPAIGN = """name: smape-vs-mae

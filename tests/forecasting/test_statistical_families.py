@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpufill.campaign.runner import Campaign, read_results
+from gpufill.campaign.run.runner import Campaign, read_results
 from gpufill.errors import InputError
 from gpufill.forecasting.data.project import Project
 from gpufill.forecasting.data.windows import Split, make_windows, season_length_of
@@ -75,7 +75,7 @@ def test_in_a_campaign_the_references_run_on_the_cpu_lane_and_global_mode_fits_t
 
 
 def test_the_summary_measures_every_family_against_the_seasonal_naive(tmp_path, capsys):
-    from gpufill.campaign.reading import best_per_project, read_best
+    from gpufill.campaign.results.reading import best_per_project, read_best
     from tests.helpers import run_cli
 
     path = write_campaign(tmp_path, name="ratio", models="snaive: {}\n  linear: {}", projects=2)
@@ -117,7 +117,7 @@ def test_in_local_mode_a_too_short_project_sits_out_the_lookbacks_it_cannot_hold
 
 def _run_events(workdir, containing: str) -> list[str]:
     """The messages of the run events in `workdir`'s store that contain `containing`."""
-    from gpufill.campaign.store import Store
+    from gpufill.campaign.store.store import Store
 
     store = Store.open(workdir)
     try:
@@ -149,7 +149,7 @@ def test_in_global_mode_a_padded_short_series_trains_and_scores(tmp_path):
 
 
 def test_a_backtest_scores_each_rolling_origin_and_its_metrics_are_their_mean(tmp_path):
-    from gpufill.campaign.store import Store
+    from gpufill.campaign.store.store import Store
 
     path = write_campaign(tmp_path, name="bt", models="linear: {}\n  snaive: {}\n  mlp: {hidden_size: 8}", projects=2, epochs=2)
     path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}",

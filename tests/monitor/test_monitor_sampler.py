@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from gpufill.campaign.store import Store
+from gpufill.campaign.store.store import Store
 from gpufill.monitor import sampler as sampler_module
 from gpufill.monitor.sampler import (
     SAMPLE_COLUMNS, CsvSink, GpuReading, JsonlSink, NvmlSource, QueueSink, Sampler, decode_throttle, open_gpu_source,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufill.campaign.runner import Campaign, best_per_project, read_results
-from gpufill.campaign.store import Store
+from gpufill.campaign.run.runner import Campaign, best_per_project, read_results
+from gpufill.campaign.store.store import Store
 from tests.helpers import CHROMIUM, check_in_chromium, run_cli, write_campaign
 
 GIB = 1024**3

@@ -41,9 +41,9 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
 
     from gpufill.cli import campaign_tables
     from gpufill.campaign.executors import check_executor
-    from gpufill.campaign.lock import check_free
-    from gpufill.campaign.stopping import RunInterrupted
-    from gpufill.campaign.runner import Campaign, describe_lanes, describe_timeout
+    from gpufill.campaign.store.lock import check_free
+    from gpufill.campaign.run.stopping import RunInterrupted
+    from gpufill.campaign.run.runner import Campaign, describe_lanes, describe_timeout
 
     check_executor(executor, address)  # before the file is read or --fresh asks anything
     job = Campaign.from_yaml(campaign, workdir)
@@ -121,7 +121,7 @@ def demo(
     yes: bool = typer.Option(False, "--yes", "-y"),
 ) -> None:
     """Run the bundled example campaign (all 8 families, a few minutes on 2 CPU cores)."""
-    from gpufill.campaign.runner import demo_campaign_path
+    from gpufill.campaign.run.runner import demo_campaign_path
 
     _run_campaign(demo_campaign_path(), workdir, None, None, "local", fresh, yes, command="gpufill demo")
 
@@ -133,7 +133,7 @@ def status(
 ) -> None:
     """Trial counts per status, overall and per lane; Slurm jobs queued or running."""
     from gpufill.cli import campaign_tables
-    from gpufill.campaign.reading import find_workdir, read_jobs, read_status
+    from gpufill.campaign.results.reading import find_workdir, read_jobs, read_status
 
     directory = find_workdir(workdir)
     counts = read_status(directory).to_dict()
@@ -146,7 +146,7 @@ def status(
     console = Console()
     console.print(campaign_tables.status_table(counts))
     if counts["run"] and counts["run"]["state"] == "interrupted":
-        from gpufill.campaign.reading import stopped_line
+        from gpufill.campaign.results.reading import stopped_line
 
         console.print(visible(stopped_line(counts["run"], counts["interrupted"])), markup=False, soft_wrap=True)  # the resume command stays whole
     if counts["stale"]:
@@ -181,7 +181,7 @@ def results(
 ) -> None:
     """One row per trial of the campaign file as it is now (or, with --summary, the best configuration per project and family)."""
     from gpufill.cli import campaign_tables
-    from gpufill.campaign import reading
+    from gpufill.campaign.results import reading
 
     if format_ not in ("table", "csv", "parquet", "json"):
         raise InputError(f"unknown format {format_!r}", where="command line", field="--format", fix="use table, csv, parquet or json")
@@ -197,7 +197,7 @@ def results(
             return
         import pandas as pd
 
-        from gpufill.campaign.export import write_frame
+        from gpufill.campaign.results.export import write_frame
 
         write_frame(pd.DataFrame.from_records(rows), "csv" if format_ == "table" else format_, out)
         return
@@ -211,7 +211,7 @@ def results(
         return
     import pandas as pd
 
-    from gpufill.campaign.export import write_frame
+    from gpufill.campaign.results.export import write_frame
 
     if summary:  # the table's rows, declared ensemble included: the same reader, the same numbers
         frame = pd.DataFrame.from_records(reading.read_best(directory, include_stale=all_, metric=metric), columns=reading.summary_columns(metric, stale=all_))
@@ -223,8 +223,8 @@ def results(
 def _forecast_views(directory: Path, *, forecasts: bool, ensemble: str | None, over: tuple[str, ...], format_: str, out: Path | None) -> None:
     import pandas as pd
 
-    from gpufill.campaign.ensembles import ensembles, forecast_rows
-    from gpufill.campaign.export import write_frame
+    from gpufill.campaign.results.ensembles import ensembles, forecast_rows
+    from gpufill.campaign.results.export import write_frame
     from gpufill.cli import campaign_tables
 
     if forecasts and ensemble is not None:
@@ -245,8 +245,8 @@ def estimate(
 ) -> None:
     """Predict a campaign's time per lane by timing a sample of each trial shape."""
     from gpufill.cli import campaign_tables
-    from gpufill.campaign.estimate import estimate as run_estimate
-    from gpufill.campaign.runner import Campaign
+    from gpufill.campaign.run.estimate import estimate as run_estimate
+    from gpufill.campaign.run.runner import Campaign
 
     console = Console(stderr=as_json)
     with console.status("timing a sample of each trial shape") as spinner:
@@ -268,7 +268,7 @@ def monitor(
 
     from rich.live import Live
 
-    from gpufill.campaign.reading import find_workdir
+    from gpufill.campaign.results.reading import find_workdir
     from gpufill.cli import live as dashboard
 
     directory = find_workdir(workdir)
@@ -293,7 +293,7 @@ def report(
                                                           "its course drawn beside the search's."),
 ) -> None:
     """Write one self-contained HTML report: summary, model comparison, resources, failures, alerts, plans."""
-    from gpufill.campaign.reading import find_workdir
+    from gpufill.campaign.results.reading import find_workdir
     from gpufill.report import write_report
 
     print(write_report(find_workdir(workdir), out, grid=grid))

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpufill.campaign.reading import CHOSEN_ON_TEST, CHOSEN_ON_VALIDATION, REFERENCES, summary_columns
+from gpufill.campaign.results.reading import CHOSEN_ON_TEST, CHOSEN_ON_VALIDATION, REFERENCES, summary_columns
 from gpufill.errors import visible
 from gpufill.forecasting.trial import METRICS
 

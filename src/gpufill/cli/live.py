@@ -18,8 +18,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from gpufill.campaign.reading import run_state, stopped_line, with_run
-from gpufill.campaign.store import Store
+from gpufill.campaign.results.reading import run_state, stopped_line, with_run
+from gpufill.campaign.store.store import Store
 from gpufill.errors import visible
 
 _BARS = "▁▂▃▄▅▆▇█"

@@ -1,4 +1,4 @@
-"""`gpufill export mlflow`: a campaign's finished trials copied to an MLflow tracking server (campaign/tracking.py)."""
+"""`gpufill export mlflow`: a campaign's finished trials copied to an MLflow tracking server (gpufill/tracking/mlflow_export.py)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def export_mlflow(
     """One MLflow run per finished trial (params, metrics, epoch curves, status), the report on a campaign run; run it
     again at any time: only what is missing or trained again since is sent."""
     from gpufill.tracking import mlflow_export as tracking
-    from gpufill.campaign.reading import find_workdir
-    from gpufill.campaign.tracking_spec import check_uri
+    from gpufill.campaign.results.reading import find_workdir
+    from gpufill.campaign.spec.tracking_spec import check_uri
 
     try:
         check_uri(uri)

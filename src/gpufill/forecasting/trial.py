@@ -29,7 +29,7 @@ class Trial:
     """One training of one model configuration on one project with one seed."""
 
     trial_id: str
-    """16 hex characters: a stable hash of everything that defines the trial (campaign/trials.py)."""
+    """16 hex characters: a stable hash of everything that defines the trial (campaign/trials/trials.py)."""
     project: str
     """Project name; "*" in global mode."""
     family: str

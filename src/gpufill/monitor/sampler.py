@@ -45,7 +45,7 @@ __all__ = [
 
 log = logging.getLogger("gpufill")
 
-# The store's samples table (campaign/store.py, Store.SAMPLE_COLUMNS); repeated here so the
+# The store's samples table (campaign/store/store.py, Store.SAMPLE_COLUMNS); repeated here so the
 # sampler does not import the store (and pandas) — a test checks that both agree.
 SAMPLE_COLUMNS = ("ts", "source", "gpu_util", "mem_used", "mem_total", "power_w", "power_limit_w", "temp_c",
                   "sm_clock_mhz", "throttle", "cpu_percent", "cpu_per_core", "ram_used", "ram_total", "workers_rss")

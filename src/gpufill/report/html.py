@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpufill.campaign.ensembles import members_shown, read_declared
-from gpufill.campaign.reading import best_per_project, stored_metric, winners
-from gpufill.campaign.provenance import with_effective_train
-from gpufill.campaign.store import FRAME_COLUMNS, Store
-from gpufill.campaign.store_health import check_rows
+from gpufill.campaign.results.ensembles import members_shown, read_declared
+from gpufill.campaign.results.reading import best_per_project, stored_metric, winners
+from gpufill.campaign.results.provenance import with_effective_train
+from gpufill.campaign.store.store import FRAME_COLUMNS, Store
+from gpufill.campaign.store.store_health import check_rows
 from gpufill.forecasting.trial import GLOBAL_PROJECT
 from gpufill.errors import InputError
 from gpufill.files import check_target

@@ -10,7 +10,7 @@ The trial id is the key: exporting twice, or a resumed campaign exporting again,
 A trial trained again (retried after a failure, its data changed) has a new finish time: its old run is deleted and
 a new one made, so the server shows what the store holds.
 
-During a run, `follow` is the child process campaign/tracking.py's Follower starts: it exports every few seconds and
+During a run, `follow` is the child process campaign/run/tracking.py's Follower starts: it exports every few seconds and
 writes each pass's outcome to WORKDIR/tracking-mlflow.json. (This module sits above campaign/ and report/: it
 reads the store and writes the report; the campaign only starts it, by its command line.)
 """
@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufill.campaign.provenance import with_effective_train
-from gpufill.campaign.store import METRICS, Store
-from gpufill.campaign.tracking import STATE_FILE
+from gpufill.campaign.results.provenance import with_effective_train
+from gpufill.campaign.store.store import METRICS, Store
+from gpufill.campaign.run.tracking import STATE_FILE
 from gpufill.errors import InputError
 from gpufill.files import write_atomically
 

@@ -20,7 +20,7 @@ from gpufill.campaign.executors.base import (
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:
-    from gpufill.campaign.spec import CampaignSpec
+    from gpufill.campaign.spec.spec import CampaignSpec
 
 __all__ = ["EXECUTORS", "Crashed", "Executor", "Finished", "JobInfo", "LaneRequest", "Worker", "check_executor", "make_executor"]
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
-from gpufill.campaign.lanes import Lane, visible_gpu
+from gpufill.campaign.policy.lanes import Lane, visible_gpu
 
 Task = dict[str, Any]
 """{"trials": [trial records], "pack_size": int | None}: one trial, or same-shape neural trials to fuse."""

@@ -1,6 +1,6 @@
 """Local executor: persistent worker processes on this machine, one per lane slot.
 
-Each worker is a fresh interpreter (`python -m gpufill.campaign.worker`: safe with
+Each worker is a fresh interpreter (`python -m gpufill.campaign.worker.worker`: safe with
 torch's threads and CUDA, and unlike multiprocessing's `spawn` it never re-runs the
 caller's main module, so a script without a `__main__` guard works). Its thread limits
 are in its environment before anything imports a BLAS. It talks to the scheduler over a
@@ -30,7 +30,7 @@ from gpufill.campaign.executors.base import (
     thread_env,
     worker_setup,
 )
-from gpufill.campaign.lanes import Lane, plan_lanes
+from gpufill.campaign.policy.lanes import Lane, plan_lanes
 
 
 @dataclass(slots=True, eq=False)
@@ -81,7 +81,7 @@ class LocalExecutor(NoBatchJobs):
         ours, theirs = socket.socketpair()
         self._counter += 1
         process = subprocess.Popen(
-            [sys.executable, "-m", "gpufill.campaign.worker", str(theirs.fileno())],
+            [sys.executable, "-m", "gpufill.campaign.worker.worker", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
             env={**os.environ, **thread_env(lane.threads), **gpu_env(lane)},
             stdin=subprocess.DEVNULL,

@@ -34,7 +34,7 @@ from gpufill.campaign.executors.base import (
     worker_setup,
 )
 from gpufill.campaign.executors.local import plan_here, plan_on
-from gpufill.campaign.lanes import Lane
+from gpufill.campaign.policy.lanes import Lane
 from gpufill.errors import InputError
 
 INSTALL_FIX = "pip install 'gpufill[ray]'"
@@ -55,7 +55,7 @@ class _Slot:
     """The actor: one worker process serving one lane slot (see worker.start_runner)."""
 
     def __init__(self, setup: dict[str, Any]):
-        from gpufill.campaign.worker import start_runner
+        from gpufill.campaign.worker.worker import start_runner
 
         self.runner = start_runner(setup)
 

@@ -36,11 +36,11 @@ from gpufill.campaign.executors.base import (
     thread_env,
     worker_setup,
 )
-from gpufill.campaign.lanes import Lane
+from gpufill.campaign.policy.lanes import Lane
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:
-    from gpufill.campaign.spec import SlurmSpec
+    from gpufill.campaign.spec.spec import SlurmSpec
 
 INSTALL_FIX = "pip install 'gpufill[slurm]'"
 # Slurm states of a job that has not started yet (UNKNOWN: just submitted, sacct has no row yet).
@@ -201,7 +201,7 @@ class SlurmExecutor:
             by_lane.setdefault(worker.lane.name, []).append(worker)
         self._unsubmitted.clear()
         for lane_name, workers in by_lane.items():
-            from gpufill.campaign.worker import (
+            from gpufill.campaign.worker.worker import (
                 run_job,  # pickled by name: the job imports it
             )
 

@@ -172,7 +172,7 @@ def _check_fresh(name: str, model: Any) -> None:
 
 
 _REMEMBERED: dict[str, Family] = {}
-"""`module:factory` families described by a child process (campaign/user_models.py): resolved without importing them here."""
+"""`module:factory` families described by a child process (campaign/spec/user_models.py): resolved without importing them here."""
 
 
 def remember(family: Family) -> None:

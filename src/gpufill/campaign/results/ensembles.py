@@ -1,0 +1,243 @@
+"""The stored test forecasts (`results --forecasts`) and ensembles of them (`results --ensemble`).
+
+An ensemble combines, per project, the forecasts of every finished trial of one configuration
+that differs only in the seed (and, with `over=("seed", "lookback")`, in the lookback too: the
+test windows are the same for every lookback), by the median or the mean of each forecast
+value, and scores the combination with the same metrics as a trial. Packs make its members
+almost free: a campaign with 5 seeds already holds a 5-member ensemble of every configuration.
+
+The campaign's declared ensemble (`ensemble:`) is combined by the runner after each run and kept in the store's meta,
+each project's row naming the member trials it combined (their ids hash the data fingerprint and every setting).
+Read back, a row is current only while those are exactly the finished member trials of the file as it is now and
+the file declares the same ensemble; otherwise it is stale, as a trial of an earlier file or data is. A row
+combining fewer members than the file has (failed or not yet run) says so: "4 of 8 members".
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from gpufill.campaign.store.store import Store
+from gpufill.campaign.store.store_health import check_rows
+from gpufill.errors import InputError
+from gpufill.forecasting.trial import GLOBAL_PROJECT
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gpufill.campaign.spec.spec import CampaignSpec
+
+__all__ = ["ENSEMBLE_HOW", "declared_ensemble", "ensembles", "forecast_rows", "members_shown", "read_declared", "store_declared"]
+
+ENSEMBLE_HOW = ("median", "mean")
+"""How members combine: numpy's function of that name (`_combined`)."""
+
+
+def _combined(how: str, forecasts: list[np.ndarray]) -> np.ndarray:
+    """`how` (median or mean) of the members' forecasts, value by value, in float64. numpy loads here and in
+    `_scored`, not with this module: `results --summary` reads the kept rows of the declared ensemble without it."""
+    import numpy as np
+
+    return getattr(np, how)(np.stack(forecasts).astype(np.float64), axis=0)
+
+
+def _scored(forecast: np.ndarray, truth: np.ndarray, mase_scale: float) -> dict[str, float]:
+    """A forecast's metrics, as a trial's are computed (the metrics module imports torch: loaded only to score)."""
+    import numpy as np
+
+    from gpufill.forecasting.data.metrics import forecast_metrics
+
+    return forecast_metrics(truth.astype(np.float64), forecast.astype(np.float64), mase_scale)
+
+
+def _done(store: Store) -> list[dict[str, Any]]:
+    return [r for r in store.records() if r["status"] == "done"]
+
+
+def ensembles(workdir: str | Path, how: Literal["median", "mean"] = "median", *, over: tuple[str, ...] = ("seed",)) -> list[dict[str, Any]]:
+    """One row per configuration and project: the ensemble's metrics, its members, and the members' mean and best MAE."""
+    if how not in ENSEMBLE_HOW:
+        raise InputError(f"unknown ensemble {how!r}", where="command line", field="--ensemble", fix=f"use {' or '.join(ENSEMBLE_HOW)}")
+    unknown = set(over) - {"seed", "lookback"}
+    if "seed" not in over or unknown:
+        raise InputError(f"an ensemble is over {', '.join(over)}", where="command line", field="--ensemble-over", fix="use seed, or seed,lookback")
+    store = Store.open(workdir)
+    try:
+        check_rows(store.db, store.path, documents=True)
+        records = _done(store)
+        kept = store.forecasts([r["trial_id"] for r in records])
+    finally:
+        store.close()
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        key = (record["family"], record["params"], record["train"], "*" if "lookback" in over else record["lookback"])
+        groups[key].append(record)
+    by_trial: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)  # one pass: a global trial has one per project
+    for (trial_id, project), forecast in kept.items():
+        by_trial[trial_id].append((project, forecast))
+    rows = []
+    for (family, params, train, lookback), members in groups.items():
+        per_project: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for member in members:
+            for project, forecast in by_trial[member["trial_id"]]:
+                per_project[project].append(forecast)
+        for project, forecasts in sorted(per_project.items()):
+            first = forecasts[0]
+            same = [f for f in forecasts if _same_windows(f, first)]
+            scores = _scored(_combined(how, [f["forecast"] for f in same]), first["truth"], first["mase_scale"])
+            member_mae = [_scored(f["forecast"], first["truth"], first["mase_scale"])["mae"] for f in same]
+            rows.append({"project": project, "family": family, "params": params, "train": train, "lookback": lookback, "ensemble": how,
+                         "members": len(same), **scores, "member_mae_mean": statistics.fmean(member_mae), "member_mae_best": min(member_mae)})
+    return sorted(rows, key=lambda r: (r["project"], r["mae"]))
+
+
+def forecast_rows(workdir: str | Path) -> list[dict[str, Any]]:
+    """Long format: one row per finished trial, project, test window and horizon step."""
+    store = Store.open(workdir)
+    try:
+        check_rows(store.db, store.path, documents=True)
+        records = {r["trial_id"]: r for r in _done(store)}
+        kept = store.forecasts(list(records))
+    finally:
+        store.close()
+    rows = []
+    for (trial_id, project), forecast in kept.items():
+        record = records[trial_id]
+        for origin, values, truths in zip(forecast["origins"], forecast["forecast"], forecast["truth"], strict=True):
+            for step, (value, truth) in enumerate(zip(values, truths, strict=True), start=1):
+                rows.append({"trial_id": trial_id, "project": project, "family": record["family"], "params": record["params"],
+                             "lookback": record["lookback"], "seed": record["seed"], "origin": int(origin), "step": step,
+                             "forecast": float(value), "actual": float(truth)})
+    return rows
+
+
+ENSEMBLE_META = "declared_ensemble"
+"""The store's meta key of the declared ensemble: {"definition", "families", "rows"} (written by the runner after each
+run; a list of rows in stores written before rows named their members)."""
+SPEC_META = "spec"
+"""The meta key the runner keeps the campaign file as it is now under (written when each run starts)."""
+
+
+def store_declared(store: Store, spec: CampaignSpec) -> None:
+    """Combine the declared ensemble from what is finished and keep it in the store, with what defines it."""
+    assert spec.ensemble is not None
+    members = spec.ensemble_members()
+    rows = declared_ensemble(store, members, spec.ensemble.combine, within=spec.ensemble.within, metric=spec.task.metric)
+    definition = _definition(json.loads(spec.model_dump_json()))
+    store.set_meta({ENSEMBLE_META: json.dumps({"definition": definition, "families": members, "rows": rows})})
+
+
+def _definition(spec: dict[str, Any]) -> dict[str, Any]:
+    """What decides the declared ensemble's members and how they combine: the ensemble section (folded) and the model
+    families (its default members are every learned one), from the spec as JSON (the meta's, or the runner's)."""
+    return {"ensemble": spec.get("ensemble"), "models": sorted(spec.get("models") or {})}
+
+
+def declared_ensemble(store: Store, members: list[str], combine: str, *, within: float | None = None, metric: str = "mae") -> list[dict[str, Any]]:
+    """The campaign's declared ensemble per project: `combine` of the finished, current trials of the `members`
+    families (every seed, lookback, loss and grid point) over their stored test forecasts, scored like a trial;
+    with `within`, only the members whose validation `metric` is within that factor of the best member's (chosen on
+    validation, never on the test it is scored on; `left_out`: the others, each with its validation score);
+    `cost_s`: the members' training seconds, all projects together (a global trial trains them at once);
+    `trial_ids`: the finished member trials it was computed from, `expected`: the file's member trials (any status)."""
+    records = [r for r in _done(store) if r["family"] in members and not r["stale"]]
+    kept = store.forecasts([r["trial_id"] for r in records])
+    by_id = {r["trial_id"]: r for r in records}
+    per_project: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
+    for (trial_id, project), forecast in sorted(kept.items()):
+        per_project[project].append((by_id[trial_id], forecast))
+    done, expected = _members_now(store, members)
+    cost = float(sum(r["duration_s"] or 0.0 for r in records))
+    rows = []
+    for project, pairs in sorted(per_project.items()):
+        first = pairs[0][1]
+        same = [(r, f) for r, f in pairs if _same_windows(f, first)]
+        joined, left_out = _chosen_on_validation(same, within, metric)
+        rows.append({"project": project, "combine": combine, "members": len(joined), "families": sorted({r["family"] for r, _ in joined}),
+                     "lookbacks": sorted({int(r["lookback"]) for r, _ in joined}),
+                     **_scored(_combined(combine, [f["forecast"] for _, f in joined]), first["truth"], first["mase_scale"]),
+                     "cost_s": round(cost, 3), "trial_ids": sorted(_of(done, project)), "expected": _count(expected, project),
+                     "left_out": left_out, "within": within})
+    return rows
+
+
+def _chosen_on_validation(pairs: list[tuple[dict[str, Any], Any]], within: float | None, metric: str
+                          ) -> tuple[list[tuple[dict[str, Any], Any]], list[dict[str, Any]]]:
+    """(the members that join, the ones left out with their validation score): a member whose validation `metric` is
+    more than `within` times the best member's is left out. A global trial's score is its mean over projects (one
+    model: it joins or not for every project); without validation scores (no validation split) every member joins."""
+    scores = [r.get(f"val_{metric}") for r, _ in pairs]
+    if within is None or any(score is None or score != score for score in scores):
+        return pairs, []
+    best = min(scores)
+    joined = [pair for pair, score in zip(pairs, scores, strict=True) if score <= within * best]
+    left_out = [{"trial_id": r["trial_id"], "family": r["family"], "lookback": int(r["lookback"]), "train": r["train"], "params": r["params"],
+                 f"val_{metric}": score, "best": best} for (r, _), score in zip(pairs, scores, strict=True) if score > within * best]
+    return joined, left_out
+
+
+def read_declared(store: Store, *, include_stale: bool = False) -> list[dict[str, Any]]:
+    """The declared ensemble's rows the last run kept (none without an ensemble), each with `stale` (computed from
+    other member trials than the finished ones of the file as it is now, or under another ensemble) and `expected`
+    (how many member trials the file has for the project); stale rows only with `include_stale`."""
+    text = store.meta(ENSEMBLE_META)
+    if not text:
+        return []
+    kept = json.loads(text)
+    if isinstance(kept, list):  # kept before rows named their members: nothing ties them to the trials now
+        rows = [{**row, "stale": True, "expected": row["members"]} for row in kept]
+        return rows if include_stale else []
+    spec = store.meta(SPEC_META)
+    same_ensemble = spec is None or _definition(json.loads(spec)) == kept["definition"]
+    done, expected = _members_now(store, kept["families"])
+    rows = []
+    for row in kept["rows"]:
+        current = same_ensemble and set(row["trial_ids"]) == _of(done, row["project"])
+        if current or include_stale:
+            rows.append({**row, "stale": not current, "expected": _count(expected, row["project"]) if current else row["expected"]})
+    return rows
+
+
+def members_shown(row: dict[str, Any]) -> str:
+    """A declared ensemble row's members as a reader should see them: "12", "4 of 8 members" when some of the
+    file's member trials failed or have not run (a partial ensemble is never shown as a whole one), and "2 left out
+    on validation (> 1.5x the best)" for the members its choice on validation left out."""
+    expected, left = row.get("expected"), len(row.get("left_out") or [])
+    if expected is not None and row["members"] + left < expected:
+        shown = f"{row['members']} of {expected} members"
+    else:
+        shown = f"{row['members']} of {row['members'] + left} members" if left else str(row["members"])
+    if left:
+        shown += f"; {left} left out on validation, > {row['within']:g}x the best member's"
+    return shown
+
+
+def _members_now(store: Store, families: list[str]) -> tuple[dict[str, set[str]], dict[str, int]]:
+    """The file's member trials now: per project ("*": a global trial, every project's), the finished ones' ids, and
+    how many there are in any status."""
+    done: dict[str, set[str]] = defaultdict(set)
+    expected: dict[str, int] = defaultdict(int)
+    for trial_id, project, status in store.member_trials(families):
+        expected[project] += 1
+        if status == "done":
+            done[project].add(trial_id)
+    return done, expected
+
+
+def _same_windows(forecast: dict[str, Any], first: dict[str, Any]) -> bool:
+    """Whether `forecast` covers the same test windows as `first` (only those combine)."""
+    import numpy as np
+
+    return bool(np.array_equal(forecast["origins"], first["origins"]))
+
+
+def _of(done: dict[str, set[str]], project: str) -> set[str]:
+    return done.get(project, set()) | done.get(GLOBAL_PROJECT, set())
+
+
+def _count(expected: dict[str, int], project: str) -> int:
+    return expected.get(project, 0) + expected.get(GLOBAL_PROJECT, 0)

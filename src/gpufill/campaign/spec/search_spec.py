@@ -1,0 +1,121 @@
+"""`search:` a campaign that samples its families' grids instead of training every point.
+
+    search:
+      sampler: tpe          # random | tpe | grid (Optuna's samplers)
+      trials: 200           # configurations to train (each with every seed; in local mode on every project)
+      seed: 0               # the sampler's: the same seed and results propose the same configurations
+      metric: val_smape     # what is minimised: task.metric on the validation window (left out: it follows task.metric)
+      direction: minimize  # the only one: every metric gpufill scores is an error
+      batch: 8              # configurations proposed together (a round): they train side by side, packed by shape,
+                            # and the sampler learns from a round's results before it proposes the next
+      pruner: {kind: asha, min_epochs: 2, reduction_factor: 3}   # or median, or none (the default)
+
+With `search:` the families' grids are the search space: a list is a categorical choice, and two forms that only a
+search accepts are ranges, ``{low: 1e-4, high: 1e-2, log: true}`` (a float, log-uniform here) and
+``{low: 32, high: 256, step: 32}`` (an int: low, high and step whole numbers). Outside `search:` a range is refused
+at its line (a grid needs the values listed). `task.lookback` with several values is a choice too, and so is the
+family when there are several.
+
+A pruner (Optuna's SuccessiveHalvingPruner, i.e. ASHA, or MedianPruner) stops a network's trial at an epoch where its
+validation score (`metric`, in the data's own units) is among the worse of those the earlier rounds' trials had at that
+epoch: the trial ends `pruned`, with the epoch it reached and its last score, and is never ranked as finished.
+Decisions read only earlier rounds (replayed through the pruner in proposal order), so they are the same on a resumed
+run. Classical families (one fit) are sampled, never pruned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from gpufill.campaign.spec.spec_errors import LocatedError
+from gpufill.campaign.spec.spec_types import SCIENTIFIC, Count, Spec, at_most
+from gpufill.forecasting.trial import METRICS
+
+__all__ = ["MAX_SEARCH_TRIALS", "RANGE_KEYS", "PrunerSpec", "Range", "SearchSpec", "is_range", "parse_range"]
+
+MAX_SEARCH_TRIALS = 100_000
+"""Configurations one search proposes (each is a round trip through the sampler, whose TPE grows with its history)."""
+RANGE_KEYS = frozenset({"low", "high", "log", "step"})
+
+
+class PrunerSpec(Spec):
+    kind: Literal["asha", "median", "none"] = "none"
+    min_epochs: Count = 1
+    """ASHA's first rung (its min_resource); the median rule's warm-up: no trial is stopped before it."""
+    reduction_factor: Annotated[int, Field(ge=2)] = 3
+    """ASHA: one in reduction_factor trials goes on at each rung (rungs at min_epochs x reduction_factor^k)."""
+
+
+class SearchSpec(Spec):
+    sampler: Literal["random", "tpe", "grid"] = "tpe"
+    trials: Annotated[Count, at_most(MAX_SEARCH_TRIALS, "configurations one search proposes")] = 50
+    seed: int = 0
+    metric: str | None = None
+    """`val_` + task.metric (what `results` ranks by, so the search and its results choose alike); None: that."""
+    direction: Literal["minimize"] = "minimize"
+    """Every metric gpufill scores is an error (lower is better), as results rank them."""
+    batch: Count = Field(default=8)
+    pruner: PrunerSpec = PrunerSpec()
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        known = [f"val_{name}" for name in METRICS]
+        if value not in known:
+            raise LocatedError((), f"unknown search metric {value!r}: a search chooses on the validation window",
+                               fix=f"use one of {', '.join(known)}")
+        return value
+
+
+
+class Range(Spec):
+    """A numeric search range (see the module docstring): an int range when low, high (and step) are whole numbers."""
+
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+    integer: bool = False
+
+    def corners(self) -> list[Any]:
+        """Its two ends, as the values a family is built with at load time."""
+        cast = int if self.integer else float
+        return [cast(self.low), cast(self.high)]
+
+
+def is_range(value: Any) -> bool:
+    """A grid value written as a range: a mapping with low and high (and at most log and step besides)."""
+    return isinstance(value, Mapping) and {"low", "high"} <= set(value) and set(value) <= RANGE_KEYS
+
+
+def parse_range(loc: tuple[str | int, ...], value: Mapping[str, Any]) -> Range:
+    """A range written in a family's grid, checked: numbers, low < high, a positive low for log, step or log."""
+    def number(key: str) -> float | int:
+        found = value[key]
+        if isinstance(found, str) and SCIENTIFIC.match(found.strip()):
+            found = float(found)  # YAML 1.1 reads 1e-4 (no dot) as text: it is the number a reader sees
+        if isinstance(found, bool) or not isinstance(found, int | float) or not math.isfinite(found):
+            raise LocatedError((*loc, key), f"range {key} must be a finite number, got {found!r}", fix=f"write {key} as a number, e.g. 1.0e-3")
+        return found
+
+    low, high = number("low"), number("high")
+    step = number("step") if value.get("step") is not None else None
+    log = value.get("log", False)
+    if not isinstance(log, bool):
+        raise LocatedError((*loc, "log"), f"range log must be true or false, got {log!r}", fix="write log: true for a log-uniform range")
+    if low >= high:
+        raise LocatedError(loc, f"range low {low!r} is not below high {high!r}", fix="give low < high (one value: write it without a range)")
+    if log and low <= 0:
+        raise LocatedError((*loc, "low"), f"a log range needs low > 0, got {low!r}", fix="raise low above 0, or drop log: true")
+    if log and step is not None:
+        raise LocatedError(loc, "a range takes step or log, not both", fix="drop step (log-uniform) or log (evenly stepped)")
+    if step is not None and step <= 0:
+        raise LocatedError((*loc, "step"), f"range step must be > 0, got {step!r}", fix="give a positive step")
+    integer = all(isinstance(v, int) for v in (low, high, *(() if step is None else (step,))))
+    return Range(low=low, high=high, log=log, step=step, integer=integer)

@@ -1,0 +1,62 @@
+import pytest
+
+from gpufill.campaign.policy.lanes import plan_lanes
+from gpufill.errors import InputError
+
+GIB = 2**30
+
+
+def lanes_by_name(**kwargs):
+    defaults = dict(kinds={"neural", "classical"}, cores=2, gpu_memory_bytes=None, gpu_slots="auto", cpu_slots="auto")
+    lanes, warnings = plan_lanes(**{**defaults, **kwargs})
+    return {lane.name: lane for lane in lanes}, warnings
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 8, 16, 64])
+@pytest.mark.parametrize("gpu", [None, 80 * GIB])
+@pytest.mark.parametrize("cpu_slots", ["auto", 1])
+def test_the_thread_budget_never_exceeds_the_cores(cores, gpu, cpu_slots):
+    lanes, _ = lanes_by_name(cores=cores, gpu_memory_bytes=gpu, cpu_slots=cpu_slots)
+    used = sum(lane.slots * lane.threads for lane in lanes.values())
+    assert used <= max(cores, 1 + (1 if gpu else 0))  # a 1-core machine still gets one slot per lane
+    if cores >= 4:
+        assert used <= cores
+
+
+def test_without_a_gpu_the_cpu_lane_runs_everything_one_thread_per_core():
+    lanes, warnings = lanes_by_name(cores=2)
+    assert list(lanes) == ["cpu"]
+    assert (lanes["cpu"].slots, lanes["cpu"].threads, lanes["cpu"].kinds) == (2, 1, ("neural", "classical"))
+    assert warnings == []
+
+
+def test_gpu_slots_without_a_gpu_warn_and_the_cpu_lane_takes_the_trials():
+    lanes, warnings = lanes_by_name(cores=2, gpu_slots=4)
+    assert list(lanes) == ["cpu"] and "neural" in lanes["cpu"].kinds
+    assert len(warnings) == 1 and "no GPU" in warnings[0]
+
+
+def test_with_a_gpu_both_lanes_run_and_share_the_cores():
+    lanes, _ = lanes_by_name(cores=16, gpu_memory_bytes=80 * GIB)
+    assert lanes["gpu"].slots == 8 and lanes["gpu"].kinds == ("neural",)
+    assert lanes["gpu"].memory_budget_bytes == int(0.85 * 80 * GIB)
+    assert lanes["cpu"].slots * lanes["cpu"].threads == 8 and lanes["cpu"].kinds == ("classical",)
+
+
+def test_explicit_threads_per_trial_sets_the_slot_count():
+    lanes, _ = lanes_by_name(cores=8, threads_per_trial=2)
+    assert (lanes["cpu"].slots, lanes["cpu"].threads) == (4, 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"cpu_slots": 3}, "resources.cpu_slots"),
+        ({"threads_per_trial": 4}, "resources.threads_per_trial"),
+        ({"cores": 4, "cpu_slots": 2, "threads_per_trial": 3}, "resources.threads_per_trial"),
+    ],
+)
+def test_impossible_resources_are_clear_errors(kwargs, field):
+    with pytest.raises(InputError) as error:
+        lanes_by_name(**kwargs)
+    assert field in str(error.value) and "fix:" in str(error.value)

@@ -1,0 +1,91 @@
+"""A declared ensemble's members chosen on validation (issue 38 item 2): a member much worse than the best on the
+validation window is left out and the summary says so; the ensemble's lookbacks apply to its member families only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpufill.campaign.results.ensembles import read_declared
+from gpufill.campaign.results.reading import read_best
+from gpufill.campaign.run.runner import Campaign
+from gpufill.campaign.spec.spec import load_campaign
+from gpufill.campaign.store.store import Store
+from gpufill.campaign.trials.trials import expand
+from gpufill.forecasting.data.metrics import forecast_metrics
+
+# mlp on the project's scaling with 3 epochs is about 2x worse than linear on validation (and on test) here.
+YAML = """name: members
+data: {source: synthetic, projects: 2, length: 200, seed: 1}
+task: {lookback: [6], horizon: 3, split: {val: 20, test: 20}}
+models:
+  mlp: {hidden_size: 8, lr: [0.01, 1.0e-9], scaling: project}
+  linear: {}
+  snaive: {season_length: 7}
+ensemble: {families: [mlp, linear], lookbacks: [4]}
+train: {epochs: 3, early_stopping: null}
+seeds: [0, 1]
+resources: {retries: 0}
+"""
+
+
+def _run(tmp_path, text: str):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run()
+    store = Store.open(tmp_path / "w")
+    try:
+        records = [r for r in store.records() if r["status"] == "done"]
+        kept = store.forecasts([r["trial_id"] for r in records])
+        return outcome, read_declared(store), records, kept
+    finally:
+        store.close()
+
+
+def test_a_member_far_worse_on_validation_is_left_out_and_the_summary_says_so(tmp_path):
+    outcome, declared, records, kept = _run(tmp_path, YAML)
+    assert (outcome.done, outcome.failed) == (2 * (8 + 4 + 1), 0)
+    for row in declared:
+        mine = [r for r in records if r["project"] == row["project"] and r["family"] in ("mlp", "linear")]
+        best = min(r["val_mae"] for r in mine)
+        far = {r["trial_id"] for r in mine if r["val_mae"] > 1.5 * best}
+        assert len(far) == 8 and {r["family"] for r in mine if r["trial_id"] in far} == {"mlp"}  # the data make it so
+        assert {m["trial_id"] for m in row["left_out"]} == far and row["members"] == 4 and row["families"] == ["linear"]
+        assert all(m["val_mae"] > 1.5 * m["best"] for m in row["left_out"])
+        joined = [kept[(r["trial_id"], row["project"])] for r in mine if r["trial_id"] not in far]
+        median = np.median(np.stack([f["forecast"] for f in joined]).astype(np.float64), axis=0)
+        assert row["mae"] == pytest.approx(forecast_metrics(joined[0]["truth"].astype(np.float64), median, joined[0]["mase_scale"])["mae"], rel=1e-9)
+    summary = [row for row in read_best(tmp_path / "w") if row["family"].startswith("ensemble (")]
+    assert [row["family"] for row in summary] == ["ensemble (median; 4 of 12 members; 8 left out on validation, > 1.5x the best member's)"] * 2
+
+
+def test_within_null_keeps_every_member(tmp_path):
+    outcome, declared, _, _ = _run(tmp_path, YAML.replace("lookbacks: [4]}", "lookbacks: [4], within: null}"))
+    assert outcome.failed == 0 and [(row["members"], row["left_out"]) for row in declared] == [(12, []), (12, [])]
+
+
+def test_the_ensembles_lookbacks_apply_to_its_member_families_only(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(YAML.replace("families: [mlp, linear]", "families: [mlp]"))
+    spec = load_campaign(path)
+    assert spec.task.lookback == [6] and spec.every_lookback == [6, 12]
+    assert (spec.lookbacks("mlp"), spec.lookbacks("linear"), spec.lookbacks("snaive")) == ([6, 12], [6], [6])
+    trials = expand(spec, ["p000"])
+    by_family = {family: sorted({t.lookback for t in trials if t.family == family}) for family in ("mlp", "linear", "snaive")}
+    assert by_family == {"mlp": [6, 12], "linear": [6], "snaive": [6]}
+    assert sum(t.family == "linear" for t in trials) == 2  # two seeds at one lookback (it was 4: the ensemble's lookback too)
+
+
+@pytest.mark.parametrize("within", ["0.5", ".nan", "fast"])
+def test_a_bad_within_is_one_line(tmp_path, capsys, within):
+    from gpufill.errors import InputError
+    from tests.helpers import run_cli
+
+    path = tmp_path / "c.yaml"
+    path.write_text(YAML.replace("lookbacks: [4]}", f"lookbacks: [4], within: {within}}}"))
+    with pytest.raises(InputError) as error:
+        load_campaign(path)
+    assert "within" in str(error.value) and "c.yaml:" in str(error.value)
+    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "within" in err and "Traceback" not in err
+    assert not (tmp_path / "work").exists()  # nothing ran, nothing was written

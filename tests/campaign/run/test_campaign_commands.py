@@ -1,0 +1,168 @@
+"""estimate, global mode, the demo end to end, and classical families through `gpufill train`."""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+import sqlite3
+
+import pytest
+from rich.console import Console
+
+from gpufill.campaign.run.estimate import estimate
+from gpufill.campaign.run.runner import Campaign, read_results
+from tests.helpers import run_cli, write_campaign
+
+
+def test_estimate_times_each_shape_and_predicts_per_lane(tmp_path, capsys):
+    path = write_campaign(tmp_path, projects=3, epochs=10, models="mlp: {hidden_size: [8, 16]}\n  rf: {n_estimators: 40}")
+    result = estimate(Campaign.from_yaml(path)).to_dict()
+    assert result["lanes"]["cpu"]["trials"] == 3 * (2 + 1)
+    assert {s["family"] for s in result["shapes"]} == {"mlp", "rf"}
+    mlp_shapes = [s for s in result["shapes"] if s["family"] == "mlp"]
+    assert len(mlp_shapes) == 2 and all(s["trials"] == 3 and s["seconds_per_trial"] > 0 for s in mlp_shapes)
+    rf = next(s for s in result["shapes"] if s["family"] == "rf")
+    assert "1 fit(s) timed, x 1 project(s)" in rf["how"] and "trees" not in rf["how"]  # 40 trees: timed as they are
+    trial_seconds = sum(s["trials"] * s["seconds_per_trial"] for s in result["shapes"])
+    lane = result["lanes"]["cpu"]
+    assert lane["seconds"] == pytest.approx(trial_seconds / lane["slots"], rel=1e-3, abs=0.1)
+    assert result["total_seconds"] == pytest.approx(lane["seconds"] + result["startup_seconds"], abs=0.11) and result["startup_seconds"] > 0
+    code, out, _ = run_cli(capsys, "estimate", path, "--json")
+    assert code == 0 and json.loads(out)["lanes"]["cpu"]["trials"] == 9
+
+
+def test_global_mode_trains_one_model_over_all_projects(tmp_path):
+    path = write_campaign(tmp_path, projects=3, epochs=3, models="mlp: {hidden_size: 16}\n  linear: {}")
+    path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}", "task: {lookback: [12], horizon: 1, mode: global}"))
+    campaign = Campaign.from_yaml(path, tmp_path / "work")
+    outcome = campaign.run()
+    assert outcome.done == 2  # one trial per family, not per project
+    results = read_results(tmp_path / "work")
+    assert list(results["project"]) == ["*", "*"] and (results["status"] == "done").all()
+    with sqlite3.connect(tmp_path / "work" / "gpufill.db") as con:
+        metrics = {family: json.loads(m) for family, m in con.execute("SELECT family, metrics FROM trials")}
+    for family, m in metrics.items():
+        per_project = m["per_project"]
+        assert sorted(per_project) == ["p000", "p001", "p002"]
+        mean_mae = sum(p["test"]["mae"] for p in per_project.values()) / 3
+        assert m["test"]["mae"] == pytest.approx(mean_mae)
+        assert m["test"]["mae"] < m["naive"]["mae"], family
+
+
+def test_the_demo_runs_and_results_show_every_project_and_family(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(capsys, "demo")
+    assert code == 0 and "done 80, failed 0" in out
+    code, out, _ = run_cli(capsys, "results", "--format", "json")
+    rows = json.loads(out)
+    pairs = {(row["project"], row["family"]) for row in rows}
+    families = {"lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm", "snaive", "theta"}
+    assert len(rows) == 80 and pairs == {(f"p{i:03d}", f) for i in range(8) for f in families}
+    beats = sum(row["mae"] < row["naive_mae"] for row in rows)
+    assert beats >= 0.9 * len(rows)  # nearly every trained model beats the naive forecast
+    snaive = {row["project"]: row["mae"] for row in rows if row["family"] == "snaive"}
+    for family in ("lstm", "gru", "tcn", "transformer"):  # each network beats the seasonal naive on the median project
+        ratios = sorted(row["mae"] / snaive[row["project"]] for row in rows if row["family"] == family)
+        assert statistics.median(ratios) < 1.0, (family, ratios)
+    code, out, _ = run_cli(capsys, "results")  # the table view
+    assert code == 0 and "80 trials" in out and "lgbm" in out
+    # The demo's closing table: each project's best configuration across families, one line each.
+    code, out, _ = run_cli(capsys, "results", "--best", "--format", "json")
+    best = json.loads(out)
+    assert code == 0 and [row["project"] for row in best] == [f"p{i:03d}" for i in range(8)]
+    code, out, _ = run_cli(capsys, "results", "--summary", "--format", "json")
+    per_family = json.loads(out)
+    for row in best:  # every family has a validation score: ranked on it, never on the test scores shown
+        ranked = sorted((r for r in per_family if r["project"] == row["project"]), key=lambda r: r["val_mae"])
+        assert (row["family"], row["runner_up"], row["families"], row["chosen_on"]) == (ranked[0]["family"], ranked[1]["family"], 10, "val")
+        assert row["mae"] == pytest.approx(ranked[0]["mae"]) and row["runner_up_mae"] == pytest.approx(ranked[1]["mae"])
+        assert row["runner_up_by"] == pytest.approx(ranked[1]["val_mae"] / ranked[0]["val_mae"] - 1)
+    with Console(width=80, record=True, file=io.StringIO()) as console:  # at 80 columns: no line longer, no word cut
+        from gpufill.campaign.results.reading import read_best, winners
+        from gpufill.cli.campaign_tables import results_table, winners_table
+
+        console.print(winners_table(winners(read_best(tmp_path / "gpufill-demo"))))
+        console.print(results_table(read_best(tmp_path / "gpufill-demo"), summary=True))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines) and sum(line.startswith("p00") for line in lines) == 8 + 80
+    for token in ("n_estimators:100", "hidden_size:32", "num_layers:1", "validation"):
+        assert token in text, token
+    code, out, _ = run_cli(capsys, "status", "--json")
+    status = json.loads(out)
+    code, out, _ = run_cli(capsys, "monitor", "--once")  # the dashboard shows what status reports
+    assert code == 0 and f"{status['done']}/{status['total']} done, {status['failed']} failed" in out
+    assert "ETA done" in out
+    code, out, _ = run_cli(capsys, "demo")  # a second run resumes: nothing left to do
+    assert code == 0 and "done 80" in out
+
+
+@pytest.mark.parametrize("family", ["linear", "rf", "xgb", "lgbm"])
+def test_train_runs_classical_families(capsys, family):
+    code, out, _ = run_cli(capsys, "train", "--model", family, "--param", "n_estimators=30" if family != "linear" else "alpha=0.0", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["family"] == family and result["history"] == []
+    assert result["plan"]["device"]["value"] == "cpu" and result["plan"]["threads"]["value"] >= 1
+    assert result["metrics"]["test"]["mae"] < result["metrics"]["naive"]["mae"]
+
+
+def test_each_run_writes_a_log_file_and_verbose_logs_every_trial(tmp_path, capsys):
+    path = write_campaign(tmp_path, projects=2, epochs=2, models="linear: {}\n  tests.campaign_models:always_raises: {}", retries=0)
+    code, _, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--verbose")
+    assert code == 1
+    log = (tmp_path / "work" / "logs" / "run-1.log").read_text()
+    assert "lane cpu: 2 slots x 1 threads" in log
+    assert log.count(" DEBUG gpufill.scheduler: done ") == 2  # the two linear trials
+    assert log.count("failed, attempt 1/1: ValueError: this model always fails") == 2
+    assert "run 1 ended: 2 done, 2 failed" in log
+    code, _, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    second = (tmp_path / "work" / "logs" / "run-2.log").read_text()
+    assert " DEBUG " not in second  # without --verbose
+
+
+def test_a_run_samples_the_host_into_the_store(tmp_path):
+    path = write_campaign(tmp_path, projects=2, epochs=30, models="mlp: {hidden_size: 32}")
+    Campaign.from_yaml(path, tmp_path / "work").run()
+    from gpufill.campaign.store.store import Store
+
+    store = Store.open(tmp_path / "work")
+    try:
+        samples = store.samples()
+    finally:
+        store.close()
+    host = samples[samples["source"] == "host"]
+    assert len(host) >= 1  # at least the sample taken as the sampler starts
+    assert host["cpu_percent"].between(0, 100).all() and (host["ram_total"] > 0).all()
+    assert (samples["source"] != "gpu0").all()  # no GPU here: host rows only, no crash
+
+
+READERS = """name: readers
+data: {source: synthetic, projects: 2, length: 200, seed: 1}
+task: {lookback: [6], horizon: 3, split: {val: 20, test: 20}}
+models:
+  linear: {}
+  snaive: {}
+ensemble: {families: [linear, snaive]}
+seeds: [0, 1]
+resources: {retries: 0}
+"""
+
+
+@pytest.mark.parametrize("command", [["status"], ["results"], ["results", "--summary"]])
+def test_status_and_results_read_the_store_without_torch_pandas_or_numpy(tmp_path, command):
+    """What keeps them fast on a 36,000-trial store (bench/campaign_scale.py): torch alone takes seconds to import.
+    The summary shows the declared ensemble's kept rows: reading them needs neither numpy nor the metrics."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "readers.yaml"
+    path.write_text(READERS)
+    assert Campaign.from_yaml(path, tmp_path / "work").run().done == 2 * (2 + 1)  # snaive is deterministic: one seed
+    code = ("import sys; from gpufill.cli import main\nsys.argv = ['gpufill', *sys.argv[1:]]\ntry:\n    main()\nexcept SystemExit as end:\n    assert not end.code\n"
+            "print('loaded:', sorted(m for m in ('torch', 'pandas', 'numpy', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, *command, "--workdir", str(tmp_path / "work")], capture_output=True, text=True, check=True).stdout
+    assert out.rstrip().endswith("loaded: []")
+    if command[-1] == "--summary":
+        assert "ensemble (median" in out  # the declared ensemble's rows were read

@@ -1,0 +1,172 @@
+"""A campaign in MLflow: one run per finished trial, equal to `gpufill results`; idempotent exports; a real tracking
+server killed mid-run costs nothing (the store is the record, `gpufill export mlflow` catches up, no duplicates)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufill.campaign.run.runner import Campaign
+from tests.campaign.run.mlflow_server import MlflowServer
+from tests.helpers import run_cli
+
+pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+WAIT_S = 300.0
+"""Conditions waited on (a trial finished, a run exported), sized for a loaded 2-core box."""
+
+
+def campaign_file(folder: Path, *, tracking: str = "", hidden: str = "[16, 32]", epochs: int = 3) -> Path:
+    path = folder / "tracked.yaml"
+    path.write_text("name: tracked\n"
+                    "data: {source: synthetic, projects: 3, length: 240, seed: 0}\n"
+                    "task: {lookback: [14, 28], horizon: 7, split: {val: 14, test: 14}, mode: global}\n"
+                    f"models:\n  mlp: {{hidden_size: {hidden}, lr: [1.0e-3, 1.0e-2]}}\n  linear: {{}}\n"
+                    f"train: {{epochs: {epochs}, early_stopping: null}}\n"
+                    "seeds: [0]\n"
+                    "resources: {retries: 0}\n" + tracking)
+    return path
+
+
+def exported(uri: str, experiment: str = "tracked") -> dict[str, object]:
+    """trial id -> its live MLflow run (a duplicate fails the test)."""
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return {}
+    runs = [run for run in client.search_runs([found.experiment_id], max_results=5000) if "gpufill.trial_id" in run.data.tags]
+    ids = [run.data.tags["gpufill.trial_id"] for run in runs]
+    assert len(ids) == len(set(ids)), f"duplicate runs: {sorted(ids)}"
+    return dict(zip(ids, runs, strict=True))
+
+
+def assert_equal_to_results(capsys, workdir: Path, runs: dict[str, object]) -> None:
+    """Every finished trial has one run whose params and metrics are what `gpufill results` says."""
+    code, out, _ = run_cli(capsys, "results", "--workdir", workdir, "--format", "json")
+    assert code == 0
+    finished = {row["trial_id"]: row for row in json.loads(out) if row["status"] in ("done", "pruned", "failed")}
+    assert set(runs) == set(finished)
+    for trial_id, row in finished.items():
+        run = runs[trial_id]
+        assert run.data.params["family"] == row["family"] and run.data.params["lookback"] == str(row["lookback"])
+        assert run.data.params["seed"] == str(row["seed"]) and run.data.params["data_fingerprint"] == row["data_fingerprint"]
+        assert run.data.tags["gpufill.status"] == row["status"] and run.info.status == "FINISHED"
+        for metric in ("mae", "rmse", "smape", "val_mae", "duration_s"):
+            assert run.data.metrics[metric] == pytest.approx(row[metric], rel=1e-9), metric
+        for prefix, column in (("", "params"), ("train.", "train")):
+            for key, value in json.loads(row[column]).items():
+                assert run.data.params[prefix + key] == (value if isinstance(value, str) else json.dumps(value))
+
+
+def test_an_export_is_one_run_per_trial_with_its_curves_and_exporting_again_sends_only_what_changed(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = campaign_file(tmp_path)
+    Campaign.from_yaml(path, tmp_path / "work").run()
+    code, out, err = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", uri)
+    assert code == 0, err
+    assert out.strip() == f"10 finished trials in MLflow at {uri}, experiment 'tracked': 10 runs made, 0 already there"
+    runs = exported(uri)
+    assert_equal_to_results(capsys, tmp_path / "work", runs)
+    client = MlflowClient(uri)
+    network = next(run for run in runs.values() if run.data.params["family"] == "mlp")
+    curve = client.get_metric_history(network.info.run_id, "epoch_val_loss")
+    assert [m.step for m in curve] == [1, 2, 3] and all(m.value > 0 for m in curve)  # the per-epoch validation curve
+    assert network.data.params["train.lr"] in ("0.001", "0.01") and network.data.params["hidden_size"] in ("16", "32")
+    parent = client.get_run(network.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["gpufill.kind"] == "campaign" and parent.data.metrics["trials_done"] == 10
+    assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["report.html"]
+
+    code, out, _ = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", uri)
+    assert code == 0 and out.strip().endswith("0 runs made, 10 already there") and set(exported(uri)) == set(runs)
+    Campaign.from_yaml(path, tmp_path / "work").run(fresh=True)  # every trial trained again: new results, same ids
+    code, out, _ = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", uri)
+    assert code == 0 and "10 runs made (10 of them replacing a copy that was cut off or older), 0 already there" in out
+    again = exported(uri)
+    assert set(again) == set(runs) and all(again[t].info.run_id != runs[t].info.run_id for t in runs)
+    assert_equal_to_results(capsys, tmp_path / "work", again)
+
+
+def test_tracking_refuses_a_bad_uri_a_missing_extra_and_a_silent_server_in_one_line(tmp_path, capsys, monkeypatch):
+    Campaign.from_yaml(campaign_file(tmp_path, hidden="[16]", epochs=1), tmp_path / "work").run()
+    before = (tmp_path / "work" / "gpufill.db").read_bytes()
+    code, _, err = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", "http://127.0.0.1:9")  # nothing listens on 9
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--uri: MLflow at http://127.0.0.1:9 did not answer" in err
+    assert "run this again: it sends only what is missing" in err
+    assert (tmp_path / "work" / "gpufill.db").read_bytes() == before  # the store untouched
+    bad = campaign_file(tmp_path, tracking="tracking: {mlflow: 'http://a b'}\n")
+    code, _, err = run_cli(capsys, "run", bad, "--workdir", tmp_path / "other")
+    assert code == 2 and "tracking.mlflow" in err and "one word" in err and not (tmp_path / "other").exists()
+    code, _, err = run_cli(capsys, "run", campaign_file(tmp_path, tracking="tracking: {mlfow: x}\n"), "--workdir", tmp_path / "other")
+    assert code == 2 and "tracking.mlfow" in err and not (tmp_path / "other").exists()
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    code, _, err = run_cli(capsys, "run", campaign_file(tmp_path), "--workdir", tmp_path / "other", "--mlflow", "http://127.0.0.1:9")
+    assert code == 2 and "--mlflow" in err and "pip install 'gpufill[mlflow]'" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "other" / "gpufill.db").exists()
+
+
+def _finished_in_store(workdir: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{workdir / 'gpufill.db'}?mode=ro", uri=True) as con:
+            return int(con.execute("SELECT COUNT(*) FROM trials WHERE status IN ('done', 'pruned', 'failed')").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
+def _wait(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {WAIT_S} s for {what}"
+        time.sleep(0.2)
+
+
+def test_a_tracked_campaign_killed_resumed_and_cut_off_from_its_server_ends_with_each_trial_in_mlflow_once(tmp_path, capsys):
+    """A live `mlflow server`: the campaign is killed (-9) once trials reached the server, resumed, and the server is
+    stopped while the resumed run goes on. The run finishes with every trial in the store and says MLflow did not
+    answer; with the server back, `gpufill export mlflow` brings the missing runs over and none twice."""
+    (tmp_path / "server").mkdir()
+    server = MlflowServer(tmp_path / "server").start()
+    try:
+        path = campaign_file(tmp_path, hidden="[16, 32, 48, 64]", epochs=12)  # 16 networks and 2 linear: long enough to cut in
+        workdir = tmp_path / "work"
+        command = [sys.executable, "-m", "gpufill", "run", str(path), "--workdir", str(workdir), "--cpu-slots", "1", "--mlflow", server.uri]
+        first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        _wait(lambda: len(exported(server.uri)) >= 2 or first.poll() is not None, "two runs in MLflow")
+        os.killpg(first.pid, signal.SIGKILL)  # the run and its workers; its follower (own session) makes a last pass
+        first.wait(timeout=60)
+        before_resume = _finished_in_store(workdir)
+        assert 2 <= before_resume < 18
+        resumed = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        _wait(lambda: len(exported(server.uri)) > before_resume or resumed.poll() is not None, "a run exported by the resumed campaign")
+        server.stop()  # the tracking server goes away mid-run
+        output, _ = resumed.communicate(timeout=WAIT_S)
+        assert resumed.returncode == 0, output
+        output = " ".join(output.split())  # the terminal's line wrapping aside
+        assert _finished_in_store(workdir) == 18  # nothing lost to the server's absence
+        assert f"tracking: MLflow at {server.uri} did not answer" in output and "the store keeps every result" in output
+        assert f"gpufill export mlflow --workdir {workdir} --uri {server.uri}" in output
+        server.start()  # back, on the same store
+        complete = sum("gpufill.finished_at" in run.data.tags for run in exported(server.uri).values())
+        assert complete < 18  # what the resumed run could not send
+        code, out, err = run_cli(capsys, "export", "mlflow", "--workdir", workdir, "--uri", server.uri)
+        assert code == 0, err
+        assert out.startswith(f"18 finished trials in MLflow at {server.uri}, experiment 'tracked': {18 - complete} runs made")
+        assert out.strip().endswith(f"{complete} already there")
+        runs = exported(server.uri)
+        assert len(runs) == 18
+        assert_equal_to_results(capsys, workdir, runs)
+        code, out, _ = run_cli(capsys, "export", "mlflow", "--workdir", workdir, "--uri", server.uri)
+        assert code == 0 and out.strip().endswith("0 runs made, 18 already there") and len(exported(server.uri)) == 18
+    finally:
+        server.stop()
