@@ -25,14 +25,14 @@ WAIT_S = 300.0
 """Conditions waited on (a trial finished, a run exported), sized for a loaded 2-core box."""
 
 
-def campaign_file(folder: Path, *, tracking: str = "", hidden: str = "[16, 32]", epochs: int = 3) -> Path:
+def campaign_file(folder: Path, *, tracking: str = "", hidden: str = "[16, 32]", epochs: int = 3, seeds: str = "[0]") -> Path:
     path = folder / "tracked.yaml"
     path.write_text("name: tracked\n"
                     "data: {source: synthetic, projects: 3, length: 240, seed: 0}\n"
                     "task: {lookback: [14, 28], horizon: 7, split: {val: 14, test: 14}, mode: global}\n"
                     f"models:\n  mlp: {{hidden_size: {hidden}, lr: [1.0e-3, 1.0e-2]}}\n  linear: {{}}\n"
                     f"train: {{epochs: {epochs}, early_stopping: null}}\n"
-                    "seeds: [0]\n"
+                    f"seeds: {seeds}\n"
                     "resources: {retries: 0}\n" + tracking)
     return path
 
@@ -132,41 +132,44 @@ def _wait(condition, what: str) -> None:
 
 
 def test_a_tracked_campaign_killed_resumed_and_cut_off_from_its_server_ends_with_each_trial_in_mlflow_once(tmp_path, capsys):
-    """A live `mlflow server`: the campaign is killed (-9) once trials reached the server, resumed, and the server is
-    stopped while the resumed run goes on. The run finishes with every trial in the store and says MLflow did not
+    """A live `mlflow server`: the campaign is killed (-9) once two trials finished (its follower still brings them to
+    the server), resumed, and the server is stopped while the resumed run goes on. The run finishes with every trial in the store and says MLflow did not
     answer; with the server back, `gpufill export mlflow` brings the missing runs over and none twice."""
     (tmp_path / "server").mkdir()
     server = MlflowServer(tmp_path / "server").start()
     try:
-        path = campaign_file(tmp_path, hidden="[16, 32, 48, 64]", epochs=12)  # 16 networks and 2 linear: long enough to cut in
+        # 32 networks and 4 linear, trained one at a time: the resumed run outlasts stopping the server on a fast idle box.
+        path = campaign_file(tmp_path, hidden="[16, 32, 48, 64]", epochs=30, seeds="[0, 1]")
         workdir = tmp_path / "work"
         command = [sys.executable, "-m", "gpufill", "run", str(path), "--workdir", str(workdir), "--cpu-slots", "1", "--mlflow", server.uri]
         first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        _wait(lambda: len(exported(server.uri)) >= 2 or first.poll() is not None, "two runs in MLflow")
+        _wait(lambda: _finished_in_store(workdir) >= 2 or first.poll() is not None, "two finished trials")
         os.killpg(first.pid, signal.SIGKILL)  # the run and its workers; its follower (own session) makes a last pass
         first.wait(timeout=60)
         before_resume = _finished_in_store(workdir)
-        assert 2 <= before_resume < 18
+        assert 2 <= before_resume < 36
+        _wait(lambda: len(exported(server.uri)) >= before_resume, "the killed run's follower's last pass")
         resumed = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        _wait(lambda: len(exported(server.uri)) > before_resume or resumed.poll() is not None, "a run exported by the resumed campaign")
+        _wait(lambda: _finished_in_store(workdir) > before_resume or resumed.poll() is not None, "a trial finished by the resumed campaign")
         server.stop()  # the tracking server goes away mid-run
+        assert resumed.poll() is None, "the resumed run ended before its server was stopped: nothing was cut off"
         output, _ = resumed.communicate(timeout=WAIT_S)
         assert resumed.returncode == 0, output
         output = " ".join(output.split())  # the terminal's line wrapping aside
-        assert _finished_in_store(workdir) == 18  # nothing lost to the server's absence
+        assert _finished_in_store(workdir) == 36  # nothing lost to the server's absence
         assert f"tracking: MLflow at {server.uri} did not answer" in output and "the store keeps every result" in output
         assert f"gpufill export mlflow --workdir {workdir} --uri {server.uri}" in output
         server.start()  # back, on the same store
         complete = sum("gpufill.finished_at" in run.data.tags for run in exported(server.uri).values())
-        assert complete < 18  # what the resumed run could not send
+        assert complete < 36  # what the resumed run could not send
         code, out, err = run_cli(capsys, "export", "mlflow", "--workdir", workdir, "--uri", server.uri)
         assert code == 0, err
-        assert out.startswith(f"18 finished trials in MLflow at {server.uri}, experiment 'tracked': {18 - complete} runs made")
+        assert out.startswith(f"36 finished trials in MLflow at {server.uri}, experiment 'tracked': {36 - complete} runs made")
         assert out.strip().endswith(f"{complete} already there")
         runs = exported(server.uri)
-        assert len(runs) == 18
+        assert len(runs) == 36
         assert_equal_to_results(capsys, workdir, runs)
         code, out, _ = run_cli(capsys, "export", "mlflow", "--workdir", workdir, "--uri", server.uri)
-        assert code == 0 and out.strip().endswith("0 runs made, 18 already there") and len(exported(server.uri)) == 18
+        assert code == 0 and out.strip().endswith("0 runs made, 36 already there") and len(exported(server.uri)) == 36
     finally:
         server.stop()
