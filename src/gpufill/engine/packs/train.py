@@ -287,6 +287,8 @@ class _PackRun:
             smaller = self._reformed(epoch, min(own_seconds)) if epoch < self.cfg.epochs else None
             if smaller is not None:
                 keep, run = smaller
+                self._let_go()
+                d = order = None  # type: ignore[assignment]  # this frame's references too: the smaller pack trains from here
                 kept_status = [status[i] for i in keep]
                 run._epochs(epoch + 1, [generators[i] for i in keep], [histories[i] for i in keep], kept_status, seconds)
                 self._take_back(run, keep, kept_status, status)
@@ -332,6 +334,17 @@ class _PackRun:
         run.events, run.watches = [self.events[i] for i in keep], [self.watches[i] for i in keep]
         run.kind, run.reform, run.plan = self.kind, self.reform, self.plan
         return run
+
+    def _let_go(self) -> None:
+        """What the smaller pack now holds for itself, freed here (on a GPU the two packs would otherwise share its
+        memory): the optimizer's moments, the data, the captured step. Weights and best weights stay: the survivors'
+        come back into them, the stopped members' are kept in them."""
+        empty = torch.empty(0, device=self.device)
+        for name in ("exp_avg", "exp_avg_sq", "buffer"):
+            if hasattr(self.optimizer, name):
+                setattr(self.optimizer, name, empty)
+        self.data = PackData(x=empty, y=empty, n=empty, counts=[], batch=self.data.batch, vx=None, vy=None, n_val=None)
+        self.graph = None
 
     def _take_back(self, run: _PackRun, keep: list[int], kept_status: list[str], status: list[str]) -> None:
         """The smaller pack's members back into their rows here: weights, best weights, early-stopping state, status."""
