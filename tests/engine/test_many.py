@@ -288,20 +288,20 @@ def test_the_decision_charges_one_time_costs_once_and_steady_steps_per_step():
 
 
 def test_the_measurement_stops_when_clear_or_when_its_budget_is_spent():
-    from gpufill.engine.packs.decide import MAX_PAIRS, MeasureBudget
+    from gpufill.engine.packs.decide import BUDGET_SHARE, MAX_PAIRS, MeasureBudget
 
     clear = MeasureBudget(k=16, steps=1000)
     clear.add(pack_s=4e-3, alone_s=1e-3, spent_s=0.01)  # 16 x 1 ms alone vs 4 ms packed: 4x
     assert not clear.done()  # one pair is never clear
     clear.add(pack_s=5e-3, alone_s=1e-3, spent_s=0.01)
-    assert clear.done() and clear.budget_s == pytest.approx(0.05 * 1000 * 4e-3)  # the faster way at its fastest: the pack's 4 ms
+    assert clear.done() and clear.budget_s == pytest.approx(BUDGET_SHARE * 1000 * 4e-3)  # the faster way at its fastest: the pack's 4 ms
     close = MeasureBudget(k=16, steps=1000)
     for _ in range(MAX_PAIRS - 1):
         close.add(pack_s=16e-3, alone_s=1e-3, spent_s=0.01)  # level: never clear
         assert not close.done()
     close.add(pack_s=16e-3, alone_s=1e-3, spent_s=0.01)
     assert close.done()  # MAX_PAIRS taken
-    short = MeasureBudget(k=2, steps=4)  # 0.05 x 4 steps x 2 ms (both ways) = 0.4 ms of budget
+    short = MeasureBudget(k=2, steps=4)  # 4 % x 4 steps x 2 ms (both ways) = 0.32 ms of budget
     short.add(pack_s=2e-3, alone_s=1e-3, spent_s=0.004)
     assert short.done()  # spent past the budget after one pair
     losing = MeasureBudget(k=4, steps=1000)
@@ -315,7 +315,7 @@ def test_the_measurement_stops_when_clear_or_when_its_budget_is_spent():
     cold = MeasureBudget(k=1, steps=100)
     cold.add(pack_s=3e-3, alone_s=3e-3, spent_s=0.0)
     cold.add(pack_s=1e-3, alone_s=1e-3, spent_s=0.0)  # a step timed with a cold cache is slower than the training's
-    assert cold.budget_s == pytest.approx(0.05 * 100 * 1e-3)  # priced at the fastest step seen
+    assert cold.budget_s == pytest.approx(BUDGET_SHARE * 100 * 1e-3)  # priced at the fastest step seen
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

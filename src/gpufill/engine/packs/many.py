@@ -30,7 +30,7 @@ from gpufill.engine.packs.stacked import why_not_stacked
 from gpufill.engine.measure.cache import TuneCache, clear_memory
 from gpufill.engine.measure.resolver import MIN_GAIN
 from gpufill.engine.packs.builds import Builds, pack_chunk
-from gpufill.engine.packs.decide import BUDGET_SHARE, MIN_MEASURED_STEPS, decide
+from gpufill.engine.packs.decide import GOAL_SHARE, MIN_MEASURED_STEPS, decide
 from gpufill.engine.packs.variants import PackedVariants
 from gpufill.engine.packs.variants_measure import PackSlower, StepProbe, cached_timing
 from gpufill.engine.prepare import resolve_config
@@ -107,7 +107,7 @@ def _fit_part(builds: Builds, configs: Sequence[FitConfig], train: Any, val: Any
         timing = cached_timing(run, cache)
         if timing is None and run.total_steps < MIN_MEASURED_STEPS:
             reason = (f"only {run.total_steps} optimizer steps per model: measuring a pack costs two of its steps, more than "
-                      f"{BUDGET_SHARE:.0%} of so short a training (pack=True packs it unmeasured)")
+                      f"{GOAL_SHARE:.0%} of so short a training (pack=True packs it unmeasured)")
         elif timing is None:  # measured on the pack's own first steps: a pack that would be slower in all is stopped
             try:
                 results = run.train(None, probe=StepProbe(run, cache))
