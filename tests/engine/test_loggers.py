@@ -38,7 +38,9 @@ def text(accumulator, tag):
     return accumulator.Tensors(tag)[0].tensor_proto.string_val[0].decode()
 
 
-def test_tensorboard_and_mlflow_hold_each_epoch_the_plan_and_the_result_as_fit_returned_them(tmp_path):
+def test_tensorboard_and_mlflow_hold_each_epoch_the_plan_and_the_result_as_fit_returned_them(tmp_path, monkeypatch):
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # MLflow's default artifact place is ./mlruns: nothing may land here
     train, val = data()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     result = fit(model(), train, val, epochs=4, batch_size=32, loggers=[f"tensorboard:{tmp_path / 'tb'}", f"mlflow:{uri}"])
@@ -62,6 +64,7 @@ def test_tensorboard_and_mlflow_hold_each_epoch_the_plan_and_the_result_as_fit_r
     assert run.data.metrics["result_val_loss"] == pytest.approx(result.metrics["val_loss"], rel=1e-9)
     reasons = client.download_artifacts(run.info.run_id, "plan.txt", str(tmp_path))
     assert f"precision: {result.plan.precision.value!r} - {result.plan.precision.reason}" in open(reasons).read()
+    assert list((tmp_path / "cwd").iterdir()) == [] and list((tmp_path / "mlartifacts").rglob("plan.txt"))  # beside the store it was given
 
 
 def test_fit_many_writes_one_run_per_variant(tmp_path):

@@ -23,7 +23,7 @@ from typing import Any
 from gpufill.engine.result import EpochRecord, FitCallback, FitResult
 from gpufill.errors import InputError
 
-__all__ = ["LOGGER_KINDS", "TrainingLogger", "open_loggers", "parse_loggers"]
+__all__ = ["LOGGER_KINDS", "TrainingLogger", "mlflow_experiment", "open_loggers", "parse_loggers"]
 
 LOGGER_KINDS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
 """kind -> (the module it needs, the gpufill extra that installs it)."""
@@ -139,9 +139,7 @@ class MlflowLogger(TrainingLogger):
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri)
-        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
-        found = self.client.get_experiment_by_name(experiment_name)
-        experiment = found.experiment_id if found is not None else self.client.create_experiment(experiment_name)
+        experiment = mlflow_experiment(self.client, uri, os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT)
         self.run_id = self.client.create_run(experiment, run_name=run_name, tags={"gpufill.kind": "fit"}).info.run_id
 
     def write_plan(self, plan: Mapping[str, Mapping[str, Any]]) -> None:
@@ -164,6 +162,21 @@ class MlflowLogger(TrainingLogger):
     def finish(self, status: str) -> None:
         self.client.set_tag(self.run_id, "gpufill.status", status)
         self.client.set_terminated(self.run_id, status="FAILED" if status == "failed" else "FINISHED")
+
+
+def mlflow_experiment(client: Any, uri: str, name: str, tags: Mapping[str, str] | None = None) -> str:
+    """The id of experiment `name` at `uri`, made (or restored) when needed. A new experiment of a local store
+    (sqlite:, file:) keeps its artifacts beside that store, in `mlartifacts/`: MLflow's default is ./mlruns in the
+    current directory, a place the user never named."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            client.restore_experiment(found.experiment_id)
+        return found.experiment_id
+    scheme, _, rest = uri.partition(":")
+    local = rest.lstrip("/") and scheme in ("sqlite", "file")
+    artifacts = (Path("/" + rest.lstrip("/")).parent if scheme == "sqlite" else Path("/" + rest.lstrip("/"))) / "mlartifacts" if local else None
+    return client.create_experiment(name, artifact_location=artifacts.as_uri() if artifacts else None, tags=dict(tags or {}))
 
 
 def _finite(values: Mapping[str, Any]) -> dict[str, float]:

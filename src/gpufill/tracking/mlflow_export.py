@@ -32,6 +32,7 @@ from typing import Any
 from gpufill.campaign.results.provenance import with_effective_train
 from gpufill.campaign.store.store import METRICS, Store
 from gpufill.campaign.run.tracking import STATE_FILE
+from gpufill.engine.loggers import mlflow_experiment
 from gpufill.errors import InputError
 from gpufill.files import write_atomically
 
@@ -89,7 +90,7 @@ def export_mlflow(workdir: str | os.PathLike[str], uri: str, *, experiment: str 
             rows = with_effective_train(store.finished_rows(), store.bases())  # the settings each trained with, as results show
         finally:
             store.close()
-        experiment_id = _experiment(client, name)
+        experiment_id = mlflow_experiment(client, uri, name, {KIND_TAG: "campaign"})
         present = _present(client, experiment_id)
         parent = present.pop(None, None) or _campaign_run(client, experiment_id, name)
         created = replaced = already = 0
@@ -172,15 +173,6 @@ def _pass(workdir: Path, uri: str, experiment: str | None, *, report: bool) -> N
 
 
 # -- what a run holds -------------------------------------------------------------------------------------
-def _experiment(client: Any, name: str) -> str:
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        if found.lifecycle_stage == "deleted":
-            client.restore_experiment(found.experiment_id)
-        return found.experiment_id
-    return client.create_experiment(name, tags={KIND_TAG: "campaign"})
-
-
 def _present(client: Any, experiment_id: str) -> dict[str | None, Any]:
     """trial id -> (run id, finished-at tag) of the experiment's live runs; None -> the campaign run's id."""
     found: dict[str | None, Any] = {}

@@ -67,7 +67,9 @@ def assert_equal_to_results(capsys, workdir: Path, runs: dict[str, object]) -> N
                 assert run.data.params[prefix + key] == (value if isinstance(value, str) else json.dumps(value))
 
 
-def test_an_export_is_one_run_per_trial_with_its_curves_and_exporting_again_sends_only_what_changed(tmp_path, capsys):
+def test_an_export_is_one_run_per_trial_with_its_curves_and_exporting_again_sends_only_what_changed(tmp_path, capsys, monkeypatch):
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # MLflow's default artifact place is ./mlruns: nothing may land here
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     path = campaign_file(tmp_path)
     Campaign.from_yaml(path, tmp_path / "work").run()
@@ -84,6 +86,7 @@ def test_an_export_is_one_run_per_trial_with_its_curves_and_exporting_again_send
     parent = client.get_run(network.data.tags["mlflow.parentRunId"])
     assert parent.data.tags["gpufill.kind"] == "campaign" and parent.data.metrics["trials_done"] == 10
     assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["report.html"]
+    assert list((tmp_path / "cwd").iterdir()) == [] and list((tmp_path / "mlartifacts").rglob("report.html"))  # beside the store
 
     code, out, _ = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", uri)
     assert code == 0 and out.strip().endswith("0 runs made, 10 already there") and set(exported(uri)) == set(runs)
