@@ -125,3 +125,68 @@ def test_an_optimizer_whose_step_is_captured_keeps_its_step_count_on_the_device(
     plain, _ = make_optimizer(model, cfg, 1e-3, "for-loop")
     assert {g.get("capturable") for g in captured.param_groups} == {capturable}
     assert {g.get("capturable") for g in plain.param_groups} == ({False} if capturable else {None})
+
+
+# -- the eager optimizers (engine/optim_eager.py) ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", [torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW])
+@pytest.mark.parametrize("kernel", [{"fused": True}, {"foreach": True}, {"foreach": False}])
+def test_an_eager_optimizer_steps_as_torchs_own_bit_for_bit(kind, kernel):
+    from gpufill.engine.optim_eager import eager_class
+
+    extra = {"momentum": 0.9} if kind is torch.optim.SGD else {}
+    weights = []
+    for cls in (kind, eager_class(kind)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+        optimizer = cls(model.parameters(), lr=1e-2, weight_decay=0.01, **extra, **kernel)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+        x, y = torch.randn(64, 6, generator=torch.Generator().manual_seed(1)), torch.randn(64, 1, generator=torch.Generator().manual_seed(2))
+        for start in range(0, 64, 8):
+            loss = nn.functional.mse_loss(model(x[start:start + 8]), y[start:start + 8])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+        assert isinstance(optimizer, kind)
+        assert all(p.grad is not None for p in model.parameters())
+        weights.append([p.detach().clone() for p in model.parameters()])
+        state = optimizer.state_dict()["state"]
+        assert len(state) == 4  # every parameter has its state, as torch's own keeps it
+    for ours, theirs in zip(weights[1], weights[0], strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_an_eager_optimizers_parameters_carry_no_autograd_graph():
+    from gpufill.engine.optim_eager import eager_class
+
+    param = nn.Parameter(torch.ones(3))
+    optimizer = eager_class(torch.optim.AdamW)([param], lr=0.1, weight_decay=0.0)
+    (param * 2).sum().backward()
+    optimizer.step()
+    assert param.grad_fn is None and not optimizer.state[param]["exp_avg"].requires_grad
+    assert torch.allclose(param.detach(), torch.full((3,), 0.9), atol=1e-6)  # Adam's first step moves each weight by lr
+    optimizer.zero_grad()
+    assert param.grad is None
+
+
+def test_an_eager_fit_never_imports_torch_dynamo_and_a_compiled_plan_uses_torchs_class():
+    import subprocess
+    import sys
+
+    script = ("import sys, torch\n"
+              "from torch import nn\n"
+              "import gpufill\n"
+              "torch.manual_seed(0)\n"
+              "x, y = torch.randn(512, 8), torch.randn(512, 1)\n"
+              "r = gpufill.fit(nn.Linear(8, 1), (x, y), (x[:64], y[:64]), epochs=2, batch_size=64, verbose=False, device='cpu',\n"
+              "                schedule='warmup_cosine')\n"
+              "print(len(r.history), 'torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.split() == ["2", "False"]
+    from gpufill.engine.plan import Plan  # noqa: F401 - the compiled side: build_kit picks torch's own class
+    cfg = FitConfig(lr=1e-3)
+    compiled, _ = make_optimizer(nn.Linear(2, 1), cfg, 1e-3, "fused", eager=False)
+    eager, _ = make_optimizer(nn.Linear(2, 1), cfg, 1e-3, "fused", eager=True)
+    assert type(compiled) is torch.optim.AdamW
+    assert type(eager) is not torch.optim.AdamW and isinstance(eager, torch.optim.AdamW)

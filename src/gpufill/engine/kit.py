@@ -53,7 +53,7 @@ def build_kit(model: nn.Module, plan: Plan, cfg: FitConfig, loss_fn: Callable[[A
     lr = cfg.lr * plan.lr_scale.value
     lr_on = device if plan.step_graph.value and scheduled else None
     optimizer, optimizer_choice = make_optimizer(model, cfg, lr, plan.optimizer_kernel.value, lr_on=lr_on,
-                                                 captured=bool(plan.step_graph.value) and device.type == "cuda")
+                                                 captured=bool(plan.step_graph.value) and device.type == "cuda", eager=not plan.compile.value)
     precision = Precision(plan.precision.value, device, loss_scaling=plan.grad_scaler.value)
     forward: Callable[[Any], Any] = model
     compile_error = None

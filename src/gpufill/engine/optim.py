@@ -20,6 +20,7 @@ from torch import nn
 
 from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig
+from gpufill.engine.optim_eager import eager_class
 from gpufill.errors import InputError
 
 # Warm-up of warmup_cosine and linear when warmup_steps is "auto": this share of all steps.
@@ -28,11 +29,12 @@ AUTO_WARMUP_SHARE = 0.05
 _KERNEL_ARGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
 
 
-def make_optimizer(model: nn.Module, cfg: FitConfig, lr: float, kernel: str, *,
-                   lr_on: torch.device | None = None, captured: bool = False) -> tuple[torch.optim.Optimizer, Choice[str]]:
+def make_optimizer(model: nn.Module, cfg: FitConfig, lr: float, kernel: str, *, lr_on: torch.device | None = None,
+                   captured: bool = False, eager: bool = False) -> tuple[torch.optim.Optimizer, Choice[str]]:
     """The optimizer and its Choice. `lr_on`: hold the learning rate as a tensor on that device (a
     captured step reads it there, so a schedule's changes reach the replays). `captured`: its step will be
-    recorded in a CUDA graph (Adam's step count then lives on the device: torch refuses to capture it otherwise)."""
+    recorded in a CUDA graph (Adam's step count then lives on the device: torch refuses to capture it otherwise).
+    `eager`: nothing in the training is compiled, so the optimizer skips torch's lazy torch._dynamo import (optim_eager.py)."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise InputError("the model has no trainable parameters", field="model", fix="pass a model with parameters that require grad")
@@ -43,19 +45,20 @@ def make_optimizer(model: nn.Module, cfg: FitConfig, lr: float, kernel: str, *,
     if captured and cfg.optimizer in ("adam", "adamw"):
         implementation["capturable"] = True
     rate: Any = torch.tensor(lr, device=lr_on) if lr_on is not None else lr
+    sgd, adam, adamw = (eager_class(kind) if eager else kind for kind in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW))
     if cfg.optimizer == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=rate, momentum=0.9, weight_decay=cfg.weight_decay, **implementation)
+        optimizer: torch.optim.Optimizer = sgd(params, lr=rate, momentum=0.9, weight_decay=cfg.weight_decay, **implementation)
         return optimizer, Choice("sgd", f"SGD, momentum 0.9, weight decay {cfg.weight_decay:g} on every parameter ({kernel} kernel)")
     if cfg.optimizer == "adam":
-        optimizer = torch.optim.Adam(params, lr=rate, weight_decay=cfg.weight_decay, **implementation)
+        optimizer = adam(params, lr=rate, weight_decay=cfg.weight_decay, **implementation)
         return optimizer, Choice("adam", f"Adam, L2 penalty {cfg.weight_decay:g} on every parameter ({kernel} kernel)")
     if cfg.weight_decay == 0:
-        optimizer = torch.optim.AdamW(params, lr=rate, weight_decay=0.0, **implementation)
+        optimizer = adamw(params, lr=rate, weight_decay=0.0, **implementation)
         return optimizer, Choice("adamw", f"AdamW, no weight decay ({kernel} kernel)")
     decay = [p for _, p in named if p.dim() >= 2]
     plain = [p for _, p in named if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=rate, **implementation)
+    optimizer = adamw([g for g in groups if g["params"]], lr=rate, **implementation)
     reason = (f"AdamW ({kernel} kernel): weight decay {cfg.weight_decay:g} on {len(decay)} weight matrices and embeddings "
               f"({_count(decay)} values), none on {len(plain)} biases and norm weights ({_count(plain)} values)")
     return optimizer, Choice("adamw", reason)
