@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = ("before", "hand", "hand, 1 thread", "hand, bf16, 1 thread", "hand, tuned", "lightning", "gpufill", "gpufill, cached")
+ARMS = ("before", "hand", "hand, 1 thread", "hand, bf16", "hand, bf16, 1 thread", "hand, tuned", "lightning", "gpufill", "gpufill, cached")
 
 
 def build_model(spec: dict[str, Any]) -> nn.Module:

@@ -6,8 +6,8 @@ trains with the same optimizer (AdamW, constant lr, batch 128):
 - before: the guides' loop (per-sample Dataset in a DataLoader, Adam, loss.item() every step), torch's default threads;
 - hand: a careful loop (resident tensors, index batches, fused AdamW, no per-step sync), torch's default threads;
 - hand, 1 thread: the same loop pinned to one thread (on a busy 2-core box the faster of the two);
-- hand, bf16, 1 thread (CPU) / hand, tuned (GPU: bf16 autocast and TF32 switched on by hand): the guides' settings,
-  unmeasured;
+- hand, bf16 and hand, bf16, 1 thread (CPU) / hand, tuned (GPU: bf16 autocast and TF32 switched on by hand): the
+  guides' settings, unmeasured (gpufill's ratio to each is reported beside the baseline's);
 - lightning: Lightning's Trainer with its speed defaults, torch's default threads (when installed);
 - gpufill: `gpufill.fit` with everything automatic, as a first run on this machine (its probe included);
 - gpufill, cached: the same with GPUFILL_TUNE_CACHE set, after one earlier run (untimed) measured this shape: what
@@ -83,7 +83,7 @@ def write_workload(name: str, size: str, directory: Path, device: str) -> dict[s
     return {**args, "epochs": epochs, "train_samples": int(splits["train"][0].shape[0]), "test_samples": int(splits["test"][0].shape[0])}
 
 
-OPTIONAL = ("before", "hand, bf16, 1 thread", "hand, tuned", "lightning")
+OPTIONAL = ("before", "hand, bf16", "hand, bf16, 1 thread", "hand, tuned", "lightning")
 """Arms a machine may not run (oneDNN has no bf16 LSTM on a CPU without bf16 instructions): a failure is recorded as
 the arm's row, not the benchmark's end."""
 
@@ -105,7 +105,7 @@ def run_arm(spec_path: Path, arm: str, seed: int, cache: Path) -> dict[str, Any]
 
 
 def arms_for(device: str) -> list[str]:
-    names = ["before", *HANDS, "hand, bf16, 1 thread" if device == "cpu" else "hand, tuned"]
+    names = ["before", *HANDS, *(("hand, bf16", "hand, bf16, 1 thread") if device == "cpu" else ("hand, tuned",))]
     if device != "cpu":
         names.remove("hand, 1 thread")  # host threads only launch work on a GPU
     if lightning.available():

@@ -36,10 +36,10 @@ def check_fit_speed(record: dict[str, Any]) -> None:
     assert record["args"]["size"] == "smoke"
     for model in ("mlp", "lstm"):
         loops = {row["loop"]: row for row in record["results"] if row["model"] == model}
-        assert {"before", "hand", "hand, 1 thread", "hand, bf16, 1 thread", "gpufill", "gpufill, cached"} <= set(loops), (model, sorted(loops))
+        assert {"before", "hand", "hand, 1 thread", "hand, bf16", "hand, bf16, 1 thread", "gpufill", "gpufill, cached"} <= set(loops), (model, sorted(loops))
         for name, row in loops.items():  # each arm a whole process: its time holds its training and more
             if "error" in row:  # oneDNN has no bf16 LSTM on a CPU without bf16 instructions: said, not a crash
-                assert name in ("before", "hand, bf16, 1 thread", "lightning") and row["error"], row
+                assert name in ("before", "hand, bf16", "hand, bf16, 1 thread", "lightning") and row["error"], row
                 continue
             assert positive(row["samples_per_s"]) and math.isfinite(row["test_loss"]) and row["process_s"] > row["train_s"] > 0
         assert loops["hand, 1 thread"]["threads"] == 1 and loops["hand"]["threads"] == record["args"]["default_threads"]

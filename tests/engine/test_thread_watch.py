@@ -132,6 +132,8 @@ def test_fit_moves_a_stalling_training_to_the_other_thread_count_and_ends_where_
 
     monkeypatch.setattr("gpufill.engine.loop.ThreadWatch", Stalling)
     monkeypatch.setattr("gpufill.engine.loop.cpu_count", lambda: 2)
+    # The watch alone: no live trial first (it would choose the count the watch then starts at: test_live_trial.py).
+    monkeypatch.setattr("gpufill.engine.measure.live.applies", lambda *args: False)
     torch.set_num_threads(2)  # the plan starts from torch's current count (the fixture restores it)
     x, y = regression(n=256)
     settings = {"device": "cpu", "precision": "fp32", "batch_size": 16, "epochs": 10, "seed": 0, "tune_cache": None}  # 120 steps

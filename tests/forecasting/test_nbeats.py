@@ -69,7 +69,7 @@ def test_a_pack_of_nbeats_trainings_ends_where_each_ends_alone():
     trials = [Trial(trial_id=f"n{seed}", project="p", family="nbeats", kind="neural", params={"width": 32, "blocks": 2}, train={},
                     seed=seed, lookback=24, shape="nbeats") for seed in range(3)]
     setups = {t.trial_id: trial_setup(t, recipe("nbeats"), FitConfig(epochs=2, seed=t.seed, device="cpu", batch_size=32, compile=False,
-                                                                      batch_search=False, threads=1), threads=1) for t in trials}
+                                                                      batch_search=False, threads=1, precision="fp32"), threads=1) for t in trials}
     scaled = {t.trial_id: windows for t in trials}
     packed = [make() for _, make in train_pack(trials, scaled, setups, kind=None, reason=None)]
     for trial, result in zip(trials, packed, strict=True):

@@ -34,9 +34,10 @@ from gpufill.engine.checkpoint import (FORMAT, Identity, TrainingState, held_dir
                                       state_meta)
 from gpufill.engine.config import FitConfig
 from gpufill.engine.inputs import Data, Source
-from gpufill.engine.hardware import cpu_count
+from gpufill.engine.hardware import Hardware, cpu_count
 from gpufill.engine.kit import build_kit, capture
 from gpufill.engine.loggers import open_loggers, parse_loggers
+from gpufill.engine.measure import TuneCache, live
 from gpufill.engine.measure.candidates import thread_counts
 from gpufill.engine.measure.resolver import PROBE_MIN_STEPS
 from gpufill.engine.measure.thread_watch import ThreadWatch
@@ -82,6 +83,7 @@ def fit(
             with backend_flags(run.plan):
                 training = Training(run.model, run.cfg, run.plan, run.device, run.loss_fn, monitor, run.ddp, run.train_batches, run.resumed, run.events,
                                     total_steps=run.total_steps)
+                training.start_live_trial(run.hardware, run.tune_key)
                 training.identity = run.identity
                 result = training.train(run.train_batches, run.val_batches, [*callbacks, *writing] if main else (), run.train_source, called=called)
                 return result
@@ -117,6 +119,10 @@ class Training:
         self.first_step_done = False
         self.watch = _thread_watch(plan, cfg, device, ddp, total_steps)
         """Re-checks the thread count when the steps drift (a CPU training with threads left to gpufill)."""
+        self.total_steps = total_steps
+        self.trial: live.LiveTrial | None = None
+        """Chooses a CPU training's threads and precision on its first steps (measure/live.py); the watch waits for it."""
+        self.trial_key = ""
         self.setup_s: float | None = None
         """Seconds from the fit call to the first epoch (set by train())."""
         saved_schedule = None
@@ -139,6 +145,43 @@ class Training:
         self._start_schedule(total_steps, saved_schedule)
         if self.plan.step_graph.value:
             self._capture(batches)
+
+    def start_live_trial(self, hardware: Hardware, key: str) -> None:
+        """Where the live trial applies (live.applies, not resumed, not compiled into a graph): a cached winner at once, else the trial."""
+        if not live.applies(self.cfg, hardware, self.ddp is not None) or self.state.epoch > 0 or self.plan.step_graph.value:
+            return
+        self.trial_key = f"{key}|live"
+        self.plan, self.trial = live.start(self.plan, self.cfg, hardware, total_steps=self.total_steps, cache=TuneCache(self.cfg.tune_cache),
+                                           key=self.trial_key, apply=self._apply_arm)
+        if self.trial is None and self.watch is not None:
+            self.watch.threads = self.plan.threads.value
+
+    def _apply_arm(self, arm: live.Arm) -> None:
+        if torch.get_num_threads() != arm.threads:
+            torch.set_num_threads(arm.threads)
+        if self.kit.precision.name != arm.precision:
+            self.kit.eager.switch_precision(arm.precision)
+
+    def _step(self, batch: Any) -> Any:
+        trial = self.trial
+        if trial is not None and not trial.done:
+            arm = trial.needs_check()
+            if arm is not None:
+                planned = self.kit.eager.loss_at(batch, trial.arms[0].precision)
+                try:
+                    trial.precision_checked(arm.precision, planned, self.kit.eager.loss_at(batch, arm.precision))
+                except Exception as error:  # noqa: BLE001 - an op without a kernel at that precision: the arm is dropped, never the training
+                    trial.precision_checked(arm.precision, planned, math.nan, error=f"{type(error).__name__}: {str(error).strip()[:120]}")
+            trial.before_step()
+        return self.kit.step(batch)
+
+    def _trial_finished(self, trial: live.LiveTrial) -> None:
+        assert trial.winner is not None
+        self.plan = live.choices(self.plan, trial.winner, trial.log)
+        self.events.append(f"threads and precision: {trial.log}")
+        TuneCache(self.cfg.tune_cache).put(self.trial_key, trial.record())
+        if self.watch is not None:  # it watches from here: the winner's thread count, its reference the next steps' own time
+            self.watch.threads = trial.winner.threads
 
     def _start_schedule(self, total_steps: int | None, saved: dict[str, Any] | None) -> None:
         scheduler, choice = make_schedule(self.kit.optimizer, self.cfg, total_steps)
@@ -201,7 +244,12 @@ class Training:
 
     def _stepped(self, seconds: float, samples: int, wait: float) -> None:
         self.first_step_done = True
-        if self.watch is not None:  # a CPU step is done when it returns: its host time is its time
+        if self.trial is not None:  # a CPU step is done when it returns: its host time is its time
+            self.trial.observe(seconds)
+            if self.trial.done:  # decided after this step, or before it (its last rival dropped)
+                self._trial_finished(self.trial)
+                self.trial = None
+        elif self.watch is not None:
             self.watch.observe(seconds)
         if self.monitor is not None:
             self.monitor.log_iteration(seconds, samples=samples, data_wait_s=wait)
@@ -228,7 +276,7 @@ class Training:
                 break  # resumed after the last step
             tick = time.perf_counter()
             self.model.train()
-            steps = step.train_epoch(lambda batch: self.kit.step(batch), train, self.plan.effective_batch.value, self.generator, self.kit.totals,
+            steps = step.train_epoch(self._step, train, self.plan.effective_batch.value, self.generator, self.kit.totals,
                                      timing=self.timing, sync_every_step=self.plan.step_sync.value, on_step=self._stepped, recover=self._recover,
                                      max_steps=None if max_steps is None else max_steps - self.state.steps)
             self.state.steps += steps

@@ -54,6 +54,12 @@ class Precision:
         self.growth_interval = growth_interval
         self._growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
 
+    def switch(self, name: str) -> None:
+        """Autocast to `name` from the next step on (a CPU training's live trial: bf16 and fp32 need no loss scaling)."""
+        if self.loss_scaling or name == "fp16":
+            raise ValueError("only a precision without loss scaling can be switched during a training")
+        self.name, self.dtype = name, _DTYPES.get(name)
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return autocast(self.device.type, self.dtype)
 

@@ -19,9 +19,10 @@ from gpufill.engine import batching, distributed, losses
 from gpufill.engine.batches import ResidentBatches, signature
 from gpufill.engine.checkpoint import Identity, learning_settings, model_fingerprint, optimizer_fingerprint, resume
 from gpufill.engine.config import FitConfig
-from gpufill.engine.hardware import check_device, detect
+from gpufill.engine.hardware import Hardware, check_device, detect
 from gpufill.engine.inputs import Data, Source, as_dataset, as_source, check_model, data_facts, fingerprint, harmonise_floats, make_batches
 from gpufill.engine.measure import TuneCache, resolve, shape_key, tune_loader
+from gpufill.engine.measure import live
 from gpufill.engine.measure.candidates import Context
 from gpufill.engine.measure.probe import FitProbe, probe_context
 from gpufill.engine.optim import make_optimizer
@@ -52,6 +53,9 @@ class Prepared:
     identity: Identity | None
     events: list[str]
     total_steps: int | None
+    hardware: Hardware
+    tune_key: str
+    """The probe's cache key of this model shape, device and settings (the live trial's entry is beside it)."""
 
 
 def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> Prepared:
@@ -99,7 +103,8 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> 
                                                                      f"{micro}: restored from the checkpoint (reduced after an out-of-memory error)")
             plan = plan.replace(micro_batch=micro_batch, accumulation=accumulation)
     context = Context(resident=isinstance(train_batches, ResidentBatches), distributed=ddp is not None,
-                      optimizer="factory" if callable(cfg.optimizer) else "built-in", sync_every_step=cfg.sync_every_step)
+                      optimizer="factory" if callable(cfg.optimizer) else "built-in", sync_every_step=cfg.sync_every_step,
+                      live=live.applies(cfg, hardware, ddp is not None))
     per_epoch = batching.steps_per_epoch(facts, plan.effective_batch.value)
     key = shape_key("plan", model, signature(train_source.sample), hardware.name, **probe_context(cfg, plan, hardware))
     plan = resolve(plan, FitProbe(model, cfg, loss_fn, train_batches, device), settings=cfg, hardware=hardware, facts=facts, context=context,
@@ -108,7 +113,7 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> 
         plan = ddp.broadcast(plan)
     per_epoch = batching.steps_per_epoch(facts, plan.effective_batch.value)  # the batch search may have changed it
     return Prepared(cfg, model, plan, device, loss_fn, ddp, train_source, train_batches, val_batches, resumed, identity, events,
-                     total_steps(per_epoch, cfg))
+                     total_steps(per_epoch, cfg), hardware, key)
 
 
 def total_steps(per_epoch: int | None, cfg: FitConfig) -> int | None:

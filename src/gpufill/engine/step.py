@@ -127,6 +127,25 @@ class EagerStep:
     def __post_init__(self) -> None:
         self.plain = self.precision.dtype is None and not self.precision.loss_scaling and self.grad_clip is None
 
+    def switch_precision(self, name: str) -> None:
+        """Autocast to `name` from the next step on (`Precision.switch`)."""
+        self.precision.switch(name)
+        self.__post_init__()
+
+    @torch.no_grad()
+    def loss_at(self, batch: EffectiveBatch, precision: str) -> float:
+        """The loss of `batch`'s first micro-batch at `precision`, eval mode (no dropout, no random draw), nothing updated."""
+        was = self.precision.name
+        training = self.model.training
+        self.model.eval()
+        try:
+            self.precision.switch(precision)
+            with self.precision.autocast():
+                return float(self.loss_fn(self.forward, next(batch.micro_batches(self.micro_batch))[0])["loss"])
+        finally:
+            self.precision.switch(was)
+            self.model.train(training)
+
     def __call__(self, batch: EffectiveBatch) -> torch.Tensor:
         """The step; its loss and metrics are added to `totals`. Returns the loss (on the device)."""
         parts = batch.micro_batches(self.micro_batch)

@@ -46,6 +46,8 @@ class Context:
     """gpufill's own adamw/adam/sgd (its kernel can be chosen, its state captured), a user's factory
     (used as given), or a fused pack's PackAdamW (one fused update, capturable)."""
     sync_every_step: bool = False
+    live: bool = False
+    """A CPU training whose first steps choose its threads and precision together (`live.py`): the probe leaves both."""
 
 
 def thread_counts(current: int, cores: int) -> list[int]:
@@ -56,11 +58,11 @@ def thread_counts(current: int, cores: int) -> list[int]:
 def stages(plan: Plan, settings: SpeedSettings, hardware: Hardware, context: Context) -> list[Stage]:
     """The stages for this plan, in the module docstring's order."""
     out: list[Stage] = []
-    if settings.threads == "auto" and hardware.device_type == "cpu":
+    if settings.threads == "auto" and hardware.device_type == "cpu" and not context.live:
         counts = thread_counts(plan.threads.value, hardware.cpu_count)
         if len(counts) > 1:
             out.append(Stage("threads", tuple(counts)))
-    if settings.precision == "auto":
+    if settings.precision == "auto" and not (context.live and hardware.device_type == "cpu"):
         low = ("bf16",) if hardware.bf16_supported else ()
         if hardware.is_cuda:
             low = (*low, "fp16")
