@@ -44,7 +44,8 @@ DROP_SLOWER = 1.25
 """An arm whose faster first two timed steps take this many times the best arm's time so far runs no further."""
 COST_SHARE = 0.03
 """The trial ends, deciding between the arms timed so far, once the other arms' steps have cost this share of the
-training's expected time (its steps at the planned arm's time) beyond what the planned arm would have taken."""
+training's expected time (its steps at the planned arm's time) beyond what the planned arm would have taken; checked
+where one arm's steps end, so it may pass by one arm's warm-up and two steps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,16 +173,19 @@ class LiveTrial:
             self._refill()
             return
         self.excess_s += seconds - self._time(planned)
-        if self.excess_s > COST_SHARE * self.total_steps * self._time(planned):
-            self.stopped = f"stopped after {self.excess_s:.2f} s of slower steps ({COST_SHARE:.0%} of the training's expected time)"
-            self.slots, self.queue_others = [], []
-            self._decide()
-            return
         first = self.times.get(slot.arm, [[]])[0]
         if not slot.warm and slot.block == 0 and len(first) == 2:
             best = min(self._time(arm) for arm in self.times if arm not in self.dropped and arm != slot.arm)
             if min(first) > DROP_SLOWER * best:
                 self._drop(slot.arm, f"{min(first) * 1e3:.3g} ms on its first steps, over {DROP_SLOWER:g}x the best ({best * 1e3:.3g} ms)")
+        # Checked where an arm's steps end, never between its warm-up and its timed steps: a slow warm-up (oneDNN
+        # building bf16 kernels) must not end the trial before the arm it paid for is timed.
+        at_boundary = not self.slots or self.slots[0].arm != slot.arm
+        if at_boundary and self.excess_s > COST_SHARE * self.total_steps * self._time(planned):
+            self.stopped = f"stopped after {self.excess_s:.2f} s of slower steps ({COST_SHARE:.0%} of the training's expected time)"
+            self.slots, self.queue_others = [], []
+            self._decide()
+            return
         self._refill()
 
     # -- the schedule -----------------------------------------------------------------------
