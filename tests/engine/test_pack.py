@@ -133,7 +133,8 @@ def test_a_pack_with_adam_or_sgd_reproduces_separate_fits(optimizer):
     assert packed[0].plan.optimizer.value == optimizer
     for w, seed, lr, model, result in zip(ws, seeds, lrs, models("mlp", ws, seeds), packed, strict=True):
         alone = fit(model, (w.x_train, w.y_train), (w.x_val, w.y_val),
-                    config=FitConfig(epochs=3, batch_size=64, lr=lr, seed=seed, loss="mse", optimizer=optimizer, weight_decay=0.01))
+                    config=FitConfig(epochs=3, batch_size=64, lr=lr, seed=seed, loss="mse", optimizer=optimizer, weight_decay=0.01,
+                                     precision="fp32"))  # as the pack: a fit alone may otherwise measure bf16 on its first steps
         assert [r.val_loss for r in result.history] == pytest.approx([r.val_loss for r in alone.history], rel=1e-4)
         for (name, a), (_, b) in zip(alone.model.state_dict().items(), result.model.state_dict().items(), strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
@@ -146,7 +147,8 @@ def test_a_pack_reproduces_separate_fits(family, loss, scaling):
     config = FitConfig(epochs=3, batch_size=64, patience=None, loss=loss)
     packed = fit_pack(models(family, ws, seeds), members(ws, lrs, seeds), config=config)
     for w, seed, lr, model, result in zip(ws, seeds, lrs, models(family, ws, seeds), packed, strict=True):
-        alone = fit(model, (w.x_train, w.y_train), (w.x_val, w.y_val), config=FitConfig(epochs=3, batch_size=64, lr=lr, seed=seed, loss=loss))
+        alone = fit(model, (w.x_train, w.y_train), (w.x_val, w.y_val),
+                    config=FitConfig(epochs=3, batch_size=64, lr=lr, seed=seed, loss=loss, precision="fp32"))  # as the pack
         assert [r.val_loss for r in result.history] == pytest.approx([r.val_loss for r in alone.history], rel=1e-4)
         assert [r.train_loss for r in result.history] == pytest.approx([r.train_loss for r in alone.history], rel=1e-4)
         for (name, a), (_, b) in zip(alone.model.state_dict().items(), result.model.state_dict().items(), strict=True):
