@@ -98,8 +98,9 @@ class LiveTrial:
     arms: list[Arm]
     rounds: int
     apply: Callable[[Arm], None]
-    total_steps: int
     """Switches the training to an arm (threads, autocast dtype)."""
+    total_steps: int
+    """The training's optimizer steps (what COST_SHARE is a share of)."""
     times: dict[Arm, list[list[float]]] = field(default_factory=dict)
     """Each arm's timed steps, per block."""
     dropped: dict[Arm, str] = field(default_factory=dict)
@@ -242,7 +243,7 @@ class LiveTrial:
         """What the tune cache keeps: the winner and each arm's time."""
         assert self.winner is not None
         return {"winner": self.winner.key(), "log": self.log,
-                "seconds": {arm.key(): self._time(arm) for arm in self.times if self.times[arm] and any(self.times[arm])}}
+                "seconds": {arm.key(): self._time(arm) for arm in self.times if any(self.times[arm])}}
 
 
 def arm_of(key: str) -> Arm | None:
