@@ -92,7 +92,8 @@ def monthly_series(name: str, horizon: int):
 
 
 def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families: list[str], seeds: int, epochs: int, *, val: bool = False,
-                  scaling: str = "auto", loss: str = "auto", losses: list[str] | None = None, references: tuple[str, ...] = REFERENCES) -> str:
+                  scaling: str = "auto", loss: str = "auto", losses: list[str] | None = None, references: tuple[str, ...] = REFERENCES,
+                  lr: float | None = None, patience: int = 5) -> str:
     models = {"mlp": "{hidden_size: 128}", "nbeats": "{width: 256, blocks: 3}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
               "transformer": "{d_model: 64, nhead: 4, num_layers: 2}", "linear": "{}", "lgbm": "{n_estimators: 300}", "xgb": "{n_estimators: 300}"}
     neural = {"mlp", "nbeats", "tcn", "lstm", "gru", "transformer"}
@@ -111,7 +112,8 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
         f"data: {{source: {data}, target: y, project_column: series}}",
         f"task: {{lookback: [{', '.join(map(str, lookbacks))}], horizon: {horizon}, split: {{val: {horizon if val else 0}, test: {horizon}}}, mode: global, scaling: {scaling}}}",
         "models:", *lines,
-        f"train: {{epochs: {epochs}, loss: {loss}, early_stopping: {'{patience: 5}' if val else 'null'}}}",
+        f"train: {{epochs: {epochs}, loss: {loss}, early_stopping: {f'{{patience: {patience}}}' if val else 'null'}"
+        + (f", lr: {lr}" if lr else "") + "}",
         f"seeds: [{', '.join(str(s) for s in range(seeds))}]",
         "resources: {retries: 0}",
     ]) + "\n"
@@ -186,7 +188,9 @@ def main() -> None:
     parser.add_argument("--lookbacks", default=None, help="several lookbacks, as multiples of the horizon (N-BEATS: 2,3,4,5,6,7): every trial "
                         "of a family joins its ensemble")
     parser.add_argument("--losses", default=None, help="every network once per loss (e.g. mae,smape): an axis of its grid")
-    parser.add_argument("--val", action="store_true", help="validate on the horizon before the test, with early stopping (patience 5)")
+    parser.add_argument("--val", action="store_true", help="validate on the horizon before the test, with early stopping (--patience)")
+    parser.add_argument("--patience", type=int, default=5, help="early stopping's patience in epochs, with --val")
+    parser.add_argument("--lr", type=float, default=None, help="every network's learning rate (default: the campaign default)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe)")
     parser.add_argument("--loss", default="auto", help="every network's loss (auto: each family's recipe)")
     parser.add_argument("--series", type=int, default=None, help="the first N monthly series of each data set only (--smoke: 8)")
@@ -226,14 +230,14 @@ def main() -> None:
     rows, ratios = [], {}
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
-                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None,
+                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "val": args.val, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "val": args.val, "patience": args.patience if args.val else None, "lr": args.lr, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ import torch
 
 # A developer's own machine-wide tune cache (engine/measure/cache.py) would change what the tests measure.
 os.environ.pop("GPUFILL_TUNE_CACHE", None)
+# bf16 is chosen on a CPU with bf16 instructions when its first steps time faster, which depends on the load: a test that
+# compares a fit with fp32 numbers would then pass or fail by the machine it runs on. Tests that exercise bf16 on a CPU
+# build a Hardware with bf16_supported=True. Set before the hygiene fixture's snapshot, and inherited by subprocesses.
+os.environ["GPUFILL_CPU_BF16"] = "0"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

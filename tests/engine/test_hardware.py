@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from gpufill.engine.hardware import cpu_count, detect, peak_for
@@ -50,6 +52,18 @@ def test_detect_cpu_reads_this_machine():
     assert hw.cpu_count == cpu_count() >= 1
     assert hw.total_memory_bytes > 2**30
     assert hw.compute_capability is None and hw.peak is None and not hw.tf32_supported
+
+
+def test_gpufill_cpu_bf16_0_hides_the_cpus_bf16_and_unset_reads_its_flags(monkeypatch):
+    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        flags = next((line for line in cpuinfo if line.startswith("flags")), "")
+    has = "amx_bf16" in flags or "avx512_bf16" in flags
+    assert os.environ["GPUFILL_CPU_BF16"] == "0"  # tests/conftest.py: the suite's results do not depend on the CPU
+    assert detect("cpu").bf16_supported is False
+    monkeypatch.delenv("GPUFILL_CPU_BF16")
+    assert detect("cpu").bf16_supported is has
+    monkeypatch.setenv("GPUFILL_CPU_BF16", "1")
+    assert detect("cpu").bf16_supported is has
 
 
 def _cgroup(tmp_path, membership: str, files: dict[str, str]):
