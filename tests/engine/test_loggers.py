@@ -35,7 +35,8 @@ def events(folder):
 
 
 def text(accumulator, tag):
-    return accumulator.Tensors(tag)[0].tensor_proto.string_val[0].decode()
+    """The tag's last text (the plan is written again at the end where a choice changed while training)."""
+    return accumulator.Tensors(tag)[-1].tensor_proto.string_val[0].decode()
 
 
 def test_tensorboard_and_mlflow_hold_each_epoch_the_plan_and_the_result_as_fit_returned_them(tmp_path, monkeypatch):
@@ -65,6 +66,33 @@ def test_tensorboard_and_mlflow_hold_each_epoch_the_plan_and_the_result_as_fit_r
     reasons = client.download_artifacts(run.info.run_id, "plan.txt", str(tmp_path))
     assert f"precision: {result.plan.precision.value!r} - {result.plan.precision.reason}" in open(reasons).read()
     assert list((tmp_path / "cwd").iterdir()) == [] and list((tmp_path / "mlartifacts").rglob("plan.txt"))  # beside the store it was given
+
+
+def test_a_choice_changed_while_training_is_logged_as_it_ran(tmp_path, monkeypatch):
+    """The live trial (or the thread watch) may change threads or precision after the plan was first written: a
+    loaded clean-clone CI showed TensorBoard and MLflow keeping the start's plan while the training ran at 1 thread."""
+    from types import SimpleNamespace
+
+    from gpufill.engine.loggers import MlflowLogger, TensorBoardLogger
+
+    class Plan:
+        def __init__(self, threads):
+            self.threads = threads
+
+        def to_dict(self):
+            return {"threads": {"value": self.threads, "reason": f"{self.threads}: measured"}}
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    board_logger, mlflow_logger = TensorBoardLogger(tmp_path / "tb", None), MlflowLogger(uri, "run")
+    for logger in (board_logger, mlflow_logger):
+        logger.on_fit_start(Plan(2), 1)
+        logger.close(SimpleNamespace(plan=Plan(1), metrics={"val_loss": 0.5}, timings={}, history=[object()], status="completed"))
+    written = [t.tensor_proto.string_val[0].decode() for t in events(tmp_path / "tb").Tensors("plan/text_summary")]
+    assert len(written) == 2 and "| threads | 2 | 2: measured |" in written[0] and "| threads | 1 | 1: measured |" in written[1]
+    run = MlflowClient(uri).get_run(mlflow_logger.run_id)
+    assert run.data.params == {"plan.threads": "1"} and run.info.status == "FINISHED"
+    assert "threads: 1 - 1: measured" in open(MlflowClient(uri).download_artifacts(run.info.run_id, "plan.txt", str(tmp_path))).read()
 
 
 def test_fit_many_writes_one_run_per_variant(tmp_path):

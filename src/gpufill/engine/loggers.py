@@ -59,9 +59,12 @@ class TrainingLogger(FitCallback):
 
     def __init__(self) -> None:
         self.live = True
+        self.plan: dict[str, Any] = {}
+        """The plan as last written."""
 
     def on_fit_start(self, plan: Any, epochs: int) -> None:
-        self._safely(self.write_plan, plan.to_dict())
+        self.plan = plan.to_dict()
+        self._safely(self.write_plan, self.plan, 0)
 
     def on_epoch_end(self, record: EpochRecord) -> None:
         values = {"epoch/train_loss": record.train_loss, "epoch/val_loss": record.val_loss, "epoch/lr": record.lr, "epoch/seconds": record.seconds,
@@ -73,6 +76,10 @@ class TrainingLogger(FitCallback):
     def close(self, result: FitResult | None) -> None:
         """The result's metrics, timings and status (None: the training raised), then the writer closed."""
         if result is not None:
+            ran = result.plan.to_dict()
+            if ran != self.plan:  # the live trial or the thread watch changed a choice while training: the plan that ran
+                self.plan = ran
+                self._safely(self.write_plan, ran, len(result.history))
             final = {f"result/{k}": v for k, v in {**result.metrics, **result.timings}.items()}
             self._safely(self.write_scalars, _finite(final), len(result.history))
         self._safely(self.finish, result.status if result is not None else "failed")
@@ -84,7 +91,8 @@ class TrainingLogger(FitCallback):
             self.on_epoch_end(record)
         self.close(result)
 
-    def write_plan(self, plan: Mapping[str, Mapping[str, Any]]) -> None:
+    def write_plan(self, plan: Mapping[str, Mapping[str, Any]], step: int) -> None:
+        """Every choice with its reason, at the start (step 0) and again at the end where a choice changed while training."""
         raise NotImplementedError
 
     def write_scalars(self, values: Mapping[str, float], step: int) -> None:
@@ -116,10 +124,10 @@ class TensorBoardLogger(TrainingLogger):
         target = folder / run_name if run_name else folder
         self.writer = SummaryWriter(log_dir=str(make_folder(target, field="loggers")))  # never through a link
 
-    def write_plan(self, plan: Mapping[str, Mapping[str, Any]]) -> None:
+    def write_plan(self, plan: Mapping[str, Mapping[str, Any]], step: int) -> None:
         rows = ["| choice | value | reason |", "|---|---|---|"]
         rows += [f"| {name} | {_cell(choice['value'])} | {_cell(choice['reason'])} |" for name, choice in plan.items()]
-        self.writer.add_text("plan", "\n".join(rows), 0)
+        self.writer.add_text("plan", "\n".join(rows), step)
 
     def write_scalars(self, values: Mapping[str, float], step: int) -> None:
         for key, value in values.items():
@@ -142,7 +150,11 @@ class MlflowLogger(TrainingLogger):
         experiment = mlflow_experiment(self.client, uri, os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT)
         self.run_id = self.client.create_run(experiment, run_name=run_name, tags={"gpufill.kind": "fit"}).info.run_id
 
-    def write_plan(self, plan: Mapping[str, Mapping[str, Any]]) -> None:
+    def write_plan(self, plan: Mapping[str, Mapping[str, Any]], step: int) -> None:
+        """Kept until the run ends: MLflow's params cannot change once written, and the live trial or the thread watch
+        may change a choice while training (the plan that ran is written)."""
+
+    def _write_plan_now(self, plan: Mapping[str, Mapping[str, Any]]) -> None:
         from mlflow.entities import Param
 
         params = [Param(f"plan.{name}", _cell(choice["value"])[:6000]) for name, choice in plan.items()]
@@ -160,6 +172,8 @@ class MlflowLogger(TrainingLogger):
         self.client.log_batch(self.run_id, metrics=[Metric(key.replace("/", "_"), value, now, step) for key, value in values.items()])
 
     def finish(self, status: str) -> None:
+        if self.plan:
+            self._write_plan_now(self.plan)
         self.client.set_tag(self.run_id, "gpufill.status", status)
         self.client.set_terminated(self.run_id, status="FAILED" if status == "failed" else "FINISHED")
 
