@@ -296,11 +296,12 @@ def test_forecast_quality_pools_other_data_sets_histories_and_scores_only_its_ow
     own = dict(module.monthly_series("m1", 18))
     assert sorted(histories) == [f"s{int(key):04d}" for key in list(own)[:3]] and horizon == 18
     lengths = frame.groupby("series").size().to_dict()
+    pooled = {data_set: dict(module.monthly_series(data_set, module.DATASETS[data_set][1])) for data_set in ("m3", "tourism")}
     assert len(lengths) == 9 and sum(name.startswith("m3-") for name in lengths) == sum(name.startswith("tourism-") for name in lengths) == 3
     for name, length in lengths.items():
         data_set, _, key = name.rpartition("-")
         if data_set:  # a pooled series: its history only (the held-out horizon of its own competition is left out)
-            history, _held_out = dict(module.monthly_series(data_set, module.DATASETS[data_set][1]))[int(key[1:])]
+            history, _held_out = pooled[data_set][int(key[1:])]
             assert length == len(history)
         else:
             assert length == len(histories[name]) + horizon
