@@ -140,7 +140,16 @@ def check_forecast_quality(record: dict[str, Any]) -> None:
     for row in methods.values():
         assert row["series"] == 8 and 0 < row["smape"] <= 200 and positive(row["mase"])
     assert positive(record["ratios"][f"{record['args']['datasets']}: campaign wall seconds"])
-    assert sum(1 for name in record["ratios"] if "/ ets's" in name or "/ theta's" in name) == 4
+    # No method is picked on the test scores: every gpufill method against every reference, 2 metrics each.
+    ours = [name for name in methods if name not in ("snaive", "ets", "theta")]
+    assert sum(1 for name in record["ratios"] if "/ ets's" in name or "/ theta's" in name) == len(ours) * 2 * 2
+    for name in ours:
+        for reference in ("ets", "theta"):
+            ratio = record["ratios"][f"{record['args']['datasets']}: {name} sMAPE / {reference}'s"]
+            assert ratio == pytest.approx(methods[name]["smape"] / methods[reference]["smape"], rel=1e-3)
+    # --scaling standard,mean --losses mae,smape: mlp trains mae under standard scaling, mae and smape under mean scaling;
+    # linear (classical: no loss) once per scaling; the references once, in the first campaign.
+    assert (methods["mlp"]["trainings"], methods["linear"]["trainings"], methods["ets"]["trainings"]) == (3, 2, 1)
 
 
 def check_pack_speed(record: dict[str, Any]) -> None:
@@ -241,6 +250,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "pack_speed": ["--device", "cpu"],
     "pack_any": ["--device", "cpu"],
     "sampler_overhead": ["--device", "cpu"],
+    "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape"],  # one campaign per scaling, sMAPE under mean only
 }
 
 
