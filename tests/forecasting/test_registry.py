@@ -125,6 +125,24 @@ def test_unknown_family_lists_known_ones_and_the_path_form():
         check_params("zzz", {})
 
 
+def test_a_variant_is_its_built_in_family_under_a_second_name():
+    """`nbeats@mean` builds nbeats with nbeats' parameters and recipe; a bad base or tag is one line naming the fix."""
+    from gpufill.forecasting.family_names import base_name
+    from gpufill.forecasting.recipes import recipe
+
+    assert resolve("nbeats@mean") is resolve("nbeats") and base_name("nbeats@mean") == "nbeats" and base_name("pkg.mod:make") == "pkg.mod:make"
+    model = build("nbeats@mean", n_features=1, lookback=6, horizon=2, params={"width": 8, "blocks": 1})
+    assert sum(p.numel() for p in model.parameters()) == sum(
+        p.numel() for p in build("nbeats", n_features=1, lookback=6, horizon=2, params={"width": 8, "blocks": 1}).parameters())
+    assert recipe("nbeats@std").scaling == recipe("nbeats").scaling == "mean" and recipe("nbeats@std", scaling="standard").scaling == "standard"
+    with pytest.raises(InputError, match=r"unknown model family 'nbeatz' in 'nbeatz@x' \(did you mean 'nbeats'\?\).*fix: a variant is a built-in family"):
+        resolve("nbeatz@x")
+    with pytest.raises(InputError, match=r"variant tag 'a b' in 'nbeats@a b' may hold only letters"):
+        resolve("nbeats@a b")
+    with pytest.raises(InputError, match=r"variant tag '' in 'nbeats@'"):
+        check_params("nbeats@", {})
+
+
 def test_family_name_must_be_a_string():
     with pytest.raises(InputError, match=r"^model: model family must be a string, got int; fix: give a family"):
         resolve(3)

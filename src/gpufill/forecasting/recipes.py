@@ -14,6 +14,7 @@ from typing import Any
 
 from gpufill.engine.config import FitConfig
 from gpufill.errors import InputError
+from gpufill.forecasting.family_names import base_name
 
 AUTO = "auto"
 LOSSES = ("mse", "mae", "huber", "smape")
@@ -69,7 +70,7 @@ GENERIC = Recipe("project", "mse", "constant", {
 
 def recipe(family: str, *, scaling: str = AUTO, loss: str = AUTO, schedule: str = AUTO) -> Recipe:
     """The family's recipe with the given (non-auto) settings in place of its defaults."""
-    base = RECIPES.get(family, GENERIC)
+    base = RECIPES.get(base_name(family), GENERIC)  # a variant (nbeats@mean) starts from its family's recipe
     given = {name: value for name, value in (("scaling", scaling), ("loss", loss), ("schedule", schedule)) if value != AUTO}
     resolved = replace(base, **given, why={**base.why, **dict.fromkeys(given, "set in the campaign")})
     if resolved.loss == "smape" and resolved.scaling != "mean":

@@ -3,6 +3,8 @@ as packs, and after the run it is combined from the members' stored forecasts an
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -79,3 +81,40 @@ def test_a_member_that_is_not_a_family_of_the_campaign_is_one_error(tmp_path):
         load_campaign(path)
     assert error.value.field == "ensemble.families" and "'lstm' is not a family of models" in error.value.problem
     assert error.value.where.endswith("bad.yaml:7")
+
+
+VARIANTS = """name: variants
+data: {source: synthetic, projects: 2, length: 120, seed: 3}
+task: {lookback: [6], horizon: 3, split: {val: 20, test: 20}, mode: global}
+models:
+  nbeats: {width: 8, blocks: 1, scaling: standard, loss: [mae, huber]}
+  nbeats@mean: {width: 8, blocks: 1, scaling: mean, loss: [mae, smape]}
+ensemble: {families: [nbeats, nbeats@mean], within: null}
+train: {epochs: 2, early_stopping: null}
+seeds: [0]
+resources: {retries: 0}
+"""
+
+
+def test_a_family_and_its_variant_train_grids_that_cannot_be_one_and_join_one_ensemble(tmp_path):
+    """sMAPE needs mean scaling, so `scaling: [standard, mean]` x `loss: [mae, smape]` is refused as one grid; `nbeats@mean`
+    (the same family under a second name) carries the second grid, and the ensemble combines both."""
+    path = tmp_path / "variants.yaml"
+    path.write_text(VARIANTS)
+    outcome = Campaign.from_yaml(path, tmp_path / "work").run()
+    assert (outcome.done, outcome.failed) == (4, 0)
+    store = Store.open(tmp_path / "work")
+    try:
+        records = [r for r in store.records() if r["status"] == "done"]
+        plans = {(r["family"], json.loads(r["train"])["loss"]): store.trial_details(r["trial_id"])["plan"] for r in records}
+        declared = read_declared(store)
+    finally:
+        store.close()
+    assert sorted(plans) == [("nbeats", "huber"), ("nbeats", "mae"), ("nbeats@mean", "mae"), ("nbeats@mean", "smape")]
+    assert {key: (plan["scaling"]["value"], plan["loss"]["value"]) for key, plan in plans.items()} == {
+        ("nbeats", "huber"): ("standard", "huber"), ("nbeats", "mae"): ("standard", "mae"),
+        ("nbeats@mean", "mae"): ("mean", "mae"), ("nbeats@mean", "smape"): ("mean", "smape")}
+    assert [(row["members"], row["families"]) for row in declared] == [(4, ["nbeats", "nbeats@mean"])] * 2  # each project
+    path.write_text(VARIANTS.replace("scaling: mean, loss: [mae, smape]", "scaling: standard, loss: [mae, smape]"))
+    with pytest.raises(InputError, match=r"variants.yaml:6: models.nbeats@mean.loss: loss smape with scaling standard for nbeats@mean"):
+        load_campaign(path)

@@ -4,6 +4,7 @@ A family is a factory ``(n_features, lookback, horizon, *, **params)`` plus the 
 parameters (and defaults) read from its signature. Built-in families register themselves
 with :func:`register` when their module is imported (``gpufill.forecasting.models`` imports them);
 a ``package.module:factory`` path is imported on demand by :func:`resolve`.
+A variant ``family@tag`` (``nbeats@mean``, forecasting/family_names.py) resolves to the built-in family.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 from gpufill import user_code
 from gpufill.errors import InputError
+from gpufill.forecasting.family_names import VARIANT, base_name, valid_tag
 
 __all__ = ["Family", "ModelKind", "build", "check_params", "families", "register", "resolve"]
 
@@ -96,6 +98,8 @@ def resolve(name: str) -> Family:
         return _FAMILIES[name]
     if name in _REMEMBERED:
         return _REMEMBERED[name]
+    if base_name(name) != name:
+        return _variant(name)
     if ":" not in name:
         raise InputError(
             f"unknown model family {name!r}{_suggestion(name)}; known: {', '.join(families()) or 'none'}",
@@ -185,6 +189,18 @@ def is_remembered(name: str) -> bool:
 
 
 # --- internals -------------------------------------------------------------------------------
+
+
+def _variant(name: str) -> Family:
+    """The built-in family of `family@tag`, or one line naming what is wrong with the name."""
+    base, _, tag = name.rpartition(VARIANT)
+    if base not in _FAMILIES:
+        raise InputError(f"unknown model family {base!r} in {name!r}{_suggestion(base)}; known: {', '.join(families())}",
+                         fix=f"a variant is a built-in family, an '{VARIANT}' and a tag, e.g. nbeats{VARIANT}mean", field="model")
+    if not valid_tag(tag):
+        raise InputError(f"variant tag {tag!r} in {name!r} may hold only letters, digits, '_', '.' and '-'",
+                         fix=f"name the variant e.g. {base}{VARIANT}mean", field="model")
+    return _FAMILIES[base]
 
 
 def _check_kind(kind: object) -> None:
