@@ -62,6 +62,25 @@ def test_a_campaign_nested_too_deep_is_one_line(tmp_path, opening, closing, leve
     assert caught.value.one_line() == f"{path}: {DEEP}"
 
 
+def test_how_deep_a_campaign_may_nest_does_not_depend_on_the_recursion_limit(tmp_path):
+    """Some imports raise Python's recursion limit (1,000 levels loaded after one did, and the suite's order decided
+    which test saw it); the limit is counted on the tokens: 101 levels are refused at any recursion limit, 100 load
+    as far as the spec's own check."""
+    path = tmp_path / "deep.yaml"
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        path.write_text("name: deep\nmodels:\n  linear: {a: " + "[" * 98 + "1" + "]" * 98 + "}\n")  # 3 + 98 levels
+        with pytest.raises(InputError) as caught:
+            load_campaign(path)
+        assert caught.value.one_line() == f"{path}: {DEEP}"
+        path.write_text("name: deep\nmodels:\n  linear: {a: " + "[" * 97 + "1" + "]" * 97 + "}\n")  # 100 levels: read, then checked
+        with pytest.raises(InputError, match=r"unknown parameter 'a' for model family 'linear'"):
+            load_campaign(path)
+    finally:
+        sys.setrecursionlimit(before)
+
+
 def test_a_campaign_nested_too_deep_exits_2_on_the_command_line(tmp_path):
     (tmp_path / "deep.yaml").write_text("name: deep\nmodels: {linear: {}}\nseeds: " + "[" * 50_000 + "]" * 50_000 + "\n")
     done = gpufill("run", "deep.yaml", cwd=tmp_path)

@@ -52,6 +52,10 @@ def dotted(loc: Iterable[str | int]) -> str:
 
 MAX_VALUES = 1_000_000
 """A campaign file expands (aliases followed) to at most this many YAML values; real ones have hundreds."""
+MAX_DEPTH = 100
+"""Levels of nesting a campaign file may have (real ones nest a few: models: family: parameter: [values]). Counted on
+the tokens before PyYAML's composer, which recurses once per level: how deep a file may nest must not depend on
+Python's recursion limit, which some imports raise (1,000 levels loaded after `import torch._dynamo`)."""
 MAX_BYTES = 4 * 1024 * 1024
 """A campaign file is read up to this size (real ones are a few KB; a list of 100,000 project names is ~1.5 MB):
 `/dev/zero`, a log file or a dataset passed by mistake is refused after reading this much, not read into memory."""
@@ -93,6 +97,28 @@ def _check_size(root: yaml.Node | None, path: Path) -> None:
                          where=str(path), fix="write the campaign without nested aliases; a grid is a list per parameter, expanded by gpufill")
 
 
+_OPENS = (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken, yaml.BlockSequenceStartToken, yaml.BlockMappingStartToken)
+_CLOSES = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToken)
+
+
+def _nesting_too_deep(text: str) -> bool:
+    """More than MAX_DEPTH levels of collections, counted on the scanner's tokens (the scanner does not recurse)."""
+    depth = 0
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        if isinstance(token, _OPENS):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif isinstance(token, _CLOSES):
+            depth -= 1
+    return False
+
+
+def _too_deep(path: Path) -> InputError:
+    return InputError("nesting too deep: values nested more levels deep than the YAML reader can follow", where=str(path),
+                      fix="flatten the file: a campaign nests a few levels (models: family: parameter: [values])")
+
+
 def read_yaml(path: Path) -> tuple[yaml.Node, dict[str, Any]]:
     """The file's node tree (for lines) and its values, a mapping; any problem is an InputError."""
     try:
@@ -110,12 +136,13 @@ def read_yaml(path: Path) -> tuple[yaml.Node, dict[str, Any]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read the file ({type(exc).__name__}: {exc})", fix="check the file's permissions and that it is UTF-8 text", where=str(path)) from None
     try:
+        if _nesting_too_deep(text):
+            raise _too_deep(path)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         _check_size(root, path)  # before anything walks the values: a few hundred bytes of aliases can expand to billions
         data = yaml.safe_load(text)
-    except RecursionError:  # PyYAML's composer recurses once per level: a few hundred levels of [[[...]]] exhaust the stack
-        raise InputError("nesting too deep: values nested more levels deep than the YAML reader can follow", where=str(path),
-                         fix="flatten the file: a campaign nests a few levels (models: family: parameter: [values])") from None
+    except RecursionError:  # PyYAML's composer recurses once per level (checked above; a low recursion limit is still caught)
+        raise _too_deep(path) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         if "<stream end>" in str(getattr(exc, "problem", "")) and getattr(exc, "context_mark", None) is not None:
