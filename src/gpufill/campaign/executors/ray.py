@@ -8,7 +8,9 @@ by measured memory); a whole GPU per slot would leave every slot past the GPU co
 waiting forever. Thread limits are in the actor's ``runtime_env`` before its process
 imports a BLAS. Results come back as object refs collected with ``ray.wait``; an actor
 that dies (kill -9, segfault, lost node) fails its ref with ``RayActorError``: its task is
-reported as crashed and a fresh actor takes the slot.
+reported as crashed and a fresh actor takes the slot. A task submitted to an actor still starting waits in the
+actor's queue behind its start-up (imports, the campaign's load: over a minute on a loaded machine), so the trial's
+time limit counts from when the actor has started (its ``pid`` call, queued first, has answered), not from the submit.
 
 Without an address it starts a private local Ray instance sized to the lanes and stops it
 at the end (restoring the environment variables ``ray.init`` sets); with one it joins
@@ -203,7 +205,19 @@ class RayExecutor(NoBatchJobs):
         ready, waiting = ray.wait(refs, num_returns=1, timeout=timeout)  # the first result, or the timeout
         if ready and waiting:  # and every other one that is ready too
             ready += ray.wait(waiting, num_returns=len(waiting), timeout=0)[0]
+        self._note_started()
         return [self._collect(by_ref[ref]) for ref in ready]
+
+    def _note_started(self) -> None:
+        """A busy actor that has now finished starting: its trial's clock starts here (module docstring). Before
+        the scheduler checks the time limits, which it does after each poll."""
+        ray = self._ray
+        for worker in self.workers:
+            if worker.task is None or worker.ready or worker.pid_ref is None:
+                continue
+            if ray.wait([worker.pid_ref], timeout=0)[0]:
+                worker.ready = True
+                worker.clock_from = worker.clock()
 
     def _collect(self, worker: RayWorker) -> Finished | Crashed:
         ray = self._ray

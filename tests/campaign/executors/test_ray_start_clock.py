@@ -1,0 +1,63 @@
+"""A Ray actor still starting holds its first task in its queue: the trial's time limit counts from the start's end.
+
+A loaded clean-clone CI failed `bench/executor_overhead.py --smoke`: a Ray actor took over a minute to import and
+load the campaign, the first trial of the shape had finished on the other actor in 0.1 s (limit: the 60 s floor), and
+the scheduler stopped the second actor's trial before it began. A fake `ray` module drives the executor here."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpufill.campaign.executors import ray as ray_executor
+from gpufill.campaign.executors.base import Finished
+from gpufill.campaign.executors.ray import RayExecutor, RayWorker
+from gpufill.campaign.policy.lanes import Lane
+
+
+class FakeRay:
+    """`ray.wait` and `ray.get` over refs that are plain strings: a ref is ready once it is in `done`."""
+
+    class exceptions:  # noqa: N801  (the shape of ray.exceptions)
+        RayActorError = RuntimeError
+        RayError = Exception
+
+    def __init__(self) -> None:
+        self.done: set[str] = set()
+
+    def wait(self, refs: list[str], num_returns: int = 1, timeout: float | None = None) -> tuple[list[str], list[str]]:
+        ready = [ref for ref in refs if ref in self.done][:num_returns]
+        return ready, [ref for ref in refs if ref not in ready]
+
+    def get(self, ref: str) -> dict[str, Any]:
+        return {"results": [], "pack": None, "returned": []}
+
+
+def test_a_trials_clock_starts_when_its_actor_has_started_not_when_it_was_submitted(monkeypatch: pytest.MonkeyPatch) -> None:
+    ray, now = FakeRay(), [0.0]
+    monkeypatch.setattr(ray_executor, "import_ray", lambda: ray)  # no real Ray: its import sets environment variables
+    lane = Lane(name="cpu", slots=1, threads=1, device="cpu", kinds=("neural",), queue="cpu", memory_budget_bytes=None, reason="test")
+    calls = iter(["result-1", "result-2"])
+    actor = SimpleNamespace(run=SimpleNamespace(remote=lambda task: next(calls)))
+    worker = RayWorker(name="cpu-1", lane=lane, actor=actor, pid_ref="pid-1", clock=lambda: now[0])
+    executor = RayExecutor(spec_payload={}, base_dir=".", workers=[worker])
+    task = {"trials": [SimpleNamespace(shape="mlp-small", trial_id="t1")]}
+
+    executor.submit(worker, task)
+    assert worker.clock_from == 0.0 and not worker.ready
+    now[0] = 90.0  # still importing: the limit must not be running
+    assert executor.poll(timeout=0) == [] and worker.clock_from == 0.0 and not worker.ready
+    ray.done.add("pid-1")  # the actor answered its pid call: start-up over, the trial begins now
+    now[0] = 95.0
+    assert executor.poll(timeout=0) == [] and worker.ready and worker.clock_from == 95.0
+
+    ray.done.add("result-1")
+    now[0] = 96.0
+    finished = executor.poll(timeout=0)
+    assert [type(f) for f in finished] == [Finished] and worker.task is None
+    now[0] = 200.0  # a started actor's next task counts from its submit
+    executor.submit(worker, task)
+    now[0] = 230.0
+    assert executor.poll(timeout=0) == [] and worker.clock_from == 200.0
