@@ -1,7 +1,7 @@
 """Are gpufill's forecasts worth comparing? Its families against the competitions' references.
 
     python bench/forecast_quality.py [--smoke | --quick] [--datasets tourism,m1] [--families mlp,tcn,linear,lgbm] [--seeds 3]
-                                     [--epochs 30] [--lookback N] [--val] [--scaling S] [--loss L] [--series N]
+                                     [--epochs 30] [--lookback N] [--val] [--scaling S[,S]] [--loss L] [--series N]
                                      [--references snaive,ets,theta] [--pool m3,tourism] [--lr LR] [--patience N] [--out PATH]
 
 On the Tourism monthly (366 series, horizon 24), M1 monthly (617 series, horizon 18) and M3 monthly (1,428
@@ -24,7 +24,11 @@ error as scale (period 12), averaged over series, computed here from the forecas
 keeps. By default the lookback is the longest the shortest series allows without padding (M1: 12,
 Tourism: 24) and there is no validation split (fixed epochs); `--lookback` longer, or `--val` (the
 horizon before the test, with early stopping), pads the short series (global mode). `--scaling` and
-`--loss` replace the families' recipes (forecasting/recipes.py) for every gpufill family. `--pool` adds other
+`--loss` replace the families' recipes (forecasting/recipes.py) for every gpufill family; several scalings
+(`--scaling standard,mean`) run one campaign each, every network with the `--losses` its scaling allows (sMAPE needs
+mean scaling), and every trial of a family joins its ensemble (a campaign does the same with a variant:
+`nbeats@mean`, docs/campaigns.md). No method is picked on the test scores: each gpufill method is a recipe fixed by
+the command line and is compared with every reference. `--pool` adds other
 data sets' monthly histories (never their held-out horizons) to each campaign as more series: a global model learns
 from all of them and is scored on the data set's own series (the references fit the pooled series too, unscored).
 
