@@ -8,7 +8,8 @@ folder (WORKDIR/slurm); `poll` collects finished jobs. A job that fails outside 
 trial's own code (killed, out of memory, timed out, pre-empted, node failure) raises
 submitit's ``UncompletedJobError``/``FailedJobError``: it becomes a crash, and the
 scheduler retries its trials in a new job. Job ids and states go to the store through the
-scheduler (its only writer), for `gpufill status`.
+scheduler (its only writer), for `gpufill status`. A job's trial time limit counts from when the job left the queue
+(its state is no longer a queued one): the wait for a node is the cluster's, not the trial's.
 
 ``resources.slurm.cluster: local`` runs the same jobs as processes on this machine
 (submitit's local executor): a campaign can be tried, and this code tested, without Slurm.
@@ -186,6 +187,7 @@ class SlurmExecutor:
         """Held until the next poll, so that a round's tasks go in as one job array per lane."""
         assert isinstance(worker, SlurmWorker)
         worker.begin(task)
+        worker.ready = False  # a new job: queued until its state says otherwise
         self._unsubmitted.append(worker)
 
     def stop(self, worker: Worker, reason: str) -> None:
@@ -227,7 +229,18 @@ class SlurmExecutor:
         if not out and timeout > 0 and self.busy():
             time.sleep(timeout)  # jobs finish on their own; nothing here to block on
             out = self._collect_done()
+        self._note_started()
         return out
+
+    def _note_started(self) -> None:
+        """A job that has left the queue: its trial's clock starts here (module docstring); the scheduler checks the
+        time limits after each poll. submitit caches the states it reads from sacct, so asking costs no call each poll."""
+        for worker in self.workers:
+            if worker.job is None or worker.task is None or worker.ready:
+                continue
+            if _state(worker.job) not in _QUEUED:
+                worker.ready = True
+                worker.clock_from = worker.clock()
 
     def _collect_done(self) -> list[Finished | Crashed]:
         out: list[Finished | Crashed] = []

@@ -1,4 +1,4 @@
-"""A Ray actor still starting holds its first task in its queue: the trial's time limit counts from the start's end.
+"""A trial's time limit counts from when it can begin: a Ray actor's start-up and a Slurm job's queue wait are not its.
 
 A loaded clean-clone CI failed `bench/executor_overhead.py --smoke`: a Ray actor took over a minute to import and
 load the campaign, the first trial of the shape had finished on the other actor in 0.1 s (limit: the 60 s floor), and
@@ -61,3 +61,23 @@ def test_a_trials_clock_starts_when_its_actor_has_started_not_when_it_was_submit
     executor.submit(worker, task)
     now[0] = 230.0
     assert executor.poll(timeout=0) == [] and worker.clock_from == 200.0
+
+
+def test_a_slurm_trials_clock_starts_when_its_job_leaves_the_queue(tmp_path) -> None:
+    """A job waits in the cluster's queue for a node (minutes to hours): that wait is not the trial's time."""
+    pytest.importorskip("submitit")
+    from gpufill.campaign.executors.slurm import SlurmExecutor, SlurmWorker
+    from gpufill.campaign.spec.spec import SlurmSpec
+
+    now = [0.0]
+    lane = Lane(name="cpu", slots=1, threads=1, device="cpu", kinds=("neural",), queue="cpu", memory_budget_bytes=None, reason="test")
+    job = SimpleNamespace(job_id="77_0", state="PENDING", done=lambda: False)
+    worker = SlurmWorker(name="cpu-1", lane=lane, clock=lambda: now[0])
+    executor = SlurmExecutor(spec_payload={}, base_dir=str(tmp_path), folder=tmp_path / "slurm", settings=SlurmSpec(), name="x", workers=[worker])
+    worker.begin({"trials": [SimpleNamespace(shape="mlp-small", trial_id="t1")]})
+    worker.job = job  # as _flush leaves it once submitted
+    now[0] = 3600.0  # an hour in the queue
+    assert executor.poll(timeout=0) == [] and worker.clock_from == 0.0 and not worker.ready
+    job.state = "RUNNING"
+    now[0] = 3700.0
+    assert executor.poll(timeout=0) == [] and worker.ready and worker.clock_from == 3700.0
