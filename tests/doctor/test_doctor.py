@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -153,6 +154,17 @@ def test_cpu_gain_is_capped_where_the_gpus_ratios_are_huge():
     assert verdict.expected_gain == 10.0
 
 
+def test_on_a_cpu_the_share_is_taken_against_the_matmul_timed_in_the_probes_rounds():
+    """A loaded CI run: the speed test caught a quiet second (2.0 TFLOP/s), the probe a busy one. The yardstick's
+    matmul timed in the probe's rounds saw the same load (0.5), so the verdict stays compute-bound."""
+    busy = timings(flops_per_step=5e9, compute_b_s=0.02, compute_2b_s=0.038, forward_s=0.008, backward_s=0.01, optimizer_s=0.002)  # 0.25 TFLOP/s
+    assert classify(busy, CPU_YARDSTICK).kind == "memory-bound"  # 12.5 % of the speed test's rate
+    verdict = classify(dataclasses.replace(busy, matmul_beside_tflops=0.5), CPU_YARDSTICK)
+    assert verdict.kind == "compute-bound"
+    assert verdict.evidence["matmul_share"] == pytest.approx(0.5) and verdict.evidence["matmul_beside_probe_tflops"] == 0.5
+    assert "0.25 TFLOP/s achieved in the probe = 50% of the 0.5 TFLOP/s fp32 matmul rate timed in its rounds" in verdict.reason
+
+
 def test_without_a_flop_count_it_assumes_compute_bound_and_says_so():
     verdict = classify(timings(flops_per_step=None), H100_YARDSTICK)
     assert verdict.kind == "compute-bound"
@@ -219,6 +231,9 @@ def test_a_wide_mlp_on_tensors_is_compute_bound(one_thread):
     # FlopCounterMode: forward 3 matmuls, backward 3 weight grads + 2 input grads (the input needs none).
     assert t.flops_per_step == pytest.approx(8 * 2 * 256 * width * width)
     assert report.verdict.evidence["matmul_share"] >= 0.3 and t.scaling is not None and t.scaling >= 1.3
+    # The yardstick's matmul was timed again in the probe's rounds (a CPU), and the share is taken against it.
+    assert t.matmul_beside_tflops is not None and report.verdict.evidence["matmul_share"] == pytest.approx(
+        t.flops_per_step / t.compute_b_s / 1e12 / t.matmul_beside_tflops)
     assert report.data_bytes == 2 * 1024 * width * 4
 
 

@@ -15,7 +15,9 @@ tested with constructed numbers. The rules, checked in this order, first match w
    is a fixed cost, and doubling the batch would add at most the explained share: the same
    1.3x threshold.
 3. ``compute-bound``: the time scales with the batch and the achieved FLOP/s is >= 30 %
-   of the matmul rate the speed test measured on this device, in the same precision.
+   of the matmul rate the speed test measured on this device, in the same precision. On a CPU the speed test's
+   matmul is timed again in the compute probe's rounds and the share is taken between those two: measured at the
+   same moments, so a load that changes between the speed test and the probe does not move the verdict.
 4. ``memory-bound``: the time scales with the batch but the FLOP/s is far below the
    matmul rate: elementwise kernels moving bytes take the time.
 """
@@ -74,6 +76,8 @@ class PhaseTimings:
     """Computing operators (kernel launches on a GPU) per step; None: not counted."""
     fast_matmuls: bool = False
     """The matmuls ran in bf16/fp16 (autocast): the roofline takes the fast precision's rate."""
+    matmul_beside_tflops: float | None = None
+    """The yardstick's fp32 matmul rate timed in the same rounds as `compute_b_s` (a CPU's probe; None elsewhere)."""
 
     @property
     def step_s(self) -> float:
@@ -166,6 +170,10 @@ def classify(timings: PhaseTimings, yardstick: Yardstick) -> Verdict:
     scaling = timings.scaling
     achieved = timings.achieved_tflops
     matmul_share = None if achieved is None else achieved / yardstick.matmul_tflops
+    beside = timings.matmul_beside_tflops
+    probe_tflops = None if timings.flops_per_step is None else timings.flops_per_step / timings.compute_b_s / 1e12
+    if probe_tflops is not None and beside is not None:
+        matmul_share = probe_tflops / beside  # the pair timed in the same rounds: under the same load
     evidence = {
         "input_share": timings.input_share,
         "step_s": timings.step_s,
@@ -174,6 +182,7 @@ def classify(timings: PhaseTimings, yardstick: Yardstick) -> Verdict:
         "scaling_2b_over_b": scaling,
         "achieved_tflops": achieved,
         "measured_matmul_tflops": yardstick.matmul_tflops,
+        "matmul_beside_probe_tflops": beside,
         "matmul_share": matmul_share,
         "syncs_per_step": timings.syncs_per_step,
         "ops_per_step": timings.ops_per_step,
@@ -202,7 +211,10 @@ def classify(timings: PhaseTimings, yardstick: Yardstick) -> Verdict:
         # The gain then assumes the matmul share at the threshold: the smallest a compute-bound one has.
         reason = f"{scales}; FLOPs could not be counted, so compute-bound is assumed"
         return _compute_bound(yardstick, evidence, reason, MATMUL_SHARE)
-    rate = f"{achieved:.3g} TFLOP/s achieved = {matmul_share:.0%} of the {yardstick.matmul_tflops:.3g} TFLOP/s fp32 matmul rate measured here"
+    rate = (f"{achieved:.3g} TFLOP/s achieved = {matmul_share:.0%} of the {yardstick.matmul_tflops:.3g} TFLOP/s fp32 matmul rate measured here"
+            if beside is None or probe_tflops is None else
+            f"{probe_tflops:.3g} TFLOP/s achieved in the probe = {matmul_share:.0%} of the {beside:.3g} TFLOP/s fp32 matmul rate timed in its "
+            f"rounds (the speed test's: {yardstick.matmul_tflops:.3g})")
     if matmul_share >= MATMUL_SHARE:
         return _compute_bound(yardstick, evidence, f"{scales}; {rate} (>= {MATMUL_SHARE:.0%})", min(matmul_share, 1.0))
     return _memory_bound(yardstick, evidence, f"{scales}; {rate} (< {MATMUL_SHARE:.0%}): bytes, not FLOPs, take the time", matmul_share)

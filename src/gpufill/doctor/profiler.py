@@ -55,6 +55,7 @@ def profile_training(
     device: torch.device | str = "cpu",
     lr: float = DEFAULTS.lr,
     loss: Any = "mse",
+    matmul_n: int | None = None,
 ) -> PhaseTimings:
     """Time `steps` training steps of `model` on `data`, phase by phase, then probe batch scaling.
 
@@ -96,7 +97,8 @@ def profile_training(
         if largest is None or sample_count(batch) > sample_count(largest):
             largest = batch  # a full batch for the probes (the epoch's last may be short)
     assert largest is not None
-    compute_b, compute_2b = _scaling(model, optimizer, loss_fn, largest, device)
+    reference = _matmul(matmul_n, device) if matmul_n and device.type == "cpu" else None
+    compute_b, compute_2b, reference_s = _scaling(model, optimizer, loss_fn, largest, device, reference)
     data_s, copy_s, forward_s, backward_s, optimizer_s = typical_step(laps)
     return PhaseTimings(
         data_s=data_s,
@@ -110,7 +112,15 @@ def profile_training(
         compute_2b_s=compute_2b,
         flops_per_step=count_flops(model, loss_fn, largest),
         syncs_per_step=None if syncs.count is None else syncs.count / steps,
+        matmul_beside_tflops=None if reference_s is None or matmul_n is None else 2 * matmul_n**3 / reference_s / 1e12,
     )
+
+
+def _matmul(n: int, device: torch.device) -> Callable[[], object]:
+    """One fp32 n x n matmul: the speed test's yardstick, timed again beside the compute probe."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    out = torch.empty(n, n, device=device)
+    return lambda: torch.mm(a, b, out=out)
 
 
 def typical_step(laps: list[list[float]]) -> list[float]:
@@ -227,17 +237,28 @@ def _compute_seconds(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn
     return time.perf_counter() - start
 
 
-def _scaling(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, batch: Batch, device: torch.device) -> tuple[float, float | None]:
+def _scaling(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, batch: Batch, device: torch.device,
+             reference: Callable[[], object] | None = None) -> tuple[float, float | None, float | None]:
     """Best compute time at the batch and at twice it (the batch repeated), interleaved so drift hits both.
 
-    Best of, as the speed test's matmul rate is: the two are compared, so they are measured alike.
+    Best of, as the speed test's matmul rate is: the two are compared, so they are measured alike. `reference` (the
+    yardstick's matmul, on a CPU) is timed in the same rounds: the speed test ran seconds earlier, and on a machine
+    whose load changes its best moment and the probe's were not the same moment (a loaded CI run read a compute-bound
+    MLP at 28 % of a matmul rate measured before a busier minute).
 
-    Returns (t(b), t(2b)); t(2b) is None when twice the batch does not fit in memory.
+    Returns (t(b), t(2b), t(reference)); t(2b) is None when twice the batch does not fit in memory, t(reference)
+    without a reference.
     """
     double: Batch | None = concat([batch, batch])
     at_b: list[float] = []
     at_2b: list[float] = []
+    at_reference: list[float] = []
     for rep in range(1 + SCALING_REPS):  # the first round is a warm-up for the new shapes
+        if reference is not None:
+            start = time.perf_counter()
+            reference()
+            if rep:
+                at_reference.append(time.perf_counter() - start)
         seconds = _compute_seconds(model, optimizer, loss_fn, batch, device)
         if rep:
             at_b.append(seconds)
@@ -255,7 +276,7 @@ def _scaling(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn
             continue
         if rep:
             at_2b.append(seconds)
-    return min(at_b), (min(at_2b) if double is not None else None)
+    return min(at_b), (min(at_2b) if double is not None else None), (min(at_reference) if at_reference else None)
 
 
 def count_flops(model: nn.Module, loss_fn: LossFn, batch: Batch) -> float | None:

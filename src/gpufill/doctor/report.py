@@ -127,7 +127,8 @@ def diagnose(
     speed = run_speed_test(hardware, speed_sizes)
     if data_bytes is None:
         data_bytes = as_source(data, "data").nbytes or None  # tensors: what moving them to the device would take
-    timings = profile_training(model, data, batch_size=batch_size, steps=steps, device=hardware.device, lr=lr, loss=loss)
+    timings = profile_training(model, data, batch_size=batch_size, steps=steps, device=hardware.device, lr=lr, loss=loss,
+                               matmul_n=(speed_sizes or SpeedTestSizes.for_device(hardware)).matmul_n)
     if hardware.is_cuda:
         torch.cuda.empty_cache()  # the profile's copies are gone: free memory reads true for the data-fit check
     verdict = classify(timings, yardstick(hardware, speed, data_bytes=data_bytes, free_bytes=free_memory_bytes(hardware)))
