@@ -1,7 +1,7 @@
 """Are gpufill's forecasts worth comparing? Its families against the competitions' references.
 
     python bench/forecast_quality.py [--smoke | --quick] [--datasets tourism,m1] [--families mlp,tcn,linear,lgbm] [--seeds 3]
-                                     [--epochs 30] [--lookback N] [--val] [--scaling S[,S]] [--loss L] [--series N]
+                                     [--epochs 30] [--lookback N] [--val [--within X]] [--scaling S[,S]] [--loss L] [--series N]
                                      [--references snaive,ets,theta] [--pool m3,tourism] [--lr LR] [--patience N] [--out PATH]
 
 On the Tourism monthly (366 series, horizon 24), M1 monthly (617 series, horizon 18) and M3 monthly (1,428
@@ -28,7 +28,8 @@ horizon before the test, with early stopping), pads the short series (global mod
 (`--scaling standard,mean`) run one campaign each, every network with the `--losses` its scaling allows (sMAPE needs
 mean scaling), and every trial of a family joins its ensemble (a campaign does the same with a variant:
 `nbeats@mean`, docs/campaigns.md). No method is picked on the test scores: each gpufill method is a recipe fixed by
-the command line and is compared with every reference. `--pool` adds other
+the command line and is compared with every reference; `--within X` (with `--val`) keeps in a family's ensemble only
+the trials whose validation sMAPE is within X times the family's best trial's (chosen on validation alone). `--pool` adds other
 data sets' monthly histories (never their held-out horizons) to each campaign as more series: a global model learns
 from all of them and is scored on the data set's own series (the references fit the pooled series too, unscored).
 
@@ -133,6 +134,18 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
     ]) + "\n"
 
 
+def chosen_on_validation(rows: pd.DataFrame, trials: pd.DataFrame, within: float | None) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The forecast rows of the trials that join their family's ensemble, and how many each family left out: a trial
+    joins when its validation sMAPE (a global trial's: the mean over the series) is within `within` times the family's
+    best trial's (the declared ensemble's rule, campaign/results/ensembles.py). The test window is never read for it;
+    `within` None: every trial joins."""
+    if within is None:
+        return rows, {}
+    scored = trials.dropna(subset=["val_smape"])
+    dropped = scored[scored["val_smape"] > within * scored.groupby("family")["val_smape"].transform("min")]
+    return rows[~rows["trial_id"].isin(set(dropped["trial_id"]))], dropped.groupby("family").size().to_dict()
+
+
 def scores(forecast: np.ndarray, actual: np.ndarray, history: np.ndarray) -> tuple[float, float]:
     smape = float(np.mean(200.0 * np.abs(actual - forecast) / np.maximum(np.abs(actual) + np.abs(forecast), 1e-12)))
     scale = float(np.mean(np.abs(history[SEASON:] - history[:-SEASON]))) if len(history) > SEASON else float(np.mean(np.abs(np.diff(history))))
@@ -148,6 +161,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     # Several scalings: one campaign each (a family's grid crosses scaling with loss, and sMAPE needs mean scaling), the
     # references in the first only; every trial of a family, whatever its scaling, joins the family's ensemble.
     scalings = options.pop("scaling", "auto").split(",")
+    within = options.pop("within", None)
     parts, trial_parts, seconds = [], [], 0.0
     with tempfile.TemporaryDirectory(prefix=f"gpufill-quality-{name}-") as folder:
         data = Path(folder) / f"{name}.csv"
@@ -170,6 +184,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     # Each method's cost: its trials' training seconds (the lane's: CPU-seconds here, GPU-seconds on a GPU lane).
     seconds_of = trials.groupby("family")["duration_s"].sum().to_dict()
     trainings_of = trials.groupby("family").size().to_dict()
+    rows, left_out_of = chosen_on_validation(rows, trials, within)
     # One forecast per series and method: the median over seeds (a family's ensemble); references have one seed's worth.
     combined = rows.groupby(["family", "project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
     methods = {family: part for family, part in combined.groupby("family")}
@@ -194,7 +209,8 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         members = [method] if method in seconds_of else trained if method == "gpufill: all families" else [*trained, *joined]
         results.append({"config": f"{name}: {method}", "dataset": name, "method": method, "kind": kind, "series": len(per_series),
                         "smape": round(smape, 3), "mase": round(mase, 4), "train_seconds": round(sum(seconds_of.get(f, 0.0) for f in members), 1),
-                        "trainings": int(sum(trainings_of.get(f, 0) for f in members))})
+                        "trainings": int(sum(trainings_of.get(f, 0) for f in members)),
+                        "left_out_on_validation": int(sum(left_out_of.get(f, 0) for f in members))})
     # Every gpufill method against every reference: no method is picked here (picking the best on these test scores
     # would choose on the test window); each is a recipe fixed by the command line before anything ran.
     for method in (r for r in results if r["method"] not in REFERENCES):
@@ -218,6 +234,8 @@ def main() -> None:
     parser.add_argument("--losses", default=None, help="every network once per loss (e.g. mae,smape): an axis of its grid")
     parser.add_argument("--val", action="store_true", help="validate on the horizon before the test, with early stopping (--patience)")
     parser.add_argument("--patience", type=int, default=5, help="early stopping's patience in epochs, with --val")
+    parser.add_argument("--within", type=float, default=None, help="with --val: a trial joins its family's ensemble only if its validation "
+                        "sMAPE is within this factor of the family's best trial's (e.g. 1.02); default: every trial joins")
     parser.add_argument("--lr", type=float, default=None, help="every network's learning rate (default: the campaign default)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe); several (standard,mean): "
                         "one campaign each, every trial in its family's ensemble, each network with the --losses its scaling allows")
@@ -255,6 +273,8 @@ def main() -> None:
     if references and importlib.util.find_spec("statsforecast") is None:
         left_out.append(f"statsforecast does not import: the references {', '.join(references)} are left out")
         references = ()
+    if args.within is not None and not (args.val and args.within >= 1):
+        parser.error("--within needs --val (members are chosen on the validation window) and a factor >= 1")
     pool = tuple(d for d in args.pool.split(",") if d)
     if set(pool) - (set(DATASETS) - {"synthetic"}):
         parser.error(f"--pool takes tourism, m1 and m3, got {args.pool}")
@@ -267,14 +287,14 @@ def main() -> None:
     rows, ratios = [], {}
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
-                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, pool=pool,
+                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, pool=pool, within=args.within,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "val": args.val, "patience": args.patience if args.val else None, "lr": args.lr, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "patience": args.patience if args.val else None, "lr": args.lr, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

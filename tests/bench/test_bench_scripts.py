@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,6 +151,9 @@ def check_forecast_quality(record: dict[str, Any]) -> None:
     # --scaling standard,mean --losses mae,smape: mlp trains mae under standard scaling, mae and smape under mean scaling;
     # linear (classical: no loss) once per scaling; the references once, in the first campaign.
     assert (methods["mlp"]["trainings"], methods["linear"]["trainings"], methods["ets"]["trainings"]) == (3, 2, 1)
+    # --within 1.05: each family's best trial on validation joins; the others only within 5 % of it.
+    assert record["args"]["within"] == 1.05 and 0 <= methods["mlp"]["left_out_on_validation"] <= 2 and methods["linear"]["left_out_on_validation"] <= 1
+    assert methods["ets"]["left_out_on_validation"] == 0  # one trial: it is its own best
 
 
 def check_pack_speed(record: dict[str, Any]) -> None:
@@ -250,7 +254,8 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "pack_speed": ["--device", "cpu"],
     "pack_any": ["--device", "cpu"],
     "sampler_overhead": ["--device", "cpu"],
-    "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape"],  # one campaign per scaling, sMAPE under mean only
+    # One campaign per scaling, sMAPE under mean only; members chosen on validation (--within).
+    "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape", "--val", "--within", "1.05"],
 }
 
 
@@ -315,3 +320,18 @@ def test_forecast_quality_pools_other_data_sets_histories_and_scores_only_its_ow
             assert length == len(history)
         else:
             assert length == len(histories[name]) + horizon
+
+
+def test_forecast_quality_chooses_each_familys_members_on_validation_only() -> None:
+    """`--within 1.05`: a trial joins its family's ensemble when its validation sMAPE is within 5 % of the family's
+    best; the test scores (here: the opposite order) play no part."""
+    spec = importlib.util.spec_from_file_location("forecast_quality", ROOT / "bench" / "forecast_quality.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    trials = pd.DataFrame({"trial_id": ["a", "b", "c", "d", "e"], "family": ["nbeats", "nbeats", "nbeats", "mlp", "ets"],
+                           "val_smape": [10.0, 10.4, 11.0, 30.0, float("nan")], "smape": [15.0, 14.0, 9.0, 12.0, 13.0]})
+    rows = pd.DataFrame({"trial_id": ["a", "b", "c", "d", "e"], "forecast": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    kept, left_out = module.chosen_on_validation(rows, trials, 1.05)
+    assert list(kept["trial_id"]) == ["a", "b", "d", "e"] and left_out == {"nbeats": 1}  # c: 11.0 > 1.05 x 10.0, the best on test
+    assert module.chosen_on_validation(rows, trials, None)[0] is rows
