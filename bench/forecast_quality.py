@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
 
 from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
+from gpufill.campaign.results.greedy import select_greedily  # noqa: E402
 from gpufill.campaign.results.reading import read_trials  # noqa: E402
 from gpufill.campaign.run.runner import Campaign  # noqa: E402
 
@@ -146,6 +147,36 @@ def chosen_on_validation(rows: pd.DataFrame, trials: pd.DataFrame, within: float
     return rows[~rows["trial_id"].isin(set(dropped["trial_id"]))], dropped.groupby("family").size().to_dict()
 
 
+GREEDY = "gpufill: chosen on validation"
+
+
+def greedy_ensemble(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFrame, families: list[str]
+                    ) -> tuple[pd.DataFrame, dict[str, object]]:
+    """The learned families' trials combined as forward selection with replacement chooses them on their validation
+    forecasts (campaign/results/greedy.py; the median, weighted by how often each joined; sMAPE per series, averaged,
+    as the table scores): (its test forecast rows, what it chose). The test rows are read only for the chosen."""
+    learned = trials[trials["family"].isin(families)]
+    val = val_rows[val_rows["trial_id"].isin(set(learned["trial_id"]))]
+    table = val.pivot_table(index=["project", "origin", "step"], columns="trial_id", values="forecast").dropna()  # every candidate's windows
+    truth = val.groupby(["project", "origin", "step"])["actual"].first().loc[table.index]
+    candidates = list(table.columns)
+    horizon = int(table.index.get_level_values("step").max())
+    windows = table.index.droplevel("step").unique()
+    forecasts = table.to_numpy().T.reshape(len(candidates), len(windows), horizon)
+    groups = pd.factorize(windows.get_level_values("project"))[0]
+    picked = select_greedily(forecasts, truth.to_numpy().reshape(len(windows), horizon), groups, metric="smape", combine="median")
+    weights = {candidates[index]: count for index, count in picked.weights.items()}
+    chosen = rows[rows["trial_id"].isin(weights)]
+    repeated = pd.concat([chosen[chosen["trial_id"] == trial_id] for trial_id, count in weights.items() for _ in range(count)])
+    combined = repeated.groupby(["project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
+    by_id = trials.set_index("trial_id")
+    about = {"validation_smape": round(picked.score, 3), "members_chosen": len(picked.picks), "distinct_members": len(weights),
+             "candidates": len(candidates), "chosen_lookbacks": sorted({int(by_id.loc[t, "lookback"]) for t in weights}),
+             "chosen": sorted(f"{by_id.loc[t, 'family']} lookback {by_id.loc[t, 'lookback']} seed {by_id.loc[t, 'seed']} {by_id.loc[t, 'params']}"
+                              + (f" x{weights[t]}" if weights[t] > 1 else "") for t in weights)}
+    return combined, about
+
+
 def scores(forecast: np.ndarray, actual: np.ndarray, history: np.ndarray) -> tuple[float, float]:
     smape = float(np.mean(200.0 * np.abs(actual - forecast) / np.maximum(np.abs(actual) + np.abs(forecast), 1e-12)))
     scale = float(np.mean(np.abs(history[SEASON:] - history[:-SEASON]))) if len(history) > SEASON else float(np.mean(np.abs(np.diff(history))))
@@ -162,7 +193,8 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     # references in the first only; every trial of a family, whatever its scaling, joins the family's ensemble.
     scalings = options.pop("scaling", "auto").split(",")
     within = options.pop("within", None)
-    parts, trial_parts, seconds = [], [], 0.0
+    select = options.pop("select", None)
+    parts, val_parts, trial_parts, seconds = [], [], [], 0.0
     with tempfile.TemporaryDirectory(prefix=f"gpufill-quality-{name}-") as folder:
         data = Path(folder) / f"{name}.csv"
         frame.to_csv(data, index=False)
@@ -177,13 +209,17 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
             if outcome.failed:
                 raise SystemExit(f"{name}: {outcome.failed} trials failed (scaling {scaling})")
             parts.append(pd.DataFrame(forecast_rows(work)))
+            val_parts.append(pd.DataFrame(forecast_rows(work, window="val")))
             trial_parts.append(read_trials(work))
         rows = pd.concat(parts, ignore_index=True)
+        val_rows = pd.concat(val_parts, ignore_index=True)
+        val_rows = val_rows[val_rows["project"].isin(histories)] if len(val_rows) else val_rows
         rows = rows[rows["project"].isin(histories)]  # pooled series trained the global models; only the data set's are scored
         trials = pd.concat(trial_parts, ignore_index=True)
     # Each method's cost: its trials' training seconds (the lane's: CPU-seconds here, GPU-seconds on a GPU lane).
     seconds_of = trials.groupby("family")["duration_s"].sum().to_dict()
     trainings_of = trials.groupby("family").size().to_dict()
+    chosen = greedy_ensemble(rows, val_rows, trials, families) if select == "greedy" else None
     rows, left_out_of = chosen_on_validation(rows, trials, within)
     # One forecast per series and method: the median over seeds (a family's ensemble); references have one seed's worth.
     combined = rows.groupby(["family", "project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
@@ -192,6 +228,8 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     everything = pd.concat([methods[f] for f in trained]).groupby(["project", "origin", "step"], as_index=False).agg(
         forecast=("forecast", "median"), actual=("actual", "first"))
     methods["gpufill: all families"] = everything.assign(family="gpufill: all families")
+    if chosen is not None:
+        methods[GREEDY] = chosen[0].assign(family=GREEDY)
     # The M4 lesson: a combination beats its members. The campaign's own references join the median here.
     joined = [ref for ref in ("ets", "theta") if ref in methods]
     if joined:
@@ -205,12 +243,14 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
                       for project, g in part.groupby("project")]
         smape, mase = statistics.fmean(s for s, _ in per_series), statistics.fmean(m for _, m in per_series)
         kind = ("reference (statsforecast)" if method in REFERENCES else "gpufill ensemble (median of seeds)" if method in families
-                else "gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble")
-        members = [method] if method in seconds_of else trained if method == "gpufill: all families" else [*trained, *joined]
+                else "gpufill ensemble chosen on validation (forward selection)" if method == GREEDY else "gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble")
+        members = [method] if method in seconds_of else trained if method in ("gpufill: all families", GREEDY) else [*trained, *joined]
         results.append({"config": f"{name}: {method}", "dataset": name, "method": method, "kind": kind, "series": len(per_series),
                         "smape": round(smape, 3), "mase": round(mase, 4), "train_seconds": round(sum(seconds_of.get(f, 0.0) for f in members), 1),
                         "trainings": int(sum(trainings_of.get(f, 0) for f in members)),
-                        "left_out_on_validation": int(sum(left_out_of.get(f, 0) for f in members))})
+                        "left_out_on_validation": (chosen[1]["candidates"] - chosen[1]["distinct_members"] if method == GREEDY
+                                                   else int(sum(left_out_of.get(f, 0) for f in members))),
+                        **(chosen[1] if method == GREEDY else {})})
     # Every gpufill method against every reference: no method is picked here (picking the best on these test scores
     # would choose on the test window); each is a recipe fixed by the command line before anything ran.
     for method in (r for r in results if r["method"] not in REFERENCES):
@@ -236,6 +276,8 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=5, help="early stopping's patience in epochs, with --val")
     parser.add_argument("--within", type=float, default=None, help="with --val: a trial joins its family's ensemble only if its validation "
                         "sMAPE is within this factor of the family's best trial's (e.g. 1.02); default: every trial joins")
+    parser.add_argument("--select", choices=["greedy"], default=None, help="with --val: also the learned trials combined as forward "
+                        "selection with replacement chooses them on their validation forecasts (gpufill: chosen on validation)")
     parser.add_argument("--lr", type=float, default=None, help="every network's learning rate (default: the campaign default)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe); several (standard,mean): "
                         "one campaign each, every trial in its family's ensemble, each network with the --losses its scaling allows")
@@ -273,6 +315,8 @@ def main() -> None:
     if references and importlib.util.find_spec("statsforecast") is None:
         left_out.append(f"statsforecast does not import: the references {', '.join(references)} are left out")
         references = ()
+    if args.select and not args.val:
+        parser.error("--select needs --val (members are chosen on the validation window)")
     if args.within is not None and not (args.val and args.within >= 1):
         parser.error("--within needs --val (members are chosen on the validation window) and a factor >= 1")
     pool = tuple(d for d in args.pool.split(",") if d)
@@ -287,14 +331,14 @@ def main() -> None:
     rows, ratios = [], {}
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
-                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, pool=pool, within=args.within,
+                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, pool=pool, within=args.within, select=args.select,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "patience": args.patience if args.val else None, "lr": args.lr, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "select": args.select, "patience": args.patience if args.val else None, "lr": args.lr, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def check_executor_overhead(record: dict[str, Any]) -> None:
 
 def check_forecast_quality(record: dict[str, Any]) -> None:
     methods = rows_by(record, "method")
-    assert {"mlp", "linear", "gpufill: all families", "snaive", "ets", "theta", "gpufill: families + ets + theta"} <= set(methods)
+    assert {"mlp", "linear", "gpufill: all families", "gpufill: chosen on validation", "snaive", "ets", "theta", "gpufill: families + ets + theta"} <= set(methods)
     for row in methods.values():
         assert row["series"] == 8 and 0 < row["smape"] <= 200 and positive(row["mase"])
     assert positive(record["ratios"][f"{record['args']['datasets']}: campaign wall seconds"])
@@ -154,6 +154,10 @@ def check_forecast_quality(record: dict[str, Any]) -> None:
     # --within 1.05: each family's best trial on validation joins; the others only within 5 % of it.
     assert record["args"]["within"] == 1.05 and 0 <= methods["mlp"]["left_out_on_validation"] <= 2 and methods["linear"]["left_out_on_validation"] <= 1
     assert methods["ets"]["left_out_on_validation"] == 0  # one trial: it is its own best
+    # --select greedy: the 5 learned trials (mlp's 3, linear's 2) are the candidates; what joined is named, with repeats.
+    greedy = methods["gpufill: chosen on validation"]
+    assert greedy["candidates"] == 5 and 1 <= greedy["distinct_members"] <= greedy["members_chosen"] <= 10
+    assert len(greedy["chosen"]) == greedy["distinct_members"] and 0 < greedy["validation_smape"] <= 200
 
 
 def check_pack_speed(record: dict[str, Any]) -> None:
@@ -255,7 +259,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "pack_any": ["--device", "cpu"],
     "sampler_overhead": ["--device", "cpu"],
     # One campaign per scaling, sMAPE under mean only; members chosen on validation (--within).
-    "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape", "--val", "--within", "1.05"],
+    "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape", "--val", "--within", "1.05", "--select", "greedy"],
 }
 
 

@@ -91,6 +91,6 @@ def test_the_validation_scorer_matches_scoring_each_project_on_its_own(projects,
 
     windows = [scale_windows(w, scaling) for w in projects.values()]
     model = build_model(trial(5), windows[0])
-    alone = statistics.fmean(validation(model, w, None)["val"][metric] for w in windows)
+    alone = statistics.fmean(validation(model, w, None)[0][metric] for w in windows)
     assert ValidationScorer(windows, metric)(model) == pytest.approx(alone, rel=1e-9)
     assert alone > 0

@@ -23,7 +23,7 @@ from gpufill.engine.loop import fit
 from gpufill.engine.result import EpochRecord, FitCallback, FitResult
 from gpufill.errors import InputError
 from gpufill.forecasting.data import WindowedProject
-from gpufill.forecasting.data.scoring import per_origin, score, score_validation
+from gpufill.forecasting.data.scoring import ValidationScored, per_origin, score, score_validation
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe
 from gpufill.forecasting.task import predict, seeded_model
@@ -87,7 +87,8 @@ def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, call
         run = train_classical(windows, trial.family, trial.params, threads=setup.threads, seed=trial.seed)
         return trial_result(trial, status="completed", plan=classical_plan(run.threads), params=run.params, timings=run.timings,
                             metrics={"test": run.test, "naive": run.naive, **({"val": run.val} if run.val else {}), **per_origin(run.forecast)},
-                            forecasts={trial.project: run.forecast} if run.forecast is not None else {}, recipe=setup.recorded, pack=pack)
+                            forecasts={trial.project: run.forecast} if run.forecast is not None else {},
+                            val_forecasts={trial.project: run.val_forecast} if run.val_forecast is not None else {}, recipe=setup.recorded, pack=pack)
     on_cuda = str(setup.config.device).startswith("cuda")
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -104,19 +105,20 @@ def neural_result(trial: Trial, windows: WindowedProject, fitted: FitResult, set
     """A trained network scored on its project's test split, next to the naive forecast (alone or a pack's member);
     `watched`: what its Watch recorded, kept with its metrics."""
     test, naive, kept = score(windows, windows.inverse_target(predict(fitted.model, windows.x_test, dtype=fitted.plan.autocast_dtype)))
+    validated = validation(fitted.model, windows, fitted.plan.autocast_dtype)
     done = fitted.to_dict()
     return trial_result(trial, status=fitted.status, plan=done["plan"], timings=fitted.timings, history=done["history"], events=fitted.events,
-                        metrics={"test": test, "naive": naive, **validation(fitted.model, windows, fitted.plan.autocast_dtype),
+                        metrics={"test": test, "naive": naive, **({"val": validated[0]} if validated else {}),
                                  **{f"fit_{k}": v for k, v in fitted.metrics.items()}, **per_origin(kept), **(watched or {})},
-                        forecasts={trial.project: kept} if kept is not None else {}, recipe=setup.recorded, pack=pack,
-                        peak_memory_bytes=peak_memory_bytes, params=registry.check_params(trial.family, trial.params))
+                        forecasts={trial.project: kept} if kept is not None else {},
+                        val_forecasts={trial.project: validated[1]} if validated else {}, recipe=setup.recorded, pack=pack, peak_memory_bytes=peak_memory_bytes, params=registry.check_params(trial.family, trial.params))
 
 
-def validation(model: Any, windows: WindowedProject, dtype: torch.dtype | None) -> dict[str, dict[str, float]]:
-    """{"val": metrics of the trained model's forecasts of the validation windows, original scale}, or nothing
-    without a validation split: what choosing between configurations reads, never the test split."""
+def validation(model: Any, windows: WindowedProject, dtype: torch.dtype | None) -> ValidationScored | None:
+    """The metrics of the trained model's forecasts of the validation windows (original scale) and those forecasts,
+    or None without a validation split: what choosing between configurations reads, never the test split."""
     if not windows.x_val.shape[0]:
-        return {}
+        return None
     return score_validation(windows, windows.inverse_target(predict(model, windows.x_val, dtype=dtype), "val"))
 
 
@@ -190,7 +192,7 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
         fitted = fit(model, (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=setup.config,
                      callbacks=watch.callbacks(model) if watch is not None else ())
         predictions = [w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype)) for w in windows]
-        validations = [validation(fitted.model, w, fitted.plan.autocast_dtype).get("val") for w in windows]
+        validations = [validation(fitted.model, w, fitted.plan.autocast_dtype) for w in windows]
         done = fitted.to_dict()
         plan, timings, history, events, status = done["plan"], dict(fitted.timings), done["history"], fitted.events, fitted.status
     per_project, forecasts = {}, {}
@@ -198,18 +200,19 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
         test, naive, forecasts[w.name] = score(w, prediction)
         per_project[w.name] = {"test": test, "naive": naive, **per_origin(forecasts[w.name])}
     average = {part: {key: statistics.fmean(scores[part][key] for scores in per_project.values()) for key in METRICS} for part in ("test", "naive")}
-    scored = [v for v in validations if v is not None]
+    scored = [v[0] for v in validations if v is not None]
     if scored:  # the projects with validation windows (a short series may have none)
         average["val"] = {key: statistics.fmean(v[key] for v in scored) for key in METRICS}
+    val_forecasts = {w.name: v[1] for w, v in zip(windows, validations, strict=True) if v is not None}
     watched = watch.metrics() if watch is not None and trial.kind != "classical" else {}
     return trial_result(trial, status=status, plan=plan, metrics={**average, "per_project": per_project, **watched}, timings=timings, history=history,
-                        events=events, forecasts=forecasts, recipe=setup.recorded)
+                        events=events, forecasts=forecasts, val_forecasts=val_forecasts, recipe=setup.recorded)
 
 
 def _global_classical(trial: Trial, windows: Sequence[WindowedProject], threads: int, train_x: torch.Tensor, train_y: torch.Tensor,
                       val_x: torch.Tensor, val_y: torch.Tensor
-                      ) -> tuple[list[np.ndarray], list[dict[str, float] | None], dict[str, Any], dict[str, float]]:
-    """Each project's test forecasts and validation metrics (None where it has none), the plan and the timings.
+                      ) -> tuple[list[np.ndarray], list[ValidationScored | None], dict[str, Any], dict[str, float]]:
+    """Each project's test forecasts and validation metrics and forecasts (None where it has none), the plan and the timings.
     Validated as `train_classical` does: fitted on the train part alone, then again on train + validation for the test."""
     from gpufill.forecasting.models.classical import SeriesForecaster, classical_plan, fit_and_forecast, fit_and_validate, validate_regressor
 

@@ -83,6 +83,8 @@ class TrialResult:
     events: list[str] = field(default_factory=list)
     forecasts: dict[str, Any] = field(default_factory=dict)
     """project -> the test forecasts kept (data.scoring)."""
+    val_forecasts: dict[str, Any] = field(default_factory=dict)
+    """project -> the validation forecasts kept (data.scoring: what an ensemble is scored on before the test)."""
 
     @property
     def diverged(self) -> bool:
@@ -91,7 +93,8 @@ class TrialResult:
     def to_message(self) -> dict[str, Any]:
         """The result as plain data: what the store records and `gpufill train --json` prints."""
         return {"project": self.project, "family": self.family, "params": self.params, "status": self.status, "plan": self.plan,
-                "metrics": self.metrics, "timings": self.timings, "history": self.history, "events": self.events, "forecasts": self.forecasts}
+                "metrics": self.metrics, "timings": self.timings, "history": self.history, "events": self.events, "forecasts": self.forecasts,
+                "val_forecasts": self.val_forecasts}
 
 
 def trial_result(
@@ -104,6 +107,7 @@ def trial_result(
     history: list[dict[str, Any]] | None = None,
     events: list[str] | None = None,
     forecasts: Mapping[str, Any] | None = None,
+    val_forecasts: Mapping[str, Any] | None = None,
     recipe: Recipe | None = None,
     pack: PackEntry | None = None,
     peak_memory_bytes: int | None = None,
@@ -119,4 +123,5 @@ def trial_result(
         entries["pack_size"] = {"value": pack.size, "reason": pack.reason}
     return TrialResult(project=trial.project, family=trial.family, params=dict(trial.params if params is None else params), status=status,
                        plan=entries, metrics=dict(metrics), timings={**timings, "peak_memory_bytes": peak_memory_bytes},
-                       history=list(history or []), events=list(events or []), forecasts=dict(forecasts or {}))
+                       history=list(history or []), events=list(events or []), forecasts=dict(forecasts or {}),
+                       val_forecasts=dict(val_forecasts or {}))

@@ -65,6 +65,29 @@ def test_global_models_of_several_seeds_train_alone_and_ensemble_per_project(tmp
     assert mlp["member_mae_mean"].mean() == pytest.approx(results[results["family"] == "mlp"]["mae"].mean(), rel=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["local", "global"])
+def test_each_trials_validation_forecasts_are_kept_and_give_back_its_validation_score(tmp_path, mode):
+    from gpufill.campaign.results.ensembles import forecast_rows
+
+    path = write_campaign(tmp_path, name="val", models="mlp: {hidden_size: 8}\n  linear: {}\n  snaive: {}", projects=3, epochs=2)
+    path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}",
+                                             f"task: {{lookback: [12], horizon: 3, split: {{val: 30, test: 30}}, mode: {mode}}}"))
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run()
+    assert outcome.failed == 0
+    results = read_results(tmp_path / "w")
+    val = pd.DataFrame(forecast_rows(tmp_path / "w", window="val"))
+    test = pd.DataFrame(forecast_rows(tmp_path / "w"))
+    assert set(val["trial_id"]) == set(results["trial_id"]) and len(results) == (3 if mode == "global" else 9)
+    for trial in results.itertuples():
+        mine = val[val["trial_id"] == trial.trial_id]
+        assert sorted(mine["step"].unique()) == [1, 2, 3] and mine["project"].nunique() == (3 if mode == "global" else 1)
+        # Before the test: every validation forecast starts before the first test origin of its project.
+        first_test = test[test["trial_id"] == trial.trial_id].groupby("project")["origin"].min()
+        assert (mine.groupby("project")["origin"].max() < first_test).all()
+        per_project = mine.assign(error=(mine["forecast"] - mine["actual"]).abs()).groupby("project")["error"].mean()
+        assert per_project.mean() == pytest.approx(trial.val_mae, rel=1e-5), trial.family
+
+
 @pytest.mark.parametrize(("args", "field"), [(("--ensemble", "best"), "--ensemble"), (("--ensemble", "median", "--ensemble-over", "lookback"), "--ensemble-over"),
                                              (("--ensemble", "median", "--forecasts"), "--ensemble")])
 def test_bad_forecast_views_are_one_line_and_exit_2(tmp_path, capsys, args, field):

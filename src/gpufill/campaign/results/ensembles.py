@@ -95,13 +95,14 @@ def ensembles(workdir: str | Path, how: Literal["median", "mean"] = "median", *,
     return sorted(rows, key=lambda r: (r["project"], r["mae"]))
 
 
-def forecast_rows(workdir: str | Path) -> list[dict[str, Any]]:
-    """Long format: one row per finished trial, project, test window and horizon step."""
+def forecast_rows(workdir: str | Path, *, window: str = "test") -> list[dict[str, Any]]:
+    """Long format: one row per finished trial, project, test window and horizon step; `window` "val": the
+    validation windows' forecasts instead (made by the model before it saw them; what a choice may read)."""
     store = Store.open(workdir)
     try:
         check_rows(store.db, store.path, documents=True)
         records = {r["trial_id"]: r for r in _done(store)}
-        kept = store.forecasts(list(records))
+        kept = store.forecasts(list(records), window=window)
     finally:
         store.close()
     rows = []

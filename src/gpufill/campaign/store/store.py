@@ -74,6 +74,10 @@ CREATE TABLE IF NOT EXISTS forecasts (
     trial_id TEXT NOT NULL, project TEXT NOT NULL, horizon INTEGER NOT NULL, mase_scale REAL NOT NULL,
     origins BLOB NOT NULL, forecast BLOB NOT NULL, truth BLOB NOT NULL, PRIMARY KEY (trial_id, project)
 );
+CREATE TABLE IF NOT EXISTS val_forecasts (
+    trial_id TEXT NOT NULL, project TEXT NOT NULL, horizon INTEGER NOT NULL,
+    origins BLOB NOT NULL, forecast BLOB NOT NULL, truth BLOB NOT NULL, PRIMARY KEY (trial_id, project)
+);
 CREATE TABLE IF NOT EXISTS samples (
     ts REAL NOT NULL, source TEXT NOT NULL, gpu_util REAL, mem_used REAL, mem_total REAL,
     power_w REAL, power_limit_w REAL, temp_c REAL, sm_clock_mhz REAL, throttle TEXT,
@@ -309,6 +313,12 @@ class Store(StoreQueries):
                 [(trial_id, project, int(np.shape(kept["forecast"])[1]), kept["mase_scale"], np.asarray(kept["origins"], np.int32).tobytes(),
                   np.asarray(kept["forecast"], np.float32).tobytes(), np.asarray(kept["truth"], np.float32).tobytes())
                  for project, kept in result.forecasts.items()],
+            )
+            db.executemany(  # the validation forecasts, the same way: what an ensemble's validation score is computed from
+                "INSERT OR REPLACE INTO val_forecasts VALUES (?, ?, ?, ?, ?, ?)",
+                [(trial_id, project, int(np.shape(kept["forecast"])[1]), np.asarray(kept["origins"], np.int32).tobytes(),
+                  np.asarray(kept["forecast"], np.float32).tobytes(), np.asarray(kept["truth"], np.float32).tobytes())
+                 for project, kept in result.val_forecasts.items()],
             )
             return True
 

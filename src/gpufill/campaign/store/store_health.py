@@ -76,11 +76,13 @@ def check_rows(db: sqlite3.Connection, path: Path, *, documents: bool = False) -
         for column, text in zip(columns, values, strict=True):
             if text and not _parses(text, kind=_DOCUMENTS[column]):
                 raise unreadable(path, "trials", column, "trial_id", trial_id)
-    if "forecasts" in tables:
-        row = db.execute("SELECT trial_id FROM forecasts WHERE horizon < 1 OR length(origins) % 4 != 0 OR length(forecast) != length(truth)"
+    for table in ("forecasts", "val_forecasts"):
+        if table not in tables:
+            continue
+        row = db.execute(f"SELECT trial_id FROM {table} WHERE horizon < 1 OR length(origins) % 4 != 0 OR length(forecast) != length(truth)"
                          " OR length(forecast) != 4 * horizon * (length(origins) / 4) LIMIT 1").fetchone()
         if row is not None:
-            raise unreadable(path, "forecasts", "forecast", "trial_id", row[0])
+            raise unreadable(path, table, "forecast", "trial_id", row[0])
 
 
 def _parses(text: object, *, kind: str = "object") -> bool:

@@ -214,18 +214,25 @@ class StoreQueries:
         default = PROVENANCE_COLUMNS[name].rsplit("DEFAULT ", 1)[1]
         return default
 
-    def forecasts(self, trial_ids: Sequence[str]) -> dict[tuple[str, str], dict[str, Any]]:
-        """(trial_id, project) -> origins (N,), forecast and truth (N, horizon) float32, mase_scale."""
+    def forecasts(self, trial_ids: Sequence[str], *, window: str = "test") -> dict[tuple[str, str], dict[str, Any]]:
+        """(trial_id, project) -> origins (N,), forecast and truth (N, horizon) float32, and (test window) mase_scale.
+        `window` "val": the validation forecasts (none in a store written before they were kept)."""
         import numpy as np
 
+        if window not in ("test", "val"):
+            raise ValueError(f"unknown window {window!r}")
+        table, scale = ("forecasts", "mase_scale") if window == "test" else ("val_forecasts", "NULL")
+        if window == "val" and self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'val_forecasts'").fetchone() is None:
+            return {}
         out: dict[tuple[str, str], dict[str, Any]] = {}
         for chunk in (trial_ids[i : i + 500] for i in range(0, len(trial_ids), 500)):  # SQLite's bound-variable limit
             marks = ",".join("?" * len(chunk))
-            for trial_id, project, horizon, scale, origins, forecast, truth in self.db.execute(
-                    f"SELECT trial_id, project, horizon, mase_scale, origins, forecast, truth FROM forecasts WHERE trial_id IN ({marks})", list(chunk)):
-                out[(trial_id, project)] = {"origins": np.frombuffer(origins, np.int32), "mase_scale": scale,
+            for trial_id, project, horizon, mase_scale, origins, forecast, truth in self.db.execute(
+                    f"SELECT trial_id, project, horizon, {scale}, origins, forecast, truth FROM {table} WHERE trial_id IN ({marks})", list(chunk)):
+                out[(trial_id, project)] = {"origins": np.frombuffer(origins, np.int32),
                                             "forecast": np.frombuffer(forecast, np.float32).reshape(-1, horizon),
-                                            "truth": np.frombuffer(truth, np.float32).reshape(-1, horizon)}
+                                            "truth": np.frombuffer(truth, np.float32).reshape(-1, horizon),
+                                            **({"mase_scale": mase_scale} if window == "test" else {})}
         return out
 
     def search_rows(self, trial_ids: Sequence[str], metric: str) -> dict[str, dict[str, Any]]:

@@ -15,10 +15,12 @@ import numpy as np
 from gpufill.forecasting.data.metrics import forecast_metrics
 from gpufill.forecasting.data.windows import WindowedProject
 
-__all__ = ["Scored", "per_origin", "score", "score_validation"]
+__all__ = ["Scored", "ValidationScored", "per_origin", "score", "score_validation"]
 
 Scored = tuple[dict[str, float], dict[str, float], dict[str, Any]]
 """(test metrics, the last-value forecast's metrics on the same windows, the forecast kept)."""
+ValidationScored = tuple[dict[str, float], dict[str, Any]]
+"""(validation metrics, the validation forecast kept: origins, forecast and truth as `score` keeps the test's)."""
 
 
 def score(windows: WindowedProject, prediction: np.ndarray) -> Scored:
@@ -38,12 +40,17 @@ def score(windows: WindowedProject, prediction: np.ndarray) -> Scored:
     return _mean(per_origin), _mean(naive), kept
 
 
-def score_validation(windows: WindowedProject, prediction: np.ndarray) -> dict[str, dict[str, float]]:
-    """{"val": metrics of `prediction` (N_val, horizon), original scale, against the validation windows' targets},
-    or nothing without validation windows: what a choice between configurations reads, never the test split."""
+def score_validation(windows: WindowedProject, prediction: np.ndarray) -> ValidationScored | None:
+    """The metrics of `prediction` (N_val, horizon), original scale, against the validation windows' targets, and the
+    forecast kept (what an ensemble's own validation score is computed from); None without validation windows: what a
+    choice between configurations reads, never the test split."""
     if not windows.x_val.shape[0]:
-        return {}
-    return {"val": forecast_metrics(windows.val_truth(), np.asarray(prediction, dtype=np.float64), windows.mase_scale)}
+        return None
+    prediction = np.asarray(prediction, dtype=np.float64)
+    truth = windows.val_truth()
+    kept = {"origins": np.asarray(windows.val_origins).tolist(), "forecast": prediction.astype(np.float32).tolist(),
+            "truth": np.asarray(truth, dtype=np.float32).tolist()}
+    return forecast_metrics(truth, prediction, windows.mase_scale), kept
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:

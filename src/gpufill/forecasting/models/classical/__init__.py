@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from gpufill.forecasting.data import WindowedProject
-from gpufill.forecasting.data.scoring import score, score_validation
+from gpufill.forecasting.data.scoring import ValidationScored, score, score_validation
 from gpufill.errors import InputError
 from gpufill.forecasting.models.classical.base import (
     ClassicalForecaster,
@@ -87,17 +87,19 @@ class ClassicalRun:
     test: dict[str, float]
     """forecast_metrics of the test predictions, original scale."""
     val: dict[str, float] | None
-    naive: dict[str, float]
-    """forecast_metrics of the last-value forecast on the same test windows."""
     """forecast_metrics of the validation windows' forecasts by the model fitted on the train region alone (None
     without validation windows): what choosing between families reads."""
+    naive: dict[str, float]
+    """forecast_metrics of the last-value forecast on the same test windows."""
     timings: dict[str, float]
     """fit_s, predict_s, samples_per_s (training windows / fit_s), validate_s (the train-region fit and its forecasts)."""
     threads: int
     model: Any = field(default=None, repr=False)
+    """The fitted forecaster (not part of :meth:`to_dict`)."""
     forecast: dict[str, Any] | None = field(default=None, repr=False)
     """The test forecasts kept (data.scoring)."""
-    """The fitted forecaster (not part of :meth:`to_dict`)."""
+    val_forecast: dict[str, Any] | None = field(default=None, repr=False)
+    """The validation forecasts kept (data.scoring), None without validation windows."""
 
     @property
     def beats_naive(self) -> bool:
@@ -113,14 +115,13 @@ def classical_plan(threads: int) -> dict[str, dict[str, Any]]:
 
 
 def validate_regressor(model: ClassicalForecaster, x_train: np.ndarray, y_train: np.ndarray, windows: Sequence[WindowedProject], *,
-                       threads: int, seed: int) -> list[dict[str, float] | None]:
-    """Each project's validation metrics (None where it has no validation windows) of `model` fitted on the train
+                       threads: int, seed: int) -> list[ValidationScored | None]:
+    """Each project's validation metrics and forecast (None where it has no validation windows) of `model` fitted on the train
     windows alone; the caller fits it again on train + validation for the test."""
     if not any(w.x_val.shape[0] for w in windows):
         return [None] * len(windows)
     model.fit(x_train, y_train, threads=threads, seed=seed)
-    return [score_validation(w, w.inverse_target(np.asarray(model.predict(w.x_val.numpy()), dtype=np.float64), "val")).get("val")
-            for w in windows]
+    return [score_validation(w, w.inverse_target(np.asarray(model.predict(w.x_val.numpy()), dtype=np.float64), "val")) for w in windows]
 
 
 def train_classical(
@@ -148,12 +149,13 @@ def train_classical(
     model = built()
     if isinstance(model, SeriesForecaster):  # snaive, ets, theta: fitted on the series, not on windows
         started = time.perf_counter()
-        val = fit_and_validate(built(), windows, threads=threads, seed=seed)
+        validated = fit_and_validate(built(), windows, threads=threads, seed=seed)
         validate_s = time.perf_counter() - started
         prediction, timings = fit_and_forecast(model, windows, threads=threads, seed=seed)
         test, naive, kept = score(windows, prediction)
-        return ClassicalRun(project=windows.name, family=family, params=dict(resolved), test=test, val=val, naive=naive,
-                            timings={**timings, "validate_s": validate_s}, threads=threads, model=model, forecast=kept)
+        return ClassicalRun(project=windows.name, family=family, params=dict(resolved), test=test, val=validated and validated[0], naive=naive,
+                            timings={**timings, "validate_s": validate_s}, threads=threads, model=model, forecast=kept,
+                            val_forecast=validated and validated[1])
     if not isinstance(model, ClassicalForecaster):
         raise InputError(
             f"classical family {family!r} built a {type(model).__name__} without fit(x, y, *, threads, seed) and predict(x)",
@@ -163,7 +165,7 @@ def train_classical(
     # No epochs to early-stop: fitted on the train windows, the model is scored on the validation windows (what a
     # choice between families reads), then fitted again on train + validation, all the data before the test region.
     started = time.perf_counter()
-    val = validate_regressor(built(), windows.x_train.numpy(), windows.y_train.numpy(), [windows], threads=threads, seed=seed)[0]
+    validated = validate_regressor(built(), windows.x_train.numpy(), windows.y_train.numpy(), [windows], threads=threads, seed=seed)[0]
     validate_s = time.perf_counter() - started
     x = np.concatenate([windows.x_train.numpy(), windows.x_val.numpy()])
     y = np.concatenate([windows.y_train.numpy(), windows.y_val.numpy()])
@@ -179,9 +181,10 @@ def train_classical(
         family=family,
         params=dict(resolved),
         test=test,
-        val=val,
+        val=validated and validated[0],
         naive=naive,
         forecast=kept,
+        val_forecast=validated and validated[1],
         timings={"fit_s": fit_s, "predict_s": predict_s, "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0, "validate_s": validate_s},
         threads=threads,
         model=model,

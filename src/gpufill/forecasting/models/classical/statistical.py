@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from gpufill.errors import InputError
-from gpufill.forecasting.data.scoring import score_validation
+from gpufill.forecasting.data.scoring import ValidationScored, score_validation
 from gpufill.forecasting.models.checks import whole_number
 from gpufill.forecasting.models.registry import register
 
@@ -146,11 +146,11 @@ def fit_and_forecast(model: SeriesForecaster, windows: Any, *, threads: int, see
     return prediction, {"fit_s": fit_s, "predict_s": predict_s, "samples_per_s": windows.fit_end / fit_s if fit_s > 0 else 0.0}
 
 
-def fit_and_validate(model: SeriesForecaster, windows: Any, *, threads: int, seed: int) -> dict[str, float] | None:
-    """The validation metrics of `model` fitted on the history before the validation windows (the train region) and
+def fit_and_validate(model: SeriesForecaster, windows: Any, *, threads: int, seed: int) -> ValidationScored | None:
+    """The validation metrics and forecast of `model` fitted on the history before the validation windows (the train region) and
     forecasting them, as a network is scored on them before anything is chosen; None without validation windows.
     Give it a model of its own: the test's is fitted by `fit_and_forecast` on train + validation."""
     if not len(windows.val_origins):
         return None
     model.fit_series(windows.series[: int(windows.val_origins[0])], season_length=windows.season_length, threads=threads, seed=seed)
-    return score_validation(windows, model.forecast_from(windows.series, windows.val_origins)).get("val")
+    return score_validation(windows, model.forecast_from(windows.series, windows.val_origins))

@@ -1,0 +1,97 @@
+"""Ensemble members chosen on the validation window by forward selection with replacement (Caruana et al., 2004,
+"Ensemble selection from libraries of models").
+
+Start from no member; at each round add the candidate (any, again if it helps) whose joining gives the combination
+with the best validation score; after every round keep the score; the answer is the shortest prefix with the best
+score. A member picked twice counts twice in the median or mean: a weight learned on validation. Every candidate's
+validation forecasts are the model's own before it saw the validation window's targets as training data, and the
+test window is never read: the test score of the chosen combination is a fair estimate of what it would do next.
+
+Why it, beside `within` (a member joins when its own validation score is near the best member's): members are
+chosen for what they add to the combination, so a member that is worse alone but errs differently (another
+lookback, another loss) can join, and a data set's lookbacks are chosen on it (M1's short series want short ones,
+M3's long ones longer)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Selection", "select_greedily"]
+
+COMBINES = ("median", "mean")
+METRICS = ("mae", "rmse", "smape", "mase")
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    picks: tuple[int, ...]
+    """The candidates' indices in the order they joined, a repeat where one joined again."""
+    scores: tuple[float, ...]
+    """The validation score after each round (scores[i]: the combination of picks[: i + 1])."""
+
+    @property
+    def weights(self) -> dict[int, int]:
+        """candidate index -> how many times it joined."""
+        counts: dict[int, int] = {}
+        for pick in self.picks:
+            counts[pick] = counts.get(pick, 0) + 1
+        return counts
+
+    @property
+    def score(self) -> float:
+        return self.scores[len(self.picks) - 1]
+
+
+def select_greedily(forecasts: np.ndarray, truth: np.ndarray, groups: Sequence[int] | np.ndarray, *, metric: str = "smape",
+                    combine: str = "median", rounds: int | None = None, scales: np.ndarray | None = None) -> Selection:
+    """Forward selection with replacement over K candidates' validation forecasts `forecasts` (K, N, H) of the
+    targets `truth` (N, H); row n belongs to series `groups[n]` (0..G-1). The score is `metric` per series (its rows
+    together), averaged over series, as a global trial's is; `scales` (G,): each series' MASE scale, for "mase".
+    `rounds`: at most this many (default 2K); the kept prefix is the shortest with the best score."""
+    if metric not in METRICS or combine not in COMBINES:
+        raise ValueError(f"metric must be one of {METRICS} and combine one of {COMBINES}, got {metric!r}, {combine!r}")
+    forecasts = np.asarray(forecasts, dtype=np.float64)
+    truth = np.asarray(truth, dtype=np.float64)
+    if forecasts.ndim != 3 or forecasts.shape[1:] != truth.shape or forecasts.shape[0] == 0:
+        raise ValueError(f"forecasts (K, N, H) and truth (N, H) do not match: {forecasts.shape} and {truth.shape}")
+    groups = np.asarray(groups, dtype=np.int64)
+    count = np.bincount(groups).astype(np.float64)
+    if metric == "mase" and scales is None:
+        raise ValueError("metric mase needs each series' scale")
+
+    def scored(combined: np.ndarray) -> np.ndarray:  # (M, N, H) combinations -> (M,) scores
+        errors = np.abs(combined - truth)
+        if metric == "smape":
+            denominator = np.abs(combined) + np.abs(truth)
+            rows = np.divide(200.0 * errors, denominator, out=np.zeros_like(errors), where=denominator > 0).mean(axis=2)
+        elif metric == "rmse":
+            rows = (errors**2).mean(axis=2)
+        else:
+            rows = errors.mean(axis=2)
+        per_series = np.stack([np.bincount(groups, weights=row, minlength=len(count)) for row in rows]) / count
+        if metric == "rmse":
+            per_series = np.sqrt(per_series)
+        elif metric == "mase":
+            per_series = per_series / np.asarray(scales, dtype=np.float64)
+        return per_series.mean(axis=1)
+
+    rounds = rounds or 2 * forecasts.shape[0]
+    picks: list[int] = []
+    scores: list[float] = []
+    total = np.zeros_like(truth)
+    for _ in range(rounds):
+        if combine == "mean":  # a running sum: each round is one pass over the candidates
+            candidates = (total + forecasts) / (len(picks) + 1)
+        else:
+            chosen = forecasts[picks]
+            candidates = np.stack([np.median(np.concatenate([chosen, forecasts[k : k + 1]]), axis=0) for k in range(forecasts.shape[0])])
+        round_scores = scored(candidates)
+        best = int(np.argmin(round_scores))  # ties: the first candidate, so the choice never depends on anything but the order given
+        picks.append(best)
+        scores.append(float(round_scores[best]))
+        total += forecasts[best]
+    kept = int(np.argmin(scores)) + 1
+    return Selection(picks=tuple(picks[:kept]), scores=tuple(scores[:kept]))
