@@ -89,3 +89,40 @@ def test_a_bad_within_is_one_line(tmp_path, capsys, within):
     code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "within" in err and "Traceback" not in err
     assert not (tmp_path / "work").exists()  # nothing ran, nothing was written
+
+
+@pytest.mark.parametrize("mode", ["local", "global"])
+def test_forward_selection_chooses_members_on_their_validation_forecasts_and_weights_repeats(tmp_path, mode):
+    from gpufill.campaign.results.greedy import select_greedily
+
+    text = YAML.replace("lookbacks: [4]}", "lookbacks: [4], within: null, select: greedy}").replace("split: {val: 20, test: 20}}", f"split: {{val: 20, test: 20}}, mode: {mode}}}")
+    outcome, declared, records, kept = _run(tmp_path, text)
+    assert outcome.failed == 0 and [row["project"] for row in declared] == ["p000", "p001"]
+    store = Store.open(tmp_path / "w")
+    try:
+        val = store.forecasts([r["trial_id"] for r in records], window="val")
+    finally:
+        store.close()
+    members = [r for r in records if r["family"] in ("mlp", "linear")]
+    assert len(members) == (12 if mode == "global" else 24)
+    for row in declared:
+        mine = sorted((r for r in members if r["project"] in (row["project"], "*")), key=lambda r: r["trial_id"])  # ties go to the first id
+        projects = ["p000", "p001"] if mode == "global" else [row["project"]]  # a global model is chosen once, on every project
+        # The choice by hand: the same selection on the stored validation forecasts (the test window is not an input).
+        forecasts = np.concatenate([np.stack([val[(r["trial_id"], p)]["forecast"] for r in mine]) for p in projects], axis=1)
+        truth = np.concatenate([val[(mine[0]["trial_id"], p)]["truth"] for p in projects])
+        groups = np.concatenate([[i] * len(val[(mine[0]["trial_id"], p)]["origins"]) for i, p in enumerate(projects)])
+        picked = select_greedily(forecasts, truth, groups, metric="mae", combine="median")
+        weights = {mine[i]["trial_id"]: count for i, count in picked.weights.items()}
+        assert row["weights"] == weights and row["members"] == len(weights) and row["select"] == "greedy"
+        assert sorted(m["trial_id"] for m in row["left_out"]) == sorted(r["trial_id"] for r in mine if r["trial_id"] not in weights)
+        assert {m["reason"] for m in row["left_out"]} <= {"not chosen"}
+        repeated = np.stack([kept[(t, row["project"])]["forecast"] for t, count in weights.items() for _ in range(count)]).astype(np.float64)
+        first = kept[(mine[0]["trial_id"], row["project"])]
+        by_hand = forecast_metrics(first["truth"].astype(np.float64), np.median(repeated, axis=0), first["mase_scale"])
+        assert row["mae"] == pytest.approx(by_hand["mae"], rel=1e-9)
+    if mode == "global":
+        assert declared[0]["weights"] == declared[1]["weights"]
+    summary = [row for row in read_best(tmp_path / "w") if row["family"].startswith("ensemble (")]
+    left = len(declared[0]["left_out"])
+    assert left > 0 and f"{left} not chosen by forward selection on validation" in summary[0]["family"]

@@ -127,7 +127,7 @@ def store_declared(store: Store, spec: CampaignSpec) -> None:
     """Combine the declared ensemble from what is finished and keep it in the store, with what defines it."""
     assert spec.ensemble is not None
     members = spec.ensemble_members()
-    rows = declared_ensemble(store, members, spec.ensemble.combine, within=spec.ensemble.within, metric=spec.task.metric)
+    rows = declared_ensemble(store, members, spec.ensemble.combine, within=spec.ensemble.within, select=spec.ensemble.select, metric=spec.task.metric)
     definition = _definition(json.loads(spec.model_dump_json()))
     store.set_meta({ENSEMBLE_META: json.dumps({"definition": definition, "families": members, "rows": rows})})
 
@@ -138,11 +138,14 @@ def _definition(spec: dict[str, Any]) -> dict[str, Any]:
     return {"ensemble": spec.get("ensemble"), "models": sorted(spec.get("models") or {})}
 
 
-def declared_ensemble(store: Store, members: list[str], combine: str, *, within: float | None = None, metric: str = "mae") -> list[dict[str, Any]]:
+def declared_ensemble(store: Store, members: list[str], combine: str, *, within: float | None = None, select: str | None = None,
+                      metric: str = "mae") -> list[dict[str, Any]]:
     """The campaign's declared ensemble per project: `combine` of the finished, current trials of the `members`
     families (every seed, lookback, loss and grid point) over their stored test forecasts, scored like a trial;
     with `within`, only the members whose validation `metric` is within that factor of the best member's (chosen on
-    validation, never on the test it is scored on; `left_out`: the others, each with its validation score);
+    validation, never on the test it is scored on; `left_out`: the others, each with its validation score); with
+    `select` "greedy", of those the members forward selection adds on their validation forecasts (`weights`: how
+    often each joined; the others are left out with the reason "not chosen");
     `cost_s`: the members' training seconds, all projects together (a global trial trains them at once);
     `trial_ids`: the finished member trials it was computed from, `expected`: the file's member trials (any status)."""
     records = [r for r in _done(store) if r["family"] in members and not r["stale"]]
@@ -153,17 +156,61 @@ def declared_ensemble(store: Store, members: list[str], combine: str, *, within:
         per_project[project].append((by_id[trial_id], forecast))
     done, expected = _members_now(store, members)
     cost = float(sum(r["duration_s"] or 0.0 for r in records))
-    rows = []
+    chosen: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+    left: dict[str, list[dict[str, Any]]] = {}
     for project, pairs in sorted(per_project.items()):
         first = pairs[0][1]
-        same = [(r, f) for r, f in pairs if _same_windows(f, first)]
-        joined, left_out = _chosen_on_validation(same, within, metric)
+        chosen[project], left[project] = _chosen_on_validation([(r, f) for r, f in pairs if _same_windows(f, first)], within, metric)
+    weights = _selected(store, chosen, metric, combine, {p: pairs[0][1]["mase_scale"] for p, pairs in per_project.items()}) if select else {}
+    rows = []
+    for project, joined in chosen.items():
+        first, left_out, weight = joined[0][1], list(left[project]), weights.get(project)
+        if weight is not None and not any(weight.get(r["trial_id"], 0) for r, _ in joined):
+            weight = None  # none of the chosen is here (a member without this project's windows): every member within joins
+        if weight is not None:
+            left_out += [_left(r, metric, reason="not chosen") for r, _ in joined if weight.get(r["trial_id"], 0) == 0]
+            joined = [(r, f) for r, f in joined if weight.get(r["trial_id"], 0) > 0]
+        repeated = [f["forecast"] for r, f in joined for _ in range(weight[r["trial_id"]] if weight is not None else 1)]
         rows.append({"project": project, "combine": combine, "members": len(joined), "families": sorted({r["family"] for r, _ in joined}),
                      "lookbacks": sorted({int(r["lookback"]) for r, _ in joined}),
-                     **_scored(_combined(combine, [f["forecast"] for _, f in joined]), first["truth"], first["mase_scale"]),
+                     **_scored(_combined(combine, repeated), first["truth"], first["mase_scale"]),
                      "cost_s": round(cost, 3), "trial_ids": sorted(_of(done, project)), "expected": _count(expected, project),
-                     "left_out": left_out, "within": within})
+                     "left_out": left_out, "within": within, "select": select, **({"weights": weight} if weight is not None else {})})
     return rows
+
+
+def _selected(store: Store, chosen: dict[str, list[tuple[dict[str, Any], Any]]], metric: str, combine: str, scales: dict[str, float]
+              ) -> dict[str, dict[str, int]]:
+    """project -> {trial_id: times forward selection added it} from the members' validation forecasts: global members
+    (one model each, in every project) chosen once over every project's windows, local ones per project. A project
+    whose members lack validation forecasts (no validation split, or a store kept before they were) is not in it."""
+    import numpy as np
+
+    from gpufill.campaign.results.greedy import select_greedily
+
+    ids = sorted({r["trial_id"] for pairs in chosen.values() for r, _ in pairs})
+    val = store.forecasts(ids, window="val")
+    pooled = all(r["project"] == GLOBAL_PROJECT for pairs in chosen.values() for r, _ in pairs)
+    groups = [list(chosen)] if pooled else [[project] for project in chosen]
+    out: dict[str, dict[str, int]] = {}
+    for projects in groups:
+        everywhere = set.intersection(*({r["trial_id"] for r, _ in chosen[project]} for project in projects))
+        trial_ids = [r["trial_id"] for r, _ in chosen[projects[0]] if r["trial_id"] in everywhere]
+        blocks, truths, series, scale = [], [], [], []
+        for project in projects:
+            kept = [val.get((trial_id, project)) for trial_id in trial_ids]
+            if any(k is None for k in kept) or any(not np.array_equal(k["origins"], kept[0]["origins"]) for k in kept):
+                continue  # no validation windows here (a short series), or not the same ones: the choice is made on the rest
+            blocks.append(np.stack([k["forecast"] for k in kept]))
+            truths.append(kept[0]["truth"])
+            series += [len(scale)] * len(kept[0]["origins"])
+            scale.append(scales[project])
+        if not blocks:
+            continue
+        picked = select_greedily(np.concatenate(blocks, axis=1), np.concatenate(truths), series, metric=metric, combine=combine, scales=np.array(scale))
+        weight = {trial_ids[index]: count for index, count in picked.weights.items()}
+        out.update({project: weight for project in projects})
+    return out
 
 
 def _chosen_on_validation(pairs: list[tuple[dict[str, Any], Any]], within: float | None, metric: str
@@ -176,9 +223,15 @@ def _chosen_on_validation(pairs: list[tuple[dict[str, Any], Any]], within: float
         return pairs, []
     best = min(scores)
     joined = [pair for pair, score in zip(pairs, scores, strict=True) if score <= within * best]
-    left_out = [{"trial_id": r["trial_id"], "family": r["family"], "lookback": int(r["lookback"]), "train": r["train"], "params": r["params"],
-                 f"val_{metric}": score, "best": best} for (r, _), score in zip(pairs, scores, strict=True) if score > within * best]
+    left_out = [_left(r, metric, best=best) for (r, _), score in zip(pairs, scores, strict=True) if score > within * best]
     return joined, left_out
+
+
+def _left(record: dict[str, Any], metric: str, *, best: float | None = None, reason: str = "within") -> dict[str, Any]:
+    """A member left out on validation: which, its validation score, and why ("within": > within x the best member's
+    score, `best`; "not chosen": forward selection did not add it)."""
+    return {"trial_id": record["trial_id"], "family": record["family"], "lookback": int(record["lookback"]), "train": record["train"],
+            "params": record["params"], f"val_{metric}": record.get(f"val_{metric}"), "reason": reason, **({"best": best} if best is not None else {})}
 
 
 def read_declared(store: Store, *, include_stale: bool = False) -> list[dict[str, Any]]:
@@ -207,13 +260,17 @@ def members_shown(row: dict[str, Any]) -> str:
     """A declared ensemble row's members as a reader should see them: "12", "4 of 8 members" when some of the
     file's member trials failed or have not run (a partial ensemble is never shown as a whole one), and "2 left out
     on validation (> 1.5x the best)" for the members its choice on validation left out."""
-    expected, left = row.get("expected"), len(row.get("left_out") or [])
+    expected, left_out = row.get("expected"), row.get("left_out") or []
+    left = len(left_out)
     if expected is not None and row["members"] + left < expected:
         shown = f"{row['members']} of {expected} members"
     else:
         shown = f"{row['members']} of {row['members'] + left} members" if left else str(row["members"])
-    if left:
-        shown += f"; {left} left out on validation, > {row['within']:g}x the best member's"
+    not_chosen = sum(1 for entry in left_out if entry.get("reason") == "not chosen")
+    if left - not_chosen:
+        shown += f"; {left - not_chosen} left out on validation, > {row['within']:g}x the best member's"
+    if not_chosen:
+        shown += f"; {not_chosen} not chosen by forward selection on validation"
     return shown
 
 

@@ -6,6 +6,7 @@
       losses: [mae, smape]      # each member family trains once per loss (a grid axis)
       combine: median           # or mean
       within: 1.5               # members whose validation score is within 1.5x the best member's (null: all)
+      select: greedy            # then: forward selection on the members' validation forecasts (null: all that are within)
 
 The losses are folded into the member networks' grids before the campaign is checked (`fold_ensemble`) and the
 lookbacks join the member families' own (`CampaignSpec.lookbacks`; the other families keep task.lookback): they
@@ -47,6 +48,11 @@ class EnsembleSpec(Spec):
     """A member joins only if its validation score (task.metric) is within this factor of the best member's on the
     same project; null: every member joins. A member trained badly (a loss or a setting that did not work) would
     drag the median with it; the members left out, and why, are kept with the row and shown in the summary."""
+    select: Literal["greedy"] | None = None
+    """greedy: of the members within, those that forward selection with replacement (Caruana et al. 2004) adds to the
+    combination one at a time while its validation score improves, each weighted by how often it was added
+    (campaign/results/greedy.py); the members of a global campaign are chosen once over every project's validation
+    windows (one model joins for all), a local campaign's per project. null: every member within joins."""
 
     @field_validator("lookbacks", mode="before")
     @classmethod
