@@ -148,6 +148,27 @@ def chosen_on_validation(rows: pd.DataFrame, trials: pd.DataFrame, within: float
 
 
 GREEDY = "gpufill: chosen on validation"
+LOOKBACKS = "gpufill: lookbacks chosen on validation"
+
+
+def validation_matrix(val_rows: pd.DataFrame, trial_ids: list[str]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """(candidates, their validation forecasts (K, windows, horizon), the truth (windows, horizon), each window's series
+    number) over the windows every candidate forecast."""
+    val = val_rows[val_rows["trial_id"].isin(set(trial_ids))]
+    table = val.pivot_table(index=["project", "origin", "step"], columns="trial_id", values="forecast").dropna()
+    truth = val.groupby(["project", "origin", "step"])["actual"].first().loc[table.index]
+    horizon = int(table.index.get_level_values("step").max())
+    windows = table.index.droplevel("step").unique()
+    candidates = list(table.columns)
+    forecasts = table.to_numpy().T.reshape(len(candidates), len(windows), horizon)
+    return candidates, forecasts, truth.to_numpy().reshape(len(windows), horizon), pd.factorize(windows.get_level_values("project"))[0]
+
+
+def combined_rows(rows: pd.DataFrame, weights: dict[str, int]) -> pd.DataFrame:
+    """The median per series, origin and step of the test forecasts of `weights`' trials, each repeated as often as it weighs."""
+    chosen = rows[rows["trial_id"].isin(weights)]
+    repeated = pd.concat([chosen[chosen["trial_id"] == trial_id] for trial_id, count in weights.items() for _ in range(count)])
+    return repeated.groupby(["project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
 
 
 def greedy_ensemble(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFrame, families: list[str]
@@ -156,25 +177,41 @@ def greedy_ensemble(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataF
     forecasts (campaign/results/greedy.py; the median, weighted by how often each joined; sMAPE per series, averaged,
     as the table scores): (its test forecast rows, what it chose). The test rows are read only for the chosen."""
     learned = trials[trials["family"].isin(families)]
-    val = val_rows[val_rows["trial_id"].isin(set(learned["trial_id"]))]
-    table = val.pivot_table(index=["project", "origin", "step"], columns="trial_id", values="forecast").dropna()  # every candidate's windows
-    truth = val.groupby(["project", "origin", "step"])["actual"].first().loc[table.index]
-    candidates = list(table.columns)
-    horizon = int(table.index.get_level_values("step").max())
-    windows = table.index.droplevel("step").unique()
-    forecasts = table.to_numpy().T.reshape(len(candidates), len(windows), horizon)
-    groups = pd.factorize(windows.get_level_values("project"))[0]
-    picked = select_greedily(forecasts, truth.to_numpy().reshape(len(windows), horizon), groups, metric="smape", combine="median")
+    candidates, forecasts, truth, groups = validation_matrix(val_rows, list(learned["trial_id"]))
+    picked = select_greedily(forecasts, truth, groups, metric="smape", combine="median")
     weights = {candidates[index]: count for index, count in picked.weights.items()}
-    chosen = rows[rows["trial_id"].isin(weights)]
-    repeated = pd.concat([chosen[chosen["trial_id"] == trial_id] for trial_id, count in weights.items() for _ in range(count)])
-    combined = repeated.groupby(["project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
     by_id = trials.set_index("trial_id")
     about = {"validation_smape": round(picked.score, 3), "members_chosen": len(picked.picks), "distinct_members": len(weights),
              "candidates": len(candidates), "chosen_lookbacks": sorted({int(by_id.loc[t, "lookback"]) for t in weights}),
              "chosen": sorted(f"{by_id.loc[t, 'family']} lookback {by_id.loc[t, 'lookback']} seed {by_id.loc[t, 'seed']} {by_id.loc[t, 'params']}"
                               + (f" x{weights[t]}" if weights[t] > 1 else "") for t in weights)}
-    return combined, about
+    return combined_rows(rows, weights), about
+
+
+def lookback_range_ensemble(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFrame, families: list[str]
+                            ) -> tuple[pd.DataFrame, dict[str, object]]:
+    """The median of every learned trial whose lookback lies in one contiguous range of the lookbacks trained, the
+    range (of the n(n+1)/2) whose median scores best on the validation window (sMAPE per series, averaged): a choice
+    among a handful of ensembles, coarse enough not to fit the validation window's noise, that lets M1's short series
+    take short lookbacks and M3's long ones longer. (its test forecast rows, what it chose)."""
+    learned = trials[trials["family"].isin(families)]
+    candidates, forecasts, truth, groups = validation_matrix(val_rows, list(learned["trial_id"]))
+    lookback_of = learned.set_index("trial_id")["lookback"].astype(int)
+    lookbacks = sorted({int(lookback_of[t]) for t in candidates})
+    ranges = [lookbacks[i : j + 1] for i in range(len(lookbacks)) for j in range(i, len(lookbacks))]
+    scored = []
+    for chosen in ranges:
+        members = [k for k, t in enumerate(candidates) if int(lookback_of[t]) in chosen]
+        scored.append((select_greedily(np.median(forecasts[members], axis=0)[None], truth, groups, metric="smape", rounds=1).score, chosen, members))
+    score, chosen, members = min(scored, key=lambda item: item[0])  # ties: the first range (shortest lookbacks first)
+    weights = {candidates[k]: 1 for k in members}
+    return combined_rows(rows, weights), {"validation_smape": round(score, 3), "members_chosen": len(members), "distinct_members": len(members),
+                                          "candidates": len(candidates), "chosen_lookbacks": chosen,
+                                          "ranges_on_validation": {"-".join(map(str, r)): round(v, 3) for v, r, _ in scored}}
+
+
+SELECTIONS = {"greedy": (GREEDY, greedy_ensemble), "lookbacks": (LOOKBACKS, lookback_range_ensemble)}
+"""--select's ways of choosing the learned trials' ensemble on validation: name -> (its method's label, how)."""
 
 
 def scores(forecast: np.ndarray, actual: np.ndarray, history: np.ndarray) -> tuple[float, float]:
@@ -193,7 +230,8 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     # references in the first only; every trial of a family, whatever its scaling, joins the family's ensemble.
     scalings = options.pop("scaling", "auto").split(",")
     within = options.pop("within", None)
-    select = options.pop("select", None)
+    select = options.pop("select", None) or []
+    keep = options.pop("keep", None)
     parts, val_parts, trial_parts, seconds = [], [], [], 0.0
     with tempfile.TemporaryDirectory(prefix=f"gpufill-quality-{name}-") as folder:
         data = Path(folder) / f"{name}.csv"
@@ -216,10 +254,14 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         val_rows = val_rows[val_rows["project"].isin(histories)] if len(val_rows) else val_rows
         rows = rows[rows["project"].isin(histories)]  # pooled series trained the global models; only the data set's are scored
         trials = pd.concat(trial_parts, ignore_index=True)
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        for part, frame_ in (("test", rows), ("val", val_rows), ("trials", trials)):
+            frame_.to_parquet(keep / f"{name}-{part}.parquet", index=False)
     # Each method's cost: its trials' training seconds (the lane's: CPU-seconds here, GPU-seconds on a GPU lane).
     seconds_of = trials.groupby("family")["duration_s"].sum().to_dict()
     trainings_of = trials.groupby("family").size().to_dict()
-    chosen = greedy_ensemble(rows, val_rows, trials, families) if select == "greedy" else None
+    selected = {SELECTIONS[way][0]: SELECTIONS[way][1](rows, val_rows, trials, families) for way in select}  # label -> (rows, what it chose)
     rows, left_out_of = chosen_on_validation(rows, trials, within)
     # One forecast per series and method: the median over seeds (a family's ensemble); references have one seed's worth.
     combined = rows.groupby(["family", "project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
@@ -228,8 +270,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     everything = pd.concat([methods[f] for f in trained]).groupby(["project", "origin", "step"], as_index=False).agg(
         forecast=("forecast", "median"), actual=("actual", "first"))
     methods["gpufill: all families"] = everything.assign(family="gpufill: all families")
-    if chosen is not None:
-        methods[GREEDY] = chosen[0].assign(family=GREEDY)
+    methods.update({label: forecast.assign(family=label) for label, (forecast, _) in selected.items()})
     # The M4 lesson: a combination beats its members. The campaign's own references join the median here.
     joined = [ref for ref in ("ets", "theta") if ref in methods]
     if joined:
@@ -243,14 +284,15 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
                       for project, g in part.groupby("project")]
         smape, mase = statistics.fmean(s for s, _ in per_series), statistics.fmean(m for _, m in per_series)
         kind = ("reference (statsforecast)" if method in REFERENCES else "gpufill ensemble (median of seeds)" if method in families
-                else "gpufill ensemble chosen on validation (forward selection)" if method == GREEDY else "gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble")
-        members = [method] if method in seconds_of else trained if method in ("gpufill: all families", GREEDY) else [*trained, *joined]
+                else "gpufill ensemble chosen on validation (forward selection)" if method == GREEDY
+                else "gpufill ensemble, lookbacks chosen on validation" if method == LOOKBACKS else "gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble")
+        members = [method] if method in seconds_of else trained if method == "gpufill: all families" or method in selected else [*trained, *joined]
         results.append({"config": f"{name}: {method}", "dataset": name, "method": method, "kind": kind, "series": len(per_series),
                         "smape": round(smape, 3), "mase": round(mase, 4), "train_seconds": round(sum(seconds_of.get(f, 0.0) for f in members), 1),
                         "trainings": int(sum(trainings_of.get(f, 0) for f in members)),
-                        "left_out_on_validation": (chosen[1]["candidates"] - chosen[1]["distinct_members"] if method == GREEDY
+                        "left_out_on_validation": (selected[method][1]["candidates"] - selected[method][1]["distinct_members"] if method in selected
                                                    else int(sum(left_out_of.get(f, 0) for f in members))),
-                        **(chosen[1] if method == GREEDY else {})})
+                        **(selected[method][1] if method in selected else {})})
     # Every gpufill method against every reference: no method is picked here (picking the best on these test scores
     # would choose on the test window); each is a recipe fixed by the command line before anything ran.
     for method in (r for r in results if r["method"] not in REFERENCES):
@@ -276,8 +318,11 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=5, help="early stopping's patience in epochs, with --val")
     parser.add_argument("--within", type=float, default=None, help="with --val: a trial joins its family's ensemble only if its validation "
                         "sMAPE is within this factor of the family's best trial's (e.g. 1.02); default: every trial joins")
-    parser.add_argument("--select", choices=["greedy"], default=None, help="with --val: also the learned trials combined as forward "
-                        "selection with replacement chooses them on their validation forecasts (gpufill: chosen on validation)")
+    parser.add_argument("--select", default="", help="with --val, greedy and/or lookbacks (comma-separated): also the learned trials combined as "
+                        "chosen on their validation forecasts: greedy, forward selection with replacement (gpufill: chosen on validation); "
+                        "lookbacks, the median of the trials of the contiguous range of lookbacks best on validation")
+    parser.add_argument("--keep", type=Path, default=None, help="a folder to keep each data set's test and validation forecasts and "
+                        "trials in (parquet), to study choices on validation without training again")
     parser.add_argument("--lr", type=float, default=None, help="every network's learning rate (default: the campaign default)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe); several (standard,mean): "
                         "one campaign each, every trial in its family's ensemble, each network with the --losses its scaling allows")
@@ -315,7 +360,10 @@ def main() -> None:
     if references and importlib.util.find_spec("statsforecast") is None:
         left_out.append(f"statsforecast does not import: the references {', '.join(references)} are left out")
         references = ()
-    if args.select and not args.val:
+    select = [way for way in args.select.split(",") if way]
+    if set(select) - set(SELECTIONS):
+        parser.error(f"--select takes {', '.join(SELECTIONS)}, got {args.select}")
+    if select and not args.val:
         parser.error("--select needs --val (members are chosen on the validation window)")
     if args.within is not None and not (args.val and args.within >= 1):
         parser.error("--within needs --val (members are chosen on the validation window) and a factor >= 1")
@@ -331,14 +379,14 @@ def main() -> None:
     rows, ratios = [], {}
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
-                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, pool=pool, within=args.within, select=args.select,
+                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, pool=pool, within=args.within, select=select, keep=args.keep,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "select": args.select, "patience": args.patience if args.val else None, "lr": args.lr, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def check_executor_overhead(record: dict[str, Any]) -> None:
 
 def check_forecast_quality(record: dict[str, Any]) -> None:
     methods = rows_by(record, "method")
-    assert {"mlp", "linear", "gpufill: all families", "gpufill: chosen on validation", "snaive", "ets", "theta", "gpufill: families + ets + theta"} <= set(methods)
+    assert {"mlp", "linear", "gpufill: all families", "gpufill: chosen on validation", "gpufill: lookbacks chosen on validation", "snaive", "ets", "theta", "gpufill: families + ets + theta"} <= set(methods)
     for row in methods.values():
         assert row["series"] == 8 and 0 < row["smape"] <= 200 and positive(row["mase"])
     assert positive(record["ratios"][f"{record['args']['datasets']}: campaign wall seconds"])
@@ -158,6 +158,10 @@ def check_forecast_quality(record: dict[str, Any]) -> None:
     greedy = methods["gpufill: chosen on validation"]
     assert greedy["candidates"] == 5 and 1 <= greedy["distinct_members"] <= greedy["members_chosen"] <= 10
     assert len(greedy["chosen"]) == greedy["distinct_members"] and 0 < greedy["validation_smape"] <= 200
+    # --select lookbacks: the median of every learned trial of the lookback range best on validation (one lookback here).
+    ranged = methods["gpufill: lookbacks chosen on validation"]
+    assert ranged["chosen_lookbacks"] == [12] and ranged["members_chosen"] == ranged["candidates"] == 5 and ranged["left_out_on_validation"] == 0
+    assert ranged["ranges_on_validation"] == {"12": ranged["validation_smape"]}
 
 
 def check_pack_speed(record: dict[str, Any]) -> None:
@@ -259,7 +263,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "pack_any": ["--device", "cpu"],
     "sampler_overhead": ["--device", "cpu"],
     # One campaign per scaling, sMAPE under mean only; members chosen on validation (--within).
-    "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape", "--val", "--within", "1.05", "--select", "greedy"],
+    "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape", "--val", "--within", "1.05", "--select", "greedy,lookbacks"],
 }
 
 
