@@ -178,6 +178,7 @@ def results(
     forecasts: bool = typer.Option(False, "--forecasts", help="The stored test forecasts: one row per trial, project, test window and step (with the actual value)."),
     ensemble: str | None = typer.Option(None, "--ensemble", help="median or mean: combine the forecasts of every seed of a configuration per project, and score that."),
     ensemble_over: str = typer.Option("seed", "--ensemble-over", help="seed, or seed,lookback: what the ensemble's members may differ in."),
+    window: str = typer.Option("test", "--window", help="With --forecasts: test, or val (each model's forecasts of the validation windows, made before it trained on them)."),
 ) -> None:
     """One row per trial of the campaign file as it is now (or, with --summary, the best configuration per project and family)."""
     from gpufill.cli import campaign_tables
@@ -186,8 +187,11 @@ def results(
     if format_ not in ("table", "csv", "parquet", "json"):
         raise InputError(f"unknown format {format_!r}", where="command line", field="--format", fix="use table, csv, parquet or json")
     directory = reading.find_workdir(workdir)
+    if window not in ("test", "val") or (window == "val" and not forecasts):
+        raise InputError(f"--window {window} is not a view of the forecasts", where="command line", field="--window",
+                         fix="use --forecasts --window val (or test, the default)")
     if forecasts or ensemble is not None:
-        _forecast_views(directory, forecasts=forecasts, ensemble=ensemble, over=tuple(ensemble_over.split(",")), format_=format_, out=out)
+        _forecast_views(directory, forecasts=forecasts, ensemble=ensemble, over=tuple(ensemble_over.split(",")), format_=format_, out=out, window=window)
         return
     metric = reading.campaign_metric(directory)  # the campaign's task.metric: what --best and --summary rank by
     if best:
@@ -220,7 +224,8 @@ def results(
     write_frame(frame, "csv" if format_ == "table" else format_, out)
 
 
-def _forecast_views(directory: Path, *, forecasts: bool, ensemble: str | None, over: tuple[str, ...], format_: str, out: Path | None) -> None:
+def _forecast_views(directory: Path, *, forecasts: bool, ensemble: str | None, over: tuple[str, ...], format_: str, out: Path | None,
+                    window: str = "test") -> None:
     import pandas as pd
 
     from gpufill.campaign.results.ensembles import ensembles, forecast_rows
@@ -229,7 +234,7 @@ def _forecast_views(directory: Path, *, forecasts: bool, ensemble: str | None, o
 
     if forecasts and ensemble is not None:
         raise InputError("--forecasts and --ensemble are two views", where="command line", field="--ensemble", fix="ask for one of them")
-    rows = forecast_rows(directory) if forecasts else ensembles(directory, ensemble, over=over)  # type: ignore[arg-type]
+    rows = forecast_rows(directory, window=window) if forecasts else ensembles(directory, ensemble, over=over)  # type: ignore[arg-type]
     if format_ == "table" and out is None:
         if forecasts:  # long: thousands of rows; the table view would be useless
             raise InputError("--forecasts is a long table", where="command line", field="--format", fix="add --format csv (or parquet with --out)")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -66,8 +68,9 @@ def test_global_models_of_several_seeds_train_alone_and_ensemble_per_project(tmp
 
 
 @pytest.mark.parametrize("mode", ["local", "global"])
-def test_each_trials_validation_forecasts_are_kept_and_give_back_its_validation_score(tmp_path, mode):
+def test_each_trials_validation_forecasts_are_kept_and_give_back_its_validation_score(tmp_path, capsys, mode):
     from gpufill.campaign.results.ensembles import forecast_rows
+    from tests.helpers import run_cli
 
     path = write_campaign(tmp_path, name="val", models="mlp: {hidden_size: 8}\n  linear: {}\n  snaive: {}", projects=3, epochs=2)
     path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}",
@@ -86,6 +89,11 @@ def test_each_trials_validation_forecasts_are_kept_and_give_back_its_validation_
         assert (mine.groupby("project")["origin"].max() < first_test).all()
         per_project = mine.assign(error=(mine["forecast"] - mine["actual"]).abs()).groupby("project")["error"].mean()
         assert per_project.mean() == pytest.approx(trial.val_mae, rel=1e-5), trial.family
+    code, out, _ = run_cli(capsys, "results", "--forecasts", "--window", "val", "--format", "csv", "--workdir", tmp_path / "w")
+    shown = pd.read_csv(io.StringIO(out))
+    assert code == 0 and len(shown) == len(val) and np.allclose(shown["forecast"].sum(), val["forecast"].sum())
+    code, _, err = run_cli(capsys, "results", "--window", "val", "--workdir", tmp_path / "w")
+    assert code == 2 and "--window" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(("args", "field"), [(("--ensemble", "best"), "--ensemble"), (("--ensemble", "median", "--ensemble-over", "lookback"), "--ensemble-over"),
