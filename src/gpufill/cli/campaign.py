@@ -178,7 +178,7 @@ def results(
     forecasts: bool = typer.Option(False, "--forecasts", help="The stored test forecasts: one row per trial, project, test window and step (with the actual value)."),
     ensemble: str | None = typer.Option(None, "--ensemble", help="median or mean: combine the forecasts of every seed of a configuration per project, and score that."),
     ensemble_over: str = typer.Option("seed", "--ensemble-over", help="seed, or seed,lookback: what the ensemble's members may differ in."),
-    window: str = typer.Option("test", "--window", help="With --forecasts: test, or val (each model's forecasts of the validation windows, made before it trained on them)."),
+    window: str = typer.Option("test", "--window", help="With --forecasts: test, or val (each trial's forecasts of the validation windows, by a model that never trained on their targets)."),
 ) -> None:
     """One row per trial of the campaign file as it is now (or, with --summary, the best configuration per project and family)."""
     from gpufill.cli import campaign_tables

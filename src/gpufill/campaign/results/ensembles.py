@@ -97,7 +97,7 @@ def ensembles(workdir: str | Path, how: Literal["median", "mean"] = "median", *,
 
 def forecast_rows(workdir: str | Path, *, window: str = "test") -> list[dict[str, Any]]:
     """Long format: one row per finished trial, project, test window and horizon step; `window` "val": the
-    validation windows' forecasts instead (made by the model before it saw them; what a choice may read)."""
+    validation windows' forecasts instead (by a model that never trained on their targets; what a choice may read)."""
     store = Store.open(workdir)
     try:
         check_rows(store.db, store.path, documents=True)

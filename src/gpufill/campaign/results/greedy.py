@@ -4,7 +4,7 @@
 Start from no member; at each round add the candidate (any, again if it helps) whose joining gives the combination
 with the best validation score; after every round keep the score; the answer is the shortest prefix with the best
 score. A member picked twice counts twice in the median or mean: a weight learned on validation. Every candidate's
-validation forecasts are the model's own before it saw the validation window's targets as training data, and the
+validation forecasts come from a model that never trained on the validation window's targets, and the
 test window is never read: the test score of the chosen combination is a fair estimate of what it would do next.
 
 Why it, beside `within` (a member joins when its own validation score is near the best member's): members are
