@@ -105,3 +105,23 @@ def test_bad_forecast_views_are_one_line_and_exit_2(tmp_path, capsys, args, fiel
     Campaign.from_yaml(path, tmp_path / "w").run()
     code, _, err = run_cli(capsys, "results", *args, "--workdir", tmp_path / "w")
     assert code == 2 and len(err.strip().splitlines()) == 1 and field in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("table", ["forecasts", "val_forecasts"])
+def test_a_damaged_forecast_row_is_one_line_naming_its_table_and_nothing_is_changed(tmp_path, capsys, table):
+    import sqlite3
+
+    from gpufill.campaign.store.store import DB_NAME
+    from tests.helpers import run_cli
+
+    path = write_campaign(tmp_path, name="dmg", models="linear: {}", projects=1, epochs=1)
+    path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}", "task: {lookback: [12], horizon: 2, split: {val: 20, test: 20}}"))
+    Campaign.from_yaml(path, tmp_path / "w").run()
+    db_path = tmp_path / "w" / DB_NAME
+    with sqlite3.connect(db_path) as db:
+        db.execute(f"UPDATE {table} SET forecast = substr(forecast, 1, 6)")  # a torn row: 6 bytes are not whole float32 pairs
+    before = db_path.read_bytes()
+    window = "val" if table == "val_forecasts" else "test"
+    code, out, err = run_cli(capsys, "results", "--forecasts", "--window", window, "--format", "csv", "--workdir", tmp_path / "w")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and f"{table}.forecast" in err and "Traceback" not in err
+    assert db_path.read_bytes() == before
