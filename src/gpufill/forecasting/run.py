@@ -23,6 +23,7 @@ from gpufill.engine.loop import fit
 from gpufill.engine.result import EpochRecord, FitCallback, FitResult
 from gpufill.errors import InputError
 from gpufill.forecasting.data import WindowedProject
+from gpufill.forecasting.data.metrics import mean_over_series
 from gpufill.forecasting.data.scoring import ValidationScored, per_origin, score, score_validation
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe
@@ -111,7 +112,8 @@ def neural_result(trial: Trial, windows: WindowedProject, fitted: FitResult, set
                         metrics={"test": test, "naive": naive, **({"val": validated[0]} if validated else {}),
                                  **{f"fit_{k}": v for k, v in fitted.metrics.items()}, **per_origin(kept), **(watched or {})},
                         forecasts={trial.project: kept} if kept is not None else {},
-                        val_forecasts={trial.project: validated[1]} if validated else {}, recipe=setup.recorded, pack=pack, peak_memory_bytes=peak_memory_bytes, params=registry.check_params(trial.family, trial.params))
+                        val_forecasts={trial.project: validated[1]} if validated else {}, recipe=setup.recorded, pack=pack,
+                        peak_memory_bytes=peak_memory_bytes, params=registry.check_params(trial.family, trial.params))
 
 
 def validation(model: Any, windows: WindowedProject, dtype: torch.dtype | None) -> ValidationScored | None:
@@ -135,9 +137,7 @@ class ValidationScorer:
         scored = [w for w in windows if w.x_val.shape[0]]
         self.metric = metric
         self.inputs = torch.cat([w.x_val for w in scored]) if scored else None
-        counts = np.array([w.x_val.shape[0] for w in scored], dtype=np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(counts)[:-1]]) if scored else np.zeros(0, dtype=np.int64)
-        self.counts = counts
+        self.series = np.repeat(np.arange(len(scored)), [w.x_val.shape[0] for w in scored])  # each joined window's project
         # inverse_target is affine per window: original = scaled * slope + offset.
         offsets = [w.inverse_target(np.zeros(tuple(w.y_val.shape)), "val") for w in scored]
         self.offset = np.concatenate(offsets) if scored else None
@@ -155,20 +155,7 @@ class ValidationScorer:
         if isinstance(scaled, torch.Tensor):
             scaled = scaled.detach().to("cpu", torch.float64).numpy()
         prediction = np.asarray(scaled, dtype=np.float64).reshape(self.slope.shape) * self.slope + self.offset
-        errors = np.abs(self.truth - prediction)
-        if self.metric == "smape":
-            denominator = np.abs(self.truth) + np.abs(prediction)
-            per_row = np.divide(200.0 * errors, denominator, out=np.zeros_like(denominator), where=denominator > 0).mean(axis=1)
-        elif self.metric == "rmse":
-            per_row = (errors**2).mean(axis=1)
-        else:
-            per_row = errors.mean(axis=1)
-        per_project = np.add.reduceat(per_row, self.starts) / self.counts
-        if self.metric == "rmse":
-            per_project = np.sqrt(per_project)
-        elif self.metric == "mase":
-            per_project = per_project / self.mase_scale
-        return float(per_project.mean())
+        return float(mean_over_series(prediction, self.truth, self.series, self.metric, self.mase_scale))
 
 
 def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSetup, *, where: str | None = None,

@@ -14,15 +14,18 @@ M3's long ones longer)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from gpufill.forecasting.data.metrics import mean_over_series
+from gpufill.forecasting.trial import METRICS
+
 __all__ = ["Selection", "select_greedily"]
 
 COMBINES = ("median", "mean")
-METRICS = ("mae", "rmse", "smape", "mase")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +38,12 @@ class Selection:
     @property
     def weights(self) -> dict[int, int]:
         """candidate index -> how many times it joined."""
-        counts: dict[int, int] = {}
-        for pick in self.picks:
-            counts[pick] = counts.get(pick, 0) + 1
-        return counts
+        return dict(Counter(self.picks))
 
     @property
     def score(self) -> float:
-        return self.scores[len(self.picks) - 1]
+        """The kept combination's validation score (the last round kept)."""
+        return self.scores[-1]
 
 
 def select_greedily(forecasts: np.ndarray, truth: np.ndarray, groups: Sequence[int] | np.ndarray, *, metric: str = "smape",
@@ -58,26 +59,6 @@ def select_greedily(forecasts: np.ndarray, truth: np.ndarray, groups: Sequence[i
     if forecasts.ndim != 3 or forecasts.shape[1:] != truth.shape or forecasts.shape[0] == 0:
         raise ValueError(f"forecasts (K, N, H) and truth (N, H) do not match: {forecasts.shape} and {truth.shape}")
     groups = np.asarray(groups, dtype=np.int64)
-    count = np.bincount(groups).astype(np.float64)
-    if metric == "mase" and scales is None:
-        raise ValueError("metric mase needs each series' scale")
-
-    def scored(combined: np.ndarray) -> np.ndarray:  # (M, N, H) combinations -> (M,) scores
-        errors = np.abs(combined - truth)
-        if metric == "smape":
-            denominator = np.abs(combined) + np.abs(truth)
-            rows = np.divide(200.0 * errors, denominator, out=np.zeros_like(errors), where=denominator > 0).mean(axis=2)
-        elif metric == "rmse":
-            rows = (errors**2).mean(axis=2)
-        else:
-            rows = errors.mean(axis=2)
-        per_series = np.stack([np.bincount(groups, weights=row, minlength=len(count)) for row in rows]) / count
-        if metric == "rmse":
-            per_series = np.sqrt(per_series)
-        elif metric == "mase":
-            per_series = per_series / np.asarray(scales, dtype=np.float64)
-        return per_series.mean(axis=1)
-
     rounds = rounds or 2 * forecasts.shape[0]
     picks: list[int] = []
     scores: list[float] = []
@@ -88,7 +69,7 @@ def select_greedily(forecasts: np.ndarray, truth: np.ndarray, groups: Sequence[i
         else:
             chosen = forecasts[picks]
             candidates = np.stack([np.median(np.concatenate([chosen, forecasts[k : k + 1]]), axis=0) for k in range(forecasts.shape[0])])
-        round_scores = scored(candidates)
+        round_scores = mean_over_series(candidates, truth, groups, metric, scales)
         best = int(np.argmin(round_scores))  # ties: the first candidate, so the choice never depends on anything but the order given
         picks.append(best)
         scores.append(float(round_scores[best]))

@@ -72,3 +72,31 @@ def forecast_metrics(y_true: ArrayLike, y_pred: ArrayLike, mase_scale: float) ->
         "smape": smape(y_true, y_pred),
         "mase": mase(y_true, y_pred, mase_scale),
     }
+
+
+def mean_over_series(prediction: np.ndarray, truth: np.ndarray, series: np.ndarray, metric: str, scales: np.ndarray | None = None) -> np.ndarray:
+    """`metric` of forecasts of many series at once, as a global trial is scored: per series over its rows, then the
+    mean over series. `prediction` (..., N, H) against `truth` (N, H); row n is of series `series[n]` (0..G-1);
+    `scales` (G,): each series' MASE scale. Returns one score per leading index (a float array of shape ...): what
+    a pruner asks after each epoch and forward selection asks of every candidate combination, so it is vectorised."""
+    if metric not in ("mae", "rmse", "smape", "mase") or (metric == "mase" and scales is None):
+        raise ValueError(f"unknown metric {metric!r}, or mase without the series' scales")
+    prediction = np.asarray(prediction, dtype=np.float64)
+    errors = np.abs(prediction - truth)
+    if metric == "smape":
+        denominator = np.abs(prediction) + np.abs(truth)
+        rows = np.divide(200.0 * errors, denominator, out=np.zeros_like(errors), where=denominator > 0).mean(axis=-1)
+    elif metric == "rmse":
+        rows = (errors**2).mean(axis=-1)
+    else:
+        rows = errors.mean(axis=-1)
+    lead = rows.shape[:-1]
+    rows = rows.reshape(-1, rows.shape[-1])
+    groups = int(series.max()) + 1
+    keys = (np.arange(rows.shape[0])[:, None] * groups + series).ravel()
+    per_series = np.bincount(keys, weights=rows.ravel(), minlength=rows.shape[0] * groups).reshape(-1, groups) / np.bincount(series, minlength=groups)
+    if metric == "rmse":
+        per_series = np.sqrt(per_series)
+    elif metric == "mase":
+        per_series = per_series / np.asarray(scales, dtype=np.float64)
+    return per_series.mean(axis=1).reshape(lead)
