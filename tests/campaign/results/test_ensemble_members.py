@@ -126,3 +126,14 @@ def test_forward_selection_chooses_members_on_their_validation_forecasts_and_wei
     summary = [row for row in read_best(tmp_path / "w") if row["family"].startswith("ensemble (")]
     left = len(declared[0]["left_out"])
     assert left > 0 and f"{left} not chosen by forward selection on validation" in summary[0]["family"]
+
+
+def test_an_unknown_select_is_one_line_naming_the_field(tmp_path, capsys):
+    from tests.helpers import run_cli
+
+    path = tmp_path / "c.yaml"
+    path.write_text(YAML.replace("lookbacks: [4]}", "lookbacks: [4], select: best}"))
+    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "select" in err and "greedy" in err and "c.yaml:" in err
+    assert not (tmp_path / "work").exists()
