@@ -109,7 +109,7 @@ def monthly_series(name: str, horizon: int):
 
 def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families: list[str], seeds: int, epochs: int, *, val: bool = False,
                   scaling: str = "auto", loss: str = "auto", losses: list[str] | None = None, references: tuple[str, ...] = REFERENCES,
-                  lr: float | None = None, patience: int = 5) -> str:
+                  lr: float | None = None, patience: int = 5, refit: bool = False) -> str:
     models = {"mlp": "{hidden_size: 128}", "nbeats": "{width: 256, blocks: 3}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
               "transformer": "{d_model: 64, nhead: 4, num_layers: 2}", "linear": "{}", "lgbm": "{n_estimators: 300}", "xgb": "{n_estimators: 300}"}
     neural = {"mlp", "nbeats", "tcn", "lstm", "gru", "transformer"}
@@ -130,7 +130,7 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
         f"task: {{lookback: [{', '.join(map(str, lookbacks))}], horizon: {horizon}, split: {{val: {horizon if val else 0}, test: {horizon}}}, mode: global, scaling: {scaling}}}",
         "models:", *lines,
         f"train: {{epochs: {epochs}, loss: {loss}, early_stopping: {f'{{patience: {patience}}}' if val else 'null'}"
-        + (f", lr: {lr}" if lr else "") + "}",
+        + (f", lr: {lr}" if lr else "") + (", refit: true" if refit else "") + "}",
         f"seeds: [{', '.join(str(s) for s in range(seeds))}]",
         "resources: {retries: 0}",
     ]) + "\n"
@@ -324,6 +324,8 @@ def main() -> None:
                         "lookbacks, the median of the trials of the contiguous range of lookbacks best on validation")
     parser.add_argument("--keep", type=Path, default=None, help="a folder to keep each data set's test and validation forecasts and "
                         "trials in (parquet), to study choices on validation without training again")
+    parser.add_argument("--refit", action="store_true", help="with --val: every network trained again on training + validation for the "
+                        "epochs early stopping chose, the test forecast the refit's (train.refit)")
     parser.add_argument("--lr", type=float, default=None, help="every network's learning rate (default: the campaign default)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe); several (standard,mean): "
                         "one campaign each, every trial in its family's ensemble, each network with the --losses its scaling allows")
@@ -368,6 +370,8 @@ def main() -> None:
         parser.error("--select needs --val (members are chosen on the validation window)")
     if args.within is not None and not (args.val and args.within >= 1):
         parser.error("--within needs --val (members are chosen on the validation window) and a factor >= 1")
+    if args.refit and not args.val:
+        parser.error("--refit needs --val (the length a network trains again for is the one early stopping chose on validation)")
     pool = tuple(d for d in args.pool.split(",") if d)
     if set(pool) - (set(DATASETS) - {"synthetic"}):
         parser.error(f"--pool takes tourism, m1 and m3, got {args.pool}")
@@ -380,14 +384,14 @@ def main() -> None:
     rows, ratios = [], {}
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
-                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, pool=pool, within=args.within, select=select, keep=args.keep,
+                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, refit=args.refit, pool=pool, within=args.within, select=select, keep=args.keep,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "refit": args.refit, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ class TrialSetup:
     threads: int
     fits_series: bool = False
     """A family that fits the series itself (snaive, ets, ...): no scaling, loss or schedule of a recipe is its own to record."""
+    refit: bool = False
+    """A network trained again on training + validation once early stopping has chosen its length (`refit`)."""
 
     @property
     def recorded(self) -> Recipe | None:
@@ -50,14 +52,16 @@ class TrialSetup:
 
 
 def trial_setup(trial: Trial, recipe: Recipe, base: FitConfig, *, threads: int | Literal["auto"], device: str | None = None,
-                tune_cache: str | None = None, memory_margin: float | None = None) -> TrialSetup:
+                tune_cache: str | None = None, memory_margin: float | None = None, refit: bool = False) -> TrialSetup:
     """The one place a trial's settings become a frozen FitConfig: `base` (the training settings with the trial's
     overrides and seed) with the recipe's loss and schedule and the worker's device, tune cache, memory margin and
     thread count (a lane's slots share the cores: a trial must not measure its way past its share; "auto", as
-    `gpufill train` has it: a network measures its threads, a classical model takes every core)."""
+    `gpufill train` has it: a network measures its threads, a classical model takes every core). `refit`: a network
+    trains again on training + validation (a classical model always refits)."""
     fits_series = registry.resolve(trial.family).fits_series
     config = base if fits_series else recipe.fit_config(base, device=device, threads=threads, tune_cache=tune_cache, memory_margin=memory_margin)
-    return TrialSetup(recipe=recipe, config=config, threads=cpu_count() if threads == "auto" else threads, fits_series=fits_series)
+    return TrialSetup(recipe=recipe, config=config, threads=cpu_count() if threads == "auto" else threads, fits_series=fits_series,
+                      refit=refit and trial.kind == "neural")
 
 
 def build_model(trial: Trial, windows: WindowedProject) -> Any:
@@ -80,8 +84,9 @@ class Watch(Protocol):
 
 
 def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, callbacks: Sequence[FitCallback] = (),
-              pack: PackEntry | None = None, watch: Watch | None = None) -> TrialResult:
-    """Train and score `trial` on its project's windows (already scaled as its recipe says)."""
+              pack: PackEntry | None = None, watch: Watch | None = None, folded: WindowedProject | None = None) -> TrialResult:
+    """Train and score `trial` on its project's windows (already scaled as its recipe says); `folded`: the same
+    windows with the validation region folded into training, which a refit (`setup.refit`) trains on."""
     if trial.kind == "classical":
         from gpufill.forecasting.models.classical import classical_plan, train_classical
 
@@ -97,23 +102,59 @@ def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, call
     callbacks = [*callbacks, *(watch.callbacks(model) if watch is not None else ())]
     fitted = fit(model, (windows.x_train, windows.y_train), (windows.x_val, windows.y_val) if windows.x_val.shape[0] else None,
                  config=setup.config, callbacks=callbacks, data_id=windows.data_id or None)  # a checkpoint resumes on another CPU
+    again = refit(trial, fitted, [folded], setup) if folded is not None else None
     peak = int(torch.cuda.max_memory_reserved()) if on_cuda else None
-    return neural_result(trial, windows, fitted, setup, pack=pack, peak_memory_bytes=peak, watched=watch.metrics() if watch is not None else None)
+    return neural_result(trial, windows, fitted, setup, pack=pack, peak_memory_bytes=peak, watched=watch.metrics() if watch is not None else None,
+                         refitted=(again, folded) if again is not None and folded is not None else None)
 
 
 def neural_result(trial: Trial, windows: WindowedProject, fitted: FitResult, setup: TrialSetup, *, pack: PackEntry | None = None,
-                  peak_memory_bytes: int | None = None, watched: dict[str, Any] | None = None) -> TrialResult:
+                  peak_memory_bytes: int | None = None, watched: dict[str, Any] | None = None,
+                  refitted: tuple[FitResult, WindowedProject] | None = None) -> TrialResult:
     """A trained network scored on its project's test split, next to the naive forecast (alone or a pack's member);
-    `watched`: what its Watch recorded, kept with its metrics."""
-    test, naive, kept = score(windows, windows.inverse_target(predict(fitted.model, windows.x_test, dtype=fitted.plan.autocast_dtype)))
+    `watched`: what its Watch recorded, kept with its metrics; `refitted`: its refit and the windows it trained on,
+    which then forecasts the test (the validation scores stay `fitted`'s: it never trained on validation)."""
+    forecaster, source = (refitted[0], refitted[1]) if refitted is not None else (fitted, windows)
+    test, naive, kept = score(windows, source.inverse_target(predict(forecaster.model, source.x_test, dtype=forecaster.plan.autocast_dtype)))
     validated = validation(fitted.model, windows, fitted.plan.autocast_dtype)
     done = fitted.to_dict()
-    return trial_result(trial, status=fitted.status, plan=done["plan"], timings=fitted.timings, history=done["history"], events=fitted.events,
+    plan, timings, metrics, events = refit_record(done["plan"], fitted, refitted[0] if refitted is not None else None)
+    return trial_result(trial, status=fitted.status, plan=plan, timings=timings, history=done["history"], events=events,
                         metrics={"test": test, "naive": naive, **({"val": validated[0]} if validated else {}),
-                                 **{f"fit_{k}": v for k, v in fitted.metrics.items()}, **per_origin(kept), **(watched or {})},
+                                 **{f"fit_{k}": v for k, v in metrics.items()}, **per_origin(kept), **(watched or {})},
                         forecasts={trial.project: kept} if kept is not None else {},
                         val_forecasts={trial.project: validated[1]} if validated else {}, recipe=setup.recorded, pack=pack,
                         peak_memory_bytes=peak_memory_bytes, params=registry.check_params(trial.family, trial.params))
+
+
+REFIT_REASON = ("train.refit: trained again from its initial weights on training + validation for the epochs early stopping chose, so "
+                "the test forecast has learned the most recent history (as a classical family's refit has); its validation scores "
+                "are the first training's, which never saw the validation targets")
+
+
+def refit(trial: Trial, fitted: FitResult, folded: Sequence[WindowedProject], setup: TrialSetup) -> FitResult | None:
+    """`trial`'s network trained again, from the same initial weights and with the same seed, on `folded` (its windows
+    with the validation region folded into training) for `fitted`'s best epoch; None where there is nothing to refit:
+    `setup.refit` is off, no validation chose a length, or the training diverged or was pruned."""
+    best = fitted.metrics.get("best_epoch")
+    if not setup.refit or not best or fitted.status in ("diverged", "pruned"):
+        return None
+    x, y = torch.cat([w.x_train for w in folded]), torch.cat([w.y_train for w in folded])
+    alone = folded[0].data_id if len(folded) == 1 else None  # as the first training named its data (run_alone)
+    return fit(build_model(trial, folded[0]), (x, y), None, config=replace(setup.config, epochs=int(best), patience=None), data_id=alone or None)
+
+
+def refit_record(plan: dict[str, Any], fitted: FitResult, again: FitResult | None
+                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[str]]:
+    """(plan, timings, fit metrics, events) of a training and its refit (None: the training's own): the refit's
+    epochs in the plan with the reason, its seconds in the timings (train_s counts both)."""
+    if again is None:
+        return plan, dict(fitted.timings), dict(fitted.metrics), list(fitted.events)
+    epochs = len(again.history)
+    timings = {**fitted.timings, "refit_s": again.timings["train_s"], "train_s": fitted.timings["train_s"] + again.timings["train_s"]}
+    events = [*fitted.events, f"refit on training + validation for {epochs} epochs (the early stop's best): the test forecast is the refit's"]
+    return ({**plan, "refit": {"value": epochs, "reason": REFIT_REASON}}, timings,
+            {**fitted.metrics, "refit_epochs": epochs, "refit_train_loss": again.metrics.get("train_loss")}, events)
 
 
 def validation(model: Any, windows: WindowedProject, dtype: torch.dtype | None) -> ValidationScored | None:
@@ -159,12 +200,13 @@ class ValidationScorer:
 
 
 def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSetup, *, where: str | None = None,
-               watch: Watch | None = None) -> TrialResult:
+               watch: Watch | None = None, folded: Sequence[WindowedProject] | None = None) -> TrialResult:
     """`mode: global`: one model trained on every project's windows, scored on each project's test split.
 
     Each project keeps its own scaling (fitted on its own training part), so windows from projects of different
     levels share one model; metrics are computed per project in its original scale and averaged (the per-project
-    values are kept in the result)."""
+    values are kept in the result). `folded`: every project's windows with the validation region folded into
+    training, which a network's refit (`setup.refit`) trains on and forecasts the test from."""
     widths = {w.n_features for w in windows}
     if len(widths) != 1:
         raise InputError(f"projects have different feature counts {sorted(widths)}", where=where, field="task.mode",
@@ -178,10 +220,13 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
         model = build_model(trial, windows[0])
         fitted = fit(model, (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=setup.config,
                      callbacks=watch.callbacks(model) if watch is not None else ())
-        predictions = [w.inverse_target(predict(fitted.model, w.x_test, dtype=fitted.plan.autocast_dtype)) for w in windows]
+        again = refit(trial, fitted, folded, setup) if folded is not None else None
+        forecaster, sources = (again, folded) if again is not None and folded is not None else (fitted, windows)
+        predictions = [s.inverse_target(predict(forecaster.model, s.x_test, dtype=forecaster.plan.autocast_dtype)) for s in sources]
         validations = [validation(fitted.model, w, fitted.plan.autocast_dtype) for w in windows]
         done = fitted.to_dict()
-        plan, timings, history, events, status = done["plan"], dict(fitted.timings), done["history"], fitted.events, fitted.status
+        plan, timings, _, events = refit_record(done["plan"], fitted, again)
+        history, status = done["history"], fitted.status
     per_project, forecasts = {}, {}
     for w, prediction in zip(windows, predictions, strict=True):
         test, naive, forecasts[w.name] = score(w, prediction)

@@ -171,8 +171,10 @@ def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tup
     config = trial_setup(trial, spec.recipe(trial.family, trial.train), spec.base_config(trial.train, trial.seed), threads=lane.threads,
                          device=lane.device, memory_margin=spec.resources.memory_margin).config
     steady_epoch = epoch_seconds(trial, windows, config, sample=SAMPLE_WINDOWS)
-    return steady_epoch * config.epochs, (f"epoch {steady_epoch:.3g} s ({sample} of {n_full} windows timed) x {config.epochs} epochs; "
-                                          "an upper bound with early stopping")
+    trainings = 2 if spec.train.refit and spec.task.split.val else 1  # a refit trains at most as long again (train.refit)
+    return trainings * steady_epoch * config.epochs, (f"epoch {steady_epoch:.3g} s ({sample} of {n_full} windows timed) x {config.epochs} epochs"
+                                                      + (" x 2 (the refit on training + validation)" if trainings == 2 else "")
+                                                      + "; an upper bound with early stopping")
 
 
 def _time_classical(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, str]:

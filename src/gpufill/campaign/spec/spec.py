@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -284,10 +285,11 @@ class CampaignSpec(Spec):
         return recipe(family, scaling=train.get("scaling", self.task.scaling), loss=loss,
                       schedule=train.get("schedule", self.train.schedule))
 
-    def windows(self, project: Project, lookback: int) -> WindowedProject:
-        """`project` cut for this task at `lookback` (global mode left-pads a series too short for it)."""
-        task = self.task
-        return make_windows(project, lookback, task.horizon, task.split.to_split(), task.stride, pad=task.mode == "global")
+    def windows(self, project: Project, lookback: int, *, folded: bool = False) -> WindowedProject:
+        """`project` cut for this task at `lookback` (global mode left-pads a series too short for it); `folded`: with
+        the validation region folded into training (what a refit trains on: train.refit), the test region the same."""
+        task, split = self.task, self.task.split.to_split()
+        return make_windows(project, lookback, task.horizon, replace(split, val=0) if folded else split, task.stride, pad=task.mode == "global")
 
     def where(self, *loc: str | int) -> str:
         """``file:line`` of the deepest key of ``loc`` present in the file (the file alone if unknown)."""

@@ -136,6 +136,8 @@ def _id_base(spec: CampaignSpec, kind: str, projects: Sequence[str]) -> dict[str
         base["train_spec"] = spec.train.model_dump(mode="json", exclude={"batch_search", "cuda_graph"})
         if base["train_spec"].get("optimizer") == "adamw":  # the optimizer before the setting existed: those files keep their ids
             del base["train_spec"]["optimizer"]
+        if base["train_spec"].get("refit") is False:  # as before the setting existed
+            del base["train_spec"]["refit"]
     return base
 
 

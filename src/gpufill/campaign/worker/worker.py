@@ -140,7 +140,8 @@ class TrialRunner:
         from gpufill.forecasting.run import trial_setup
 
         return trial_setup(trial, self.spec.recipe(trial.family, trial.train), self.spec.base_config(trial.train, trial.seed), threads=self.threads,
-                           device=self.device, tune_cache=self.tune_cache, memory_margin=self.spec.resources.memory_margin)
+                           device=self.device, tune_cache=self.tune_cache, memory_margin=self.spec.resources.memory_margin,
+                           refit=self.spec.train.refit)
 
     def note(self, message: dict[str, Any]) -> None:
         """{"started": [trial ids]} or {"result": a trial's message}: so a crash fails only the trial that was running."""
@@ -191,21 +192,31 @@ class TrialRunner:
                 self._prints[project] = projects[project].fingerprint() if project in projects else "(project missing)"
         return self._prints[project]
 
-    def windows(self, project: str, lookback: int, scaling: str = "project") -> Any:
-        """The project's windows at `lookback`, scaled per window by `scaling` (each cut and scaling made once)."""
+    def windows(self, project: str, lookback: int, scaling: str = "project", *, folded: bool = False) -> Any:
+        """The project's windows at `lookback`, scaled per window by `scaling` (each cut and scaling made once);
+        `folded`: with the validation region folded into training (a refit's)."""
         from gpufill.forecasting.data.window_scaling import scale_windows
 
         projects = self.projects()
-        key = (project, lookback, scaling)
+        key = (project, lookback, scaling, folded)
         if key not in self._windows:
-            cut = self.windows(project, lookback) if scaling != "project" else self.spec.windows(projects[project], lookback)
+            cut = (self.windows(project, lookback, folded=folded) if scaling != "project"
+                   else self.spec.windows(projects[project], lookback, folded=folded))
             self._windows[key] = scale_windows(cut, scaling)  # the cut itself for "project"
         return self._windows[key]
 
-    def trial_windows(self, trial: Trial, project: str | None = None) -> Any:
-        """The windows `trial` trains on (of `project` in global mode), scaled as its recipe says: of the data its id names."""
+    def trial_windows(self, trial: Trial, project: str | None = None, *, folded: bool = False) -> Any:
+        """The windows `trial` trains on (of `project` in global mode), scaled as its recipe says: of the data its id
+        names; `folded`: those a refit trains on."""
         self.check_data(trial)
-        return self.windows(project or trial.project, trial.lookback, self.spec.recipe(trial.family, trial.train).scaling)
+        return self.windows(project or trial.project, trial.lookback, self.spec.recipe(trial.family, trial.train).scaling, folded=folded)
+
+    def folded_windows(self, trial: Trial, setup: Any) -> list[Any] | None:
+        """The windows `trial`'s refit trains on (every project's in global mode), or None where it does not refit: a
+        refit needs `train.refit`, a network and a validation region to fold in."""
+        if not setup.refit or not self.spec.task.split.val:
+            return None
+        return [self.trial_windows(trial, name, folded=True) for name in (self.projects() if trial.is_global else [trial.project])]
 
     def run_task(self, task: dict[str, Any]) -> dict[str, Any]:
         """A task is one trial, or several neural trials of one shape to train as a fused pack."""
@@ -238,10 +249,10 @@ class TrialRunner:
 
         setup = self.setup(trial)
         windows = [self.trial_windows(trial, name) for name in self.projects()] if trial.is_global else [self.trial_windows(trial)]
-        watch = self.watch(trial, windows)
+        watch, folded = self.watch(trial, windows), self.folded_windows(trial, setup)
         if trial.is_global:
-            return run_global(trial, windows, setup, where=self.spec.path and str(self.spec.path), watch=watch)
-        return run_alone(trial, windows[0], setup, pack=pack, watch=watch)
+            return run_global(trial, windows, setup, where=self.spec.path and str(self.spec.path), watch=watch, folded=folded)
+        return run_alone(trial, windows[0], setup, pack=pack, watch=watch, folded=folded[0] if folded else None)
 
     def watch(self, trial: Trial, windows: list[Any]) -> Any:
         """What watches `trial`'s network train on `windows`: the current task's search pruner (campaign/trials/pruning.py),
