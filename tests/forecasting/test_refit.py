@@ -96,3 +96,23 @@ def test_a_global_refit_trains_once_over_every_project_folded(cuts):
         assert refitted.metrics["per_project"][name]["test"]["mae"] == pytest.approx(plain.metrics["per_project"][name]["test"]["mae"], rel=1e-5)
     first = run_global(t, [windows[n] for n in names], setup_of(t))
     assert refitted.metrics["val"] == first.metrics["val"] and best == len(first.history) - 2  # patience 2: the stop's best
+
+
+def test_a_refit_that_diverges_fails_the_trial(cuts, monkeypatch):
+    """The test forecast is the refit's: where the refit diverged, the trial is diverged (a campaign records it failed),
+    not scored on the first training's forecast under settings that say refit."""
+    import gpufill.forecasting.run as run
+
+    windows, folded = cuts
+    real, calls = run.fit, []
+
+    def second_diverges(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls.append(result)
+        return dataclasses.replace(result, status="diverged", events=[*result.events, "loss nan"]) if len(calls) == 2 else result
+
+    monkeypatch.setattr(run, "fit", second_diverges)
+    t = trial()
+    result = run_alone(t, windows["p000"], setup_of(t, refit=True), folded=folded["p000"])
+    assert len(calls) == 2 and calls[0].status == "early_stopped"
+    assert result.status == "diverged" and result.diverged and "refit: loss nan" in result.events

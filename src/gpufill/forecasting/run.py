@@ -119,7 +119,7 @@ def neural_result(trial: Trial, windows: WindowedProject, fitted: FitResult, set
     validated = validation(fitted.model, windows, fitted.plan.autocast_dtype)
     done = fitted.to_dict()
     plan, timings, metrics, events = refit_record(done["plan"], fitted, refitted[0] if refitted is not None else None)
-    return trial_result(trial, status=fitted.status, plan=plan, timings=timings, history=done["history"], events=events,
+    return trial_result(trial, status=refit_status(fitted, refitted[0] if refitted is not None else None), plan=plan, timings=timings, history=done["history"], events=events,
                         metrics={"test": test, "naive": naive, **({"val": validated[0]} if validated else {}),
                                  **{f"fit_{k}": v for k, v in metrics.items()}, **per_origin(kept), **(watched or {})},
                         forecasts={trial.project: kept} if kept is not None else {},
@@ -144,6 +144,12 @@ def refit(trial: Trial, fitted: FitResult, folded: Sequence[WindowedProject], se
     return fit(build_model(trial, folded[0]), (x, y), None, config=replace(setup.config, epochs=int(best), patience=None), data_id=alone or None)
 
 
+def refit_status(fitted: FitResult, again: FitResult | None) -> str:
+    """The trial's status: its training's, or "diverged" where its refit diverged (the test forecast is the refit's,
+    so the trial fails rather than report a forecast its settings did not make)."""
+    return "diverged" if again is not None and again.status == "diverged" else fitted.status
+
+
 def refit_record(plan: dict[str, Any], fitted: FitResult, again: FitResult | None
                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[str]]:
     """(plan, timings, fit metrics, events) of a training and its refit (None: the training's own): the refit's
@@ -152,7 +158,8 @@ def refit_record(plan: dict[str, Any], fitted: FitResult, again: FitResult | Non
         return plan, dict(fitted.timings), dict(fitted.metrics), list(fitted.events)
     epochs = len(again.history)
     timings = {**fitted.timings, "refit_s": again.timings["train_s"], "train_s": fitted.timings["train_s"] + again.timings["train_s"]}
-    events = [*fitted.events, f"refit on training + validation for {epochs} epochs (the early stop's best): the test forecast is the refit's"]
+    events = [*fitted.events, f"refit on training + validation for {epochs} epochs (the early stop's best): the test forecast is the refit's",
+              *(f"refit: {event}" for event in again.events)]
     return ({**plan, "refit": {"value": epochs, "reason": REFIT_REASON}}, timings,
             {**fitted.metrics, "refit_epochs": epochs, "refit_train_loss": again.metrics.get("train_loss")}, events)
 
@@ -226,7 +233,7 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
         validations = [validation(fitted.model, w, fitted.plan.autocast_dtype) for w in windows]
         done = fitted.to_dict()
         plan, timings, _, events = refit_record(done["plan"], fitted, again)
-        history, status = done["history"], fitted.status
+        history, status = done["history"], refit_status(fitted, again)
     per_project, forecasts = {}, {}
     for w, prediction in zip(windows, predictions, strict=True):
         test, naive, forecasts[w.name] = score(w, prediction)
