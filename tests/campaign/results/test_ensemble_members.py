@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpufill.campaign.results.ensembles import read_declared
+from gpufill.campaign.results.ensembles import members_shown, read_declared
 from gpufill.campaign.results.reading import read_best
 from gpufill.campaign.run.runner import Campaign
 from gpufill.campaign.spec.spec import load_campaign
@@ -137,3 +137,43 @@ def test_an_unknown_select_is_one_line_naming_the_field(tmp_path, capsys):
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert "select" in err and "greedy" in err and "c.yaml:" in err
     assert not (tmp_path / "work").exists()
+
+
+PADDED = """name: padded
+data: {source: series.csv, target: y, project_column: series}
+task: {lookback: [6], horizon: 3, split: {val: 6, test: 6}, mode: global}
+models:
+  linear: {}
+ensemble: {families: [linear], lookbacks: [4], within: null, padded: PADDED}
+seeds: [0]
+resources: {retries: 0}
+"""
+
+
+@pytest.mark.parametrize("padded", ["leave_out", "keep"])
+def test_a_member_whose_lookback_a_series_cannot_fill_sits_that_series_out(tmp_path, padded):
+    """Global mode pads a series shorter than a lookback; `padded: leave_out` drops the lookback-12 member from the
+    series whose history before its test window is 10 values long, and says why; the long series keeps both."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    frames = [pd.DataFrame({"series": name, "y": 50 + 10 * np.sin(np.arange(n) / 2) + rng.normal(0, 1, n)}) for name, n in (("long", 120), ("short", 16))]
+    pd.concat(frames).to_csv(tmp_path / "series.csv", index=False)
+    outcome, declared, records, kept = _run(tmp_path, PADDED.replace("PADDED", padded))
+    assert (outcome.done, outcome.failed) == (2, 0)  # linear at lookbacks 6 and 12, one global model each
+    rows = {row["project"]: row for row in declared}
+    assert (rows["long"]["members"], rows["long"]["lookbacks"], rows["long"]["left_out"]) == (2, [6, 12], [])
+    short = rows["short"]
+    if padded == "keep":
+        assert (short["members"], short["lookbacks"], short["left_out"]) == (2, [6, 12], [])
+        return
+    by_lookback = {int(r["lookback"]): r for r in records}
+    assert (short["members"], short["lookbacks"]) == (1, [6])
+    assert [(m["trial_id"], m["lookback"], m["reason"]) for m in short["left_out"]] == [(by_lookback[12]["trial_id"], 12, "padded")]
+    alone = kept[(by_lookback[6]["trial_id"], "short")]
+    assert short["mae"] == pytest.approx(forecast_metrics(alone["truth"].astype(np.float64), alone["forecast"].astype(np.float64), alone["mase_scale"])["mae"], rel=1e-9)
+    assert members_shown(short) == "1 of 2 members; 1 left out: lookback longer than the series' history"
+    # The summary's one pooled row of a global campaign: every member, and the series some sat out.
+    summary = [row for row in read_best(tmp_path / "w") if row["family"].startswith("ensemble (")]
+    assert [(row["project"], row["family"], row["seeds"]) for row in summary] == [
+        ("*", "ensemble (median; 2; 1 series with only the lookbacks their history fills)", 2)]

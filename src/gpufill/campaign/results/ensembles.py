@@ -127,7 +127,8 @@ def store_declared(store: Store, spec: CampaignSpec) -> None:
     """Combine the declared ensemble from what is finished and keep it in the store, with what defines it."""
     assert spec.ensemble is not None
     members = spec.ensemble_members()
-    rows = declared_ensemble(store, members, spec.ensemble.combine, within=spec.ensemble.within, select=spec.ensemble.select, metric=spec.task.metric)
+    rows = declared_ensemble(store, members, spec.ensemble.combine, within=spec.ensemble.within, select=spec.ensemble.select, metric=spec.task.metric,
+                             padded=spec.ensemble.padded)
     definition = _definition(json.loads(spec.model_dump_json()))
     store.set_meta({ENSEMBLE_META: json.dumps({"definition": definition, "families": members, "rows": rows})})
 
@@ -139,13 +140,15 @@ def _definition(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def declared_ensemble(store: Store, members: list[str], combine: str, *, within: float | None = None, select: str | None = None,
-                      metric: str = "mae") -> list[dict[str, Any]]:
+                      metric: str = "mae", padded: str = "keep") -> list[dict[str, Any]]:
     """The campaign's declared ensemble per project: `combine` of the finished, current trials of the `members`
     families (every seed, lookback, loss and grid point) over their stored test forecasts, scored like a trial;
     with `within`, only the members whose validation `metric` is within that factor of the best member's (chosen on
     validation, never on the test it is scored on; `left_out`: the others, each with its validation score); with
     `select` "greedy", of those the members forward selection adds on their validation forecasts (`weights`: how
     often each joined; the others are left out with the reason "not chosen");
+    with `padded` "leave_out", a member whose lookback is longer than the project's history before its first test
+    window is left out there (reason "padded"; the shortest lookback's members stay where none fits);
     `cost_s`: the members' training seconds, all projects together (a global trial trains them at once);
     `trial_ids`: the finished member trials it was computed from, `expected`: the file's member trials (any status)."""
     records = [r for r in _done(store) if r["family"] in members and not r["stale"]]
@@ -160,7 +163,10 @@ def declared_ensemble(store: Store, members: list[str], combine: str, *, within:
     left: dict[str, list[dict[str, Any]]] = {}
     for project, pairs in sorted(per_project.items()):
         first = pairs[0][1]
-        chosen[project], left[project] = _chosen_on_validation([(r, f) for r, f in pairs if _same_windows(f, first)], within, metric)
+        same = [(r, f) for r, f in pairs if _same_windows(f, first)]
+        filled, unfilled = _filled(same, metric) if padded == "leave_out" else (same, [])
+        chosen[project], left[project] = _chosen_on_validation(filled, within, metric)
+        left[project] = [*unfilled, *left[project]]
     weights = _selected(store, chosen, metric, combine, {p: pairs[0][1]["mase_scale"] for p, pairs in per_project.items()}) if select else {}
     rows = []
     for project, joined in chosen.items():
@@ -213,6 +219,20 @@ def _selected(store: Store, chosen: dict[str, list[tuple[dict[str, Any], Any]]],
     return out
 
 
+def _filled(pairs: list[tuple[dict[str, Any], Any]], metric: str) -> tuple[list[tuple[dict[str, Any], Any]], list[dict[str, Any]]]:
+    """(the members whose lookback the project's history fills before its first test window, the others as left out
+    with the reason "padded"); where none fits, the members of the shortest lookback join (a forecast is still due)."""
+    if not pairs:
+        return pairs, []
+    history = min(int(origin) for origin in pairs[0][1]["origins"])
+    fits = [int(r["lookback"]) <= history for r, _ in pairs]
+    if not any(fits):
+        shortest = min(int(r["lookback"]) for r, _ in pairs)
+        fits = [int(r["lookback"]) == shortest for r, _ in pairs]
+    return ([pair for pair, fit in zip(pairs, fits, strict=True) if fit],
+            [_left(r, metric, reason="padded") for (r, _), fit in zip(pairs, fits, strict=True) if not fit])
+
+
 def _chosen_on_validation(pairs: list[tuple[dict[str, Any], Any]], within: float | None, metric: str
                           ) -> tuple[list[tuple[dict[str, Any], Any]], list[dict[str, Any]]]:
     """(the members that join, the ones left out with their validation score): a member whose validation `metric` is
@@ -229,7 +249,8 @@ def _chosen_on_validation(pairs: list[tuple[dict[str, Any], Any]], within: float
 
 def _left(record: dict[str, Any], metric: str, *, best: float | None = None, reason: str = "within") -> dict[str, Any]:
     """A member left out on validation: which, its validation score, and why ("within": > within x the best member's
-    score, `best`; "not chosen": forward selection did not add it)."""
+    score, `best`; "not chosen": forward selection did not add it; "padded": its lookback is longer than the series'
+    history, ensemble.padded)."""
     return {"trial_id": record["trial_id"], "family": record["family"], "lookback": int(record["lookback"]), "train": record["train"],
             "params": record["params"], f"val_{metric}": record.get(f"val_{metric}"), "reason": reason, **({"best": best} if best is not None else {})}
 
@@ -267,8 +288,13 @@ def members_shown(row: dict[str, Any]) -> str:
     else:
         shown = f"{row['members']} of {row['members'] + left} members" if left else str(row["members"])
     not_chosen = sum(1 for entry in left_out if entry.get("reason") == "not chosen")
-    if left - not_chosen:
-        shown += f"; {left - not_chosen} left out on validation, > {row['within']:g}x the best member's"
+    padded = sum(1 for entry in left_out if entry.get("reason") == "padded")
+    if padded:
+        shown += f"; {padded} left out: lookback longer than the series' history"
+    if row.get("padded_series"):  # a global campaign's pooled row
+        shown += f"; {row['padded_series']} series with only the lookbacks their history fills"
+    if left - not_chosen - padded:
+        shown += f"; {left - not_chosen - padded} left out on validation, > {row['within']:g}x the best member's"
     if not_chosen:
         shown += f"; {not_chosen} not chosen by forward selection on validation"
     return shown

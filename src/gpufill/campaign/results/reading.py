@@ -210,8 +210,12 @@ def _pooled(declared: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]
         rows = [row for row in declared if bool(row.get("stale")) == stale]
         if rows:
             expected = [row.get("expected") for row in rows]
+            padded = [sum(entry.get("reason") == "padded" for entry in row.get("left_out") or []) for row in rows]
             pooled.append({**rows[0], "project": GLOBAL_PROJECT, "stale": stale, metric: statistics.fmean(row[metric] for row in rows),
-                           "members": min(row["members"] for row in rows), "expected": None if None in expected else max(expected),
+                           # members sat out a short series only (ensemble.padded): counted as members, the series said apart
+                           "members": min(row["members"] + count for row, count in zip(rows, padded, strict=True)),
+                           "left_out": [entry for entry in rows[0].get("left_out") or [] if entry.get("reason") != "padded"],
+                           "padded_series": sum(count > 0 for count in padded), "expected": None if None in expected else max(expected),
                            "families": sorted({f for row in rows for f in row["families"]}),
                            "lookbacks": sorted({lb for row in rows for lb in row["lookbacks"]})})
     return pooled

@@ -7,6 +7,7 @@
       combine: median           # or mean
       within: 1.5               # members whose validation score is within 1.5x the best member's (null: all)
       select: greedy            # then: forward selection on the members' validation forecasts (null: all that are within)
+      padded: leave_out         # a member whose lookback a series' history does not fill sits that series out (keep: it joins)
 
 The losses are folded into the member networks' grids before the campaign is checked (`fold_ensemble`) and the
 lookbacks join the member families' own (`CampaignSpec.lookbacks`; the other families keep task.lookback): they
@@ -53,6 +54,11 @@ class EnsembleSpec(Spec):
     combination one at a time while its validation score improves, each weighted by how often it was added
     (campaign/results/greedy.py); the members of a global campaign are chosen once over every project's validation
     windows (one model joins for all), a local campaign's per project. null: every member within joins."""
+
+    padded: Literal["keep", "leave_out"] = "keep"
+    """leave_out: in a series whose history before its first test window is shorter than a member's lookback (global
+    mode pads its input with the scaler's centre), that member is left out of the series' combination, with the reason
+    "padded"; where no member's lookback fits, the members of the shortest lookback stay. keep: every member joins."""
 
     @field_validator("lookbacks", mode="before")
     @classmethod
