@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ import pytest
 
 from gpufill.script.diagnose import gain_text, share_gain
 from gpufill.script.oversubscription import NOISE_FLOOR, WINNING_ROUNDS, measured_gain, thread_verdict
-from gpufill.script.thread_trial import ThreadTrial, trial_arms
+from gpufill.script.thread_trial import FAR_SLOWER, ThreadTrial, trial_arms
 from tests.helpers import USER_SCRIPTS
 
 two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the oversubscribed script pins itself to two cores")
@@ -38,7 +39,12 @@ def test_the_doctor_measures_fewer_threads_and_names_the_oversubscription_first(
     assert fewer in (1, 2) and first["what"].startswith(f"torch.set_num_threads({fewer}) at ") and first["what"].endswith(
         "oversubscribed.py:19, where the script sets 4")  # the script's own line: OMP_NUM_THREADS would change nothing there
     timed = report["threads"]["trial"]
-    assert timed["arms"] == [4, 1, 2] and len(timed["rounds"]) >= 2 and all(len(steps) == 2 for r in timed["rounds"] for steps in r.values())
+    rounds = timed["rounds"]
+    # Two rounds at least, unless the trial's own rule ended it after one: every fewer-thread arm over FAR_SLOWER x the
+    # script's step (what a loaded box can show in one round: the machine decides, the rule is the trial's).
+    stopped_early = len(rounds) == 1 and all(
+        statistics.median(rounds[0][arm]) > FAR_SLOWER * statistics.median(rounds[0]["4"]) for arm in ("1", "2"))
+    assert timed["arms"] == [4, 1, 2] and (len(rounds) >= 2 or stopped_early) and all(len(steps) == 2 for r in rounds for steps in r.values())
     ratios = sorted(_median(r["4"]) / _median(r[str(fewer)]) for r in timed["rounds"])
     if first["expected_gain"] is None:
         # A box loaded past its cores (load 4-6 on 2, seen: 0.15x) can hide the gain in the trial's rounds: the verdict
