@@ -106,8 +106,7 @@ def filled_ensemble(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataF
     about = {"validation_smape": round(median_smape(kept_val), 3), "validation_smape_of_all": round(median_smape(val), 3),
              "members_chosen": int(members.median()), "distinct_members": int(kept["trial_id"].nunique()), "candidates": len(lookback_of),
              "windows_with_every_member": int((members == windows.loc[members.index]).sum()), "windows": int(len(windows))}
-    combined = kept.groupby(["project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
-    return combined, about
+    return combined_rows(kept, dict.fromkeys(kept["trial_id"].unique(), 1)), about
 
 
 SELECTIONS = {"greedy": (GREEDY, greedy_ensemble), "lookbacks": (LOOKBACKS, lookback_range_ensemble), "filled": (FILLED, filled_ensemble)}
