@@ -142,13 +142,12 @@ def test_report_renders_every_plot_in_headless_chromium(campaign_workdir, tmp_pa
     assert check_in_chromium(Path(stdout.strip()), tmp_path) == 10  # + the forecasts
 
 
-def test_report_after_the_demo(tmp_path, capsys, monkeypatch):
+def test_report_after_the_demo(demo_run, tmp_path, capsys, monkeypatch):
     """The issue's acceptance: `gpufill demo`, then `gpufill report`, opened in headless Chromium."""
-    monkeypatch.chdir(tmp_path)
-    code, _, _ = run_cli(capsys, "demo")
-    assert code == 0
+    folder, _ = demo_run
+    monkeypatch.chdir(folder)
     code, stdout, _ = run_cli(capsys, "report")  # finds ./gpufill-demo by itself
-    report = tmp_path / "gpufill-demo" / "report.html"
+    report = folder / "gpufill-demo" / "report.html"
     assert code == 0 and Path(stdout.strip()).resolve() == report.resolve()
     summary = _summary(report.read_text())
     assert (summary["campaign"], summary["trials total"], summary["trials done"], summary["trials failed"]) == ("demo", "80", "80", "0")
