@@ -19,7 +19,19 @@ os.environ.pop("GPUFILL_TUNE_CACHE", None)
 os.environ["GPUFILL_CPU_BF16"] = "0"
 
 
+# Tests that time a training, pick threads or a plan by measuring, or compare a wall time with an estimate: `make test`
+# runs them after the rest, alone on the machine (marker `serial`), and the rest two at a time (pytest-xdist).
+SERIAL = ("bench/", "script/", "doctor/", "monitor/", "engine/test_many.py", "engine/test_many_limits.py", "engine/test_measured_plan.py",
+          "engine/test_tune.py", "engine/test_tune_cache_shapes.py", "engine/test_plan.py", "engine/test_thread_watch.py",
+          "campaign/run/test_estimate_accuracy.py", "campaign/executors/test_start_clock.py", "test_examples.py")
+TESTS_DIR = Path(__file__).resolve().parent
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    serial = pytest.mark.serial
+    for item in items:
+        if Path(item.fspath).resolve().relative_to(TESTS_DIR).as_posix().startswith(SERIAL):
+            item.add_marker(serial)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -142,8 +142,9 @@ def test_a_tracked_campaign_killed_resumed_and_cut_off_from_its_server_ends_with
     (tmp_path / "server").mkdir()
     server = MlflowServer(tmp_path / "server").start()
     try:
-        # 32 networks and 4 linear, trained one at a time: the resumed run outlasts stopping the server on a fast idle box.
-        path = campaign_file(tmp_path, hidden="[16, 32, 48, 64]", epochs=30, seeds="[0, 1]")
+        # 32 networks and 4 linear, trained one at a time: the resumed run outlasts stopping the server on a fast idle box
+        # (10 epochs: about a second a trial there; 30 made this test two minutes of the CI).
+        path = campaign_file(tmp_path, hidden="[16, 32, 48, 64]", epochs=10, seeds="[0, 1]")
         workdir = tmp_path / "work"
         command = [sys.executable, "-m", "gpufill", "run", str(path), "--workdir", str(workdir), "--cpu-slots", "1", "--mlflow", server.uri]
         first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
