@@ -258,7 +258,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default="tourism,m1")
-    parser.add_argument("--families", default="mlp,tcn,linear,lgbm", help="gpufill families (global mode); add lstm,gru,transformer on a GPU")
+    parser.add_argument("--families", default="mlp,tcn,linear,lgbm", help="gpufill families (global mode; nbeats@i: N-BEATS-I); add lstm,gru,transformer on a GPU")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--lookback", type=int, default=None, help="default: the longest the shortest series allows unpadded")
