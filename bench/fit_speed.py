@@ -168,15 +168,15 @@ def ratios_of(model: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--smoke", action="store_true", help="seconds per process: MLP and LSTM at toy sizes, one round (CI)")
+    size.add_argument("--smoke", action="store_true", help="seconds per process: the MLP at a toy size, one round (CI; --models mlp,lstm adds the LSTM)")
     size.add_argument("--quick", action="store_true", help="10-40 s per process on 2 CPU cores, 3 rounds")
-    parser.add_argument("--models", default=None, help="default mlp,lstm,transformer,lm (--smoke: mlp,lstm)")
+    parser.add_argument("--models", default=None, help="default mlp,lstm,transformer,lm (--smoke: mlp)")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
-    models = [m.strip() for m in (args.models or ("mlp,lstm" if args.smoke else "mlp,lstm,transformer,lm")).split(",") if m.strip()]
+    models = [m.strip() for m in (args.models or ("mlp" if args.smoke else "mlp,lstm,transformer,lm")).split(",") if m.strip()]
     unknown = sorted(set(models) - set(SIZES["full"]))
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}: use mlp, lstm, transformer, lm")

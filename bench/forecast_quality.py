@@ -55,7 +55,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
-from _ensemble_choices import FILLED, GREEDY, LOOKBACKS, SELECTIONS  # noqa: E402
+from _ensemble_choices import BEST, FILLED, GREEDY, LOOKBACKS, SELECTIONS  # noqa: E402
 
 from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
 from gpufill.campaign.results.reading import read_trials  # noqa: E402
@@ -108,7 +108,7 @@ def monthly_series(name: str, horizon: int):
 
 def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families: list[str], seeds: int, epochs: int, *, val: bool = False,
                   scaling: str = "auto", loss: str = "auto", losses: list[str] | None = None, references: tuple[str, ...] = REFERENCES,
-                  lr: float | None = None, patience: int = 5, refit: bool = False) -> str:
+                  lr: float | None = None, patience: int = 5, refit: bool = False, first_seed: int = 0) -> str:
     # nbeats@i: N-BEATS-I (a trend stack, then a seasonality stack), the paper's ensemble's second architecture.
     models = {"mlp": "{hidden_size: 128}", "nbeats": "{width: 256, blocks: 3}", "nbeats@i": "{stacks: interpretable, width: 256, blocks: 4}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
               "transformer": "{d_model: 64, nhead: 4, num_layers: 2}", "linear": "{}", "lgbm": "{n_estimators: 300}", "xgb": "{n_estimators: 300}"}
@@ -131,7 +131,7 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
         "models:", *lines,
         f"train: {{epochs: {epochs}, loss: {loss}, early_stopping: {f'{{patience: {patience}}}' if val else 'null'}"
         + (f", lr: {lr}" if lr else "") + (", refit: true" if refit else "") + "}",
-        f"seeds: [{', '.join(str(s) for s in range(seeds))}]",
+        f"seeds: [{', '.join(str(s) for s in range(first_seed, first_seed + seeds))}]",
         "resources: {retries: 0}",
     ]) + "\n"
 
@@ -186,6 +186,14 @@ def run_campaigns(name: str, frame: pd.DataFrame, histories: dict, horizon: int,
     return rows, val_rows, trials, seconds
 
 
+def kept(folders: list[Path], name: str, part: str) -> pd.DataFrame:
+    """One data set's kept rows (test or val forecasts, or trials) from one or more --keep folders: runs of the same
+    recipe with other seeds (--first-seed) add members; a trial two runs share (a reference) counts once."""
+    frame = pd.concat([pd.read_parquet(folder / f"{name}-{part}.parquet") for folder in folders], ignore_index=True)
+    key = ["trial_id"] if part == "trials" else ["trial_id", "project", "origin", "step"]
+    return frame.drop_duplicates(subset=key, ignore_index=True)
+
+
 def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
                 pool: tuple[str, ...] = (), **options) -> tuple[list[dict], dict[str, float]]:
     frame, histories, horizon, lookback = load(name, limit, tuple(other for other in pool if other != name))
@@ -198,8 +206,8 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     within = options.pop("within", None)
     select = options.pop("select", None) or []
     keep, rescore = options.pop("keep", None), options.pop("rescore", None)
-    if rescore is not None:  # the forecasts a --keep run kept: the methods scored again, nothing trained
-        rows, val_rows, trials = (pd.read_parquet(rescore / f"{name}-{part}.parquet") for part in ("test", "val", "trials"))
+    if rescore is not None:  # the forecasts --keep runs kept: the methods scored again, nothing trained
+        rows, val_rows, trials = (kept(rescore, name, part) for part in ("test", "val", "trials"))
         seconds = float("nan")
     else:
         rows, val_rows, trials, seconds = run_campaigns(name, frame, histories, horizon, lookback, families, seeds, epochs, scalings, references, options)
@@ -235,7 +243,8 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         kind = ("reference (statsforecast)" if method in REFERENCES else "gpufill ensemble (median of seeds)" if method in families
                 else "gpufill ensemble chosen on validation (forward selection)" if method == GREEDY
                 else "gpufill ensemble, lookbacks chosen on validation" if method == LOOKBACKS
-                else "gpufill ensemble, per series the lookbacks its history fills" if method == FILLED else "gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble")
+                else "gpufill ensemble, per series the lookbacks its history fills" if method == FILLED
+                else "gpufill ensemble, the way (lookback range or filled) best on validation" if method == BEST else "gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble")
         members = [method] if method in seconds_of else trained if method == "gpufill: all families" or method in selected else [*trained, *joined]
         results.append({"config": f"{name}: {method}", "dataset": name, "method": method, "kind": kind, "series": len(per_series),
                         "smape": round(smape, 3), "mase": round(mase, 4), "train_seconds": round(sum(seconds_of.get(f, 0.0) for f in members), 1),
@@ -272,13 +281,17 @@ def main() -> None:
     parser.add_argument("--select", default="", help="with --val, greedy, lookbacks and/or filled (comma-separated): also the learned trials "
                         "combined as chosen on their validation forecasts: greedy, forward selection with replacement (gpufill: chosen on "
                         "validation); lookbacks, the median of the trials of the contiguous range of lookbacks best on validation; filled, "
-                        "per series the median of the trials whose lookback its history fills (a rule fixed before the run)")
+                        "per series the median of the trials whose lookback its history fills (a rule fixed before the run); best, of "
+                        "lookbacks and filled the one whose validation sMAPE is lower (one method per data set, chosen on validation)")
     parser.add_argument("--keep", type=Path, default=None, help="a folder to keep each data set's test and validation forecasts and "
                         "trials in (parquet), to study choices on validation without training again")
     parser.add_argument("--refit", action="store_true", help="with --val: every network trained again on training + validation for the "
                         "epochs early stopping chose, the test forecast the refit's (train.refit)")
-    parser.add_argument("--rescore", type=Path, default=None, help="a --keep folder: score its kept forecasts again (new --select ways) "
-                        "instead of training; the other settings must be the run's")
+    parser.add_argument("--rescore", default=None, help="--keep folders (comma-separated): score their kept forecasts again (new --select "
+                        "ways; several folders: one recipe's runs with other --first-seed, their members together) instead of training; "
+                        "the other settings must be the runs'")
+    parser.add_argument("--first-seed", type=int, default=0, help="the seeds are first-seed .. first-seed + seeds - 1: more members for a "
+                        "recipe a --keep run trained (then --rescore both folders)")
     parser.add_argument("--lr", type=float, default=None, help="every network's learning rate (default: the campaign default)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe); several (standard,mean): "
                         "one campaign each, every trial in its family's ensemble, each network with the --losses its scaling allows")
@@ -337,14 +350,15 @@ def main() -> None:
     rows, ratios = [], {}
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
-                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, refit=args.refit, rescore=args.rescore, pool=pool, within=args.within, select=select, keep=args.keep,
+                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, refit=args.refit,
+                                    rescore=[Path(f) for f in args.rescore.split(",")] if args.rescore else None, first_seed=args.first_seed, pool=pool, within=args.within, select=select, keep=args.keep,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "refit": args.refit, "rescored_from": str(args.rescore) if args.rescore else None, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

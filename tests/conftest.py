@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -72,15 +71,3 @@ def _hygiene():
     # MLflow keeps one thread pool per artifact store for the process's life (its own, not a leak of gpufill's).
     leftover = [t for t in threading.enumerate() if t.ident not in known and t.is_alive() and not t.daemon and not t.name.startswith("Mlflow")]
     assert not leftover, f"test left threads running: {leftover}"
-
-
-@pytest.fixture(scope="session")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """`gpufill demo` run once for the session, as the README's first command (a fresh process, --pack-size auto):
-    (the folder it ran in, holding ./gpufill-demo; what it printed). The tests that read the demo share it: each run
-    takes a minute of the CI. They leave its trials as they are: the report test adds report.html, and a second
-    `gpufill demo` resumes with nothing to do."""
-    folder = tmp_path_factory.mktemp("demo")
-    done = subprocess.run([sys.executable, "-m", "gpufill", "demo"], cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800, check=False)
-    assert done.returncode == 0, f"gpufill demo exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return folder, done.stdout

