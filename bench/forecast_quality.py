@@ -186,6 +186,12 @@ def run_campaigns(name: str, frame: pd.DataFrame, histories: dict, horizon: int,
     return rows, val_rows, trials, seconds
 
 
+SELECTED_KINDS = {GREEDY: "gpufill ensemble chosen on validation (forward selection)", LOOKBACKS: "gpufill ensemble, lookbacks chosen on validation",
+                  FILLED: "gpufill ensemble, per series the lookbacks its history fills",
+                  BEST: "gpufill ensemble, the way (lookback range or filled) best on validation"}
+"""The results' `kind` of each --select way's method."""
+
+
 def kept(folders: list[Path], name: str, part: str) -> pd.DataFrame:
     """One data set's kept rows (test or val forecasts, or trials) from one or more --keep folders: runs of the same
     recipe with other seeds (--first-seed) add members; a trial two runs share (a reference) counts once."""
@@ -241,10 +247,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
                       for project, g in part.groupby("project")]
         smape, mase = statistics.fmean(s for s, _ in per_series), statistics.fmean(m for _, m in per_series)
         kind = ("reference (statsforecast)" if method in REFERENCES else "gpufill ensemble (median of seeds)" if method in families
-                else "gpufill ensemble chosen on validation (forward selection)" if method == GREEDY
-                else "gpufill ensemble, lookbacks chosen on validation" if method == LOOKBACKS
-                else "gpufill ensemble, per series the lookbacks its history fills" if method == FILLED
-                else "gpufill ensemble, the way (lookback range or filled) best on validation" if method == BEST else "gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble")
+                else SELECTED_KINDS.get(method) or ("gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble"))
         members = [method] if method in seconds_of else trained if method == "gpufill: all families" or method in selected else [*trained, *joined]
         results.append({"config": f"{name}: {method}", "dataset": name, "method": method, "kind": kind, "series": len(per_series),
                         "smape": round(smape, 3), "mase": round(mase, 4), "train_seconds": round(sum(seconds_of.get(f, 0.0) for f in members), 1),
