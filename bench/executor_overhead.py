@@ -1,6 +1,6 @@
 """What an executor costs per trial: trials that do nothing, through local worker processes and Ray actors.
 
-    python bench/executor_overhead.py [--smoke | --quick] [--trials N] [--repeats N] [--executors local,ray] [--out PATH]
+    python bench/executor_overhead.py [--smoke | --quick] [--trials N] [--repeats N] [--executors local,local-fresh,ray] [--out PATH]
 
 A campaign of N trials of a model that does nothing (bench/_noop_model.py: a classical
 family whose fit is a no-op), on a tiny synthetic project set, runs through each executor
@@ -12,6 +12,10 @@ coming back), spread over the slots as in a real campaign. Ray is started once, 
 the timed runs (its own start-up is the "ray.init" row); its actors are started per
 campaign, as a real run does. Each configuration's best repeat is reported (other load
 on the machine only ever adds time). Targets: local < 5 ms, Ray < 50 ms per trial.
+`local` forks its workers from each lane's zygote (one import of torch per lane); `local-fresh` starts each as a fresh
+interpreter (GPUFILL_FRESH_WORKERS=1, the executor before the zygote): their start-up rows and the forked / fresh
+ratios (CPU seconds of the process and the workers it waited for, and wall) compare the two. Ray's actors are not
+this process's children, so its start-up CPU is not counted.
 The executors interleave: each repeat runs every executor, each repeat starting with a
 different one; the Ray / local ratio is the median of per-repeat ratios.
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -38,11 +43,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), os.environ.
 
 from _common import environment, finish
 
+from gpufill.campaign.executors.forked import FRESH_WORKERS_VARIABLE
 from gpufill.campaign.run.runner import Campaign, read_results
 from gpufill.engine.hardware import cpu_count
 
-TARGET_MS = {"local": 5.0, "ray": 50.0}
-SIZES = {"smoke": (6, 2, 1, "local,ray"), "quick": (200, 10, 3, "local,ray"), "full": (1000, 10, 3, "local,ray")}
+TARGET_MS = {"local": 5.0, "local-fresh": 5.0, "ray": 50.0}
+SIZES = {"smoke": (6, 2, 1, "local,local-fresh,ray"), "quick": (200, 10, 3, "local,local-fresh,ray"), "full": (1000, 10, 3, "local,local-fresh,ray")}
 """size -> (trials, projects, repeats, executors)."""
 
 
@@ -60,17 +66,30 @@ def write_campaign(folder: Path, trials: int, projects: int, slots: int) -> Path
     return path
 
 
-def timed_run(folder: Path, trials: int, projects: int, slots: int, executor: str) -> tuple[float, float]:
-    """(wall seconds of Campaign.run, mean seconds a worker spent in one trial)."""
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of every descendant waited for (a zygote includes the workers it reaped)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed_run(folder: Path, trials: int, projects: int, slots: int, executor: str) -> tuple[float, float, float]:
+    """(wall seconds of Campaign.run, its CPU seconds with the workers', mean seconds a worker spent in one trial).
+    `local-fresh` is the local executor with every worker a fresh interpreter (GPUFILL_FRESH_WORKERS=1), `local` forks
+    them from each lane's zygote."""
     workdir = folder / f"work-{executor}-{trials}"
     shutil.rmtree(workdir, ignore_errors=True)
     campaign = Campaign.from_yaml(write_campaign(folder, trials, projects, slots), workdir)
-    started = time.perf_counter()
-    outcome = campaign.run(executor=executor)
-    wall = time.perf_counter() - started
+    if executor == "local-fresh":
+        os.environ[FRESH_WORKERS_VARIABLE] = "1"
+    started, cpu_before = time.perf_counter(), cpu_seconds()
+    try:
+        outcome = campaign.run(executor="local" if executor == "local-fresh" else executor)
+    finally:
+        os.environ.pop(FRESH_WORKERS_VARIABLE, None)
+    wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu_before
     expected = min(projects, trials) * max(1, trials // projects)
     assert outcome.done == expected and outcome.failed == 0, outcome
-    return wall, float(read_results(workdir)["duration_s"].mean())
+    return wall, cpu, float(read_results(workdir)["duration_s"].mean())
 
 
 def main() -> None:
@@ -115,6 +134,7 @@ def main() -> None:
 
     walls: dict[str, list[float]] = {name: [] for name in executors}
     fixed: dict[str, list[float]] = {name: [] for name in executors}
+    fixed_cpu: dict[str, list[float]] = {name: [] for name in executors}
     inside: dict[str, list[float]] = {name: [] for name in executors}
     with tempfile.TemporaryDirectory(prefix="gpufill-overhead-") as tmp:
         folder = Path(tmp)
@@ -122,8 +142,10 @@ def main() -> None:
             shift = r % len(executors)  # each repeat starts with a different executor: drift hits both alike
             for executor in executors[shift:] + executors[:shift]:
                 print(f"repeat {r + 1}/{repeats}: {executor}", flush=True)
-                fixed[executor].append(timed_run(folder, slots, 1, slots, executor)[0])
-                wall, trial_s = timed_run(folder, trials, projects, slots, executor)
+                start_wall, start_cpu, _ = timed_run(folder, slots, 1, slots, executor)
+                fixed[executor].append(start_wall)
+                fixed_cpu[executor].append(start_cpu)
+                wall, _, trial_s = timed_run(folder, trials, projects, slots, executor)
                 walls[executor].append(wall)
                 inside[executor].append(trial_s)
     rows, per_trial = [], {}
@@ -135,6 +157,7 @@ def main() -> None:
         per_round[executor] = [1e3 * (w - f) / (n - slots) for w, f in zip(walls[executor], fixed[executor], strict=True)]
         rows.append({
             "config": executor, "trials": n, "slots": slots, "wall_s": round(best_wall, 3), "startup_s": round(best_fixed, 3),
+            "startup_cpu_s": None if executor == "ray" else round(statistics.median(fixed_cpu[executor]), 3),
             "per_trial_ms": round(overhead_ms, 3), "per_trial_ms_median": round(statistics.median(per_round[executor]), 3),
             "target_ms": TARGET_MS.get(executor), "meets_target": overhead_ms < TARGET_MS.get(executor, float("inf")),
             "trial_work_ms": round(1e3 * min(inside[executor]), 4), "trials_per_s": round(n / best_wall, 1),
@@ -149,6 +172,11 @@ def main() -> None:
     ratios = {}
     if "local" in per_trial and "ray" in per_trial:
         ratios["ray / local per-trial overhead"] = statistics.median(r / l for r, l in zip(per_round["ray"], per_round["local"], strict=True))
+    if "local" in per_trial and "local-fresh" in per_trial:  # the workers' start: forked from a zygote, or fresh
+        ratios["local start-up CPU, forked / fresh workers"] = statistics.median(
+            f / r for f, r in zip(fixed_cpu["local"], fixed_cpu["local-fresh"], strict=True))
+        ratios["local start-up wall, forked / fresh workers"] = statistics.median(
+            f / r for f, r in zip(fixed["local"], fixed["local-fresh"], strict=True))
     for executor, value in per_trial.items():
         ratios[f"{executor} per-trial overhead / {TARGET_MS.get(executor)} ms target"] = value / TARGET_MS.get(executor, value)
     run_args = {"size": size_name, "trials": trials, "projects": projects, "repeats": repeats, "executors": executors, "left_out": left_out,

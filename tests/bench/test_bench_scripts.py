@@ -134,13 +134,17 @@ def check_examples(record: dict[str, Any]) -> None:
 
 def check_executor_overhead(record: dict[str, Any]) -> None:
     configs = rows_by(record, "config")
-    expected = {"local", "ray"} if importlib.util.find_spec("ray") else {"local"}
+    expected = {"local", "local-fresh", "ray"} if importlib.util.find_spec("ray") else {"local", "local-fresh"}
     assert expected <= set(configs)
     for name in expected:
         assert configs[name]["trials"] == 6 and positive(configs[name]["trials_per_s"]) and positive(configs[name]["startup_s"])
         assert math.isfinite(configs[name]["per_trial_ms"])
+    for name in ("local", "local-fresh"):  # the run's CPU with its workers': at least the workers' interpreter start
+        assert configs[name]["startup_cpu_s"] > 0.1
+    forked_over_fresh = configs["local"]["startup_cpu_s"] / configs["local-fresh"]["startup_cpu_s"]
+    assert record["ratios"]["local start-up CPU, forked / fresh workers"] == pytest.approx(forked_over_fresh, rel=0.01)
     if "ray" in expected:
-        assert math.isfinite(record["ratios"]["ray / local per-trial overhead"])
+        assert math.isfinite(record["ratios"]["ray / local per-trial overhead"]) and configs["ray"]["startup_cpu_s"] is None
     else:
         assert any("ray" in line for line in record["args"]["left_out"])
 

@@ -1,9 +1,11 @@
 """Local executor: persistent worker processes on this machine, one per lane slot.
 
-Each worker is a fresh interpreter (`python -m gpufill.campaign.worker.worker`: safe with
-torch's threads and CUDA, and unlike multiprocessing's `spawn` it never re-runs the
-caller's main module, so a script without a `__main__` guard works). Its thread limits
-are in its environment before anything imports a BLAS. It talks to the scheduler over a
+Each worker is forked from its lane's zygote (executors/forked.py), an interpreter that
+imported torch and the trial code once, or where that is not possible is a fresh one
+(`python -m gpufill.campaign.worker.worker`). Either way it is a new process that never
+re-runs the caller's main module (unlike multiprocessing's `spawn`, so a script without a
+`__main__` guard works), and its thread limits are in its environment before anything
+imports a BLAS. It talks to the scheduler over a
 socket pair; a worker that dies mid-trial (segfault, kill -9) closes its end, its trial
 is reported as crashed, and a fresh worker takes its slot.
 """
@@ -30,6 +32,7 @@ from gpufill.campaign.executors.base import (
     thread_env,
     worker_setup,
 )
+from gpufill.campaign.executors.forked import Zygote, forks_workers
 from gpufill.campaign.policy.lanes import Lane, plan_lanes
 
 
@@ -67,12 +70,18 @@ class LocalExecutor(NoBatchJobs):
     tune_cache: str | None = None
     """Directory caching measured choices per shape: the campaign measures each shape once."""
     workers: list[LocalWorker] = field(default_factory=list)
+    zygotes: dict[str, Zygote] = field(default_factory=dict)
+    """Each lane's zygote, by lane name (none where forking is not possible)."""
     _counter: int = 0
 
     def plan(self, request: LaneRequest) -> tuple[list[Lane], list[str]]:
         return plan_here(request)
 
     def start(self, lanes: list[Lane]) -> None:
+        for lane in lanes:  # every lane's zygote imports at once
+            if forks_workers(lane.threads):
+                self.zygotes[lane.name] = Zygote(_lane_env(lane))
+                self.zygotes[lane.name].start()
         for lane in lanes:
             for _ in range(lane.slots):
                 self.workers.append(self._spawn(lane))
@@ -80,13 +89,16 @@ class LocalExecutor(NoBatchJobs):
     def _spawn(self, lane: Lane) -> LocalWorker:
         ours, theirs = socket.socketpair()
         self._counter += 1
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpufill.campaign.worker.worker", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            env={**os.environ, **thread_env(lane.threads), **gpu_env(lane)},
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # a terminal's Ctrl-C or hang-up reaches the scheduler only; it stops the workers
-        )
+        zygote = self.zygotes.get(lane.name)
+        process = zygote.fork(theirs.fileno()) if zygote is not None else None
+        if process is None:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "gpufill.campaign.worker.worker", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env=_lane_env(lane),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal's Ctrl-C or hang-up reaches the scheduler only; it stops the workers
+            )
         theirs.close()  # the child holds its end; closing ours lets recv() see EOF if it dies
         conn = Connection(ours.detach())
         conn.send(worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device, tune_cache=self.tune_cache))
@@ -155,9 +167,17 @@ class LocalExecutor(NoBatchJobs):
                 worker.process.wait(timeout=5)
             worker.conn.close()  # type: ignore[union-attr]
         self.workers.clear()
+        for zygote in self.zygotes.values():
+            zygote.close()
+        self.zygotes.clear()
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def _lane_env(lane: Lane) -> dict[str, str]:
+    """A lane's worker environment: thread limits and GPU set before anything imports a BLAS or CUDA."""
+    return {**os.environ, **thread_env(lane.threads), **gpu_env(lane)}
+
+
+def _kill_group(process: Any) -> None:
     """SIGKILL the worker and what it started (it leads its own session: DataLoader workers, compilers)."""
     try:
         os.killpg(process.pid, signal.SIGKILL)

@@ -1,0 +1,128 @@
+"""Workers forked from a lane's zygote (campaign/worker/zygote.py) instead of each importing torch afresh.
+
+A worker forked from a zygote that already imported torch and the trial code starts in milliseconds instead of
+seconds; the lane pays the imports once. Where forking is not possible (no `os.pidfd_open`: not Linux 5.3+; a lane
+of several threads per worker, whose BLAS pool starts threads at import; the zygote could not start, died, or refused
+an unsafe fork) the executor starts a fresh interpreter, as before. `GPUFILL_FRESH_WORKERS=1` always does (to compare,
+or to rule the zygote out).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import suppress
+from dataclasses import dataclass, field
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+
+FRESH_WORKERS_VARIABLE = "GPUFILL_FRESH_WORKERS"
+ZYGOTE_START_TIMEOUT_S = 600.0
+"""Longest wait for a zygote's first answer (its imports): past it, on a stalled machine, workers start fresh."""
+FORK_TIMEOUT_S = 60.0
+"""Longest wait for any later answer (a fork takes milliseconds)."""
+
+
+def forks_workers(threads: int) -> bool:
+    """Whether a lane of `threads` per worker gets a zygote. With more than one, OpenBLAS starts its pool's threads when
+    torch imports numpy, and a fork of a threaded process is what the zygote must never do (it would refuse every
+    fork, after paying the imports)."""
+    return threads == 1 and hasattr(os, "pidfd_open") and os.path.isdir("/proc/self/task") and os.environ.get(FRESH_WORKERS_VARIABLE) != "1"
+
+
+@dataclass(eq=False)
+class ForkedProcess:
+    """A worker forked by a zygote: the part of `subprocess.Popen` the local executor uses (pid, wait, kill)."""
+
+    pid: int
+    zygote: Zygote
+    returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Its exit code as Popen gives it; None if its zygote died first (the code went with it)."""
+        if self.returncode is None:
+            self.returncode = self.zygote.wait_for(self.pid, timeout)
+        return self.returncode
+
+    def kill(self) -> None:
+        with suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+@dataclass(eq=False)
+class Zygote:
+    """The executor's end of one lane's zygote process."""
+
+    env: dict[str, str]
+    process: subprocess.Popen | None = None
+    conn: Connection | None = None
+    exited: dict[int, int] = field(default_factory=dict)
+    """Exit codes reported and not yet waited for, by pid."""
+    answered: bool = False
+
+    def start(self) -> None:
+        """Starts the process; it imports while the other lanes' zygotes start too."""
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gpufill.campaign.worker.zygote", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), env=self.env, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        theirs.close()
+        self.conn = Connection(ours.detach())
+
+    @property
+    def alive(self) -> bool:
+        return self.conn is not None
+
+    def fork(self, worker_fd: int) -> ForkedProcess | None:
+        """A child serving `worker_fd` (the executor keeps its own copy to close), or None: start this worker fresh."""
+        if self.conn is None or self.process is None:
+            return None
+        try:
+            self.conn.send("fork")
+            reduction.send_handle(self.conn, worker_fd, self.process.pid)
+            while True:
+                if not self.conn.poll(FORK_TIMEOUT_S if self.answered else ZYGOTE_START_TIMEOUT_S):
+                    raise TimeoutError
+                message = self.conn.recv()
+                self.answered = True
+                if message[0] == "exited":
+                    self.exited[message[1]] = message[2]
+                    continue
+                return ForkedProcess(message[1], self) if message[0] == "forked" else None  # ("refused", why)
+        except (EOFError, OSError, TimeoutError):
+            self.close()
+            return None
+
+    def wait_for(self, pid: int, timeout: float | None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid not in self.exited:
+            if self.conn is None:
+                return None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                if not self.conn.poll(left):
+                    raise subprocess.TimeoutExpired(f"worker {pid}", timeout or 0.0)
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                self.close()
+                return None
+            if message[0] == "exited":
+                self.exited[message[1]] = message[2]
+        return self.exited.pop(pid)
+
+    def close(self) -> None:
+        """Ends the zygote (its EOF); forked workers live on until their own sockets close."""
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)

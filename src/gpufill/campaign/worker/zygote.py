@@ -1,0 +1,114 @@
+"""A lane's zygote: one interpreter that imports what every worker imports, then forks the lane's workers.
+
+Importing torch costs seconds of CPU (2.7 s on a 2-core EPYC, more under load), and a campaign starts one worker per
+lane slot and a fresh one after each crash. The zygote starts as a worker used to (`python -m
+gpufill.campaign.worker.zygote FD`: the lane's thread limits and GPU in its environment, its own session), imports
+`PRELOAD` once, and from then on only forks: each child is the fresh worker it replaces, minus the imports.
+
+It forks only while it is one thread with no CUDA context: a fork copies a lock held by a thread that the child does
+not have, and CUDA cannot be used in a fork of a process that initialised it. Otherwise it refuses, and the executor
+starts that worker as a fresh interpreter (executors/forked.py).
+
+Protocol on the control connection: the executor sends "fork" and the worker's socket (SCM_RIGHTS); the zygote
+answers ("forked", pid) once the child leads its own process group (so a kill of the group reaches it), or
+("refused", why); and ("exited", pid, returncode) when a child ends, returncode as subprocess gives it (-N for signal
+N). When the executor goes away (EOF) the zygote ends; its children end on their own sockets' EOF, as workers do.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import sys
+import traceback
+from multiprocessing import reduction
+from multiprocessing.connection import Connection, wait
+
+PRELOAD = ("torch", "gpufill.campaign.worker.worker", "gpufill.forecasting.run", "gpufill.forecasting.models.classical")
+"""What every worker imports before its first trial; none of it starts a thread (pandas would: pyarrow's allocator)."""
+
+
+def fork_refusal() -> str | None:
+    """Why forking now would be unsafe, or None."""
+    threads = len(os.listdir("/proc/self/task"))
+    if threads > 1:
+        return f"the zygote runs {threads} threads"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "the zygote initialised CUDA"
+    return None
+
+
+def serve(control: Connection) -> None:
+    """Fork a worker for each request on `control` and report each child's end, until `control` closes."""
+    for name in PRELOAD:
+        importlib.import_module(name)
+    children: dict[int, int] = {}  # pidfd -> pid
+    while True:
+        for ready in wait([control, *children]):
+            if ready is control:
+                try:
+                    control.recv()  # "fork"
+                    worker_fd = reduction.recv_handle(control)
+                except (EOFError, OSError):
+                    return
+                refusal = fork_refusal()
+                if refusal is not None:
+                    os.close(worker_fd)
+                    control.send(("refused", refusal))
+                    continue
+                pid = _fork(worker_fd, control, children)
+                children[os.pidfd_open(pid)] = pid
+                control.send(("forked", pid))
+            else:
+                pid = children.pop(ready)
+                os.close(ready)
+                _, status = os.waitpid(pid, 0)
+                try:
+                    control.send(("exited", pid, os.waitstatus_to_exitcode(status)))
+                except OSError:
+                    return
+
+
+def _fork(worker_fd: int, control: Connection, children: dict[int, int]) -> int:
+    """The child's pid, once it leads its own session; the child runs the worker and never returns here."""
+    led_r, led_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()  # as start_new_session: a terminal's Ctrl-C reaches the scheduler only, and killpg(pid) reaches it all
+        os.close(led_w)
+        os.close(led_r)
+        control.close()
+        for pidfd in children:
+            os.close(pidfd)
+        _run_worker(worker_fd)
+    os.close(led_w)
+    os.read(led_r, 1)  # EOF once the child closed its end: it has called setsid (or died)
+    os.close(led_r)
+    os.close(worker_fd)
+    return pid
+
+
+def _run_worker(worker_fd: int) -> None:
+    """The child's life: the worker, then the exit a fresh interpreter would make (atexit hooks, flushed output)."""
+    code = 0
+    try:
+        from gpufill.campaign.worker.worker import worker_main
+
+        worker_main(Connection(worker_fd))
+    except SystemExit as end:
+        code = end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the worker's crash, printed as an interpreter would
+        traceback.print_exc()
+        code = 1
+    finally:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":  # started by executors/forked.py: python -m gpufill.campaign.worker.zygote FD
+    serve(Connection(int(sys.argv[1])))
+    os._exit(0)  # nothing to flush: skip torch's interpreter teardown (~0.5 s), as a worker does

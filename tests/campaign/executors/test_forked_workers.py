@@ -1,0 +1,120 @@
+"""Workers forked from a lane's zygote (executors/forked.py, campaign/worker/zygote.py): the same trials and metrics as
+fresh interpreters, exit codes as subprocess gives them, their own process groups, and a fresh start whenever forking
+is not possible."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+from multiprocessing.connection import Connection
+
+import psutil
+import pytest
+
+from gpufill.campaign.executors import forked
+from gpufill.campaign.executors.base import thread_env
+from gpufill.campaign.executors.forked import Zygote, forks_workers
+from gpufill.campaign.worker import zygote as zygote_process
+from tests.helpers import run_cli, write_campaign
+
+
+@pytest.fixture
+def zygote():
+    started = Zygote({**os.environ, **thread_env(1)})  # a one-thread lane's, as executors/local.py starts it
+    started.start()
+    yield started
+    started.close()
+
+
+def fork_worker(zygote: Zygote) -> tuple[forked.ForkedProcess | None, Connection]:
+    ours, theirs = socket.socketpair()
+    child = zygote.fork(theirs.fileno())
+    theirs.close()
+    return child, Connection(ours.detach())
+
+
+def test_a_forked_worker_leads_its_own_group_and_its_exit_codes_come_back_as_popen_gives_them(zygote):
+    first, conn = fork_worker(zygote)
+    assert first is not None
+    parent = psutil.Process(first.pid).parent()
+    assert parent is not None and parent.pid == zygote.process.pid
+    assert os.getpgid(first.pid) == first.pid  # a kill of its group (executors/local.py) reaches it and what it starts
+    conn.close()  # the scheduler went away: the worker ends on its own, as a fresh one does
+    assert first.wait(timeout=60) == 0
+    second, conn = fork_worker(zygote)
+    assert second is not None and second.pid != first.pid
+    os.killpg(second.pid, signal.SIGKILL)
+    assert second.wait(timeout=60) == -signal.SIGKILL
+    conn.close()
+
+
+def test_a_wait_past_its_timeout_raises_as_popen_does(zygote):
+    child, conn = fork_worker(zygote)
+    assert child is not None
+    with pytest.raises(forked.subprocess.TimeoutExpired):
+        child.wait(timeout=0.2)
+    child.kill()
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    conn.close()
+
+
+def test_when_the_zygote_is_gone_workers_start_fresh_and_a_lost_exit_code_is_none(zygote):
+    child, conn = fork_worker(zygote)
+    assert child is not None
+    zygote.process.kill()
+    zygote.process.wait(timeout=60)
+    assert child.wait(timeout=60) is None  # its exit code went with the zygote
+    again, other = fork_worker(zygote)
+    assert again is None and not zygote.alive  # the executor then starts this worker as a fresh interpreter
+    child.kill()
+    conn.close()
+    other.close()
+
+
+def test_the_zygote_refuses_to_fork_with_a_second_thread_running():
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        refusal = zygote_process.fork_refusal()
+        assert refusal is not None and refusal.startswith("the zygote runs") and "threads" in refusal
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_one_thread_lanes_fork_and_the_environment_variable_or_more_threads_start_fresh(monkeypatch):
+    monkeypatch.delenv(forked.FRESH_WORKERS_VARIABLE, raising=False)
+    assert forks_workers(1) == hasattr(os, "pidfd_open")
+    assert not forks_workers(2)
+    monkeypatch.setenv(forked.FRESH_WORKERS_VARIABLE, "1")
+    assert not forks_workers(1)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no second thread on one core")
+def test_a_zygote_of_a_lane_with_more_threads_refuses_and_the_worker_starts_fresh():
+    many = Zygote({**os.environ, **thread_env(2)})
+    many.start()
+    try:
+        child, conn = fork_worker(many)
+        assert child is None and many.alive  # refused: its BLAS pool runs threads (it stays up, but is asked no more)
+        conn.close()
+    finally:
+        many.close()
+
+
+def test_forked_and_fresh_workers_train_the_same_metrics(tmp_path, capsys, monkeypatch):
+    path = write_campaign(tmp_path, models="mlp: {hidden_size: 16}\n  linear: {}\n  rf: {n_estimators: 5}", projects=2)
+    metrics = {}
+    for fresh in ("0", "1"):
+        monkeypatch.setenv(forked.FRESH_WORKERS_VARIABLE, fresh)
+        work = tmp_path / f"work-{fresh}"
+        code, _, err = run_cli(capsys, "run", path, "--workdir", work, "--yes")
+        assert code == 0, err
+        code, out, _ = run_cli(capsys, "results", "--workdir", work, "--format", "json")
+        metrics[fresh] = {(row["project"], row["family"]): (row["mae"], row["rmse"]) for row in json.loads(out)}
+    assert len(metrics["0"]) == 6
+    assert metrics["0"] == metrics["1"]
