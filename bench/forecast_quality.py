@@ -114,11 +114,12 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
               "transformer": "{d_model: 64, nhead: 4, num_layers: 2}", "linear": "{}", "lgbm": "{n_estimators: 300}", "xgb": "{n_estimators: 300}"}
     neural = {"mlp", "nbeats", "nbeats@i", "tcn", "lstm", "gru", "transformer"}
     # --losses: every network trains once per loss (N-BEATS' ensembles span sMAPE, MASE and MAPE; here the engine's named losses).
+    from gpufill.engine.config import SCALE_FREE_LOSSES
     from gpufill.forecasting.recipes import recipe
 
-    def own(family: str) -> list[str]:  # sMAPE needs mean scaling: a family scaled otherwise trains the other losses
+    def own(family: str) -> list[str]:  # sMAPE and MAPE need mean scaling: a family scaled otherwise trains the other losses
         scaled = recipe(family).scaling if scaling == "auto" else scaling
-        return [loss for loss in losses or [] if loss != "smape" or scaled == "mean"]
+        return [loss for loss in losses or [] if loss not in SCALE_FREE_LOSSES or scaled == "mean"]
 
     grid = {family: models[family][:-1] + f", loss: [{', '.join(own(family))}]}}" if losses and family in neural else models[family]
             for family in families}

@@ -94,7 +94,7 @@ def test_a_named_loss_on_dict_batches_names_the_keys():
 
 
 def test_unknown_loss_lists_the_names():
-    input_error(losses.resolve, "cross_entropy_loss", field="loss", contains=("mse, mae, huber, smape, cross_entropy, bce_with_logits",))
+    input_error(losses.resolve, "cross_entropy_loss", field="loss", contains=("mse, mae, huber, smape, mape, cross_entropy, bce_with_logits",))
     input_error(losses.resolve, 3, field="loss", contains=("int",))
 
 
@@ -105,6 +105,20 @@ def test_smape_is_scale_free_and_zero_where_both_are_zero():
     assert value.item() == pytest.approx((0.0 + 2 * 2 / 4 + 0.0) / 3)
     assert smape.compute(output * 1000, target * 1000)["loss"].item() == pytest.approx(value.item())
     per_sample = losses.per_sample_regression("smape", torch.stack([output, output * 2]), torch.stack([target, target]))
+    assert per_sample.shape == (2, 1) and per_sample[0, 0].item() == pytest.approx(value.item())
+
+
+def test_mape_is_scale_free_zero_where_the_target_is_zero_and_weights_each_error_by_its_target():
+    mape, _choice = losses.resolve("mape")
+    output = torch.tensor([[1.5, 0.5, 2.0]], requires_grad=True)
+    target = torch.tensor([[1.0, 2.0, 0.0]])
+    value = mape.compute(output, target)["loss"]
+    assert value.item() == pytest.approx((0.5 / 1.0 + 1.5 / 2.0 + 0.0) / 3)
+    assert mape.compute(output * 1000, target * 1000)["loss"].item() == pytest.approx(value.item())
+    value.backward()
+    # d/df of |f - y| / |y|: sign(f - y) / |y| per value, over the 3 values; nothing where y is 0 (no inf, no nan)
+    assert output.grad.flatten().tolist() == pytest.approx([1 / 3, -1 / 6, 0.0])
+    per_sample = losses.per_sample_regression("mape", torch.stack([output.detach(), output.detach() * 2]), torch.stack([target, target]))
     assert per_sample.shape == (2, 1) and per_sample[0, 0].item() == pytest.approx(value.item())
 
 

@@ -141,7 +141,7 @@ def test_a_pack_with_adam_or_sgd_reproduces_separate_fits(optimizer):
 
 
 @pytest.mark.parametrize(("family", "loss", "scaling"), [("mlp", "mse", "project"), ("lstm", "mse", "project"), ("mlp", "mae", "last"),
-                                                       ("gru", "smape", "mean")])
+                                                       ("gru", "smape", "mean"), ("mlp", "mape", "mean")])
 def test_a_pack_reproduces_separate_fits(family, loss, scaling):
     ws, seeds, lrs = [scale_windows(w, scaling) for w in windows()], [0, 1, 2], [1e-3, 3e-3, 2e-3]
     config = FitConfig(epochs=3, batch_size=64, patience=None, loss=loss)

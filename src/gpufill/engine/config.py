@@ -34,6 +34,10 @@ LR_SCALE_RULES = ("linear", "sqrt", "none")
 OPTIMIZER_KERNELS = ("auto", "fused", "foreach", "for-loop")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "warmup_cosine", "linear")
+REGRESSION_LOSSES = ("mse", "mae", "huber", "smape", "mape")
+"""The named regression losses (engine/losses.py computes them; the spec's `loss:` lists the same names)."""
+SCALE_FREE_LOSSES = ("smape", "mape")
+"""Percentages of the value: they need values whose zero is the series' zero (a forecaster's mean scaling)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -123,7 +127,7 @@ class FitConfig(SpeedSettings):
     min_lr_ratio: float = 0.0
     """Where warmup_cosine and linear end, as a share of the peak learning rate."""
     loss: Any = "mse"
-    """A name (mse, mae, huber, smape, cross_entropy, bce_with_logits), a named loss object such as
+    """A name (mse, mae, huber, smape, mape, cross_entropy, bce_with_logits), a named loss object such as
     CrossEntropy(ignore_index=0), or `fn(model, batch) -> Tensor | {"loss": Tensor, **metrics}`."""
     grad_clip: float | None = None
     """Max global gradient norm (None: off). Opt-in: on small models it costs ~8 % of a CPU step."""

@@ -19,6 +19,7 @@ from torch import nn
 
 from gpufill.engine.batches import describe
 from gpufill.engine.choice import Choice
+from gpufill.engine.config import REGRESSION_LOSSES
 from gpufill.errors import InputError
 
 LossOutput = torch.Tensor | Mapping[str, Any]
@@ -58,9 +59,9 @@ class NamedLoss:
 
 @dataclass(frozen=True)
 class Regression(NamedLoss):
-    """mse, mae, huber or smape on outputs shaped like the targets."""
+    """mse, mae, huber, smape or mape on outputs shaped like the targets."""
 
-    kind: Literal["mse", "mae", "huber", "smape"] = "mse"
+    kind: Literal["mse", "mae", "huber", "smape", "mape"] = "mse"
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -99,12 +100,24 @@ def smape_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "me
     return error.mean() if reduction == "mean" else error
 
 
+def mape_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Absolute percentage error, |y - f| / |y| (0 where y is 0, as N-BEATS' `divide_no_nan`): scale-free like
+    sMAPE, so values must keep their zero (mean scaling). Its weight 1 / |y| is the data's, so nothing needs
+    detaching; it leans the other way from sMAPE (an over-forecast of a small value costs most), which is why
+    N-BEATS' ensembles train members on both."""
+    scale = targets.abs()
+    error = torch.where(scale > 0, (output - targets).abs() / torch.where(scale > 0, scale, torch.ones_like(scale)), torch.zeros_like(output))
+    return error.mean() if reduction == "mean" else error
+
+
 _REGRESSION: dict[str, Callable[..., torch.Tensor]] = {
     "mse": nn.functional.mse_loss,
     "mae": nn.functional.l1_loss,
     "huber": nn.functional.huber_loss,
     "smape": smape_loss,
+    "mape": mape_loss,
 }
+assert tuple(_REGRESSION) == REGRESSION_LOSSES, "engine/config.py names the regression losses"
 
 
 def per_sample_regression(kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -188,6 +201,7 @@ NAMED: dict[str, NamedLoss] = {
     "mae": Regression("mae"),
     "huber": Regression("huber"),
     "smape": Regression("smape"),
+    "mape": Regression("mape"),
     "cross_entropy": CrossEntropy(),
     "bce_with_logits": BCEWithLogits(),
 }

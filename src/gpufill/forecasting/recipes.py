@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpufill.engine.config import FitConfig
+from gpufill.engine.config import REGRESSION_LOSSES, SCALE_FREE_LOSSES, FitConfig
 from gpufill.errors import InputError
 from gpufill.forecasting.family_names import base_name
 
 AUTO = "auto"
-LOSSES = ("mse", "mae", "huber", "smape")
+LOSSES = REGRESSION_LOSSES
 SCHEDULES = ("constant", "warmup_cosine", "linear")
 
 
@@ -73,10 +73,10 @@ def recipe(family: str, *, scaling: str = AUTO, loss: str = AUTO, schedule: str 
     base = RECIPES.get(base_name(family), GENERIC)  # a variant (nbeats@mean) starts from its family's recipe
     given = {name: value for name, value in (("scaling", scaling), ("loss", loss), ("schedule", schedule)) if value != AUTO}
     resolved = replace(base, **given, why={**base.why, **dict.fromkeys(given, "set in the campaign")})
-    if resolved.loss == "smape" and resolved.scaling != "mean":
+    if resolved.loss in SCALE_FREE_LOSSES and resolved.scaling != "mean":
         raise InputError(
-            f"loss smape with scaling {resolved.scaling} for {family}: sMAPE needs values whose zero is the series' zero",
-            fix="use scaling: mean with loss: smape (mean scaling keeps the origin), or loss: mae",
+            f"loss {resolved.loss} with scaling {resolved.scaling} for {family}: a percentage error needs values whose zero is the series' zero",
+            fix=f"use scaling: mean with loss: {resolved.loss} (mean scaling keeps the origin), or loss: mae",
             field="loss",
         )
     return resolved

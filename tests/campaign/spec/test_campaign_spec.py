@@ -322,6 +322,7 @@ CASES = [
     ("early_stopping_false", GOOD + "train: {early_stopping: false}\n", 4, "train.early_stopping", "not a setting", "early_stopping: null"),
     ("length_not_synthetic", GOOD + "data: {source: data.csv, length: 100}\n", 4, "data.length", "only to source: synthetic", "remove length"),
     ("smape_needs_mean", "name: x\nmodels:\n  lstm:\n    scaling: [mean, standard]\n    loss: smape\n", 5, "models.lstm.loss", "loss smape with scaling standard for lstm", "scaling: mean"),
+    ("mape_needs_mean", "name: x\nmodels:\n  nbeats:\n    scaling: [mean, standard]\n    loss: mape\n", 5, "models.nbeats.loss", "loss mape with scaling standard for nbeats", "scaling: mean"),
     ("smape_train_level", "name: x\nmodels:\n  lstm: {}\n  mlp: {}\ntrain: {loss: smape}\n", 5, "train.loss", "loss smape with scaling last for mlp", "scaling: mean"),
     ("scaling_unknown", "name: x\nmodels:\n  gru: {scaling: [max]}\n", 3, "models.gru.scaling", "'auto', 'project', 'last', 'mean' or 'standard'", "models.gru.scaling"),
     ("scaling_series_model", "name: x\nmodels:\n  theta: {scaling: [last]}\n", 3, "models.theta.scaling", "'theta' fits each series itself", "remove scaling"),
@@ -403,3 +404,14 @@ def test_batch_search_does_not_change_trial_ids(tmp_path):
     plain = load_campaign(write(tmp_path, FULL))
     searched = load_campaign(write(tmp_path, FULL.replace("train: {", "train: {batch_search: true, ", 1)))
     assert [t.trial_id for t in expand(plain, ["p0"])] == [t.trial_id for t in expand(searched, ["p0"])]
+
+
+def test_the_spec_accepts_every_regression_loss_the_engine_names():
+    from typing import get_args
+
+    from gpufill.campaign.spec.ensemble_spec import LossName
+    from gpufill.campaign.spec.train_spec import TrainSpec
+    from gpufill.engine.config import REGRESSION_LOSSES
+
+    assert get_args(LossName) == REGRESSION_LOSSES
+    assert get_args(TrainSpec.model_fields["loss"].annotation) == ("auto", *REGRESSION_LOSSES)

@@ -34,7 +34,7 @@ from gpufill.forecasting.models import registry
 
 __all__ = ["EnsembleSpec", "default_members", "fold_ensemble", "lookback_multiples", "member_families"]
 
-LossName = Literal["mse", "mae", "huber", "smape"]
+LossName = Literal["mse", "mae", "huber", "smape", "mape"]
 
 
 class EnsembleSpec(Spec):

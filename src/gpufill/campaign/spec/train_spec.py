@@ -49,7 +49,7 @@ class TrainSpec(Spec):
     early_stopping: EarlyStoppingSpec | None = EarlyStoppingSpec()
     """null turns early stopping off (on by default in campaigns: thousands of trainings should not run past their best)."""
     validate_every: Count = DEFAULTS.validate_every
-    loss: Literal["auto", "mse", "mae", "huber", "smape"] = "auto"
+    loss: Literal["auto", "mse", "mae", "huber", "smape", "mape"] = "auto"
     """auto: the family's recipe (forecasting.recipes): MAE for the built-in networks."""
     schedule: Literal["auto", "constant", "warmup_cosine", "linear"] = "auto"
     """Learning-rate schedule; auto: the family's recipe (constant, with early stopping deciding the length)."""

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpufill.engine.config import FitConfig
+from gpufill.engine.config import REGRESSION_LOSSES, FitConfig
 from gpufill.engine.result import EpochRecord, FitResult
 from gpufill.engine.hardware import detect
 from gpufill.engine.packs.fused import FusedModule
@@ -39,7 +39,7 @@ from gpufill.engine.packs.pack_plan import PACK_CONTEXT, PACK_OPTIMIZER_REASONS,
 from gpufill.engine.packs.pack_data import Pair, PackData, orders, padded
 from gpufill.engine.packs.reform import MEASURED_STEPS, REFORM_MODES, decide, needs_measurement, survivors_optimizer
 
-PACK_LOSSES = ("mse", "mae", "huber", "smape")
+PACK_LOSSES = REGRESSION_LOSSES
 """The named regression losses a pack computes per sample and masks per model."""
 
 
