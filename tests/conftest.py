@@ -19,9 +19,11 @@ os.environ["GPUFILL_CPU_BF16"] = "0"
 
 
 # Tests that time a training, pick threads or a plan by measuring, or compare a wall time with an estimate: `make test`
-# runs them after the rest, alone on the machine (marker `serial`), and the rest two at a time (pytest-xdist).
-SERIAL = ("bench/", "script/", "doctor/", "monitor/", "engine/test_many.py", "engine/test_many_limits.py", "engine/test_measured_plan.py",
-          "engine/test_tune.py", "engine/test_tune_cache_shapes.py", "engine/test_plan.py", "engine/test_thread_watch.py",
+# runs them after the rest, alone on the machine (marker `serial`), and the rest two at a time (pytest-xdist). Of script/,
+# watch, the script's ending (signals, deadlines) and the instrumentation count and wait; they measure nothing.
+SERIAL = ("bench/", "script/test_bench_script.py", "script/test_doctor_script.py", "script/test_findings.py", "doctor/", "monitor/",
+          "engine/test_many.py", "engine/test_many_limits.py", "engine/test_measured_plan.py", "engine/test_tune.py",
+          "engine/test_tune_cache_shapes.py", "engine/test_plan.py", "engine/test_thread_watch.py",
           "campaign/run/test_estimate_accuracy.py", "campaign/executors/test_start_clock.py", "test_examples.py")
 TESTS_DIR = Path(__file__).resolve().parent
 
