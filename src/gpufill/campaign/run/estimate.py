@@ -29,6 +29,7 @@ import torch
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.run.runner import Campaign
 from gpufill.campaign.trials.trials import GLOBAL_PROJECT, Trial
+from gpufill.campaign.worker.zygote import PRELOAD
 
 # Windows a neural sample trains on: enough for steady per-step timings, few enough
 # that the largest ablation shapes sample in about a second on a 2-core CPU.
@@ -150,10 +151,11 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
 
 
 def worker_startup_seconds() -> float:
-    """Seconds a fresh worker takes before its first trial: an interpreter importing what a worker imports (torch,
-    the trial code), timed in a child as the local executor starts one. Every slot starts at once, so the run pays it
-    once; it is most of a small campaign's wall time (without it, a 30-second campaign was estimated at 0.5x)."""
-    code = "import torch, gpufill.campaign.worker.worker, gpufill.forecasting.run, gpufill.forecasting.models.classical"
+    """Seconds a lane takes before its first trial: an interpreter importing what a worker imports (its zygote's
+    `PRELOAD`: torch, the trial code), timed in a child as the local executor starts one. Every lane starts at once
+    and forks its workers, so the run pays it once; it is most of a small campaign's wall time (without it, a
+    30-second campaign was estimated at 0.5x)."""
+    code = "import " + ", ".join(PRELOAD)
     tick = time.perf_counter()
     try:
         subprocess.run([sys.executable, "-c", code], check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
