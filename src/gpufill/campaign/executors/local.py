@@ -91,6 +91,10 @@ class LocalExecutor(NoBatchJobs):
         self._counter += 1
         zygote = self.zygotes.get(lane.name)
         process = zygote.fork(theirs.fileno()) if zygote is not None else None
+        if process is None and zygote is not None:  # a fork that failed half-way may have left a child holding `theirs`:
+            ours.close()  # a new pair, so that child sees EOF and ends, and the fresh worker's socket is its own
+            theirs.close()
+            ours, theirs = socket.socketpair()
         if process is None:
             process = subprocess.Popen(
                 [sys.executable, "-m", "gpufill.campaign.worker.worker", str(theirs.fileno())],

@@ -30,7 +30,11 @@ PRELOAD = ("torch", "gpufill.campaign.worker.worker", "gpufill.forecasting.run",
 
 
 def fork_refusal() -> str | None:
-    """Why forking now would be unsafe, or None."""
+    """Why forking now would be unsafe or its child could not be watched, or None."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as error:  # a sandbox's seccomp filter may refuse the call the kernel has
+        return f"os.pidfd_open is refused here ({error})"
     threads = len(os.listdir("/proc/self/task"))
     if threads > 1:
         return f"the zygote runs {threads} threads"
