@@ -105,8 +105,8 @@ def mape_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "mea
     sMAPE, so values must keep their zero (mean scaling). Its weight 1 / |y| is the data's, so nothing needs
     detaching; it leans the other way from sMAPE (an over-forecast of a small value costs most), which is why
     N-BEATS' ensembles train members on both."""
-    scale = targets.abs()
-    error = torch.where(scale > 0, (output - targets).abs() / torch.where(scale > 0, scale, torch.ones_like(scale)), torch.zeros_like(output))
+    nonzero = targets != 0  # a divisor of 1 there, not 0: an unchosen inf would still make a nan gradient
+    error = (output - targets).abs() / torch.where(nonzero, targets.abs(), 1.0) * nonzero
     return error.mean() if reduction == "mean" else error
 
 

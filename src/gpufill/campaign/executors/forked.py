@@ -86,34 +86,39 @@ class Zygote:
             self.conn.send("fork")
             reduction.send_handle(self.conn, worker_fd, self.process.pid)
             while True:
-                if not self.conn.poll(FORK_TIMEOUT_S if self.answered else ZYGOTE_START_TIMEOUT_S):
+                message = self._answer(FORK_TIMEOUT_S if self.answered else ZYGOTE_START_TIMEOUT_S)
+                if message is None:
                     raise TimeoutError
-                message = self.conn.recv()
                 self.answered = True
-                if message[0] == "exited":
-                    self.exited[message[1]] = message[2]
-                    continue
-                return ForkedProcess(message[1], self) if message[0] == "forked" else None  # ("refused", why)
+                if message[0] != "exited":
+                    break
         except (EOFError, OSError, TimeoutError):
             self.close()
             return None
+        return ForkedProcess(message[1], self) if message[0] == "forked" else None  # ("refused", why)
 
     def wait_for(self, pid: int, timeout: float | None) -> int | None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while pid not in self.exited:
             if self.conn is None:
                 return None
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                if not self.conn.poll(left):
+                if self._answer(None if deadline is None else max(0.0, deadline - time.monotonic())) is None:
                     raise subprocess.TimeoutExpired(f"worker {pid}", timeout or 0.0)
-                message = self.conn.recv()
             except (EOFError, OSError):
                 self.close()
                 return None
-            if message[0] == "exited":
-                self.exited[message[1]] = message[2]
         return self.exited.pop(pid)
+
+    def _answer(self, timeout: float | None) -> tuple | None:
+        """The zygote's next message within `timeout` seconds (None: none came); an exit it reports is kept in `exited`."""
+        assert self.conn is not None
+        if not self.conn.poll(timeout):
+            return None
+        message = self.conn.recv()
+        if message[0] == "exited":
+            self.exited[message[1]] = message[2]
+        return message
 
     def close(self) -> None:
         """Ends the zygote (its EOF); forked workers live on until their own sockets close."""
