@@ -22,7 +22,7 @@ def run(
     workdir: Path | None = typer.Option(None, "--workdir", help="Where the store, logs and checkpoints live (default ./gpufill-NAME)."),
     gpu_slots: str | None = typer.Option(None, "--gpu-slots", help="N or auto (overrides the file's resources)."),
     cpu_slots: str | None = typer.Option(None, "--cpu-slots", help="N or auto (overrides the file's resources)."),
-    executor: str = typer.Option("local", "--executor", help="local (processes here), ray (gpufill[ray]) or slurm (gpufill[slurm], resources.slurm)."),
+    executor: str = typer.Option("local", "--executor", help="local (processes here), inline (in this process, one trial at a time: for a debugger), ray (gpufill[ray]) or slurm (gpufill[slurm], resources.slurm)."),
     address: str | None = typer.Option(None, "--address", help="With --executor ray: the cluster to join (e.g. auto, HOST:6379); default a local Ray."),
     fresh: bool = typer.Option(False, "--fresh", help="Start over: delete this workdir's store and run logs first (nothing else in it)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before --fresh deletes results."),

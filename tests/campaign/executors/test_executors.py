@@ -1,4 +1,4 @@
-"""Ray and Slurm executors: the local executor's trials and metrics, crashes retried, resume after kill -9, job status, missing packages."""
+"""Inline, Ray and Slurm executors: the local executor's trials and metrics, crashes retried, resume after kill -9, job status, missing packages."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from gpufill.campaign.executors import LaneRequest, make_executor
@@ -65,6 +66,19 @@ def test_ray_runs_the_local_executor_s_trials_with_the_same_metrics(tmp_path, ra
     _assert_same_results(campaign.results(), local_results)
     assert campaign.run(executor="ray").done == 0  # a re-run resumes: nothing left
     assert ray.is_initialized()  # a Ray it found running is left running
+
+
+def test_inline_runs_the_local_executor_s_trials_bit_for_bit_and_starts_no_process(tmp_path, local_results):
+    campaign = Campaign.from_yaml(write_campaign(tmp_path, models=SHARED_MODELS), tmp_path / "work")
+    children = psutil.Process().children(recursive=True)
+    outcome = campaign.run(executor="inline")
+    assert (outcome.done, outcome.failed, outcome.crashed) == (6, 0, 0)
+    assert psutil.Process().children(recursive=True) == children  # no worker, no zygote
+    results = campaign.results().set_index("trial_id")
+    assert sorted(results.index) == sorted(local_results.index) and (results["attempts"] == 1).all()
+    # The same lanes, threads and seeds in one process: every metric equal, neural trials (in the same packs) included.
+    assert results.loc[local_results.index, METRICS].equals(local_results[METRICS])
+    assert campaign.run(executor="inline").done == 0  # a re-run resumes: nothing left
 
 
 def test_a_ray_actor_killed_mid_trial_is_replaced_and_its_trial_retried(tmp_path, ray_session):
@@ -161,7 +175,7 @@ def test_a_missing_optional_package_is_one_line_with_the_install_command(tmp_pat
 @pytest.mark.parametrize(
     ("args", "slurm", "must_mention"),
     [
-        (["--executor", "dask"], None, ["--executor", "unknown executor 'dask'", "local, ray, slurm"]),
+        (["--executor", "dask"], None, ["--executor", "unknown executor 'dask'", "local, inline, ray, slurm"]),
         (["--address", "auto"], None, ["--address", "--executor ray"]),
         (["--executor", "slurm"], "{partition: gpu}", ["sbatch", "resources.slurm.cluster", "cluster: local"]),
         (["--executor", "slurm"], "{gpus_per_job: 2}", ["tiny.yaml:10", "resources.slurm.gpus_per_job", "<= 1"]),

@@ -1,6 +1,7 @@
-"""How trials run: local worker processes (default), Ray actors, or Slurm jobs through submitit.
+"""How trials run: local worker processes (default), Ray actors, Slurm jobs through submitit, or inline in the
+scheduler's own process (a trial to step through in a debugger; tests whose subject is not process isolation).
 
-All three implement :class:`~gpufill.campaign.executors.base.Executor`; the scheduler
+All four implement :class:`~gpufill.campaign.executors.base.Executor`; the scheduler
 drives whichever :func:`make_executor` returns and stays the store's only writer.
 """
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EXECUTORS", "Crashed", "Executor", "Finished", "JobInfo", "LaneRequest", "Worker", "check_executor", "make_executor"]
 
-EXECUTORS = ("local", "ray", "slurm")
+EXECUTORS = ("local", "inline", "ray", "slurm")
 
 
 def check_executor(kind: str, address: str | None = None) -> None:
@@ -56,6 +57,10 @@ def make_executor(kind: str, *, spec: CampaignSpec, base_dir: str, workdir: Path
         from gpufill.campaign.executors.slurm import SlurmExecutor
 
         return SlurmExecutor(spec_payload=payload, base_dir=base_dir, folder=workdir.resolve() / "slurm", settings=spec.resources.slurm, name=spec.name, tune_cache=tune_cache)
+    if kind == "inline":
+        from gpufill.campaign.executors.inline import InlineExecutor
+
+        return InlineExecutor(spec_payload=payload, base_dir=base_dir, tune_cache=tune_cache)
     from gpufill.campaign.executors.local import LocalExecutor
 
     return LocalExecutor(spec_payload=payload, base_dir=base_dir, tune_cache=tune_cache)
