@@ -3,33 +3,21 @@ and the comparison itself reports what it should."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.shared_runs import DEMO_WORKDIR, demo_metrics_tool, finished_demo
+
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
-SCRIPT = ROOT / "tools" / "demo_metrics.py"
 REFERENCE = ROOT / "tools" / "demo_reference.json"
 LAST_LINE = re.compile(r"^max relative difference: (\S+) \((\d+) trials\)$")
 
 
-def load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("demo_metrics", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = load_tool()
+tool = demo_metrics_tool()
 
 
 def trial(family: str = "lstm", kind: str = "neural", **metrics: float) -> dict:
@@ -37,13 +25,14 @@ def trial(family: str = "lstm", kind: str = "neural", **metrics: float) -> dict:
 
 
 @pytest.mark.slow
-def test_the_demo_matches_the_reference_saved_before_the_restructuring(tmp_path):
-    """Runs the demo (about 20-30 s on 2 cores) with this checkout's gpufill and compares every trial's metrics."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([sys.executable, str(SCRIPT), "compare", str(REFERENCE), "--workdir", str(tmp_path / "demo")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False)
-    lines = done.stdout.strip().splitlines()
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_the_demo_matches_the_reference_saved_before_the_restructuring(tmp_path_factory, capsys):
+    """The session's finished demo (tests/shared_runs.py: `gpufill run` of the demo at the reference's pinned pack size, a
+    fresh process, about 20-30 s on 2 cores), its every trial's metrics compared by the tool's own `compare`."""
+    workdir = finished_demo(tmp_path_factory) / DEMO_WORKDIR
+    code = tool.main(["compare", str(REFERENCE), "--finished", str(workdir)])
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert code == 0, out + err
     match = LAST_LINE.match(lines[-1])
     assert match is not None, lines[-1]
     reference = json.loads(REFERENCE.read_text())["trials"]

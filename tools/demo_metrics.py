@@ -6,9 +6,10 @@ line, in a temporary workdir) and reads each trial's test and naive metrics, and
 choices, back through the store's read API (`Store.records`, `Store.trial_details`).
 
     python tools/demo_metrics.py save OUT.json [--pack-size N|auto] [--workdir DIR]
-    python tools/demo_metrics.py compare REFERENCE.json [--tolerance T] [--pack-size N|auto] [--workdir DIR]
+    python tools/demo_metrics.py compare REFERENCE.json [--tolerance T] [--pack-size N|auto] [--workdir DIR | --finished DIR]
 
-`compare` prints, per metric name, the largest relative difference |a - b| / max(|a|, |b|) over the trials,
+`--finished DIR` reads a workdir the demo has already run in (with the pack size `--pack-size` names) instead of
+running it again. `compare` prints, per metric name, the largest relative difference |a - b| / max(|a|, |b|) over the trials,
 the trial ids found on one side only, the trials whose plan choices differ from the reference's, the tolerance
 it applies and why, and last `max relative difference: X (N trials)`; it exits 0 when every trial id is on both
 sides and the differences are within the tolerance, else 1. Trial ids never get a tolerance: they are the same on
@@ -106,9 +107,10 @@ def numerics() -> dict[str, Any]:
             "settings": {name: os.environ[name] for name in _KERNEL_SETTINGS if name in os.environ}}
 
 
-def run_demo(workdir: Path, pack_size: str) -> None:
+def run_demo(workdir: Path, pack_size: str) -> str:
     """`gpufill demo --fresh --yes` in `workdir` with this interpreter (and its PYTHONPATH); for a pinned pack
-    size, `gpufill run` of a copy of the same demo file (in a temporary directory) with `resources.pack_size` set."""
+    size, `gpufill run` of a copy of the same demo file (in a temporary directory) with `resources.pack_size` set.
+    Returns what the command printed."""
     with tempfile.TemporaryDirectory(prefix="gpufill-demo-file-") as tmp:
         command = [sys.executable, "-m", "gpufill", "demo", "--fresh", "--yes", "--workdir", str(workdir)]
         if pack_size != "auto":
@@ -124,6 +126,7 @@ def run_demo(workdir: Path, pack_size: str) -> None:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"the demo failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done.stdout
 
 
 def read_metrics(workdir: Path) -> Metrics:
@@ -238,11 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     for each in (save, check):
         each.add_argument("--workdir", type=Path, default=None, help="where to run the demo (default: a temporary directory)")
         each.add_argument("--pack-size", default=DEFAULT_PACK_SIZE, help="pinned pack size (default 2), or auto as `gpufill demo` (measured)")
+    check.add_argument("--finished", type=Path, default=None, help="a workdir the demo already ran in, at --pack-size: read, not run again")
     args = parser.parse_args(argv)
     import gpufill
 
     source = str(Path(gpufill.__file__).resolve().parent)
-    current = demo_metrics(args.workdir, args.pack_size)
+    current = read_metrics(args.finished) if getattr(args, "finished", None) is not None else demo_metrics(args.workdir, args.pack_size)
     if args.command == "save":
         payload = {"gpufill": source, "pack_size": args.pack_size, "numerics": numerics(), "trials": current}
         args.out.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")

@@ -1,5 +1,6 @@
 """The README's first command, `gpufill demo`, and what a user does next with its folder: results, status, monitor,
-a second demo (a resume), the report. One demo run serves every test here (a minute of the CI each time it runs)."""
+a second demo (a resume), the report. One demo run serves every test here and tools/demo_metrics.py's (a minute of
+the CI each time it runs)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,22 @@ import io
 import json
 import re
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from tests.helpers import CHROMIUM, check_in_chromium, report_summary, run_cli
+from tests.shared_runs import DEMO_STDOUT, copy_of, finished_demo
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """`gpufill demo` as the README runs it (a fresh process, --pack-size auto): (the folder it ran in, holding
-    ./gpufill-demo; what it printed). The tests leave its trials as they are: the report test adds report.html, and a
-    second `gpufill demo` resumes with nothing to do."""
-    folder = tmp_path_factory.mktemp("demo")
-    done = subprocess.run([sys.executable, "-m", "gpufill", "demo"], cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=1800, check=False)
-    assert done.returncode == 0, f"gpufill demo exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return folder, done.stdout
+@pytest.fixture
+def demo_run(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> tuple[Path, str]:
+    """The session's finished demo (tests/shared_runs.py: a fresh `gpufill` process, the pack size pinned), copied for
+    this test: (the folder holding ./gpufill-demo, what the run printed). The report test adds report.html to it, and
+    a second `gpufill demo` resumes it with nothing to do."""
+    folder = copy_of(finished_demo(tmp_path_factory), tmp_path)
+    return folder, (folder / DEMO_STDOUT).read_text()
 
 
 def test_the_demo_runs_and_results_show_every_project_and_family(demo_run, capsys, monkeypatch):
