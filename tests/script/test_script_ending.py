@@ -18,7 +18,6 @@ import pytest
 
 from gpufill.script.bench import VARIANTS, run_order, runs_text
 from gpufill.script.launch import run_instrumented
-from gpufill.script.supervise import GRACE_S
 from tests.helpers import USER_SCRIPTS, run_cli
 
 CATCHER = str(USER_SCRIPTS / "ignores_sigterm.py")
@@ -33,6 +32,8 @@ os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 while True:
     time.sleep(0.05)
 '''
+GRACE_S = 2.0
+"""--grace of these tests: the script ignores SIGTERM, so each waits it out (the default, 10 s, would only add waiting)."""
 KILLED = f"the script ignored SIGTERM: killed (SIGKILL to its process group) after {GRACE_S:g} s"
 
 
@@ -74,7 +75,7 @@ def plain_catcher(tmp_path: Path) -> Path:
 
 
 def test_doctor_ends_a_script_that_ignores_sigterm_at_its_deadline_and_kills_its_whole_group(pidfile, plain_catcher):
-    command = [sys.executable, "-m", "gpufill", "doctor", "--timeout", "3", "--json", "--", sys.executable, "-S", str(plain_catcher), str(pidfile)]
+    command = [sys.executable, "-m", "gpufill", "doctor", "--timeout", "3", "--grace", str(GRACE_S), "--json", "--", sys.executable, "-S", str(plain_catcher), str(pidfile)]
     started = time.monotonic()
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     report = json.loads(run.stdout)
@@ -87,7 +88,7 @@ def test_doctor_ends_a_script_that_ignores_sigterm_at_its_deadline_and_kills_its
 
 
 def test_bench_ends_a_run_that_ignores_sigterm_at_its_deadline_and_says_so_in_its_one_line(pidfile, plain_catcher):
-    command = [sys.executable, "-m", "gpufill", "bench", "--timeout", "3", "--", sys.executable, "-S", str(plain_catcher), str(pidfile)]
+    command = [sys.executable, "-m", "gpufill", "bench", "--timeout", "3", "--grace", str(GRACE_S), "--", sys.executable, "-S", str(plain_catcher), str(pidfile)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert run.returncode == 137 and run.stdout == ""
     assert run.stderr.strip().splitlines()[-1] == ("gpufill bench: the command was not measured: no Python process of the command was "
@@ -98,7 +99,7 @@ def test_bench_ends_a_run_that_ignores_sigterm_at_its_deadline_and_says_so_in_it
 
 def test_sigterm_passed_on_by_watch_and_ignored_ends_in_sigkill_and_a_daemon_it_started_is_named(tmp_path, pidfile):
     out = tmp_path / "watched"
-    command = [sys.executable, "-m", "gpufill", "watch", "--out", str(out), "--", sys.executable, CATCHER, str(pidfile), "daemon"]
+    command = [sys.executable, "-m", "gpufill", "watch", "--out", str(out), "--grace", str(GRACE_S), "--", sys.executable, CATCHER, str(pidfile), "daemon"]
     # Files, not pipes: the daemon inherits them and would hold a pipe open after gpufill has ended.
     with open(tmp_path / "out.txt", "w") as stdout, open(tmp_path / "err.txt", "w") as errors:
         process = subprocess.Popen(command, stdout=stdout, stderr=errors)
@@ -177,3 +178,12 @@ def test_a_script_without_the_execute_bit_or_a_directory_is_one_line_and_exit_2(
 def test_a_deadline_that_is_not_a_positive_number_is_one_line(capsys):
     code, _, err = run_cli(capsys, "doctor", "--timeout", "0", "--", sys.executable, "-c", "pass")
     assert code == 2 and err == "gpufill: error: command line: --timeout: --timeout 0 is not a positive number of seconds; fix: e.g. --timeout 600\n"
+
+
+@pytest.mark.parametrize("tool", ["doctor", "watch", "bench"])
+def test_a_grace_that_is_not_a_number_of_seconds_is_one_line_before_the_command_runs(capsys, tmp_path, tool):
+    ran = tmp_path / "ran"
+    for grace in ("-1", "inf"):
+        code, _, err = run_cli(capsys, tool, "--grace", grace, "--", sys.executable, "-c", f"open({str(ran)!r}, 'w')")
+        assert code == 2 and err == f"gpufill: error: command line: --grace: --grace {float(grace):g} is not a number of seconds; fix: e.g. --grace 10\n"
+    assert not ran.exists()

@@ -17,8 +17,10 @@ _MODEL_HELP = "A forecaster family (lstm, gru, tcn, transformer, mlp), or pkg.mo
 _DATA_HELP = ("pkg.mod:make_data or file.py:make_data returning the training data (tensors of any structure, a Dataset, a DataLoader) "
               "or {'train': ..., 'val': ...}; for a forecaster: synthetic, a .csv/.parquet file, a directory or a glob.")
 _LOSS_HELP = "mse, mae, huber, cross_entropy, bce_with_logits, or pkg.mod:fn with fn(model, batch) -> loss (any model)."
-_TIMEOUT_HELP = ("-- COMMAND: seconds before {what} is ended (SIGTERM to its process group, SIGKILL {grace:g} s later if it ignores it); "
-                 "default: {default}.")
+_TIMEOUT_HELP = ("-- COMMAND: seconds before {what} is ended (SIGTERM to its process group, SIGKILL --grace seconds later if it "
+                 "ignores it); default: {default}.")
+_GRACE_HELP = (f"-- COMMAND: seconds between the SIGTERM that ends the command and the SIGKILL if it ignores it (its own handlers and "
+               f"`finally` blocks run in between: time to save a checkpoint); default {GRACE_S:g}.")
 
 
 def _fit_options(pairs: list[str]) -> dict[str, Any]:
@@ -61,8 +63,8 @@ def bench(
     steps: int = typer.Option(30, "--steps", help="-- COMMAND: optimizer steps measured per run (after 3 warm-up steps)."),
     tries: list[str] = typer.Option([], "--try", help="-- COMMAND: only this speed-up (tf32, cudnn_benchmark, allocator, all), repeatable; "
                                                        "default: every one that applies to the script's device."),
-    timeout: float = typer.Option(DEADLINE_S, "--timeout", help=_TIMEOUT_HELP.format(what="each run of the command", grace=GRACE_S,
-                                                                                    default=f"{DEADLINE_S:g} s")),
+    timeout: float = typer.Option(DEADLINE_S, "--timeout", help=_TIMEOUT_HELP.format(what="each run of the command", default=f"{DEADLINE_S:g} s")),
+    grace: float = typer.Option(GRACE_S, "--grace", help=_GRACE_HELP),
 ) -> None:
     """Before/after: the guides' starting loop vs gpufill on one training, and what each speed-up is worth here.
 
@@ -74,7 +76,7 @@ def bench(
 
         check_target(out, field="--out")
     if ctx.args:
-        _bench_script(list(ctx.args), steps=steps, tries=tuple(tries), repeats=repeats or 1, out=out, as_json=as_json, timeout=timeout)
+        _bench_script(list(ctx.args), steps=steps, tries=tuple(tries), repeats=repeats or 1, out=out, as_json=as_json, timeout=timeout, grace=grace)
         return
     from gpufill.bench import BenchSettings, bench_table, run_bench, summary_lines, target_from_references
     from gpufill.engine.config import DEFAULTS
@@ -115,14 +117,15 @@ def doctor(
     steps: int = typer.Option(20, "--steps", help="Training steps to profile (after 3 warm-up steps)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1, ..."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-    timeout: float = typer.Option(DEADLINE_S, "--timeout", help=_TIMEOUT_HELP.format(what="the command", grace=GRACE_S, default=f"{DEADLINE_S:g} s")),
+    timeout: float = typer.Option(DEADLINE_S, "--timeout", help=_TIMEOUT_HELP.format(what="the command", default=f"{DEADLINE_S:g} s")),
+    grace: float = typer.Option(GRACE_S, "--grace", help=_GRACE_HELP),
 ) -> None:
     """Environment checks, a speed test against the peak, and what limits a training (with the fix and its expected gain).
 
     gpufill doctor [--steps N] [--json] -- COMMAND ...: diagnose your own training script, unchanged.
     """
     if ctx.args:
-        _doctor_script(ctx.args, steps=steps, as_json=as_json, timeout=timeout)
+        _doctor_script(ctx.args, steps=steps, as_json=as_json, timeout=timeout, grace=grace)
         return
     # torch is imported only when a command runs
     from gpufill.doctor import diagnose
@@ -156,7 +159,7 @@ def doctor(
         print_report(record, console)
 
 
-def _doctor_script(command: list[str], *, steps: int, as_json: bool, timeout: float) -> None:
+def _doctor_script(command: list[str], *, steps: int, as_json: bool, timeout: float, grace: float) -> None:
     """`gpufill doctor -- COMMAND`: the script's own exit code passes through when it crashed or ended early."""
     from gpufill.doctor.profiler import check_positive
     from gpufill.script.diagnose import diagnose_script
@@ -164,7 +167,7 @@ def _doctor_script(command: list[str], *, steps: int, as_json: bool, timeout: fl
 
     check_positive(steps=steps)
     console = Console(stderr=as_json)
-    diagnosis = diagnose_script(command, steps=steps, quiet_output=as_json, timeout_s=timeout)
+    diagnosis = diagnose_script(command, steps=steps, quiet_output=as_json, timeout_s=timeout, grace_s=grace)
     if as_json:
         print(json.dumps(diagnosis.to_dict()))
     else:
@@ -173,7 +176,8 @@ def _doctor_script(command: list[str], *, steps: int, as_json: bool, timeout: fl
         raise typer.Exit(diagnosis.exit_code)
 
 
-def _bench_script(command: list[str], *, steps: int, tries: tuple[str, ...], repeats: int, out: Path | None, as_json: bool, timeout: float) -> None:
+def _bench_script(command: list[str], *, steps: int, tries: tuple[str, ...], repeats: int, out: Path | None, as_json: bool, timeout: float,
+                  grace: float) -> None:
     """`gpufill bench -- COMMAND`: a command that does not reach its measured steps is one line (its own exit code, or 2).
     How many times the command runs is said on stderr before the first run."""
     from gpufill.script.bench import ScriptNotMeasured, bench_script
@@ -184,7 +188,8 @@ def _bench_script(command: list[str], *, steps: int, tries: tuple[str, ...], rep
     try:
         with talk.status("gpufill bench") as spinner:
             outcome = bench_script(command, steps=steps, repeats=repeats, tries=tries, progress=lambda text: spinner.update(f"gpufill bench: {text}"),
-                                   say=lambda text: talk.print(f"gpufill bench: {text}", markup=False, highlight=False, soft_wrap=True), timeout_s=timeout)
+                                   say=lambda text: talk.print(f"gpufill bench: {text}", markup=False, highlight=False, soft_wrap=True), timeout_s=timeout,
+                                   grace_s=grace)
     except ScriptNotMeasured as failure:
         typer.echo(str(failure) + ("" if failure.run.exit_code else f"; fix: fewer --steps than {steps}, or a longer run"), err=True)
         raise typer.Exit(failure.run.exit_code or 2) from None
@@ -204,14 +209,15 @@ def watch(
     ctx: typer.Context,
     out: Path | None = typer.Option(None, "--out", help="Folder for the recording and report.html (default: gpufill-watch-DATE-TIME, or gpufill-watch-JOBID in a Slurm job)."),
     interval: float = typer.Option(1.0, "--interval", help="Seconds between samples of the GPUs and the host."),
-    timeout: float | None = typer.Option(None, "--timeout", help=_TIMEOUT_HELP.format(what="the command", grace=GRACE_S, default="none (the whole run)")),
+    timeout: float | None = typer.Option(None, "--timeout", help=_TIMEOUT_HELP.format(what="the command", default="none (the whole run)")),
+    grace: float = typer.Option(GRACE_S, "--grace", help=_GRACE_HELP),
 ) -> None:
     """gpufill watch [--out DIR] -- COMMAND ...: run your command to its end, recorded (GPU and host timeline, the training's
     step and data-wait times, alerts), then write an HTML report and print a summary. Its output and exit code pass through."""
     from gpufill.script.display import print_watch_summary
     from gpufill.script.watch import watch as watch_command
 
-    outcome = watch_command(list(ctx.args), out, sample_every_s=interval, timeout_s=timeout)
+    outcome = watch_command(list(ctx.args), out, sample_every_s=interval, timeout_s=timeout, grace_s=grace)
     print_watch_summary(outcome.to_dict(), Console(stderr=True))  # stdout stays the command's own
     for problem in outcome.run.write_errors:  # e.g. a full disk: one line each; the command's exit code still passes through
         typer.echo(f"gpufill watch: warning: {problem}", err=True)

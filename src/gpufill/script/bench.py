@@ -27,7 +27,7 @@ from gpufill.errors import InputError
 from gpufill.script.diagnose import WARMUP_STEPS, analyse
 from gpufill.script.instrument import SETTINGS
 from gpufill.script.launch import ScriptRun, check_command, run_instrumented
-from gpufill.script.supervise import DEADLINE_S, check_timeout, left_running_text
+from gpufill.script.supervise import DEADLINE_S, GRACE_S, check_timeout, left_running_text
 
 ALLOCATOR = "expandable_segments:True"
 """PyTorch's caching allocator maps memory in growing segments: less fragmentation and fewer cudaMalloc
@@ -142,11 +142,11 @@ def runs_text(variants: list[Variant], repeats: int, steps: int) -> str:
 
 
 def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tuple[str, ...] = (), progress: Any = None,
-                 say: Any = None, timeout_s: float | None = DEADLINE_S) -> ScriptBench:
+                 say: Any = None, timeout_s: float | None = DEADLINE_S, grace_s: float = GRACE_S) -> ScriptBench:
     """Measure the command as it is, then with each variant (all that apply to its device, or those in `tries`).
     `say(text)`: lines the user must see (how many times the command runs); `progress(text)`: transient ones."""
     check_command(command, "bench")
-    check_timeout(timeout_s)
+    check_timeout(timeout_s, grace_s)
     known = {v.name: v for v in VARIANTS}
     unknown = [name for name in tries if name not in known]
     if unknown:
@@ -162,7 +162,7 @@ def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tup
     as_is = VariantResult(AS_IS)
     endings: list[str] = []
     report("the command as it is")
-    first = _measure(command, AS_IS, steps, timeout_s, endings)
+    first = _measure(command, AS_IS, steps, timeout_s, endings, grace_s)
     if first.report is None or not first.stopped_by_gpufill:
         raise ScriptNotMeasured(first)
     device = next((d for d in first.report["devices"] if d.startswith("cuda")), first.report["devices"][0] if first.report["devices"] else "cpu")
@@ -180,14 +180,14 @@ def bench_script(command: list[str], *, steps: int, repeats: int = 1, tries: tup
     for round_index, variant in run_order(chosen, repeats)[1:]:
         if round_index == repeats:
             report("the command as it is, again (the noise)")
-            again = _measure(command, AS_IS, steps, timeout_s, endings)
+            again = _measure(command, AS_IS, steps, timeout_s, endings, grace_s)
             if again.report is not None and again.stopped_by_gpufill:
                 closing = _rate(again)
                 as_is.rates.append(closing)
             continue
         result = as_is if variant is AS_IS else results[variant.name]
         report(f"round {round_index + 1}/{repeats}: {variant.name}")
-        run = _measure(command, variant, steps, timeout_s, endings)
+        run = _measure(command, variant, steps, timeout_s, endings, grace_s)
         if run.report is None or not run.stopped_by_gpufill:
             result.note = f"did not finish {steps} steps: {run.report['stop_reason'] if run.report else 'no report'} (exit code {run.exit_code})"
             continue
@@ -222,11 +222,11 @@ class ScriptNotMeasured(Exception):
         super().__init__(f"gpufill bench: the command was not measured: {reason} (exit code {run.exit_code}){ended}")
 
 
-def _measure(command: list[str], variant: Variant, steps: int, timeout_s: float | None, endings: list[str]) -> ScriptRun:
+def _measure(command: list[str], variant: Variant, steps: int, timeout_s: float | None, endings: list[str], grace_s: float = GRACE_S) -> ScriptRun:
     # The script's standard output goes to /dev/null (a table of rates is the product here); its errors still show.
     with tempfile.TemporaryDirectory(prefix="gpufill-bench-") as folder, open(os.devnull, "w") as quiet:
         run = run_instrumented(command, Path(folder), steps=steps, warmup=WARMUP_STEPS, settings=variant.settings, extra_env=variant.env(),
-                               sample_every_s=5.0, stdout=quiet, timeout_s=timeout_s)
+                               sample_every_s=5.0, stdout=quiet, timeout_s=timeout_s, grace_s=grace_s)
     ended = [f"gpufill ended it: {run.ending}"] if run.ending else []
     endings.extend(f"the {variant.name} run: {line}" for line in ended + left_running_text(run.left_running))
     return run

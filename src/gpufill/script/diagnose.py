@@ -22,7 +22,7 @@ from gpufill.monitor.summary import summarise
 from gpufill.script.instrument import THREAD_TRIAL_ENV
 from gpufill.script.launch import ScriptRun, check_command, run_instrumented
 from gpufill.script.oversubscription import fix_text, measured_gain, thread_verdict
-from gpufill.script.supervise import DEADLINE_S, check_timeout
+from gpufill.script.supervise import DEADLINE_S, GRACE_S, check_timeout
 
 WARMUP_STEPS = 3
 SYNCS_WORTH_A_FINDING = 0.25
@@ -92,15 +92,16 @@ class ScriptDiagnosis:
         }
 
 
-def diagnose_script(command: list[str], *, steps: int, quiet_output: bool = False, timeout_s: float | None = DEADLINE_S) -> ScriptDiagnosis:
+def diagnose_script(command: list[str], *, steps: int, quiet_output: bool = False, timeout_s: float | None = DEADLINE_S,
+                    grace_s: float = GRACE_S) -> ScriptDiagnosis:
     """Run `command` instrumented for WARMUP_STEPS + `steps` optimizer steps and diagnose it; it is ended
-    after `timeout_s` seconds (supervise.py) if it has not ended by then."""
+    after `timeout_s` seconds (supervise.py, SIGKILL `grace_s` after SIGTERM) if it has not ended by then."""
     check_command(command, "doctor")
-    check_timeout(timeout_s)
+    check_timeout(timeout_s, grace_s)
     with tempfile.TemporaryDirectory(prefix="gpufill-doctor-") as folder:
         # The script's own output goes to stderr under --json, so stdout stays one JSON object.
         run = run_instrumented(command, Path(folder), steps=steps, warmup=WARMUP_STEPS, sample_every_s=SAMPLE_EVERY_S,
-                               stdout=sys.stderr if quiet_output else None, extra_env={THREAD_TRIAL_ENV: "1"}, timeout_s=timeout_s)
+                               stdout=sys.stderr if quiet_output else None, extra_env={THREAD_TRIAL_ENV: "1"}, timeout_s=timeout_s, grace_s=grace_s)
     return analyse(run)
 
 

@@ -158,11 +158,14 @@ class Supervisor:
         return [{"pid": p.pid, "command": _command_line(p)} for p in sorted(self._alive(), key=lambda p: p.pid)]
 
 
-def check_timeout(timeout_s: float | None) -> None:
-    """One line (exit 2) for a deadline that is not a positive number of seconds, before anything runs."""
+def check_timeout(timeout_s: float | None, grace_s: float = GRACE_S) -> None:
+    """One line (exit 2) for a deadline that is not a positive number of seconds, or a grace that is not a number of
+    seconds, before anything runs."""
     if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
         raise InputError(f"--timeout {timeout_s:g} is not a positive number of seconds", where="command line", field="--timeout",
                          fix=f"e.g. --timeout {DEADLINE_S:g}")
+    if not (math.isfinite(grace_s) and grace_s >= 0):
+        raise InputError(f"--grace {grace_s:g} is not a number of seconds", where="command line", field="--grace", fix=f"e.g. --grace {GRACE_S:g}")
 
 
 def _signal_group(group: int, number: int) -> None:

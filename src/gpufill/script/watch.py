@@ -34,7 +34,7 @@ from gpufill.monitor.alerts import Alert, all_alerts, input_wait
 from gpufill.script.diagnose import WARMUP_STEPS, ScriptDiagnosis, analyse
 from gpufill.script.instrument import WHOLE_RUN
 from gpufill.script.launch import SAMPLES_FILE, ScriptRun, check_command, forwarding_signals, run_instrumented
-from gpufill.script.supervise import check_timeout
+from gpufill.script.supervise import GRACE_S, check_timeout
 
 SAMPLE_EVERY_S = 1.0
 """The sampler's interval: a day-long run is ~86,000 rows per source, a minute-long one still 60."""
@@ -109,10 +109,12 @@ def refuse_earlier_watch(folder: Path) -> None:
                      fix="give --out a new folder (or delete that one)")
 
 
-def watch(command: list[str], out: Path | None = None, *, sample_every_s: float = SAMPLE_EVERY_S, timeout_s: float | None = None) -> WatchOutcome:
-    """Run `command` to its end (or its deadline, `timeout_s`), recorded; write watch.json and report.html into the folder."""
+def watch(command: list[str], out: Path | None = None, *, sample_every_s: float = SAMPLE_EVERY_S, timeout_s: float | None = None,
+          grace_s: float = GRACE_S) -> WatchOutcome:
+    """Run `command` to its end (or its deadline, `timeout_s`; SIGKILL `grace_s` after SIGTERM), recorded; write watch.json
+    and report.html into the folder."""
     check_command(command, "watch")
-    check_timeout(timeout_s)
+    check_timeout(timeout_s, grace_s)
     if not sample_every_s > 0:
         raise InputError(f"--interval {sample_every_s} is not a positive number of seconds", where="command line", field="--interval", fix="e.g. --interval 1")
     slurm = slurm_job()
@@ -127,7 +129,7 @@ def watch(command: list[str], out: Path | None = None, *, sample_every_s: float 
     # starts) or, once it has ended, wait: a second signal cannot lose what the first one's run left.
     with forwarding_signals() as signals:
         run = run_instrumented(command, folder, steps=WHOLE_RUN, warmup=WARMUP_STEPS, sample_every_s=sample_every_s, bucket_s=BUCKET_S,
-                               signals=signals, timeout_s=timeout_s)
+                               signals=signals, timeout_s=timeout_s, grace_s=grace_s)
         alerts = sorted([*all_alerts(run.samples, work="the command ran"), *input_wait(run.timeline, share=INPUT_SHARE)], key=lambda a: a.ts)
         outcome = WatchOutcome(folder=folder, run=run, diagnosis=analyse(run, statistic="mean"), alerts=alerts, slurm=slurm, host=socket.gethostname())
         record = outcome.to_dict()
