@@ -1,14 +1,15 @@
-"""Test hygiene (no leaked env vars, backend flags or threads) and the gpu marker."""
+"""Test hygiene (no leaked env vars, backend flags or threads), the gpu marker and the fast loop's time limit."""
 
 from __future__ import annotations
 
 import os
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 import torch
+
+from tests.time_limit import pytest_addoption, pytest_runtest_makereport  # noqa: F401 - hooks: the fast loop's time held
 
 # A developer's own machine-wide tune cache (engine/measure/cache.py) would change what the tests measure.
 os.environ.pop("GPUFILL_TUNE_CACHE", None)
@@ -16,23 +17,19 @@ os.environ.pop("GPUFILL_TUNE_CACHE", None)
 # compares a fit with fp32 numbers would then pass or fail by the machine it runs on. Tests that exercise bf16 on a CPU
 # build a Hardware with bf16_supported=True. Set before the hygiene fixture's snapshot, and inherited by subprocesses.
 os.environ["GPUFILL_CPU_BF16"] = "0"
+# Under pytest-xdist, two workers share two cores: torch's default of a thread per core would oversubscribe them, and a
+# tiny training beside a busy neighbour then waits on OpenMP's spinning threads (measured: 0.1 s alone, 33 s so). One
+# thread per worker; the tests that measure (marker `serial`) run after, in one process, at torch's default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
-# Tests that time a training, pick threads or a plan by measuring, or compare a wall time with an estimate: `make test`
-# runs them after the rest, alone on the machine (marker `serial`), and the rest two at a time (pytest-xdist). Of script/,
-# watch, the script's ending (signals, deadlines) and the instrumentation count and wait; they measure nothing.
-SERIAL = ("bench/", "script/test_bench_script.py", "script/test_doctor_script.py", "script/test_findings.py", "doctor/", "monitor/",
-          "engine/test_many.py", "engine/test_many_limits.py", "engine/test_measured_plan.py", "engine/test_tune.py",
-          "engine/test_tune_cache_shapes.py", "engine/test_plan.py", "engine/test_thread_watch.py",
-          "campaign/run/test_estimate_accuracy.py", "campaign/executors/test_start_clock.py", "test_examples.py")
-TESTS_DIR = Path(__file__).resolve().parent
+# A test whose outcome a second busy process could flip (it times a training, picks by measuring, or compares a wall time
+# with an estimate) carries `@pytest.mark.serial` where it is defined: `make test` runs those alone, after the rest.
+# A whole campaign, a server or an interpreter of its own is `@pytest.mark.slow`: `make test-fast` leaves it out.
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    serial = pytest.mark.serial
-    for item in items:
-        if Path(item.fspath).resolve().relative_to(TESTS_DIR).as_posix().startswith(SERIAL):
-            item.add_marker(serial)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

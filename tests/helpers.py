@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
-
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,23 @@ def run_cli(capsys, *args):
         sys.argv = old
     out, err = capsys.readouterr()
     return done.value.code, out, err
+
+
+class _Streams:
+    """What run_cli reads from a capsys, for a caller without one: the text written to stdout and stderr."""
+
+    def __init__(self) -> None:
+        self.out, self.err = io.StringIO(), io.StringIO()
+
+    def readouterr(self) -> tuple[str, str]:
+        return self.out.getvalue(), self.err.getvalue()
+
+
+def run_cli_captured(*args):  # noqa: ANN201 - (code, stdout, stderr) as run_cli
+    """run_cli where there is no capsys (a module-scoped fixture: capsys is per test): the streams redirected here."""
+    streams = _Streams()
+    with contextlib.redirect_stdout(streams.out), contextlib.redirect_stderr(streams.err):
+        return run_cli(streams, *args)
 
 
 def write_campaign(directory: Path, name: str = "tiny", models: str = "mlp: {hidden_size: 16}\n  linear: {}", projects: int = 2,

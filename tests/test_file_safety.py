@@ -43,7 +43,7 @@ from gpufill.engine.result import FitCallback
 from gpufill.errors import InputError
 from gpufill.script.launch import SignalForwarder
 from tests.engine.equivalence import data, dict_loss, make_model
-from tests.helpers import run_cli, write_campaign
+from tests.helpers import run_cli, run_cli_captured, write_campaign
 
 GPUFILL = [sys.executable, "-m", "gpufill"]
 SCRIPTS = Path(__file__).parent / "user_scripts"
@@ -78,8 +78,8 @@ def finished(tmp_path_factory) -> tuple[Path, Path]:
     """(campaign file, workdir) of a finished two-trial campaign; tests work on copies of the workdir."""
     base = tmp_path_factory.mktemp("finished")
     path = write_campaign(base, models="linear: {}", projects=2)
-    run = subprocess.run([*GPUFILL, "run", str(path), "--workdir", str(base / "work")], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
+    code, _, err = run_cli_captured("run", path, "--workdir", base / "work", "--executor", "inline")  # inline: these tests read the workdir, not the workers
+    assert code == 0, err
     return path, base / "work"
 
 
@@ -243,7 +243,7 @@ def test_fresh_deletes_the_store_and_its_run_logs_and_nothing_of_the_users(tmp_p
     made = _user_files(work)
     with open(work / "logs" / "run-1.log", "a") as log:
         log.write("a line of the run --fresh starts over from\n")
-    code, _, err = run_cli(capsys, "run", finished[0], "--workdir", work, "--fresh", "--yes")
+    code, _, err = run_cli(capsys, "run", finished[0], "--workdir", work, "--fresh", "--yes", "--executor", "inline")
     assert code == 0, err
     assert {name: (work / name).read_bytes() for name in made} == made  # checkpoints/, notes, a report: untouched
     assert store_rows(work) == (1, 2)  # a new store: one run, both trials trained again
@@ -258,7 +258,7 @@ def test_fresh_without_a_store_deletes_nothing_and_asks_nothing(tmp_path, capsys
     made = _user_files(work)
     (work / "logs" / "run-7.log").write_bytes(b"named like a run log, but there is no store: not gpufill's to delete")
     made["logs/run-7.log"] = (work / "logs" / "run-7.log").read_bytes()
-    code, _, err = run_cli(capsys, "run", path, "--workdir", work, "--fresh")  # no --yes, and stdin is not a terminal
+    code, _, err = run_cli(capsys, "run", path, "--workdir", work, "--fresh", "--executor", "inline")  # no --yes, and stdin is not a terminal
     assert code == 0, err
     assert {name: (work / name).read_bytes() for name in made} == made and store_rows(work) == (1, 2)
 
@@ -332,13 +332,14 @@ def test_an_output_path_that_is_not_a_file_is_one_line(tmp_path, capsys, finishe
     assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
 
 
-def test_a_long_campaign_name_as_the_default_workdir_is_one_line(tmp_path):
+def test_a_long_campaign_name_as_the_default_workdir_is_one_line(tmp_path, capsys, monkeypatch):
     path = write_campaign(tmp_path, name="long", models="linear: {}")
     path.write_text(path.read_text().replace("name: long", "name: " + "n" * 300))
-    run = subprocess.run([*GPUFILL, "run", str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    line = one_line(run.stderr)
-    assert run.returncode == 2 and line.endswith(": --workdir: the path is too long for the file system (308 bytes, its longest name 308 bytes); "
-                                                 "fix: pass a shorter --workdir (without --workdir it is gpufill-NAME, from the campaign's name)")
+    monkeypatch.chdir(tmp_path)  # the default workdir is made where the command runs
+    code, _, err = run_cli(capsys, "run", path)
+    line = one_line(err)
+    assert code == 2 and line.endswith(": --workdir: the path is too long for the file system (308 bytes, its longest name 308 bytes); "
+                                       "fix: pass a shorter --workdir (without --workdir it is gpufill-NAME, from the campaign's name)")
     assert os.listdir(tmp_path) == [path.name]
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from gpufill.errors import InputError, visible
-from tests.helpers import run_cli
+from tests.helpers import run_cli, run_cli_captured
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,8 +48,8 @@ def hostile(tmp_path_factory):
     (base / "hostile.yaml").write_text(
         "name: hostile\ndata: {source: data.parquet, time_column: t}\ntask: {lookback: [8], horizon: 1}\nmodels:\n  linear: {}\n"
         f"  tests.campaign_models:tagged: {{tag: {json.dumps(list(TAGS))}}}\ntrain: {{epochs: 1, early_stopping: null}}\nseeds: [0]\n")
-    done = gpufill("run", base / "hostile.yaml", "--workdir", base / "work")
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    code, _out, err = run_cli_captured("run", base / "hostile.yaml", "--workdir", base / "work", "--executor", "inline")  # inline: the tests read what the run stored
+    assert code == 0, err[-3000:]
     return base / "work"
 
 
@@ -92,14 +92,14 @@ def test_the_live_views_show_running_names_as_visible_text():
     assert text.count("\\x1b]0;pwned\\x07title") == 2 and text.count("\\x1b[2Jclear") == 2
 
 
-def test_an_error_line_quoting_a_name_shows_its_escapes(tmp_path):
+def test_an_error_line_quoting_a_name_shows_its_escapes(tmp_path, capsys):
     """An InputError quoting the user's text (here an unknown project) is one line with the escapes visible."""
     path = tmp_path / "c.yaml"
     path.write_text('name: c\ndata: {source: synthetic, projects: ["\\e]0;pwned\\a", "p000"], length: 300}\nmodels: {linear: {}}\n')
-    done = gpufill("run", path, "--workdir", tmp_path / "work")
-    assert done.returncode == 2
-    err = done.stderr.decode()
-    assert b"\x1b" not in done.stderr and b"\x07" not in done.stderr and err.count("\n") == 1
+    code, _out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    assert code == 2
+    stderr = err.encode()  # the bytes a terminal would receive
+    assert b"\x1b" not in stderr and b"\x07" not in stderr and err.count("\n") == 1
     assert "unknown project(s) '\\x1b]0;pwned\\x07'" in err
     assert visible("a\x1b[2Jb\u202ec\x9bd\x7f") == "a\\x1b[2Jb\\u202ec\\x9bd\\x7f" and visible("p000 ok") == "p000 ok"
 
@@ -166,7 +166,7 @@ def test_dollars_in_names_and_grid_values_are_drawn_literally(hostile, capsys, m
 # -- class 8: hangs and runaway memory ----------------------------------------------------------------------------
 
 
-def test_thousands_of_tiny_projects_are_left_out_in_linear_time_with_one_summary_warning(tmp_path):
+def test_thousands_of_tiny_projects_are_left_out_in_linear_time_with_one_summary_warning(tmp_path, capsys):
     """3,000 one-row projects beside one real one: one warning for all of them, the real project's trial runs."""
     import time
 
@@ -176,10 +176,9 @@ def test_thousands_of_tiny_projects_are_left_out_in_linear_time_with_one_summary
     path = tmp_path / "many.yaml"
     path.write_text("name: many\ndata: {source: data.csv, time_column: t}\ntask: {lookback: [8, 16]}\nmodels: {linear: {}}\n")
     started = time.monotonic()
-    done = gpufill("run", path, "--workdir", tmp_path / "work", timeout=600)
+    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--executor", "inline")
     elapsed = time.monotonic() - started
-    out = done.stdout.decode()
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert code == 0, err[-2000:]
     warnings = [line for line in out.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and warnings[0].startswith("warning: 3,000 projects left out at one or more lookbacks (6,000 trials)")
     assert "done 2, failed 0" in out  # the real project, at both lookbacks
@@ -203,14 +202,13 @@ def test_left_out_notes_name_a_few_projects_each_and_summarise_many_in_linear_ti
                                                    f"the first {LEFT_OUT_LISTED}: project p000000 left out at lookback 30, 60 (2 trials)")
 
 
-def test_a_campaign_file_is_read_with_a_size_cap(tmp_path):
+def test_a_campaign_file_is_read_with_a_size_cap(tmp_path, capsys):
     """/dev/zero (endless) and a 5 MiB file: one line naming the cap, read no further than it."""
     big = tmp_path / "big.yaml"
     big.write_text("name: big\nmodels: {linear: {}}\n# " + "x" * (5 * 1024 * 1024) + "\n")
     for path in ("/dev/zero", big):
-        done = gpufill("estimate", path, timeout=120)
-        err = done.stderr.decode()
-        assert done.returncode == 2 and err.count("\n") == 1, err[-2000:]
+        code, _out, err = run_cli(capsys, "estimate", path)
+        assert code == 2 and err.count("\n") == 1, err[-2000:]
         assert err == f"gpufill: error: {path}: the file is larger than the 4 MiB a campaign file may be; fix: point to the campaign's .yaml file " \
                       "(a campaign is a few KB; list projects with a glob, not one by one)\n"
 

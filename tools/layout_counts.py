@@ -39,8 +39,8 @@ TARGETS = {"trial_subscripts": "0", "result_builders": "1", "result_patch_sites"
            "campaign_engine_non_hardware": "0", "folder_loops": "0", "fitconfig_frozen": "1", "flat_test_files": "-"}
 RESULT_KEYS = {"plan", "metrics", "timings"}
 PATCH_ROOTS = {"result", "plan"}
-PACKAGE_LEVEL_TESTS = {"test_imports.py", "test_examples.py", "test_layout_counts.py", "test_tools_demo_metrics.py"}
-"""Tests of the package as a whole (its import graph, its examples) or of tools/: they stay in tests/ itself."""
+PACKAGE_LEVEL_TESTS = {"test_imports.py", "test_examples.py", "test_layout_counts.py", "test_tools_demo_metrics.py", "test_time_limit.py"}
+"""Tests of the package as a whole (its import graph, its examples), of tools/ or of the suite itself: they stay in tests/."""
 
 
 def sources(package: Path) -> Iterator[tuple[Path, ast.Module]]:

@@ -305,6 +305,7 @@ def test_smoke(script: str, tmp_path: Path) -> None:
     SCRIPTS[script](record)
 
 
+@pytest.mark.serial  # measures time: its search's training seconds are compared with the grid's, run at other times
 def test_search_quality_quick_on_m1(tmp_path: Path) -> None:
     """The search bench at its --quick size on real data (M1 monthly's first 80 series, a grid of 40: the whole set
     took 2.4 minutes of the CI, 200 series over a minute): each search proposes only the grid's points, so it never beats the grid's best on

@@ -97,7 +97,7 @@ def assert_same_results(stored: dict[str, tuple], expected: dict[str, tuple]) ->
 def reference(tmp_path: Path, path: Path, data: dict[str, np.ndarray]) -> dict[str, tuple]:
     """The campaign's metrics on `data` alone (a clean run in its own workdir): what each trial id must store."""
     write_data(tmp_path / "data.csv", data)
-    outcome = Campaign.from_yaml(path, tmp_path / "reference").run(cpu_slots=1)
+    outcome = Campaign.from_yaml(path, tmp_path / "reference").run(cpu_slots=1, executor="inline")  # a local worker's metrics, no process
     assert outcome.failed == 0
     return metrics_by_trial(tmp_path / "reference")
 
@@ -175,7 +175,7 @@ def test_data_changed_before_the_workers_read_it_trains_only_what_still_matches_
         return prepared
 
     monkeypatch.setattr(Campaign, "prepare", prepare_then_change)
-    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--executor", "inline")
     assert code == 1
     assert err.count("\n") == 1 and "gpufill: 2 trials are left pending because the environment kept failing them" in err
     assert "the data of project b changed since the run began" in err and f"gpufill run {path} --workdir {tmp_path / 'work'}" in err
@@ -183,7 +183,7 @@ def test_data_changed_before_the_workers_read_it_trains_only_what_still_matches_
     assert by_project == {"a": "done:1,done:1", "b": "pending:0,pending:0"}
     monkeypatch.setattr(Campaign, "prepare", prepare)
     write_data(tmp_path / "data.csv", original)
-    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--executor", "inline")
     assert code == 0, err
     assert "2 trials an earlier run left pending after environment failures (not counted as attempts) are run again" in " ".join(out.split())
     assert_same_results(metrics_by_trial(tmp_path / "work"), expected)
@@ -200,7 +200,7 @@ def test_project_ids_are_kept_as_text(tmp_path, capsys):
         np.testing.assert_array_equal(project.target, values[name])
     (tmp_path / "ids.yaml").write_text("name: ids\ndata: {source: clients.csv, project_column: client, time_column: step}\n"
                                        "task: {lookback: [6], horizon: 1}\nmodels:\n  linear: {}\nseeds: [0]\n")
-    code, _out, err = run_cli(capsys, "run", tmp_path / "ids.yaml", "--workdir", tmp_path / "work")
+    code, _out, err = run_cli(capsys, "run", tmp_path / "ids.yaml", "--workdir", tmp_path / "work", "--executor", "inline")
     assert code == 0, err
     assert sorted(p for (p,) in rows(tmp_path / "work", "SELECT project FROM trials WHERE status = 'done'")) == ["0042", "007", "7"]
     for trial_id, project in rows(tmp_path / "work", "SELECT trial_id, project FROM trials"):
@@ -281,7 +281,7 @@ def test_large_values_within_the_limit_store_finite_forecasts_and_valid_json(tmp
     t = np.arange(120)
     pd.DataFrame({"time": t, "target": 1e37 * (2.0 + np.sin(t / 5))}).to_csv(tmp_path / "data.csv", index=False)
     (tmp_path / "big.yaml").write_text("name: big\ndata: {source: data.csv}\ntask: {lookback: [6], horizon: 1}\nmodels:\n  linear: {}\nseeds: [0]\n")
-    code, _out, err = run_cli(capsys, "run", tmp_path / "big.yaml", "--workdir", tmp_path / "work")
+    code, _out, err = run_cli(capsys, "run", tmp_path / "big.yaml", "--workdir", tmp_path / "work", "--executor", "inline")
     assert code == 0, err
     code, out, err = run_cli(capsys, "results", "--workdir", tmp_path / "work", "--ensemble", "median", "--format", "json")
     assert code == 0, err
@@ -341,7 +341,7 @@ def test_a_data_file_missing_for_a_few_seconds_uses_no_retry(tmp_path):
     helper = threading.Thread(target=restore_once_missed)
     helper.start()
     try:
-        outcome = campaign.run()
+        outcome = campaign.run(executor="inline")
     finally:
         finished.set()
         helper.join(timeout=WAIT_S)
@@ -365,7 +365,7 @@ def test_a_data_file_missing_past_the_patience_leaves_trials_pending_and_a_plain
         return prepared
 
     monkeypatch.setattr(Campaign, "prepare", prepare_then_remove)
-    code, _out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    code, _out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--executor", "inline")
     assert code == 1 and err.count("\n") == 1
     assert err.startswith("gpufill: 2 trials are left pending because the environment kept failing them (last: EnvironmentFailure: the data could "
                           "not be loaded: ")
@@ -376,7 +376,7 @@ def test_a_data_file_missing_past_the_patience_leaves_trials_pending_and_a_plain
     assert json.loads(out)["run"]["state"] == "incomplete"
     monkeypatch.setattr(Campaign, "prepare", prepare)
     os.replace(tmp_path / "data.csv.away", tmp_path / "data.csv")
-    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--executor", "inline")
     assert code == 0, err
     text = " ".join(out.split())
     assert "2 trials an earlier run left pending after environment failures (not counted as attempts) are run again; the last failure: " \
@@ -478,11 +478,15 @@ def test_a_run_is_alive_exactly_while_a_process_holds_the_workdir_lock(tmp_path)
     assert data["eta_s"] is None and data["running"] == []
 
 
+def watch_args(out: Path, *command: str) -> list[str]:
+    return ["watch", "--out", str(out), "--interval", "0.25", "--", sys.executable, *command]
+
+
 def watch_command(out: Path, *command: str) -> list[str]:
-    return [sys.executable, "-m", "gpufill", "watch", "--out", str(out), "--interval", "0.25", "--", sys.executable, *command]
+    return [sys.executable, "-m", "gpufill", *watch_args(out, *command)]
 
 
-def test_watch_out_reused_after_a_killed_watch_is_refused_and_its_files_kept(tmp_path):
+def test_watch_out_reused_after_a_killed_watch_is_refused_and_its_files_kept(tmp_path, capsys):
     out = tmp_path / "recording"
     process = subprocess.Popen(watch_command(out, "-c", "import time; time.sleep(300)"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
@@ -499,22 +503,22 @@ def test_watch_out_reused_after_a_killed_watch_is_refused_and_its_files_kept(tmp
             process.kill()
             process.wait()
     before = (out / "samples.jsonl").read_bytes()
-    again = subprocess.run(watch_command(out, "-c", "pass"), capture_output=True, text=True, timeout=WAIT_S)
-    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+    code, _out, err = run_cli(capsys, *watch_args(out, "-c", "pass"))  # the refusal needs no process of its own: the killed watch was one
+    assert code == 2 and err.count("\n") == 1, err
     assert (f"{out}: --out: {out} already holds the files of a watch that did not finish (samples.jsonl): this run's samples would mix "
-            "with them; fix: give --out a new folder (or delete that one)") in again.stderr
+            "with them; fix: give --out a new folder (or delete that one)") in err
     assert (out / "samples.jsonl").read_bytes() == before and not (out / "watch.json").exists()
 
 
-def test_watch_out_with_a_step_timeline_left_is_refused_and_an_empty_folder_is_used(tmp_path):
+def test_watch_out_with_a_step_timeline_left_is_refused_and_an_empty_folder_is_used(tmp_path, capsys):
     left = tmp_path / "left"
     left.mkdir()
     (left / "steps-0-4242.jsonl").write_text('{"t0": 0, "t1": 1, "steps": 3}\n')
-    refused = subprocess.run(watch_command(left, "-c", "pass"), capture_output=True, text=True, timeout=WAIT_S)
-    assert refused.returncode == 2 and "already holds the files of a watch that did not finish (steps-0-4242.jsonl)" in refused.stderr
+    code, _out, err = run_cli(capsys, *watch_args(left, "-c", "pass"))  # the watch in this process; the watched command is its own
+    assert code == 2 and "already holds the files of a watch that did not finish (steps-0-4242.jsonl)" in err
     assert sorted(p.name for p in left.iterdir()) == ["steps-0-4242.jsonl"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    used = subprocess.run(watch_command(empty, "-c", "pass"), capture_output=True, text=True, timeout=WAIT_S)
-    assert used.returncode == 0, used.stderr
+    code, _out, err = run_cli(capsys, *watch_args(empty, "-c", "pass"))
+    assert code == 0, err
     assert json.loads((empty / "watch.json").read_text())["exit_code"] == 0

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from rich.console import Console
 
 from gpufill.campaign.store.store import Store
 from gpufill.campaign.trials.trials import Trial
 from gpufill.cli.live import render, snapshot, sparkline
-from tests.helpers import a_result
+from tests.helpers import a_result, run_cli
 
 
 def test_sparkline_scales_values_and_leaves_gaps_blank():
@@ -57,11 +54,10 @@ def test_snapshot_counts_rate_eta_and_series(tmp_path):
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
-def test_a_finished_campaign_shows_its_last_recorded_minute_off_a_terminal(tmp_path):
+def test_a_finished_campaign_shows_its_last_recorded_minute_off_a_terminal(tmp_path, capsys):
     now = 1_000_000.0
     make_store(tmp_path, now)
     later = snapshot(tmp_path, now=lambda: now + 3600)  # an hour after the last sample: no run holds the workdir
     assert later["series"]["gpu0"]["util"] == [10.0 * i for i in range(10)] and later["series"]["host"]["cpu"] == [75.0]
-    run = subprocess.run([sys.executable, "-m", "gpufill", "monitor", "--once", "--workdir", str(tmp_path)], capture_output=True, text=True,
-                         timeout=120, stdin=subprocess.DEVNULL)  # stdout is a pipe, not a terminal
-    assert run.returncode == 0 and "watch: 2/5 done" in run.stdout and "util %" in run.stdout and "no resource samples" not in run.stdout
+    code, out, _ = run_cli(capsys, "monitor", "--once", "--workdir", tmp_path)  # stdout is captured, not a terminal
+    assert code == 0 and "watch: 2/5 done" in out and "util %" in out and "no resource samples" not in out

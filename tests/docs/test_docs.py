@@ -13,11 +13,12 @@ import re
 import shlex
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.helpers import run_cli
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 DOCS = ROOT / "docs"
@@ -186,15 +187,22 @@ def commands(markdown: str) -> list[list[str]]:
     return out
 
 
-@cache
-def help_text(*subcommand: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "gpufill", *subcommand, "--help"], cwd=ROOT, env={**env(), "COLUMNS": "200", "NO_COLOR": "1"},
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, (subcommand, done.stderr[-2000:])
-    return done.stdout
+HELP: dict[tuple[str, ...], str] = {}
+"""Each subcommand's --help, read once per session."""
 
 
-def check_gpufill(words: list[str]) -> None:
+def help_text(capsys, *subcommand: str) -> str:
+    if subcommand not in HELP:
+        with pytest.MonkeyPatch.context() as patch:  # 200 columns: an option's name is never cut
+            patch.setenv("COLUMNS", "200")
+            patch.setenv("NO_COLOR", "1")
+            code, out, err = run_cli(capsys, *subcommand, "--help")
+        assert code == 0, (subcommand, err[-2000:])
+        HELP[subcommand] = out
+    return HELP[subcommand]
+
+
+def check_gpufill(capsys, words: list[str]) -> None:
     """`gpufill SUB ... [options] [-- COMMAND]`: the subcommand has help, each option is in it, each file named exists."""
     words = words[: words.index("--")] if "--" in words else words  # after `--`: the user's own command
     subcommand = []
@@ -202,7 +210,7 @@ def check_gpufill(words: list[str]) -> None:
         if not re.fullmatch(r"[a-z][a-z-]*", word) or word in subcommand:
             break
         subcommand.append(word)
-    usage = help_text(*subcommand)
+    usage = help_text(capsys, *subcommand)
     assert subcommand and f"gpufill {' '.join(subcommand)}" in usage, words
     for word in words[1 + len(subcommand):]:
         if word.startswith("-"):
@@ -211,7 +219,7 @@ def check_gpufill(words: list[str]) -> None:
             assert (ROOT / word.split(":")[0]).exists(), (words, word)
 
 
-def test_every_command_of_the_readme_is_real():
+def test_every_command_of_the_readme_is_real(capsys):
     makefile = (ROOT / "Makefile").read_text()
     kinds = []
     for words in commands(README.read_text()):
@@ -223,19 +231,19 @@ def test_every_command_of_the_readme_is_real():
             venv = re.search(r"^VENV := (\S+)$", makefile, re.M).group(1)
             assert words[1] == f"{venv}/bin/activate"
         elif words[0] == "gpufill":
-            check_gpufill(words)
+            check_gpufill(capsys, words)
         else:
             raise AssertionError(f"a README command this test does not check: {words}")
     assert kinds.count("make") == 2 and kinds.count("gpufill") >= 3  # make demo, make test; a campaign's commands
 
 
-def test_every_gpufill_command_of_the_pages_parses_and_every_script_they_run_exists():
+def test_every_gpufill_command_of_the_pages_parses_and_every_script_they_run_exists(capsys):
     checked = 0
     for page in DOCS.glob("*.md"):
         for words in commands(page.read_text()):
             words = words[1:] if words[0] == "srun" else words
             if words[0] == "gpufill":
-                check_gpufill(words)
+                check_gpufill(capsys, words)
                 checked += 1
             elif words[0] in (".venv/bin/python", "bash"):
                 assert (ROOT / words[1]).exists(), (page.name, words)

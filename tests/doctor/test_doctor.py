@@ -220,6 +220,7 @@ def test_a_slow_dataset_with_a_tiny_model_is_input_bound(one_thread):
     assert report.verdict.expected_gain == pytest.approx(1 / (1 - report.timings.input_share))
 
 
+@pytest.mark.serial  # measures time: matmul share and thread scaling from timings
 def test_a_wide_mlp_on_tensors_is_compute_bound(one_thread):
     torch.manual_seed(0)
     width = 1024

@@ -540,6 +540,7 @@ class Wide(nn.Module):
         return self.net(x)
 
 
+@pytest.mark.serial  # measures time: a share of wall time
 @pytest.mark.slow
 def test_deciding_costs_at_most_5_percent_of_a_4_variant_call_of_a_million_parameter_model():
     assert 1.0e6 < sum(p.numel() for p in Wide().parameters()) < 1.1e6
@@ -580,6 +581,7 @@ def test_one_at_a_time_the_variants_share_one_measured_plan():
     assert all(p.value == 0.0 and p.reason.startswith("cached measurements of this model shape") for p in probes[1:])
 
 
+@pytest.mark.serial  # measures time: the pack size is decided by timing, and a wall-time share is asserted
 def test_auto_packs_16_small_mlps_on_this_cpu():
     """The issue's case at a test's size: 16 seeds of a small MLP, 48 steps each; one model alone is launch-bound on a
     CPU core, so the pack's step is several times faster per model however loaded the machine is."""

@@ -275,7 +275,7 @@ def test_a_pack_refuses_a_schedule_and_a_campaign_trains_scheduled_trials_alone(
     with pytest.raises(ValueError, match="a pack runs a constant lr, not schedule 'warmup_cosine'"):
         fit_pack(models("mlp", ws, seeds), members(ws, [1e-3, 1e-3], seeds), config=FitConfig(epochs=2, schedule="warmup_cosine"))
     path = write_campaign(tmp_path, name="scheduled", projects=2, epochs=2, models="mlp: {hidden_size: 8, schedule: warmup_cosine}")
-    Campaign.from_yaml(path, tmp_path / "w").run()
+    Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
     with sqlite3.connect(tmp_path / "w" / "gpufill.db") as con:
         plans = [json.loads(plan) for (plan,) in con.execute("SELECT plan FROM trials WHERE status = 'done'")]
     assert len(plans) == 2
@@ -293,8 +293,8 @@ def test_a_campaign_with_packs_matches_the_same_campaign_with_fusion_off(tmp_pat
     plain_path.write_text(packed_path.read_text().replace("name: packed", "name: plain").replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 1}"))
     packed_yaml = packed_path.read_text().replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 4}")
     packed_path.write_text(packed_yaml)
-    Campaign.from_yaml(packed_path, tmp_path / "a").run()
-    Campaign.from_yaml(plain_path, tmp_path / "b").run()
+    Campaign.from_yaml(packed_path, tmp_path / "a").run(executor="inline")
+    Campaign.from_yaml(plain_path, tmp_path / "b").run(executor="inline")
     a = Campaign.from_yaml(packed_path, tmp_path / "a").results().set_index("project")
     b = Campaign.from_yaml(plain_path, tmp_path / "b").results().set_index("project")
     assert (a["status"] == "done").all() and len(a) == 4
@@ -433,8 +433,8 @@ def test_a_users_own_model_family_trains_as_one_torch_func_pack_matching_the_cam
     plain_path = tmp_path / "plain.yaml"
     plain_path.write_text(packed_path.read_text().replace("name: packed", "name: plain").replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 1}"))
     packed_path.write_text(packed_path.read_text().replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 4}"))
-    Campaign.from_yaml(packed_path, tmp_path / "a").run()
-    Campaign.from_yaml(plain_path, tmp_path / "b").run()
+    Campaign.from_yaml(packed_path, tmp_path / "a").run(executor="inline")
+    Campaign.from_yaml(plain_path, tmp_path / "b").run(executor="inline")
     with sqlite3.connect(tmp_path / "a" / "gpufill.db") as con:
         plans = [json.loads(plan) for (plan,) in con.execute("SELECT plan FROM trials WHERE status = 'done'")]
     assert len(plans) == 4 and all(plan["pack_size"]["value"] == 4 and "torch.func vmap" in plan["pack_size"]["reason"] for plan in plans)
@@ -456,7 +456,7 @@ def test_a_packed_campaign_scores_each_trial_as_it_scores_trained_alone(tmp_path
                         "train: {epochs: 8, weight_decay: 0.01, early_stopping: {patience: 2}, precision: fp32}\nseeds: [0, 1]\n"
                         f"resources: {{retries: 0, pack_size: {pack_size}}}\n")
         run = Campaign.from_yaml(path, tmp_path / name)
-        run.run()
+        run.run(executor="inline")
         return run
     packed, alone = campaign("packed", 8), campaign("alone", 1)
     with sqlite3.connect(tmp_path / "packed" / "gpufill.db") as con:
@@ -471,7 +471,7 @@ def test_a_packed_campaign_scores_each_trial_as_it_scores_trained_alone(tmp_path
 def test_a_users_family_vmap_cannot_run_trains_unfused_in_a_campaign_with_the_reason(tmp_path):
     path = write_campaign(tmp_path, name="item", projects=3, epochs=2, models="tests.custom_model_fixture:make_reads_item: {}")
     run = Campaign.from_yaml(path, tmp_path / "w")
-    run.run()
+    run.run(executor="inline")
     with sqlite3.connect(tmp_path / "w" / "gpufill.db") as con:
         plans = [json.loads(plan) for (plan,) in con.execute("SELECT plan FROM trials WHERE status = 'done'")]
     assert len(plans) == 3

@@ -41,14 +41,17 @@ def test_a_pack_of_64_trains_every_member_as_plain_training_does(family, params)
     full-size steps, whichever side computes them; at the default lr they agree to 1e-4.)"""
     ws = windows(64, length=120)
     seeds = list(range(64))
-    config = FitConfig(epochs=2, batch_size=32, device="cpu", precision="fp32")
+    # One thread on both sides: 65 trainings of tiny steps gain nothing from a second one, and on a busy CPU (the other
+    # pytest-xdist worker) its waits made them 10-30 s instead of 1 s; the comparison holds at any thread count.
+    config = FitConfig(epochs=2, batch_size=32, device="cpu", precision="fp32", threads=1)
     packed = fit_pack(build(family, ws, seeds, params), members(ws, seeds), config=config)
     assert len(packed) == 64 and packed[0].timings["pack_size"] == 64
     for w, seed, member, result in zip(ws, seeds, members(ws, seeds), packed, strict=True):
         torch.manual_seed(seed)
         model = registry.build(family, n_features=w.n_features, lookback=w.lookback, horizon=1, params=params)
         plain = fit(model, (w.x_train, w.y_train), (w.x_val, w.y_val),
-                    config=FitConfig(epochs=2, batch_size=32, device="cpu", precision="fp32", lr=member.lr, weight_decay=member.weight_decay, seed=seed))
+                    config=FitConfig(epochs=2, batch_size=32, device="cpu", precision="fp32", lr=member.lr, weight_decay=member.weight_decay, seed=seed,
+                                     threads=1))
         metrics = {key: (result.metrics[key], plain.metrics[key]) for key in ("train_loss", "val_loss")}
         metrics["test_mae"] = tuple(forecast_metrics(w.test_truth, w.inverse_target(predict(m, w.x_test)), w.mase_scale)["mae"] for m in (result.model, plain.model))
         for key, (fused_value, plain_value) in metrics.items():

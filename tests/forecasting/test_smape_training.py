@@ -40,7 +40,7 @@ def test_smape_gradient_is_the_weighted_absolute_errors_also_below_zero():
 def test_a_network_trained_on_smape_or_mape_lands_within_10_percent_of_one_trained_on_mae(tmp_path):
     spec = tmp_path / "campaign.yaml"
     spec.write_text(CAMPAIGN)
-    outcome = Campaign.from_yaml(spec, tmp_path / "work").run()
+    outcome = Campaign.from_yaml(spec, tmp_path / "work").run(executor="inline")
     assert (outcome.done, outcome.failed) == (4, 0)
     trials = read_trials(tmp_path / "work")
     nets = trials[trials["family"] == "nbeats"]
@@ -55,7 +55,7 @@ def test_a_campaign_wide_smape_loss_leaves_classical_families_their_own_recipe(t
     spec = tmp_path / "campaign.yaml"
     spec.write_text(CAMPAIGN.replace("nbeats: {width: 64, blocks: 2, loss: [mae, smape, mape]}", "nbeats: {width: 16, blocks: 1}")
                     .replace("epochs: 25, early_stopping: null", "epochs: 1, loss: smape, early_stopping: null"))
-    outcome = Campaign.from_yaml(spec, tmp_path / "work").run()
+    outcome = Campaign.from_yaml(spec, tmp_path / "work").run(executor="inline")
     assert (outcome.done, outcome.failed) == (2, 0)  # snaive failed here before: "loss smape with scaling project"
     trials = read_trials(tmp_path / "work")
     assert sorted(trials["family"]) == ["nbeats", "snaive"] and trials["smape"].notna().all()

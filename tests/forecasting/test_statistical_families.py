@@ -64,7 +64,7 @@ def test_in_a_campaign_the_references_run_on_the_cpu_lane_and_global_mode_fits_t
     for mode in ("local", "global"):
         path = write_campaign(tmp_path, name=f"refs-{mode}", models="snaive: {}\n  theta: {}", projects=2)
         path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}", f"task: {{lookback: [12], horizon: 2, mode: {mode}}}"))
-        outcome = Campaign.from_yaml(path, tmp_path / mode).run()
+        outcome = Campaign.from_yaml(path, tmp_path / mode).run(executor="inline")
         assert (outcome.done, outcome.failed) == ((4, 0) if mode == "local" else (2, 0))
         scores[mode] = read_results(tmp_path / mode)
     local = scores["local"].set_index(["family", "project"])["mae"]
@@ -79,7 +79,7 @@ def test_the_summary_measures_every_family_against_the_seasonal_naive(tmp_path, 
     from tests.helpers import run_cli
 
     path = write_campaign(tmp_path, name="ratio", models="snaive: {}\n  linear: {}", projects=2)
-    Campaign.from_yaml(path, tmp_path / "w").run()
+    Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
     rows = read_best(tmp_path / "w")
     by = {(row["project"], row["family"]): row for row in rows}
     for project in ("p000", "p001"):
@@ -104,7 +104,7 @@ def test_in_local_mode_a_too_short_project_sits_out_the_lookbacks_it_cannot_hold
     path = tmp_path / "c.yaml"
     path.write_text("name: short\ndata: {source: sales.csv, target: y, project_column: store}\n"
                     "task: {lookback: [8, 40], horizon: 1, split: {val: 0.1, test: 0.2}}\nmodels: {linear: {}, snaive: {season_length: 4}}\nseeds: [0]\n")
-    outcome = Campaign.from_yaml(path, tmp_path / "w").run()
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
     # linear at each lookback of the long project and at 8 of the short one; snaive once per project (at the shortest lookback)
     assert (outcome.done, outcome.failed) == (5, 0)
     results = read_results(tmp_path / "w")
@@ -134,7 +134,7 @@ def test_in_global_mode_a_padded_short_series_trains_and_scores(tmp_path):
     path.write_text("name: padded\ndata: {source: sales.csv, target: y, project_column: store}\n"
                     "task: {lookback: [40], horizon: 2, mode: global, split: {val: 0.1, test: 0.2}}\n"
                     "models: {linear: {}, snaive: {season_length: 4}, mlp: {hidden_size: 8}}\ntrain: {epochs: 3}\nseeds: [0]\n")
-    outcome = Campaign.from_yaml(path, tmp_path / "w").run()
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
     assert (outcome.done, outcome.failed) == (3, 0)
     with sqlite3.connect(tmp_path / "w" / "gpufill.db") as con:
         rows = {family: (json.loads(metrics), json.loads(plan)) for family, metrics, plan in con.execute("SELECT family, metrics, plan FROM trials")}
@@ -154,7 +154,7 @@ def test_a_backtest_scores_each_rolling_origin_and_its_metrics_are_their_mean(tm
     path = write_campaign(tmp_path, name="bt", models="linear: {}\n  snaive: {}\n  mlp: {hidden_size: 8}", projects=2, epochs=2)
     path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}",
                                              "task: {lookback: [12], horizon: 3, split: {val: 0.1, test: {backtest: {windows: 3, step: 6}}}}"))
-    outcome = Campaign.from_yaml(path, tmp_path / "w").run()
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
     assert (outcome.done, outcome.failed) == (6, 0)
     results = read_results(tmp_path / "w")
     store = Store.open(tmp_path / "w")

@@ -43,7 +43,7 @@ def campaign_workdir(tmp_path_factory) -> Path:
     path = write_campaign(directory, projects=3, epochs=2,
                           models="mlp: {hidden_size: [8, 16]}\n  linear: {}\n  tests.campaign_models:always_raises: {}")
     workdir = directory / "work"
-    outcome = Campaign.from_yaml(path, workdir).run()
+    outcome = Campaign.from_yaml(path, workdir).run(executor="inline")
     assert (outcome.done, outcome.failed) == (9, 3)
     _add_monitor_rows(workdir, gpus=True)
     return workdir
@@ -111,7 +111,7 @@ def test_report_has_summary_comparison_failures_alerts_and_plans(campaign_workdi
 def test_without_gpu_rows_the_gpu_plots_are_a_note(tmp_path, capsys):
     path = write_campaign(tmp_path, projects=2, epochs=1, models="linear: {}")
     workdir = tmp_path / "work"
-    Campaign.from_yaml(path, workdir).run()
+    Campaign.from_yaml(path, workdir).run(executor="inline")
     _add_monitor_rows(workdir, gpus=False)
     code, stdout, _ = run_cli(capsys, "report", "--workdir", workdir)
     assert code == 0 and stdout.strip() == str(workdir / "report.html")

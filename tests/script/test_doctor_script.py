@@ -47,6 +47,7 @@ def test_a_per_step_item_is_named_with_its_line_and_counted_once_per_step():
     assert report["training"]["device"] == "cpu" and not any("item() at" in f["what"] for f in report["findings"])
 
 
+@pytest.mark.serial  # measures time: the verdict compares the script's steps with a matmul timed after them
 def test_a_compute_heavy_script_is_compute_bound_with_its_flops_counted():
     code, report, _ = doctor("compute_heavy.py", steps=3)
     assert code == 0
@@ -57,6 +58,7 @@ def test_a_compute_heavy_script_is_compute_bound_with_its_flops_counted():
     assert report["training"]["precision"].startswith("float32 (")
 
 
+@pytest.mark.serial  # measures time: the bytes share is measured against a copy rate timed after the steps
 def test_a_small_model_at_batch_8_is_overhead_bound_and_its_batch_size_line_is_named():
     code, report, _ = doctor("tiny_steps.py", steps=8)
     assert code == 0
@@ -112,6 +114,7 @@ def test_a_launcher_that_failed_with_its_rank_is_not_counted_as_a_rank(tmp_path)
     assert [r["pid"] for r in _training_reports(tmp_path, problems)] == [20]
 
 
+@pytest.mark.serial  # measures time: two ranks' shares of loading and stepping decide the verdict
 def test_under_torchrun_each_rank_is_instrumented_and_rank_0_is_reported():
     command = [sys.executable, "-m", "gpufill", "doctor", "--steps", "4", "--json", "--",
                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(USER_SCRIPTS / "ddp_train.py")]

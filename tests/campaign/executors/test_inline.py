@@ -3,6 +3,8 @@ with their lane's thread count; a task that raises is the crash of its worker; t
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from gpufill.campaign.executors import LaneRequest, make_executor
@@ -60,3 +62,5 @@ def test_gpufill_run_executor_inline_trains_every_trial_in_the_command_s_process
     code, out, err = run_cli(capsys, "run", write_campaign(tmp_path), "--workdir", tmp_path / "work", "--executor", "inline")
     assert code == 0, err
     assert "done 4, failed 0, pending 0 of 4 trials" in out and "0 worker crashes" in out
+    marks = re.findall(r"start-up: (.+?) at [\d.]+ s", (tmp_path / "work" / "logs" / "run-1.log").read_text())
+    assert marks[marks.index("workers started"):] == ["workers started", "first worker ready", "first task done", "last task done", "workers stopped"]

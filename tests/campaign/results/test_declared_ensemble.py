@@ -43,7 +43,7 @@ def test_the_ensembles_lookbacks_and_losses_become_trials(tmp_path):
 def test_after_a_run_the_ensemble_is_the_median_of_its_members_stored_forecasts(tmp_path):
     path = tmp_path / "declared.yaml"
     path.write_text(YAML)
-    outcome = Campaign.from_yaml(path, tmp_path / "work").run()
+    outcome = Campaign.from_yaml(path, tmp_path / "work").run(executor="inline")
     assert (outcome.done, outcome.failed) == (2 * (8 + 4), 0)  # per project: mlp 2 lookbacks x 2 losses x 2 seeds, linear 2 x 2
     store = Store.open(tmp_path / "work")
     try:
@@ -101,7 +101,7 @@ def test_a_family_and_its_variant_train_grids_that_cannot_be_one_and_join_one_en
     (the same family under a second name) carries the second grid, and the ensemble combines both."""
     path = tmp_path / "variants.yaml"
     path.write_text(VARIANTS)
-    outcome = Campaign.from_yaml(path, tmp_path / "work").run()
+    outcome = Campaign.from_yaml(path, tmp_path / "work").run(executor="inline")
     assert (outcome.done, outcome.failed) == (4, 0)
     store = Store.open(tmp_path / "work")
     try:

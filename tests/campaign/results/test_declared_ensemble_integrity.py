@@ -43,9 +43,9 @@ def _stop(*_args: object) -> None:
 def _run(path, work, *, interrupted: bool = False):  # noqa: ANN202 - a RunOutcome
     if interrupted:
         with pytest.raises(Stopped):
-            Campaign.from_yaml(path, work).run(on_start=_stop)
+            Campaign.from_yaml(path, work).run(on_start=_stop, executor="inline")
         return None
-    return Campaign.from_yaml(path, work).run()
+    return Campaign.from_yaml(path, work).run(executor="inline")
 
 
 def _ensemble_rows(rows: list[dict]) -> list[dict]:

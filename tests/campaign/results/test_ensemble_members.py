@@ -32,7 +32,7 @@ resources: {retries: 0}
 def _run(tmp_path, text: str):
     path = tmp_path / "c.yaml"
     path.write_text(text)
-    outcome = Campaign.from_yaml(path, tmp_path / "w").run()
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
     store = Store.open(tmp_path / "w")
     try:
         records = [r for r in store.records() if r["status"] == "done"]

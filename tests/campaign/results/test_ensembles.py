@@ -19,7 +19,7 @@ def test_forecasts_are_kept_and_an_ensemble_of_one_member_is_that_member(tmp_pat
 
     path = write_campaign(tmp_path, name="ens", models="linear: {}\n  mlp: {hidden_size: 8}", projects=2, epochs=2)
     path.write_text(path.read_text().replace("seeds: [0]", "seeds: [0, 1, 2]"))
-    Campaign.from_yaml(path, tmp_path / "w").run()
+    Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
     results = read_results(tmp_path / "w")
     rows = pd.DataFrame(forecast_rows(tmp_path / "w"))
     # Every trial's forecasts are there: its test windows x horizon, and they give back its own MAE.
@@ -39,7 +39,7 @@ def test_forecasts_are_kept_and_an_ensemble_of_one_member_is_that_member(tmp_pat
     assert np.allclose(linear["mae"], linear["member_mae_best"])
     path.write_text(path.read_text().replace("seeds: [0, 1, 2]", "seeds: [0]"))
     seed0 = results[results["seed"] == 0]
-    Campaign.from_yaml(path, tmp_path / "w").run()  # the file now has one seed: seeds 1 and 2 are stale, one member each
+    Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")  # the file now has one seed: seeds 1 and 2 are stale, one member each
     one = pd.DataFrame(ensembles(tmp_path / "w", "mean")).set_index(["family", "project"])
     assert set(one["members"]) == {1}
     for trial in seed0.itertuples():
@@ -56,7 +56,7 @@ def test_global_models_of_several_seeds_train_alone_and_ensemble_per_project(tmp
     path = write_campaign(tmp_path, name="glob", models="mlp: {hidden_size: 8}\n  snaive: {}", projects=3, epochs=2)
     text = path.read_text().replace("seeds: [0]", "seeds: [0, 1]").replace("task: {lookback: [12], horizon: 1}", "task: {lookback: [12], horizon: 2, mode: global}")
     path.write_text(text)
-    outcome = Campaign.from_yaml(path, tmp_path / "w").run()  # two global mlp trials of one shape: not a fused pack (it knows no '*')
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")  # two global mlp trials of one shape: not a fused pack (it knows no '*')
     assert (outcome.done, outcome.failed) == (3, 0)  # snaive is deterministic: one seed
     median = pd.DataFrame(ensembles(tmp_path / "w", "median"))
     assert sorted(median["project"].unique()) == ["p000", "p001", "p002"]  # a global model's forecasts are kept per project
@@ -75,7 +75,7 @@ def test_each_trials_validation_forecasts_are_kept_and_give_back_its_validation_
     path = write_campaign(tmp_path, name="val", models="mlp: {hidden_size: 8}\n  linear: {}\n  snaive: {}", projects=3, epochs=2)
     path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}",
                                              f"task: {{lookback: [12], horizon: 3, split: {{val: 30, test: 30}}, mode: {mode}}}"))
-    outcome = Campaign.from_yaml(path, tmp_path / "w").run()
+    outcome = Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
     assert outcome.failed == 0
     results = read_results(tmp_path / "w")
     val = pd.DataFrame(forecast_rows(tmp_path / "w", window="val"))
@@ -102,7 +102,7 @@ def test_bad_forecast_views_are_one_line_and_exit_2(tmp_path, capsys, args, fiel
     from tests.helpers import run_cli
 
     path = write_campaign(tmp_path, name="views", models="linear: {}", projects=1)
-    Campaign.from_yaml(path, tmp_path / "w").run()
+    Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
     code, _, err = run_cli(capsys, "results", *args, "--workdir", tmp_path / "w")
     assert code == 2 and len(err.strip().splitlines()) == 1 and field in err and "Traceback" not in err
 
@@ -116,7 +116,7 @@ def test_a_damaged_forecast_row_is_one_line_naming_its_table_and_nothing_is_chan
 
     path = write_campaign(tmp_path, name="dmg", models="linear: {}", projects=1, epochs=1)
     path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}", "task: {lookback: [12], horizon: 2, split: {val: 20, test: 20}}"))
-    Campaign.from_yaml(path, tmp_path / "w").run()
+    Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
     db_path = tmp_path / "w" / DB_NAME
     with sqlite3.connect(db_path) as db:
         db.execute(f"UPDATE {table} SET forecast = substr(forecast, 1, 6)")  # a torn row: 6 bytes are not whole float32 pairs

@@ -46,11 +46,11 @@ def test_edited_data_reruns_only_its_projects_trials_and_the_summary_shows_only_
     write_data(tmp_path / "data", "a")
     write_data(tmp_path / "data", "b")
     path, work = write_file(tmp_path), tmp_path / "work"
-    assert run_cli(capsys, "run", path, "--workdir", work)[0] == 0
+    assert run_cli(capsys, "run", path, "--workdir", work, "--executor", "inline")[0] == 0
     before = results(capsys, work).set_index("trial_id")
     assert len(before) == 8  # 2 projects x 2 sizes x 2 seeds
     write_data(tmp_path / "data", "b", scale=1000.0)  # b's values change; a's file is untouched
-    assert run_cli(capsys, "run", path, "--workdir", work)[0] == 0
+    assert run_cli(capsys, "run", path, "--workdir", work, "--executor", "inline")[0] == 0
     after = results(capsys, work).set_index("trial_id")
     kept = after[after.project == "a"]
     assert set(kept.index) == set(before[before.project == "a"].index)  # a's trials: same ids, not re-run
@@ -73,9 +73,9 @@ def test_edited_settings_leave_the_old_trials_stale_and_never_average_them(tmp_p
     (tmp_path / "data").mkdir()
     write_data(tmp_path / "data", "a")
     path, work = write_file(tmp_path, epochs=2), tmp_path / "work"
-    assert run_cli(capsys, "run", path, "--workdir", work)[0] == 0
+    assert run_cli(capsys, "run", path, "--workdir", work, "--executor", "inline")[0] == 0
     write_file(tmp_path, epochs=3, hidden="[8]")  # more epochs; the grid value 16 removed
-    code, out, _err = run_cli(capsys, "run", path, "--workdir", work)
+    code, out, _err = run_cli(capsys, "run", path, "--workdir", work, "--executor", "inline")
     assert code == 0
     assert "done 2, failed 0, pending 0 of 2 trials" in " ".join(out.split())  # progress counts the file as it is
     current = results(capsys, work)
@@ -108,7 +108,7 @@ def test_an_older_store_without_provenance_columns_is_read_and_upgraded(tmp_path
     (tmp_path / "data").mkdir()
     write_data(tmp_path / "data", "a")
     path, work = write_file(tmp_path, hidden="[8]", seeds="[0]"), tmp_path / "work"
-    assert run_cli(capsys, "run", path, "--workdir", work)[0] == 0
+    assert run_cli(capsys, "run", path, "--workdir", work, "--executor", "inline")[0] == 0
     with closing(sqlite3.connect(work / "gpufill.db")) as con, con:  # as a store written before provenance looked
         for column in ("data_fingerprint", "config_id", "base_id", "current"):
             con.execute(f"ALTER TABLE trials DROP COLUMN {column}")

@@ -25,7 +25,7 @@ def campaign(tmp_path, val: int) -> Campaign:
 
 def test_a_lookback_chosen_on_validation_is_the_one_whose_test_score_is_shown(tmp_path):
     run = campaign(tmp_path, val=30)
-    assert run.run().failed == 0
+    assert run.run(executor="inline").failed == 0
     trials = read_trials(tmp_path / "work")
     mlp = trials[trials["family"] == "mlp"]
     assert trials["val_mae"].notna().all()  # classical too: fitted on train for its validation score (issue 38)
@@ -48,7 +48,7 @@ def test_a_lookback_chosen_on_validation_is_the_one_whose_test_score_is_shown(tm
 
 
 def test_without_a_validation_window_the_summary_says_it_chose_on_the_test(tmp_path):
-    assert campaign(tmp_path, val=0).run().failed == 0
+    assert campaign(tmp_path, val=0).run(executor="inline").failed == 0
     rows = read_best(tmp_path / "work")
     assert {r["chosen_on"] for r in rows} == {CHOSEN_ON_TEST} and len(rows) == 4
     trials = read_trials(tmp_path / "work")

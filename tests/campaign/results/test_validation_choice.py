@@ -39,7 +39,7 @@ def disagree(tmp_path_factory):
     """Six synthetic projects on which, for 4 of them, the family best on validation is not the one best on test."""
     folder = tmp_path_factory.mktemp("disagree")
     (folder / "c.yaml").write_text(DISAGREE)
-    outcome = Campaign.from_yaml(folder / "c.yaml", folder / "work").run()
+    outcome = Campaign.from_yaml(folder / "c.yaml", folder / "work").run(executor="inline")
     return folder / "work", outcome
 
 
@@ -110,7 +110,7 @@ resources: {retries: 0}
 
 def test_a_global_campaigns_declared_ensemble_is_one_pooled_row_in_table_csv_and_json(tmp_path, capsys):
     (tmp_path / "c.yaml").write_text(POOLED)
-    outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "w").run()
+    outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "w").run(executor="inline")
     assert (outcome.done, outcome.failed) == (2 + 2 + 1, 0)
     store = Store.open(tmp_path / "w")
     try:
@@ -142,7 +142,7 @@ def test_short_series_are_one_note_with_the_count_and_the_shortest(tmp_path):
     (tmp_path / "c.yaml").write_text("name: padded\ndata: {source: sales.csv, target: y, project_column: store}\n"
                                      "task: {lookback: [40], horizon: 2, mode: global, split: {val: 0.1, test: 0.2}}\n"
                                      "models: {linear: {}}\nseeds: [0]\n")
-    outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "w").run()
+    outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "w").run(executor="inline")
     assert (outcome.done, outcome.failed) == (1, 0)
     store = Store.open(tmp_path / "w")
     try:

@@ -33,7 +33,7 @@ def test_global_mode_trains_one_model_over_all_projects(tmp_path):
     path = write_campaign(tmp_path, projects=3, epochs=3, models="mlp: {hidden_size: 16}\n  linear: {}")
     path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}", "task: {lookback: [12], horizon: 1, mode: global}"))
     campaign = Campaign.from_yaml(path, tmp_path / "work")
-    outcome = campaign.run()
+    outcome = campaign.run(executor="inline")
     assert outcome.done == 2  # one trial per family, not per project
     results = read_results(tmp_path / "work")
     assert list(results["project"]) == ["*", "*"] and (results["status"] == "done").all()
@@ -59,21 +59,21 @@ def test_train_runs_classical_families(capsys, family):
 
 def test_each_run_writes_a_log_file_and_verbose_logs_every_trial(tmp_path, capsys):
     path = write_campaign(tmp_path, projects=2, epochs=2, models="linear: {}\n  tests.campaign_models:always_raises: {}", retries=0)
-    code, _, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--verbose")
+    code, _, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--verbose", "--executor", "inline")
     assert code == 1
     log = (tmp_path / "work" / "logs" / "run-1.log").read_text()
     assert "lane cpu: 2 slots x 1 threads" in log
     assert log.count(" DEBUG gpufill.scheduler: done ") == 2  # the two linear trials
     assert log.count("failed, attempt 1/1: ValueError: this model always fails") == 2
     assert "run 1 ended: 2 done, 2 failed" in log
-    code, _, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    code, _, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--executor", "inline")
     second = (tmp_path / "work" / "logs" / "run-2.log").read_text()
     assert " DEBUG " not in second  # without --verbose
 
 
 def test_a_run_samples_the_host_into_the_store(tmp_path):
     path = write_campaign(tmp_path, projects=2, epochs=30, models="mlp: {hidden_size: 32}")
-    Campaign.from_yaml(path, tmp_path / "work").run()
+    Campaign.from_yaml(path, tmp_path / "work").run(executor="inline")
     from gpufill.campaign.store.store import Store
 
     store = Store.open(tmp_path / "work")
@@ -108,7 +108,7 @@ def test_status_and_results_read_the_store_without_torch_pandas_or_numpy(tmp_pat
 
     path = tmp_path / "readers.yaml"
     path.write_text(READERS)
-    assert Campaign.from_yaml(path, tmp_path / "work").run().done == 2 * (2 + 1)  # snaive is deterministic: one seed
+    assert Campaign.from_yaml(path, tmp_path / "work").run(executor="inline").done == 2 * (2 + 1)  # snaive is deterministic: one seed
     code = ("import sys; from gpufill.cli import main\nsys.argv = ['gpufill', *sys.argv[1:]]\ntry:\n    main()\nexcept SystemExit as end:\n    assert not end.code\n"
             "print('loaded:', sorted(m for m in ('torch', 'pandas', 'numpy', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, *command, "--workdir", str(tmp_path / "work")], capture_output=True, text=True, check=True).stdout

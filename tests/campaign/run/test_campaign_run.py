@@ -21,7 +21,7 @@ from tests.helpers import run_cli, write_campaign
 
 def test_a_campaign_runs_every_trial_once_and_resumes_as_a_no_op(tmp_path):
     campaign = Campaign.from_yaml(write_campaign(tmp_path), tmp_path / "work")
-    outcome = campaign.run()
+    outcome = campaign.run()  # local: the start-up timeline marks a worker ready before its first task is done
     assert (outcome.done, outcome.failed) == (4, 0)  # 2 projects x (mlp + linear)
     results = campaign.results()
     assert sorted(zip(results["project"], results["family"])) == [("p000", "linear"), ("p000", "mlp"), ("p001", "linear"), ("p001", "mlp")]
@@ -95,7 +95,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_the_rest_go_on(tmp_path):
 
 def test_a_trial_that_raises_is_recorded_with_its_traceback_while_others_finish(tmp_path, capsys):
     path = write_campaign(tmp_path, models="tests.campaign_models:always_raises: {}\n  linear: {}", retries=1)
-    code, out, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
+    code, out, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--executor", "inline")
     assert code == 1  # a failed run
     results = read_results(tmp_path / "work").set_index(["project", "family"])
     failed = results.xs("tests.campaign_models:always_raises", level="family")
@@ -122,7 +122,7 @@ def test_workers_respect_the_thread_budget(tmp_path):
 
 def test_a_workdir_of_another_campaign_is_refused_and_left_untouched(tmp_path, capsys):
     workdir = tmp_path / "work"
-    Campaign.from_yaml(write_campaign(tmp_path, name="first", models="linear: {}"), workdir).run()
+    Campaign.from_yaml(write_campaign(tmp_path, name="first", models="linear: {}"), workdir).run(executor="inline")
     before = (workdir / "gpufill.db").read_bytes()
     other = write_campaign(tmp_path, name="second", models="linear: {}")
     code, _, err = run_cli(capsys, "run", other, "--workdir", workdir)
@@ -131,7 +131,7 @@ def test_a_workdir_of_another_campaign_is_refused_and_left_untouched(tmp_path, c
     assert (workdir / "gpufill.db").read_bytes() == before
     code, _, err = run_cli(capsys, "run", other, "--workdir", workdir, "--fresh")  # no tty, no --yes
     assert code == 2 and "--yes" in err
-    code, _, _ = run_cli(capsys, "run", other, "--workdir", workdir, "--fresh", "--yes")
+    code, _, _ = run_cli(capsys, "run", other, "--workdir", workdir, "--fresh", "--yes", "--executor", "inline")
     assert code == 0
     assert read_status(workdir).to_dict()["done"] == 2
 
@@ -162,14 +162,14 @@ def test_bad_campaigns_exit_2_with_one_line(tmp_path, capsys, content, must_ment
 
 def test_gpu_slots_without_a_gpu_warn_and_the_cpu_lane_runs_neural_trials(tmp_path, capsys):
     path = write_campaign(tmp_path, models="mlp: {hidden_size: 8}", projects=1)
-    code, out, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--gpu-slots", "2")
+    code, out, _ = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--gpu-slots", "2", "--executor", "inline")
     assert code == 0
     assert "warning: gpu_slots 2 requested but no GPU is visible" in out
     assert read_status(tmp_path / "work").to_dict()["lanes"]["cpu"]["done"] == 1
 
 
 def test_status_and_results_commands(tmp_path, capsys, monkeypatch):
-    Campaign.from_yaml(write_campaign(tmp_path), tmp_path / "gpufill-tiny").run()
+    Campaign.from_yaml(write_campaign(tmp_path), tmp_path / "gpufill-tiny").run(executor="inline")
     monkeypatch.chdir(tmp_path)  # the one gpufill-* workdir here is found without --workdir
     code, out, _ = run_cli(capsys, "status", "--json")
     status = json.loads(out)

@@ -31,7 +31,7 @@ def spec_text(mode: str, refit: str) -> str:
 @pytest.mark.parametrize("mode", ["local", "global"])
 def test_every_network_refits_for_its_own_best_epoch_and_says_so(tmp_path, mode):
     (tmp_path / "c.yaml").write_text(spec_text(mode, ", refit: true"))
-    outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "work").run()
+    outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "work").run(executor="inline")
     networks = 2 * (2 if mode == "local" else 1)  # seeds x projects (global: one model over both)
     assert (outcome.done, outcome.failed) == (2 * networks, 0)  # linear: as many
     trials = read_trials(tmp_path / "work")

@@ -73,7 +73,7 @@ def test_an_export_is_one_run_per_trial_with_its_curves_and_exporting_again_send
     monkeypatch.chdir(tmp_path / "cwd")  # MLflow's default artifact place is ./mlruns: nothing may land here
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     path = campaign_file(tmp_path)
-    Campaign.from_yaml(path, tmp_path / "work").run()
+    Campaign.from_yaml(path, tmp_path / "work").run(executor="inline")
     code, out, err = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", uri)
     assert code == 0, err
     assert out.strip() == f"10 finished trials in MLflow at {uri}, experiment 'tracked': 10 runs made, 0 already there"
@@ -91,7 +91,7 @@ def test_an_export_is_one_run_per_trial_with_its_curves_and_exporting_again_send
 
     code, out, _ = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", uri)
     assert code == 0 and out.strip().endswith("0 runs made, 10 already there") and set(exported(uri)) == set(runs)
-    Campaign.from_yaml(path, tmp_path / "work").run(fresh=True)  # every trial trained again: new results, same ids
+    Campaign.from_yaml(path, tmp_path / "work").run(fresh=True, executor="inline")  # every trial trained again: new results, same ids
     code, out, _ = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", uri)
     assert code == 0 and "10 runs made (10 of them replacing a copy that was cut off or older), 0 already there" in out
     again = exported(uri)
@@ -100,7 +100,7 @@ def test_an_export_is_one_run_per_trial_with_its_curves_and_exporting_again_send
 
 
 def test_tracking_refuses_a_bad_uri_a_missing_extra_and_a_silent_server_in_one_line(tmp_path, capsys, monkeypatch):
-    Campaign.from_yaml(campaign_file(tmp_path, hidden="[16]", epochs=1), tmp_path / "work").run()
+    Campaign.from_yaml(campaign_file(tmp_path, hidden="[16]", epochs=1), tmp_path / "work").run(executor="inline")
     before = (tmp_path / "work" / "gpufill.db").read_bytes()
     code, _, err = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", "http://127.0.0.1:9")  # nothing listens on 9
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--uri: MLflow at http://127.0.0.1:9 did not answer" in err

@@ -1,8 +1,9 @@
 """Files the user gives gpufill to read (issue 37, items 11 and 12).
 
 A FIFO as the campaign file or as a data file is refused at once (no writer would ever come: the old open waited
-forever), and a campaign nested deeper than the YAML reader can follow is one line, not a RecursionError. Each
-runs in a fresh process with a timeout, so a regression fails the test instead of hanging the suite.
+forever), and a campaign nested deeper than the YAML reader can follow is one line, not a RecursionError. Those
+that could wait forever (a FIFO, an endless device) run in a fresh process with a timeout, so a regression fails the
+test instead of hanging the suite.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 from gpufill.campaign.spec.spec import load_campaign
 from gpufill.errors import InputError
+from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[3]
 PIPE_FIX = "a pipe (FIFO) or socket, not a regular file: reading it would wait for a writer; fix: pass a regular file as the {field} " \
@@ -81,10 +83,11 @@ def test_how_deep_a_campaign_may_nest_does_not_depend_on_the_recursion_limit(tmp
         sys.setrecursionlimit(before)
 
 
-def test_a_campaign_nested_too_deep_exits_2_on_the_command_line(tmp_path):
+def test_a_campaign_nested_too_deep_exits_2_on_the_command_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "deep.yaml").write_text("name: deep\nmodels: {linear: {}}\nseeds: " + "[" * 50_000 + "]" * 50_000 + "\n")
-    done = gpufill("run", "deep.yaml", cwd=tmp_path)
-    assert done.returncode == 2 and done.stderr == f"gpufill: error: deep.yaml: {DEEP}\n"
+    monkeypatch.chdir(tmp_path)  # in this process: a deep file is refused, it cannot hang (the FIFOs above can)
+    code, _out, err = run_cli(capsys, "run", "deep.yaml")
+    assert code == 2 and err == f"gpufill: error: deep.yaml: {DEEP}\n"
 
 
 def test_a_campaign_nested_a_few_levels_still_loads(tmp_path):

@@ -9,8 +9,6 @@ byte-identical. Writers that replace by rename (exports, report.html) leave the 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -129,8 +127,8 @@ def test_exports_replace_a_hard_linked_name_and_never_write_into_the_shared_file
     """results --out and report write a new file and rename it over the name: the other name keeps the old bytes."""
     path = write_campaign(tmp_path, models="linear: {}")
     work = tmp_path / "work"
-    done = subprocess.run([sys.executable, "-m", "gpufill", "run", str(path), "--workdir", str(work)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    code, _, err = run_cli(capsys, "run", path, "--workdir", work, "--executor", "inline")
+    assert code == 0, err
     target = victim(tmp_path)
     out = hard_link(tmp_path / "results.csv", target)
     report = hard_link(work / "report.html", target)

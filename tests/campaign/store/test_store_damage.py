@@ -18,7 +18,7 @@ from rich.console import Console
 
 from gpufill.campaign.worker.attempt import attempt
 from gpufill.campaign.store.store import Store
-from tests.helpers import a_result, a_trial, run_cli, write_campaign
+from tests.helpers import a_result, a_trial, run_cli, run_cli_captured, write_campaign
 
 DB = "gpufill.db"
 READERS = (["status"], ["results"], ["results", "--summary"], ["report"], ["monitor", "--once"])
@@ -29,8 +29,8 @@ def finished(tmp_path_factory):
     """A campaign run to the end once (4 trials); each test works on its own copy."""
     base = tmp_path_factory.mktemp("finished")
     path = write_campaign(base, models="linear: {alpha: [0.0, 1.0]}", projects=2)
-    done = subprocess.run([sys.executable, "-m", "gpufill.cli", "run", str(path), "--workdir", str(base / "work")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    code, _out, err = run_cli_captured("run", path, "--workdir", base / "work", "--executor", "inline")
+    assert code == 0, err
     return path, base / "work"
 
 
@@ -84,7 +84,7 @@ def test_an_empty_store_file_is_refused_until_fresh_starts_it_over(finished, tmp
         code, _out, err = run_cli(capsys, *command, "--workdir", work)
         assert code == 2
         assert_one_line(err, "holds no trials table", "--fresh")
-    code, _out, err = run_cli(capsys, "run", path, "--workdir", work, "--fresh", "--yes")
+    code, _out, err = run_cli(capsys, "run", path, "--workdir", work, "--fresh", "--yes", "--executor", "inline")
     assert code == 0, err
     assert (trials_of(work)["status"] == "done").sum() == 4
 
@@ -102,7 +102,7 @@ def test_a_deleted_wal_loses_only_what_it_held_and_the_run_finishes(finished, tm
     assert code == 0, err
     shown = pd.read_csv(io.StringIO(out)).set_index("trial_id")["mae"]
     assert shown.to_dict() == before.set_index("trial_id")["mae"].to_dict()  # the write that lived only in the WAL is gone
-    code, _out, err = run_cli(capsys, "run", path, "--workdir", work)
+    code, _out, err = run_cli(capsys, "run", path, "--workdir", work, "--executor", "inline")
     assert code == 0, err
     pd.testing.assert_frame_equal(trials_of(work), before)  # nothing re-run, nothing changed
 
@@ -136,14 +136,14 @@ def test_a_full_disk_stops_the_run_in_one_line_and_a_resume_keeps_what_was_done(
         return out
 
     monkeypatch.setattr(Store, "record_done", then_fill_the_disk)
-    code, _out, err = run_cli(capsys, "run", path, "--workdir", work)
+    code, _out, err = run_cli(capsys, "run", path, "--workdir", work, "--executor", "inline")
     assert code == 2
     assert_one_line(err, "disk holding the workdir is full", f"resume with: gpufill run {path} --workdir {work}")
     kept = trials_of(work)
     done_before = kept[kept.status == "done"]
     assert 1 <= len(done_before) < 4 and set(kept.status) <= {"done", "pending"}  # the one in flight is back to pending
     monkeypatch.setattr(Store, "record_done", original)  # space freed
-    code, _out, err = run_cli(capsys, "run", path, "--workdir", work)
+    code, _out, err = run_cli(capsys, "run", path, "--workdir", work, "--executor", "inline")
     assert code == 0, err
     after = trials_of(work).set_index("trial_id")
     assert (after.status == "done").all() and len(after) == 4

@@ -110,6 +110,8 @@ class Scheduler:
         # A search's later rounds may need any lane: all of them start.
         self.executor.start([lane for lane in self.lanes if self.queue[lane.queue] or self.refill is not None])
         self.timeline.mark("workers started")
+        if any(worker.ready for lane in self.lanes for worker in self.executor.idle(lane)):  # inline: ready as they start
+            self.timeline.mark("first worker ready")
         last_update = -float("inf")
         try:
             while any(self.queue.values()) or self.executor.busy() or self._refilled():
