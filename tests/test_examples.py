@@ -27,6 +27,7 @@ def script(name: str, *args: str, timeout: int = 300) -> subprocess.CompletedPro
     return run_ranks([sys.executable, str(EXAMPLES / f"{name}.py"), *args], cwd=ROOT, env=env, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_language_model_halves_its_validation_loss_with_accumulation():
     """Micro-batches of 32 accumulated to the effective batch of 128; the loss starts near ln(256)."""
     outcome = example("lm_char").main(["--quick", "--micro-batch", "32"])
@@ -36,12 +37,14 @@ def test_the_language_model_halves_its_validation_loss_with_accumulation():
     assert outcome["accuracy"] > 0.3
 
 
+@pytest.mark.slow
 def test_the_digits_classifier_reaches_95_percent():
     outcome = example("classify_digits").main(["--quick"])
     assert outcome["before"] < 0.3
     assert outcome["after"] >= 0.95 and outcome["val_accuracy"] >= 0.95, outcome
 
 
+@pytest.mark.slow
 def test_the_click_model_beats_the_constant_predictor(tmp_path):
     outcome = example("recsys_shards").main(["--quick", "--make-shards", str(tmp_path)])
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"clicks_part{i}.csv" for i in range(4)]
@@ -55,6 +58,7 @@ def test_the_forecaster_beats_the_last_value_forecast():
     assert outcome["after"] < outcome["naive"] and outcome["after"] < outcome["before"], outcome
 
 
+@pytest.mark.slow
 def test_the_language_model_runs_under_torchrun_with_two_processes():
     done = script("lm_char", "--quick", "--epochs", "1", "--nproc", "2")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -80,6 +84,7 @@ def test_bad_input_to_an_example_is_one_line_and_exit_2(capsys, name, args, word
     assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: ") and words in lines[0] and "fix:" in lines[0], lines
 
 
+@pytest.mark.slow
 def test_a_script_with_bad_input_prints_one_line_and_exits_2():
     done = script("recsys_shards", "--shards", "/no/such/dir", timeout=120)
     assert done.returncode == 2 and done.stdout == ""

@@ -217,6 +217,7 @@ def test_appended_files_are_never_opened_through_a_link_and_a_pipe_is_refused_at
     assert target.read_bytes() == PRECIOUS
 
 
+@pytest.mark.slow
 def test_watch_refuses_a_link_in_its_folder_before_the_command_runs(tmp_path):
     target = victim(tmp_path)
     out = tmp_path / "rec"
@@ -281,6 +282,7 @@ def _default_hangup() -> None:
 
 @pytest.mark.parametrize("second, when", [(signal.SIGTERM, "the command ended"), (signal.SIGHUP, "the command ended"),
                                           (signal.SIGTERM, "watch.json is written")])
+@pytest.mark.slow
 def test_a_second_signal_while_watch_writes_its_report_does_not_lose_it(tmp_path, second, when):
     out = tmp_path / "stopped"
     command = [*GPUFILL, "watch", "--out", str(out), "--", sys.executable, str(SCRIPTS / "steady_training.py"), "50", "0.02"]
@@ -387,6 +389,7 @@ def test_a_checkpoint_dir_that_cannot_be_written_is_one_line_before_the_first_ep
 
 
 @needs_mount
+@pytest.mark.slow
 def test_a_read_only_checkpoint_dir_and_out_are_one_line_on_a_real_read_only_disk(tmp_path, finished):
     mount = tmp_path / "ro"
     work = copy_of(finished, tmp_path)
@@ -405,6 +408,7 @@ def test_a_read_only_checkpoint_dir_and_out_are_one_line_on_a_real_read_only_dis
 
 
 @needs_mount
+@pytest.mark.slow
 def test_report_and_results_on_a_full_disk_are_one_line_and_leave_no_partial_file(tmp_path, finished):
     mount = tmp_path / "full"
     work = copy_of(finished, tmp_path)
@@ -420,6 +424,7 @@ def test_report_and_results_on_a_full_disk_are_one_line_and_leave_no_partial_fil
     assert done.stderr.strip().splitlines() == [f"gpufill: error: {mount / 'r.html'}: {full}", f"gpufill: error: {mount / 'r.parquet'}: {full}"]
 
 
+@pytest.mark.slow
 def test_two_trainings_in_one_checkpoint_dir_the_second_is_one_line(tmp_path):
     folder = tmp_path / "ck"
     with held_directory(folder):  # a training holds it (here: this process)
@@ -460,6 +465,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_one_before_and_resuming_conti
 
 
 @needs_mount
+@pytest.mark.slow
 def test_a_real_full_disk_during_a_checkpoint_is_one_line_and_the_one_before_loads(tmp_path):
     mount = tmp_path / "full"
     check = (f"{sh(sys.executable)} -c " + shlex.quote(
@@ -476,6 +482,7 @@ def test_a_real_full_disk_during_a_checkpoint_is_one_line_and_the_one_before_loa
 
 @needs_mount
 @pytest.mark.parametrize("exit_code", [0, 3])
+@pytest.mark.slow
 def test_a_full_disk_under_watch_passes_the_scripts_exit_code_through(tmp_path, exit_code):
     mount = tmp_path / "full"
     script = tmp_path / "script.py"
@@ -490,6 +497,7 @@ def test_a_full_disk_under_watch_passes_the_scripts_exit_code_through(tmp_path, 
     assert "Traceback" not in done.stderr and "Logging error" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_watch_writes_its_record_costs_the_record_not_the_exit_code(tmp_path, monkeypatch, capsys):
     from gpufill.script import watch
 

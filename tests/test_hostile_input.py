@@ -53,6 +53,7 @@ def hostile(tmp_path_factory):
     return base / "work"
 
 
+@pytest.mark.slow
 def test_escape_sequences_in_names_are_printed_as_visible_text(hostile):
     """`results` (table and summary), `status` and `monitor --once` never send a raw control character to the terminal."""
     for command in (["results"], ["results", "--summary"], ["status"], ["monitor", "--once"]):
@@ -133,6 +134,7 @@ def test_csv_to_a_terminal_shows_control_characters_as_escapes():
     assert list(frame["project"]) == [CLEAR, "=1+1", "\tx", "ok"]  # the caller's frame is not changed
 
 
+@pytest.mark.slow
 def test_dollars_in_names_and_grid_values_are_drawn_literally(hostile, capsys, monkeypatch):
     """The report builds, and every text matplotlib draws shows the user's `$` as a `$` (no mathtext)."""
     from gpufill.report import plots
@@ -231,6 +233,7 @@ def test_absurd_sizes_are_refused_up_front_naming_the_limit(tmp_path, capsys, da
     assert err.startswith(f"gpufill: error: {path}:2: {message}")
 
 
+@pytest.mark.slow
 def test_a_campaign_of_more_trials_than_the_limit_is_refused_before_any_is_listed(tmp_path, capsys):
     """A grid of ten million points (refused before any point is built), and 2,000,100 trials of a data file's projects."""
     import time
@@ -280,6 +283,7 @@ def make(n_features, lookback, horizon):
 '''
 
 
+@pytest.mark.slow
 def test_a_factory_that_reads_stdin_at_import_does_not_stall_the_inspection(tmp_path):
     """The inspection child (and every worker) reads /dev/null: end-of-file at once, though gpufill's own stdin is an open pipe."""
     import time
@@ -305,6 +309,7 @@ def test_a_factory_that_reads_stdin_at_import_does_not_stall_the_inspection(tmp_
     assert "done 1, failed 0" in text and "crashed" not in text and time.monotonic() - started < 240
 
 
+@pytest.mark.slow
 def test_doctor_says_when_the_script_caught_its_stop_and_ran_on(tmp_path):
     """A bare `except:` around the step swallows the stop: the report says so, with the steps it measured and how it ended."""
     script = str(ROOT / "tests" / "user_scripts" / "swallows_stop.py")
@@ -342,6 +347,7 @@ sys.exit(3)
 '''
 
 
+@pytest.mark.slow
 def test_a_torn_line_in_a_watch_recording_is_left_out_in_one_line(tmp_path):
     from gpufill.script.launch import read_samples
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 
 
@@ -33,6 +35,7 @@ CEILING = {
 }
 
 
+@pytest.mark.slow
 def test_the_counts_stay_under_the_ratchet():
     values, sites = tool.counts(ROOT)
     over = {name: (values[name], ceiling, sites.get(name)) for name, ceiling in CEILING.items() if values[name] > ceiling}

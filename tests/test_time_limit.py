@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 TESTS = '''
 import time
 
@@ -33,6 +35,7 @@ def test_long_but_slow():
 '''
 
 
+@pytest.mark.slow
 def test_a_test_not_marked_slow_fails_past_the_limit_with_its_time_and_the_fix(pytester):
     pytester.makeconftest("from tests.time_limit import pytest_addoption, pytest_runtest_makereport  # noqa: F401\n")
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow\nfast_test_limit_s = 0.5\n")

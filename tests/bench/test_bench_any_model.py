@@ -18,6 +18,7 @@ FIXTURE = "tests.any_model_fixture"
 QUICK = BenchSettings(repeats=1, device="cpu", ablation=False, hand_tuned=False, lightning=False)  # those two: test_bench_command.py
 
 
+@pytest.mark.slow
 def test_a_classifier_target_runs_every_loop_and_scores_them_with_its_loss():
     data = make_labels()
     target = BenchTarget(name="classifier", make_model=make_classifier, train=data["train"], val=data["val"], loss="cross_entropy",
@@ -82,6 +83,7 @@ def test_bad_references_are_one_line_naming_the_option(model, data, loss, field,
     assert caught.value.field == field and words in text and "\n" not in text, text
 
 
+@pytest.mark.slow
 def test_gpufill_bench_on_a_referenced_model_writes_its_record(capsys, tmp_path):
     out = tmp_path / "bench.json"
     code, stdout, _ = run_cli(capsys, "bench", "--model", f"{FIXTURE}:make_classifier", "--data", f"{FIXTURE}:make_labels", "--loss",

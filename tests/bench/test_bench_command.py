@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from gpufill.engine import batching as batching_module
-from gpufill.engine import plan as plan_module
 from gpufill.bench import (
     BenchSettings,
     Comparison,
@@ -330,6 +329,7 @@ def test_the_minimal_loop_trains_and_is_paired_with_the_others():
     assert comparison.gpufill_over_minimal() > 0
 
 
+@pytest.mark.slow
 def test_the_readmes_gpufill_bench_runs_at_its_default_size_with_a_fresh_home(tmp_path):
     """`gpufill bench` as the README shows it first, at its default size (LSTM, 8 epochs; a smoke size hides what
     only a real size meets: it once failed at the warm-up, see the test above), with nothing in HOME. One round of

@@ -292,6 +292,7 @@ def test_every_script_is_listed() -> None:
 
 
 @pytest.mark.parametrize("script", list(SCRIPTS))
+@pytest.mark.slow
 def test_smoke(script: str, tmp_path: Path) -> None:
     out = tmp_path / "x.json"
     command = [sys.executable, f"bench/{script}.py", "--smoke", "--out", str(out), *EXTRA_ARGS.get(script, [])]
@@ -306,6 +307,7 @@ def test_smoke(script: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.serial  # measures time: its search's training seconds are compared with the grid's, run at other times
+@pytest.mark.slow
 def test_search_quality_quick_on_m1(tmp_path: Path) -> None:
     """The search bench at its --quick size on real data (M1 monthly's first 80 series, a grid of 40: the whole set
     took 2.4 minutes of the CI, 200 series over a minute): each search proposes only the grid's points, so it never beats the grid's best on

@@ -113,6 +113,7 @@ def stored_truth(workdir: Path, trial_id: str, project: str) -> np.ndarray:
 # --- class 1: results match the data they claim ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_data_file_replaced_mid_run_and_restored_stores_every_trial_under_the_data_it_trained_on(tmp_path):
     """The worker has read the data; the file is replaced, the worker killed: its fresh successor reads the new data,
     which is not what the trials' ids name, so it trains nothing (no attempt used) until the file is restored."""
@@ -315,6 +316,7 @@ def test_a_forecast_past_float32_fails_its_trial_with_the_reason():
 # --- class 2: retries are the trial's, not the environment's ------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_data_file_missing_for_a_few_seconds_uses_no_retry(tmp_path):
     """retries: 0, and the data file is gone when the workers first read it: the trials wait, the file comes back,
     every trial finishes in the same run with one attempt."""
@@ -386,6 +388,7 @@ def test_a_data_file_missing_past_the_patience_leaves_trials_pending_and_a_plain
 
 
 @pytest.mark.parametrize("how, status, attempts, kind", [("kill", "done", 1, "environment"), ("segv", "failed", 1, "trial_failed")])
+@pytest.mark.slow
 def test_a_worker_killed_from_outside_uses_no_retry_while_a_crash_of_its_own_does(tmp_path, how, status, attempts, kind):
     marker = tmp_path / "once"
     path = data_campaign(tmp_path, f"tests.integrity_models:crashes_on_first_try: {{marker: '{marker}', how: {how}}}", "retries: 0, pack_size: 1")
@@ -414,6 +417,7 @@ def test_a_full_disk_in_a_worker_is_the_environments_failure():
 # --- class 3: status that does not lie -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_killed_schedulers_run_shows_as_interrupted_in_status_and_monitor(tmp_path, capsys):
     gate, pid_file = tmp_path / "gate", tmp_path / "worker.pid"
     path = data_campaign(tmp_path, f"tests.integrity_models:held: {{gate: '{gate}', pid_file: '{pid_file}'}}\n  linear: {{}}", "pack_size: 1")
@@ -486,6 +490,7 @@ def watch_command(out: Path, *command: str) -> list[str]:
     return [sys.executable, "-m", "gpufill", *watch_args(out, *command)]
 
 
+@pytest.mark.slow
 def test_watch_out_reused_after_a_killed_watch_is_refused_and_its_files_kept(tmp_path, capsys):
     out = tmp_path / "recording"
     process = subprocess.Popen(watch_command(out, "-c", "import time; time.sleep(300)"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -510,6 +515,7 @@ def test_watch_out_reused_after_a_killed_watch_is_refused_and_its_files_kept(tmp
     assert (out / "samples.jsonl").read_bytes() == before and not (out / "watch.json").exists()
 
 
+@pytest.mark.slow
 def test_watch_out_with_a_step_timeline_left_is_refused_and_an_empty_folder_is_used(tmp_path, capsys):
     left = tmp_path / "left"
     left.mkdir()

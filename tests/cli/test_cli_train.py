@@ -14,6 +14,7 @@ from tests.helpers import run_cli
 
 
 @pytest.mark.parametrize("family", ["lstm", "gru", "tcn", "transformer", "mlp"])
+@pytest.mark.slow
 def test_every_family_beats_the_naive_forecast_in_five_epochs(capsys, family):
     code, out, _ = run_cli(capsys, "train", "--model", family, "--data", "synthetic", "--epochs", 5, "--json")
     assert code == 0
@@ -37,6 +38,7 @@ def test_human_output_shows_plan_metrics_and_speed(capsys):
         assert text in out
 
 
+@pytest.mark.slow
 def test_console_script_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "gpufill.cli", "train", "--model", "mlp", "--epochs", "1", "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -26,6 +26,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> tuple[
     return folder, (folder / DEMO_STDOUT).read_text()
 
 
+@pytest.mark.slow
 def test_the_demo_runs_and_results_show_every_project_and_family(demo_run, capsys, monkeypatch):
     tmp_path, out = demo_run
     monkeypatch.chdir(tmp_path)
@@ -74,6 +75,7 @@ def test_the_demo_runs_and_results_show_every_project_and_family(demo_run, capsy
     assert code == 0 and "done 80" in out
 
 
+@pytest.mark.slow
 def test_report_after_the_demo(demo_run, tmp_path, capsys, monkeypatch):
     """The issue's acceptance: `gpufill demo`, then `gpufill report`, opened in headless Chromium."""
     folder, _ = demo_run

@@ -95,6 +95,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict_with_one_page_per_entry_of_the_nav(site):
     nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
     listed = [page for entry in nav for page in entry.values()]
@@ -105,6 +106,7 @@ def test_the_site_builds_strict_with_one_page_per_entry_of_the_nav(site):
     assert "Get started" in titles["index.md"] and "Guarantees" in titles["guarantees.md"]
 
 
+@pytest.mark.slow
 def test_the_api_page_holds_the_docstrings_of_fit_fit_many_and_their_types(site):
     import gpufill
 
@@ -261,6 +263,7 @@ def test_the_readmes_campaign_is_the_demo_file_shortened():
     assert gpufill.Campaign.from_yaml(ROOT / "examples" / "demo.yaml").spec.name == shown["name"]
 
 
+@pytest.mark.slow
 def test_the_readmes_fit_example_trains_and_prints_what_the_readme_shows(tmp_path):
     readme = README.read_text()
     example = blocks(readme, "python")[0]

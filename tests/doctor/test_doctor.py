@@ -221,6 +221,7 @@ def test_a_slow_dataset_with_a_tiny_model_is_input_bound(one_thread):
 
 
 @pytest.mark.serial  # measures time: matmul share and thread scaling from timings
+@pytest.mark.slow
 def test_a_wide_mlp_on_tensors_is_compute_bound(one_thread):
     torch.manual_seed(0)
     width = 1024

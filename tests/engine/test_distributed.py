@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from gpufill.engine.loop import fit
@@ -27,6 +28,7 @@ def torchrun(*args, nproc=2, timeout=180):
     return run_ranks(command, cwd=ROOT, env=env, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one_process_on_the_same_global_batch(tmp_path):
     from tests.ddp_script import N_TRAIN
 
@@ -57,6 +59,7 @@ def test_two_gloo_processes_match_one_process_on_the_same_global_batch(tmp_path)
     assert abs(outcome["history"][-1][1] - whole) < 1e-6
 
 
+@pytest.mark.slow
 def test_gpufill_train_nproc_launches_torchrun_and_prints_once(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = run_ranks(

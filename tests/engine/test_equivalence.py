@@ -48,6 +48,7 @@ def test_accumulated_micro_batches_equal_whole_batches_of_a_hand_loop(optimizer,
 
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_equal_one_process_and_the_hand_loop(tmp_path):
     """Under torchrun (2 gloo processes), fit with a loss callable on dict batches ends with the weights of one
     process and of the hand loop: 90 samples (a last batch of 26 split 13/13) and 97 (a last batch of one

@@ -39,6 +39,7 @@ def text(accumulator, tag):
     return accumulator.Tensors(tag)[-1].tensor_proto.string_val[0].decode()
 
 
+@pytest.mark.slow
 def test_tensorboard_and_mlflow_hold_each_epoch_the_plan_and_the_result_as_fit_returned_them(tmp_path, monkeypatch):
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")  # MLflow's default artifact place is ./mlruns: nothing may land here
@@ -68,6 +69,7 @@ def test_tensorboard_and_mlflow_hold_each_epoch_the_plan_and_the_result_as_fit_r
     assert list((tmp_path / "cwd").iterdir()) == [] and list((tmp_path / "mlartifacts").rglob("plan.txt"))  # beside the store it was given
 
 
+@pytest.mark.slow
 def test_a_choice_changed_while_training_is_logged_as_it_ran(tmp_path, monkeypatch):
     """The live trial (or the thread watch) may change threads or precision after the plan was first written: a
     loaded clean-clone CI showed TensorBoard and MLflow keeping the start's plan while the training ran at 1 thread."""
@@ -95,6 +97,7 @@ def test_a_choice_changed_while_training_is_logged_as_it_ran(tmp_path, monkeypat
     assert "threads: 1 - 1: measured" in open(MlflowClient(uri).download_artifacts(run.info.run_id, "plan.txt", str(tmp_path))).read()
 
 
+@pytest.mark.slow
 def test_fit_many_writes_one_run_per_variant(tmp_path):
     train, val = data()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

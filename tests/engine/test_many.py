@@ -214,6 +214,7 @@ def test_auto_measures_the_pack_against_one_model_at_a_time_and_says_so():
     assert results[0].plan.pack_size.value in (1, 8)
 
 
+@pytest.mark.slow
 def test_auto_measures_the_packs_own_first_steps_and_its_threads_on_a_cpu_and_puts_torchs_back(monkeypatch):
     # Chosen timings: the pack's step takes 4 s of K=4 models at 2 threads and 2 s at 1; one model 1.5 s at either.
     from gpufill.engine.packs.variants_measure import StepProbe
@@ -602,6 +603,7 @@ def test_auto_packs_16_small_mlps_on_this_cpu():
     assert sum(r.seconds for r in results[0].history) * 16 == pytest.approx(timings["pack_train_s"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_pack_whose_steps_stall_at_every_core_re_checks_its_threads_and_goes_on_at_the_faster(monkeypatch):
     """A machine loaded halfway through the training: from the 10th watched step on, a 2-thread step takes 500x the
     1-thread one (made-up seconds told to the real watch). The pack moves to 1 thread, says why, and ends where the

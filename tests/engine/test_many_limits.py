@@ -101,6 +101,7 @@ def test_a_factory_cycling_through_cached_modules_is_refused_once_a_shared_one_h
 
 
 @pytest.mark.parametrize(("pack", "at_most"), [(False, 2), (True, 4)], ids=["one_at_a_time", "packs_of_3"])
+@pytest.mark.slow
 def test_models_are_built_as_late_as_the_training_allows(monkeypatch, pack, at_most):
     from gpufill.engine.packs import builds
     # One at a time: the model training and the next one (built ahead to see whether it shares tensors). Packed, with

@@ -170,6 +170,7 @@ def test_an_eager_optimizers_parameters_carry_no_autograd_graph():
     assert param.grad is None
 
 
+@pytest.mark.slow
 def test_an_eager_fit_never_imports_torch_dynamo_and_a_compiled_plan_uses_torchs_class():
     import subprocess
     import sys

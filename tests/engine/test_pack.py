@@ -427,6 +427,7 @@ def test_a_long_packs_choices_are_measured_cached_and_leave_no_trace(monkeypatch
     clear_memory()
 
 
+@pytest.mark.slow
 def test_a_users_own_model_family_trains_as_one_torch_func_pack_matching_the_campaign_unfused(tmp_path):
     family = "tests.custom_model_fixture:make_tiny"
     packed_path = write_campaign(tmp_path, name="packed", projects=4, epochs=3, models=f"{family}: {{scale: 1.0}}")
@@ -468,6 +469,7 @@ def test_a_packed_campaign_scores_each_trial_as_it_scores_trained_alone(tmp_path
         assert a[metric].to_numpy() == pytest.approx(b.loc[a.index, metric].to_numpy(), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_users_family_vmap_cannot_run_trains_unfused_in_a_campaign_with_the_reason(tmp_path):
     path = write_campaign(tmp_path, name="item", projects=3, epochs=2, models="tests.custom_model_fixture:make_reads_item: {}")
     run = Campaign.from_yaml(path, tmp_path / "w")

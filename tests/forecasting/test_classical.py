@@ -104,6 +104,7 @@ def test_classical_families_are_registered_with_their_defaults():
     }
 
 
+@pytest.mark.slow
 def test_importing_models_does_not_import_the_tree_libraries():
     code = "import sys, gpufill.forecasting.models; print(sorted(m for m in ('sklearn', 'xgboost', 'lightgbm') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
@@ -114,6 +115,7 @@ def test_importing_models_does_not_import_the_tree_libraries():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_each_family_beats_naive_on_the_synthetic_project(runs, windows, family):
     run = runs[family]
     assert run.naive["mae"] == pytest.approx(mae(windows.test_truth, windows.naive_test))
@@ -402,6 +404,7 @@ def _trial(family: str, kind: str, params: dict) -> Trial:
     return Trial(trial_id="t", project="p", family=family, kind=kind, params=params, train={}, seed=0, lookback=12, shape="")
 
 
+@pytest.mark.slow
 def test_a_classical_trials_result_has_the_shape_of_a_networks(windows):
     classical = _trial("rf", "classical", {"n_estimators": 20})
     neural = _trial("mlp", "neural", {"hidden_size": 8})

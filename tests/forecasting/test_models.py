@@ -288,6 +288,7 @@ def sine_task(n: int = 64, lookback: int = 24, seed: int = 0) -> tuple[torch.Ten
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_learns_a_sine_wave(family):
     torch.manual_seed(0)
     x, y = sine_task()

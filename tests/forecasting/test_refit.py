@@ -72,6 +72,7 @@ def test_without_a_refit_setting_or_a_validation_window_nothing_trains_twice(cut
     assert "refit" not in no_stop.plan and no_stop.metrics["fit_best_epoch"] is None
 
 
+@pytest.mark.slow
 def test_a_pack_member_refits_to_the_trial_refitted_alone(cuts):
     windows, folded = cuts
     members = [trial(0), trial(1, lr=1e-2)]

@@ -43,6 +43,7 @@ def test_seasonal_naive_on_a_pure_seasonal_series_is_exact():
     assert run.model.forecast_from(windows.series, np.array([15])).tolist() == [[11.0, 9.0, 8.0]]  # y[15:18] = y[3:6]
 
 
+@pytest.mark.slow
 def test_ets_and_theta_beat_the_last_value_on_a_trending_seasonal_series():
     rng = np.random.default_rng(0)
     t = np.arange(144)

@@ -53,6 +53,7 @@ def _images(page: str) -> list[tuple[str, bytes]]:
     return [(alt, base64.b64decode(data)) for alt, data in IMAGE.findall(page)]
 
 
+@pytest.mark.slow
 def test_report_has_summary_comparison_failures_alerts_and_plans(campaign_workdir, capsys):
     out = campaign_workdir / "custom" / "r.html"
     code, stdout, _ = run_cli(capsys, "report", "--workdir", campaign_workdir, "--out", out)
@@ -130,6 +131,7 @@ def test_report_on_a_missing_workdir_exits_2_with_one_line(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (make test installs it)")
+@pytest.mark.slow
 def test_report_renders_every_plot_in_headless_chromium(campaign_workdir, tmp_path, capsys):
     code, stdout, _ = run_cli(capsys, "report", "--workdir", campaign_workdir, "--out", tmp_path / "report.html")
     assert code == 0

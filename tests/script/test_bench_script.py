@@ -21,6 +21,7 @@ def bench(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedPr
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.slow
 def test_each_speed_up_is_in_effect_inside_the_script_and_the_ratios_add_up():
     run = bench("item_every_step.py", "--steps", "8", "--try", "tf32", "--try", "cudnn_benchmark", "--try", "allocator", "--json")
     assert run.returncode == 0, run.stderr
@@ -50,6 +51,7 @@ def test_each_speed_up_is_in_effect_inside_the_script_and_the_ratios_add_up():
     assert record["torch"] and record["date"].startswith("20") and record["device_type"] == "cpu"
 
 
+@pytest.mark.slow
 def test_on_a_cpu_the_cuda_speed_ups_are_not_run_and_the_loader_fix_names_its_line(tmp_path):
     out = tmp_path / "bench.json"
     run = bench("loader_bound.py", "--steps", "5", "--out", str(out))
@@ -62,6 +64,7 @@ def test_on_a_cpu_the_cuda_speed_ups_are_not_run_and_the_loader_fix_names_its_li
     assert "not run: tf32: CUDA only" in run.stdout and "loader_bound.py:22" in run.stdout and "samples/s" in run.stdout
 
 
+@pytest.mark.slow
 def test_a_command_that_cannot_be_measured_is_one_line():
     crashed = bench("crash_at_step3.py")
     assert crashed.returncode == 1 and "Traceback" in crashed.stderr  # the script's own error shows
@@ -88,11 +91,13 @@ def test_on_a_gpu_every_speed_up_is_measured_against_the_script_as_it_is():
     assert any("cuda_training.py:29" in change["what"] for change in record["code_changes"])
 
 
+@pytest.mark.slow
 def test_impossible_steps_are_one_line_before_anything_runs():
     run = bench("item_every_step.py", "--steps", "0", timeout=240)
     assert run.returncode == 2 and "Traceback" not in run.stderr and "--steps 0" in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_one_thread_is_measured_on_a_cpu_and_a_script_that_sets_its_own_count_is_told():
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}  # torch's own default as is
     command = [sys.executable, "-m", "gpufill", "bench", "--steps", "2", "--repeats", "1", "--json", "--", sys.executable,

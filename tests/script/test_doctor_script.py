@@ -24,6 +24,7 @@ def doctor(script: str, *args: str, steps: int = 5, threads: str | None = "1") -
     return run.returncode, json.loads(run.stdout), run.stderr
 
 
+@pytest.mark.slow
 def test_a_loader_bound_script_is_input_bound_and_its_dataloader_line_is_named():
     code, report, _ = doctor("loader_bound.py")
     assert code == 0 and report["stopped_by_doctor"]
@@ -38,6 +39,7 @@ def test_a_loader_bound_script_is_input_bound_and_its_dataloader_line_is_named()
     assert host["samples"] >= 2 and 0 < host["cpu_percent_mean"] <= 100 and host["ram_used_gib_peak"] > 0
 
 
+@pytest.mark.slow
 def test_a_per_step_item_is_named_with_its_line_and_counted_once_per_step():
     code, report, _ = doctor("item_every_step.py", steps=6)
     assert code == 0
@@ -48,6 +50,7 @@ def test_a_per_step_item_is_named_with_its_line_and_counted_once_per_step():
 
 
 @pytest.mark.serial  # measures time: the verdict compares the script's steps with a matmul timed after them
+@pytest.mark.slow
 def test_a_compute_heavy_script_is_compute_bound_with_its_flops_counted():
     code, report, _ = doctor("compute_heavy.py", steps=3)
     assert code == 0
@@ -59,6 +62,7 @@ def test_a_compute_heavy_script_is_compute_bound_with_its_flops_counted():
 
 
 @pytest.mark.serial  # measures time: the bytes share is measured against a copy rate timed after the steps
+@pytest.mark.slow
 def test_a_small_model_at_batch_8_is_overhead_bound_and_its_batch_size_line_is_named():
     code, report, _ = doctor("tiny_steps.py", steps=8)
     assert code == 0
@@ -75,6 +79,7 @@ def test_a_small_model_at_batch_8_is_overhead_bound_and_its_batch_size_line_is_n
     assert fused["expected_gain"] == pytest.approx(1 / (1 - report["shares"]["optimizer"]), rel=0.01)
 
 
+@pytest.mark.slow
 def test_a_script_that_crashes_gets_a_partial_report_and_keeps_its_exit_code():
     code, report, stderr = doctor("crash_at_step3.py")
     assert code == 1 and not report["stopped_by_doctor"]
@@ -85,6 +90,7 @@ def test_a_script_that_crashes_gets_a_partial_report_and_keeps_its_exit_code():
     assert "Traceback" in stderr  # the script's own output passes through
 
 
+@pytest.mark.slow
 def test_a_command_that_is_not_there_is_one_line_and_exit_2():
     run = subprocess.run([sys.executable, "-m", "gpufill", "doctor", "--", "no-such-command-here", "x"], capture_output=True, text=True, timeout=240)
     assert run.returncode == 2 and "Traceback" not in run.stderr
@@ -115,6 +121,7 @@ def test_a_launcher_that_failed_with_its_rank_is_not_counted_as_a_rank(tmp_path)
 
 
 @pytest.mark.serial  # measures time: two ranks' shares of loading and stepping decide the verdict
+@pytest.mark.slow
 def test_under_torchrun_each_rank_is_instrumented_and_rank_0_is_reported():
     command = [sys.executable, "-m", "gpufill", "doctor", "--steps", "4", "--json", "--",
                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(USER_SCRIPTS / "ddp_train.py")]
@@ -127,6 +134,7 @@ def test_under_torchrun_each_rank_is_instrumented_and_rank_0_is_reported():
     assert report["verdict"]["kind"] == "launch/overhead-bound"
 
 
+@pytest.mark.slow
 def test_a_script_that_never_steps_an_optimizer_says_what_could_not_be_measured():
     code, report, stderr = doctor("no_optimizer.py")
     assert code == 0 and not report["stopped_by_doctor"] and report["verdict"] is None
@@ -148,6 +156,7 @@ def test_on_a_gpu_steps_are_timed_on_its_timeline_so_a_copy_that_waits_for_kerne
 
 
 
+@pytest.mark.slow
 def test_a_script_that_updates_its_parameters_by_hand_gets_a_verdict_and_its_step_times():
     code, report, _ = doctor("hand_updated.py", steps=6)
     assert code == 0 and report["stopped_by_doctor"] and report["stop_reason"] == "stopped after 3 warm-up and 6 measured steps"

@@ -29,6 +29,7 @@ def run_json(*command: str) -> dict:
 
 
 @two_cores
+@pytest.mark.slow
 def test_the_doctor_measures_fewer_threads_and_names_the_oversubscription_first():
     report = run_json("doctor", "--steps", "6", "--json", "--", sys.executable, str(USER_SCRIPTS / "oversubscribed.py"))
     verdict, first = report["verdict"], report["findings"][0]
@@ -66,12 +67,14 @@ def test_the_doctor_measures_fewer_threads_and_names_the_oversubscription_first(
 
 
 @two_cores
+@pytest.mark.slow
 def test_a_script_that_ends_inside_the_trial_keeps_its_measured_steps():
     report = run_json("doctor", "--steps", "6", "--json", "--", sys.executable, str(USER_SCRIPTS / "oversubscribed.py"), "14")
     assert "ended during the thread trial, at step 14" in report["stop_reason"]
     assert report["step_ms"] > 0 and len(report["threads"]["trial"]["rounds"]) <= 1
 
 
+@pytest.mark.slow
 def test_a_one_thread_training_gets_no_trial():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "gpufill", "doctor", "--steps", "4", "--json", "--", sys.executable,
@@ -82,6 +85,7 @@ def test_a_one_thread_training_gets_no_trial():
 
 
 @two_cores
+@pytest.mark.slow
 def test_a_watch_infers_the_oversubscription_from_the_load_without_changing_the_run(tmp_path):
     out = tmp_path / "watched"
     run = subprocess.run([sys.executable, "-m", "gpufill", "watch", "--out", str(out), "--", sys.executable,

@@ -74,6 +74,7 @@ def plain_catcher(tmp_path: Path) -> Path:
     return script
 
 
+@pytest.mark.slow
 def test_doctor_ends_a_script_that_ignores_sigterm_at_its_deadline_and_kills_its_whole_group(pidfile, plain_catcher):
     command = [sys.executable, "-m", "gpufill", "doctor", "--timeout", "3", "--grace", str(GRACE_S), "--json", "--", sys.executable, "-S", str(plain_catcher), str(pidfile)]
     started = time.monotonic()
@@ -87,6 +88,7 @@ def test_doctor_ends_a_script_that_ignores_sigterm_at_its_deadline_and_kills_its
     assert 3 + GRACE_S <= time.monotonic() - started < 3 + GRACE_S + 60
 
 
+@pytest.mark.slow
 def test_bench_ends_a_run_that_ignores_sigterm_at_its_deadline_and_says_so_in_its_one_line(pidfile, plain_catcher):
     command = [sys.executable, "-m", "gpufill", "bench", "--timeout", "3", "--grace", str(GRACE_S), "--", sys.executable, "-S", str(plain_catcher), str(pidfile)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -97,6 +99,7 @@ def test_bench_ends_a_run_that_ignores_sigterm_at_its_deadline_and_says_so_in_it
     assert all(gone(pid) for pid in pids_in(pidfile)) and len(pids_in(pidfile)) == 2
 
 
+@pytest.mark.slow
 def test_sigterm_passed_on_by_watch_and_ignored_ends_in_sigkill_and_a_daemon_it_started_is_named(tmp_path, pidfile):
     out = tmp_path / "watched"
     command = [sys.executable, "-m", "gpufill", "watch", "--out", str(out), "--grace", str(GRACE_S), "--", sys.executable, CATCHER, str(pidfile), "daemon"]
@@ -120,6 +123,7 @@ def test_sigterm_passed_on_by_watch_and_ignored_ends_in_sigkill_and_a_daemon_it_
     assert f"still running, started by the command: pid {daemon}: " in stderr and not gone(daemon)  # named, not killed: no longer the command
 
 
+@pytest.mark.slow
 def test_a_script_that_catches_the_stop_and_runs_on_is_ended_after_its_measured_steps(tmp_path, pidfile):
     run = run_instrumented([sys.executable, CATCHER, str(pidfile)], tmp_path / "run", steps=2, warmup=1, sample_every_s=5.0, timeout_s=240,
                            grace_s=1.0, after_stop_s=1.0)
@@ -129,6 +133,7 @@ def test_a_script_that_catches_the_stop_and_runs_on_is_ended_after_its_measured_
     assert gone(pids_in(pidfile)[0]) and run.left_running == []
 
 
+@pytest.mark.slow
 def test_a_daemon_forked_away_from_the_group_is_named_after_a_command_that_ended_by_itself(tmp_path, pidfile):
     code = ("import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-S', '-c', 'import time; time.sleep(300)'], start_new_session=True); "
             f"open({str(pidfile)!r}, 'w').write(str(p.pid))")
@@ -138,6 +143,7 @@ def test_a_daemon_forked_away_from_the_group_is_named_after_a_command_that_ended
     assert run.left_running == [{"pid": daemon, "command": f"{sys.executable} -S -c import time; time.sleep(300)"}]
 
 
+@pytest.mark.slow
 def test_bench_says_how_many_times_the_command_runs_before_the_first_run(tmp_path):
     script = tmp_path / "counted.py"
     script.write_text("import sys, torch\nopen(sys.argv[1], 'a').write('run\\n')\nmodel = torch.nn.Linear(4, 1)\n"

@@ -24,6 +24,7 @@ def watch_command(*args: str, script: str = "steady_training.py", script_args: t
     return [sys.executable, "-m", "gpufill", "watch", *args, "--", sys.executable, str(USER_SCRIPTS / script), *script_args]
 
 
+@pytest.mark.slow
 def test_a_whole_run_is_recorded_and_passes_its_output_through(tmp_path):
     out = tmp_path / "recording"
     run = subprocess.run(watch_command("--out", str(out), "--interval", "0.25"), capture_output=True, text=True, timeout=300)
@@ -54,6 +55,7 @@ def test_a_whole_run_is_recorded_and_passes_its_output_through(tmp_path):
         assert check_in_chromium(out / "report.html", tmp_path, must_contain=('<table id="summary">', 'id="verdict"', 'id="breakdown"')) == 5
 
 
+@pytest.mark.slow
 def test_a_crashing_script_keeps_its_exit_code_and_gets_its_partial_record(tmp_path):
     out = tmp_path / "crash"
     run = subprocess.run(watch_command("--out", str(out), script="crash_at_step3.py"), capture_output=True, text=True, timeout=300)
@@ -68,6 +70,7 @@ def test_a_crashing_script_keeps_its_exit_code_and_gets_its_partial_record(tmp_p
     assert json.loads((out / "watch.json").read_text()) == record
 
 
+@pytest.mark.slow
 def test_inside_a_slurm_job_the_job_is_named_and_gives_the_folder_its_name(tmp_path):
     env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURMD_NODENAME": "gpu-07"}
     run = subprocess.run(watch_command(script_args=("1",)), capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
@@ -77,6 +80,7 @@ def test_inside_a_slurm_job_the_job_is_named_and_gives_the_folder_its_name(tmp_p
     assert "Slurm job 4242 task 0" in run.stderr and record["optimizer_steps"] == 30
 
 
+@pytest.mark.slow
 def test_sigterm_to_watch_reaches_the_script_and_the_record_is_still_written(tmp_path):
     out = tmp_path / "stopped"
     process = subprocess.Popen(watch_command("--out", str(out), script_args=("50", "0.02")), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -91,6 +95,7 @@ def test_sigterm_to_watch_reaches_the_script_and_the_record_is_still_written(tmp
     assert 0 < record["optimizer_steps"] < 50 * 30 and (out / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_a_missing_command_is_one_line_and_exit_2(tmp_path):
     run = subprocess.run([sys.executable, "-m", "gpufill", "watch", "--out", str(tmp_path / "w"), "--", "no-such-command-here"],
                          capture_output=True, text=True, timeout=240)

@@ -59,6 +59,7 @@ def _assert_same_results(results, reference):
     np.testing.assert_allclose(results.loc[reference.index, METRICS].to_numpy(float), reference[METRICS].to_numpy(float), rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_ray_runs_the_local_executor_s_trials_with_the_same_metrics(tmp_path, ray_session, local_results):
     campaign = Campaign.from_yaml(write_campaign(tmp_path, models=SHARED_MODELS), tmp_path / "work")
     outcome = campaign.run(executor="ray")
@@ -68,6 +69,7 @@ def test_ray_runs_the_local_executor_s_trials_with_the_same_metrics(tmp_path, ra
     assert ray.is_initialized()  # a Ray it found running is left running
 
 
+@pytest.mark.slow
 def test_inline_runs_the_local_executor_s_trials_bit_for_bit_and_starts_no_process(tmp_path, local_results):
     campaign = Campaign.from_yaml(write_campaign(tmp_path, models=SHARED_MODELS), tmp_path / "work")
     children = psutil.Process().children(recursive=True)
@@ -81,6 +83,7 @@ def test_inline_runs_the_local_executor_s_trials_bit_for_bit_and_starts_no_proce
     assert campaign.run(executor="inline").done == 0  # a re-run resumes: nothing left
 
 
+@pytest.mark.slow
 def test_a_ray_actor_killed_mid_trial_is_replaced_and_its_trial_retried(tmp_path, ray_session):
     marker = tmp_path / "killed-once"
     models = f"tests.campaign_models:killed_on_first_try: {{marker: '{marker}'}}\n  linear: {{}}"
@@ -94,6 +97,7 @@ def test_a_ray_actor_killed_mid_trial_is_replaced_and_its_trial_retried(tmp_path
     assert len(crashes) == 1 and "Ray actor died" in crashes[0]
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_scheduler_during_a_ray_run_loses_nothing_and_records_nothing_twice(tmp_path):
     path = write_campaign(tmp_path, projects=4, epochs=40, models="mlp: {hidden_size: [16, 32]}\n  linear: {}")
     # One trial per task: fused packs would finish four at a time, and the run could end between two looks.
@@ -121,6 +125,7 @@ def test_kill_9_of_the_scheduler_during_a_ray_run_loses_nothing_and_records_noth
     assert (results[results["trial_id"].isin(done_before)]["attempts"] == 1).all()  # and never run again
 
 
+@pytest.mark.slow
 def test_slurm_jobs_through_submitit_s_local_cluster_match_the_local_executor(tmp_path, capsys, local_results):
     path = write_campaign(tmp_path, models=SHARED_MODELS)
     _add_slurm(path, "{cluster: local, gpus_per_job: 0, timeout_min: 10}")
@@ -148,6 +153,7 @@ def test_slurm_jobs_through_submitit_s_local_cluster_match_the_local_executor(tm
     assert read_jobs(workdir) == []  # none queued or running once the run is over
 
 
+@pytest.mark.slow
 def test_a_failed_slurm_job_is_resubmitted(tmp_path):
     marker = tmp_path / "killed-once"
     path = write_campaign(tmp_path, models=f"tests.campaign_models:killed_on_first_try: {{marker: '{marker}'}}", projects=1, retries=1)
@@ -224,6 +230,7 @@ def test_resources_slurm_from_the_docs_become_the_jobs_sbatch_lines(tmp_path, mo
     executor.shutdown()
 
 
+@pytest.mark.slow
 def test_jobs_a_killed_run_left_queued_or_running_are_marked_failed_and_cancelled(tmp_path, monkeypatch):
     calls = tmp_path / "scancel-calls"
     (tmp_path / "scancel").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")

@@ -36,6 +36,7 @@ def fork_worker(zygote: Zygote) -> tuple[forked.ForkedProcess | None, Connection
     return child, Connection(ours.detach())
 
 
+@pytest.mark.slow
 def test_a_forked_worker_leads_its_own_group_and_its_exit_codes_come_back_as_popen_gives_them(zygote):
     first, conn = fork_worker(zygote)
     assert first is not None
@@ -51,6 +52,7 @@ def test_a_forked_worker_leads_its_own_group_and_its_exit_codes_come_back_as_pop
     conn.close()
 
 
+@pytest.mark.slow
 def test_a_wait_past_its_timeout_raises_as_popen_does(zygote):
     child, conn = fork_worker(zygote)
     assert child is not None
@@ -61,6 +63,7 @@ def test_a_wait_past_its_timeout_raises_as_popen_does(zygote):
     conn.close()
 
 
+@pytest.mark.slow
 def test_when_the_zygote_is_gone_workers_start_fresh_and_a_lost_exit_code_is_none(zygote):
     child, conn = fork_worker(zygote)
     assert child is not None
@@ -95,6 +98,7 @@ def test_one_thread_lanes_fork_and_the_environment_variable_or_more_threads_star
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no second thread on one core")
+@pytest.mark.slow
 def test_a_zygote_of_a_lane_with_more_threads_refuses_and_the_worker_starts_fresh():
     many = Zygote({**os.environ, **thread_env(2)})
     many.start()
@@ -106,6 +110,7 @@ def test_a_zygote_of_a_lane_with_more_threads_refuses_and_the_worker_starts_fres
         many.close()
 
 
+@pytest.mark.slow
 def test_forked_and_fresh_workers_train_the_same_metrics(tmp_path, capsys, monkeypatch):
     path = write_campaign(tmp_path, models="mlp: {hidden_size: 16}\n  linear: {}\n  rf: {n_estimators: 5}", projects=2)
     # The pack size pinned: measured, it may differ between the runs, and a pack's numbers differ from a lone fit's by rounding.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from gpufill.campaign.executors.base import Finished
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.policy.queue import ShapeQueue, Waiting
@@ -74,6 +76,7 @@ class InstantExecutor(FakeExecutor):
         return out
 
 
+@pytest.mark.slow
 def test_the_scheduler_holds_waiting_trials_as_ids_and_sends_them_in_campaign_order_by_shape(tmp_path):
     """No Trial object per waiting trial (3,000 here; 36,000 in bench/campaign_scale.py): only those sent are rebuilt
     from the store, and each is let go once recorded; the order is the queue's (each shape's trials in campaign order)."""

@@ -118,6 +118,7 @@ def test_members_added_to_the_file_and_not_run_yet_make_the_ensemble_partial(fin
     assert [(row["project"], row["members"], row["expected"], row["stale"]) for row in current] == [("p000", 2, 3, False), ("p001", 2, 3, False)]
 
 
+@pytest.mark.slow
 def test_an_ensemble_whose_members_partly_failed_says_how_many_of_them_it_holds(tmp_path, capsys):
     path = tmp_path / "failing.yaml"
     path.write_text(YAML.replace("linear: {}", "linear: {}\n  tests.campaign_models:always_raises: {}")

@@ -12,6 +12,7 @@ from gpufill.campaign.run.runner import Campaign, read_results
 from tests.helpers import run_cli, write_campaign
 
 
+@pytest.mark.slow
 def test_estimate_times_each_shape_and_predicts_per_lane(tmp_path, capsys):
     path = write_campaign(tmp_path, projects=3, epochs=10, models="mlp: {hidden_size: [8, 16]}\n  rf: {n_estimators: 40}")
     result = estimate(Campaign.from_yaml(path)).to_dict()
@@ -48,6 +49,7 @@ def test_global_mode_trains_one_model_over_all_projects(tmp_path):
 
 
 @pytest.mark.parametrize("family", ["linear", "rf", "xgb", "lgbm"])
+@pytest.mark.slow
 def test_train_runs_classical_families(capsys, family):
     code, out, _ = run_cli(capsys, "train", "--model", family, "--param", "n_estimators=30" if family != "linear" else "alpha=0.0", "--json")
     assert code == 0

@@ -19,6 +19,7 @@ from tests.helpers import run_cli, write_campaign
 
 
 
+@pytest.mark.slow
 def test_a_campaign_runs_every_trial_once_and_resumes_as_a_no_op(tmp_path):
     campaign = Campaign.from_yaml(write_campaign(tmp_path), tmp_path / "work")
     outcome = campaign.run()  # local: the start-up timeline marks a worker ready before its first task is done
@@ -39,6 +40,7 @@ def test_a_campaign_runs_every_trial_once_and_resumes_as_a_no_op(tmp_path):
     assert campaign.results()["mae"].tolist() == results["mae"].tolist()
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_scheduler_loses_nothing_finished_and_records_nothing_twice(tmp_path):
     # Long enough (~0.5 s per neural trial) that the kill lands mid-run.
     path = write_campaign(tmp_path, projects=6, epochs=40, models="mlp: {hidden_size: [16, 32]}\n  linear: {}")
@@ -78,6 +80,7 @@ def test_kill_9_of_the_scheduler_loses_nothing_finished_and_records_nothing_twic
     assert any(f"took the workdir over from a run that stopped without releasing it (pid {process.pid}" in m for m in messages), messages
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_trial_is_retried_and_the_rest_go_on(tmp_path):
     """A worker killed from outside (kill -9, the OOM killer) is the environment's failure, not the trial's: retried
     without using an attempt (test_integrity.py has the rest of that class)."""
@@ -107,6 +110,7 @@ def test_a_trial_that_raises_is_recorded_with_its_traceback_while_others_finish(
     assert all("Traceback" in t and "always fails" in t and "campaign_models.py" in t for t in traces)
 
 
+@pytest.mark.slow
 def test_workers_respect_the_thread_budget(tmp_path):
     reports = tmp_path / "reports"
     reports.mkdir()

@@ -34,6 +34,7 @@ def _count(db, status: str) -> int:
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
+@pytest.mark.slow
 def test_a_signal_stops_the_run_in_one_line_and_a_rerun_finishes_everything_once(tmp_path, signum, code):
     gate = tmp_path / "gate"
     path = write_campaign(tmp_path, projects=2, models=f"tests.campaign_models:gated: {{gate: '{gate}'}}\n  linear: {{}}")

@@ -27,6 +27,7 @@ resources: {retries: 0}
 
 
 @pytest.mark.serial  # a wall time against an estimate: `make test` runs it alone, after the rest
+@pytest.mark.slow
 def test_the_estimate_is_within_2x_of_the_runs_wall_time(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(CAMPAIGN)

@@ -4,11 +4,11 @@ task's trials that had not begun go back to the queue without using a retry."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from contextlib import closing
 
 import psutil
+import pytest
 
 from gpufill.campaign.run.scheduler import AUTO_TIMEOUT_FACTOR, AUTO_TIMEOUT_FLOOR_S, Scheduler
 from tests.helpers import run_cli, write_campaign
@@ -25,6 +25,7 @@ def campaign_with(tmp_path, model: str, resources: str, projects: int = 1):
     return path
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_is_caught_by_its_silence_and_its_trial_retried(tmp_path, capsys):
     marker = tmp_path / "stalled"
     path = campaign_with(tmp_path, f"tests.campaign_models:stalls_on_first_try: {{marker: '{marker}', how: stop}}", "heartbeat_timeout: 6")
@@ -39,6 +40,7 @@ def test_a_stopped_worker_is_caught_by_its_silence_and_its_trial_retried(tmp_pat
     assert not psutil.pid_exists(int(marker.read_text())) or psutil.Process(int(marker.read_text())).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow
 def test_a_trial_past_its_time_limit_is_stopped_and_retried(tmp_path, capsys):
     marker = tmp_path / "slow"
     path = campaign_with(tmp_path, f"tests.campaign_models:stalls_on_first_try: {{marker: '{marker}', how: sleep}}", "trial_timeout: 8")
@@ -50,6 +52,7 @@ def test_a_trial_past_its_time_limit_is_stopped_and_retried(tmp_path, capsys):
     assert "timed out after" in alert and "limit 8 s; resources.trial_timeout 8 s per trial" in alert
 
 
+@pytest.mark.slow
 def test_a_crash_fails_only_the_trial_that_was_training(tmp_path, capsys):
     """4 trials of one new shape go to one worker as a probe task; the first crashes its worker (a segfault):
     it alone uses an attempt; the other 3 go back to the queue unattempted and each runs once. (A worker killed

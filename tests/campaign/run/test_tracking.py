@@ -68,6 +68,7 @@ def assert_equal_to_results(capsys, workdir: Path, runs: dict[str, object]) -> N
                 assert run.data.params[prefix + key] == (value if isinstance(value, str) else json.dumps(value))
 
 
+@pytest.mark.slow
 def test_an_export_is_one_run_per_trial_with_its_curves_and_exporting_again_sends_only_what_changed(tmp_path, capsys, monkeypatch):
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")  # MLflow's default artifact place is ./mlruns: nothing may land here
@@ -99,6 +100,7 @@ def test_an_export_is_one_run_per_trial_with_its_curves_and_exporting_again_send
     assert_equal_to_results(capsys, tmp_path / "work", again)
 
 
+@pytest.mark.slow
 def test_tracking_refuses_a_bad_uri_a_missing_extra_and_a_silent_server_in_one_line(tmp_path, capsys, monkeypatch):
     Campaign.from_yaml(campaign_file(tmp_path, hidden="[16]", epochs=1), tmp_path / "work").run(executor="inline")
     before = (tmp_path / "work" / "gpufill.db").read_bytes()
@@ -135,6 +137,7 @@ def _wait(condition, what: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_a_tracked_campaign_killed_resumed_and_cut_off_from_its_server_ends_with_each_trial_in_mlflow_once(tmp_path, capsys):
     """A live `mlflow server`: the campaign is killed (-9) once two trials finished (its follower still brings them to
     the server), resumed, and the server is stopped while the resumed run goes on. The run finishes with every trial in the store and says MLflow did not

@@ -33,6 +33,7 @@ def gpufill(*args: object, cwd: Path, timeout: float = 120) -> subprocess.Comple
 
 
 @pytest.mark.parametrize("command", ["run", "estimate"])
+@pytest.mark.slow
 def test_a_fifo_as_the_campaign_file_is_refused_at_once(tmp_path, command):
     os.mkfifo(tmp_path / "c.yaml")  # nobody writes it: a blocking open waits forever
     done = gpufill(command, "c.yaml", cwd=tmp_path)
@@ -40,6 +41,7 @@ def test_a_fifo_as_the_campaign_file_is_refused_at_once(tmp_path, command):
     assert sorted(os.listdir(tmp_path)) == ["c.yaml"]  # no workdir made
 
 
+@pytest.mark.slow
 def test_a_fifo_as_the_data_file_is_refused_at_once(tmp_path):
     os.mkfifo(tmp_path / "data.csv")
     (tmp_path / "c.yaml").write_text("name: c\ndata: {source: data.csv}\nmodels: {linear: {}}\n")
@@ -48,6 +50,7 @@ def test_a_fifo_as_the_data_file_is_refused_at_once(tmp_path):
     assert done.stderr == "gpufill: error: data.csv: source: not a regular file (a device, pipe or socket); fix: give source the name of a regular file\n"
 
 
+@pytest.mark.slow
 def test_a_device_as_the_campaign_file_is_still_read_up_to_the_cap(tmp_path):
     """The pipe check opens non-blocking; /dev/zero (endless, never blocking) still meets the size cap."""
     done = gpufill("estimate", "/dev/zero", cwd=tmp_path)

@@ -8,9 +8,12 @@ import sqlite3
 import sys
 from contextlib import closing
 
+import pytest
+
 from tests.helpers import run_cli, write_campaign
 
 
+@pytest.mark.slow
 def test_a_factory_that_crashes_on_import_fails_its_trials_and_the_run_goes_on(tmp_path, capsys, monkeypatch):
     marker = tmp_path / "imported-by"
     monkeypatch.setenv("GPUFILL_TEST_IMPORTED_BY", str(marker))

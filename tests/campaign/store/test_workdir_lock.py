@@ -43,6 +43,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path):
         assert holder(tmp_path)["pid"] == os.getpid()
 
 
+@pytest.mark.slow
 def test_a_second_run_and_a_fresh_exit_2_while_the_first_finishes_untouched(tmp_path):
     gate = tmp_path / "gate"
     path = write_campaign(tmp_path, projects=2, models=f"tests.campaign_models:gated: {{gate: '{gate}'}}\n  linear: {{}}")

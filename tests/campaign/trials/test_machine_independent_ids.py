@@ -33,6 +33,7 @@ print(json.dumps({"ids": sorted(t.trial_id for t in expand(spec, prints)), "fing
 """
 
 
+@pytest.mark.slow
 def test_the_demo_ids_and_fingerprints_are_the_same_under_every_kernel_setting():
     settings = kernel_settings()
     seen = {name: json.loads(run_python("-c", DEMO_IDS, str(demo_campaign_path()), env=env).stdout.splitlines()[-1]) for name, env in settings.items()}

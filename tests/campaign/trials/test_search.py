@@ -199,6 +199,7 @@ def test_asha_prunes_trials_that_are_recorded_with_their_epoch_and_score_and_nev
     assert f"trials pruned (a search's pruner stopped them; never ranked)</td><td>{len(pruned)}" in page
 
 
+@pytest.mark.slow
 def test_a_pruned_search_killed_three_times_resumes_with_the_same_proposals_and_decisions_and_loses_nothing(tmp_path, capsys):
     # 10 epochs (ASHA's rungs at 2, 4 and 8): under the 100 optimizer steps that make a trial time its settings first, so
     # each run's fresh worker trains at once, with the same settings whatever the load (30 epochs timed them: ~2x slower).
@@ -298,6 +299,7 @@ def test_a_pruned_local_search_prunes_inside_fused_packs(tmp_path):
     assert (results.iloc[:16]["status"] == "done").all()  # the first round has no earlier trials to lose to
 
 
+@pytest.mark.slow
 def test_estimate_times_a_search_from_its_first_round_scaled_to_its_budget(tmp_path):
     from gpufill.campaign.run.estimate import estimate
 

@@ -169,6 +169,7 @@ def test_trial_id_function_matches_expand(spec_of):
         assert trial_id(project=t.project, family=t.family, params=t.params, train=t.train, seed=t.seed, lookback=t.lookback, spec=spec) == t.trial_id
 
 
+@pytest.mark.slow
 def test_ids_are_the_same_in_another_process(spec_of, tmp_path):
     spec = spec_of(BASE.replace("  fake_classical: {}\n", "  mlp: {hidden_size: 8, lr: [0.01, 0.001]}\n"))
     code = (
