@@ -21,6 +21,7 @@ from gpufill.campaign.run.runner import Campaign, read_jobs, read_results, read_
 from gpufill.campaign.spec.spec import SlurmSpec, load_campaign
 from gpufill.campaign.store.store import Store
 from tests.helpers import run_cli, write_campaign
+from tests.shared_runs import shared_folder
 
 ray = pytest.importorskip("ray")  # imported at collection: its import sets RAY_CLIENT_MODE once, before any test
 submitit = pytest.importorskip("submitit")
@@ -40,13 +41,15 @@ def ray_session():
     os.environ.update(saved)  # ray.init sets RAY_* and PYTHONBREAKPOINT
 
 
-@pytest.fixture(scope="module")
+def _run_locally(folder: Path) -> None:
+    assert Campaign.from_yaml(write_campaign(folder, models=SHARED_MODELS), folder / "work").run().done == 6  # 2 projects x (2 mlp + linear)
+
+
+@pytest.fixture
 def local_results(tmp_path_factory):
-    """The shared campaign through local worker processes: the reference for the other executors."""
-    folder = tmp_path_factory.mktemp("local")
-    campaign = Campaign.from_yaml(write_campaign(folder, models=SHARED_MODELS), folder / "work")
-    assert campaign.run().done == 6  # 2 projects x (2 mlp + linear)
-    return campaign.results().set_index("trial_id")
+    """The shared campaign through local worker processes, run once per session (tests/shared_runs.py): the reference
+    for the other executors."""
+    return read_results(shared_folder(tmp_path_factory, "executors-local", _run_locally) / "work").set_index("trial_id")
 
 
 def _assert_same_results(results, reference):
@@ -72,10 +75,10 @@ def test_ray_runs_the_local_executor_s_trials_with_the_same_metrics(tmp_path, ra
 @pytest.mark.slow
 def test_inline_runs_the_local_executor_s_trials_bit_for_bit_and_starts_no_process(tmp_path, local_results):
     campaign = Campaign.from_yaml(write_campaign(tmp_path, models=SHARED_MODELS), tmp_path / "work")
-    children = psutil.Process().children(recursive=True)
+    before = {child.pid for child in psutil.Process().children(recursive=True)}  # an earlier test's may still be ending
     outcome = campaign.run(executor="inline")
     assert (outcome.done, outcome.failed, outcome.crashed) == (6, 0, 0)
-    assert psutil.Process().children(recursive=True) == children  # no worker, no zygote
+    assert {child.pid for child in psutil.Process().children(recursive=True)} - before == set()  # no worker, no zygote
     results = campaign.results().set_index("trial_id")
     assert sorted(results.index) == sorted(local_results.index) and (results["attempts"] == 1).all()
     # The same lanes, threads and seeds in one process: every metric equal, neural trials (in the same packs) included.
