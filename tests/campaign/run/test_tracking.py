@@ -26,12 +26,12 @@ WAIT_S = 900.0
 (the killed-and-resumed test took 56 s idle and over 300 s at load 5 in the clean-clone CI, 2026-11-27)."""
 
 
-def campaign_file(folder: Path, *, tracking: str = "", hidden: str = "[16, 32]", epochs: int = 3, seeds: str = "[0]") -> Path:
+def campaign_file(folder: Path, *, tracking: str = "", hidden: str = "[16, 32]", epochs: int = 3, seeds: str = "[0]", more_models: str = "") -> Path:
     path = folder / "tracked.yaml"
     path.write_text("name: tracked\n"
                     "data: {source: synthetic, projects: 3, length: 240, seed: 0}\n"
                     "task: {lookback: [14, 28], horizon: 7, split: {val: 14, test: 14}, mode: global}\n"
-                    f"models:\n  mlp: {{hidden_size: {hidden}, lr: [1.0e-3, 1.0e-2]}}\n  linear: {{}}\n"
+                    f"models:\n  mlp: {{hidden_size: {hidden}, lr: [1.0e-3, 1.0e-2]}}\n  linear: {{}}\n{more_models}"
                     f"train: {{epochs: {epochs}, early_stopping: null}}\n"
                     f"seeds: {seeds}\n"
                     "resources: {retries: 0}\n" + tracking)
@@ -130,6 +130,14 @@ def _finished_in_store(workdir: Path) -> int:
         return 0
 
 
+def _gated_running(workdir: Path) -> bool:
+    try:
+        with sqlite3.connect(f"file:{workdir / 'gpufill.db'}?mode=ro", uri=True) as con:
+            return con.execute("SELECT COUNT(*) FROM trials WHERE status = 'running' AND family LIKE '%gated'").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
+
+
 def _wait(condition, what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not condition():
@@ -144,10 +152,12 @@ def test_a_tracked_campaign_killed_resumed_and_cut_off_from_its_server_ends_with
     answer; with the server back, `gpufill export mlflow` brings the missing runs over and none twice."""
     (tmp_path / "server").mkdir()
     server = MlflowServer(tmp_path / "server").start()
+    gate = tmp_path / "gate"
     try:
-        # 32 networks and 4 linear, trained one at a time: the resumed run outlasts stopping the server on a fast idle box
-        # (10 epochs: about a second a trial there; 30 made this test two minutes of the CI).
-        path = campaign_file(tmp_path, hidden="[16, 32, 48, 64]", epochs=10, seeds="[0, 1]")
+        # 8 networks, 2 linear and, last in the file's order, 2 gated trials, trained one at a time: a gated trial holds
+        # the resumed run until the server is stopped (a race against the trials' speed before, with 36 trials).
+        path = campaign_file(tmp_path, hidden="[16, 32]", epochs=10, more_models=f"  tests.campaign_models:gated: {{gate: '{gate}'}}\n")
+        total = 12
         workdir = tmp_path / "work"
         command = [sys.executable, "-m", "gpufill", "run", str(path), "--workdir", str(workdir), "--cpu-slots", "1", "--mlflow", server.uri]
         first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -155,29 +165,31 @@ def test_a_tracked_campaign_killed_resumed_and_cut_off_from_its_server_ends_with
         os.killpg(first.pid, signal.SIGKILL)  # the run and its workers; its follower (own session) makes a last pass
         first.wait(timeout=60)
         before_resume = _finished_in_store(workdir)
-        assert 2 <= before_resume < 36
+        assert 2 <= before_resume < total
         _wait(lambda: len(exported(server.uri)) >= before_resume, "the killed run's follower's last pass")
         resumed = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         _wait(lambda: _finished_in_store(workdir) > before_resume or resumed.poll() is not None, "a trial finished by the resumed campaign")
+        _wait(lambda: _gated_running(workdir) or resumed.poll() is not None, "the resumed campaign at its gated trials")
         server.stop()  # the tracking server goes away mid-run
         assert resumed.poll() is None, "the resumed run ended before its server was stopped: nothing was cut off"
+        gate.write_text("open")
         output, _ = resumed.communicate(timeout=WAIT_S)
         assert resumed.returncode == 0, output
         output = " ".join(output.split())  # the terminal's line wrapping aside
-        assert _finished_in_store(workdir) == 36  # nothing lost to the server's absence
+        assert _finished_in_store(workdir) == total  # nothing lost to the server's absence
         assert f"tracking: MLflow at {server.uri} did not answer" in output and "the store keeps every result" in output
         assert f"gpufill export mlflow --workdir {workdir} --uri {server.uri}" in output
         server.start()  # back, on the same store
         complete = sum("gpufill.finished_at" in run.data.tags for run in exported(server.uri).values())
-        assert complete < 36  # what the resumed run could not send
+        assert complete < total  # what the resumed run could not send
         code, out, err = run_cli(capsys, "export", "mlflow", "--workdir", workdir, "--uri", server.uri)
         assert code == 0, err
-        assert out.startswith(f"36 finished trials in MLflow at {server.uri}, experiment 'tracked': {36 - complete} runs made")
+        assert out.startswith(f"{total} finished trials in MLflow at {server.uri}, experiment 'tracked': {total - complete} runs made")
         assert out.strip().endswith(f"{complete} already there")
         runs = exported(server.uri)
-        assert len(runs) == 36
+        assert len(runs) == total
         assert_equal_to_results(capsys, workdir, runs)
         code, out, _ = run_cli(capsys, "export", "mlflow", "--workdir", workdir, "--uri", server.uri)
-        assert code == 0 and out.strip().endswith("0 runs made, 36 already there") and len(exported(server.uri)) == 36
+        assert code == 0 and out.strip().endswith(f"0 runs made, {total} already there") and len(exported(server.uri)) == total
     finally:
         server.stop()
