@@ -33,7 +33,10 @@ class MlflowServer:
         command = [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
                    "--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}", "--artifacts-destination", str(self.folder / "artifacts")]
         log = (self.folder / "server.log").open("ab")
-        self.process = subprocess.Popen(command, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # No job execution: MLflow would start a pool of huey consumers (each an interpreter importing MLflow, ~3 CPU-s)
+        # for its GenAI jobs, which tracking never uses.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        self.process = subprocess.Popen(command, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.process.poll() is None, (self.folder / "server.log").read_text()[-3000:]
