@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -21,6 +23,15 @@ USER_SCRIPTS = TESTS / "user_scripts"
 # gloo's teardown can abort a rank after its work is done (a known torch/gloo race at process exit);
 # gpufill's own ranks wait for each other before leaving, which makes it rare, not impossible.
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script of bench/ or tools/ as a module (neither folder is a package)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_ranks(command: list[str], **kwargs) -> subprocess.CompletedProcess:

@@ -8,7 +8,6 @@ a test that changes it (a resume, a report written into the workdir) works on `c
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,8 @@ from types import ModuleType
 
 import pytest
 from filelock import FileLock
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DONE = ".made"
@@ -48,12 +49,8 @@ def copy_of(folder: Path, tmp_path: Path) -> Path:
 
 
 def demo_metrics_tool() -> ModuleType:
-    """tools/demo_metrics.py as a module (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("demo_metrics", ROOT / "tools" / "demo_metrics.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tools/demo_metrics.py as a module."""
+    return load_script(ROOT / "tools" / "demo_metrics.py")
 
 
 DEMO_WORKDIR = "gpufill-demo"

@@ -3,26 +3,18 @@ what it says on a small synthetic tree."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.helpers import load_script
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 
 
-def load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("layout_counts", ROOT / "tools" / "layout_counts.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = load_tool()
+tool = load_script(ROOT / "tools" / "layout_counts.py")
 
 # Issue 27's targets, met (at commit 90fdd68, when the restructuring began: 83, 3, 11, 12, 8 and 54 flat test files).
 CEILING = {

@@ -22,17 +22,15 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from tests.helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 3600  # a smoke run takes 3-110 s on 2 idle cores (fit_speed: whole processes); at load 5 over 300 s: only a hang ends it
 
 
 def load_bench_module(name: str) -> ModuleType:
     """A bench script or helper as a module (bench/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / f"{name}.py")
 
 
 def positive(value: Any) -> bool:
