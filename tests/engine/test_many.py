@@ -223,8 +223,7 @@ def test_auto_measures_the_packs_own_first_steps_and_its_threads_on_a_cpu_and_pu
     torch.set_num_threads(2)  # the plan starts from torch's current count (the fixture restores it)
     seen: list[tuple[str, int]] = []
 
-    def fake_time(self, step):
-        way = "alone" if len(seen) % 2 else "pack"  # timed() times the pack's step, then the model alone
+    def fake_time(self, step, way):
         seen.append((way, torch.get_num_threads()))
         out = step()
         return out, (4.0 if torch.get_num_threads() == 2 else 2.0) if way == "pack" else 1.5
@@ -234,10 +233,11 @@ def test_auto_measures_the_packs_own_first_steps_and_its_threads_on_a_cpu_and_pu
     before = torch.get_num_threads()
     auto = gpufill.fit_many(TinyMLP, data["train"], variants=VARIANTS[:4], probe=False, precision="fp32", device="cpu",
                             loss="cross_entropy", batch_size=32, epochs=50)
-    # The first step (its one-time cost), one steady pair at the plan's 2 threads, then one at 1 thread (each other
-    # count, before more are spent at the plan's): 1 thread is faster and the two pairs are clear (1.5x, 3x). Every
-    # one of them is a step of the training itself; the model alone is a copy.
-    assert seen == [("pack", 2), ("alone", 2)] * 2 + [("pack", 1), ("alone", 1)]
+    # The first step (its one-time cost, and the model alone twice: the second, warm, prices the budget), one steady
+    # pair at the plan's 2 threads, then one at 1 thread (each other count, before more are spent at the plan's): 1
+    # thread is faster and the two pairs are clear (1.5x, 3x). Every pack step is a step of the training itself; the
+    # model alone is a copy.
+    assert seen == [("pack", 2), ("alone", 2), ("alone", 2), ("pack", 2), ("alone", 2), ("pack", 1), ("alone", 1)]
     reason = auto[0].plan.pack_size.reason
     assert auto[0].plan.pack_size.value == 4 and reason.startswith("one pack of 4 at 1 thread: 500 ms per model-step vs 1.5e+03 ms alone "
                                                                     "after warm-up (3.00x); 2")
@@ -248,17 +248,15 @@ def test_auto_measures_the_packs_own_first_steps_and_its_threads_on_a_cpu_and_pu
     # The same shape again in this process: decided before its first step, from the numbers measured above.
     again = gpufill.fit_many(TinyMLP, data["train"], variants=VARIANTS[:4], probe=False, precision="fp32", device="cpu",
                              loss="cross_entropy", batch_size=32, epochs=50)
-    assert len(seen) == 6 and again[0].plan.pack_size.reason.endswith("measured earlier for this shape on this machine)")
+    assert len(seen) == 7 and again[0].plan.pack_size.reason.endswith("measured earlier for this shape on this machine)")
 
 
 def test_a_pack_measured_slower_on_its_first_steps_stops_and_the_variants_train_one_at_a_time(monkeypatch):
     from gpufill.engine.packs.variants_measure import StepProbe
 
-    def fake_time(self, step):  # the pack of 4 costs 8 s a step, one model alone 1 s: the pack is half as fast
-        fake_time.calls += 1
-        return step(), 8.0 if fake_time.calls % 2 else 1.0
+    def fake_time(self, step, way):  # the pack of 4 costs 8 s a step, one model alone 1 s: the pack is half as fast
+        return step(), 8.0 if way == "pack" else 1.0
 
-    fake_time.calls = 0
     monkeypatch.setattr(StepProbe, "_time", fake_time)
     data = _data()
     settings = {**EXACT, "loss": "cross_entropy", "batch_size": 32, "epochs": 12}  # 48 steps: enough to measure
@@ -291,32 +289,41 @@ def test_the_decision_charges_one_time_costs_once_and_steady_steps_per_step():
 def test_the_measurement_stops_when_clear_or_when_its_budget_is_spent():
     from gpufill.engine.packs.decide import BUDGET_SHARE, MAX_PAIRS, MeasureBudget
 
-    clear = MeasureBudget(k=16, steps=1000)
+    gain = 1.03
+    clear = MeasureBudget(k=16, steps=1000, min_gain=gain)
     clear.add(pack_s=4e-3, alone_s=1e-3, spent_s=0.01)  # 16 x 1 ms alone vs 4 ms packed: 4x
     assert not clear.done()  # one pair is never clear
     clear.add(pack_s=5e-3, alone_s=1e-3, spent_s=0.01)
     assert clear.done() and clear.budget_s == pytest.approx(BUDGET_SHARE * 1000 * 4e-3)  # the faster way at its fastest: the pack's 4 ms
-    close = MeasureBudget(k=16, steps=1000)
+    close = MeasureBudget(k=16, steps=1000, min_gain=gain)
     for _ in range(MAX_PAIRS - 1):
-        close.add(pack_s=16e-3, alone_s=1e-3, spent_s=0.01)  # level: never clear
+        close.add(pack_s=14.5e-3, alone_s=1e-3, spent_s=0.01)  # 1.10x: a gain, not a clear one
         assert not close.done()
-    close.add(pack_s=16e-3, alone_s=1e-3, spent_s=0.01)
+    close.add(pack_s=14.5e-3, alone_s=1e-3, spent_s=0.01)
     assert close.done()  # MAX_PAIRS taken
-    short = MeasureBudget(k=2, steps=4)  # 4 % x 4 steps x 2 ms (both ways) = 0.32 ms of budget
+    level = MeasureBudget(k=16, steps=1000, min_gain=gain)
+    level.add(pack_s=16e-3, alone_s=1e-3, spent_s=0.01)  # 1.00x
+    assert not level.done()
+    level.add(pack_s=15.8e-3, alone_s=1e-3, spent_s=0.01)  # 1.01x: no pair shows the 1.03x a pack needs
+    assert level.done()
+    short = MeasureBudget(k=2, steps=4, min_gain=gain)  # 4 % x 4 steps x 2 ms (both ways) = 0.32 ms of budget
     short.add(pack_s=2e-3, alone_s=1e-3, spent_s=0.004)
     assert short.done()  # spent past the budget after one pair
-    losing = MeasureBudget(k=4, steps=1000)
+    losing = MeasureBudget(k=4, steps=1000, min_gain=gain)
     losing.add(pack_s=8e-3, alone_s=1e-3, spent_s=0.009)  # half as fast as alone: its steps would be thrown away
     assert losing.done()  # one pair is enough to stop a clearly slower pack
-    behind = MeasureBudget(k=4, steps=1000)
+    behind = MeasureBudget(k=4, steps=1000, min_gain=gain)
     behind.add(pack_s=5e-3, alone_s=1e-3, spent_s=0.006)  # 0.8x: slower, not yet clearly
     assert not behind.done()
     behind.add(pack_s=4.4e-3, alone_s=1e-3, spent_s=0.006)  # 0.91x: slower in both pairs, so no gain to find
     assert behind.done()
-    cold = MeasureBudget(k=1, steps=100)
+    cold = MeasureBudget(k=1, steps=100, min_gain=gain)
     cold.add(pack_s=3e-3, alone_s=3e-3, spent_s=0.0)
     cold.add(pack_s=1e-3, alone_s=1e-3, spent_s=0.0)  # a step timed with a cold cache is slower than the training's
     assert cold.budget_s == pytest.approx(BUDGET_SHARE * 100 * 1e-3)  # priced at the fastest step seen
+    warm = MeasureBudget(k=4, steps=100, min_gain=gain, warm_alone_s=0.5e-3)
+    warm.add(pack_s=8e-3, alone_s=3e-3, spent_s=0.0)  # paired between pack steps: 6x the warm step alone
+    assert warm.budget_s == pytest.approx(BUDGET_SHARE * 100 * 4 * 0.5e-3)  # priced at the warm step: 4 models alone, 2 ms a step
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

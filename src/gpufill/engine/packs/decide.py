@@ -89,9 +89,16 @@ class MeasureBudget:
     k: int
     steps: int
     """Planned optimizer steps per model."""
+    min_gain: float
+    """The gain a pack needs (`decide`'s): pairs that never show it stop the measuring."""
     pack: list[float] = field(default_factory=list)
     alone: list[float] = field(default_factory=list)
     spent_s: float = 0.0
+    warm_alone_s: float = math.inf
+    """One model's step timed right after another of its own (warm caches): what a step costs when the variants
+    train one at a time. The paired steps run between pack steps, which evict the model from the caches: 2-4x
+    slower on a CPU, and a budget priced on them alone grants 2-4x the share (6.4 % of a call measured on a loaded
+    box, against the 4 % meant)."""
 
     def add(self, pack_s: float, alone_s: float, spent_s: float) -> None:
         """One steady pair: each way's step time, and the time the pair took (added to `spent_s`)."""
@@ -107,7 +114,7 @@ class MeasureBudget:
         slows steps, so the median would grant a budget the real training does not last for."""
         if not self.alone:
             return 0.0
-        alone = self.k * min(self.alone)
+        alone = self.k * min(*self.alone, self.warm_alone_s)
         return BUDGET_SHARE * self.steps * min(alone, min(self.pack)) if self.pack else BUDGET_SHARE * self.steps * alone
 
     def done(self) -> bool:
@@ -121,6 +128,6 @@ class MeasureBudget:
             return False
         if max(ratios) <= 1 / CLEAR_MARGIN:
             return True  # a pack clearly slower: one pair is enough (its steps are thrown away, so no lingering)
-        if pairs >= MIN_PAIRS and max(ratios) < 1:
-            return True  # slower in every pair: packing needs a gain, and each further pair is thrown away too
+        if pairs >= MIN_PAIRS and max(ratios) < self.min_gain:
+            return True  # no pair shows the gain a pack needs (`decide`'s min_gain): each further pair is likely thrown away too
         return pairs >= MIN_PAIRS and min(ratios) >= CLEAR_MARGIN  # a faster pack's steps are training: 2+ pairs

@@ -57,7 +57,7 @@ class StepProbe:
         tick = clock()
         self.alone, self.single = copy.deepcopy([run.models[0], run.optimizers[0]])  # variant 0 with its fit's optimizer
         self.alone.train()
-        self.budget = MeasureBudget(run.k, run.total_steps)
+        self.budget = MeasureBudget(run.k, run.total_steps, MIN_GAIN)
         self.budget.spent_s = clock() - tick  # what measuring costs the call: the copy and its steps (the pack's are training)
         self.pack_s: dict[int, list[float]] = {t: [] for t in self.counts}
         self.alone_s: dict[int, list[float]] = {t: [] for t in self.counts}
@@ -81,9 +81,12 @@ class StepProbe:
         """Run the pack's `step` timed at the thread count its turn calls for, then one step of the model alone."""
         threads = self.queue.pop(0)
         torch.set_num_threads(threads)
-        values, pack_s = self._time(step)
+        values, pack_s = self._time(step, "pack")
         one = map_tensors(lambda leaf: leaf[0], batch)  # variant 0's rows of the pack's batch
-        _, alone_s = self._time(lambda: self._alone_step(one))
+        _, alone_s = self._time(lambda: self._alone_step(one), "alone")
+        if self.phase == "first":  # and a second one right after: the budget's price of a step alone (decide.MeasureBudget)
+            _, self.budget.warm_alone_s = self._time(lambda: self._alone_step(one), "alone")
+            self.budget.spent_s += self.budget.warm_alone_s
         self.steps += 1
         self._record(threads, pack_s, alone_s)
         return values
@@ -93,7 +96,8 @@ class StepProbe:
         self.single.step()
         self.single.zero_grad(set_to_none=True)
 
-    def _time(self, step: Callable[[], Any]) -> tuple[Any, float]:
+    def _time(self, step: Callable[[], Any], way: str) -> tuple[Any, float]:
+        """`step`'s result and seconds; `way` ("pack" or "alone") names what is timed (a test's fake clock reads it)."""
         synchronize(self.run.device)
         tick = self.clock()
         out = step()
