@@ -6,33 +6,22 @@ torch, pandas or the campaign machinery until something needs them.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from gpufill.errors import InputError
+from gpufill.lazy import lazy_names
 
 __version__ = "0.1.0"
 
-# name -> module that defines it
+# name -> submodule of gpufill that defines it
 _HOME = {
-    "fit": "gpufill.engine.loop",
-    "fit_many": "gpufill.engine.packs.many",
-    "FitConfig": "gpufill.engine.config",
-    "FitResult": "gpufill.engine.result",
-    "Plan": "gpufill.engine.plan",
-    "Campaign": "gpufill.campaign.run.runner",
-    "TrainingMonitor": "gpufill.monitor.training",
+    "fit": "engine.loop",
+    "fit_many": "engine.packs.many",
+    "FitConfig": "engine.config",
+    "FitResult": "engine.result",
+    "Plan": "engine.plan",
+    "Campaign": "campaign.run.runner",
+    "TrainingMonitor": "monitor.training",
 }
 __all__ = ["InputError", "__version__", *sorted(_HOME)]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        value = getattr(importlib.import_module(_HOME[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'gpufill' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOME})
+__getattr__, __dir__ = lazy_names(__name__, _HOME)

@@ -15,8 +15,7 @@ Names load lazily, on first use, so importing one submodule does not import the 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gpufill.lazy import lazy_names
 
 # name -> submodule of gpufill.campaign that defines it
 _HOME = {
@@ -38,11 +37,4 @@ _HOME = {
 __all__ = sorted(_HOME)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(f"gpufill.campaign.{_HOME[name]}"), name)
-    raise AttributeError(f"module 'gpufill.campaign' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOME})
+__getattr__, __dir__ = lazy_names(__name__, _HOME)

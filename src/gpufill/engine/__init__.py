@@ -6,8 +6,7 @@ It imports nothing from forecasting, campaign, report or the CLI. Names load laz
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gpufill.lazy import lazy_names
 
 # name -> submodule of gpufill.engine that defines it
 _HOME = {
@@ -22,11 +21,4 @@ _HOME = {
 __all__ = sorted(_HOME)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(f"gpufill.engine.{_HOME[name]}"), name)
-    raise AttributeError(f"module 'gpufill.engine' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOME})
+__getattr__, __dir__ = lazy_names(__name__, _HOME)

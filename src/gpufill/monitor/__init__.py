@@ -1,13 +1,21 @@
-"""Monitoring: the resource sampler, the training monitor and alerts."""
+"""Monitoring: the resource sampler (`sampler`), the training monitor (`training`) and alerts (`alerts`).
 
-from gpufill.monitor.alerts import Alert, all_alerts, high_memory, idle_lane, low_gpu_utilisation, throttling
-from gpufill.monitor.sampler import (
-    SAMPLE_COLUMNS, CsvSink, GpuReading, GpuSource, JsonlSink, NvmlSource, QueueSink, Sampler, decode_throttle, open_gpu_source,
-)
-from gpufill.monitor.training import MonitorCallback, NullMonitor, TrainingMonitor
+Names load lazily, on first use: the scheduler reads the sampler and the alerts without importing the training
+monitor, whose hooks are torch's side (a process that needs no torch never imports it).
+"""
 
-__all__ = [
-    "SAMPLE_COLUMNS", "Alert", "CsvSink", "GpuReading", "GpuSource", "JsonlSink", "MonitorCallback", "NullMonitor",
-    "NvmlSource", "QueueSink", "Sampler", "TrainingMonitor", "all_alerts", "decode_throttle", "high_memory", "idle_lane",
-    "low_gpu_utilisation", "open_gpu_source", "throttling",
-]
+from __future__ import annotations
+
+from gpufill.lazy import lazy_names
+
+# name -> submodule of gpufill.monitor that defines it
+_HOME = {
+    **dict.fromkeys(["Alert", "all_alerts", "high_memory", "idle_lane", "low_gpu_utilisation", "throttling"], "alerts"),
+    **dict.fromkeys(["SAMPLE_COLUMNS", "CsvSink", "GpuReading", "GpuSource", "JsonlSink", "NvmlSource", "QueueSink", "Sampler",
+                     "decode_throttle", "open_gpu_source"], "sampler"),
+    **dict.fromkeys(["MonitorCallback", "NullMonitor", "TrainingMonitor"], "training"),
+}
+__all__ = sorted(_HOME)
+
+
+__getattr__, __dir__ = lazy_names(__name__, _HOME)

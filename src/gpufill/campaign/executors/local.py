@@ -34,6 +34,8 @@ from gpufill.campaign.executors.base import (
 )
 from gpufill.campaign.executors.forked import Zygote, forks_workers
 from gpufill.campaign.policy.lanes import Lane, plan_lanes
+from gpufill.cpus import usable_cpus
+from gpufill.gpus import visible_gpu_memory
 
 
 @dataclass(slots=True, eq=False)
@@ -52,13 +54,14 @@ def plan_on(request: LaneRequest, *, cores: int, gpu_memory_bytes: int | list[in
 
 
 def plan_here(request: LaneRequest) -> tuple[list[Lane], list[str]]:
-    """Lanes for this machine: its cores and every visible GPU's memory (no GPU lane without CUDA)."""
-    import torch
+    """Lanes for this machine: its cores and every visible GPU's memory (no GPU lane without CUDA), read from NVML
+    without importing torch (gpufill.gpus); from torch only where NVML cannot answer as CUDA would."""
+    memories = visible_gpu_memory()
+    if memories is None:
+        import torch
 
-    from gpufill.engine.hardware import cpu_count
-
-    memories = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    return plan_on(request, cores=cpu_count(), gpu_memory_bytes=memories or None)
+        memories = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return plan_on(request, cores=usable_cpus(), gpu_memory_bytes=memories or None)
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ from gpufill.campaign.executors.local import plan_here
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.store.lock import WorkdirLock
 from gpufill.campaign.run.scheduler import RunOutcome, Scheduler, Snapshot
+from gpufill.campaign.spec.build_check import BuildCheck, deferred
 from gpufill.campaign.spec.spec import CampaignSpec, load_campaign
 from gpufill.campaign.run.stopping import RunInterrupted, from_exception, signals_interrupt
 from gpufill.campaign.results.reading import best_per_project, find_workdir, read_jobs, read_results, read_status, read_trials
@@ -80,18 +81,22 @@ class Prepared:
 class Campaign:
     """A campaign file bound to a workdir."""
 
-    def __init__(self, spec: CampaignSpec, workdir: str | Path | None = None):
+    def __init__(self, spec: CampaignSpec, workdir: str | Path | None = None, build_check: BuildCheck | None = None):
         self.spec = spec
         self.workdir = Path(workdir) if workdir is not None else Path(f"gpufill-{spec.name}")
         self.source = str(spec.path) if spec.path else "campaign"
         self.tracking_uri: str | None = None
         """Where this run copies finished trials (MLflow), set by `run`."""
+        self.build_check = build_check
+        """The child building the file's grid points, if still to be heard from (`prepare` waits for it)."""
 
     @classmethod
     def from_yaml(cls, path: str | Path, workdir: str | Path | None = None) -> Campaign:
-        """The scheduler's side of a campaign file: its own `module:factory` models are checked in a child process."""
-        with checked_elsewhere():
-            return cls(load_campaign(Path(path)), workdir)
+        """The scheduler's side of a campaign file, which never imports torch: its own `module:factory` models are
+        checked in a child process, and its grid points built in another that runs while the run prepares."""
+        with checked_elsewhere(), deferred() as builds:
+            spec = load_campaign(Path(path))
+        return cls(spec, workdir, BuildCheck.start(builds, str(spec.path), spec._lines))
 
     @property
     def base_dir(self) -> Path:
@@ -102,6 +107,15 @@ class Campaign:
                 executor: Executor | None = None, timeline: Timeline | None = None) -> Prepared:
         """Trials and lanes; the lanes fit what `executor` runs on (default: this machine)."""
         timeline = timeline or Timeline()
+        try:
+            prepared = self._prepare(gpu_slots, cpu_slots, executor, timeline)
+        finally:
+            check, self.build_check = self.build_check, None
+            if check is not None:
+                check.close()
+        return prepared
+
+    def _prepare(self, gpu_slots: Any, cpu_slots: Any, executor: Executor | None, timeline: Timeline) -> Prepared:
         projects = self.spec.data.load(self.base_dir)
         timeline.mark("data loaded")
         self.spec.check_trial_count(len(projects), where=self.spec.where("models"))  # the file's projects are known now: before the trials are listed
@@ -130,6 +144,9 @@ class Campaign:
         )
         lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
         timeline.mark("lanes planned")
+        if self.build_check is not None:
+            self.build_check.wait()
+            timeline.mark("grid points built")
         warnings = [*(user_models.notes[family] for family in self.spec.models if family in user_models.notes), *notes, *warnings]
         return Prepared(trials=trials, lanes=lanes, warnings=warnings, bases=bases, fingerprints=fingerprints)
 
@@ -428,15 +445,15 @@ def _too_short(projects: dict[str, Any], spec: Any) -> tuple[dict[tuple[str, int
     for project in projects.values():
         for lookback in sorted(spec.every_lookback, reverse=True):
             try:
-                windows = spec.windows(project, lookback)
+                layout = spec.window_layout(project, lookback)
             except InputError as error:
                 if task.mode != "local" or error.field != "length":
                     raise
                 found[(project.name, lookback)] = error.problem
             else:
-                if windows.padding is not None:
+                if layout.shift:
                     padded.setdefault(project.name, []).append(lookback)
-                    if task.split.val and windows.x_val.shape[0] == 0:
+                    if task.split.val and len(layout.val_t) == 0:
                         unvalidated.add(project.name)
                     continue
                 break  # a shorter lookback fits too

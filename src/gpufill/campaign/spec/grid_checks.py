@@ -13,7 +13,6 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from pydantic import BaseModel, ValidationError
 
 from gpufill.campaign.spec.search_spec import Range, is_range, parse_range
@@ -128,6 +127,8 @@ def check_builds(family: str, axes: Mapping[str, list[Any] | Range], *, lookback
     """Build every grid point once (training axes aside; a range at both ends), so bad values fail at load time."""
     if registry.is_remembered(family):  # a user's factory, built in a child process already (campaign/spec/user_models.py)
         return
+    import torch  # here, not at the top: a scheduler whose families are all checked elsewhere never imports it
+
     fam = registry.resolve(family)
     model_axes = {k: v for k, v in corner_axes(axes).items() if not is_setting(fam, k)}
     for combo in itertools.product(*model_axes.values()):

@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import (
     Field,
@@ -33,10 +33,10 @@ from pydantic import (
     model_validator,
 )
 
+from gpufill.campaign.spec.build_check import check_or_defer
 from gpufill.campaign.spec.grid_checks import (
     TRAIN_KEYS,
     WINDOW_KEYS,
-    check_builds,
     check_grid,
     check_length,
     is_setting,
@@ -60,7 +60,11 @@ from gpufill.campaign.spec.spec_limits import Seed, check_grid_points, check_tri
 from gpufill.campaign.spec.spec_types import Spec
 from gpufill.campaign.spec.task_spec import SplitSpec, TaskSpec
 from gpufill.campaign.spec.train_spec import EarlyStoppingSpec, TrainSpec
-from gpufill.forecasting.data import Project, WindowedProject, make_windows
+from gpufill.forecasting.data import Project
+from gpufill.forecasting.data.split import WindowLayout, window_layout
+
+if TYPE_CHECKING:
+    from gpufill.forecasting.data.windows import WindowedProject
 from gpufill.errors import InputError
 from gpufill.forecasting.training import FitConfig
 from gpufill.forecasting.models import registry
@@ -176,7 +180,7 @@ class CampaignSpec(Spec):
         if self.search is not None:
             self._check_search()
         for family in self.models:
-            check_builds(family, self.models[family], lookback=min(self.lookbacks(family)), horizon=self.task.horizon)
+            check_or_defer(family, self.models[family], lookback=min(self.lookbacks(family)), horizon=self.task.horizon)
             self._check_recipes(family)
         for index, family in enumerate(self.ensemble.families or [] if self.ensemble else []):
             if family not in self.models:
@@ -289,7 +293,14 @@ class CampaignSpec(Spec):
         """`project` cut for this task at `lookback` (global mode left-pads a series too short for it); `folded`: with
         the validation region folded into training (what a refit trains on: train.refit), the test region the same."""
         task, split = self.task, self.task.split.to_split()
+        from gpufill.forecasting.data.windows import make_windows  # torch's side: a worker's, never the scheduler's
+
         return make_windows(project, lookback, task.horizon, replace(split, val=0) if folded else split, task.stride, pad=task.mode == "global")
+
+    def window_layout(self, project: Project, lookback: int) -> WindowLayout:
+        """Where `windows` would cut `project` at `lookback` (or one line naming what does not fit), without cutting."""
+        task = self.task
+        return window_layout(project, lookback, task.horizon, task.split.to_split(), task.stride, pad=task.mode == "global")
 
     def where(self, *loc: str | int) -> str:
         """``file:line`` of the deepest key of ``loc`` present in the file (the file alone if unknown)."""

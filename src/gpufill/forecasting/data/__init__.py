@@ -1,23 +1,21 @@
-"""Data layer: projects from synthetic/csv/parquet sources, windows and splits, forecast metrics."""
+"""Data layer: projects from synthetic/csv/parquet sources, windows and splits, forecast metrics.
 
-from gpufill.forecasting.data.metrics import forecast_metrics, mae, mase, rmse, smape
-from gpufill.forecasting.data.project import Project
-from gpufill.forecasting.data.sources import load_projects
-from gpufill.forecasting.data.synthetic import synthetic_projects
-from gpufill.forecasting.data.windows import Scaler, Split, WindowedProject, make_windows, split_bounds
+Names load lazily, on first use: the scheduler reads splits and projects without importing what windows and
+metrics need (torch).
+"""
 
-__all__ = [
-    "Project",
-    "Scaler",
-    "Split",
-    "WindowedProject",
-    "forecast_metrics",
-    "load_projects",
-    "mae",
-    "make_windows",
-    "mase",
-    "rmse",
-    "smape",
-    "split_bounds",
-    "synthetic_projects",
-]
+from __future__ import annotations
+
+from gpufill.lazy import lazy_names
+
+# name -> submodule of gpufill.forecasting.data that defines it
+_HOME = {
+    **dict.fromkeys(["forecast_metrics", "mae", "mase", "rmse", "smape"], "metrics"),
+    "Project": "project",
+    "load_projects": "sources",
+    "synthetic_projects": "synthetic",
+    **dict.fromkeys(["Split", "split_bounds"], "split"),
+    **dict.fromkeys(["Scaler", "WindowedProject", "make_windows"], "windows"),
+}
+__all__ = sorted(_HOME)
+__getattr__, __dir__ = lazy_names(__name__, _HOME)

@@ -8,121 +8,14 @@ earlier regions (that is what a forecaster sees at that time, so it is no leak).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from gpufill.forecasting.data.project import Project, recipe_fingerprint
-from gpufill.errors import InputError
-
-
-@dataclass(frozen=True)
-class Split:
-    """Sizes of the validation and test regions, taken from the end of the series."""
-
-    val: float | int = 0.1
-    """float in [0, 1): fraction of the series; int >= 0: count of time steps before the test region."""
-    test: float | int = 0.2
-    """Same; e.g. test=18 holds out the last 18 points (competition style)."""
-    backtest: tuple[int, int] | None = None
-    """(windows, step): rolling origins instead of `test`: the last origin forecasts the last horizon, each
-    earlier one `step` before it; the test region is (windows - 1) * step + horizon points."""
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _check_split(split: Split) -> None:
-    for field in ("val",) if split.backtest else ("val", "test"):
-        value = getattr(split, field)
-        if _is_int(value):
-            if value < 0:
-                raise InputError(
-                    f"count {value} is negative",
-                    fix=f"set split.{field} to a count >= 0 or a fraction in [0, 1)",
-                    where="split",
-                    field=field,
-                )
-        elif isinstance(value, (float, np.floating)):
-            if not 0.0 <= value < 1.0:
-                raise InputError(
-                    f"fraction {value} is outside [0, 1)",
-                    fix=f"set split.{field} to a fraction in [0, 1) or an integer count of time steps",
-                    where="split",
-                    field=field,
-                )
-        else:
-            raise InputError(
-                f"{value!r} is neither a fraction nor a count",
-                fix=f"set split.{field} to a float in [0, 1) or an integer >= 0",
-                where="split",
-                field=field,
-            )
-    fractions = [v for v in (split.val, split.test) if not _is_int(v)]
-    if len(fractions) == 2 and sum(fractions) >= 1.0 and not split.backtest:
-        raise InputError(
-            f"val + test fractions = {sum(fractions):g} leave nothing to train on",
-            fix="make split.val + split.test less than 1 (e.g. val=0.1, test=0.2)",
-            where="split",
-            field="val+test",
-        )
-
-
-def _count(value: float | int, length: int) -> int:
-    # A fraction is rounded to the nearest whole step (0.2 of 2000 -> 400).
-    return int(value) if _is_int(value) else int(round(float(value) * length))
-
-
-def _n_test(split: Split, length: int, horizon: int) -> int:
-    if split.backtest:
-        windows, step = split.backtest
-        return (windows - 1) * step + horizon
-    return _count(split.test, length)
-
-
-def split_bounds(length: int, split: Split, horizon: int = 1) -> tuple[int, int]:
-    """(train_end, val_end): train = [0, train_end), val = [train_end, val_end), test = [val_end, length)."""
-    _check_split(split)
-    n_val, n_test = _count(split.val, length), _n_test(split, length, horizon)
-    train_end = length - n_val - n_test
-    if train_end < 1:
-        raise InputError(
-            f"a series of length {length} has no training region left after val={split.val} and test={split.test}",
-            fix="lower split.val / split.test or use a longer series",
-            where="split",
-            field="val+test",
-        )
-    return train_end, length - n_test
-
-
-def _fits(length: int, lookback: int, horizon: int, split: Split, *, pad: bool = False) -> bool:
-    """One training window and >= horizon val/test points; padded, the window needs one real input only."""
-    n_val, n_test = _count(split.val, length), _n_test(split, length, horizon)
-    train_end = length - n_val - n_test
-    val_ok = n_val >= horizon if split.val else True
-    return train_end >= (1 if pad else lookback) + horizon and n_test >= horizon and val_ok
-
-
-def _minimum_length(lookback: int, horizon: int, split: Split, *, pad: bool = False) -> int:
-    """Shortest series that gives one train window and >= horizon test (and val) points."""
-    _check_split(split)
-    lookback = 1 if pad else lookback  # padded, a window needs one real input
-    # Analytic lower bound, then a short upward scan: rounding makes the exact bound jittery.
-    # Each rounded fraction is at most f*T + 0.5, so train_end <= T*(1 - frac) - fixed + 0.5*n_frac.
-    sizes = (split.val,) if split.backtest else (split.val, split.test)
-    fixed = sum(int(v) for v in sizes if _is_int(v)) + (_n_test(split, 0, horizon) if split.backtest else 0)
-    fractions = [float(v) for v in sizes if not _is_int(v)]
-    bound = (lookback + horizon + fixed - 0.5 * len(fractions)) / (1.0 - sum(fractions))
-    for v in sizes:
-        if not _is_int(v) and v > 0:
-            bound = max(bound, (horizon - 0.5) / float(v))
-    length = max(1, int(bound) - 1)
-    while not _fits(length, lookback, horizon, split):
-        length += 1
-    return length
+from gpufill.forecasting.data.split import Split, window_layout
 
 
 @dataclass(frozen=True)
@@ -233,24 +126,6 @@ class WindowScaling:
         return np.asarray(scaled, dtype=np.float64) * scale + loc
 
 
-def _check_positive(where: str, **values: object) -> None:
-    for field, value in values.items():
-        if not _is_int(value) or value < 1:
-            raise InputError(
-                f"must be an integer >= 1, got {value!r}",
-                fix=f"set {field} to a positive integer",
-                where=where,
-                field=field,
-            )
-
-
-def _starts(first: int, last: int, stride: int) -> np.ndarray:
-    """Window start times in [first, last], thinned by stride, anchored at the most recent window."""
-    if last < first:
-        return np.zeros(0, dtype=np.int64)
-    return np.arange(last, first - 1, -stride, dtype=np.int64)[::-1]
-
-
 def season_length_of(time: np.ndarray | None, source: str) -> int:
     """The season of a project's time index (1 when there is none or it is irregular): M4's
     conventions (daily 7, weekly 52, monthly 12, quarterly 4, hourly 24); synthetic data is daily."""
@@ -284,49 +159,15 @@ def make_windows(
     (global mode: short series are the norm in competition data). A series long enough is cut
     exactly as without ``pad``.
     """
-    where = f"project {project.name} ({project.source})"
-    _check_positive(where, lookback=lookback, horizon=horizon, stride=stride)
-    lookback, horizon, stride = int(lookback), int(horizon), int(stride)
-    _check_split(split)
-    if split.test == 0 and not split.backtest:
-        raise InputError(
-            "split.test=0 leaves no test region",
-            fix=f"set split.test to a fraction in (0, 1) or a count >= horizon ({horizon})",
-            where=where,
-            field="split.test",
-        )
-    for field in ("val",) if split.backtest else ("val", "test"):  # a count below horizon can never hold one window: no length fixes it
-        value = getattr(split, field)
-        if _is_int(value) and 0 < value < horizon:
-            raise InputError(
-                f"split.{field}={value} is smaller than horizon={horizon}, so it holds no whole window",
-                fix=f"set split.{field} >= {horizon}" + (" or 0" if field == "val" else "") + " or lower horizon",
-                where=where,
-                field=f"split.{field}",
-            )
-    length = project.length
-    padded = pad and not _fits(length, lookback, horizon, split)
-    if pad and split.val and not _fits(length, lookback, horizon, split, pad=True) and _fits(length, lookback, horizon, replace(split, val=0), pad=True):
-        # One model over many series validates on the others: this one keeps its history for training.
-        split = replace(split, val=0)
-    if not _fits(length, lookback, horizon, split, pad=pad):
-        need = _minimum_length(lookback, horizon, split, pad=pad)
-        needs = "one real input before its first training target" if pad else "one train window"
-        raise InputError(
-            f"series too short: length {length} < {need} needed for lookback={lookback}, horizon={horizon}, "
-            f"split val={split.val} test={split.test} ({needs} and >= horizon val/test points)",
-            fix="lower lookback or horizon, or the split sizes, or use a longer series",
-            where=where,
-            field="length",
-        )
-    train_end, val_end = split_bounds(length, split, horizon)
+    layout = window_layout(project, lookback, horizon, split, stride, pad=pad)
+    lookback, horizon, split, length = layout.lookback, layout.horizon, layout.split, project.length
+    train_end, val_end, shift = layout.train_end, layout.val_end, layout.shift
 
     covariates = np.asarray(project.covariates, dtype=np.float64).reshape(length, -1 if project.covariates.size else 0)
     raw = np.column_stack([np.asarray(project.target, dtype=np.float64), covariates])
     scaler = Scaler.fit(raw[:train_end])
     scaled = scaler.transform(raw).astype(np.float32)
     # Padded, times below are shifted by `shift`: the padding is 0 after scaling, the scaler's centre.
-    shift = lookback - 1 if padded else 0
     if shift:
         scaled = np.concatenate([np.zeros((shift, scaled.shape[1]), dtype=np.float32), scaled])
 
@@ -340,11 +181,7 @@ def make_windows(
         y = np.ascontiguousarray(y_views[starts])
         return torch.from_numpy(x), torch.from_numpy(y)
 
-    # Target-start ranges per region: [first, region_end - horizon], in original times.
-    train_t = _starts(max(1, lookback - shift), train_end - horizon, stride)
-    val_t = _starts(train_end, val_end - horizon, stride)
-    # Every test point is scored (stride 1), or, for a backtest, its rolling origins only.
-    test_t = val_end + split.backtest[1] * np.arange(split.backtest[0], dtype=np.int64) if split.backtest else _starts(val_end, length - horizon, 1)
+    train_t, val_t, test_t = layout.train_t, layout.val_t, layout.test_t
     x_train, y_train = cut(train_t + shift)
     x_val, y_val = cut(val_t + shift)
     x_test, y_test = cut(test_t + shift)

@@ -1,38 +1,19 @@
 """Model families: neural forecasters and the registry that names them.
 
-Importing this package registers the built-in neural families.
+Names load lazily, on first use: `registry` knows every built-in family from its description (`catalog.py`) and
+imports the families themselves (`builtin.py`: torch, the fused kernels) only when one is built or a class is asked
+for here.
 """
 
-from gpufill.forecasting.models.registry import Family, ModelKind, build, check_params, families, register, resolve
-# importing neural registers lstm, gru, tcn, transformer, mlp
-from gpufill.forecasting.models.neural import (
-    Forecaster,
-    GRUForecaster,
-    LSTMForecaster,
-    MLPForecaster,
-    TCNForecaster,
-    TransformerForecaster,
-)
-# importing nbeats registers nbeats (N-BEATS, generic or interpretable stacks)
-from gpufill.forecasting.models.nbeats import NBeatsForecaster
-# importing classical registers linear, rf, xgb, lgbm and snaive, ets, theta (their libraries load on first fit)
-from gpufill.forecasting.models import classical  # noqa: F401  (registers the classical families)
-# importing the fused kernels registers them with the engine's packs (engine.packs.fused.fuses)
-from gpufill.forecasting.models import fused_feedforward, fused_recurrent  # noqa: F401
+from __future__ import annotations
 
-__all__ = [
-    "Family",
-    "Forecaster",
-    "GRUForecaster",
-    "LSTMForecaster",
-    "MLPForecaster",
-    "ModelKind",
-    "NBeatsForecaster",
-    "TCNForecaster",
-    "TransformerForecaster",
-    "build",
-    "check_params",
-    "families",
-    "register",
-    "resolve",
-]
+from gpufill.lazy import lazy_names
+
+# name -> submodule of gpufill.forecasting.models that defines it
+_HOME = {
+    **dict.fromkeys(["Family", "ModelKind", "build", "check_params", "families", "register", "resolve"], "registry"),
+    **dict.fromkeys(["Forecaster", "GRUForecaster", "LSTMForecaster", "MLPForecaster", "NBeatsForecaster", "TCNForecaster",
+                     "TransformerForecaster"], "builtin"),
+}
+__all__ = sorted(_HOME)
+__getattr__, __dir__ = lazy_names(__name__, _HOME)

@@ -2,14 +2,16 @@
 
 A family is a factory ``(n_features, lookback, horizon, *, **params)`` plus the keyword
 parameters (and defaults) read from its signature. Built-in families register themselves
-with :func:`register` when their module is imported (``gpufill.forecasting.models`` imports them);
-a ``package.module:factory`` path is imported on demand by :func:`resolve`.
+with :func:`register` when their module is imported (``builtin.py`` imports them all); until then :func:`resolve`
+answers from their description (``catalog.py``) and the first :func:`build` imports them, so a process that only
+reads a campaign file never imports torch. A ``package.module:factory`` path is imported on demand by :func:`resolve`.
 A variant ``family@tag`` (``nbeats@mean``, forecasting/family_names.py) resolves to the built-in family.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 import weakref
 from collections.abc import Callable, Mapping
@@ -20,6 +22,7 @@ from typing import Any, Literal, TypeVar, get_args
 from gpufill import user_code
 from gpufill.errors import InputError
 from gpufill.forecasting.family_names import VARIANT, base_name, valid_tag
+from gpufill.forecasting.models.catalog import BUILT_IN
 
 __all__ = ["Family", "ModelKind", "build", "check_params", "families", "register", "resolve"]
 
@@ -46,18 +49,12 @@ class Family:
     """Keyword parameters and their defaults (read-only), shape arguments excluded."""
     accepts_any: bool = field(default=False, compare=False)
     """True when the factory takes ``**kwargs``: any extra parameter name is passed through."""
-
-    @property
-    def fits_series(self) -> bool:
-        """A statistical family fits the series itself, not windows (forecasting.models.classical.statistical):
-        no window scaling, loss or schedule applies to it."""
-        return callable(getattr(self.factory, "fit_series", None))
-
-    @property
-    def deterministic(self) -> bool:
-        """The factory says its forecasts draw no random number (`deterministic = True`: the built-in statistical
-        references): every seed gives the same result, so a campaign runs it with one seed."""
-        return getattr(self.factory, "deterministic", False) is True
+    fits_series: bool = field(default=False, compare=False)
+    """A statistical family fits the series itself, not windows (forecasting.models.classical.statistical): no window
+    scaling, loss or schedule applies to it. Read from the factory: it has a callable ``fit_series``."""
+    deterministic: bool = field(default=False, compare=False)
+    """The factory says its forecasts draw no random number (``deterministic = True``: the built-in statistical
+    references): every seed gives the same result, so a campaign runs it with one seed."""
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -98,6 +95,8 @@ def resolve(name: str) -> Family:
         return _FAMILIES[name]
     if name in _REMEMBERED:
         return _REMEMBERED[name]
+    if name in BUILT_IN:
+        return _described(name)
     if base_name(name) != name:
         return _variant(name)
     if ":" not in name:
@@ -113,7 +112,20 @@ def families(kind: ModelKind | None = None) -> list[str]:
     """Registered family names, sorted; only those of ``kind`` when given."""
     if kind is not None:
         _check_kind(kind)
-    return sorted(name for name, family in _FAMILIES.items() if kind is None or family.kind == kind)
+    kinds = {**{name: entry["kind"] for name, entry in BUILT_IN.items()}, **{name: family.kind for name, family in _FAMILIES.items()}}
+    return sorted(name for name, its_kind in kinds.items() if kind is None or its_kind == kind)
+
+
+def describe(family: Family) -> dict[str, Any]:
+    """What `catalog.py` keeps of a family: everything but the factory itself, which is named by its import path."""
+    factory = family.factory
+    return {"kind": family.kind, "factory": f"{factory.__module__}:{factory.__qualname__}", "defaults": dict(family.defaults),
+            "accepts_any": family.accepts_any, "fits_series": family.fits_series, "deterministic": family.deterministic}
+
+
+def describe_registered() -> dict[str, dict[str, Any]]:
+    """name -> `describe` of each family registered in this process (the catalogue's source: tools/family_catalog.py)."""
+    return {name: describe(_FAMILIES[name]) for name in sorted(_FAMILIES)}
 
 
 def check_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -191,16 +203,39 @@ def is_remembered(name: str) -> bool:
 # --- internals -------------------------------------------------------------------------------
 
 
+class _Deferred:
+    """A built-in family's factory before its module is imported: the first call imports every built-in family
+    (`builtin.py`) and builds with the family it registered."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, **kwargs: Any) -> Any:
+        importlib.import_module("gpufill.forecasting.models.builtin")
+        return _FAMILIES[self.name].factory(**kwargs)
+
+
+def _described(name: str) -> Family:
+    """A built-in family from its catalogue entry, its module not imported."""
+    entry = BUILT_IN[name]
+    return Family(name, entry["kind"], _Deferred(name), MappingProxyType(dict(entry["defaults"])), entry["accepts_any"],
+                  entry["fits_series"], entry["deterministic"])
+
+
+def _known() -> set[str]:
+    return {*_FAMILIES, *BUILT_IN}
+
+
 def _variant(name: str) -> Family:
     """The built-in family of `family@tag`, or one line naming what is wrong with the name."""
     base, _, tag = name.rpartition(VARIANT)
-    if base not in _FAMILIES:
+    if base not in _known():
         raise InputError(f"unknown model family {base!r} in {name!r}{_suggestion(base)}; known: {', '.join(families())}",
                          fix=f"a variant is a built-in family, an '{VARIANT}' and a tag, e.g. nbeats{VARIANT}mean", field="model")
     if not valid_tag(tag):
         raise InputError(f"variant tag {tag!r} in {name!r} may hold only letters, digits, '_', '.' and '-'",
                          fix=f"name the variant e.g. {base}{VARIANT}mean", field="model")
-    return _FAMILIES[base]
+    return resolve(base)
 
 
 def _check_kind(kind: object) -> None:
@@ -248,7 +283,8 @@ def _family(name: str, kind: ModelKind, factory: Any) -> Family:
                 field="model",
             )
         defaults[param.name] = param.default
-    return Family(name, kind, factory, MappingProxyType(defaults), accepts_any)
+    return Family(name, kind, factory, MappingProxyType(defaults), accepts_any, fits_series=callable(getattr(factory, "fit_series", None)),
+                  deterministic=getattr(factory, "deterministic", False) is True)
 
 
 def _import_family(path: str) -> Family:
@@ -288,7 +324,7 @@ def _import_family(path: str) -> Family:
 
 
 def _suggestion(name: str) -> str:
-    lowered = {known.lower(): known for known in _FAMILIES}
+    lowered = {known.lower(): known for known in _known()}
     close = difflib.get_close_matches(name.lower(), list(lowered), n=1)
     return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
 
