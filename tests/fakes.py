@@ -51,6 +51,9 @@ class FakeExecutor:
 
         return Worker(name=name, lane=lane)
 
+    def warm(self, lanes) -> None:  # noqa: ANN001
+        return None
+
     def start(self, lanes) -> None:  # noqa: ANN001
         for lane in lanes:
             self.workers += [self.make_worker(f"{lane.name}-{i}", lane) for i in range(lane.slots)]

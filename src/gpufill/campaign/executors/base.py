@@ -171,6 +171,11 @@ class Executor(Protocol):
         """The lanes for this request on what this executor runs on; returns (lanes, warnings)."""
         ...
 
+    def warm(self, lanes: list[Lane]) -> None:
+        """Begin what starting these lanes takes while the run still prepares (a local lane's zygote imports torch and
+        the trial code), so that `start` finds it under way; nothing where there is nothing to begin early."""
+        ...
+
     def start(self, lanes: list[Lane]) -> None:
         """Make every lane's slots ready (processes, actors; nothing for batch jobs)."""
         ...

@@ -43,6 +43,9 @@ class InlineExecutor(NoBatchJobs):
     def plan(self, request: LaneRequest) -> tuple[list[Lane], list[str]]:
         return plan_here(request)
 
+    def warm(self, lanes: list[Lane]) -> None:
+        return None  # nothing to begin before `start`
+
     def start(self, lanes: list[Lane]) -> None:
         import torch
 

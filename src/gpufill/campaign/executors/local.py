@@ -80,11 +80,14 @@ class LocalExecutor(NoBatchJobs):
     def plan(self, request: LaneRequest) -> tuple[list[Lane], list[str]]:
         return plan_here(request)
 
-    def start(self, lanes: list[Lane]) -> None:
+    def warm(self, lanes: list[Lane]) -> None:
         for lane in lanes:  # every lane's zygote imports at once
-            if forks_workers(lane.threads):
+            if forks_workers(lane.threads) and lane.name not in self.zygotes:
                 self.zygotes[lane.name] = Zygote(_lane_env(lane))
                 self.zygotes[lane.name].start()
+
+    def start(self, lanes: list[Lane]) -> None:
+        self.warm(lanes)  # those warmed while the run prepared are under way already
         for lane in lanes:
             for _ in range(lane.slots):
                 self.workers.append(self._spawn(lane))

@@ -140,6 +140,9 @@ class RayExecutor(NoBatchJobs):
             ray.init(num_cpus=num_cpus, num_gpus=num_gpus, **common)
         self._started_ray = True
 
+    def warm(self, lanes: list[Lane]) -> None:
+        return None  # nothing to begin before `start`
+
     def start(self, lanes: list[Lane]) -> None:
         # A local instance holds exactly the lanes' CPUs (the lane plan already fits them to
         # this machine's cores), so every actor can be placed.

@@ -138,6 +138,9 @@ class SlurmExecutor:
         return lanes, warnings
 
     # -- life cycle -----------------------------------------------------------------------
+    def warm(self, lanes: list[Lane]) -> None:
+        return None  # nothing to begin before `start`
+
     def start(self, lanes: list[Lane]) -> None:
         """A submitit executor per lane (its jobs' resources); no job starts before a task is submitted."""
         s = self.settings

@@ -144,6 +144,8 @@ class Campaign:
         )
         lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
         timeline.mark("lanes planned")
+        if executor is not None:  # the lanes' imports run while the grid points are built and the store is opened
+            executor.warm(lanes)
         if self.build_check is not None:
             self.build_check.wait()
             timeline.mark("grid points built")
