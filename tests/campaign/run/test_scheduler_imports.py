@@ -60,6 +60,7 @@ def test_a_build_check_child_that_cannot_answer_is_replaced_by_building_in_the_s
         return real_popen([sys.executable, "-c", "raise SystemExit(3)"], **kwargs)
 
     monkeypatch.setattr(build_check.subprocess, "Popen", broken_child)
+    monkeypatch.setattr(build_check, "wanted", lambda: True)  # as in a `gpufill run` process, which has no torch
     path = write_campaign(tmp_path, models=BAD_HEADS)
     code, _, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "w")
     assert len(started) == 1

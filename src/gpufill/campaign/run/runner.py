@@ -23,6 +23,7 @@ from gpufill.campaign.executors.local import plan_here
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.store.lock import WorkdirLock
 from gpufill.campaign.run.scheduler import RunOutcome, Scheduler, Snapshot
+from gpufill.campaign.spec import build_check as build_child
 from gpufill.campaign.spec.build_check import BuildCheck, deferred
 from gpufill.campaign.spec.spec import CampaignSpec, load_campaign
 from gpufill.campaign.run.stopping import RunInterrupted, from_exception, signals_interrupt
@@ -94,7 +95,7 @@ class Campaign:
     def from_yaml(cls, path: str | Path, workdir: str | Path | None = None) -> Campaign:
         """The scheduler's side of a campaign file, which never imports torch: its own `module:factory` models are
         checked in a child process, and its grid points built in another that runs while the run prepares."""
-        with checked_elsewhere(), deferred() as builds:
+        with checked_elsewhere(), deferred() if build_child.wanted() else contextlib.nullcontext([]) as builds:
             spec = load_campaign(Path(path))
         return cls(spec, workdir, BuildCheck.start(builds, str(spec.path), spec._lines))
 

@@ -33,6 +33,12 @@ WAIT_S = 300.0
 _pending: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar("gpufill_deferred_builds", default=None)
 
 
+def wanted() -> bool:
+    """Whether a child is worth starting: not in a process that has torch already (the Python API, a notebook, a
+    test), where it would import torch a second time only to build what this process builds in milliseconds."""
+    return "torch" not in sys.modules
+
+
 @contextlib.contextmanager
 def deferred() -> Iterator[list[dict[str, Any]]]:
     """Within the block, `check_or_defer` lists the builds of built-in families instead of running them."""
