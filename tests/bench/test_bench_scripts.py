@@ -74,6 +74,17 @@ def check_campaign_overhead(record: dict[str, Any]) -> None:
     assert 0.5 < record["ratios"]["mean_mae_campaign_over_plain"] < 2  # the same trainings, two trainers
 
 
+def check_tracked_run(record: dict[str, Any]) -> None:
+    arms = rows_by(record, "arm")
+    for arm in ("untracked", "tracked"):
+        assert arms[arm]["trials"] == 4 and len(arms[arm]["runs_s"]) == 1 and positive(arms[arm]["wall_s"])
+    said = arms["tracked run's last line"]["said"]
+    assert said.startswith("tracking: 4 finished trials in MLflow at http://127.0.0.1:")  # the script also counted 4 runs there
+    ratios = record["ratios"]
+    assert ratios["tracked_minus_untracked_s"] == pytest.approx(arms["tracked"]["runs_s"][0] - arms["untracked"]["runs_s"][0], abs=0.02)
+    assert ratios["goal_s"] == 3.0
+
+
 def check_campaign_cpu(record: dict[str, Any]) -> None:
     loops = rows_by(record, "loop")
     assert set(loops) == {"plain sequential", "sequential gpufill.fit", "gpufill"}
@@ -273,6 +284,7 @@ SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "sampler_overhead": check_sampler_overhead,
     "search_quality": check_search_quality,
     "train_length": check_train_length,
+    "tracked_run": check_tracked_run,
 }
 EXTRA_ARGS: dict[str, list[str]] = {
     "campaign_gpu": ["--device", "cpu"],  # the smoke shape on any machine; the GPU ways are for a full run

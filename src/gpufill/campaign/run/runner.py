@@ -249,7 +249,8 @@ class Campaign:
         said: list[str] = []
 
         def finished(outcome: RunOutcome) -> RunOutcome:
-            said.append(follower.finish())
+            counts = store.counts().total
+            said.append(follower.finish(counts["done"] + counts["failed"] + counts["pruned"]))
             outcome.tracking = said[0]
             return outcome
 
@@ -257,7 +258,7 @@ class Campaign:
             yield finished
         finally:
             if not said:  # stopped before its end: a short last pass
-                said.append(follower.finish(wait_s=10.0))
+                said.append(follower.finish(0, wait_s=10.0))
             with contextlib.suppress(sqlite3.Error):
                 store.event("tracking", said[0], run_id=run_id)
             log.info(said[0])

@@ -23,8 +23,12 @@ __all__ = ["STATE_FILE", "Follower", "read_state", "summary"]
 STATE_FILE = "tracking-mlflow.json"
 
 
-FINAL_PASS_S = 60.0
-"""How long a run waits, once its trials are done, for the follower's last pass (the report included)."""
+FINAL_PASS_S = 15.0
+"""What a run gives the follower's last pass beyond its runs (the report rendered and uploaded; a loaded 2-core box's
+worst seen), plus PER_RUN_S per finished trial the follower has not exported yet: a bound on the work left, not a
+wait (the run returns the moment the follower ends)."""
+PER_RUN_S = 0.5
+"""One trial's export (five requests) to a slow server, with room to spare."""
 FOLLOWER_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 """A follower's client gives up on a request in 10 s with no retries (MLflow's default retries for minutes):
 the next pass tries again. It prints no "View run" line per trial into the tracking log."""
@@ -45,8 +49,11 @@ class Follower:
             self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                             env={**os.environ, **FOLLOWER_ENV}, start_new_session=True)
 
-    def finish(self, wait_s: float = FINAL_PASS_S) -> str:
-        """Close its stdin (its last pass begins), wait up to `wait_s`, and return one line for the run's end."""
+    def finish(self, finished: int, wait_s: float | None = None) -> str:
+        """Close its stdin (its last pass begins), wait up to `wait_s` (default: the bound on the work left of
+        `finished` trials, `final_pass_s`), and return one line for the run's end."""
+        if wait_s is None:
+            wait_s = final_pass_s(finished, read_state(self.workdir))
         with contextlib.suppress(OSError):
             self.process.stdin.close()  # type: ignore[union-attr]
         try:
@@ -57,6 +64,12 @@ class Follower:
             return (f"tracking: MLflow at {self.uri} took over {wait_s:.0f} s for the last export; the store keeps every result: "
                     f"gpufill export mlflow --workdir {self.workdir} --uri {self.uri}")
         return summary(read_state(self.workdir), self.workdir, self.uri)
+
+
+def final_pass_s(finished: int, state: Mapping[str, Any] | None) -> float:
+    """How long the last pass may take: its fixed part and each of the `finished` trials the last `state` lacks."""
+    exported = int(state.get("finished") or 0) if state and not state.get("error") else 0
+    return FINAL_PASS_S + PER_RUN_S * max(0, finished - exported)
 
 
 def summary(state: Mapping[str, Any] | None, workdir: Path, uri: str) -> str:

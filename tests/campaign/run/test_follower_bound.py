@@ -1,0 +1,49 @@
+"""A tracked run's end: the follower's last pass is bounded by the work left, never a fixed minute, and a follower past
+its bound is stopped with the command that catches up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpufill.campaign.run import tracking
+from gpufill.campaign.run.tracking import FINAL_PASS_S, PER_RUN_S, Follower, final_pass_s
+
+
+def test_the_last_pass_is_given_its_fixed_part_and_half_a_second_per_trial_not_yet_exported():
+    assert final_pass_s(12, None) == FINAL_PASS_S + 12 * PER_RUN_S == 21.0  # no pass finished yet: every trial is left
+    assert final_pass_s(12, {"finished": 10, "error": None}) == FINAL_PASS_S + 2 * PER_RUN_S
+    assert final_pass_s(12, {"finished": 12, "error": None}) == FINAL_PASS_S  # the report only
+    assert final_pass_s(12, {"finished": 12, "error": "MLflow at x did not answer"}) == FINAL_PASS_S + 12 * PER_RUN_S
+    assert final_pass_s(3, {"finished": 5, "error": None}) == FINAL_PASS_S  # a store's trials made stale since
+
+
+def follower_of(command: list[str], workdir: Path) -> Follower:
+    follower = Follower.__new__(Follower)  # the real one starts `gpufill export mlflow --follow`: here, a stand-in child
+    follower.workdir, follower.uri = workdir, "http://127.0.0.1:9"
+    follower.process = subprocess.Popen(command, stdin=subprocess.PIPE)
+    return follower
+
+
+def test_a_follower_past_its_bound_is_stopped_and_the_run_says_how_to_catch_up(tmp_path):
+    follower = follower_of([sys.executable, "-c", "import time; time.sleep(120)"], tmp_path)
+    started = time.monotonic()
+    said = follower.finish(4, wait_s=0.5)
+    assert time.monotonic() - started < 60  # killed at its bound, not waited for
+    assert follower.process.returncode is not None and follower.process.returncode < 0
+    assert said == (f"tracking: MLflow at http://127.0.0.1:9 took over 0 s for the last export; the store keeps every result: "
+                    f"gpufill export mlflow --workdir {tmp_path} --uri http://127.0.0.1:9")
+
+
+def test_a_follower_that_ends_is_not_waited_on_and_its_last_pass_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(tracking, "FINAL_PASS_S", 600.0)  # a bound the test would notice if it were a wait
+    state = '{"uri": "http://127.0.0.1:9", "finished": 4, "created": 1, "experiment": "e", "error": null}'
+    script = f"import sys, pathlib; sys.stdin.read(); pathlib.Path({str(tmp_path / tracking.STATE_FILE)!r}).write_text({state!r})"
+    follower = follower_of([sys.executable, "-c", script], tmp_path)
+    started = time.monotonic()
+    said = follower.finish(4)
+    assert time.monotonic() - started < 60
+    assert follower.process.returncode == 0
+    assert said == "tracking: 4 finished trials in MLflow at http://127.0.0.1:9, experiment 'e' (1 new runs this pass)"
