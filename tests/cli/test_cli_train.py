@@ -141,3 +141,31 @@ def test_a_checkpoint_of_synthetic_data_resumes_on_another_cpus_kernels(tmp_path
     assert len(first["history"]) == 2 and len(again["history"]) == 3
     assert any("resumed after epoch 2" in event for event in again["events"])
     assert [record["train_loss"] for record in again["history"][:2]] == [record["train_loss"] for record in first["history"]]
+
+
+def test_json_keeps_the_result_on_stdout_and_says_its_progress_on_stderr_as_it_goes(capsys):
+    code, out, err = run_cli(capsys, "train", "--model", "mlp", "--epochs", 3, "--patience", 0, "--batch-search", "on", "--json")
+    assert code == 0
+    result = json.loads(out)  # one object: nothing else on stdout
+    assert set(result) == {"project", "family", "params", "status", "plan", "metrics", "timings", "history", "events"}
+    lines = [json.loads(line) for line in err.splitlines()]
+    assert lines[0] == {"event": "training mlp on p000"}
+    searched = [line["event"] for line in lines if "event" in line and line["event"].startswith("batch search:")]
+    assert searched == [event for event in result["events"] if event.startswith("batch search:")] and len(searched) == 1
+    plan = next(line for line in lines if "plan" in line)
+    assert plan["epochs"] == 3 and plan["plan"]["micro_batch"] == result["plan"]["micro_batch"]["value"]
+    epochs = [line for line in lines if "epoch" in line]
+    assert [line["epoch"] for line in epochs] == [1, 2, 3]
+    assert [line["train_loss"] for line in epochs] == [record["train_loss"] for record in result["history"]]
+    assert lines.index(plan) < lines.index(epochs[0])  # the plan is said before the first epoch ends
+
+
+def test_forecasts_are_printed_only_when_asked_for(capsys):
+    code, out, _ = run_cli(capsys, "train", "--model", "mlp", "--epochs", 1, "--json", "--forecasts")
+    assert code == 0
+    result = json.loads(out)
+    test = result["forecasts"]["p000"]
+    forecast, truth = np.asarray(test["forecast"]), np.asarray(test["truth"])
+    assert forecast.shape == truth.shape == (len(test["origins"]), 1) and np.isfinite(forecast).all()  # one value per test window and step
+    assert np.abs(forecast - truth).mean() == pytest.approx(result["metrics"]["test"]["mae"], rel=1e-4)  # the arrays the metric was scored on
+    assert len(result["val_forecasts"]["p000"]["forecast"]) > 0

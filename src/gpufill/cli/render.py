@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import IO, Any
 
 from rich.console import Console
 from rich.progress import TaskID, BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -64,6 +65,27 @@ class EpochProgress(FitCallback):
     def __exit__(self, *exc: object) -> None:
         if self.task is not None:  # never started (bad input before the plan): print nothing
             self.progress.stop()
+
+
+class JsonProgress(FitCallback):
+    """`--json`'s progress: one JSON object per line on stderr (stdout keeps the result alone) as things happen:
+    each recorded event (the probe's measured settings and cost), the plan once final, each epoch's losses."""
+
+    def __init__(self, stream: IO[str]):
+        self.stream = stream
+
+    def say(self, **fields: Any) -> None:
+        self.stream.write(json.dumps(fields, default=str) + "\n")
+        self.stream.flush()
+
+    def on_event(self, text: str) -> None:
+        self.say(event=text)
+
+    def on_fit_start(self, plan: Plan, epochs: int) -> None:
+        self.say(plan={name: choice["value"] for name, choice in plan.to_dict().items()}, epochs=epochs)
+
+    def on_epoch_end(self, record: EpochRecord) -> None:
+        self.say(epoch=record.epoch, train_loss=record.train_loss, val_loss=record.val_loss, seconds=round(record.seconds, 4))
 
 
 def print_forecast(outcome: dict[str, Any], console: Console) -> None:

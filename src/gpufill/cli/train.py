@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Iterator
 
 import typer
@@ -52,7 +53,8 @@ def train(
     checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="Save a checkpoint every epoch here."),
     resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint-dir's last checkpoint."),
     nproc: int = typer.Option(1, "--nproc", help="Processes for data-parallel training (DDP through torchrun): one per GPU, or CPU processes on gloo."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (plan, metrics, timings) instead of tables; progress goes to stderr as JSON lines."),
+    forecasts: bool = typer.Option(False, "--forecasts", help="With --json: add the test and validation forecasts (arrays, one value per window and step)."),
 ) -> None:
     """Train one forecaster on one project, with the plan explained and metrics against the naive forecast."""
     if nproc < 1:
@@ -113,11 +115,19 @@ def train(
     console = Console(stderr=as_json, quiet=quiet)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_checkpoint_option())
-        progress = [] if as_json or family.kind == "classical" else [stack.enter_context(render.EpochProgress(console))]
+        if quiet or family.kind == "classical":
+            progress = []
+        elif as_json:
+            progress = [render.JsonProgress(sys.stderr)]
+            progress[0].say(event=f"training {model} on {windows.name}")
+        else:
+            progress = [stack.enter_context(render.EpochProgress(console))]
         outcome = run_alone(trial, windows, setup, callbacks=progress).to_message()
     if quiet:
         pass
     elif as_json:
+        if not forecasts:  # arrays of one value per window and step: asked for, never by default
+            outcome = {key: value for key, value in outcome.items() if key not in ("forecasts", "val_forecasts")}
         print(json.dumps(outcome, default=str))
     else:
         render.print_forecast(outcome, console)

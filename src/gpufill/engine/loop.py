@@ -75,7 +75,7 @@ def fit(
     cfg = resolve_config(config, overrides)
     wanted = parse_loggers(loggers)  # a malformed one or a missing extra: refused before anything trains
     with held_directory(cfg.checkpoint_dir):  # writable, and this training's alone: checked before anything is measured or trained
-        run = prepare(model, train, val, cfg)
+        run = prepare(model, train, val, cfg, [callback.on_event for callback in callbacks])
         main = run.ddp is None or run.ddp.is_main
         writing = open_loggers(wanted) if main else []
         result: FitResult | None = None

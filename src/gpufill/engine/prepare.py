@@ -9,7 +9,7 @@ model and data to the device, a resumed run's weights loaded; then the probe
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from gpufill.engine.measure.candidates import Context
 from gpufill.engine.measure.probe import FitProbe, probe_context
 from gpufill.engine.optim import make_optimizer
 from gpufill.engine.plan import Choice, Plan, make_plan
+from gpufill.engine.result import Events
 from gpufill.engine.streams import check_stream_ends
 from gpufill.errors import InputError
 
@@ -58,8 +59,8 @@ class Prepared:
     """The probe's cache key of this model shape, device and settings (the live trial's entry is beside it)."""
 
 
-def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> Prepared:
-    """Steps 1-3 of the module docstring."""
+def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig, listeners: Sequence[Callable[[str], None]] = ()) -> Prepared:
+    """Steps 1-3 of the module docstring; `listeners` hear each event line as it is recorded."""
     if not isinstance(model, nn.Module):
         raise InputError(f"model is a {type(model).__name__}, not a torch.nn.Module", field="model",
                          fix="pass an nn.Module (a factory must return one)")
@@ -81,7 +82,7 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig) -> 
         plan = plan.replace(loader=tune_loader(as_dataset(train_source), plan.effective_batch.value, hardware))
     device = torch.device(plan.device.value)
     model = model.to(device)
-    events: list[str] = []
+    events = Events(listeners)
 
     def batches_of(source: Source) -> Any:
         cast = harmonise_floats(source, _float_dtype(model))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -76,6 +76,10 @@ def throughput(seconds: Sequence[float], samples: Sequence[int]) -> tuple[float,
 class FitCallback:
     """Hooks that fit() calls; override what you need (every hook is a no-op here)."""
 
+    def on_event(self, text: str) -> None:
+        """Each line of the training's record (`FitResult.events`) as it is added: a setting the probe measured,
+        the probe's cost, an early stop. Lines come before `on_fit_start` too, while the plan is measured."""
+
     def on_fit_start(self, plan: Plan, epochs: int) -> None:
         """After the plan is final (compile resolved, checkpoint restored), before the first epoch."""
 
@@ -85,3 +89,21 @@ class FitCallback:
     def stop(self, record: EpochRecord) -> str | None:
         """After on_epoch_end: a reason to end the training here (status "pruned": a search's pruner), or None to go on."""
         return None
+
+
+class Events(list[str]):
+    """A training's record of what it decided and what happened (`FitResult.events`), each line handed to
+    `listeners` as it is added: how `gpufill train --json` says what a minutes-long probe is doing while it does it."""
+
+    def __init__(self, listeners: Sequence[Callable[[str], None]] = ()):
+        super().__init__()
+        self.listeners = list(listeners)
+
+    def append(self, text: str) -> None:
+        super().append(text)
+        for listener in self.listeners:
+            listener(text)
+
+    def extend(self, lines: Iterable[str]) -> None:  # type: ignore[override]
+        for text in lines:
+            self.append(text)

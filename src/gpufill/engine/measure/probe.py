@@ -21,6 +21,7 @@ from gpufill.engine.backend import backend_flags, is_out_of_memory, synchronize
 from gpufill.engine.batches import Batches
 from gpufill.engine.config import FitConfig
 from gpufill.engine.kit import Kit, build_kit, capture
+from gpufill.engine.measure.deadline import Abandoned
 from gpufill.engine.measure.resolver import CHECK_STEPS, Measurement, label
 from gpufill.engine.snapshot import preserved_weights
 from gpufill.engine.measure.timing import batch_stream
@@ -39,6 +40,11 @@ class FitProbe:
         try:
             with backend_flags(plan), preserved_weights(self.model, self.device):
                 return self._run(plan, timed_steps, check, started)
+        except Abandoned:  # past the probe's deadline (the weights are back in place): nothing half-built is kept
+            self.kits.pop(label(plan), None)
+            if plan.compile.value:
+                torch._dynamo.reset()  # a trace or compile cut off midway
+            raise
         except Exception as error:  # noqa: BLE001 - a candidate that fails is dropped with its reason
             if is_out_of_memory(error) and self.device.type == "cuda":
                 torch.cuda.empty_cache()

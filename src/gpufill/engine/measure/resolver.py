@@ -9,8 +9,12 @@ What "keeps the numerics" means: the losses of its first CHECK_STEPS steps, from
 weights on the same batches, within LOSS_TOLERANCE of the reference's (the plan as it started:
 fp32 unless another precision was requested).
 
-The budget: PROBE_SHARE of the training's expected time (its optimizer steps at the first
-measured step time), at most PROBE_MAX_S. The blocks are sized to it: two interleaved rounds of
+The budget: PROBE_SHARE of the training's expected time (its optimizer steps at the plain plan's step: a median
+per CPU measurement, and the fastest of its measurements, the reference's and the first stage's, so a stalled
+start never inflates it), at
+most PROBE_MAX_S, plus COMPILE_MAX_S where a compile is a candidate. Every measurement after the reference runs
+under a deadline (deadline.py): one still running at OVERRUN times the budget (a compile far slower than assumed, a
+step stalled by other work) is abandoned and dropped with that reason. The blocks are sized to it: two interleaved rounds of
 BLOCK_S for fast steps where every stage ahead fits, else one round of shorter blocks, so a short
 training measures all its stages rather than the first ones well. A candidate whose estimated cost
 (from the current plan's measured step) would still pass it is not measured, and the plan says so. A whole resolve is cached per model shape and device
@@ -33,14 +37,19 @@ from gpufill.engine.config import SpeedSettings
 from gpufill.engine.hardware import Hardware
 from gpufill.engine.measure.batch import BatchTrial, search_batch
 from gpufill.engine.measure.cache import TuneCache
+from gpufill.engine.measure.deadline import Abandoned, deadline
 from gpufill.engine.measure.candidates import Context, Stage, blocked, stages, variant
 from gpufill.engine.plan import DataFacts, Plan, lr_reference_batch, lr_scale_factor
 
 PROBE_SHARE = 0.10
 """The probe may spend this share of the training's expected time."""
 PROBE_MAX_S = 30.0
-"""...and never more than this many seconds, compile excepted: its first call is bounded by the share
-alone (a kept compile's code is what the training then runs)."""
+"""...and never more than this many seconds on its cheap stages (threads, precision, kernels, graphs)."""
+COMPILE_MAX_S = 120.0
+"""What a compile candidate may add (its first call traces and compiles; a kept compile's code is what the
+training then runs): the stated budget with a compile stage is the share, at most PROBE_MAX_S + this."""
+OVERRUN = 1.25
+"""A measurement still running at this multiple of the stated budget is abandoned."""
 PROBE_MIN_STEPS = 100
 """Below this many optimizer steps nothing is measured: the first measurement alone takes about 6 steps,
 more than PROBE_SHARE of such a training."""
@@ -113,8 +122,9 @@ class _Ledger:
     clock: Callable[[], float]
     started: float
     budget_s: float = math.inf
-    share_s: float = math.inf
-    """PROBE_SHARE of the expected training time (what a compile may use)."""
+    """The stated budget: what the probe as a whole may spend (a compile included)."""
+    cheap_s: float = math.inf
+    """What the cheap stages may spend: the share, at most PROBE_MAX_S."""
     measured: dict[str, Measurement] = field(default_factory=dict)
     count: int = 0
     excluded_s: float = 0.0
@@ -159,6 +169,11 @@ class _Resolver:
         self.note = " (cached measurement)" if from_cache else ""
         self.timed_steps, self.rounds = TIMED_STEPS[0], 1
         self.reference: Measurement | None = None
+        self.fastest_s = math.inf
+        """The plain plan's fastest step measured: the training's expected time is its steps at this."""
+        self.compiles = False
+        self.plain = ""
+        """The plain plan's label (after a batch search): its measurements set the expected training time."""
         self.guess_step_s: float | None = None
         """The step time a candidate's cost is estimated from: the current plan's, measured."""
 
@@ -169,22 +184,22 @@ class _Resolver:
             plan = self._search_batch(plan, events)
         if why_not is not None:
             return _unmeasured(plan, why_not)
+        self.compiles = any(stage.costly for stage in stages(plan, self.settings, self.hardware, self.context))
+        self.plain = label(plan)
         reference = self._measure(plan, check=True)
         if reference.step_s is None:
             why = f"off: the plain step failed while measuring ({reference.error}); the training reports it"
             return _unmeasured(plan, why)
         self.reference = reference
         self.ledger.excluded_s = reference.setup_s
-        expected = self.total_steps * reference.step_s
-        self.ledger.share_s = PROBE_SHARE * expected
-        self.ledger.budget_s = min(self.ledger.share_s, PROBE_MAX_S)
         planned = stages(plan, self.settings, self.hardware, self.context)
-        self.timed_steps, self.rounds = _block_sizes(reference, planned, self.ledger.budget_s - self.ledger.spent())
+        self.timed_steps, self.rounds = _block_sizes(reference, planned, self.ledger.cheap_s - self.ledger.spent())
         for stage in planned:
             plan = self._stage(plan, stage, events)
         spent = 0.0 if self.from_cache else self.ledger.spent()
+        cap = f"{PROBE_MAX_S + COMPILE_MAX_S:g} s with a compile" if self.compiles else f"{PROBE_MAX_S:g} s"
         how = (f"{self.ledger.count} measurements in {spent:.2f} s (budget {self.ledger.budget_s:.2f} s: {PROBE_SHARE:.0%} of the "
-               f"expected {expected:.1f} s of training, at most {PROBE_MAX_S:g} s)")
+               f"expected {self.total_steps * self.fastest_s:.1f} s of training, at most {cap})")
         if self.from_cache:
             how = f"cached measurements of this model shape on this device (measured before: budget {self.ledger.budget_s:.2f} s)"
         events.append(f"probe: {how}")
@@ -228,7 +243,7 @@ class _Resolver:
         estimate = steps * self.guess_step_s
         if stage.costly and first:
             estimate += COMPILE_GUESS_S.get(self.hardware.device_type, COMPILE_GUESS_S["cuda"])
-        left = (self.ledger.share_s if stage.costly else self.ledger.budget_s) - self.ledger.spent()
+        left = (self.ledger.budget_s if stage.costly else self.ledger.cheap_s) - self.ledger.spent()
         if estimate > left:
             return f"not measured: about {estimate:.1f} s, and {max(left, 0):.1f} s of the probe's budget is left"
         return None
@@ -337,15 +352,40 @@ class _Resolver:
         name = label(candidate)
         known = self.ledger.measured.get(name)
         if self.from_cache:
-            return known if known is not None else Measurement(None, error="not measured when this shape was probed")
-        m = self.probe.measure(candidate, timed_steps=self.timed_steps, check=check)
+            found = known if known is not None else Measurement(None, error="not measured when this shape was probed")
+            self._timed(candidate, found)
+            return found
+        m = self._within_deadline(candidate, check)
         self.ledger.count += 1
+        self._timed(candidate, m)
         if known is None or known.step_s is None or m.step_s is None:
             self.ledger.measured[name] = m if known is None or m.step_s is None else known
         else:
             self.ledger.measured[name] = Measurement(min(known.step_s, m.step_s), known.losses or m.losses, max(known.setup_s, m.setup_s),
                                                      known.cost_s + m.cost_s, None, m.peak_bytes)
         return m
+
+
+    def _within_deadline(self, candidate: Plan, check: bool) -> Measurement:
+        """The probe's measurement, abandoned at OVERRUN times the budget (the reference, which sets it, runs whole)."""
+        limit = None if self.reference is None else max(OVERRUN * self.ledger.budget_s - self.ledger.spent(), 0.0)
+        started = self.ledger.clock()
+        try:
+            with deadline(limit):
+                return self.probe.measure(candidate, timed_steps=self.timed_steps, check=check)
+        except Abandoned:
+            self.probe.release()  # a half-built kit (a compile cut off mid-trace) is never measured again
+            took = self.ledger.clock() - started
+            return Measurement(None, cost_s=took, error=f"abandoned after {took:.1f} s, past {OVERRUN:g}x the probe's budget of {self.ledger.budget_s:.1f} s")
+
+    def _timed(self, candidate: Plan, m: Measurement) -> None:
+        """A faster step of the plain plan than before lowers the training's expected time, and the budget with it."""
+        if m.step_s is None or m.step_s >= self.fastest_s or label(candidate) != self.plain:
+            return
+        self.fastest_s = m.step_s
+        share = PROBE_SHARE * self.total_steps * m.step_s
+        self.ledger.cheap_s = min(share, PROBE_MAX_S)
+        self.ledger.budget_s = min(share, PROBE_MAX_S + (COMPILE_MAX_S if self.compiles else 0.0))
 
 
 def _block_sizes(reference: Measurement, planned: list[Stage], budget_s: float) -> tuple[int, int]:
