@@ -171,7 +171,7 @@ def test_an_eager_optimizers_parameters_carry_no_autograd_graph():
 
 
 @pytest.mark.slow
-def test_an_eager_fit_never_imports_torch_dynamo_and_a_compiled_plan_uses_torchs_class():
+def test_an_eager_fit_never_imports_torch_dynamo_and_a_compiled_plan_uses_torchs_class(tmp_path):
     import subprocess
     import sys
 
@@ -182,9 +182,15 @@ def test_an_eager_fit_never_imports_torch_dynamo_and_a_compiled_plan_uses_torchs
               "x, y = torch.randn(512, 8), torch.randn(512, 1)\n"
               "r = gpufill.fit(nn.Linear(8, 1), (x, y), (x[:64], y[:64]), epochs=2, batch_size=64, verbose=False, device='cpu',\n"
               "                schedule='warmup_cosine')\n"
-              "print(len(r.history), 'torch._dynamo' in sys.modules)\n")
+              "print(len(r.history), 'torch._dynamo' in sys.modules)\n"
+              # a 4-variant fit_many packs them (each variant's optimizer as fit builds it) and a checkpointed fit
+              # fingerprints its optimizer: neither compiles, neither imports torch._dynamo
+              "m = gpufill.fit_many(lambda: nn.Linear(8, 1), (x, y), (x[:64], y[:64]), variants=[{'seed': i} for i in range(4)],\n"
+              "                     epochs=2, batch_size=64, verbose=False, device='cpu')\n"
+              f"c = gpufill.fit(nn.Linear(8, 1), (x, y), epochs=1, verbose=False, device='cpu', checkpoint_dir={str(tmp_path / 'ck')!r})\n"
+              "print(len(m), len(c.history), 'torch._dynamo' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
-    assert done.stdout.split() == ["2", "False"]
+    assert done.stdout.split() == ["2", "False", "4", "1", "False"]
     from gpufill.engine.plan import Plan  # noqa: F401 - the compiled side: build_kit picks torch's own class
     cfg = FitConfig(lr=1e-3)
     compiled, _ = make_optimizer(nn.Linear(2, 1), cfg, 1e-3, "fused", eager=False)

@@ -6,8 +6,9 @@ first call imports torch._dynamo (with sympy and the FX passes): 1.07 s on a 2-c
 6-second training script, paid before the first step whether anything is compiled or not.
 
 An eager training compiles nothing, so nothing can trace into its optimizer: `eager_class(kind)` is a subclass of
-`kind` whose three hot methods call the undecorated functions the decorators wrap (`__wrapped__`, which
-functools.wraps keeps), with gradients off as torch's step wrapper sets them. Same class for isinstance, schedulers
+`kind` whose decorated methods (add_param_group, zero_grad, step, and a checkpoint's state_dict and load_state_dict)
+call the undecorated functions the decorators wrap (`__wrapped__`, which functools.wraps keeps), with gradients off
+as torch's step wrapper sets them. Same class for isinstance, schedulers
 and state dicts; same kernels (`fused`, `foreach`) and so the same numbers bit for bit (tests/engine/test_optim.py).
 A plan that compiles uses torch's classes as they are.
 """
@@ -27,10 +28,12 @@ def _undecorated(function: Any) -> Any:
 
 @cache
 def eager_class(kind: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
-    """`kind` with add_param_group, zero_grad and step free of the lazy torch._dynamo import."""
+    """`kind` with add_param_group, zero_grad, step, state_dict and load_state_dict free of the lazy torch._dynamo import."""
     add_param_group = _undecorated(kind.add_param_group)
     zero_grad = _undecorated(kind.zero_grad)
     step = _undecorated(kind.step)
+    state_dict = _undecorated(kind.state_dict)  # a checkpoint's save and resume
+    load_state_dict = _undecorated(kind.load_state_dict)
 
     class Eager(kind):  # type: ignore[valid-type, misc]
         def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -42,6 +45,12 @@ def eager_class(kind: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer
         def step(self, closure: Any = None) -> Any:
             with torch.no_grad():  # torch's step wrapper: no autograd graph of the update (differentiable=False)
                 return step(self, closure)
+
+        def state_dict(self) -> dict[str, Any]:
+            return state_dict(self)
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            load_state_dict(self, state)
 
     Eager.__name__ = Eager.__qualname__ = kind.__name__
     Eager.__module__ = __name__

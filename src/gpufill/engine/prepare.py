@@ -93,7 +93,7 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig, lis
     val_batches = batches_of(val_source) if val_source is not None else None
     identity = resumed = None
     if cfg.checkpoint_dir is not None:  # what a checkpoint belongs to (reads a sample of the data once)
-        probe_optimizer, _ = make_optimizer(model, cfg, cfg.lr, plan.optimizer_kernel.value)
+        probe_optimizer, _ = make_optimizer(model, cfg, cfg.lr, plan.optimizer_kernel.value, eager=True)  # never stepped: no torch._dynamo
         identity = Identity(model=model_fingerprint(model), optimizer=optimizer_fingerprint(probe_optimizer), data=fingerprint(train_source, cfg.data_id),
                             settings=learning_settings(cfg))
         resumed = resume(cfg.checkpoint_dir, identity, model, device, events) if cfg.resume else None

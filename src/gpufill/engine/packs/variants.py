@@ -91,7 +91,9 @@ class PackedVariants:
         self.plan = self.plan.replace(loss=loss_choice)
         self.steps_per_epoch = -(-self.n // self.batch)
         # Each variant's optimizer as its fit alone would build it: what the pack must step.
-        built = [make_optimizer(m, c, c.lr * self.plan.lr_scale.value, self.plan.optimizer_kernel.value) for m, c in zip(self.models, configs, strict=True)]
+        # eager: a pack of variants compiles nothing, so its optimizers skip torch's lazy torch._dynamo import (~1 s).
+        built = [make_optimizer(m, c, c.lr * self.plan.lr_scale.value, self.plan.optimizer_kernel.value, eager=True)
+                 for m, c in zip(self.models, configs, strict=True)]
         self.optimizers = [optimizer for optimizer, _ in built]
         self.recipes = [recipe_of(o, m) for o, m in zip(self.optimizers, self.models, strict=True)]
         self.optimizer_choice = built[0][1]
