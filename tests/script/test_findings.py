@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from gpufill.script.diagnose import gain_text, share_gain
-from gpufill.script.oversubscription import NOISE_FLOOR, WINNING_ROUNDS, measured_gain, thread_verdict
+from gpufill.script.oversubscription import NOISE_FLOOR, WINNING_ROUNDS, measured_gain, thread_verdict, trial_unfinished
 from gpufill.script.thread_trial import FAR_SLOWER, ThreadTrial, trial_arms
 from tests.helpers import USER_SCRIPTS
 
@@ -72,6 +72,11 @@ def test_a_script_that_ends_inside_the_trial_keeps_its_measured_steps():
     report = run_json("doctor", "--steps", "6", "--json", "--", sys.executable, str(USER_SCRIPTS / "oversubscribed.py"), "14")
     assert "ended during the thread trial, at step 14" in report["stop_reason"]
     assert report["step_ms"] > 0 and len(report["threads"]["trial"]["rounds"]) <= 1
+    # It says the trial could not finish and what would fit it (3 + 6 steps, then 2 rounds of 4, 1 and 2 threads x 3).
+    said = " ".join([*report["not_measured"], report["verdict"]["reason"], *(f["why"] for f in report["findings"])])
+    assert ("the thread trial could not finish: the script ended 5 steps into it, and its 2 rounds of 4 vs 1 vs 2 threads need 18; "
+            "run the script for at least 27 optimizer steps (more epochs or data)") in said
+    assert "gpufill doctor -- COMMAND" not in said
 
 
 @pytest.mark.slow
@@ -145,6 +150,24 @@ def test_a_watch_calls_threads_oversubscribed_only_when_they_outnumber_the_free_
     assert thread_verdict(_report(None, threads=1, cpu_used=[1.9, 2.0]), busy) is None  # one thread cannot stall itself
     on_gpu = {**_report(None, threads=8, usable=2), "devices": ["cuda:0"]}
     assert thread_verdict(on_gpu, busy) is None
+
+
+def test_a_trial_the_script_ended_too_soon_for_says_so_and_gives_the_steps_that_fit_it():
+    # super_resolution for a few epochs: 3 warm-up and 30 measured steps, then the script ended 5 steps into the trial.
+    busy = [{"source": "host", "ts": float(t), "cpu_per_core": [95.0, 95.0]} for t in range(3)]
+    cut = {**_report({"arms": [2, 1], "block": 3, "rounds": []}, threads=2, cpu_used=[1.9, 2.0]), "warmup": 3, "steps_wanted": 30, "steps_seen": 38}
+    assert trial_unfinished(cut) == ("the thread trial could not finish: the script ended 5 steps into it, and its 2 rounds of 2 vs 1 threads need "
+                                     "12; run the script for at least 45 optimizer steps (more epochs or data), or pass --steps 23 so that it "
+                                     "fits in the 38 steps the script runs")
+    verdict = thread_verdict(cut, busy)  # the load says oversubscribed: the reason never sends the user to the doctor already running
+    assert verdict.expected_gain_reason == f"inferred from the load, not measured: {trial_unfinished(cut)}"
+    assert "gpufill doctor -- COMMAND" not in verdict.expected_gain_reason
+    tiny = {**cut, "steps_seen": 14}  # too short for any --steps: only a longer run
+    assert trial_unfinished(tiny).endswith("run the script for at least 45 optimizer steps (more epochs or data)")
+    one_round = {**cut, "threads": {**cut["threads"], "trial": _trial([([1.5], [1.0])])}}
+    assert "ended" in trial_unfinished(one_round)  # a single round is not a measurement
+    assert trial_unfinished({**cut, "threads": {**cut["threads"], "trial": _trial([([1.5], [1.0]), ([1.4], [1.0])])}}) is None
+    assert trial_unfinished(_report(None)) is None  # a watch: no trial began
 
 
 class FakeTorch:

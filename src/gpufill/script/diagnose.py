@@ -21,7 +21,7 @@ from gpufill.doctor.bottleneck import PhaseTimings, Verdict, classify
 from gpufill.monitor.summary import summarise
 from gpufill.script.instrument import THREAD_TRIAL_ENV
 from gpufill.script.launch import ScriptRun, check_command, run_instrumented
-from gpufill.script.oversubscription import fix_text, measured_gain, thread_verdict
+from gpufill.script.oversubscription import fix_text, measured_gain, thread_verdict, trial_unfinished
 from gpufill.script.supervise import DEADLINE_S, GRACE_S, check_timeout
 
 WARMUP_STEPS = 3
@@ -141,6 +141,9 @@ def _analyse(diagnosis: ScriptDiagnosis, report: dict[str, Any], statistic: Lite
     if report["flops_per_step"] is None:
         missing.append("FLOPs per step: fewer than two optimizer steps were seen")
     threads = thread_verdict(report, samples) if records else None
+    unfinished = trial_unfinished(report)
+    if unfinished and (threads is None or unfinished not in threads.expected_gain_reason):
+        missing.append(f"fewer threads: {unfinished}")
     if records:
         diagnosis.timings = _timings(report, statistic)
         diagnosis.verdict = classify(diagnosis.timings, _yardstick(report)) if threads is None else threads

@@ -134,7 +134,24 @@ def thread_verdict(report: dict[str, Any], samples: list[dict[str, Any]]) -> Ver
     fewer = max(1, int(free))
     reason = (f"{count} on {usable} usable cores{load}, leaving {max(free, 0.0):.1f} free: each operator waits for "
               "all its threads, and a descheduled one stalls the rest")
+    unfinished = trial_unfinished(report)  # a doctor's trial the script ended too soon for; a watch never runs one
     return Verdict(kind="thread-oversubscribed", reason=reason, evidence={"threads": script_threads, "usable_cores": usable, "busy_elsewhere": others},
                    fix=fix_text(fewer, set_by), expected_gain=None,
-                   expected_gain_reason="inferred from the load, not measured (a watch does not change the run): "
-                                        "`gpufill doctor -- COMMAND` times the steps at fewer threads")
+                   expected_gain_reason=f"inferred from the load, not measured: {unfinished}" if unfinished else
+                   "inferred from the load, not measured (a watch does not change the run): `gpufill doctor -- COMMAND` times the steps at fewer threads")
+
+
+def trial_unfinished(report: dict[str, Any]) -> str | None:
+    """Why a doctor's thread trial measured nothing and what fits it in the script (None: none began, or it finished):
+    the trial runs after the measured steps, and a script that ends first leaves fewer than MIN_ROUNDS rounds."""
+    trial = (report.get("threads") or {}).get("trial")
+    if trial is None or len(trial["rounds"]) >= MIN_ROUNDS:
+        return None
+    needed = MIN_ROUNDS * len(trial["arms"]) * trial["block"]
+    before = report["warmup"] + report["steps_wanted"]
+    seen = report["steps_seen"]
+    fits = seen - report["warmup"] - needed
+    shorter = f", or pass --steps {fits} so that it fits in the {seen} steps the script runs" if fits >= 2 else ""
+    return (f"the thread trial could not finish: the script ended {max(seen - before, 0)} steps into it, and its {MIN_ROUNDS} rounds of "
+            f"{' vs '.join(map(str, trial['arms']))} threads need {needed}; run the script for at least {before + needed} optimizer steps "
+            f"(more epochs or data){shorter}")
