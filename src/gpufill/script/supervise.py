@@ -24,11 +24,12 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import psutil
+from typing import TYPE_CHECKING, Any
 
 from gpufill.errors import InputError
+
+if TYPE_CHECKING:  # imported where used: `gpufill --help` reads this module's defaults (DEADLINE_S, GRACE_S), not psutil
+    import psutil
 
 DEADLINE_S = 600.0
 """A doctor's or a bench's run: start-up (imports, data) and the warm-up and measured steps of even a large
@@ -124,6 +125,8 @@ class Supervisor:
         return False
 
     def _note_processes(self) -> None:
+        import psutil
+
         try:
             for child in psutil.Process(self.process.pid).children(recursive=True):
                 self.seen.setdefault(child.pid, child)
@@ -131,6 +134,8 @@ class Supervisor:
             pass
 
     def _alive(self, *, in_group: bool = False) -> list[psutil.Process]:
+        import psutil
+
         alive = []
         for process in self.seen.values():
             try:
@@ -143,6 +148,8 @@ class Supervisor:
     def _left_running(self) -> list[dict[str, Any]]:
         """The command's processes still running after it: those seen while it ran, and any that carry its marker
         (a daemon forked twice between two polls)."""
+        import psutil
+
         name, value = self.marker
         for process in psutil.process_iter():
             if process.pid in self.seen or process.pid == os.getpid():
@@ -176,6 +183,8 @@ def _signal_group(group: int, number: int) -> None:
 
 
 def _command_line(process: psutil.Process) -> str:
+    import psutil
+
     try:
         return " ".join(process.cmdline()) or process.name()
     except psutil.Error:
