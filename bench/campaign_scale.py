@@ -87,6 +87,9 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
             from gpufill.campaign.executors.local import plan_here
             return plan_here(request)
 
+        def warm(self, lanes):
+            return None  # nothing to begin early: its workers are plain objects
+
         def start(self, lanes):
             self.workers += [Worker(name=f"{lane.name}-{i}", lane=lane) for lane in lanes for i in range(lane.slots)]
 
