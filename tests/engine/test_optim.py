@@ -186,7 +186,10 @@ def test_an_eager_fit_never_imports_torch_dynamo_and_a_compiled_plan_uses_torchs
               # a 4-variant fit_many packs them (each variant's optimizer as fit builds it) and a checkpointed fit
               # fingerprints its optimizer: neither compiles, neither imports torch._dynamo
               "m = gpufill.fit_many(lambda: nn.Linear(8, 1), (x, y), (x[:64], y[:64]), variants=[{'seed': i} for i in range(4)],\n"
-              "                     epochs=2, batch_size=64, verbose=False, device='cpu')\n"
+              "                     epochs=2, batch_size=64, verbose=False, device='cpu', schedule='warmup_cosine')\n"
+              # a campaign worker's first act on a new shape: sizing its packs against one model and torch's AdamW
+              "from gpufill.engine.packs.size import measure_pack_size\n"
+              "measure_pack_size(lambda: nn.Linear(8, 1), (x, y), batch=64, device='cpu', candidates=(1, 2))\n"
               f"c = gpufill.fit(nn.Linear(8, 1), (x, y), epochs=1, verbose=False, device='cpu', checkpoint_dir={str(tmp_path / 'ck')!r})\n"
               "print(len(m), len(c.history), 'torch._dynamo' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)

@@ -32,6 +32,7 @@ from gpufill.engine.loop import Status
 from gpufill.engine.measure.candidates import thread_counts
 from gpufill.engine.measure.thread_watch import ThreadWatch
 from gpufill.engine.optim import Multiplier, make_optimizer, make_schedule
+from gpufill.engine.optim_eager import eager_class
 from gpufill.engine.packs.optim import StackedAdam
 from gpufill.engine.packs.direct import direct_forward
 from gpufill.engine.packs.stacked import StackedModule
@@ -158,7 +159,7 @@ class PackedVariants:
         self.build_s = time.perf_counter() - started
         optimizer, optimizer_choice = self.stacked_optimizer(list(stacked.parameters()))
         multiplier = _multiplier(cfg, self.total_steps)
-        schedule = make_schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), cfg, self.total_steps)[1]
+        schedule = make_schedule(_schedule_holder(), cfg, self.total_steps)[1]
         generators = [torch.Generator(device=device).manual_seed(c.seed) for c in self.configs]
         torch.manual_seed(self.configs[0].seed)  # dropout: each model draws its own masks in the pack
         active = [True] * k
@@ -381,7 +382,12 @@ def _multiplier(cfg: FitConfig, total_steps: int) -> Callable[[int], float] | No
         return cfg.schedule
     if cfg.schedule == "constant":
         return None
-    scheduler, _ = make_schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), cfg, total_steps)
+    scheduler, _ = make_schedule(_schedule_holder(), cfg, total_steps)
     lambdas = scheduler.lr_lambdas[0]
     assert isinstance(lambdas, Multiplier)
     return lambdas
+
+
+def _schedule_holder() -> torch.optim.Optimizer:
+    """A one-parameter optimizer a schedule's multiplier is read from (never stepped; eager: no torch._dynamo import)."""
+    return eager_class(torch.optim.SGD)([nn.Parameter(torch.zeros(1))], lr=1.0)
