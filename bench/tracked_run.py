@@ -36,7 +36,7 @@ SERVER_START_S = 300.0
 
 
 def write_campaign(folder: Path, projects: int, length: int, epochs: int) -> Path:
-    path = folder / "tracked.yaml"
+    path = folder / "untracked.yaml"
     path.write_text(
         "name: tracked-bench\n"
         f"data: {{source: synthetic, projects: {projects}, length: {length}, seed: 0}}\n"

@@ -37,10 +37,10 @@ def export_mlflow(
         check_uri(uri)
     except ValueError as error:
         raise InputError(str(error), where=uri, field="--uri", fix="pass a tracking URI") from None
+    if follow:  # started by a run as it begins: its workdir may not exist until the run says "go"
+        raise typer.Exit(tracking.follow(workdir or Path.cwd(), uri, experiment=experiment))
     folder = find_workdir(workdir)
     tracking.client_for(uri)  # the extra, checked before the store is read
-    if follow:
-        raise typer.Exit(tracking.follow(folder, uri, experiment=experiment))
     try:
         with _defaults(EXPORT_ENV):
             outcome = tracking.export_mlflow(folder, uri, experiment=experiment)

@@ -18,6 +18,7 @@ reads the store and writes the report; the campaign only starts it, by its comma
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from gpufill.campaign.results.provenance import with_effective_train
 from gpufill.campaign.store.store import METRICS, Store
@@ -46,8 +47,9 @@ KIND_TAG = "gpufill.kind"
 RUN_STATUS = {"done": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
 FOLLOW_EVERY_S = 5.0
 """Seconds between a following export's passes."""
-BATCH = {"metrics": 900, "params": 100, "tags": 100}
-"""MLflow's log_batch limits (1000 items, 100 params, 100 tags per call), with room to spare."""
+BATCH = {"metrics": 850, "params": 99, "tags": 100}
+"""MLflow's log_batch limits (1000 items, 100 params and tags per call), with room to spare: a batch of metrics, one of
+params and the finish-time tag travel as one call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,24 +92,30 @@ def export_mlflow(workdir: str | os.PathLike[str], uri: str, *, experiment: str 
             rows = with_effective_train(store.finished_rows(), store.bases())  # the settings each trained with, as results show
         finally:
             store.close()
-        experiment_id = mlflow_experiment(client, uri, name, {KIND_TAG: "campaign"})
-        present = _present(client, experiment_id)
-        parent = present.pop(None, None) or _campaign_run(client, experiment_id, name)
-        created = replaced = already = 0
-        for row in rows:
-            old = present.get(row["trial_id"])
-            if old is not None and old[1] == _finished(row):
-                already += 1
-                continue
-            if old is not None:
-                client.delete_run(old[0])
-                replaced += 1
-            _log_trial(client, experiment_id, parent, row)
-            created += 1
-        if report:  # the campaign run: its report and its trials' statuses, ended (a later export adds to them)
-            _attach_report(client, parent, workdir)
-            _log_counts(client, parent, rows)
-            client.set_terminated(parent, status="FINISHED")
+        # The report renders (CPU) while the trials' runs are sent (waits on the server): a tracked run's last pass.
+        rendering = _Rendering(workdir) if report else None
+        try:
+            experiment_id = mlflow_experiment(client, uri, name, {KIND_TAG: "campaign"})
+            present = _present(client, experiment_id)
+            parent = present.pop(None, None) or _campaign_run(client, experiment_id, name)
+            created = replaced = already = 0
+            for row in rows:
+                old = present.get(row["trial_id"])
+                if old is not None and old[1] == _finished(row):
+                    already += 1
+                    continue
+                if old is not None:
+                    client.delete_run(old[0])
+                    replaced += 1
+                _log_trial(client, experiment_id, parent, row)
+                created += 1
+            if rendering is not None:  # the campaign run: its report and its trials' statuses, ended (a later export adds to them)
+                client.log_artifact(parent, str(rendering.path()))
+                _log_counts(client, parent, rows)
+                client.set_terminated(parent, status="FINISHED")
+        finally:
+            if rendering is not None:
+                rendering.close()
     return Exported(uri, name, len(rows), created, replaced, already)
 
 
@@ -147,26 +155,47 @@ def unreachable(error: BaseException, uri: str) -> str:
 
 # -- following a run -------------------------------------------------------------------------------------
 def follow(workdir: str | os.PathLike[str], uri: str, *, experiment: str | None = None, every_s: float = FOLLOW_EVERY_S) -> int:
-    """Export every `every_s` seconds until stdin closes (the campaign's run ended, or was killed), then once more with
-    the report; each pass's outcome in WORKDIR/tracking-mlflow.json. Never raises for a server that is down."""
+    """A tracked run's follower (campaign/run/tracking.py): imports what exporting needs at once, while the run
+    prepares; on the run's "go" line its output goes to WORKDIR/logs/tracking.log and it exports every `every_s`
+    seconds until stdin closes (the run ended, or was killed), then once more with the report; each pass's outcome in
+    WORKDIR/tracking-mlflow.json. Never raises for a server that is down. Stdin closed before "go" (the run was
+    refused before its store existed): it ends, having written nothing. It ends without the interpreter's teardown
+    (MLflow's exit hooks: ~1 s that the run would wait for)."""
+    import mlflow.tracking  # noqa: F401 - the client's imports, while the run prepares
+
+    _import_report()
+    if not sys.stdin.readline():
+        _end(0)
     workdir = Path(workdir)
+    _log_to(workdir / "logs" / "tracking.log")
     ended = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), ended.set()), daemon=True).start()
-    warmed = False
     while True:
         last = ended.is_set()
         _pass(workdir, uri, experiment, report=last)
         if last:
-            return 0
-        if not warmed:  # the last pass's report imports now, while the run trains, not after its trials end
-            warmed = _import_report()
+            _end(0)
         ended.wait(every_s)
 
 
-def _import_report() -> bool:
-    import gpufill.report  # noqa: F401 - matplotlib and pandas: ~1 s of a 2-core box's last pass
+def _log_to(path: Path) -> None:
+    """This process's stdout and stderr appended to `path` (a link refused as everywhere)."""
+    from gpufill.files import open_append
 
-    return True
+    with contextlib.suppress(InputError, OSError):  # no log file: the passes' outcomes still go to the state file
+        with open_append(path, field="tracking") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+
+
+def _end(code: int) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _import_report() -> None:
+    import gpufill.report  # noqa: F401 - matplotlib and pandas: ~1 s of a 2-core box's last pass
 
 
 def _pass(workdir: Path, uri: str, experiment: str | None, *, report: bool) -> None:
@@ -209,7 +238,7 @@ def _finished(row: Mapping[str, Any]) -> str:
 
 
 def _log_trial(client: Any, experiment_id: str, parent: str, row: Mapping[str, Any]) -> None:
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param, RunTag
 
     started = int((row["started_at"] or row["finished_at"] or time.time()) * 1000)
     ended = int((row["finished_at"] or time.time()) * 1000)
@@ -219,14 +248,15 @@ def _log_trial(client: Any, experiment_id: str, parent: str, row: Mapping[str, A
     if row["error"]:
         tags["gpufill.error"] = str(row["error"]).splitlines()[0][:500]
     run = client.create_run(experiment_id, start_time=started, run_name=f"{row['family']} {row['project']} seed {row['seed']}", tags=tags)
+    client.set_terminated(run.info.run_id, status=RUN_STATUS[row["status"]], end_time=ended)
     params = [Param(key, value[:6000]) for key, value in _params(row).items()]
     metrics = [Metric(key, value, ended, step) for key, value, step in _metrics(row)]
-    for chunk in _chunks(metrics, BATCH["metrics"]):
-        client.log_batch(run.info.run_id, metrics=chunk)
-    for chunk in _chunks(params, BATCH["params"]):
-        client.log_batch(run.info.run_id, params=chunk)
-    client.set_terminated(run.info.run_id, status=RUN_STATUS[row["status"]], end_time=ended)
-    client.set_tag(run.info.run_id, RESULT_TAG, _finished(row))  # last: a run cut off before it is made again by the next export
+    batches = list(itertools.zip_longest(_chunks(metrics, BATCH["metrics"]), _chunks(params, BATCH["params"]), fillvalue=()))
+    for index, (some_metrics, some_params) in enumerate(batches or [((), ())]):
+        # The finish-time tag travels with the last batch (a batch is one transaction on the server): a run cut off
+        # before it lacks the tag and is made again by the next export. Three requests a trial, not five.
+        done = [RunTag(RESULT_TAG, _finished(row))] if index == len(batches or [None]) - 1 else []
+        client.log_batch(run.info.run_id, metrics=list(some_metrics), params=list(some_params), tags=done)
 
 
 def _params(row: Mapping[str, Any]) -> dict[str, str]:
@@ -270,13 +300,33 @@ def _log_counts(client: Any, run_id: str, rows: Sequence[Mapping[str, Any]]) -> 
     client.log_batch(run_id, metrics=[Metric(f"trials_{status}", statuses.count(status), now, 0) for status in RUN_STATUS])
 
 
-def _attach_report(client: Any, run_id: str, workdir: Path) -> None:
-    """The campaign's HTML report, written to a temporary folder (never into the workdir) and logged to the run."""
-    from gpufill.report import write_report
+class _Rendering:
+    """The campaign's HTML report, written in a thread to a temporary folder (never into the workdir)."""
 
-    with tempfile.TemporaryDirectory(prefix="gpufill-report-") as folder:
-        path = write_report(workdir, Path(folder) / "report.html")
-        client.log_artifact(run_id, str(path))
+    def __init__(self, workdir: Path):
+        self.folder = tempfile.TemporaryDirectory(prefix="gpufill-report-")
+        self.found: list[Path] = []
+        self.failed: list[BaseException] = []
+        self.thread = threading.Thread(target=self._render, args=(workdir,), name="gpufill-report", daemon=True)
+        self.thread.start()
+
+    def _render(self, workdir: Path) -> None:
+        from gpufill.report import write_report
+
+        try:
+            self.found.append(write_report(workdir, Path(self.folder.name) / "report.html"))
+        except BaseException as error:  # noqa: BLE001 - raised in the exporting thread by `path`
+            self.failed.append(error)
+
+    def path(self) -> Path:
+        self.thread.join()
+        if self.failed:
+            raise self.failed[0]
+        return self.found[0]
+
+    def close(self) -> None:
+        self.thread.join()
+        self.folder.cleanup()
 
 
 def _spec_experiment(store: Store) -> str | None:

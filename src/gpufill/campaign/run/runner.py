@@ -40,6 +40,7 @@ from gpufill.monitor.sampler import QueueSink, Sampler
 
 if TYPE_CHECKING:
     import pandas as pd
+    from gpufill.campaign.run.tracking import Follower
 
 log = logging.getLogger("gpufill.campaign")
 # A log file per run, rotated past this size so a long campaign cannot fill the disk.
@@ -197,9 +198,10 @@ class Campaign:
         self.tracking_uri = tracking_uri(self.spec, mlflow)
         timeline = Timeline()
         timeline.mark("run begins (interpreter, imports, campaign file)")
+        follower = self._follower()  # its imports (MLflow, the report's) run while this run prepares
         runs = make_executor(executor, spec=self.spec, base_dir=str(self.base_dir), workdir=self.workdir, address=address)
         try:
-            return self._locked_run(runs, gpu_slots, cpu_slots, fresh, command, verbose, on_start, on_update, timeline)
+            return self._locked_run(runs, gpu_slots, cpu_slots, fresh, command, verbose, on_start, on_update, timeline, follower)
         except (sqlite3.Error, OSError) as error:
             if out_of_space(error):
                 raise InputError(f"the disk holding the workdir is full ({error}); the run stopped, done trials are kept",
@@ -210,13 +212,24 @@ class Campaign:
             raise
         finally:
             runs.shutdown()  # the scheduler's own shutdown aside: e.g. leave a Ray cluster joined to plan the lanes
+            if follower is not None:
+                follower.close()  # one that never began (a refused run) ends, having written nothing
+
+    def _follower(self) -> Follower | None:
+        """With a tracking URI, the child that exports finished trials (campaign/run/tracking.py), started now."""
+        if self.tracking_uri is None:
+            return None
+        from gpufill.campaign.run.tracking import Follower
+
+        experiment = (self.spec.tracking.experiment if self.spec.tracking else None) or self.spec.name
+        return Follower(self.workdir, self.tracking_uri, experiment)
 
     def resume_command(self, command: str) -> str:
         """What to type to carry on where a stopped run left off."""
         return "gpufill demo" if command == "gpufill demo" else f"gpufill run {self.source} --workdir {self.workdir}"
 
     def _locked_run(self, runs: Executor, gpu_slots: Any, cpu_slots: Any, fresh: bool, command: str, verbose: bool, on_start: Any,
-                    on_update: Any, timeline: Timeline) -> RunOutcome:
+                    on_update: Any, timeline: Timeline, follower: Follower | None) -> RunOutcome:
         prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots, executor=runs, timeline=timeline)
         with WorkdirLock(self.workdir, command) as lock:  # before --fresh deletes anything: one run per workdir
             check_paths(self.workdir)  # a link where the run writes: refused before anything is written or deleted
@@ -229,23 +242,20 @@ class Campaign:
                 if lock.taken_over:
                     prepared.warnings.append(f"took the workdir over from a run that stopped without releasing it (pid {lock.taken_over.get('pid')} "
                                              f"on {lock.taken_over.get('host')})")
-                with run_log(self.workdir, run_id, verbose=verbose), self._tracked(store, run_id) as tracked:
+                with run_log(self.workdir, run_id, verbose=verbose), self._tracked(store, run_id, follower) as tracked:
                     timeline.start_logging()
                     return tracked(self._run(store, run_id, prepared, runs, on_start, on_update, timeline))
             finally:
                 store.close()
 
     @contextmanager
-    def _tracked(self, store: Store, run_id: int) -> Iterator[Callable[[RunOutcome], RunOutcome]]:
+    def _tracked(self, store: Store, run_id: int, follower: Follower | None) -> Iterator[Callable[[RunOutcome], RunOutcome]]:
         """With a tracking URI, a follower exports finished trials while the run goes on (campaign/run/tracking.py); at the
         end it gets a last pass, and the outcome says what reached the server (an interrupted run waits less)."""
-        if self.tracking_uri is None:
+        if follower is None:
             yield lambda outcome: outcome
             return
-        from gpufill.campaign.run.tracking import Follower
-
-        experiment = (self.spec.tracking.experiment if self.spec.tracking else None) or self.spec.name
-        follower = Follower(self.workdir, self.tracking_uri, experiment, self.workdir / "logs" / "tracking.log")
+        follower.begin()
         said: list[str] = []
 
         def finished(outcome: RunOutcome) -> RunOutcome:

@@ -1,10 +1,12 @@
 """A tracked run's follower: the child process that copies finished trials to MLflow while the campaign runs.
 
 With `tracking: {mlflow: URI}` (or `gpufill run --mlflow URI`) the run starts `gpufill export mlflow --follow`
-(gpufill/tracking/mlflow_export.py) beside its scheduler: the campaign never waits on the server, a server that is
-down is retried at the next pass, and the store stays the record. The child writes each pass's outcome to
-WORKDIR/tracking-mlflow.json; when the run ends (or is killed) its stdin closes and it makes a last pass, and the
-run's last lines say what reached the server.
+(gpufill/tracking/mlflow_export.py) the moment it begins: the child imports MLflow and the report's libraries while
+the run prepares, and starts exporting on the run's "go" (its store exists, `begin`); the campaign never waits on
+the server, a server that is down is retried at the next pass, and the store stays the record. The child writes each
+pass's outcome to WORKDIR/tracking-mlflow.json; when the run ends (or is killed) its stdin closes and it makes a last
+pass, and the run's last lines say what reached the server. A run refused before its store (bad input) closes the
+child's stdin before "go": it ends having written nothing.
 """
 
 from __future__ import annotations
@@ -37,17 +39,32 @@ the next pass tries again. It prints no "View run" line per trial into the track
 class Follower:
     """The child process that exports a running campaign (`follow`); `finish` ends it and says what reached MLflow."""
 
-    def __init__(self, workdir: Path, uri: str, experiment: str | None, log_path: Path):
-        from gpufill.files import open_append
-
+    def __init__(self, workdir: Path, uri: str, experiment: str | None):
         command = [sys.executable, "-m", "gpufill", "export", "mlflow", "--workdir", str(workdir), "--uri", uri, "--follow"]
         if experiment:
             command += ["--experiment", experiment]
         self.workdir, self.uri = workdir, uri
-        with open_append(log_path, field="tracking") as log:
-            # Its own session: Ctrl-C stops the campaign, and the follower then ends on its own (stdin closes).
-            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, **FOLLOWER_ENV}, start_new_session=True)
+        # Its own session: Ctrl-C stops the campaign, and the follower then ends on its own (stdin closes). Its output
+        # goes to WORKDIR/logs/tracking.log once it has begun (the workdir may not exist yet).
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        env={**os.environ, **FOLLOWER_ENV}, start_new_session=True)
+
+    def begin(self) -> None:
+        """The run's store exists: start exporting."""
+        with contextlib.suppress(OSError):  # it died: `finish` says the export did not finish
+            self.process.stdin.write(b"go\n")  # type: ignore[union-attr]
+            self.process.stdin.flush()  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        """End a follower that never began (the run was refused first): it exits at its stdin's end, writing nothing."""
+        if self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()  # type: ignore[union-attr]
+            try:
+                self.process.wait(timeout=FINAL_PASS_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
     def finish(self, finished: int, wait_s: float | None = None) -> str:
         """Close its stdin (its last pass begins), wait up to `wait_s` (default: the bound on the work left of
