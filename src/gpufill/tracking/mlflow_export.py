@@ -46,7 +46,9 @@ again; none means its export was cut off (the server went away): either way the 
 KIND_TAG = "gpufill.kind"
 RUN_STATUS = {"done": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
 FOLLOW_EVERY_S = 5.0
-"""Seconds between a following export's passes."""
+"""Seconds between a following export's passes, once the run has gone on for a while..."""
+FIRST_EVERY_S = 1.0
+"""...and its first passes 1 s, 2 s, ... apart."""
 BATCH = {"metrics": 850, "params": 99, "tags": 100}
 """MLflow's log_batch limits (1000 items, 100 params and tags per call), with room to spare: a batch of metrics, one of
 params and the finish-time tag travel as one call."""
@@ -170,12 +172,15 @@ def follow(workdir: str | os.PathLike[str], uri: str, *, experiment: str | None 
     _log_to(workdir / "logs" / "tracking.log")
     ended = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), ended.set()), daemon=True).start()
+    passes = 0
     while True:
         last = ended.is_set()
         _pass(workdir, uri, experiment, report=last)
         if last:
             _end(0)
-        ended.wait(every_s)
+        passes += 1
+        # 1 s, 2 s, ... up to `every_s` apart: a run of seconds has its trials sent before its end, not in its last pass.
+        ended.wait(min(every_s, passes * FIRST_EVERY_S))
 
 
 def _log_to(path: Path) -> None:
