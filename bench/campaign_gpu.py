@@ -10,7 +10,9 @@ Per shape (the ablation's: LSTM, GRU, TCN, Transformer; hidden 128 and 256; look
            choosing the pack size (measured, up to 64) and the GPU lane's concurrency;
 (a) one at a time in one process (the campaign's own trial code, unfused);
 (b) P concurrent processes, one trial each at a time (the guides' "16 at once");
-(c) the same under CUDA MPS, where the daemon can be started here.
+(c) the same under CUDA MPS, where the daemon can be started here;
+and, start-up included in both (the whole-process column: what a user waits for), `gpufill run FILE` in a fresh
+process against (a) as a user's own script, a fresh process training the trials one at a time (bench/_one_at_a_time.py).
 
 Per way: trials/hour, mean GPU utilisation (NVML "utilization.gpu": the share of time a
 kernel ran; SM activity needs DCGM's profiling counters, not NVML, so it is not reported),
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -216,7 +219,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=None, help="series length (default 1000; --quick 300)")
     parser.add_argument("--procs", type=int, default=None, help="concurrent processes for (b), (c): 16 on a GPU, the core count on a CPU")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 1; --quick 3)")
-    parser.add_argument("--skip", default="", help="ways to leave out, comma-separated: one,procs,mps")
+    parser.add_argument("--skip", default="", help="ways to leave out, comma-separated: one,procs,mps,whole")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -260,6 +263,10 @@ def main() -> None:
             ways["gpufill campaign"] = campaign_way
             if "one" not in skip:
                 ways["one at a time"] = lambda r, payload=payload, base_dir=base_dir, trials=trials: (*one_at_a_time(payload, base_dir, trials, device), None)
+            if "whole" not in skip:  # as a user runs each: a fresh process, start-up included
+                ways[WHOLE_CAMPAIGN] = lambda r, name=name, path=path: (*whole_campaign(path, folder / f"work-{name}-whole-{r}"), None)
+                if "one" not in skip:
+                    ways[WHOLE_ONE] = lambda r, path=path: (*whole_one_at_a_time(path, device), None)
             if "procs" not in skip:
                 ways[f"{procs} processes"] = lambda r, payload=payload, base_dir=base_dir, trials=trials: (*processes(payload, base_dir, trials, device, procs), None)
             if "mps" not in skip and device.startswith("cuda"):
@@ -284,7 +291,10 @@ def main() -> None:
                              "trials_per_hour": None if seconds is None else round(3600 * n / seconds), **figures,
                              "pack_size": pack if is_campaign else 1, "ops_per_step": ops.get(pack if is_campaign else 1),
                              "chosen": extra if isinstance(extra, dict) else {"not_run": extra} if extra else {}, "runs_s": [None if s is None else round(s, 2) for s, *_ in runs]})
-                if is_campaign or any(s is None for s, *_ in runs):
+                if way == WHOLE_ONE and WHOLE_CAMPAIGN in measured:
+                    ratios[f"{name}: whole process: gpufill run vs one at a time"] = statistics.median(
+                        o[0] / c[0] for o, c in zip(runs, measured[WHOLE_CAMPAIGN], strict=True))
+                if is_campaign or way in (WHOLE_CAMPAIGN, WHOLE_ONE) or any(s is None for s, *_ in runs):
                     continue
                 ratios[f"{name}: campaign vs {way}"] = statistics.median(o[0] / c[0] for o, c in zip(runs, campaign_runs, strict=True))
                 if way == "one at a time":
@@ -294,6 +304,26 @@ def main() -> None:
                 "series_length": length, "procs": procs, "rounds": rounds, "device": device, "threads": torch.get_num_threads(),
                 "skip": sorted(skip), "left_out": left_out}
     finish("campaign_gpu", "a campaign as gpufill's scheduler runs it vs one at a time vs concurrent processes (vs MPS)", env, run_args, rows, ratios, args.out)
+
+
+WHOLE_CAMPAIGN, WHOLE_ONE = "gpufill run (whole process)", "one at a time (whole process)"
+
+
+def whole_campaign(path: Path, workdir: Path) -> tuple[float, dict[str, float]]:
+    """`gpufill run FILE` in a fresh process: (wall seconds, test MAE per trial)."""
+    tick = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "gpufill", "run", str(path), "--workdir", str(workdir), "--fresh", "--yes"], check=True, capture_output=True)
+    seconds = time.perf_counter() - tick
+    results = read_results(workdir)
+    return seconds, dict(zip(results["trial_id"], results["mae"], strict=True))
+
+
+def whole_one_at_a_time(path: Path, device: str) -> tuple[float, dict[str, float]]:
+    """bench/_one_at_a_time.py in a fresh process, at the threads of the in-process way: (wall seconds, test MAE per trial)."""
+    tick = time.perf_counter()
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "_one_at_a_time.py"), str(path), device, str(torch.get_num_threads())],
+                          check=True, capture_output=True, text=True)
+    return time.perf_counter() - tick, json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def median_run(runs: list[tuple[Any, ...]]) -> tuple[Any, ...]:

@@ -87,7 +87,7 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
             from gpufill.campaign.executors.local import plan_here
             return plan_here(request)
 
-        def warm(self, lanes):
+        def warm(self, lanes, check=None):
             return None  # nothing to begin early: its workers are plain objects
 
         def start(self, lanes):

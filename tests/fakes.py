@@ -51,7 +51,7 @@ class FakeExecutor:
 
         return Worker(name=name, lane=lane)
 
-    def warm(self, lanes) -> None:  # noqa: ANN001
+    def warm(self, lanes, check=None) -> None:  # noqa: ANN001
         return None
 
     def start(self, lanes) -> None:  # noqa: ANN001

@@ -105,6 +105,9 @@ def check_campaign_gpu(record: dict[str, Any]) -> None:
     assert ways["gpufill campaign"]["pack_size"] >= 1 and ways["one at a time"]["ops_per_step"] > 0
     assert positive(record["ratios"]["mlp-h8-l8: campaign vs one at a time"])
     assert record["ratios"]["mlp-h8-l8: max relative test-MAE difference campaign vs one at a time"] < 1e-3
+    whole, one = ways["gpufill run (whole process)"], ways["one at a time (whole process)"]  # start-up included in both
+    assert whole["runs_s"] and one["runs_s"]
+    assert record["ratios"]["mlp-h8-l8: whole process: gpufill run vs one at a time"] == pytest.approx(one["runs_s"][0] / whole["runs_s"][0], rel=0.02)
     if record["device_type"] == "cpu":
         assert record["args"]["left_out"] and record["args"]["threads"] == 1
 

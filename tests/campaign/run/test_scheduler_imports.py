@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from gpufill.campaign.executors.forked import FRESH_WORKERS_VARIABLE
 from gpufill.campaign.spec import build_check
 from tests.helpers import run_cli, write_campaign
 
@@ -50,12 +51,13 @@ def test_a_value_only_a_build_proves_wrong_is_refused_at_its_line_before_anythin
 
 
 def test_a_build_check_child_that_cannot_answer_is_replaced_by_building_in_the_scheduler(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(FRESH_WORKERS_VARIABLE, "1")  # no zygote: the check starts a child of its own
     started: list[list[str]] = []
     real_popen = build_check.subprocess.Popen
 
     def broken_child(command, **kwargs):  # the check's child dies at once, as a killed or broken interpreter would
         if command[2] != "gpufill.campaign.spec.build_check":
-            return real_popen(command, **kwargs)  # the lanes' zygotes start as usual
+            return real_popen(command, **kwargs)
         started.append(command)
         return real_popen([sys.executable, "-c", "raise SystemExit(3)"], **kwargs)
 
@@ -64,6 +66,27 @@ def test_a_build_check_child_that_cannot_answer_is_replaced_by_building_in_the_s
     path = write_campaign(tmp_path, models=BAD_HEADS)
     code, _, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "w")
     assert len(started) == 1
+    assert code == 2 and f"{path}:5: models.transformer.d_model:" in err and "must be divisible by nhead (4)" in err
+    assert not (tmp_path / "w").exists()
+
+
+class Gone:
+    """A zygote that died before its check child answered."""
+
+    def poll(self) -> int:
+        return -9
+
+
+def test_the_zygote_builds_the_grid_points_and_one_that_dies_first_is_replaced_by_building_in_the_scheduler(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(build_check, "wanted", lambda: True)
+    handed: list[object] = []
+    real = build_check.BuildCheck.answered_by
+    monkeypatch.setattr(build_check.BuildCheck, "answered_by", lambda self, helper: (handed.append(helper), real(self, helper))[1])
+    path = write_campaign(tmp_path, models=BAD_HEADS)
+    code, _, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "w")  # the lane's zygote answers: the same line
+    assert len(handed) == 1 and code == 2 and f"{path}:5: models.transformer.d_model:" in err and "must be divisible by nhead (4)" in err
+    monkeypatch.setattr(build_check.BuildCheck, "answered_by", lambda self, helper: real(self, Gone()))
+    code, _, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "w")
     assert code == 2 and f"{path}:5: models.transformer.d_model:" in err and "must be divisible by nhead (4)" in err
     assert not (tmp_path / "w").exists()
 

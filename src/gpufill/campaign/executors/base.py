@@ -14,9 +14,12 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from gpufill.campaign.policy.lanes import Lane, visible_gpu
+
+if TYPE_CHECKING:
+    from gpufill.campaign.spec.build_check import BuildCheck
 
 Task = dict[str, Any]
 """{"trials": [trial records], "pack_size": int | None}: one trial, or same-shape neural trials to fuse."""
@@ -171,9 +174,11 @@ class Executor(Protocol):
         """The lanes for this request on what this executor runs on; returns (lanes, warnings)."""
         ...
 
-    def warm(self, lanes: list[Lane]) -> None:
+    def warm(self, lanes: list[Lane], check: BuildCheck | None = None) -> None:
         """Begin what starting these lanes takes while the run still prepares (a local lane's zygote imports torch and
-        the trial code), so that `start` finds it under way; nothing where there is nothing to begin early."""
+        the trial code), so that `start` finds it under way; nothing where there is nothing to begin early. `check`:
+        the file's grid points, built by a process that imports torch anyway (`check.answered_by`); left alone, the
+        check starts a child of its own."""
         ...
 
     def start(self, lanes: list[Lane]) -> None:

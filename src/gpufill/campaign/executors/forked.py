@@ -58,6 +58,8 @@ class Zygote:
     """The executor's end of one lane's zygote process."""
 
     env: dict[str, str]
+    check: tuple[str, str] | None = None
+    """(request, answer) of a campaign file's grid points to build (campaign/spec/build_check.py) once imported."""
     process: subprocess.Popen | None = None
     conn: Connection | None = None
     exited: dict[int, int] = field(default_factory=dict)
@@ -68,7 +70,7 @@ class Zygote:
         """Starts the process; it imports while the other lanes' zygotes start too."""
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpufill.campaign.worker.zygote", str(theirs.fileno())],
+            [sys.executable, "-m", "gpufill.campaign.worker.zygote", str(theirs.fileno()), *(self.check or ())],
             pass_fds=(theirs.fileno(),), env=self.env, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         theirs.close()

@@ -14,11 +14,14 @@ import os
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpufill.campaign.executors.base import Crashed, Finished, LaneRequest, NoBatchJobs, Task, Worker
 from gpufill.campaign.executors.local import plan_here
 from gpufill.campaign.policy.lanes import Lane
+
+if TYPE_CHECKING:
+    from gpufill.campaign.spec.build_check import BuildCheck
 
 
 @dataclass(slots=True, eq=False)
@@ -43,7 +46,7 @@ class InlineExecutor(NoBatchJobs):
     def plan(self, request: LaneRequest) -> tuple[list[Lane], list[str]]:
         return plan_here(request)
 
-    def warm(self, lanes: list[Lane]) -> None:
+    def warm(self, lanes: list[Lane], check: BuildCheck | None = None) -> None:
         return None  # nothing to begin before `start`
 
     def start(self, lanes: list[Lane]) -> None:

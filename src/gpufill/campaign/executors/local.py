@@ -34,6 +34,7 @@ from gpufill.campaign.executors.base import (
 )
 from gpufill.campaign.executors.forked import Zygote, forks_workers
 from gpufill.campaign.policy.lanes import Lane, plan_lanes
+from gpufill.campaign.spec.build_check import BuildCheck
 from gpufill.cpus import usable_cpus
 from gpufill.gpus import visible_gpu_memory
 
@@ -80,11 +81,15 @@ class LocalExecutor(NoBatchJobs):
     def plan(self, request: LaneRequest) -> tuple[list[Lane], list[str]]:
         return plan_here(request)
 
-    def warm(self, lanes: list[Lane]) -> None:
-        for lane in lanes:  # every lane's zygote imports at once
+    def warm(self, lanes: list[Lane], check: BuildCheck | None = None) -> None:
+        for lane in lanes:  # every lane's zygote imports at once; the first builds the file's grid points too
             if forks_workers(lane.threads) and lane.name not in self.zygotes:
-                self.zygotes[lane.name] = Zygote(_lane_env(lane))
-                self.zygotes[lane.name].start()
+                zygote = Zygote(_lane_env(lane), check=(str(check.request), str(check.answer)) if check is not None else None)
+                zygote.start()
+                if check is not None:
+                    check.answered_by(zygote.process)
+                    check = None
+                self.zygotes[lane.name] = zygote
 
     def start(self, lanes: list[Lane]) -> None:
         self.warm(lanes)  # those warmed while the run prepared are under way already

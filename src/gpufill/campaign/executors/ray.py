@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufill.campaign.executors.base import (
     Crashed,
@@ -38,6 +38,9 @@ from gpufill.campaign.executors.base import (
 from gpufill.campaign.executors.local import plan_here, plan_on
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.errors import InputError
+
+if TYPE_CHECKING:
+    from gpufill.campaign.spec.build_check import BuildCheck
 
 INSTALL_FIX = "pip install 'gpufill[ray]'"
 # A GPU probe on a cluster: longer than a cold worker start on a busy node, short enough to fail visibly.
@@ -140,7 +143,7 @@ class RayExecutor(NoBatchJobs):
             ray.init(num_cpus=num_cpus, num_gpus=num_gpus, **common)
         self._started_ray = True
 
-    def warm(self, lanes: list[Lane]) -> None:
+    def warm(self, lanes: list[Lane], check: BuildCheck | None = None) -> None:
         return None  # nothing to begin before `start`
 
     def start(self, lanes: list[Lane]) -> None:

@@ -41,6 +41,7 @@ from gpufill.campaign.policy.lanes import Lane
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:
+    from gpufill.campaign.spec.build_check import BuildCheck
     from gpufill.campaign.spec.spec import SlurmSpec
 
 INSTALL_FIX = "pip install 'gpufill[slurm]'"
@@ -138,7 +139,7 @@ class SlurmExecutor:
         return lanes, warnings
 
     # -- life cycle -----------------------------------------------------------------------
-    def warm(self, lanes: list[Lane]) -> None:
+    def warm(self, lanes: list[Lane], check: BuildCheck | None = None) -> None:
         return None  # nothing to begin before `start`
 
     def start(self, lanes: list[Lane]) -> None:

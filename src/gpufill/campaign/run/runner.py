@@ -95,10 +95,10 @@ class Campaign:
     @classmethod
     def from_yaml(cls, path: str | Path, workdir: str | Path | None = None) -> Campaign:
         """The scheduler's side of a campaign file, which never imports torch: its own `module:factory` models are
-        checked in a child process, and its grid points built in another that runs while the run prepares."""
+        checked in a child process, and its grid points built by a lane's zygote (or a child) while the run prepares."""
         with checked_elsewhere(), deferred() if build_child.wanted() else contextlib.nullcontext([]) as builds:
             spec = load_campaign(Path(path))
-        return cls(spec, workdir, BuildCheck.start(builds, str(spec.path), spec._lines))
+        return cls(spec, workdir, BuildCheck.prepare(builds, str(spec.path), spec._lines))
 
     @property
     def base_dir(self) -> Path:
@@ -146,8 +146,8 @@ class Campaign:
         )
         lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
         timeline.mark("lanes planned")
-        if executor is not None:  # the lanes' imports run while the grid points are built and the store is opened
-            executor.warm(lanes)
+        if executor is not None:  # the lanes' imports run while the store is opened; a zygote builds the grid points
+            executor.warm(lanes, self.build_check)
         if self.build_check is not None:
             self.build_check.wait()
             timeline.mark("grid points built")

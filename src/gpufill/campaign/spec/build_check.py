@@ -1,10 +1,13 @@
 """Every grid point of a campaign's built-in families built once before its run, in a child process.
 
 Building a point is what proves a value wrong (a transformer's d_model that its heads do not divide), and building
-needs torch. The scheduler never imports torch: it reads the campaign file with the builds `deferred()`, starts
-this child at once (`BuildCheck.start`), and waits for its verdict only when the data is loaded and the lanes are
-planned (`BuildCheck.wait`), before anything is written; the child's imports run meanwhile. A bad value is the same
-one line at its `file:line` as when the file is checked in one process (`gpufill check`, `load_campaign`).
+needs torch. The scheduler never imports torch: it reads the campaign file with the builds `deferred()` and writes
+them down (`BuildCheck.prepare`). Who builds them: the first lane's zygote, which imports torch for the workers
+anyway, forks a child for them as soon as its imports are done (`answered_by`: one torch import on the machine, not
+two at once); else (no zygote: Ray, Slurm, fresh workers) a child of its own, started at once (`start`). The
+scheduler waits for the verdict only when the data is loaded and the lanes are planned (`wait`), before anything is
+written. A bad value is the same one line at its `file:line` as when the file is checked in one process
+(`gpufill check`, `load_campaign`).
 
     python -m gpufill.campaign.spec.build_check IN OUT     (the child: IN lists the builds, OUT gets the first error)
 """
@@ -14,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,7 +33,8 @@ from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
 
 WAIT_S = 300.0
-"""A child that takes longer (a stalled machine) is given up on: the builds run in the scheduler instead."""
+"""A builder that takes longer (a stalled machine) is given up on: the builds run in the scheduler instead."""
+POLL_S = 0.02
 
 _pending: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar("gpufill_deferred_builds", default=None)
 
@@ -62,33 +68,47 @@ def check_or_defer(family: str, axes: Mapping[str, list[Any] | Range], *, lookba
 
 
 class BuildCheck:
-    """The child building a campaign file's deferred grid points; `wait` raises the first problem at its line."""
+    """A campaign file's deferred grid points and who builds them; `wait` raises the first problem at its line."""
 
     def __init__(self, builds: list[dict[str, Any]], where: str, lines: Mapping[tuple[str | int, ...], int]):
         self.builds, self.where, self.lines = builds, where, lines
         self.folder = tempfile.TemporaryDirectory(prefix="gpufill-builds-")
-        request, self.answer = Path(self.folder.name) / "in.json", Path(self.folder.name) / "out.json"
-        request.write_text(json.dumps(builds))
-        # stdin /dev/null: nothing in it reads the user's terminal; a session of its own: a Ctrl-C reaches the scheduler only.
-        self.process = subprocess.Popen([sys.executable, "-m", "gpufill.campaign.spec.build_check", str(request), str(self.answer)],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        self.request, self.answer = Path(self.folder.name) / "in.json", Path(self.folder.name) / "out.json"
+        self.request.write_text(json.dumps(builds))
+        self.process: subprocess.Popen[bytes] | None = None
+        """Our own child, if started."""
+        self.helper: Any = None
+        """Another process whose fork builds them (a zygote): its `poll()` says whether it still runs."""
+
+    @classmethod
+    def prepare(cls, builds: list[dict[str, Any]], where: str, lines: Mapping[tuple[str | int, ...], int]) -> BuildCheck | None:
+        """The builds written down, nothing started (None when there are none); `where` and `lines` place an error."""
+        return cls(builds, where, lines) if builds else None
 
     @classmethod
     def start(cls, builds: list[dict[str, Any]], where: str, lines: Mapping[tuple[str | int, ...], int]) -> BuildCheck | None:
-        """The child started on `builds` (None when there are none); `where` and `lines` place an error in the file."""
-        return cls(builds, where, lines) if builds else None
+        """`prepare`, and our own child started on them at once."""
+        check = cls.prepare(builds, where, lines)
+        if check is not None:
+            check.start_child()
+        return check
+
+    def answered_by(self, helper: Any) -> None:
+        """`helper` (a process with `poll()`) forks the builder: it writes ANSWER.pid as it starts and ANSWER when done."""
+        self.helper = helper
+
+    def start_child(self) -> None:
+        # stdin /dev/null: nothing in it reads the user's terminal; a session of its own: a Ctrl-C reaches the scheduler only.
+        self.process = subprocess.Popen([sys.executable, "-m", "gpufill.campaign.spec.build_check", str(self.request), str(self.answer)],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
     def wait(self) -> None:
-        """Return once every point built; else raise the first problem as one line at its `file:line`. A child that
+        """Return once every point built; else raise the first problem as one line at its `file:line`. A builder that
         could not answer (killed, stalled past WAIT_S) is replaced by building here: the check is never skipped."""
+        if self.process is None and self.helper is None:
+            self.start_child()
         try:
-            _, err = self.process.communicate(timeout=WAIT_S)
-            answered = self.process.returncode == 0 and self.answer.exists()
-            found = json.loads(self.answer.read_text()) if answered else None
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.communicate()
-            found = None
+            found = self._from_child() if self.process is not None else self._from_helper()
         finally:
             self.folder.cleanup()
         if found is None:
@@ -102,9 +122,31 @@ class BuildCheck:
             error = found["error"]
             raise self._located(tuple(error["loc"]), error["problem"], error["fix"])
 
+    def _from_child(self) -> dict[str, Any] | None:
+        assert self.process is not None
+        try:
+            self.process.communicate(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate()
+            return None
+        return json.loads(self.answer.read_text()) if self.process.returncode == 0 and self.answer.exists() else None
+
+    def _from_helper(self) -> dict[str, Any] | None:
+        """The zygote's fork's answer: None once the zygote or its fork is gone without one, or after WAIT_S."""
+        deadline = time.monotonic() + WAIT_S
+        started = self.answer.with_suffix(".pid")
+        while time.monotonic() < deadline:
+            if self.answer.exists():
+                return json.loads(self.answer.read_text())
+            if self.helper.poll() is not None or (started.exists() and not _running(int(started.read_text() or 0))):
+                return json.loads(self.answer.read_text()) if self.answer.exists() else None
+            time.sleep(POLL_S)
+        return None
+
     def close(self) -> None:
-        """Stop the child (a run refused for another reason first) and remove its files."""
-        if self.process.poll() is None:
+        """Stop our child (a run refused for another reason first) and remove the files."""
+        if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.communicate()
         self.folder.cleanup()
@@ -122,15 +164,28 @@ def _plain(build: dict[str, Any]) -> bool:
         return False
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (not gone, not a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def main(request: Path, answer: Path) -> None:
-    """Build every point asked for; the first LocatedError becomes data for the parent."""
+    """Build every point asked for; the first LocatedError becomes data for the parent (written whole: a temporary
+    file renamed, since a waiting scheduler reads it the moment it exists)."""
+    answer.with_suffix(".pid").write_text(str(os.getpid()))
     found: dict[str, Any] = {"error": None}
     try:
         for build in json.loads(request.read_text()):
             check_builds(build["family"], build["axes"], lookback=build["lookback"], horizon=build["horizon"])
     except LocatedError as error:
         found["error"] = {"loc": list(error.loc), "problem": error.problem, "fix": error.fix}
-    answer.write_text(json.dumps(found, default=repr))
+    partial = answer.with_suffix(".part")
+    partial.write_text(json.dumps(found, default=repr))
+    os.replace(partial, answer)
 
 
 if __name__ == "__main__":

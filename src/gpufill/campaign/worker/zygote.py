@@ -9,6 +9,10 @@ It forks only while it is one thread with no CUDA context: a fork copies a lock 
 not have, and CUDA cannot be used in a fork of a process that initialised it. Otherwise it refuses, and the executor
 starts that worker as a fresh interpreter (executors/forked.py).
 
+Given a campaign file's grid points to build (`python -m gpufill.campaign.worker.zygote FD IN OUT`, the first lane's
+zygote: campaign/spec/build_check.py), it forks a child that builds them as soon as its imports are done, so the
+machine imports torch once for both; the child's exit is reported like a worker's.
+
 Protocol on the control connection: the executor sends "fork" and the worker's socket (SCM_RIGHTS); the zygote
 answers ("forked", pid) once the child leads its own process group (so a kill of the group reaches it), or
 ("refused", why); and ("exited", pid, returncode) when a child ends, returncode as subprocess gives it (-N for signal
@@ -22,10 +26,13 @@ import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from multiprocessing import reduction
+from pathlib import Path
 from multiprocessing.connection import Connection, wait
 
-PRELOAD = ("torch", "gpufill.campaign.worker.worker", "gpufill.forecasting.run", "gpufill.forecasting.models.classical")
+PRELOAD = ("torch", "gpufill.campaign.worker.worker", "gpufill.forecasting.run", "gpufill.forecasting.models.classical",
+           "gpufill.forecasting.models.builtin")
 """What every worker imports before its first trial; none of it starts a thread (pandas would: pyarrow's allocator)."""
 
 
@@ -44,11 +51,15 @@ def fork_refusal() -> str | None:
     return None
 
 
-def serve(control: Connection) -> None:
-    """Fork a worker for each request on `control` and report each child's end, until `control` closes."""
+def serve(control: Connection, check: tuple[str, str] | None = None) -> None:
+    """Fork a worker for each request on `control` and report each child's end, until `control` closes; `check`:
+    (request, answer) of grid points a forked child builds first."""
     for name in PRELOAD:
         importlib.import_module(name)
     children: dict[int, int] = {}  # pidfd -> pid
+    if check is not None and fork_refusal() is None:  # refused: the scheduler sees no answer and builds them itself
+        pid = _fork_then(lambda: _build(check), control, children)
+        children[os.pidfd_open(pid)] = pid
     while True:
         for ready in wait([control, *children]):
             if ready is control:
@@ -76,7 +87,14 @@ def serve(control: Connection) -> None:
 
 
 def _fork(worker_fd: int, control: Connection, children: dict[int, int]) -> int:
-    """The child's pid, once it leads its own session; the child runs the worker and never returns here."""
+    """The worker child's pid, once it leads its own session."""
+    pid = _fork_then(lambda: _run_worker(worker_fd), control, children)
+    os.close(worker_fd)
+    return pid
+
+
+def _fork_then(life: Callable[[], None], control: Connection, children: dict[int, int]) -> int:
+    """A child's pid, once it leads its own session; the child lives `life` and never returns here."""
     led_r, led_w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -86,12 +104,28 @@ def _fork(worker_fd: int, control: Connection, children: dict[int, int]) -> int:
         control.close()
         for pidfd in children:
             os.close(pidfd)
-        _run_worker(worker_fd)
+        life()
     os.close(led_w)
     os.read(led_r, 1)  # EOF once the child closed its end: it has called setsid (or died)
     os.close(led_r)
-    os.close(worker_fd)
     return pid
+
+
+def _build(check: tuple[str, str]) -> None:
+    """The check child's life: build the grid points, write the answer, exit without the interpreter's teardown."""
+    code = 0
+    try:
+        from gpufill.campaign.spec.build_check import main
+
+        main(Path(check[0]), Path(check[1]))
+    except FileNotFoundError:  # the scheduler stopped waiting (its folder is gone): nobody to answer
+        code = 1
+    except BaseException:  # noqa: BLE001 - no answer: the scheduler builds them itself
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _run_worker(worker_fd: int) -> None:
@@ -113,6 +147,6 @@ def _run_worker(worker_fd: int) -> None:
         os._exit(code)
 
 
-if __name__ == "__main__":  # started by executors/forked.py: python -m gpufill.campaign.worker.zygote FD
-    serve(Connection(int(sys.argv[1])))
+if __name__ == "__main__":  # started by executors/forked.py: python -m gpufill.campaign.worker.zygote FD [IN OUT]
+    serve(Connection(int(sys.argv[1])), (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else None)
     os._exit(0)  # nothing to flush: skip torch's interpreter teardown (~0.5 s), as a worker does
