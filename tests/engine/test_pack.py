@@ -222,6 +222,28 @@ def test_pack_size_is_measured_and_explained():
     assert ("fused packs of" in choice.reason) == (choice.size > 1)
 
 
+def test_trainings_shorter_than_measuring_are_packed_at_once_without_measuring(monkeypatch):
+    from gpufill.engine.packs import size as pack_module
+    from gpufill.engine.packs.size import choose_pack_size, measuring_steps
+
+    ws = windows(1)  # its train windows at batch 64: n steps an epoch
+    build, sample = (lambda: models("mlp", ws, [0])[0]), (ws[0].x_train, ws[0].y_train)
+    config = FitConfig(epochs=1, batch_size=64, patience=None)
+    per_epoch = -(-ws[0].x_train.shape[0] // 64)
+    measured: list[int] = []
+    monkeypatch.setattr(pack_module, "measure_pack_size", lambda *a, **k: measured.append(1) or pack_module.PackSizeChoice(1, {1: 1.0}, "measured"))
+    assert measuring_steps((1, 2, 4, 8, 16)) == 5 * 31 == 155  # each K: a warm-up and 4 timed steps of K models
+    few = choose_pack_size(build, sample, config=config, name="mlp", candidates=(1, 2, 4, 8, 16), trainings=16)
+    work = 16 * per_epoch
+    assert work < 155 and measured == []  # 16 trainings of a few steps: nothing measured
+    assert few.size == 16 and few.kind == HAND_WRITTEN and few.samples_per_s == {}
+    assert few.reason == (f"a pack of 16 ({HAND_WRITTEN}), not measured: these 16 trainings' {work} optimizer steps in all are fewer than "
+                          "measuring pack sizes takes (155 steps' worth): trained at once")
+    many = choose_pack_size(build, sample, config=config, name="mlp", candidates=(1, 2, 4, 8, 16), trainings=16 * 155)
+    assert measured == [1] and many.reason == "measured"  # a shape with much more to train: measured
+    assert choose_pack_size(build, sample, config=config, name="mlp", candidates=(1,), trainings=1).reason == "measured"  # one: nothing to pack
+
+
 @pytest.mark.parametrize(("vmap_speed", "kind"), [(2.0, "torch.func vmap"), (1.0, "hand-written fused kernels")])
 def test_the_pack_kind_is_measured_where_both_can_run_it(monkeypatch, vmap_speed, kind):
     # Chosen timings: a pack of K is K times one model's samples/s (hand-written), vmap_speed times that for vmap.

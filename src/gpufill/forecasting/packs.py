@@ -24,10 +24,11 @@ from gpufill.forecasting.trial import PackEntry, Trial, TrialResult
 __all__ = ["CANDIDATE_SIZES", "PackSizeChoice", "by_width", "data_bytes", "size_pack", "train_pack"]
 
 
-def size_pack(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, most: int) -> PackSizeChoice:
-    """How many trials of `trial`'s shape to fuse (at most `most`): measured on its windows and device."""
+def size_pack(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, most: int, waiting: int | None = None) -> PackSizeChoice:
+    """How many trials of `trial`'s shape to fuse (at most `most`): measured on its windows and device, unless the
+    `waiting` trials of the shape train in less time than measuring would take."""
     return choose_pack_size(lambda: build_model(trial, windows), (windows.x_train, windows.y_train), config=setup.config, name=trial.family,
-                            candidates=[k for k in CANDIDATE_SIZES if k <= most], data_bytes=data_bytes(windows))
+                            candidates=[k for k in CANDIDATE_SIZES if k <= most], data_bytes=data_bytes(windows), trainings=waiting)
 
 
 def data_bytes(windows: WindowedProject) -> int:

@@ -172,8 +172,10 @@ class Scheduler:
                 worker.clock = self.clock  # its heartbeats and time limits are on the scheduler's clock
                 if size is None and trials[0].trial.kind == "neural":
                     self.book.measuring.add((lane.name, shape))
+                # `waiting`: the shape's trials in this task and still queued, what a worker weighs a pack-size measurement against
                 self.executor.submit(worker, {"trials": [q.trial for q in trials], "pack_size": size, "pack_reason": self.book.reason(lane.name, shape),
-                                              "pack_kind": self.book.kind(lane.name, shape), **self.task_extras})
+                                              "pack_kind": self.book.kind(lane.name, shape), "waiting": len(trials) + self.queue[lane.queue].count(shape),
+                                              **self.task_extras})
 
     def _next_task(self, lane: Lane, worker: Worker) -> tuple[list[Queued], int | None] | None:
         """Trials for `worker` (one, or a fused pack of one shape) and the pack size to send (None: measure it):

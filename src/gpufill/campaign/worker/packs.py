@@ -32,14 +32,15 @@ class TrialRunner(Protocol):
     def attempt(self, trial: Trial, run: Any) -> dict[str, Any]: ...
 
 
-def run_pack(runner: TrialRunner, trials: list[Trial], pack_size: int | None, kind: str | None = None) -> dict[str, Any]:
-    """Train `trials` (one shape) as packs of `pack_size` of `kind` (None: measure both here first)."""
+def run_pack(runner: TrialRunner, trials: list[Trial], pack_size: int | None, kind: str | None = None, *, waiting: int | None = None) -> dict[str, Any]:
+    """Train `trials` (one shape) as packs of `pack_size` of `kind` (None: measure both here first, unless the `waiting`
+    trials of the shape, these included, train in less time than measuring takes)."""
     windows = {t.trial_id: runner.trial_windows(t) for t in trials}
     choice = None
     if pack_size is None:  # a new shape: measure on this device
         first = trials[0]
         try:
-            choice = size_pack(first, windows[first.trial_id], runner.setup(first), most=len(trials))
+            choice = size_pack(first, windows[first.trial_id], runner.setup(first), most=len(trials), waiting=waiting or len(trials))
         except Exception as error:  # the trials themselves will report it, one by one
             choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: measuring packs failed ({type(error).__name__})")
         pack_size, kind = choice.size, choice.kind

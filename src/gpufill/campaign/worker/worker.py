@@ -230,7 +230,7 @@ class TrialRunner:
             return {"results": [*waiting, *(self.attempt(t, lambda t=t: self.run(t, pack=unfused)) for t in trials)], "pack": None}
         from gpufill.campaign.worker.packs import run_pack
 
-        message = run_pack(self, trials, task.get("pack_size"), task.get("pack_kind"))
+        message = run_pack(self, trials, task.get("pack_size"), task.get("pack_kind"), waiting=task.get("waiting"))
         return {**message, "results": [*waiting, *message["results"]]}
 
     def _not_ready(self, trials: list[Trial]) -> list[dict[str, Any]]:

@@ -28,6 +28,8 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 CANDIDATE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 """Pack sizes tried, doubling: a GPU's step stays launch-bound well past 8 small models."""
 
+MEASURED_STEPS = 4
+"""Timed steps per candidate size (after one warm-up step)."""
 MIN_GAIN = 1.05
 """Doubling K stops once it adds less than this to the best samples/s so far (the curve has flattened)."""
 KIND_GAIN = 1.05
@@ -50,11 +52,13 @@ class PackSizeChoice:
 
 
 def choose_pack_size(build, sample: Pair, *, config: FitConfig, name: str, candidates: Sequence[int] = CANDIDATE_SIZES,
-                     data_bytes: int = 0) -> PackSizeChoice:
+                     data_bytes: int = 0, trainings: int | None = None) -> PackSizeChoice:
     """Whether and how many models of one shape to fuse for trainings of `config` on its device: unfused, with the
     reason, where a pack cannot train them (a decaying schedule: a pack runs a constant lr; a model that neither
     fused kernels nor vmap can batch, `name` saying whose), else measured (`measure_pack_size`) at the batch a plan
-    gives such a training, each size's peak within `config.memory_margin` of the device."""
+    gives such a training, each size's peak within `config.memory_margin` of the device. `trainings`: how many of
+    them wait; where their whole training is shorter than the measurement would be, nothing is measured and they
+    train as one pack (`unmeasured`)."""
     if config.schedule != "constant":
         return PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: schedule {config.schedule} (a pack runs a constant lr)")
     # Any elementwise loss tests vmap's batching rules alike: mse stands for the trainings' own.
@@ -63,8 +67,28 @@ def choose_pack_size(build, sample: Pair, *, config: FitConfig, name: str, candi
         return PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: {name}: {why_not}")
     device = str(config.device)
     batch = make_plan(detect(device), DataFacts(n_train=sample[0].shape[0], bytes_total=0), config).effective_batch.value
+    if trainings is not None and (small := unmeasured(build, sample, trainings, -(-sample[0].shape[0] // batch) * config.epochs, candidates)):
+        return small
     return measure_pack_size(build, sample, batch=batch, device=device, candidates=candidates, data_bytes=data_bytes,
                              memory_budget=_memory_budget(device, config.memory_margin))
+
+
+def measuring_steps(candidates: Sequence[int], steps: int = MEASURED_STEPS) -> int:
+    """What measuring pack sizes costs, in one model's steps: each candidate K's warm-up and timed steps, K models a step."""
+    return sum(k * (steps + 1) for k in candidates)
+
+
+def unmeasured(build, sample: Pair, trainings: int, steps_each: int, candidates: Sequence[int]) -> PackSizeChoice | None:
+    """All `trainings` as one pack, without measuring, where their whole training (`steps_each` optimizer steps each)
+    is shorter than measuring would be: then whatever a measurement found could not repay it (None otherwise)."""
+    work, cost = trainings * steps_each, measuring_steps(candidates)
+    size = max((k for k in candidates if k <= trainings), default=1)
+    if work >= cost or size < 2:
+        return None
+    kind = pack_kinds(build, (sample[0][:8], sample[1][:8]))[0]
+    return PackSizeChoice(size=size, samples_per_s={}, kind=kind,
+                          reason=(f"a pack of {size} ({kind}), not measured: these {trainings} trainings' {work} optimizer steps in all are "
+                                  f"fewer than measuring pack sizes takes ({cost} steps' worth): trained at once"))
 
 
 def _memory_budget(device: str, margin: float) -> int | None:
@@ -75,7 +99,7 @@ def _memory_budget(device: str, margin: float) -> int | None:
     return int(margin * total) - (context_bytes(device) or 0)
 
 
-def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidates: Sequence[int] = CANDIDATE_SIZES, steps: int = 4,
+def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidates: Sequence[int] = CANDIDATE_SIZES, steps: int = MEASURED_STEPS,
                       count: bool = False, data_bytes: int = 0, memory_budget: int | None = None, min_gain: float | None = MIN_GAIN) -> PackSizeChoice:
     """Time a few training steps unfused (size 1) and fused at each candidate K; keep the fastest.
 
