@@ -53,6 +53,11 @@ LINK = ("a symbolic link is there; gpufill does not write through links (the lin
 FIT = dict(loss=dict_loss, epochs=3, batch_size=16, lr=0.01, seed=11, optimizer_kernel="for-loop")
 
 
+def without_progress(err: str) -> str:
+    """stderr without `gpufill train --json`'s progress (one JSON object a line, as the training goes)."""
+    return "\n".join(line for line in err.splitlines() if not line.startswith("{"))
+
+
 def one_line(err: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -400,7 +405,7 @@ def test_a_read_only_checkpoint_dir_and_out_are_one_line_on_a_real_read_only_dis
     ])
     done = on_tmpfs(mount, "ro,size=64k", script)
     assert done.stdout.split() == ["rc=2", "rc=2", "rc=2"], done.stderr
-    assert done.stderr.strip().splitlines() == [
+    assert without_progress(done.stderr).strip().splitlines() == [
         f"gpufill: error: {mount / 'ck'}: --checkpoint-dir: the file system is read-only; fix: pass a --checkpoint-dir on a writable disk",
         f"gpufill: error: {mount / 'r.html'}: --out: the file system is read-only; fix: pass a --out on a writable disk",
         f"gpufill: error: {mount / 'r.csv'}: --out: the file system is read-only; fix: pass a --out on a writable disk",
@@ -474,7 +479,7 @@ def test_a_real_full_disk_during_a_checkpoint_is_one_line_and_the_one_before_loa
     done = on_tmpfs(mount, "size=700k", sh(*GPUFILL, "train", "--model", "mlp", "--epochs", "3", "--checkpoint-dir", mount / "ck", "--json")
                     + f" > /dev/null; echo rc=$?; ls -A {sh(mount / 'ck')}; {check}")
     assert done.stdout.split() == ["rc=2", LOCK_NAME, "last.pt", "meta.json", "epoch", "1"], done.stderr
-    assert one_line(done.stderr) == (
+    assert one_line(without_progress(done.stderr)) == (
         f"gpufill: error: {mount / 'ck' / 'last.pt'}: --checkpoint-dir: the disk is full: the checkpoint after epoch 2 was not written; "
         "the one before it is kept as it was; fix: free space there, or pass a --checkpoint-dir on another disk, then resume "
         "(resume=True, or --resume)")

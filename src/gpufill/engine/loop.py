@@ -386,7 +386,7 @@ class Training:
             scored = best or next((r for r in reversed(history) if r.val_metrics is not None), None)
             if scored is not None and scored.val_metrics:
                 metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
-        return FitResult(model=self.model, plan=self.plan, history=history, metrics=metrics, timings=timings, events=self.events, status=status)
+        return FitResult(model=self.model, plan=self.plan, history=history, metrics=metrics, timings=timings, events=list(self.events), status=status)  # a plain list: a result pickles anywhere
 
 
 def _thread_watch(plan: Plan, cfg: FitConfig, device: torch.device, ddp: distributed.Distributed | None,

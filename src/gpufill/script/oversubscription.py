@@ -144,14 +144,14 @@ def thread_verdict(report: dict[str, Any], samples: list[dict[str, Any]]) -> Ver
 def trial_unfinished(report: dict[str, Any]) -> str | None:
     """Why a doctor's thread trial measured nothing and what fits it in the script (None: none began, or it finished):
     the trial runs after the measured steps, and a script that ends first leaves fewer than MIN_ROUNDS rounds."""
-    trial = (report.get("threads") or {}).get("trial")
-    if trial is None or len(trial["rounds"]) >= MIN_ROUNDS:
+    timed = (report.get("threads") or {}).get("trial")
+    if timed is None or len(timed["rounds"]) >= MIN_ROUNDS:
         return None
-    needed = MIN_ROUNDS * len(trial["arms"]) * trial["block"]
+    needed = MIN_ROUNDS * len(timed["arms"]) * timed["block"]
     before = report["warmup"] + report["steps_wanted"]
     seen = report["steps_seen"]
     fits = seen - report["warmup"] - needed
     shorter = f", or pass --steps {fits} so that it fits in the {seen} steps the script runs" if fits >= 2 else ""
     return (f"the thread trial could not finish: the script ended {max(seen - before, 0)} steps into it, and its {MIN_ROUNDS} rounds of "
-            f"{' vs '.join(map(str, trial['arms']))} threads need {needed}; run the script for at least {before + needed} optimizer steps "
+            f"{' vs '.join(map(str, timed['arms']))} threads need {needed}; run the script for at least {before + needed} optimizer steps "
             f"(more epochs or data){shorter}")
