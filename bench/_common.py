@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,19 @@ from rich.table import Table
 # One environment record (device, versions, date) for these scripts and `gpufill bench`.
 from gpufill.bench import environment
 
-__all__ = ["RESULTS", "default_out", "environment", "finish", "print_table", "write_result"]
+__all__ = ["RESULTS", "default_out", "environment", "finish", "print_table", "timed_command", "write_result"]
 
 RESULTS = Path(__file__).parent / "results"
+
+
+def timed_command(command: list[str]) -> tuple[float, str]:
+    """A whole process's wall seconds, start-up included, and its stdout; a failed command ends the benchmark."""
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return seconds, done.stdout
 
 
 def default_out(script: str, env: dict[str, Any]) -> Path:

@@ -50,7 +50,7 @@ import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import environment, finish  # noqa: E402
+from _common import environment, finish, timed_command  # noqa: E402
 
 from gpufill.campaign.policy.admission import META_KEY, ShapeBook  # noqa: E402
 from gpufill.campaign.run.runner import Campaign, read_results  # noqa: E402
@@ -311,19 +311,15 @@ WHOLE_CAMPAIGN, WHOLE_ONE = "gpufill run (whole process)", "one at a time (whole
 
 def whole_campaign(path: Path, workdir: Path) -> tuple[float, dict[str, float]]:
     """`gpufill run FILE` in a fresh process: (wall seconds, test MAE per trial)."""
-    tick = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "gpufill", "run", str(path), "--workdir", str(workdir), "--fresh", "--yes"], check=True, capture_output=True)
-    seconds = time.perf_counter() - tick
+    seconds, _ = timed_command([sys.executable, "-m", "gpufill", "run", str(path), "--workdir", str(workdir), "--fresh", "--yes"])
     results = read_results(workdir)
     return seconds, dict(zip(results["trial_id"], results["mae"], strict=True))
 
 
 def whole_one_at_a_time(path: Path, device: str) -> tuple[float, dict[str, float]]:
     """bench/_one_at_a_time.py in a fresh process, at the threads of the in-process way: (wall seconds, test MAE per trial)."""
-    tick = time.perf_counter()
-    done = subprocess.run([sys.executable, str(Path(__file__).parent / "_one_at_a_time.py"), str(path), device, str(torch.get_num_threads())],
-                          check=True, capture_output=True, text=True)
-    return time.perf_counter() - tick, json.loads(done.stdout.strip().splitlines()[-1])
+    seconds, out = timed_command([sys.executable, str(Path(__file__).parent / "_one_at_a_time.py"), str(path), device, str(torch.get_num_threads())])
+    return seconds, json.loads(out.strip().splitlines()[-1])
 
 
 def median_run(runs: list[tuple[Any, ...]]) -> tuple[Any, ...]:

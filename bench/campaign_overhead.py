@@ -21,15 +21,13 @@ import json
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from _common import environment, finish  # noqa: E402
+from _common import environment, finish, timed_command as timed  # noqa: E402
 
 # (projects, series length, epochs, rounds): "quick" is the 16 tiny trials.
 SIZES = {"smoke": (4, 400, 2, 1), "quick": (16, 2000, 20, 5), "full": (16, 2000, 20, 9)}
@@ -50,15 +48,6 @@ def write_campaign(folder: Path, projects: int, length: int, epochs: int) -> Pat
         "resources: {retries: 0}\n"
     )
     return path
-
-
-def timed(command: list[str]) -> tuple[float, str]:
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    return seconds, done.stdout
 
 
 def start_up_marks(workdir: Path) -> dict[str, float]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from _common import environment, finish  # noqa: E402
+from _common import environment, finish, timed_command as timed  # noqa: E402
 
 # (projects, series length, epochs, rounds): "quick" is the dozen trials.
 SIZES = {"smoke": (4, 300, 2, 1), "quick": (12, 600, 5, 5), "full": (12, 600, 5, 9)}
@@ -71,15 +71,6 @@ def start_server(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
         except OSError:
             time.sleep(0.5)
     raise SystemExit(f"mlflow server did not answer within {SERVER_START_S:.0f} s")
-
-
-def timed(command: list[str]) -> tuple[float, str]:
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    return seconds, done.stdout
 
 
 def runs_in(uri: str, experiment: str) -> int:

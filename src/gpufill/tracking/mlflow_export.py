@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -94,9 +95,15 @@ def export_mlflow(workdir: str | os.PathLike[str], uri: str, *, experiment: str 
             rows = with_effective_train(store.finished_rows(), store.bases())  # the settings each trained with, as results show
         finally:
             store.close()
-        # The report renders (CPU) while the trials' runs are sent (waits on the server): a tracked run's last pass.
-        rendering = _Rendering(workdir) if report else None
-        try:
+        # The report renders (CPU) in a thread while the trials' runs are sent (waits on the server): a tracked run's
+        # last pass. Written to a temporary folder, never into the workdir.
+        with contextlib.ExitStack() as stack:
+            rendering = None
+            if report:
+                from gpufill.report import write_report
+
+                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpufill-report-"))
+                rendering = stack.enter_context(ThreadPoolExecutor(1, "gpufill-report")).submit(write_report, workdir, Path(folder) / "report.html")
             experiment_id = mlflow_experiment(client, uri, name, {KIND_TAG: "campaign"})
             present = _present(client, experiment_id)
             parent = present.pop(None, None) or _campaign_run(client, experiment_id, name)
@@ -112,12 +119,9 @@ def export_mlflow(workdir: str | os.PathLike[str], uri: str, *, experiment: str 
                 _log_trial(client, experiment_id, parent, row)
                 created += 1
             if rendering is not None:  # the campaign run: its report and its trials' statuses, ended (a later export adds to them)
-                client.log_artifact(parent, str(rendering.path()))
+                client.log_artifact(parent, str(rendering.result()))
                 _log_counts(client, parent, rows)
                 client.set_terminated(parent, status="FINISHED")
-        finally:
-            if rendering is not None:
-                rendering.close()
     return Exported(uri, name, len(rows), created, replaced, already)
 
 
@@ -164,8 +168,8 @@ def follow(workdir: str | os.PathLike[str], uri: str, *, experiment: str | None 
     refused before its store existed): it ends, having written nothing. It ends without the interpreter's teardown
     (MLflow's exit hooks: ~1 s that the run would wait for)."""
     import mlflow.tracking  # noqa: F401 - the client's imports, while the run prepares
+    import gpufill.report  # noqa: F401 - the last pass's report: matplotlib and pandas, ~1 s of a 2-core box
 
-    _import_report()
     if not sys.stdin.readline():
         _end(0)
     workdir = Path(workdir)
@@ -197,10 +201,6 @@ def _end(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _import_report() -> None:
-    import gpufill.report  # noqa: F401 - matplotlib and pandas: ~1 s of a 2-core box's last pass
 
 
 def _pass(workdir: Path, uri: str, experiment: str | None, *, report: bool) -> None:
@@ -256,11 +256,11 @@ def _log_trial(client: Any, experiment_id: str, parent: str, row: Mapping[str, A
     client.set_terminated(run.info.run_id, status=RUN_STATUS[row["status"]], end_time=ended)
     params = [Param(key, value[:6000]) for key, value in _params(row).items()]
     metrics = [Metric(key, value, ended, step) for key, value, step in _metrics(row)]
-    batches = list(itertools.zip_longest(_chunks(metrics, BATCH["metrics"]), _chunks(params, BATCH["params"]), fillvalue=()))
-    for index, (some_metrics, some_params) in enumerate(batches or [((), ())]):
+    batches = list(itertools.zip_longest(_chunks(metrics, BATCH["metrics"]), _chunks(params, BATCH["params"]), fillvalue=())) or [((), ())]
+    for index, (some_metrics, some_params) in enumerate(batches, start=1):
         # The finish-time tag travels with the last batch (a batch is one transaction on the server): a run cut off
         # before it lacks the tag and is made again by the next export. Three requests a trial, not five.
-        done = [RunTag(RESULT_TAG, _finished(row))] if index == len(batches or [None]) - 1 else []
+        done = [RunTag(RESULT_TAG, _finished(row))] if index == len(batches) else []
         client.log_batch(run.info.run_id, metrics=list(some_metrics), params=list(some_params), tags=done)
 
 
@@ -303,35 +303,6 @@ def _log_counts(client: Any, run_id: str, rows: Sequence[Mapping[str, Any]]) -> 
     now = int(time.time() * 1000)
     statuses = [row["status"] for row in rows]
     client.log_batch(run_id, metrics=[Metric(f"trials_{status}", statuses.count(status), now, 0) for status in RUN_STATUS])
-
-
-class _Rendering:
-    """The campaign's HTML report, written in a thread to a temporary folder (never into the workdir)."""
-
-    def __init__(self, workdir: Path):
-        self.folder = tempfile.TemporaryDirectory(prefix="gpufill-report-")
-        self.found: list[Path] = []
-        self.failed: list[BaseException] = []
-        self.thread = threading.Thread(target=self._render, args=(workdir,), name="gpufill-report", daemon=True)
-        self.thread.start()
-
-    def _render(self, workdir: Path) -> None:
-        from gpufill.report import write_report
-
-        try:
-            self.found.append(write_report(workdir, Path(self.folder.name) / "report.html"))
-        except BaseException as error:  # noqa: BLE001 - raised in the exporting thread by `path`
-            self.failed.append(error)
-
-    def path(self) -> Path:
-        self.thread.join()
-        if self.failed:
-            raise self.failed[0]
-        return self.found[0]
-
-    def close(self) -> None:
-        self.thread.join()
-        self.folder.cleanup()
 
 
 def _spec_experiment(store: Store) -> str | None:

@@ -95,4 +95,4 @@ def test_builds_are_deferred_only_inside_deferred_and_every_point_is_listed(tmp_
     with build_check.deferred() as builds:
         build_check.check_or_defer("mlp", {"hidden_size": [8, 16], "lr": [1e-3]}, lookback=12, horizon=2)
     assert builds == [{"family": "mlp", "axes": {"hidden_size": [8, 16], "lr": [1e-3]}, "lookback": 12, "horizon": 2}]
-    assert build_check.BuildCheck.start([], "c.yaml", {}) is None  # nothing to build: no child
+    assert build_check.BuildCheck.prepare([], "c.yaml", {}) is None  # nothing to build: no child

@@ -30,7 +30,7 @@ FINAL_PASS_S = 15.0
 worst seen), plus PER_RUN_S per finished trial the follower has not exported yet: a bound on the work left, not a
 wait (the run returns the moment the follower ends)."""
 PER_RUN_S = 0.5
-"""One trial's export (five requests) to a slow server, with room to spare."""
+"""One trial's export (three requests) to a slow server, with room to spare."""
 FOLLOWER_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 """A follower's client gives up on a request in 10 s with no retries (MLflow's default retries for minutes):
 the next pass tries again. It prints no "View run" line per trial into the tracking log."""
@@ -58,19 +58,20 @@ class Follower:
     def close(self) -> None:
         """End a follower that never began (the run was refused first): it exits at its stdin's end, writing nothing."""
         if self.process.poll() is None:
-            with contextlib.suppress(OSError):
-                self.process.stdin.close()  # type: ignore[union-attr]
-            try:
-                self.process.wait(timeout=FINAL_PASS_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            self._ended_within(FINAL_PASS_S)
 
     def finish(self, finished: int, wait_s: float | None = None) -> str:
         """Close its stdin (its last pass begins), wait up to `wait_s` (default: the bound on the work left of
         `finished` trials, `final_pass_s`), and return one line for the run's end."""
         if wait_s is None:
             wait_s = final_pass_s(finished, read_state(self.workdir))
+        if not self._ended_within(wait_s):
+            return (f"tracking: MLflow at {self.uri} took over {wait_s:.0f} s for the last export; the store keeps every result: "
+                    f"gpufill export mlflow --workdir {self.workdir} --uri {self.uri}")
+        return summary(read_state(self.workdir), self.workdir, self.uri)
+
+    def _ended_within(self, wait_s: float) -> bool:
+        """Close its stdin and wait up to `wait_s` for it to end; False: it was still running, and is killed."""
         with contextlib.suppress(OSError):
             self.process.stdin.close()  # type: ignore[union-attr]
         try:
@@ -78,9 +79,8 @@ class Follower:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-            return (f"tracking: MLflow at {self.uri} took over {wait_s:.0f} s for the last export; the store keeps every result: "
-                    f"gpufill export mlflow --workdir {self.workdir} --uri {self.uri}")
-        return summary(read_state(self.workdir), self.workdir, self.uri)
+            return False
+        return True
 
 
 def final_pass_s(finished: int, state: Mapping[str, Any] | None) -> float:

@@ -4,7 +4,7 @@ Building a point is what proves a value wrong (a transformer's d_model that its 
 needs torch. The scheduler never imports torch: it reads the campaign file with the builds `deferred()` and writes
 them down (`BuildCheck.prepare`). Who builds them: the first lane's zygote, which imports torch for the workers
 anyway, forks a child for them as soon as its imports are done (`answered_by`: one torch import on the machine, not
-two at once); else (no zygote: Ray, Slurm, fresh workers) a child of its own, started at once (`start`). The
+two at once); else (no zygote: Ray, Slurm, fresh workers) a child of its own, started by `wait`. The
 scheduler waits for the verdict only when the data is loaded and the lanes are planned (`wait`), before anything is
 written. A bad value is the same one line at its `file:line` as when the file is checked in one process
 (`gpufill check`, `load_campaign`).
@@ -84,14 +84,6 @@ class BuildCheck:
     def prepare(cls, builds: list[dict[str, Any]], where: str, lines: Mapping[tuple[str | int, ...], int]) -> BuildCheck | None:
         """The builds written down, nothing started (None when there are none); `where` and `lines` place an error."""
         return cls(builds, where, lines) if builds else None
-
-    @classmethod
-    def start(cls, builds: list[dict[str, Any]], where: str, lines: Mapping[tuple[str | int, ...], int]) -> BuildCheck | None:
-        """`prepare`, and our own child started on them at once."""
-        check = cls.prepare(builds, where, lines)
-        if check is not None:
-            check.start_child()
-        return check
 
     def answered_by(self, helper: Any) -> None:
         """`helper` (a process with `poll()`) forks the builder: it writes ANSWER.pid as it starts and ANSWER when done."""
