@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gpufill.campaign.run import tracking
 from gpufill.campaign.run.tracking import FINAL_PASS_S, PER_RUN_S, Follower, final_pass_s
 
@@ -47,3 +49,12 @@ def test_a_follower_that_ends_is_not_waited_on_and_its_last_pass_is_reported(tmp
     assert time.monotonic() - started < 60
     assert follower.process.returncode == 0
     assert said == "tracking: 4 finished trials in MLflow at http://127.0.0.1:9, experiment 'e' (1 new runs this pass)"
+
+
+@pytest.mark.slow  # an interpreter importing MLflow and the report's libraries
+def test_a_follower_whose_run_was_refused_before_its_store_ends_having_written_nothing(tmp_path):
+    workdir = tmp_path / "never-made"
+    follower = Follower(workdir, "http://127.0.0.1:9", "e")  # started as a run begins: before its workdir exists
+    follower.close()  # the run was refused: no "go"; it ends at its stdin's end (or is stopped at FINAL_PASS_S on a stalled box)
+    assert follower.process.returncode is not None
+    assert not workdir.exists() and list(tmp_path.iterdir()) == []
