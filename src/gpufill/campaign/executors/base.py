@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from gpufill.campaign.policy.lanes import Lane, visible_gpu
+from gpufill.campaign.worker.early import THREAD_VARIABLES  # every library that sizes a thread pool from the environment
 
 if TYPE_CHECKING:
     from gpufill.campaign.spec.build_check import BuildCheck
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
 Task = dict[str, Any]
 """{"trials": [trial records], "pack_size": int | None}: one trial, or same-shape neural trials to fuse."""
 
-# Every library that sizes a thread pool from the environment; set before it is imported.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 JobState = Literal["queued", "running", "done", "failed"]
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 
+from gpufill.campaign.worker.early import take as take_early
+
 FRESH_WORKERS_VARIABLE = "GPUFILL_FRESH_WORKERS"
 ZYGOTE_START_TIMEOUT_S = 600.0
 """Longest wait for a zygote's first answer (its imports): past it, on a stalled machine, workers start fresh."""
@@ -67,14 +69,24 @@ class Zygote:
     answered: bool = False
 
     def start(self) -> None:
-        """Starts the process; it imports while the other lanes' zygotes start too."""
-        ours, theirs = socket.socketpair()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpufill.campaign.worker.zygote", str(theirs.fileno()), *(self.check or ())],
-            pass_fds=(theirs.fileno(),), env=self.env, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        theirs.close()
-        self.conn = Connection(ours.detach())
+        """Starts the process (or adopts the one `gpufill run` started at its first line: campaign/worker/early.py); it
+        imports while the other lanes' zygotes start too."""
+        early = take_early(self.env)
+        if early is not None:
+            self.process, ours, later = early
+            self.conn = Connection(ours.detach())
+            if later:
+                self.conn.send(("env", later))
+        else:
+            ours, theirs = socket.socketpair()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpufill.campaign.worker.zygote", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), env=self.env, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+            theirs.close()
+            self.conn = Connection(ours.detach())
+        if self.check is not None:
+            self.conn.send(("check", *self.check))
 
     @property
     def alive(self) -> bool:
@@ -85,7 +97,7 @@ class Zygote:
         if self.conn is None or self.process is None:
             return None
         try:
-            self.conn.send("fork")
+            self.conn.send(("fork",))
             reduction.send_handle(self.conn, worker_fd, self.process.pid)
             while True:
                 message = self._answer(FORK_TIMEOUT_S if self.answered else ZYGOTE_START_TIMEOUT_S)

@@ -9,11 +9,12 @@ It forks only while it is one thread with no CUDA context: a fork copies a lock 
 not have, and CUDA cannot be used in a fork of a process that initialised it. Otherwise it refuses, and the executor
 starts that worker as a fresh interpreter (executors/forked.py).
 
-Given a campaign file's grid points to build (`python -m gpufill.campaign.worker.zygote FD IN OUT`, the first lane's
-zygote: campaign/spec/build_check.py), it forks a child that builds them as soon as its imports are done, so the
-machine imports torch once for both; the child's exit is reported like a worker's.
+Told a campaign file's grid points to build (("check", IN, OUT): campaign/spec/build_check.py, the first lane's
+zygote), it forks a child that builds them as soon as its imports are done, so the machine imports torch once for
+both; the child's exit is reported like a worker's. A zygote started before its lane was planned
+(campaign/worker/early.py) is told its lane's GPU (("env", {variable: value})) before it forks anything.
 
-Protocol on the control connection: the executor sends "fork" and the worker's socket (SCM_RIGHTS); the zygote
+Protocol on the control connection: the executor sends ("fork",) and the worker's socket (SCM_RIGHTS); the zygote
 answers ("forked", pid) once the child leads its own process group (so a kill of the group reaches it), or
 ("refused", why); and ("exited", pid, returncode) when a child ends, returncode as subprocess gives it (-N for signal
 N). When the executor goes away (EOF) the zygote ends; its children end on their own sockets' EOF, as workers do.
@@ -32,7 +33,7 @@ from pathlib import Path
 from multiprocessing.connection import Connection, wait
 
 PRELOAD = ("torch", "gpufill.campaign.worker.worker", "gpufill.forecasting.run", "gpufill.forecasting.models.classical",
-           "gpufill.forecasting.models.builtin")
+           "gpufill.forecasting.models.builtin", "gpufill.campaign.worker.packs")
 """What every worker imports before its first trial; none of it starts a thread (pandas would: pyarrow's allocator)."""
 
 
@@ -51,21 +52,25 @@ def fork_refusal() -> str | None:
     return None
 
 
-def serve(control: Connection, check: tuple[str, str] | None = None) -> None:
-    """Fork a worker for each request on `control` and report each child's end, until `control` closes; `check`:
-    (request, answer) of grid points a forked child builds first."""
+def serve(control: Connection) -> None:
+    """Fork a worker for each request on `control` and report each child's end, until `control` closes."""
     for name in PRELOAD:
         importlib.import_module(name)
     children: dict[int, int] = {}  # pidfd -> pid
-    if check is not None and fork_refusal() is None:  # refused: the scheduler sees no answer and builds them itself
-        pid = _fork_then(lambda: _build(check), control, children)
-        children[os.pidfd_open(pid)] = pid
     while True:
         for ready in wait([control, *children]):
             if ready is control:
                 try:
-                    control.recv()  # "fork"
-                    worker_fd = reduction.recv_handle(control)
+                    request = control.recv()
+                    if request[0] == "env":
+                        os.environ.update(request[1])
+                        continue
+                    if request[0] == "check":
+                        if fork_refusal() is None:  # refused: the scheduler sees no answer and builds them itself
+                            pid = _fork_then(lambda paths=request[1:]: _build(paths), control, children)
+                            children[os.pidfd_open(pid)] = pid
+                        continue
+                    worker_fd = reduction.recv_handle(control)  # ("fork",)
                 except (EOFError, OSError):
                     return
                 refusal = fork_refusal()
@@ -147,6 +152,6 @@ def _run_worker(worker_fd: int) -> None:
         os._exit(code)
 
 
-if __name__ == "__main__":  # started by executors/forked.py: python -m gpufill.campaign.worker.zygote FD [IN OUT]
-    serve(Connection(int(sys.argv[1])), (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else None)
+if __name__ == "__main__":  # started by executors/forked.py or worker/early.py: python -m gpufill.campaign.worker.zygote FD
+    serve(Connection(int(sys.argv[1])))
     os._exit(0)  # nothing to flush: skip torch's interpreter teardown (~0.5 s), as a worker does
