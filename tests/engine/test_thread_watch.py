@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 import torch
 
 from gpufill.engine.loop import fit
@@ -148,3 +150,32 @@ def test_fit_moves_a_stalling_training_to_the_other_thread_count_and_ends_where_
     assert_same_weights(watched.model, plain.model, atol=1e-5)
     unwatched = fit(mlp(), (x[:192], y[:192]), (x[192:], y[192:]), **{**settings, "probe": False})
     assert "re-checked" not in unwatched.plan.threads.reason and not any(e.startswith("threads:") for e in unwatched.events)
+
+
+def _mkl_state(mkl) -> tuple[int, int]:
+    """(MKL's dynamic adjustment, this thread's own MKL count: 0 follows the process-wide one)."""
+    local = mkl.MKL_Set_Num_Threads_Local(0)  # returns the count it replaces
+    mkl.MKL_Set_Num_Threads_Local(local)
+    return mkl.mkl_serv_get_dynamic(), local
+
+
+def test_set_threads_leaves_mkl_as_a_process_that_never_set_threads_has_it():
+    from gpufill.engine.backend import _mkl, set_threads
+
+    mkl = _mkl()
+    if mkl is None:
+        pytest.skip("this torch has no MKL (its side effect does not exist here)")
+    before = torch.get_num_threads()
+    previous = mkl.MKL_Set_Num_Threads_Local(0)
+    machine = mkl.MKL_Get_Max_Threads()  # MKL's process-wide count (MKL_NUM_THREADS, else the cores)
+    mkl.MKL_Set_Num_Threads_Local(previous)
+    try:
+        torch.set_num_threads(machine)
+        assert _mkl_state(mkl) == (0, machine)  # torch's own call: MKL pinned, not dynamic (nested gemms oversubscribe)
+        set_threads(machine)
+        assert _mkl_state(mkl) == (1, 0) and torch.get_num_threads() == machine  # MKL dynamic at its own count, as at start
+        if machine > 1:
+            set_threads(machine - 1)  # fewer: MKL follows OpenMP's count, never more than asked
+            assert _mkl_state(mkl) == (1, 0) and mkl.MKL_Get_Max_Threads() == torch.get_num_threads() == machine - 1
+    finally:
+        set_threads(before)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from gpufill.engine import distributed, step
-from gpufill.engine.backend import backend_flags, is_out_of_memory
+from gpufill.engine.backend import backend_flags, is_out_of_memory, set_threads
 from gpufill.engine.checkpoint import (FORMAT, Identity, TrainingState, held_directory, restore_rng, rng_state, save_checkpoint, state_from,
                                       state_meta)
 from gpufill.engine.config import FitConfig
@@ -158,7 +158,7 @@ class Training:
 
     def _apply_arm(self, arm: live.Arm) -> None:
         if torch.get_num_threads() != arm.threads:
-            torch.set_num_threads(arm.threads)
+            set_threads(arm.threads)
         if self.kit.precision.name != arm.precision:
             self.kit.eager.switch_precision(arm.precision)
 

@@ -193,7 +193,9 @@ class Recorder:
         threads = torch.get_num_threads()
         if threads > 1:
             self._digest(final=True)
-            self.trial = ThreadTrial(torch, threads, usable_cpus())
+            from gpufill.engine.backend import set_threads
+
+            self.trial = ThreadTrial(torch, threads, usable_cpus(), set_threads=set_threads)
             self.trial.start()
 
     def _note_cpu_used(self) -> None:

@@ -40,8 +40,10 @@ class ThreadTrial:
     """Interleaved blocks of steps per thread count; `after_step()` after each optimizer step, True when done."""
 
     def __init__(self, torch: Any, threads: int, usable_cores: int, *, rounds: int = ROUNDS, block: int = BLOCK, budget_s: float = BUDGET_S,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, set_threads: Callable[[int], None] | None = None):
         self.torch, self.threads, self.usable_cores, self.clock = torch, threads, usable_cores, clock
+        self.set_threads = set_threads or torch.set_num_threads
+        """engine/backend.py's `set_threads` in a script: torch's own call would leave MKL slower for the rest of it."""
         self.arms = trial_arms(threads, usable_cores)
         self.block, self.budget_s = block, budget_s
         self.schedule = [(r, arm) for r in range(rounds) for arm in (self.arms if r % 2 == 0 else self.arms[::-1])]
@@ -51,7 +53,7 @@ class ThreadTrial:
         self.started = self.last = clock()
 
     def start(self) -> None:
-        self.torch.set_num_threads(self.schedule[0][1])
+        self.set_threads(self.schedule[0][1])
         self.started = self.last = self.clock()
 
     def after_step(self) -> bool:
@@ -69,7 +71,7 @@ class ThreadTrial:
         if self.position == len(self.schedule) or over_budget or (self.position == len(self.arms) and self._fewer_is_far_slower()):
             self.finish()
             return True
-        self.torch.set_num_threads(self.schedule[self.position][1])
+        self.set_threads(self.schedule[self.position][1])
         return False
 
     def _fewer_is_far_slower(self) -> bool:
@@ -80,7 +82,7 @@ class ThreadTrial:
         return mine is not None and all(first[arm] and statistics.median(first[arm]) > FAR_SLOWER * mine for arm in self.arms[1:])
 
     def finish(self) -> None:
-        self.torch.set_num_threads(self.threads)
+        self.set_threads(self.threads)
 
     def to_dict(self) -> dict[str, Any]:
         done = [r for r in self.step_s if all(r[arm] for arm in self.arms)]

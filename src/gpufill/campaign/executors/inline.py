@@ -83,7 +83,9 @@ class InlineExecutor(NoBatchJobs):
         assert task is not None
         import torch
 
-        torch.set_num_threads(worker.lane.threads)
+        from gpufill.engine.backend import set_threads
+
+        set_threads(worker.lane.threads)
         runner = self.runners[worker.lane.name]
         runner.on_progress = worker.note  # which trials started and finished: a task that raises fails only those training
         try:
@@ -109,4 +111,6 @@ class InlineExecutor(NoBatchJobs):
         if self.threads_before is not None:
             import torch
 
-            torch.set_num_threads(self.threads_before)
+            from gpufill.engine.backend import set_threads
+
+            set_threads(self.threads_before)

@@ -15,7 +15,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 
-import torch
+from gpufill.engine.backend import set_threads
 
 DRIFT = 2.0
 """Re-check once the recent steps run this many times slower than the step the thread count was chosen on."""
@@ -31,7 +31,7 @@ class ThreadWatch:
     """Watches one training's steps; `observe(seconds)` after each, and the next step runs at `threads`."""
 
     def __init__(self, counts: Sequence[int], threads: int, reference_s: float | None,
-                 set_threads: Callable[[int], None] = torch.set_num_threads):
+                 set_threads: Callable[[int], None] = set_threads):
         self.counts = list(dict.fromkeys([threads, *counts]))
         self.threads = threads
         """The count the steps run at between re-checks."""

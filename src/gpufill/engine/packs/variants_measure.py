@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from gpufill.engine.backend import synchronize
+from gpufill.engine.backend import set_threads, synchronize
 from gpufill.engine.batches import map_tensors
 from gpufill.engine.choice import Choice
 from gpufill.engine.measure.cache import TuneCache, shape_key
@@ -80,7 +80,7 @@ class StepProbe:
     def timed(self, step: Callable[[], Any], batch: Any) -> Any:
         """Run the pack's `step` timed at the thread count its turn calls for, then one step of the model alone."""
         threads = self.queue.pop(0)
-        torch.set_num_threads(threads)
+        set_threads(threads)
         values, pack_s = self._time(step, "pack")
         one = map_tensors(lambda leaf: leaf[0], batch)  # variant 0's rows of the pack's batch
         _, alone_s = self._time(lambda: self._alone_step(one), "alone")
@@ -151,7 +151,7 @@ class StepProbe:
         if len(tried) > 1:
             versus = ", ".join(f"{t}: {statistics.median(self.pack_s[t]) * 1e3:.3g} ms" for t in tried)
             _keep_threads(run, pack_threads, f"the pack's step measured at {versus}")
-        torch.set_num_threads(run.plan.threads.value)
+        set_threads(run.plan.threads.value)
         self.done = True
         chosen, why = decide(timing, run.total_steps, pack_built=True, min_gain=MIN_GAIN)
         if not chosen:  # the pack's steps so far are lost with the copy's: what the measuring cost
