@@ -32,7 +32,13 @@ class _CrashesOnFirstTry(_Linear):
             if self.how == "segv":  # the trial's own crash (its code faulted); no core file left behind
                 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
                 os.kill(os.getpid(), signal.SIGSEGV)
-            else:  # killed from outside, as kill -9 or the OOM killer would
+            else:  # killed from outside, as kill -9 or the OOM killer would; "zygote": its lane's zygote killed first
+                if self.how == "zygote":
+                    zygote = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+                    assert b"gpufill.campaign.worker.zygote" in zygote, "this worker was not forked by a zygote"
+                    os.kill(os.getppid(), signal.SIGKILL)
+                    while os.getppid() != 1 and Path(f"/proc/{os.getppid()}/cmdline").read_bytes() == zygote:  # until it is gone
+                        time.sleep(0.01)
                 os.kill(os.getpid(), signal.SIGKILL)
         return super().forward(x)
 

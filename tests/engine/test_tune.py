@@ -168,9 +168,9 @@ def test_the_environment_names_one_cache_for_every_fit_on_the_machine(tmp_path, 
 def test_a_damaged_cache_is_measured_again(tmp_path):
     (tmp_path / "tune-cache.json").write_text("{not json")
     cache = TuneCache(tmp_path)
-    assert cache.get("k") is None
+    assert cache.get("k", dict) is None
     cache.put("k", {"a": 1})
-    assert TuneCache(tmp_path).get("k") == {"a": 1}
+    assert TuneCache(tmp_path).get("k", dict) == {"a": 1}
 
 
 def test_batch_search_is_planned_from_the_device_and_training_length():

@@ -22,18 +22,18 @@ def _fresh_memory():
 def test_a_cache_of_another_shape_is_absent_and_rewritten(tmp_path, text):
     (tmp_path / CACHE_FILE).write_text(text)
     cache = TuneCache(tmp_path)
-    assert cache.get("k") is None
+    assert cache.get("k", dict) is None
     cache.put("k", {"a": 1})
     assert json.loads((tmp_path / CACHE_FILE).read_text()) == {"k": {"a": 1}}
     cache_module.clear_memory()
-    assert TuneCache(tmp_path).get("k") == {"a": 1}
+    assert TuneCache(tmp_path).get("k", dict) == {"a": 1}
 
 
 @pytest.mark.parametrize("entry", [None, [], 3, "x"])
 def test_an_entry_of_another_shape_is_measured_again(tmp_path, entry):
     (tmp_path / CACHE_FILE).write_text(json.dumps({"k": entry, "other": {"b": 2}}))
     cache = TuneCache(tmp_path)
-    assert cache.get("k") is None and cache.get("other") == {"b": 2}
+    assert cache.get("k", dict) is None and cache.get("other", dict) == {"b": 2}
     cache.put("k", {"a": 1})
     assert json.loads((tmp_path / CACHE_FILE).read_text()) == {"k": {"a": 1}, "other": {"b": 2}}
 
@@ -41,4 +41,4 @@ def test_an_entry_of_another_shape_is_measured_again(tmp_path, entry):
 def test_the_named_cache_of_the_environment_is_read_the_same_way(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUFILL_TUNE_CACHE", str(tmp_path))
     (tmp_path / CACHE_FILE).write_text("null")
-    assert TuneCache(None).get("k") is None
+    assert TuneCache(None).get("k", dict) is None

@@ -96,14 +96,14 @@ def test_inline_runs_the_local_executor_s_trials_bit_for_bit_and_starts_no_proce
 
 
 @pytest.mark.slow
-def test_a_ray_actor_killed_mid_trial_is_replaced_and_its_trial_retried(tmp_path, ray_session):
+def test_a_ray_actor_killed_mid_trial_is_replaced_and_its_trial_run_again_without_spending_an_attempt(tmp_path, ray_session):
     marker = tmp_path / "killed-once"
     models = f"tests.campaign_models:killed_on_first_try: {{marker: '{marker}'}}\n  linear: {{}}"
     campaign = Campaign.from_yaml(write_campaign(tmp_path, models=models, projects=1, retries=1), tmp_path / "work")
     outcome = campaign.run(executor="ray")
-    assert (outcome.crashed, outcome.retried, outcome.failed, outcome.done) == (1, 1, 0, 2)
+    assert (outcome.crashed, outcome.retried, outcome.failed, outcome.done, outcome.environment) == (1, 0, 0, 2, 1)
     results = campaign.results().set_index("family")
-    assert results.loc["tests.campaign_models:killed_on_first_try", "attempts"] == 2
+    assert results.loc["tests.campaign_models:killed_on_first_try", "attempts"] == 1  # killed from outside: no attempt spent
     assert (results["status"] == "done").all()
     crashes = _events(tmp_path / "work", "worker_crashed")
     assert len(crashes) == 1 and "Ray actor died" in crashes[0]

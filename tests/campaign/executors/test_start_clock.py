@@ -81,3 +81,48 @@ def test_a_slurm_trials_clock_starts_when_its_job_leaves_the_queue(tmp_path) -> 
     job.state = "RUNNING"
     now[0] = 3700.0
     assert executor.poll(timeout=0) == [] and worker.ready and worker.clock_from == 3700.0
+
+
+@pytest.mark.parametrize(("state", "outside"), [("CANCELLED by 1000", True), ("NODE_FAIL", True), ("PREEMPTED", True), ("FAILED", False),
+                                                ("OUT_OF_MEMORY", False), ("TIMEOUT", False)])
+def test_a_slurm_job_the_cluster_or_a_person_ended_is_the_environments_failure(tmp_path, state, outside) -> None:
+    """scancel, a lost node, preemption: no attempt spent (the scheduler's environment path); the job's own failure is the trial's."""
+    pytest.importorskip("submitit")
+    from gpufill.campaign.executors.base import Crashed
+    from gpufill.campaign.executors.slurm import SlurmExecutor, SlurmWorker, _Record
+    from gpufill.campaign.spec.spec import SlurmSpec
+
+    lane = Lane(name="cpu", slots=1, threads=1, device="cpu", kinds=("neural",), queue="cpu", memory_budget_bytes=None, reason="test")
+    worker = SlurmWorker(name="cpu-1", lane=lane, clock=lambda: 0.0)
+    executor = SlurmExecutor(spec_payload={}, base_dir=str(tmp_path), folder=tmp_path / "slurm", settings=SlurmSpec(), name="x", workers=[worker])
+
+    def result() -> None:
+        raise executor._uncompleted(f"Job 77_0 ended: {state}")
+
+    worker.begin({"trials": [SimpleNamespace(shape="mlp-small", trial_id="t1")]})
+    worker.job = SimpleNamespace(job_id="77_0", state=state, done=lambda: True, result=result)
+    executor._records["77_0"] = _Record(lane="cpu", worker="cpu-1", trial_ids=("t1",))
+    (crashed,) = executor.poll(timeout=0)
+    assert isinstance(crashed, Crashed) and crashed.environment is outside and state.split()[0] in crashed.reason
+
+
+@pytest.mark.parametrize(("error", "outside"), [(RuntimeError("The actor died unexpectedly before finishing this task."), True),
+                                                (Exception("run_task raised"), False)])
+def test_a_ray_actor_that_died_is_the_environments_failure_and_a_failed_task_the_trials(monkeypatch, error, outside) -> None:
+    ray = FakeRay()
+    ray.kill = lambda actor, no_restart: None
+
+    def get(ref: str) -> dict[str, Any]:
+        raise error
+
+    ray.get = get
+    monkeypatch.setattr(ray_executor, "import_ray", lambda: ray)
+    lane = Lane(name="cpu", slots=1, threads=1, device="cpu", kinds=("neural",), queue="cpu", memory_budget_bytes=None, reason="test")
+    actor = SimpleNamespace(run=SimpleNamespace(remote=lambda task: "result-1"))
+    worker = RayWorker(name="cpu-1", lane=lane, actor=actor, pid_ref="pid-1", clock=lambda: 0.0)
+    executor = RayExecutor(spec_payload={}, base_dir=".", workers=[worker])
+    monkeypatch.setattr(executor, "_spawn", lambda lane: RayWorker(name="cpu-2", lane=lane, actor=actor, pid_ref="pid-2", clock=lambda: 0.0))
+    executor.submit(worker, {"trials": [SimpleNamespace(shape="mlp-small", trial_id="t1")]})
+    ray.done.update({"pid-1", "result-1"})
+    (crashed,) = executor.poll(timeout=0)
+    assert crashed.environment is outside and [w.name for w in executor.workers] == ["cpu-2"]

@@ -155,7 +155,7 @@ class LocalExecutor(NoBatchJobs):
             self.workers.remove(worker)
             worker.conn.close()
             self.workers.append(self._spawn(worker.lane))  # a fresh worker takes the slot
-            return Crashed(worker, task, worker.stop_reason or death_reason(exitcode), environment=worker.stop_reason is None and killed(exitcode))
+            return Crashed(worker, task, worker.stop_reason or death_reason(exitcode), environment=worker.stop_reason is None and from_outside(exitcode))
         if worker.note(message):  # a heartbeat, or a trial that started or finished: the task goes on
             return None
         task, worker.task = worker.task, None
@@ -209,8 +209,17 @@ def killed(exitcode: int | None) -> bool:
     return exitcode is not None and exitcode < 0 and -exitcode in KILLING_SIGNALS
 
 
+def from_outside(exitcode: int | None) -> bool:
+    """Whether a worker's end is the environment's, not its trial's: a killing signal, or no exit code at all (a forked
+    worker whose zygote was killed first: its code went with it, and a zygote runs no trial code, so something outside
+    ended it; the environment's failures are bounded per trial: policy/environment.py)."""
+    return exitcode is None or killed(exitcode)
+
+
 def death_reason(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
+    if exitcode is None:
+        return "worker process ended after its lane's zygote was killed (its exit code went with it) during the trial"
+    if exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:

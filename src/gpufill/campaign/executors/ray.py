@@ -229,16 +229,20 @@ class RayExecutor(NoBatchJobs):
         ray = self._ray
         task, worker.task, ref, worker.ref = worker.task, None, worker.ref, None
         assert task is not None
+        outside = False
         try:
             return Finished(worker, task, ray.get(ref))
         except ray.exceptions.RayActorError as error:  # the actor's process or node is gone
             reason = f"Ray actor died during the trial ({type(error).__name__}: {_first_line(error)})"
+            # Killed, out of memory by Ray's monitor, or its node lost: Ray does not say which signal, and a trial's own
+            # error is caught inside run_task, so the environment's (uses no attempt; bounded: policy/environment.py).
+            outside = True
         except ray.exceptions.RayError as error:  # run_task itself raised (trial errors are caught inside)
             reason = f"Ray task failed ({type(error).__name__}: {_first_line(error)})"
         self.workers.remove(worker)
         _kill(ray, worker.actor)
         self.workers.append(self._spawn(worker.lane))  # a fresh actor takes the slot
-        return Crashed(worker, task, worker.stop_reason or reason)
+        return Crashed(worker, task, worker.stop_reason or reason, environment=outside and worker.stop_reason is None)
 
     # -- monitoring -----------------------------------------------------------------------
     def pids(self) -> list[int]:

@@ -260,7 +260,8 @@ class SlurmExecutor:
             except self._uncompleted as error:  # FailedJobError included
                 state = _state(job)
                 self._end(job.job_id, "failed", state)
-                out.append(Crashed(worker, task, worker.stop_reason or f"Slurm job {job.job_id} ended without a result ({state}): {_first_line(error)}"))
+                out.append(Crashed(worker, task, worker.stop_reason or f"Slurm job {job.job_id} ended without a result ({state}): {_first_line(error)}",
+                                   environment=worker.stop_reason is None and state in OUTSIDE_STATES))
                 continue
             self._end(job.job_id, "done", "COMPLETED")
             out.append(Finished(worker, task, message))
@@ -292,6 +293,11 @@ class SlurmExecutor:
 
     def pids(self) -> list[int]:
         return []
+
+
+OUTSIDE_STATES = frozenset({"CANCELLED", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED"})
+"""Slurm's words for a job the cluster or a person ended (scancel, a lost node, preemption): the environment's doing, no
+attempt spent. FAILED, OUT_OF_MEMORY and TIMEOUT are the trial's own."""
 
 
 def _state(job: Any) -> str:

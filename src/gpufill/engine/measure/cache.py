@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import nn
 
@@ -24,6 +26,12 @@ ENVIRONMENT = "GPUFILL_TUNE_CACHE"
 the second run of a shape trains at once on the first run's measurements. Unset, nothing is written anywhere but
 the paths a call names (a campaign's workdir)."""
 _MEMORY: dict[str, dict[str, Any]] = {}
+_WARNED: set[str] = set()
+T = TypeVar("T")
+
+
+class TuneCacheWarning(UserWarning):
+    """An entry of the tune cache could not be read as what it should hold: it is measured again."""
 
 
 def shape_key(kind: str, model: nn.Module, sample_signature: str, device_name: str, **settings: Any) -> str:
@@ -43,14 +51,29 @@ class TuneCache:
         directory = directory if directory is not None else os.environ.get(ENVIRONMENT) or None
         self.path = Path(directory) / CACHE_FILE if directory is not None else None
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        if key in _MEMORY:
-            return _MEMORY[key]
-        value = self._read().get(key)
-        if not isinstance(value, dict):
-            return None  # absent, or an entry of another shape: measured again, like a damaged file
+    def get(self, key: str, parse: Callable[[dict[str, Any]], T]) -> T | None:
+        """The entry for `key` as `parse` reads it (it raises on what it cannot use); None when absent or damaged (a
+        hand-edited file, another version's entry, NaN where a time belongs): then it is measured again, said once."""
+        value = _MEMORY.get(key)
+        if value is None:
+            value = self._read().get(key)
+        if value is None:
+            return None
+        try:
+            if not isinstance(value, dict):
+                raise TypeError(f"a {type(value).__name__}, not an object")
+            parsed = parse(value)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:  # pydantic's ValidationError is a ValueError
+            _MEMORY.pop(key, None)
+            if key not in _WARNED:
+                _WARNED.add(key)
+                where = self.path or "this process's tune cache"
+                detail = " ".join(str(error).split())[:200]
+                warnings.warn(f"tune cache {where}: the entry {key!r} is damaged ({type(error).__name__}: {detail}); it is measured again "
+                              "and rewritten", TuneCacheWarning, stacklevel=2)
+            return None
         _MEMORY[key] = value
-        return value
+        return parsed
 
     def put(self, key: str, value: dict[str, Any]) -> None:
         _MEMORY[key] = value
@@ -80,3 +103,17 @@ class TuneCache:
 def clear_memory() -> None:
     """Forget in-process entries (tests)."""
     _MEMORY.clear()
+    _WARNED.clear()
+
+
+ENTRY_CONFIG = {"allow_inf_nan": False, "extra": "forbid"}
+"""pydantic's config (a plain dict: nothing imported) for the dataclasses a cache entry holds, as their
+`__pydantic_config__`: no NaN or infinity where a time belongs, no field this version does not know."""
+
+
+def validated(kind: Any, value: Any) -> Any:
+    """`value` checked and converted to `kind` (a dataclass with `__pydantic_config__ = ENTRY_CONFIG`, or a type such as
+    dict[str, Measurement]) by pydantic: the parse a cache entry goes through. Raises ValueError on what does not fit."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(kind).validate_python(value)

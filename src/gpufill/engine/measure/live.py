@@ -23,6 +23,7 @@ TRIAL_SHARE of the training's, and it is skipped (and says so) when its plan doe
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -263,11 +264,11 @@ def start(plan: Plan, cfg: FitConfig, hardware: Hardware, *, total_steps: int | 
     """The plan and the trial for a CPU training whose threads or precision are left to gpufill (`applies`): a cached
     winner of this shape is applied at once and nothing is tried; too short a training keeps the plan and says why."""
     planned = Arm(plan.threads.value, plan.precision.value)
-    cached = cache.get(key)
-    winner = arm_of(cached.get("winner", "")) if cached is not None else None
-    if cached is not None and winner is not None:
+    cached = cache.get(key, _cached_winner)
+    if cached is not None:
+        winner, log = cached
         apply(winner)
-        return choices(plan, winner, f"cached from an earlier training of this shape on this machine ({cached.get('log', '')})"), None
+        return choices(plan, winner, f"cached from an earlier training of this shape on this machine ({log})"), None
     thread_options = thread_counts(planned.threads, hardware.cpu_count) if cfg.threads == "auto" else [planned.threads]
     precisions = ["fp32", "bf16"] if cfg.precision == "auto" and hardware.bf16_supported and not plan.compile.value else [planned.precision]
     arms = arms_for(planned, thread_options, precisions)
@@ -280,6 +281,14 @@ def start(plan: Plan, cfg: FitConfig, hardware: Hardware, *, total_steps: int | 
         return plan.replace(threads=Choice(planned.threads, f"{plan.threads.reason}; {why}"),
                             precision=Choice(planned.precision, f"{plan.precision.reason}; {why}")), None
     return plan, LiveTrial(arms, rounds, apply, total_steps or 0)
+
+
+def _cached_winner(entry: dict[str, Any]) -> tuple[Arm, str]:
+    """A cached trial's winner and what it measured; ValueError where the winner is not an arm of this machine's kind."""
+    winner = arm_of(entry["winner"]) if isinstance(entry.get("winner"), str) else None
+    if winner is None or winner.threads < 1 or winner.threads > (os.cpu_count() or 1):
+        raise ValueError(f"winner {entry.get('winner')!r} is not threads/precision on this machine")
+    return winner, str(entry.get("log", ""))
 
 
 def applies(cfg: FitConfig, hardware: Hardware, distributed: bool) -> bool:

@@ -36,7 +36,7 @@ from gpufill.engine.choice import Choice
 from gpufill.engine.config import SpeedSettings
 from gpufill.engine.hardware import Hardware
 from gpufill.engine.measure.batch import BatchTrial, search_batch
-from gpufill.engine.measure.cache import TuneCache
+from gpufill.engine.measure.cache import ENTRY_CONFIG, TuneCache, validated
 from gpufill.engine.measure.deadline import Abandoned, deadline
 from gpufill.engine.measure.candidates import Context, Stage, blocked, stages, variant
 from gpufill.engine.plan import DataFacts, Plan, lr_reference_batch, lr_scale_factor
@@ -78,6 +78,8 @@ MIN_STEPS_PER_EPOCH = 4
 class Measurement:
     """One candidate's timed steps, or why it could not run."""
 
+    __pydantic_config__ = ENTRY_CONFIG  # read back from a tune cache: engine/measure/cache.py
+
     step_s: float | None
     """Seconds per optimizer step (None: the candidate failed)."""
     losses: tuple[float, ...] = ()
@@ -91,10 +93,6 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Measurement:
-        return cls(**{**data, "losses": tuple(data.get("losses", ()))})
 
 
 class Probe(Protocol):
@@ -149,10 +147,10 @@ def resolve(plan: Plan, probe: Probe, *, settings: SpeedSettings, hardware: Hard
         why_not = "nothing to measure: every setting that could be was requested or cannot apply here"
     if why_not is not None and not plan.batch_search.value:
         return _unmeasured(plan, why_not)
-    cached = cache.get(key)
+    cached = cache.get(key, lambda entry: validated(dict[str, Measurement], entry["measured"]))
     ledger = _Ledger(clock=clock, started=clock())
     if cached is not None:
-        ledger.measured = {name: Measurement.from_dict(m) for name, m in cached["measured"].items()}
+        ledger.measured = dict(cached)
     resolver = _Resolver(plan, probe, settings, hardware, facts, context, total_steps or 0, ledger, cached is not None)
     finished = resolver.run(events, why_not)
     if cached is None and ledger.measured:

@@ -16,6 +16,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpufill.engine.measure.cache import ENTRY_CONFIG
+
 GOAL_SHARE = 0.05
 """What deciding may cost of the whole call."""
 BUDGET_SHARE = 0.04
@@ -38,6 +40,8 @@ training of fewer planned steps per model than this trains one at a time unmeasu
 class PackTiming:
     """What a pack of `k` and one model alone cost, measured on this machine (seconds)."""
 
+    __pydantic_config__ = ENTRY_CONFIG  # read back from a tune cache (engine/measure/cache.py `validated`)
+
     k: int
     pack_step_s: float
     """A steady step of the whole pack."""
@@ -54,10 +58,6 @@ class PackTiming:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> PackTiming:
-        return cls(**values)
 
 
 def decide(timing: PackTiming, steps: int, *, pack_built: bool, min_gain: float) -> tuple[bool, str]:

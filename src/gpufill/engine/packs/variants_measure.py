@@ -23,7 +23,7 @@ import torch
 from gpufill.engine.backend import set_threads, synchronize
 from gpufill.engine.batches import map_tensors
 from gpufill.engine.choice import Choice
-from gpufill.engine.measure.cache import TuneCache, shape_key
+from gpufill.engine.measure.cache import TuneCache, shape_key, validated
 from gpufill.engine.measure.resolver import MIN_GAIN
 from gpufill.engine.packs.decide import MeasureBudget, PackTiming, decide
 from gpufill.engine.packs.variants import PackedVariants
@@ -40,11 +40,18 @@ class PackSlower(Exception):
 
 def cached_timing(run: PackedVariants, cache: TuneCache) -> PackTiming | None:
     """The costs measured earlier for this shape on this machine, the pack's thread count put in the plan; else None."""
-    cached = cache.get(_key(run))
-    if cached is None:
+    timing = cache.get(_key(run), _timing)
+    if timing is None:
         return None
-    timing = PackTiming.from_dict(cached)
     _keep_threads(run, timing.threads, "measured earlier in this process or its tune cache")
+    return timing
+
+
+def _timing(entry: dict[str, Any]) -> PackTiming:
+    """A cached entry as costs, refused (ValueError) where it could not have been measured."""
+    timing = validated(PackTiming, entry)
+    if timing.k < 2 or timing.threads < 1 or min(timing.pack_step_s, timing.alone_step_s) <= 0:
+        raise ValueError(f"k {timing.k}, threads {timing.threads}, steps {timing.pack_step_s} and {timing.alone_step_s} s")
     return timing
 
 
