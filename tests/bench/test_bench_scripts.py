@@ -128,6 +128,13 @@ def check_cli_startup(record: dict[str, Any]) -> None:
     assert positive(record["ratios"]["import_torch_over_help"])
 
 
+def check_ensemble_select(record: dict[str, Any]) -> None:
+    rows = record["results"]
+    assert {(row["members"], row["arm"]) for row in rows} == {(k, arm) for k in (8, 16) for arm in ("gpufill (one pass per round)", "as first written (sorted every round)")}
+    assert all(row["same_as_gpufill"] and positive(row["seconds"]) and 1 <= row["distinct"] <= row["members"] for row in rows)
+    assert all(positive(record["ratios"][f"K {k}: gpufill speed-up over sorting every round"]) for k in (8, 16))
+
+
 def check_doctor_overhead(record: dict[str, Any]) -> None:
     configs = rows_by(record, "config")
     assert set(configs) == {"null step", "width 64"}
@@ -277,6 +284,7 @@ SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "campaign_scale": check_campaign_scale,
     "cli_startup": check_cli_startup,
     "doctor_overhead": check_doctor_overhead,
+    "ensemble_select": check_ensemble_select,
     "examples": check_examples,
     "executor_overhead": check_executor_overhead,
     "forecast_quality": check_forecast_quality,

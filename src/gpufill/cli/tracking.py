@@ -31,15 +31,13 @@ def export_mlflow(
     again at any time: only what is missing or trained again since is sent."""
     from gpufill.tracking import mlflow_export as tracking
     from gpufill.campaign.results.reading import find_workdir
-    from gpufill.campaign.spec.tracking_spec import check_uri
+    from gpufill.campaign.store.store import DB_NAME
+    from gpufill.engine.mlflow_uri import resolve_tracking_uri
 
-    try:
-        check_uri(uri)
-    except ValueError as error:
-        raise InputError(str(error), where=uri, field="--uri", fix="pass a tracking URI") from None
-    if follow:  # started by a run as it begins: its workdir may not exist until the run says "go"
+    if follow:  # started by a run as it begins (its URI resolved there): its workdir may not exist until the run says "go"
         raise typer.Exit(tracking.follow(workdir or Path.cwd(), uri, experiment=experiment))
     folder = find_workdir(workdir)
+    uri = resolve_tracking_uri(uri, field="--uri", stores=[folder / DB_NAME])  # relative parts against here; never the store
     tracking.client_for(uri)  # the extra, checked before the store is read
     try:
         with _defaults(EXPORT_ENV):

@@ -43,6 +43,10 @@ def parse_loggers(specs: Sequence[str] | str | None) -> list[tuple[str, str]]:
         module, extra = LOGGER_KINDS[kind]
         if importlib.util.find_spec(module) is None:
             raise InputError(f"the {kind} logger needs the {module} package", field="loggers", fix=f"pip install 'gpufill[{extra}]'")
+        if kind == "mlflow":  # its local path absolute, for the database and the artifacts beside it alike
+            from gpufill.engine.mlflow_uri import resolve_tracking_uri
+
+            target = resolve_tracking_uri(target, field="loggers")
         parsed.append((kind, target))
     return parsed
 

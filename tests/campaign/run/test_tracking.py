@@ -193,3 +193,44 @@ def test_a_tracked_campaign_killed_resumed_and_cut_off_from_its_server_ends_with
         assert code == 0 and out.strip().endswith(f"0 runs made, {total} already there") and len(exported(server.uri)) == total
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_an_export_to_a_relative_uri_puts_every_part_under_the_working_directory_and_never_touches_the_store(tmp_path, capsys, monkeypatch):
+    """bd3c8d8: `--uri sqlite:///REL/mlflow.db` put the database in ./REL but report.html in /REL/mlartifacts; a URI
+    naming the workdir's own store added MLflow's tables to it, then a traceback."""
+    Campaign.from_yaml(campaign_file(tmp_path, hidden="[16]", epochs=1), tmp_path / "work").run(executor="inline")
+    (tmp_path / "cwd" / "REL").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "cwd")
+    code, out, err = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", "sqlite:///REL/mlflow.db")
+    assert code == 0, err
+    absolute = f"sqlite:///{tmp_path / 'cwd' / 'REL' / 'mlflow.db'}"
+    assert out.strip().startswith("6 finished trials in MLflow at " + absolute)
+    assert (tmp_path / "cwd" / "REL" / "mlflow.db").is_file() and list((tmp_path / "cwd" / "REL" / "mlartifacts").rglob("report.html"))
+    assert sorted(p.name for p in (tmp_path / "cwd").iterdir()) == ["REL"] and len(exported(absolute)) == 6
+    store = tmp_path / "work" / "gpufill.db"
+    before = store.read_bytes()
+    for uri, words in ((f"sqlite:///{store}", "is a gpufill store: MLflow would add its own tables to it"),
+                       ("gopher://x", "MLflow has no tracking store for the scheme 'gopher'"),
+                       (f"file://{store}", "is a file, and a file store is a folder")):
+        code, _, err = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", uri)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and words in err and "--uri" in err, err
+    assert store.read_bytes() == before
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as db:
+        assert not [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'") if "experiment" in name]
+
+
+@pytest.mark.slow
+def test_fits_mlflow_logger_with_a_relative_uri_keeps_its_artifacts_beside_its_database(tmp_path, monkeypatch):
+    import torch
+
+    from gpufill.engine.loop import fit
+
+    (tmp_path / "REL").mkdir()
+    monkeypatch.chdir(tmp_path)
+    x = torch.randn(64, 4)
+    fit(torch.nn.Linear(4, 1), (x, x[:, :1]), epochs=1, batch_size=16, loggers=["mlflow:sqlite:///REL/m.db"], verbose=False)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'REL' / 'm.db'}")
+    experiment = client.get_experiment_by_name("gpufill")
+    assert experiment.artifact_location == (tmp_path / "REL" / "mlartifacts").as_uri()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["REL"]  # no ./mlruns, nothing at /REL

@@ -103,6 +103,9 @@ def test_a_range_outside_a_search_is_refused_at_its_line(tmp_path):
     ("{trials: 5}", "{val: 14, test: 14}", "ensemble: {families: [mlp]}\n", "ensemble", "a declared ensemble combines a grid's trials"),
     ("{trials: 5, pruner: {kind: hyperband}}", "{val: 14, test: 14}", "", "search.pruner.kind", ""),
     ("{trials: 5, pruner: {kind: asha, reduction_factor: 1}}", "{val: 14, test: 14}", "", "search.pruner.reduction_factor", ""),
+    ("{trials: 5, seed: -3}", "{val: 14, test: 14}", "", "search.seed", "expected a value >= 0, got -3"),  # numpy's SeedSequence raised
+    ("{trials: 5, seed: 1.5}", "{val: 14, test: 14}", "", "search.seed", "expected an integer"),
+    ("{trials: 20000, batch: 20000}", "{val: 14, test: 14}", "", "search.batch", "20,000 is more than the 256 gpufill allows"),
 ])
 def test_a_search_the_file_cannot_hold_is_refused_in_one_line(tmp_path, search, split, extra, field, words):
     error = refused(search_file(tmp_path, search=search, split=split, extra=extra))

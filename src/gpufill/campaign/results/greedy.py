@@ -63,16 +63,46 @@ def select_greedily(forecasts: np.ndarray, truth: np.ndarray, groups: Sequence[i
     picks: list[int] = []
     scores: list[float] = []
     total = np.zeros_like(truth)
+    chosen = np.empty((0, *truth.shape))  # the picks' forecasts, sorted along the first axis (median)
     for _ in range(rounds):
         if combine == "mean":  # a running sum: each round is one pass over the candidates
             candidates = (total + forecasts) / (len(picks) + 1)
         else:
-            chosen = forecasts[picks]
-            candidates = np.stack([np.median(np.concatenate([chosen, forecasts[k : k + 1]]), axis=0) for k in range(forecasts.shape[0])])
+            candidates = _medians_with_each(chosen, forecasts)
         round_scores = mean_over_series(candidates, truth, groups, metric, scales)
         best = int(np.argmin(round_scores))  # ties: the first candidate, so the choice never depends on anything but the order given
         picks.append(best)
         scores.append(float(round_scores[best]))
         total += forecasts[best]
+        if combine == "median":
+            chosen = _inserted(chosen, forecasts[best])
     kept = int(np.argmin(scores)) + 1
     return Selection(picks=tuple(picks[:kept]), scores=tuple(scores[:kept]))
+
+
+def _medians_with_each(chosen: np.ndarray, forecasts: np.ndarray) -> np.ndarray:
+    """np.median of `chosen` (m, N, H, sorted along m) with each candidate (K, N, H) added, for all K at once and equal
+    to it bit for bit: of m + 1 values the middle ones are a candidate clipped between `chosen`'s middle order
+    statistics, so a round costs one pass over the candidates instead of a sort of m + 1 forecasts per candidate (the
+    selection was cubic in the members: 36 members 98 s, 160 members hours)."""
+    m = chosen.shape[0]
+    if m == 0:
+        return forecasts.copy()
+    j = m // 2
+    if m % 2 == 0:  # m + 1 odd: the j-th of m + 1 values
+        return np.clip(forecasts, chosen[j - 1], chosen[j])
+    low = forecasts if j == 0 else np.maximum(forecasts, chosen[j - 1])
+    lower = np.minimum(low, chosen[j])  # the j-th of m + 1 values
+    upper = np.maximum(forecasts, chosen[j]) if j + 1 == m else np.clip(forecasts, chosen[j], chosen[j + 1])  # the (j+1)-th
+    return (lower + upper) / 2  # np.median's mean of the two middle values: the same sum, then the same division
+
+
+def _inserted(chosen: np.ndarray, forecast: np.ndarray) -> np.ndarray:
+    """`chosen` (m, N, H, sorted along m) with `forecast` (N, H) added, still sorted: one pass, no sort."""
+    position = (chosen < forecast).sum(axis=0)  # per cell, how many chosen values lie below it
+    index = np.arange(chosen.shape[0] + 1).reshape(-1, *(1,) * forecast.ndim)
+    if chosen.shape[0] == 0:
+        return forecast[None].copy()
+    below = np.concatenate([chosen, chosen[-1:]])  # at index i < position: chosen[i]
+    above = np.concatenate([chosen[:1], chosen])  # at index i > position: chosen[i - 1]
+    return np.where(index < position, below, np.where(index == position, forecast, above))

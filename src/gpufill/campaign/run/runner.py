@@ -195,7 +195,7 @@ class Campaign:
         the trial ids and resuming are the same whichever runs the trials. `mlflow`: a tracking
         URI finished trials are copied to (overrides the file's tracking.mlflow).
         """
-        self.tracking_uri = tracking_uri(self.spec, mlflow)
+        self.tracking_uri = tracking_uri(self.spec, mlflow, self.workdir)
         timeline = Timeline()
         timeline.mark("run begins (interpreter, imports, campaign file)")
         follower = self._follower()  # its imports (MLflow, the report's) run while this run prepares
@@ -385,20 +385,18 @@ class Campaign:
         return read_results(self.workdir)
 
 
-def tracking_uri(spec: CampaignSpec, override: str | None) -> str | None:
-    """The MLflow URI a run copies its trials to (--mlflow, else tracking.mlflow), checked before anything runs."""
+def tracking_uri(spec: CampaignSpec, override: str | None, workdir: Path) -> str | None:
+    """The MLflow URI a run copies its trials to (--mlflow, else tracking.mlflow), checked before anything runs, its
+    local path made absolute against the working directory (engine/mlflow_uri.py); never the workdir's own store."""
     uri = override or (spec.tracking.mlflow if spec.tracking else None)
     if uri is None:
         return None
-    from gpufill.campaign.spec.tracking_spec import check_uri
+    from gpufill.engine.mlflow_uri import resolve_tracking_uri
 
-    try:
-        check_uri(uri)
-    except ValueError as error:
-        raise InputError(str(error), where=uri, field="--mlflow" if override else "tracking.mlflow", fix="pass a tracking URI") from None
+    field = "--mlflow" if override else "tracking.mlflow"
+    uri = resolve_tracking_uri(uri, field=field, stores=[workdir / DB_NAME])
     if importlib.util.find_spec("mlflow") is None:
-        raise InputError("tracking to MLflow needs the mlflow package", where=uri, field="--mlflow" if override else "tracking.mlflow",
-                         fix="pip install 'gpufill[mlflow]'")
+        raise InputError("tracking to MLflow needs the mlflow package", where=uri, field=field, fix="pip install 'gpufill[mlflow]'")
     return uri
 
 

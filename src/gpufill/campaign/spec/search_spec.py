@@ -29,16 +29,20 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, StrictInt, field_validator
 
 from gpufill.campaign.spec.spec_errors import LocatedError
 from gpufill.campaign.spec.spec_types import SCIENTIFIC, Count, Spec, at_most
 from gpufill.forecasting.trial import METRICS
 
-__all__ = ["MAX_SEARCH_TRIALS", "RANGE_KEYS", "PrunerSpec", "Range", "SearchSpec", "is_range", "parse_range"]
+__all__ = ["MAX_SEARCH_BATCH", "MAX_SEARCH_TRIALS", "RANGE_KEYS", "PrunerSpec", "Range", "SearchSpec", "is_range", "parse_range"]
 
 MAX_SEARCH_TRIALS = 100_000
 """Configurations one search proposes (each is a round trip through the sampler, whose TPE grows with its history)."""
+MAX_SEARCH_BATCH = 256
+"""Configurations one round proposes: TPE's asks within a round grow with the round's running proposals (its constant
+liar), so a round of 2,000 took 19 s before its first trial and one of 20,000 registered nothing in 3 minutes; past a
+few hundred at once the sampler also has nothing to learn between rounds."""
 RANGE_KEYS = frozenset({"low", "high", "log", "step"})
 
 
@@ -53,12 +57,13 @@ class PrunerSpec(Spec):
 class SearchSpec(Spec):
     sampler: Literal["random", "tpe", "grid"] = "tpe"
     trials: Annotated[Count, at_most(MAX_SEARCH_TRIALS, "configurations one search proposes")] = 50
-    seed: int = 0
+    seed: Annotated[StrictInt, Field(ge=0)] = 0
+    """The sampler's seed (numpy's SeedSequence takes whole numbers from 0)."""
     metric: str | None = None
     """`val_` + task.metric (what `results` ranks by, so the search and its results choose alike); None: that."""
     direction: Literal["minimize"] = "minimize"
     """Every metric gpufill scores is an error (lower is better), as results rank them."""
-    batch: Count = Field(default=8)
+    batch: Annotated[Count, at_most(MAX_SEARCH_BATCH, "configurations one round proposes")] = 8
     pruner: PrunerSpec = PrunerSpec()
 
     @field_validator("metric")

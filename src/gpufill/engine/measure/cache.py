@@ -61,7 +61,7 @@ class TuneCache:
             return None
         try:
             if not isinstance(value, dict):
-                raise TypeError(f"a {type(value).__name__}, not an object")
+                raise TypeError(f"{type(value).__name__} where an object belongs")
             parsed = parse(value)
         except (KeyError, TypeError, ValueError, AttributeError) as error:  # pydantic's ValidationError is a ValueError
             _MEMORY.pop(key, None)

@@ -36,6 +36,7 @@ from gpufill.engine.packs.variants_measure import PackSlower, StepProbe, cached_
 from gpufill.engine.prepare import resolve_config
 from gpufill.engine.result import FitResult
 from gpufill.errors import InputError
+from gpufill.files import make_folder
 
 PER_VARIANT = frozenset({"seed", "lr", "weight_decay", "optimizer"})
 """Settings that may differ between the variants of one pack: its optimizer holds them per model (an optimizer of
@@ -160,8 +161,13 @@ def _own_checkpoints(configs: list[FitConfig]) -> list[FitConfig]:
     overwrite the one before, and a resume would continue every variant from the last one's checkpoint."""
     if all(cfg.checkpoint_dir is None for cfg in configs):
         return configs
-    return [cfg if cfg.checkpoint_dir is None else dataclasses.replace(cfg, checkpoint_dir=Path(cfg.checkpoint_dir) / f"variant-{index}")
-            for index, cfg in enumerate(configs)]
+    own = []
+    for index, cfg in enumerate(configs):
+        if cfg.checkpoint_dir is not None:  # gpufill's own folder below the one given: a link or a file in its place is refused
+            folder = make_folder(Path(cfg.checkpoint_dir) / f"variant-{index}", field="checkpoint_dir", inside=cfg.checkpoint_dir)
+            cfg = dataclasses.replace(cfg, checkpoint_dir=folder)
+        own.append(cfg)
+    return own
 
 
 def _why_not_by_settings(configs: Sequence[FitConfig], train: Source, val: Source | None) -> str | None:
