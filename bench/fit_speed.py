@@ -47,7 +47,7 @@ from gpufill.forecasting.data import Split, load_projects, make_windows  # noqa:
 # script's fixed costs (imports, data, a probe) weigh as they do in a real training of that length.
 SIZES = {
     "smoke": {"mlp": (600, 2), "lstm": (600, 2), "transformer": (600, 2), "lm": (20_000, 1)},
-    "quick": {"mlp": (40_000, 6), "lstm": (8000, 4), "transformer": (4000, 4), "lm": (120_000, 2)},
+    "quick": {"mlp": (40_000, 6), "lstm": (8000, 4), "transformer": (4000, 4), "lm": (120_000, 4)},  # lm: 3 steady epochs, not 1
     "full": {"mlp": (80_000, 20), "lstm": (20_000, 10), "transformer": (8000, 15), "lm": (320_000, 6)},
 }
 FORECASTERS = {"mlp": {"hidden_size": 64}, "lstm": {"hidden_size": 64}, "transformer": {"d_model": 64}}
