@@ -113,3 +113,8 @@ def cached_linear(n_features: int, lookback: int, horizon: int) -> nn.Module:
 def shared_part(n_features: int, lookback: int, horizon: int) -> nn.Module:
     """A new module each call that holds one submodule shared by all of them."""
     return nn.Sequential(nn.Flatten(), nn.Linear(n_features * lookback, 1), _SHARED_HEAD, nn.Linear(1, horizon))
+
+
+def any_keywords(n_features: int, lookback: int, horizon: int, **settings: object) -> nn.Module:
+    """Takes any keyword (a user's factory with **kwargs): its grid keys are whatever the campaign file writes."""
+    return _Linear(n_features, lookback, horizon)

@@ -79,7 +79,7 @@ def check_tracked_run(record: dict[str, Any]) -> None:
     for arm in ("untracked", "tracked"):
         assert arms[arm]["trials"] == 4 and len(arms[arm]["runs_s"]) == 1 and positive(arms[arm]["wall_s"])
     said = arms["tracked run's last line"]["said"]
-    assert said.startswith("tracking: 4 finished trials in MLflow at http://127.0.0.1:")  # the script also counted 4 runs there
+    assert said.startswith("tracking: 4 of 4 finished trials in MLflow at http://127.0.0.1:")  # the script also counted 4 runs there
     ratios = record["ratios"]
     assert ratios["tracked_minus_untracked_s"] == pytest.approx(arms["tracked"]["runs_s"][0] - arms["untracked"]["runs_s"][0], abs=0.02)
     assert ratios["goal_s"] == 3.0

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -65,10 +65,20 @@ class Exported:
     replaced: int
     """Runs deleted and made again: their trial was trained again since, or their export was cut off."""
     already: int
+    refused: list[str] = field(default_factory=list)
+    """Trials MLflow refused (a param it does not take): trial id and its answer, each skipped, the others sent."""
+
+    @property
+    def held(self) -> int:
+        """Finished trials of this campaign MLflow holds after this pass."""
+        return self.created + self.already
 
     def line(self) -> str:
-        return (f"{self.finished} finished trials in MLflow at {self.uri}, experiment {self.experiment!r}: {self.created} runs made"
+        line = (f"{self.held} of {self.finished} finished trials in MLflow at {self.uri}, experiment {self.experiment!r}: {self.created} runs made"
                 f"{f' ({self.replaced} of them replacing a copy that was cut off or older)' if self.replaced else ''}, {self.already} already there")
+        if self.refused:
+            line += f"; {len(self.refused)} refused by MLflow (first: {self.refused[0]})"
+        return line
 
 
 def client_for(uri: str) -> Any:
@@ -108,6 +118,7 @@ def export_mlflow(workdir: str | os.PathLike[str], uri: str, *, experiment: str 
             present = _present(client, experiment_id)
             parent = present.pop(None, None) or _campaign_run(client, experiment_id, name)
             created = replaced = already = 0
+            refused: list[str] = []
             for row in rows:
                 old = present.get(row["trial_id"])
                 if old is not None and old[1] == _finished(row):
@@ -116,13 +127,19 @@ def export_mlflow(workdir: str | os.PathLike[str], uri: str, *, experiment: str 
                 if old is not None:
                     client.delete_run(old[0])
                     replaced += 1
-                _log_trial(client, experiment_id, parent, row)
+                try:
+                    _log_trial(client, experiment_id, parent, row)
+                except Exception as error:  # noqa: BLE001 - MLflow refused this trial: skipped, the others still go
+                    if no_answer(error):
+                        raise
+                    refused.append(f"{row['trial_id']}: {_first_line(error)}")
+                    continue
                 created += 1
             if rendering is not None:  # the campaign run: its report and its trials' statuses, ended (a later export adds to them)
                 client.log_artifact(parent, str(rendering.result()))
                 _log_counts(client, parent, rows)
                 client.set_terminated(parent, status="FINISHED")
-    return Exported(uri, name, len(rows), created, replaced, already)
+    return Exported(uri, name, len(rows), created, replaced, already, refused)
 
 
 LOCK_FILE = "tracking-mlflow.lock"
@@ -154,9 +171,29 @@ def exporting(workdir: Path, *, wait_s: float) -> Iterator[None]:
 
 
 def unreachable(error: BaseException, uri: str) -> str:
-    """One line for a failed export: what the client said, first line only."""
-    text = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-    return f"MLflow at {uri} did not answer ({type(error).__name__}: {text})"
+    """One line for a failed export: "did not answer" only where no answer came (a connection refused or timed out),
+    else what MLflow answered; the client's words, first line only."""
+    if no_answer(error):
+        return f"MLflow at {uri} did not answer ({type(error).__name__}: {_first_line(error)})"
+    return f"MLflow at {uri} refused the export ({type(error).__name__}: {_first_line(error)})"
+
+
+def no_answer(error: BaseException) -> bool:
+    """Whether `error` (or what it wraps: MLflow's client re-raises a connection failure as its own exception) is a
+    connection that failed or timed out, not an answer: requests' errors are OSErrors."""
+    seen: BaseException | None = error
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError | TimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 # -- following a run -------------------------------------------------------------------------------------
@@ -264,14 +301,37 @@ def _log_trial(client: Any, experiment_id: str, parent: str, row: Mapping[str, A
         client.log_batch(run.info.run_id, metrics=list(some_metrics), params=list(some_params), tags=done)
 
 
+EFFECTIVE = ("effective_batch", "micro_batch", "precision", "threads", "compile", "pack_size", "optimizer")
+"""Plan choices a trial's run records as `effective.*`: what it trained with, beside the settings it asked for."""
+
+
 def _params(row: Mapping[str, Any]) -> dict[str, str]:
-    """The trial's configuration: who it is, then its grid point and train overrides under their own names."""
+    """The trial's configuration: who it is, its grid point and train settings under their own names (as requested:
+    what the campaign file and `gpufill results` say), and `effective.*`, what it trained with (the plan's choices, the
+    learning rate after the plan's scaling)."""
     found = {"family": row["family"], "project": row["project"], "lookback": str(row["lookback"]), "seed": str(row["seed"]),
              "kind": row["kind"], "data_fingerprint": row["data_fingerprint"], "config_id": row["config_id"]}
-    for prefix, text in (("", row["params"]), ("train.", row["train"])):
-        for key, value in (json.loads(text) if text else {}).items():
-            found.setdefault(f"{prefix}{key}", json.dumps(value) if not isinstance(value, str) else value)
+    train = json.loads(row["train"]) if row["train"] else {}
+    for prefix, values in (("", json.loads(row["params"]) if row["params"] else {}), ("train.", train)):
+        for key, value in values.items():
+            found.setdefault(param_key(f"{prefix}{key}"), json.dumps(value) if not isinstance(value, str) else value)
+    plan = row.get("plan") or {}
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    for name in EFFECTIVE:
+        if isinstance(plan.get(name), dict):
+            found[f"effective.{name}"] = str(plan[name].get("value"))
+    scale = (plan.get("lr_scale") or {}).get("value") if isinstance(plan.get("lr_scale"), dict) else None
+    if _finite(train.get("lr")) and _finite(scale):
+        found["effective.lr"] = f"{float(train['lr']) * float(scale):.6g}"
     return found
+
+
+def param_key(key: str) -> str:
+    """`key` as MLflow takes it: letters, digits and `_-. /` only, no `..` (a path's escape), at most 250 characters
+    (a user's factory can take any keyword: one MLflow refuses would stop the trial's whole export)."""
+    cleaned = "".join(c if c.isalnum() or c in "_-. /" else "_" for c in key).replace("..", "__").strip("/") or "_"
+    return cleaned[:250]
 
 
 def _metrics(row: Mapping[str, Any]) -> Iterator[tuple[str, float, int]]:

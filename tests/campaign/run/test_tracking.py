@@ -77,7 +77,7 @@ def test_an_export_is_one_run_per_trial_with_its_curves_and_exporting_again_send
     Campaign.from_yaml(path, tmp_path / "work").run(executor="inline")
     code, out, err = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", uri)
     assert code == 0, err
-    assert out.strip() == f"10 finished trials in MLflow at {uri}, experiment 'tracked': 10 runs made, 0 already there"
+    assert out.strip() == f"10 of 10 finished trials in MLflow at {uri}, experiment 'tracked': 10 runs made, 0 already there"
     runs = exported(uri)
     assert_equal_to_results(capsys, tmp_path / "work", runs)
     client = MlflowClient(uri)
@@ -184,7 +184,7 @@ def test_a_tracked_campaign_killed_resumed_and_cut_off_from_its_server_ends_with
         assert complete < total  # what the resumed run could not send
         code, out, err = run_cli(capsys, "export", "mlflow", "--workdir", workdir, "--uri", server.uri)
         assert code == 0, err
-        assert out.startswith(f"{total} finished trials in MLflow at {server.uri}, experiment 'tracked': {total - complete} runs made")
+        assert out.startswith(f"{total} of {total} finished trials in MLflow at {server.uri}, experiment 'tracked': {total - complete} runs made")
         assert out.strip().endswith(f"{complete} already there")
         runs = exported(server.uri)
         assert len(runs) == total
@@ -205,7 +205,7 @@ def test_an_export_to_a_relative_uri_puts_every_part_under_the_working_directory
     code, out, err = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", "sqlite:///REL/mlflow.db")
     assert code == 0, err
     absolute = f"sqlite:///{tmp_path / 'cwd' / 'REL' / 'mlflow.db'}"
-    assert out.strip().startswith("6 finished trials in MLflow at " + absolute)
+    assert out.strip().startswith("6 of 6 finished trials in MLflow at " + absolute)
     assert (tmp_path / "cwd" / "REL" / "mlflow.db").is_file() and list((tmp_path / "cwd" / "REL" / "mlartifacts").rglob("report.html"))
     assert sorted(p.name for p in (tmp_path / "cwd").iterdir()) == ["REL"] and len(exported(absolute)) == 6
     store = tmp_path / "work" / "gpufill.db"
@@ -234,3 +234,28 @@ def test_fits_mlflow_logger_with_a_relative_uri_keeps_its_artifacts_beside_its_d
     experiment = client.get_experiment_by_name("gpufill")
     assert experiment.artifact_location == (tmp_path / "REL" / "mlartifacts").as_uri()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["REL"]  # no ./mlruns, nothing at /REL
+
+
+@pytest.mark.slow
+def test_a_key_mlflow_refuses_is_sanitised_and_each_run_records_the_settings_it_trained_with(tmp_path, capsys):
+    """bd3c8d8: one grid key MLflow refused ("a/../../escape" from a **kwargs factory) blocked the whole export with
+    "did not answer" and left a half-made run; runs logged train.lr=0.001 where the trial trained at the scaled 0.00025."""
+    path = campaign_file(tmp_path, hidden="[16]", epochs=1,
+                         more_models="  tests.campaign_models:any_keywords: {'a/../../escape': [1], 'ok': [2]}\n")
+    Campaign.from_yaml(path, tmp_path / "work").run(executor="inline")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code, out, err = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", uri)
+    assert code == 0 and "refused" not in out, err
+    runs = exported(uri)
+    code, results, _ = run_cli(capsys, "results", "--workdir", tmp_path / "work", "--format", "json")
+    finished = [row for row in json.loads(results) if row["status"] == "done"]
+    custom = [run for run in runs.values() if run.data.params["family"] == "tests.campaign_models:any_keywords"]
+    assert len(runs) == len(finished) == 8 and len(custom) == 2  # every trial, the **kwargs family (2 lookbacks) too: none blocked
+    assert all(run.data.params["a/__/__/escape"] == "1" and run.data.params["ok"] == "2" for run in custom)
+    network = next(run for run in runs.values() if run.data.params["family"] == "mlp")
+    row = next(row for row in finished if row["trial_id"] == network.data.tags["gpufill.trial_id"])
+    requested = json.loads(row["train"])["lr"]
+    scale = json.loads(network.data.params["effective.effective_batch"]) / 128  # the plan's linear rule against batch 128
+    assert network.data.params["train.lr"] in (str(requested), json.dumps(requested))  # what was asked for, as results show
+    assert float(network.data.params["effective.lr"]) == pytest.approx(requested * min(scale, 1.0), rel=1e-5)  # what it trained with
+    assert network.data.params["effective.precision"] in ("fp32", "bf16") and int(network.data.params["effective.threads"]) >= 1

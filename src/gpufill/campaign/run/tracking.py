@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,8 @@ class Follower:
         if experiment:
             command += ["--experiment", experiment]
         self.workdir, self.uri = workdir, uri
+        self.started = time.time()
+        """A state file older than this is an earlier run's follower's, not this one's."""
         # Its own session: Ctrl-C stops the campaign, and the follower then ends on its own (stdin closes). Its output
         # goes to WORKDIR/logs/tracking.log once it has begun (the workdir may not exist yet).
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -62,13 +66,22 @@ class Follower:
 
     def finish(self, finished: int, wait_s: float | None = None) -> str:
         """Close its stdin (its last pass begins), wait up to `wait_s` (default: the bound on the work left of
-        `finished` trials, `final_pass_s`), and return one line for the run's end."""
+        `finished` trials, `final_pass_s`), and return one line for the run's end: what MLflow holds of the `finished`
+        trials the store has, and the catch-up command wherever that is not all of them."""
+        catch_up = f"gpufill export mlflow --workdir {self.workdir} --uri {self.uri}"
+        died = self.process.poll()  # ended before its stdin closed: killed, or crashed
         if wait_s is None:
             wait_s = final_pass_s(finished, read_state(self.workdir))
-        if not self._ended_within(wait_s):
-            return (f"tracking: MLflow at {self.uri} took over {wait_s:.0f} s for the last export; the store keeps every result: "
-                    f"gpufill export mlflow --workdir {self.workdir} --uri {self.uri}")
-        return summary(read_state(self.workdir), self.workdir, self.uri)
+        if died is None and not self._ended_within(wait_s):
+            return (f"tracking: MLflow at {self.uri} took over {wait_s:.0f} s for the last export; the store keeps every result: {catch_up}")
+        if died is not None or self.process.returncode != 0:
+            code = self.process.returncode
+            how = f"was killed ({signal.Signals(-code).name})" if code is not None and code < 0 and -code in signal.valid_signals() else f"exited with code {code}"
+            state = read_state(self.workdir)
+            held = _held(state, self.uri, self.started)
+            return (f"tracking: the export to MLflow {how} before the run ended; {held} of {finished} finished trials reached it: "
+                    f"the store keeps every result: {catch_up}")
+        return summary(read_state(self.workdir), self.workdir, self.uri, finished=finished, since=self.started)
 
     def _ended_within(self, wait_s: float) -> bool:
         """Close its stdin and wait up to `wait_s` for it to end; False: it was still running, and is killed."""
@@ -89,15 +102,27 @@ def final_pass_s(finished: int, state: Mapping[str, Any] | None) -> float:
     return FINAL_PASS_S + PER_RUN_S * max(0, finished - exported)
 
 
-def summary(state: Mapping[str, Any] | None, workdir: Path, uri: str) -> str:
-    """One line: what the last export pass brought to MLflow, or that it could not and how to catch up."""
+def summary(state: Mapping[str, Any] | None, workdir: Path, uri: str, *, finished: int, since: float = 0.0) -> str:
+    """One line: how many of the store's `finished` trials MLflow holds after the last export pass (one written after
+    `since`), or that it could not and how to catch up."""
     catch_up = f"gpufill export mlflow --workdir {workdir} --uri {uri}"
-    if state is None or state.get("uri") != uri:
+    if state is None or state.get("uri") != uri or float(state.get("at") or 0) < since:
         return f"tracking: no export to MLflow at {uri} finished; the store keeps every result: {catch_up}"
     if state.get("error"):
         return f"tracking: {state['error']}; the store keeps every result: once it answers, {catch_up}"
-    return (f"tracking: {state['finished']} finished trials in MLflow at {uri}, experiment {state['experiment']!r} "
-            f"({state['created']} new runs this pass)")
+    held = _held(state, uri, since)
+    line = f"tracking: {held} of {finished} finished trials in MLflow at {uri}, experiment {state['experiment']!r}"
+    refused = state.get("refused") or []
+    if refused:
+        line += f"; {len(refused)} refused by MLflow (first: {refused[0]})"
+    return line if held >= finished else f"{line}; the rest: {catch_up}"
+
+
+def _held(state: Mapping[str, Any] | None, uri: str, since: float) -> int:
+    """Finished trials MLflow held after the follower's last pass of this run (0: none finished)."""
+    if not state or state.get("uri") != uri or state.get("error") or float(state.get("at") or 0) < since:
+        return 0
+    return int(state.get("created") or 0) + int(state.get("already") or 0)
 
 
 def read_state(workdir: str | os.PathLike[str]) -> dict[str, Any] | None:

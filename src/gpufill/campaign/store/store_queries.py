@@ -175,15 +175,15 @@ class StoreQueries:
     def finished_rows(self) -> list[dict[str, Any]]:
         """Every finished trial (done, pruned or failed) of the file as it is now, in campaign order, with what an
         export to a tracking server records of it: its row, finish time, metrics, timings and epoch history (JSON
-        decoded) and its validation scores (`val_<metric>`)."""
+        decoded), its plan (what it trained with) and its validation scores (`val_<metric>`)."""
         provenance = ", ".join(f"{self._column(c)} AS {c}" for c in PROVENANCE_COLUMNS)
         validation = ", ".join(f"{_validation(m)} AS val_{m}" for m in METRICS)
         cursor = self.db.execute(
-            f"SELECT {', '.join(TRIAL_COLUMNS)}, started_at, finished_at, metrics AS metrics_json, timings AS timings_json, history AS history_json,"
+            f"SELECT {', '.join(TRIAL_COLUMNS)}, started_at, finished_at, metrics AS metrics_json, timings AS timings_json, history AS history_json, plan AS plan_json,"
             f" {validation}, {provenance} FROM trials WHERE status IN ('done', 'pruned', 'failed') AND {self._column('current')} = 1 ORDER BY position")
         rows = _with_stale(cursor)
         for row in rows:
-            for name in ("metrics", "timings", "history"):
+            for name in ("metrics", "timings", "history", "plan"):
                 text = row.pop(f"{name}_json")
                 try:
                     row[name] = json.loads(text) if text else None
