@@ -143,3 +143,22 @@ def test_a_logger_is_refused_in_one_line_before_training_and_one_failing_midway_
     assert result.status == "completed" and len(result.history) == 4
     assert max(calls) == 2  # turned off at the failure, never asked again
     assert [str(w.message) for w in caught if "the tensorboard logger stopped (OSError" in str(w.message)]
+
+
+def test_an_mlflow_server_that_does_not_answer_is_one_line_in_seconds_before_anything_trains(tmp_path):
+    """bd3c8d8: `mlflow:http://127.0.0.1:9` held fit 273 s (MLflow's retries) and then raised MlflowException;
+    `mlflow:junk://x` was a traceback."""
+    import time
+
+    train, val = data()
+    net = model()
+    before = [p.detach().clone() for p in net.parameters()]
+    started = time.monotonic()
+    with pytest.raises(InputError) as silent:
+        fit(net, train, val, epochs=2, loggers=["mlflow:http://127.0.0.1:9"])  # nothing listens on port 9
+    assert time.monotonic() - started < 60  # 1-2 s here: no retries, a 5 s request timeout
+    line = silent.value.one_line()
+    assert line.startswith("loggers: MLflow at http://127.0.0.1:9 did not take the run") and "leave this logger out" in line and "\n" not in line
+    with pytest.raises(InputError, match="MLflow has no tracking store for the scheme 'junk'"):
+        fit(net, train, val, epochs=2, loggers=["mlflow:junk://x"])
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))  # nothing trained

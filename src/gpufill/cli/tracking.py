@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import typer
@@ -32,7 +29,7 @@ def export_mlflow(
     from gpufill.tracking import mlflow_export as tracking
     from gpufill.campaign.results.reading import find_workdir
     from gpufill.campaign.store.store import DB_NAME
-    from gpufill.engine.mlflow_uri import resolve_tracking_uri
+    from gpufill.engine.mlflow_uri import client_defaults, resolve_tracking_uri
 
     if follow:  # started by a run as it begins (its URI resolved there): its workdir may not exist until the run says "go"
         raise typer.Exit(tracking.follow(workdir or Path.cwd(), uri, experiment=experiment))
@@ -40,7 +37,7 @@ def export_mlflow(
     uri = resolve_tracking_uri(uri, field="--uri", stores=[folder / DB_NAME])  # relative parts against here; never the store
     tracking.client_for(uri)  # the extra, checked before the store is read
     try:
-        with _defaults(EXPORT_ENV):
+        with client_defaults(EXPORT_ENV):
             outcome = tracking.export_mlflow(folder, uri, experiment=experiment)
     except InputError:
         raise
@@ -48,15 +45,3 @@ def export_mlflow(
         raise InputError(tracking.unreachable(error, uri), where=str(folder), field="--uri",
                          fix="start the server (or check the URI) and run this again: it sends only what is missing") from None
     print(outcome.line())
-
-
-@contextlib.contextmanager
-def _defaults(values: dict[str, str]) -> Iterator[None]:
-    """`values` in the environment where the user set none, for the duration (MLflow reads them at each request)."""
-    added = [key for key in values if key not in os.environ]
-    os.environ.update({key: values[key] for key in added})
-    try:
-        yield
-    finally:
-        for key in added:
-            os.environ.pop(key, None)

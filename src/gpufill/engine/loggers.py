@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpufill.engine.mlflow_uri import client_defaults, resolve_tracking_uri
 from gpufill.engine.result import EpochRecord, FitCallback, FitResult
 from gpufill.errors import InputError
 
@@ -44,8 +45,6 @@ def parse_loggers(specs: Sequence[str] | str | None) -> list[tuple[str, str]]:
         if importlib.util.find_spec(module) is None:
             raise InputError(f"the {kind} logger needs the {module} package", field="loggers", fix=f"pip install 'gpufill[{extra}]'")
         if kind == "mlflow":  # its local path absolute, for the database and the artifacts beside it alike
-            from gpufill.engine.mlflow_uri import resolve_tracking_uri
-
             target = resolve_tracking_uri(target, field="loggers")
         parsed.append((kind, target))
     return parsed
@@ -143,6 +142,11 @@ class TensorBoardLogger(TrainingLogger):
         self.writer.close()
 
 
+LOGGER_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+"""A training's MLflow requests give up in 5 s without retries (MLflow's defaults retried for minutes: a server that
+was down held `fit` 273 s before it raised); a user's own values of these variables win."""
+
+
 class MlflowLogger(TrainingLogger):
     name = "mlflow"
 
@@ -151,8 +155,18 @@ class MlflowLogger(TrainingLogger):
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri)
-        experiment = mlflow_experiment(self.client, uri, os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT)
-        self.run_id = self.client.create_run(experiment, run_name=run_name, tags={"gpufill.kind": "fit"}).info.run_id
+        try:
+            with client_defaults(LOGGER_ENV):
+                experiment = mlflow_experiment(self.client, uri, os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT)
+                self.run_id = self.client.create_run(experiment, run_name=run_name, tags={"gpufill.kind": "fit"}).info.run_id
+        except Exception as error:  # noqa: BLE001 - before anything trains: one line, the training not begun
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            raise InputError(f"MLflow at {uri} did not take the run ({type(error).__name__}: {first})", field="loggers",
+                             fix="start the server (or fix the URI), or leave this logger out") from None
+
+    def _safely(self, write: Any, *args: Any) -> None:
+        with client_defaults(LOGGER_ENV):
+            super()._safely(write, *args)
 
     def write_plan(self, plan: Mapping[str, Mapping[str, Any]], step: int) -> None:
         """Kept until the run ends: MLflow's params cannot change once written, and the live trial or the thread watch

@@ -11,16 +11,17 @@ names `sqlite:`. Standard library only: the scheduler imports this.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from gpufill.errors import InputError
 
-__all__ = ["SCHEMES", "resolve_tracking_uri"]
+__all__ = ["SCHEMES", "client_defaults", "resolve_tracking_uri"]
 
 SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks", "file")
 """What MLflow's tracking stores read (a database scheme may name its driver: postgresql+psycopg2)."""
@@ -93,3 +94,16 @@ def _is_gpufill_store(path: Path) -> bool:
 
 def _refused(uri: str, field: str, problem: str, fix: str) -> InputError:
     return InputError(f"{problem} ({uri})", field=field, fix=fix)
+
+
+@contextlib.contextmanager
+def client_defaults(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` (MLflow's client settings: request timeout, retries) in the environment where the user set none, for
+    the duration: MLflow reads them at each request."""
+    added = [key for key in values if key not in os.environ]
+    os.environ.update({key: values[key] for key in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)

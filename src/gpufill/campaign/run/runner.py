@@ -258,17 +258,24 @@ class Campaign:
         follower.begin()
         said: list[str] = []
 
+        def finished_trials() -> int:
+            with contextlib.suppress(sqlite3.Error):
+                counts = store.counts().total
+                return counts["done"] + counts["failed"] + counts["pruned"]
+            return 0
+
         def finished(outcome: RunOutcome) -> RunOutcome:
-            counts = store.counts().total
-            said.append(follower.finish(counts["done"] + counts["failed"] + counts["pruned"]))
+            said.append(follower.finish(finished_trials()))
             outcome.tracking = said[0]
             return outcome
 
         try:
             yield finished
         finally:
-            if not said:  # stopped before its end: a short last pass
-                said.append(follower.finish(0, wait_s=10.0))
+            if not said:  # stopped before its end (Ctrl-C, a signal): a short last pass
+                from gpufill.campaign.run.tracking import INTERRUPTED_PASS_S
+
+                said.append(follower.finish(finished_trials(), wait_s=INTERRUPTED_PASS_S))
             with contextlib.suppress(sqlite3.Error):
                 store.event("tracking", said[0], run_id=run_id)
             log.info(said[0])
