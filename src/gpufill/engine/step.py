@@ -201,9 +201,11 @@ class EpochTiming:
 
 
 LONG_PASS_STEPS = 100_000
-LONG_PASS_S = 600.0
+LONG_PASS_S = 60.0
 """An unbounded pass of a stream of unknown length says so once it passes this many steps or seconds (then at each
-doubling): reading a stream's code cannot find every endless loop (`itertools.cycle` returned, `while not False:`)."""
+doubling): reading a stream's code cannot find every endless loop (`itertools.cycle` returned, `while not False:`).
+A minute: a user waiting on a pass that never ends hears why within it (600 s before); a long real pass is only told
+how to bound it, never stopped."""
 
 
 class EndlessStreamWarning(UserWarning):

@@ -67,8 +67,9 @@ def _pack_message(choice: PackSizeChoice) -> dict[str, Any]:
 
 
 def _train_chunk(runner: TrialRunner, chunk: list[Trial], windows: dict[str, Any], reason: str | None, kind: str | None) -> list[dict[str, Any]]:
-    if len(chunk) == 1:
-        return [runner.attempt(chunk[0], lambda: runner.run(chunk[0]))]
+    """One pack of a shape that trains fused; a lone trial too, as a pack of one: the same kernels, and a member's
+    numbers do not depend on how many train beside it, so a resumed run's leftover trains what an uninterrupted run's
+    pack did (test_resume_numerics)."""
     runner.note({"started": [t.trial_id for t in chunk]})
     try:
         watches = {t.trial_id: found for t in chunk if (found := runner.watch(t, [windows[t.trial_id]])) is not None}

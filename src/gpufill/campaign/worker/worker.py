@@ -16,6 +16,8 @@ Run as ``python -m gpufill.campaign.worker.worker FD`` it is a local worker (exe
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import threading
 import time
@@ -112,6 +114,14 @@ def _heartbeat(send: Callable[[dict[str, Any]], None]) -> None:
             return
 
 
+CPU_PRECISION = "fp32"
+"""A campaign's CPU trials train in fp32 unless `train.precision` asks for bf16. On a CPU, bf16 autocast is chosen by
+timing (the live trial: engine/measure/live.py), and timing flips with the machine's load: a study killed and resumed
+under load differed from an uninterrupted one on 16 of 36 trials (up to 1e-3 relative). A study's numbers are fixed by
+its file, not by the second it started; the other choices that change them are fixed by the lane (threads) or taken
+once per workdir and shape (a pack's size and kind, whose members train the same numbers at any size)."""
+
+
 class TrialRunner:
     """Loads the campaign's data once per process and runs tasks on it: one trial, or a pack of one shape's
     trials. What a trial is and how it trains is forecasting's (forecasting/run.py, packs.py); this is where
@@ -138,10 +148,14 @@ class TrialRunner:
         """Where a local worker sends which trials started and finished within a task (None: nowhere)."""
 
     def setup(self, trial: Trial) -> TrialSetup:
-        """How `trial` trains on this worker: the campaign's settings and recipe, this worker's device, threads and tune cache."""
+        """How `trial` trains on this worker: the campaign's settings and recipe, this worker's device, threads and tune
+        cache; on a CPU, fp32 where the precision is left to gpufill (CPU_PRECISION)."""
         from gpufill.forecasting.run import trial_setup
 
-        return trial_setup(trial, self.spec.recipe(trial.family, trial.train), self.spec.base_config(trial.train, trial.seed), threads=self.threads,
+        base = self.spec.base_config(trial.train, trial.seed)
+        if base.precision == "auto" and self.device == "cpu":
+            base = dataclasses.replace(base, precision=CPU_PRECISION)
+        return trial_setup(trial, self.spec.recipe(trial.family, trial.train), base, threads=self.threads,
                            device=self.device, tune_cache=self.tune_cache, memory_margin=self.spec.resources.memory_margin,
                            refit=self.spec.train.refit)
 
@@ -227,7 +241,8 @@ class TrialRunner:
         if len(trials) > 1 and task.get("pack_size") != 1:  # a pack reads every trial's data before any trains: check it first
             waiting = self._not_ready(trials)  # these wait for the environment; the rest pack
             trials = [t for t in trials if t.trial_id not in {m["trial_id"] for m in waiting}]
-        if len(trials) <= 1 or task.get("pack_size") == 1:
+        # One trial trains alone unless its shape trains fused: then as a pack of one (the pack's numbers: worker/packs.py).
+        if not trials or task.get("pack_size") in (None, 1) and len(trials) == 1 or task.get("pack_size") == 1 or trials[0].kind != "neural":
             unfused = PackEntry(1, task["pack_reason"]) if task.get("pack_size") == 1 and task.get("pack_reason") else None
             return {"results": [*waiting, *(self.attempt(t, lambda t=t: self.run(t, pack=unfused)) for t in trials)], "pack": None}
         from gpufill.campaign.worker.packs import run_pack
