@@ -23,9 +23,9 @@ ROOT = PACKAGE.parent
 # without following a link), gpufill.cpus and gpufill.gpus (the cores and GPUs a process may use, without torch),
 # gpufill.lazy (a package's names loaded on first use) and gpufill.user_code (loading `package.module:name`) are
 # shared leaves; the engine needs only the first three and lazy.
-SHARED = {"gpufill.errors", "gpufill.files", "gpufill.cpus", "gpufill.gpus", "gpufill.lazy", "gpufill.user_code"}
+SHARED = {"gpufill.errors", "gpufill.files", "gpufill.cpus", "gpufill.gpus", "gpufill.lazy", "gpufill.user_code", "gpufill.mlflow_uri"}
 ALLOWED = {
-    "gpufill.engine": {"gpufill.errors", "gpufill.files", "gpufill.cpus", "gpufill.lazy"},
+    "gpufill.engine": {"gpufill.errors", "gpufill.files", "gpufill.cpus", "gpufill.lazy", "gpufill.mlflow_uri"},
     "gpufill.forecasting": {*SHARED, "gpufill.engine"},
     "gpufill.campaign": {*SHARED, "gpufill", "gpufill.engine", "gpufill.forecasting", "gpufill.monitor"},
     "gpufill.monitor": {*SHARED, "gpufill.engine"},

@@ -1,5 +1,5 @@
 """MLflow URIs: every local part absolute against the working directory, and what MLflow could not use, or would write
-where it must not, refused in one line (engine/mlflow_uri.py)."""
+where it must not, refused in one line (gpufill/mlflow_uri.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from contextlib import closing
 
 import pytest
 
-from gpufill.engine.mlflow_uri import resolve_tracking_uri
+from gpufill.mlflow_uri import resolve_tracking_uri
 from gpufill.errors import InputError
 
 

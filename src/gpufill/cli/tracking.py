@@ -29,7 +29,7 @@ def export_mlflow(
     from gpufill.tracking import mlflow_export as tracking
     from gpufill.campaign.results.reading import find_workdir
     from gpufill.campaign.store.store import DB_NAME
-    from gpufill.engine.mlflow_uri import client_defaults, resolve_tracking_uri
+    from gpufill.mlflow_uri import client_defaults, resolve_tracking_uri
 
     if follow:  # started by a run as it begins (its URI resolved there): its workdir may not exist until the run says "go"
         raise typer.Exit(tracking.follow(workdir or Path.cwd(), uri, experiment=experiment))

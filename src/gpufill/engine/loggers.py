@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpufill.engine.mlflow_uri import client_defaults, resolve_tracking_uri
+from gpufill.mlflow_uri import client_defaults, resolve_tracking_uri
 from gpufill.engine.result import EpochRecord, FitCallback, FitResult
 from gpufill.errors import InputError
 

@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
+from gpufill.engine.backend import set_threads
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import cpu_count
 from gpufill.engine.loop import fit
@@ -30,7 +31,7 @@ from gpufill.forecasting.recipes import Recipe
 from gpufill.forecasting.task import predict, seeded_model
 from gpufill.forecasting.trial import METRICS, PackEntry, Trial, TrialResult, trial_result
 
-__all__ = ["EpochRecord", "FitCallback", "TrialSetup", "ValidationScorer", "Watch", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup"]
+__all__ = ["EpochRecord", "FitCallback", "TrialSetup", "use_threads", "ValidationScorer", "Watch", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup"]
 
 @dataclass(frozen=True, slots=True)
 class TrialSetup:
@@ -49,6 +50,12 @@ class TrialSetup:
     def recorded(self) -> Recipe | None:
         """The recipe a result's plan records (None for a family that fits the series)."""
         return None if self.fits_series else self.recipe
+
+
+def use_threads(threads: int) -> None:
+    """A worker's torch threads for the trials it trains: engine/backend.py's `set_threads` (torch's own call would
+    leave MKL slower for the rest of the process)."""
+    set_threads(threads)
 
 
 def trial_setup(trial: Trial, recipe: Recipe, base: FitConfig, *, threads: int | Literal["auto"], device: str | None = None,

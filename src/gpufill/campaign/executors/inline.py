@@ -83,9 +83,9 @@ class InlineExecutor(NoBatchJobs):
         assert task is not None
         import torch
 
-        from gpufill.engine.backend import set_threads
+        from gpufill.forecasting.run import use_threads
 
-        set_threads(worker.lane.threads)
+        use_threads(worker.lane.threads)
         runner = self.runners[worker.lane.name]
         runner.on_progress = worker.note  # which trials started and finished: a task that raises fails only those training
         try:
@@ -111,6 +111,6 @@ class InlineExecutor(NoBatchJobs):
         if self.threads_before is not None:
             import torch
 
-            from gpufill.engine.backend import set_threads
+            from gpufill.forecasting.run import use_threads
 
-            set_threads(self.threads_before)
+            use_threads(self.threads_before)

@@ -30,7 +30,7 @@ from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.run.runner import Campaign
 from gpufill.campaign.trials.trials import GLOBAL_PROJECT, Trial
 from gpufill.campaign.worker.zygote import PRELOAD
-from gpufill.engine.backend import set_threads
+from gpufill.forecasting.run import use_threads
 
 # Windows a neural sample trains on: enough for steady per-step timings, few enough
 # that the largest ablation shapes sample in about a second on a 2-core CPU.
@@ -131,7 +131,7 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
         for trials in groups.values():
             sample = trials[0]
             lane = lane_of[sample.kind]
-            set_threads(lane.threads)
+            use_threads(lane.threads)
             names = list(projects) if sample.project == "*" else [sample.project]
             windows = [spec.windows(projects[n], sample.lookback) for n in names]
             if progress is not None:
@@ -145,7 +145,7 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
             result.shapes.append(ShapeEstimate(family=sample.family, lane=lane.queue, trials=round(len(trials) * scale), seconds_per_trial=seconds,
                                                how=how))
     finally:
-        set_threads(threads_before)
+        use_threads(threads_before)
     result.startup_s = worker_startup_seconds() + loading_s
     result.sampling_s = time.perf_counter() - started
     return result

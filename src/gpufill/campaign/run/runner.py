@@ -394,11 +394,11 @@ class Campaign:
 
 def tracking_uri(spec: CampaignSpec, override: str | None, workdir: Path) -> str | None:
     """The MLflow URI a run copies its trials to (--mlflow, else tracking.mlflow), checked before anything runs, its
-    local path made absolute against the working directory (engine/mlflow_uri.py); never the workdir's own store."""
+    local path made absolute against the working directory (gpufill/mlflow_uri.py); never the workdir's own store."""
     uri = override or (spec.tracking.mlflow if spec.tracking else None)
     if uri is None:
         return None
-    from gpufill.engine.mlflow_uri import resolve_tracking_uri
+    from gpufill.mlflow_uri import resolve_tracking_uri
 
     field = "--mlflow" if override else "tracking.mlflow"
     uri = resolve_tracking_uri(uri, field=field, stores=[workdir / DB_NAME])

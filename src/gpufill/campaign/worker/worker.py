@@ -47,9 +47,9 @@ def start_runner(setup: dict[str, Any]) -> TrialRunner:
     """
     import torch
 
-    from gpufill.engine.backend import set_threads
+    from gpufill.forecasting.run import use_threads
 
-    set_threads(setup["threads"])
+    use_threads(setup["threads"])
     if setup["device"].startswith("cuda"):
         # Creating the CUDA context holds the interpreter for seconds on a large GPU: do it at start-up,
         # not inside the first trial, where it would silence the heartbeat.
