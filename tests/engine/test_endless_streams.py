@@ -142,8 +142,8 @@ def test_the_time_bound_warns_before_the_step_bound_on_a_fake_clock_and_again_at
         with pytest.raises(Enough):
             step.train_epoch(a_step, _Endless(), 8, torch.Generator(), Totals(), timing=step.EpochTiming(), clock=clock)
     messages = [str(w.message) for w in caught if issubclass(w.category, step.EndlessStreamWarning)]
-    # 2000 steps at 3 clock reads (seconds) a step: the time bound (600 s, step 200) first, long before the step bound
-    # (100,000), then at each doubling of the time: 1200, 2400, 4800 s.
+    # 2000 steps at 3 clock reads (seconds) a step: the time bound (60 s, step 20: an answer within the first minute)
+    # first, long before the step bound (100,000), then at each doubling of the time: 120, 240, ... 3840 s.
     steps = [int(m.split(" has run ")[1].split(" steps")[0]) for m in messages]
     seconds = [int(m.split(" steps in ")[1].split(" s")[0]) for m in messages]
-    assert steps == [200, 400, 800, 1600] and seconds == [600, 1200, 2400, 4800]
+    assert steps == [20, 40, 80, 160, 320, 640, 1280] and seconds == [60, 120, 240, 480, 960, 1920, 3840]

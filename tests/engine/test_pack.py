@@ -289,7 +289,22 @@ def test_the_pack_size_search_follows_the_fused_curve_not_the_one_model_baseline
     choice = measure_pack_size(lambda: models("lstm", ws, [0])[0], (ws[0].x_train, ws[0].y_train), batch=64, device="cpu")
     assert choice.size == size and choice.samples_per_s[size] == pytest.approx(rates[size])
     assert (stopped in choice.reason) if stopped else "stopped" not in choice.reason
-    assert built == [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= (16 if stopped else 64)]
+    searched = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= (16 if stopped else 64)]
+    assert built == searched + [1, size] * pack_module.CONFIRM_PAIRS  # then fused or not, on interleaved pairs
+
+
+def test_fused_or_not_is_the_median_of_interleaved_pairs_not_one_timing(monkeypatch):
+    """One slow timing of the plain model (a moment's load) made a pack look 19.6x faster on one run and 0.70x on
+    another; the answer is the median of three pairs of one model and the best pack."""
+    from gpufill.engine.packs import size as pack_module
+
+    plain = iter([10.0, 1.0, 1.0])  # seconds for the plain model's steps: the first timing stalled
+    monkeypatch.setattr(pack_module, "_training_step", lambda build, k, x, y, dev, kind=None: k)
+    monkeypatch.setattr(pack_module, "_time_candidate", lambda k, steps, dev, *, count: (next(plain) if k == 1 else 3.0, None))
+    ws = windows(1)
+    choice = measure_pack_size(lambda: models("mlp", ws, [0])[0], (ws[0].x_train, ws[0].y_train), batch=64, device="cpu", candidates=(1, 2))
+    assert choice.size == 1 and choice.kind is None  # pairs: 2 x 10 / 3 = 6.7x, then 0.67x twice: median 0.67x, unfused
+    assert "best 0.67x" in choice.reason
 
 
 def test_a_pack_refuses_a_schedule_and_a_campaign_trains_scheduled_trials_alone(tmp_path):

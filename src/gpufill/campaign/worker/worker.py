@@ -242,7 +242,8 @@ class TrialRunner:
             waiting = self._not_ready(trials)  # these wait for the environment; the rest pack
             trials = [t for t in trials if t.trial_id not in {m["trial_id"] for m in waiting}]
         # One trial trains alone unless its shape trains fused: then as a pack of one (the pack's numbers: worker/packs.py).
-        if not trials or task.get("pack_size") in (None, 1) and len(trials) == 1 or task.get("pack_size") == 1 or trials[0].kind != "neural":
+        if (not trials or task.get("pack_size") in (None, 1) and len(trials) == 1 or task.get("pack_size") == 1 or trials[0].kind != "neural"
+                or trials[0].is_global):  # a global trial trains on every project's windows: one network, never packed
             unfused = PackEntry(1, task["pack_reason"]) if task.get("pack_size") == 1 and task.get("pack_reason") else None
             return {"results": [*waiting, *(self.attempt(t, lambda t=t: self.run(t, pack=unfused)) for t in trials)], "pack": None}
         from gpufill.campaign.worker.packs import run_pack
