@@ -280,3 +280,14 @@ def test_without_the_bias_before_batchnorm_eval_outputs_and_validation_loss_matc
         with torch.no_grad():
             torch.testing.assert_close(result.model(data["val"][0]), alone.model(data["val"][0]), rtol=0, atol=1e-5)
         assert result.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-5)
+
+
+def test_a_link_in_place_of_a_variants_checkpoint_folder_is_refused_and_nothing_is_written_through_it(tmp_path):
+    """bd3c8d8: with `D/variant-0` a symlink, fit_many wrote meta.json, last.pt and the lock through it."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "variant-0").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(gpufill.InputError) as refused:
+        gpufill.fit_many(_net, _data(), variants=[{"seed": 0}, {"seed": 1}], checkpoint_dir=tmp_path / "ckpt", **{**SETTINGS, "epochs": 1})
+    assert refused.value.field == "checkpoint_dir" and "variant-0" in refused.value.one_line() and "link" in refused.value.one_line()
+    assert list((tmp_path / "elsewhere").iterdir()) == []  # nothing through the link
