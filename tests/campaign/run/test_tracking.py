@@ -259,3 +259,37 @@ def test_a_key_mlflow_refuses_is_sanitised_and_each_run_records_the_settings_it_
     assert network.data.params["train.lr"] in (str(requested), json.dumps(requested))  # what was asked for, as results show
     assert float(network.data.params["effective.lr"]) == pytest.approx(requested * min(scale, 1.0), rel=1e-5)  # what it trained with
     assert network.data.params["effective.precision"] in ("fp32", "bf16") and int(network.data.params["effective.threads"]) >= 1
+
+
+@pytest.mark.slow
+def test_ctrl_c_beside_a_frozen_tracking_server_ends_the_run_without_waiting_on_it(tmp_path):
+    """bd3c8d8: Ctrl-C with a frozen server exited after 12.2 s (10 s promised): the run waited 10 s for the follower's
+    last pass on top of its own stop. Now it gives the follower INTERRUPTED_PASS_S (5 s), then stops it and says how to
+    catch up. The wall time is printed, not asserted: a loaded box stretches every part of the stop alike."""
+    from gpufill.campaign.run.tracking import INTERRUPTED_PASS_S
+
+    (tmp_path / "server").mkdir()
+    server = MlflowServer(tmp_path / "server").start()
+    gate = tmp_path / "gate"  # never opened: the run is held at its gated trial until the Ctrl-C
+    try:
+        path = campaign_file(tmp_path, hidden="[16]", epochs=1, more_models=f"  tests.campaign_models:gated: {{gate: '{gate}'}}\n")
+        workdir = tmp_path / "work"
+        command = [sys.executable, "-m", "gpufill", "run", str(path), "--workdir", str(workdir), "--cpu-slots", "1", "--mlflow", server.uri]
+        run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        _wait(lambda: _gated_running(workdir) or run.poll() is not None, "the run at its gated trial")
+        _wait(lambda: len(exported(server.uri)) >= 1 or run.poll() is not None, "a trial in MLflow")
+        os.killpg(server.process.pid, signal.SIGSTOP)  # frozen: connections accepted, never answered
+        started = time.monotonic()
+        os.kill(run.pid, signal.SIGINT)  # Ctrl-C reaches the scheduler (workers and follower run in their own sessions)
+        output, _ = run.communicate(timeout=WAIT_S)
+        took = time.monotonic() - started
+        print(f"Ctrl-C to exit: {took:.1f} s")
+        assert run.returncode == 130, output[-2000:]
+        with sqlite3.connect(f"file:{workdir / 'gpufill.db'}?mode=ro", uri=True) as db:
+            (said,), = db.execute("SELECT message FROM events WHERE kind = 'tracking'").fetchall()  # the run log has it too
+        assert said == (f"tracking: MLflow at {server.uri} took over {INTERRUPTED_PASS_S:.0f} s for the last export; the store keeps every "
+                        f"result: gpufill export mlflow --workdir {workdir} --uri {server.uri}")
+    finally:
+        if server.process is not None:
+            os.killpg(server.process.pid, signal.SIGCONT)
+        server.stop()
