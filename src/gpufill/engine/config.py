@@ -48,6 +48,9 @@ class SpeedSettings:
     """"auto" (first GPU, else CPU), or a torch device string such as "cuda:1" or "cpu"."""
     precision: PrecisionName | Auto = "auto"
     """bf16 / fp16 autocast or plain fp32."""
+    timed_precision: bool = True
+    """Whether an "auto" precision on a CPU is timed (bf16 autocast against fp32). False: fp32 by rule, for trainings
+    whose numbers must not move with the machine's load (a campaign's trials: campaign/worker/worker.py)."""
     tf32: bool | Auto = "auto"
     cudnn_benchmark: bool | Auto = "auto"
     compile: bool | CompileMode | Auto = "auto"

@@ -111,7 +111,7 @@ def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings, *, e
     tuning = batching.loader_tuning(data, placement.value, settings.num_workers)
     lr_scale = lr_scale_choice(effective.value, settings, data)
     # The device's own choices, and what pays back only over the training's length (this module).
-    precision = _precision(hardware, settings.precision)
+    precision = _precision(hardware, settings.precision, timed=settings.timed_precision)
     device = Choice(hardware.device, _device_reason(hardware, settings.device))
     tf32, cudnn_benchmark = _tf32(hardware, settings.tf32), _cudnn_benchmark(hardware, settings.cudnn_benchmark)
     compile_, threads = _compile(hardware, settings.compile), _threads(hardware, settings.threads)
@@ -183,7 +183,7 @@ def _device_reason(hardware: Hardware, requested: str) -> str:
     return f"no GPU visible to torch: training on the CPU ({hardware.cpu_count} cores)"
 
 
-def _precision(hardware: Hardware, requested: PrecisionName | Auto) -> Choice[PrecisionName]:
+def _precision(hardware: Hardware, requested: PrecisionName | Auto, *, timed: bool = True) -> Choice[PrecisionName]:
     arch = _arch(hardware)
     if requested == "bf16" and hardware.is_cuda and not hardware.bf16_supported:
         raise InputError(
@@ -200,6 +200,9 @@ def _precision(hardware: Hardware, requested: PrecisionName | Auto) -> Choice[Pr
     if hardware.is_cuda:
         low = "bf16 (same exponent range as fp32)" if hardware.bf16_supported else "fp16 with loss scaling"
         return Choice("fp32", f"fp32, torch's default: {low} autocast is timed against it ({arch}); small models are often faster in fp32")
+    if hardware.bf16_supported and not timed:
+        return Choice("fp32", "fp32: CPU, not timed against bf16 autocast: a timed choice flips with the machine's load and would move a "
+                              "campaign's numbers with it (train.precision: bf16 asks for bf16)")
     if hardware.bf16_supported:
         return Choice("fp32", "fp32: CPU, torch's default; it has bf16 instructions, so bf16 autocast is timed against it")
     return Choice("fp32", f"fp32: {hardware.device_type.upper()} without fast bf16 instructions")

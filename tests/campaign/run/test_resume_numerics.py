@@ -127,6 +127,19 @@ def test_a_lone_trial_of_a_fused_shape_trains_the_numbers_it_has_in_a_full_pack(
 
 @pytest.mark.parametrize(("train", "expected"), [("", "fp32"), ("precision: bf16", "bf16"), ("precision: fp32", "fp32")])
 def test_a_campaigns_cpu_trials_never_choose_their_precision_by_timing(tmp_path, train, expected):
-    """bf16 on a CPU is chosen by timing where left to gpufill; in a campaign it is fp32 unless the file asks for bf16."""
+    """bf16 on a CPU is chosen by timing where left to gpufill; in a campaign it is fp32 unless the file asks for bf16,
+    even on a CPU with bf16 instructions: nothing is timed (no probe stage, no live trial), and the plan says why."""
+    import dataclasses
+
+    from gpufill.engine.hardware import detect
+    from gpufill.engine.measure import live
+    from gpufill.engine.plan import _precision
+
     runner, trials = runner_and_trials(tmp_path, train)
-    assert runner.setup(trials[0]).config.precision == expected
+    config = runner.setup(trials[0]).config
+    assert config.timed_precision is False
+    bf16_cpu = dataclasses.replace(detect("cpu"), bf16_supported=True)
+    choice = _precision(bf16_cpu, config.precision, timed=config.timed_precision)
+    assert choice.value == expected
+    assert ("not timed against bf16 autocast" in choice.reason) == (not train)
+    assert not live.applies(dataclasses.replace(config, threads=1), bf16_cpu, False)  # no live trial switches it while training

@@ -114,14 +114,6 @@ def _heartbeat(send: Callable[[dict[str, Any]], None]) -> None:
             return
 
 
-CPU_PRECISION = "fp32"
-"""A campaign's CPU trials train in fp32 unless `train.precision` asks for bf16. On a CPU, bf16 autocast is chosen by
-timing (the live trial: engine/measure/live.py), and timing flips with the machine's load: a study killed and resumed
-under load differed from an uninterrupted one on 16 of 36 trials (up to 1e-3 relative). A study's numbers are fixed by
-its file, not by the second it started; the other choices that change them are fixed by the lane (threads) or taken
-once per workdir and shape (a pack's size and kind, whose members train the same numbers at any size)."""
-
-
 class TrialRunner:
     """Loads the campaign's data once per process and runs tasks on it: one trial, or a pack of one shape's
     trials. What a trial is and how it trains is forecasting's (forecasting/run.py, packs.py); this is where
@@ -149,12 +141,16 @@ class TrialRunner:
 
     def setup(self, trial: Trial) -> TrialSetup:
         """How `trial` trains on this worker: the campaign's settings and recipe, this worker's device, threads and tune
-        cache; on a CPU, fp32 where the precision is left to gpufill (CPU_PRECISION)."""
+        cache. On a CPU an "auto" precision is fp32, not timed against bf16 (`timed_precision=False`): timing flips with
+        the machine's load, and a study killed and resumed under load differed from an uninterrupted one on 16 of 36
+        trials (up to 1e-3 relative). A study's numbers are fixed by its file, not by the second it started; the other
+        choices that change them are the lane's (threads) or taken once per workdir and shape (a pack's size and kind,
+        whose members train the same numbers at any size). `train.precision: bf16` asks for bf16."""
         from gpufill.forecasting.run import trial_setup
 
         base = self.spec.base_config(trial.train, trial.seed)
-        if base.precision == "auto" and self.device == "cpu":
-            base = dataclasses.replace(base, precision=CPU_PRECISION)
+        if self.device == "cpu":
+            base = dataclasses.replace(base, timed_precision=False)
         return trial_setup(trial, self.spec.recipe(trial.family, trial.train), base, threads=self.threads,
                            device=self.device, tune_cache=self.tune_cache, memory_margin=self.spec.resources.memory_margin,
                            refit=self.spec.train.refit)

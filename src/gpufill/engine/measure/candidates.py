@@ -62,7 +62,7 @@ def stages(plan: Plan, settings: SpeedSettings, hardware: Hardware, context: Con
         counts = thread_counts(plan.threads.value, hardware.cpu_count)
         if len(counts) > 1:
             out.append(Stage("threads", tuple(counts)))
-    if settings.precision == "auto" and not (context.live and hardware.device_type == "cpu"):
+    if settings.precision == "auto" and not (hardware.device_type == "cpu" and (context.live or not settings.timed_precision)):
         low = ("bf16",) if hardware.bf16_supported else ()
         if hardware.is_cuda:
             low = (*low, "fp16")

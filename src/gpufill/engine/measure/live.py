@@ -270,7 +270,8 @@ def start(plan: Plan, cfg: FitConfig, hardware: Hardware, *, total_steps: int | 
         apply(winner)
         return choices(plan, winner, f"cached from an earlier training of this shape on this machine ({log})"), None
     thread_options = thread_counts(planned.threads, hardware.cpu_count) if cfg.threads == "auto" else [planned.threads]
-    precisions = ["fp32", "bf16"] if cfg.precision == "auto" and hardware.bf16_supported and not plan.compile.value else [planned.precision]
+    timed = cfg.precision == "auto" and cfg.timed_precision and hardware.bf16_supported
+    precisions = ["fp32", "bf16"] if timed and not plan.compile.value else [planned.precision]
     arms = arms_for(planned, thread_options, precisions)
     if len(arms) < 2:
         return plan, None  # one core, fp32 only: nothing to choose between
@@ -296,4 +297,4 @@ def applies(cfg: FitConfig, hardware: Hardware, distributed: bool) -> bool:
     bf16 instructions, left to gpufill and measuring allowed: its first steps choose them, not the probe."""
     if hardware.device_type != "cpu" or distributed or cfg.probe is False:
         return False
-    return cfg.threads == "auto" or (cfg.precision == "auto" and hardware.bf16_supported)
+    return cfg.threads == "auto" or (cfg.precision == "auto" and cfg.timed_precision and hardware.bf16_supported)
