@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpufill.mlflow_uri import client_defaults, resolve_tracking_uri
 from gpufill.engine.result import EpochRecord, FitCallback, FitResult
 from gpufill.errors import InputError
+from gpufill.mlflow_uri import client_defaults, resolve_tracking_uri
 
 __all__ = ["LOGGER_KINDS", "TrainingLogger", "mlflow_experiment", "open_loggers", "parse_loggers"]
 

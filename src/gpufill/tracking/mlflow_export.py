@@ -185,7 +185,7 @@ def no_answer(error: BaseException) -> bool:
     for _ in range(10):
         if seen is None:
             return False
-        if isinstance(seen, OSError | TimeoutError):
+        if isinstance(seen, OSError):  # TimeoutError and requests' errors included
             return True
         seen = seen.__cause__ or seen.__context__
     return False

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from contextlib import suppress
 from dataclasses import dataclass, field
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 
+from gpufill.campaign.worker.early import FRESH_WORKERS_VARIABLE, spawn
 from gpufill.campaign.worker.early import take as take_early
 
-FRESH_WORKERS_VARIABLE = "GPUFILL_FRESH_WORKERS"
 ZYGOTE_START_TIMEOUT_S = 600.0
 """Longest wait for a zygote's first answer (its imports): past it, on a stalled machine, workers start fresh."""
 FORK_TIMEOUT_S = 60.0
@@ -72,19 +70,14 @@ class Zygote:
         """Starts the process (or adopts the one `gpufill run` started at its first line: campaign/worker/early.py); it
         imports while the other lanes' zygotes start too."""
         early = take_early(self.env)
+        later: dict[str, str] = {}
         if early is not None:
             self.process, ours, later = early
-            self.conn = Connection(ours.detach())
-            if later:
-                self.conn.send(("env", later))
         else:
-            ours, theirs = socket.socketpair()
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gpufill.campaign.worker.zygote", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), env=self.env, stdin=subprocess.DEVNULL, start_new_session=True,
-            )
-            theirs.close()
-            self.conn = Connection(ours.detach())
+            self.process, ours = spawn(self.env)
+        self.conn = Connection(ours.detach())
+        if later:
+            self.conn.send(("env", later))
         if self.check is not None:
             self.conn.send(("check", *self.check))
 

@@ -81,8 +81,6 @@ class InlineExecutor(NoBatchJobs):
         worker = self.submitted.pop(0)
         task = worker.task
         assert task is not None
-        import torch
-
         from gpufill.forecasting.run import use_threads
 
         use_threads(worker.lane.threads)
@@ -109,8 +107,6 @@ class InlineExecutor(NoBatchJobs):
         self.submitted.clear()
         self.runners.clear()
         if self.threads_before is not None:
-            import torch
-
             from gpufill.forecasting.run import use_threads
 
             use_threads(self.threads_before)

@@ -99,10 +99,10 @@ def _medians_with_each(chosen: np.ndarray, forecasts: np.ndarray) -> np.ndarray:
 
 def _inserted(chosen: np.ndarray, forecast: np.ndarray) -> np.ndarray:
     """`chosen` (m, N, H, sorted along m) with `forecast` (N, H) added, still sorted: one pass, no sort."""
-    position = (chosen < forecast).sum(axis=0)  # per cell, how many chosen values lie below it
-    index = np.arange(chosen.shape[0] + 1).reshape(-1, *(1,) * forecast.ndim)
     if chosen.shape[0] == 0:
         return forecast[None].copy()
+    position = (chosen < forecast).sum(axis=0)  # per cell, how many chosen values lie below it
+    index = np.arange(chosen.shape[0] + 1).reshape(-1, *(1,) * forecast.ndim)
     below = np.concatenate([chosen, chosen[-1:]])  # at index i < position: chosen[i]
     above = np.concatenate([chosen[:1], chosen])  # at index i > position: chosen[i - 1]
     return np.where(index < position, below, np.where(index == position, forecast, above))

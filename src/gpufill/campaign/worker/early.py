@@ -26,6 +26,8 @@ COMMANDS = ("run", "demo")
 """The commands that train (locally, by default) and so start a zygote early."""
 VARIABLE = "GPUFILL_EARLY_ZYGOTE"
 """Set to 0 to start each zygote only when its lane is planned (to compare, or to rule this out)."""
+FRESH_WORKERS_VARIABLE = "GPUFILL_FRESH_WORKERS"
+"""Set to 1 to start every worker as a fresh interpreter, no zygote at all (campaign/executors/forked.py)."""
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 """Every library that sizes a thread pool from the environment, set before it is imported (every worker's, by
 campaign/executors/base.py's `thread_env`; here to 1)."""
@@ -53,7 +55,7 @@ def wanted(argv: list[str]) -> bool:
         value = arg.split("=", 1)[1] if arg.startswith("--executor=") else argv[i + 1] if arg == "--executor" and i + 1 < len(argv) else None
         if value is not None and value != "local":
             return False
-    return os.environ.get("GPUFILL_FRESH_WORKERS") != "1"
+    return os.environ.get(FRESH_WORKERS_VARIABLE) != "1"
 
 
 def start(argv: list[str]) -> None:
@@ -62,17 +64,26 @@ def start(argv: list[str]) -> None:
     if _early is not None or not wanted(argv):
         return
     env = {**os.environ, **dict.fromkeys(THREAD_VARIABLES, "1")}
+    try:
+        process, ours = spawn(env)
+    except OSError:  # nothing lost: the lane starts its own
+        return
+    _early = Early(process, ours, env)
+    atexit.register(stop)
+
+
+def spawn(env: dict[str, str]) -> tuple[subprocess.Popen, socket.socket]:
+    """A zygote process with `env` (its own session) and our end of its control connection."""
     ours, theirs = socket.socketpair()
     try:
         process = subprocess.Popen([sys.executable, "-m", "gpufill.campaign.worker.zygote", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
                                    env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-    except OSError:  # nothing lost: the lane starts its own
+    except OSError:
         ours.close()
-        return
+        raise
     finally:
         theirs.close()
-    _early = Early(process, ours, env)
-    atexit.register(stop)
+    return process, ours
 
 
 def take(env: dict[str, str]) -> tuple[subprocess.Popen, socket.socket, dict[str, str]] | None:

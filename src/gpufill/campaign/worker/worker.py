@@ -17,7 +17,6 @@ Run as ``python -m gpufill.campaign.worker.worker FD`` it is a local worker (exe
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import threading
 import time
@@ -237,14 +236,16 @@ class TrialRunner:
         if len(trials) > 1 and task.get("pack_size") != 1:  # a pack reads every trial's data before any trains: check it first
             waiting = self._not_ready(trials)  # these wait for the environment; the rest pack
             trials = [t for t in trials if t.trial_id not in {m["trial_id"] for m in waiting}]
-        # One trial trains alone unless its shape trains fused: then as a pack of one (the pack's numbers: worker/packs.py).
-        if (not trials or task.get("pack_size") in (None, 1) and len(trials) == 1 or task.get("pack_size") == 1 or trials[0].kind != "neural"
-                or trials[0].is_global):  # a global trial trains on every project's windows: one network, never packed
-            unfused = PackEntry(1, task["pack_reason"]) if task.get("pack_size") == 1 and task.get("pack_reason") else None
+        pack_size = task.get("pack_size")
+        # Alone: classical and global trials (a global one trains on every project's windows), an unfused shape, and a
+        # lone trial of a shape not yet sized; a lone trial of a fused shape trains as a pack of one (worker/packs.py).
+        alone = not trials or trials[0].kind != "neural" or trials[0].is_global or pack_size == 1 or (pack_size is None and len(trials) == 1)
+        if alone:
+            unfused = PackEntry(1, task["pack_reason"]) if pack_size == 1 and task.get("pack_reason") else None
             return {"results": [*waiting, *(self.attempt(t, lambda t=t: self.run(t, pack=unfused)) for t in trials)], "pack": None}
         from gpufill.campaign.worker.packs import run_pack
 
-        message = run_pack(self, trials, task.get("pack_size"), task.get("pack_kind"), waiting=task.get("waiting"))
+        message = run_pack(self, trials, pack_size, task.get("pack_kind"), waiting=task.get("waiting"))
         return {**message, "results": [*waiting, *message["results"]]}
 
     def _not_ready(self, trials: list[Trial]) -> list[dict[str, Any]]:

@@ -71,8 +71,8 @@ def choose_pack_size(build, sample: Pair, *, config: FitConfig, name: str, candi
     reason, where a pack cannot train them (a decaying schedule: a pack runs a constant lr; a model that neither
     fused kernels nor vmap can batch, `name` saying whose), else measured (`measure_pack_size`) at the batch a plan
     gives such a training, each size's peak within `config.memory_margin` of the device. `trainings`: how many of
-    them wait; where their whole training is shorter than the measurement would be, nothing is measured and they
-    train as one pack (`unmeasured`)."""
+    them wait; where measuring would cost more than MEASURE_SHARE of their whole training, nothing is measured and
+    they train as one pack (`unmeasured`)."""
     if config.schedule != "constant":
         return PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: schedule {config.schedule} (a pack runs a constant lr)")
     # Any elementwise loss tests vmap's batching rules alike: mse stands for the trainings' own.
