@@ -46,6 +46,27 @@ def test_cross_entropy_label_smoothing_and_torch_layout():
     out = _call(losses.CrossEntropy(label_smoothing=0.1), scores, labels)
     assert out["loss"].item() == pytest.approx(F.cross_entropy(scores, labels, label_smoothing=0.1).item(), abs=1e-6)
     assert losses.resolve(losses.CrossEntropy(label_smoothing=0.1))[1].value == "cross_entropy(label_smoothing=0.1)"
+    assert out["accuracy"].item() == pytest.approx((scores.argmax(1) == labels).float().mean().item())
+
+
+def test_top1_hits_equal_argmax_except_at_ties_which_are_never_hits():
+    """The accuracy's vectorised top-1 (scatter, max) against argmax on a language model's logits, one model and a
+    stacked pack of 3; a tied top score counts wrong, so a model that outputs constants scores 0, not 1/classes."""
+    torch.manual_seed(2)
+    scores, labels = torch.randn(512, 256), torch.randint(0, 256, (512,))
+    scores[::2, :].scatter_add_(1, labels[::2, None], torch.full((256, 1), 3.0))  # half the rows lean to their label
+    labels[::7] = -100
+    counted = labels != -100
+    hits = losses.top1_hits(scores, labels, counted, dim=-1)
+    assert torch.equal(hits, (scores.argmax(-1) == labels) & counted) and 0 < int(hits.sum()) < 512
+    stacked = torch.randn(3, 64, 9, 11)
+    ids = torch.randint(0, 11, (3, 64, 9))
+    out = losses.CrossEntropy().compute_stacked(stacked, ids, shared=False)
+    assert out["accuracy"].tolist() == pytest.approx([(stacked[i].argmax(-1) == ids[i]).float().mean().item() for i in range(3)])
+    flat = _call("cross_entropy", torch.zeros(6, 4), torch.tensor([0, 1, 2, 3, 0, 0]))
+    assert flat["accuracy"].item() == 0.0  # argmax would call the three label-0 rows right
+    tie = torch.tensor([[1.0, 3.0, 3.0], [1.0, 3.0, 2.0]])
+    assert losses.top1_hits(tie, torch.tensor([1, 1]), torch.tensor([True, True]), dim=-1).tolist() == [False, True]
 
 
 def test_bce_with_logits_takes_one_logit_per_label_as_batch_or_batch_by_one():
