@@ -14,7 +14,8 @@ from gpufill.forecasting.data.window_scaling import scale_windows
 from gpufill.engine.config import FitConfig
 from gpufill.engine.loop import fit
 from gpufill.forecasting.models import registry
-from gpufill.engine.packs.train import PackAdamW, PackMember, fit_pack
+from gpufill.engine.packs.optim import PackAdamW
+from gpufill.engine.packs.train import PackMember, fit_pack
 from gpufill.engine.packs.size import measure_pack_size
 from gpufill.engine.packs.stacked import HAND_WRITTEN, VMAP
 from tests.helpers import write_campaign
@@ -154,6 +155,27 @@ def test_a_pack_reproduces_separate_fits(family, loss, scaling):
         for (name, a), (_, b) in zip(alone.model.state_dict().items(), result.model.state_dict().items(), strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
         assert "trained in a pack of 3 (hand-written fused kernels)" in result.events
+
+
+def test_a_pack_honours_max_steps_per_member_as_fit_does():
+    """max_steps counts each member's own steps, as `fit` alone counts them: a member with fewer windows takes fewer
+    steps per epoch and reaches the limit later; each one's epochs, event and weights equal its training alone."""
+    ws = [make_windows(p, 12, 1) for p in load_projects("synthetic", n_projects=2, length=400, seed=0).values()]
+    ws.append(make_windows(next(iter(load_projects("synthetic", n_projects=1, length=250, seed=3).values())), 12, 1))
+    seeds, lrs = [0, 1, 2], [1e-3, 3e-3, 2e-3]
+    config = FitConfig(epochs=6, batch_size=64, patience=None, max_steps=9, restore_best=False)
+    packed = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=config)
+    counts = [w.x_train.shape[0] for w in ws]
+    assert counts[2] < counts[0] and -(-counts[2] // 64) < -(-counts[0] // 64)  # the short member steps less per epoch
+    for w, seed, lr, model, result in zip(ws, seeds, lrs, models("mlp", ws, seeds), packed, strict=True):
+        alone = fit(model, (w.x_train, w.y_train), (w.x_val, w.y_val),
+                    config=FitConfig(epochs=6, batch_size=64, lr=lr, seed=seed, precision="fp32", patience=None, max_steps=9, restore_best=False))
+        assert [(r.epoch, r.steps, r.samples) for r in result.history] == [(r.epoch, r.steps, r.samples) for r in alone.history]
+        assert sum(r.steps for r in result.history) == 9
+        assert [r.train_loss for r in result.history] == pytest.approx([r.train_loss for r in alone.history], rel=1e-4)
+        assert [e for e in result.events if e.startswith("stopped at max_steps")] == [e for e in alone.events if e.startswith("stopped at max_steps")]
+        for (name, a), (_, b) in zip(alone.model.state_dict().items(), result.model.state_dict().items(), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_per_model_lr_is_honoured_and_lr_zero_models_do_not_move():

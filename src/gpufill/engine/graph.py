@@ -4,7 +4,7 @@ Small models are bounded by kernel launches (each 5-10 us of host time), not by 
 Captured as a graph, a step's hundreds of kernels (forward, loss, backward, optimizer, the
 epoch's loss sums) launch as one. What capture needs: every input is a static buffer filled
 by copy (a batch's indices), the state lives on the device, and nothing reads the device
-inside the step. A fused pack's step is built that way (`packs/train.py`); so is a single
+inside the step. A fused pack's step is built that way (`packs/pack_run.py`); so is a single
 training's captured step (`step_graph.py`).
 
 Capture follows PyTorch's recipe: a few warm-up steps on a side stream (the training's

@@ -23,7 +23,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,11 +45,10 @@ from gpufill.engine.optim import make_schedule
 from gpufill.engine.plan import Choice, Plan
 from gpufill.engine.progress import epoch_line, epochs_left, wants_lines
 from gpufill.engine.prepare import automatic_plan, measured_plan, prepare, resolve_config, with_micro_batch  # noqa: F401  (automatic_plan, measured_plan: where callers find them)
-from gpufill.engine.result import EpochRecord, FitCallback, FitResult, throughput
+from gpufill.engine.epochs import Trained, run_epochs
+from gpufill.engine.result import EpochRecord, FitCallback, FitResult, Status, throughput
+from gpufill.engine.stopping import BestWeights, Rules, Stopping
 from gpufill.errors import InputError
-
-Status = Literal["completed", "early_stopped", "diverged", "pruned"]
-
 
 def fit(
     model: nn.Module,
@@ -134,6 +133,13 @@ class Training:
             saved_schedule = saved.get("schedule")
             self.state = state_from(meta["state"], saved.get("best_weights"))
             events.append(f"resumed after epoch {self.state.epoch} from {cfg.checkpoint_dir}")
+        self.stopping = Stopping(1, Rules.of(cfg), packed=False, events=[events])
+        self.stopping.best_val, self.stopping.best_epoch, self.stopping.bad = [self.state.best_val], [self.state.best_epoch], [self.state.bad_validations]
+        self.stopping.steps = [self.state.steps]
+        self.best = BestWeights(model.state_dict, stacked=False, kept=self.state.best_weights)
+        self.epoch_seconds: list[float] = []
+        self.epoch_samples: list[int] = []
+        """Each epoch's seconds and samples trained in this run (a cut last epoch: what it trained)."""
         # Validation runs each rank's own block through the bare (or compiled) model, never the
         # DDP wrapper, whose forward is a collective every rank would have to call equally often.
         self.evaluate = self.kit.forward
@@ -254,13 +260,9 @@ class Training:
         if self.monitor is not None:
             self.monitor.log_iteration(seconds, samples=samples, data_wait_s=wait)
 
-    # -- the loop -----------------------------------------------------------------------
+    # -- the loop: engine/epochs.py drives these -----------------------------------------------
     def train(self, train: Any, val: Any, callbacks: Sequence[FitCallback], source: Source, *, called: float | None = None) -> FitResult:
         """`called`: when fit was called (perf_counter): the set-up from there to the first epoch is reported."""
-        status: Status = "completed"
-        epoch_seconds: list[float] = []
-        epoch_samples: list[int] = []
-        """Each epoch's seconds and samples trained in this run (a cut last epoch: what it trained)."""
         started = time.perf_counter()
         self.setup_s = started - called if called is not None else None
         if self.setup_s is not None:  # checks, the plan, data to the device, the probe, the kit, a graph capture: all of it
@@ -269,74 +271,68 @@ class Training:
                                                                      f"epoch, the probe's {probe.value:.2f} s included"))
         for callback in callbacks:
             callback.on_fit_start(self.plan, self.cfg.epochs)
-        lines = wants_lines(self.cfg.verbose) and (self.ddp is None or self.ddp.is_main)
-        max_steps = self.cfg.max_steps
-        for epoch in range(self.state.epoch + 1, self.cfg.epochs + 1):
-            if max_steps is not None and self.state.steps >= max_steps:
-                break  # resumed after the last step
-            tick = time.perf_counter()
-            self.model.train()
-            steps = step.train_epoch(self._step, train, self.plan.effective_batch.value, self.generator, self.kit.totals,
-                                     timing=self.timing, sync_every_step=self.plan.step_sync.value, on_step=self._stepped, recover=self._recover,
-                                     max_steps=None if max_steps is None else max_steps - self.state.steps)
-            self.state.steps += steps
-            last = epoch == self.cfg.epochs or (max_steps is not None and self.state.steps >= max_steps)
-            train_values = self.kit.totals.read(self.ddp)
-            samples_per_epoch = self.kit.totals.samples
-            seconds = time.perf_counter() - tick
-            epoch_seconds.append(seconds)
-            epoch_samples.append(samples_per_epoch)
-            if source.n is None and epoch == self.state.epoch + 1 and self.cfg.steps_per_epoch is None:
-                self.events.append(f"an epoch is {samples_per_epoch} samples (counted in the first epoch)")
-            val_values = None
-            if val is not None and (epoch % self.cfg.validate_every == 0 or last):
-                tick = time.perf_counter()
-                val_values = step.validate(self.evaluate, self.model, self.loss_fn, self.kit.precision, val, self.plan.micro_batch.value,
-                                           self.device, self.ddp)
-                self.timing.val_s += time.perf_counter() - tick
-            train_loss = train_values.pop("loss")
-            val_loss = val_values.pop("loss") if val_values is not None else None
-            record = EpochRecord(epoch=epoch, train_loss=train_loss, val_loss=val_loss, seconds=seconds, lr=_lr(self.kit.optimizer),
-                                 train_metrics=train_values, val_metrics=val_values, samples=samples_per_epoch, steps=steps)
-            self.state.history.append(record)
-            self.state.epoch = epoch
-            if not math.isfinite(train_loss) or (val_loss is not None and not math.isfinite(val_loss)):
-                status = "diverged"
-                self.events.append(f"diverged at epoch {epoch}: loss is {train_loss if not math.isfinite(train_loss) else val_loss}")
-            elif val_loss is not None and self._early_stop(val_loss, epoch):
-                status = "early_stopped"
-                self.events.append(f"early stop at epoch {epoch}: no improvement for {self.cfg.patience} validations")
-            elif last and epoch < self.cfg.epochs:
-                self.events.append(f"stopped at max_steps {max_steps} in epoch {epoch} ({steps} of its steps)")
-            self._maybe_checkpoint(epoch, final=status != "completed" or last)
-            for callback in callbacks:
-                callback.on_epoch_end(record)
-            if status == "completed" and not last:
-                reason = next((found for callback in callbacks if (found := callback.stop(record))), None)
-                if reason:
-                    status = "pruned"
-                    self.events.append(f"pruned at epoch {epoch}: {reason}")
-            if lines:
-                left = epochs_left(record, self.cfg.epochs, max_steps, self.state.steps) if status == "completed" else 0.0
-                print(epoch_line(record, self.cfg.epochs, throughput(epoch_seconds, epoch_samples)[1], left), file=sys.stderr, flush=True)
-            if status != "completed" or last:
-                break
+        self.batches, self.val_batches, self.callbacks, self.source = train, val, callbacks, source
+        self.has_validation = val is not None
+        self.lines = wants_lines(self.cfg.verbose) and (self.ddp is None or self.ddp.is_main)
+        run_epochs(self, self.stopping, [self.state.history], first=self.state.epoch + 1)
         if self.watch is not None and self.watch.log:
             self.plan = self.plan.replace(threads=Choice(self.watch.threads, f"{self.watch.threads}: re-checked while training "
                                                                                 f"({'; '.join(self.watch.log)})"))
             self.events.extend(f"threads: {line}" for line in self.watch.log)
-        if self.cfg.restore_best and self.state.best_weights is not None and status != "diverged":
-            self.model.load_state_dict(self.state.best_weights)
-            self.events.append(f"restored the best weights (epoch {self.state.best_epoch}, val loss {self.state.best_val:.6g})")
-        return self._result(status, epoch_seconds, epoch_samples, time.perf_counter() - started)
+        restored = self.stopping.restorable()
+        self.best.restore(restored)
+        self.stopping.restored(restored)
+        return self._result(self.stopping.status[0], time.perf_counter() - started)
 
-    def _early_stop(self, val_loss: float, epoch: int) -> bool:
-        if val_loss < self.state.best_val - self.cfg.min_delta:
-            self.state.best_val, self.state.best_epoch, self.state.bad_validations = val_loss, epoch, 0
-            self.state.best_weights = {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
-            return False
-        self.state.bad_validations += 1
-        return self.cfg.patience is not None and self.state.bad_validations >= self.cfg.patience
+    def train_epoch(self, epoch: int, steps_left: Sequence[int] | None) -> Trained:
+        tick = time.perf_counter()
+        self.model.train()
+        steps = step.train_epoch(self._step, self.batches, self.plan.effective_batch.value, self.generator, self.kit.totals,
+                                 timing=self.timing, sync_every_step=self.plan.step_sync.value, on_step=self._stepped, recover=self._recover,
+                                 max_steps=None if steps_left is None else steps_left[0])
+        values = self.kit.totals.read(self.ddp)
+        samples = self.kit.totals.samples
+        seconds = time.perf_counter() - tick
+        self.epoch_seconds.append(seconds)
+        self.epoch_samples.append(samples)
+        if self.source.n is None and epoch == self.state.epoch + 1 and self.cfg.steps_per_epoch is None:
+            self.events.append(f"an epoch is {samples} samples (counted in the first epoch)")
+        return Trained(values={name: [value] for name, value in values.items()}, samples=[samples], steps=[steps], seconds=seconds)
+
+    def validate(self) -> dict[str, Sequence[float]]:
+        tick = time.perf_counter()
+        values = step.validate(self.evaluate, self.model, self.loss_fn, self.kit.precision, self.val_batches, self.plan.micro_batch.value,
+                               self.device, self.ddp)
+        self.timing.val_s += time.perf_counter() - tick
+        return {name: [value] for name, value in values.items()}
+
+    def lrs(self) -> list[float]:
+        return [_lr(self.kit.optimizer)]
+
+    def keep_best(self, rows: Sequence[int]) -> None:
+        self.best.keep(rows)
+
+    def epoch_end(self, epoch: int, records: dict[int, EpochRecord], ending: set[int]) -> dict[int, str]:
+        """The epoch checkpointed (before any callback can fail), every callback told of it; unless the training ends
+        here, the first callback's reason to stop prunes it."""
+        stopping, record = self.stopping, records[0]
+        self.state.epoch, self.state.steps = epoch, stopping.steps[0]
+        self.state.best_val, self.state.best_epoch, self.state.bad_validations = stopping.best_val[0], stopping.best_epoch[0], stopping.bad[0]
+        self.state.best_weights = self.best.kept
+        going_on = stopping.status[0] == "completed" and not ending
+        self._maybe_checkpoint(epoch, final=not going_on)
+        for callback in self.callbacks:
+            callback.on_epoch_end(record)
+        if not going_on:
+            return {}
+        reason = next((found for callback in self.callbacks if (found := callback.stop(record))), None)
+        return {0: reason} if reason else {}
+
+    def after_epoch(self, epoch: int, last: bool) -> None:
+        if self.lines:
+            record = self.state.history[-1]
+            left = epochs_left(record, self.cfg.epochs, self.cfg.max_steps, self.stopping.steps[0]) if not last else 0.0
+            print(epoch_line(record, self.cfg.epochs, throughput(self.epoch_seconds, self.epoch_samples)[1], left), file=sys.stderr, flush=True)
 
     def _maybe_checkpoint(self, epoch: int, *, final: bool) -> None:
         if self.cfg.checkpoint_dir is None or not (final or epoch % self.cfg.checkpoint_every == 0):
@@ -357,8 +353,8 @@ class Training:
                 "micro_batch": self.plan.micro_batch.value, "plan": self.plan.to_dict()}
         save_checkpoint(self.cfg.checkpoint_dir, tensors, meta)
 
-    def _result(self, status: Status, epoch_seconds: list[float], epoch_samples: list[int], wall: float) -> FitResult:
-        history = self.state.history
+    def _result(self, status: Status, wall: float) -> FitResult:
+        history, epoch_seconds, epoch_samples = self.state.history, self.epoch_seconds, self.epoch_samples
         # The first epoch pays warm-up (allocator, cuDNN autotune, compile): reported apart, left out of the rate.
         samples_per_s, epoch_s = throughput(epoch_seconds, epoch_samples)
         train_s = sum(epoch_seconds)
@@ -376,13 +372,13 @@ class Training:
         }
         metrics: dict[str, float | int | None] = {
             "train_loss": history[-1].train_loss if history else None,
-            "val_loss": self.state.best_val if self.state.best_epoch is not None else None,
-            "best_epoch": self.state.best_epoch,
+            "val_loss": self.stopping.best_val[0] if self.stopping.best_epoch[0] is not None else None,
+            "best_epoch": self.stopping.best_epoch[0],
             "epochs_run": len(history),
         }
         if history:
             metrics.update({f"train_{name}": value for name, value in history[-1].train_metrics.items()})
-            best = next((r for r in history if r.epoch == self.state.best_epoch), None)
+            best = next((r for r in history if r.epoch == self.stopping.best_epoch[0]), None)
             scored = best or next((r for r in reversed(history) if r.val_metrics is not None), None)
             if scored is not None and scored.val_metrics:
                 metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})

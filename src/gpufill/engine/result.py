@@ -12,6 +12,10 @@ from torch import nn
 from gpufill.engine.plan import Plan
 
 
+Status = Literal["completed", "early_stopped", "diverged", "pruned"]
+"""How a training (or one row of a pack) ended: engine/stopping.py decides."""
+
+
 @dataclass(slots=True)
 class EpochRecord:
     epoch: int
@@ -43,7 +47,7 @@ class FitResult:
     metrics: dict[str, float | int | None]
     timings: dict[str, float]
     events: list[str]
-    status: Literal["completed", "early_stopped", "diverged", "pruned"]
+    status: Status
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -28,7 +28,7 @@ from gpufill.engine.snapshot import preserved_rng
 
 
 class PackTraining(Protocol):
-    """What the measurements need of a pack's training (packs/train.py's run)."""
+    """What the measurements need of a pack's training (packs/pack_run.py's PackRun)."""
 
     fused: nn.Module
     optimizer: PackAdamW | PackSGD

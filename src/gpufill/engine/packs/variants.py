@@ -12,8 +12,6 @@ model alone, at each thread count a CPU training could use.
 
 from __future__ import annotations
 
-import copy
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,7 +26,6 @@ from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import detect
 from gpufill.engine.inputs import Source, data_facts
-from gpufill.engine.loop import Status
 from gpufill.engine.measure.candidates import thread_counts
 from gpufill.engine.measure.thread_watch import ThreadWatch
 from gpufill.engine.optim import Multiplier, make_optimizer, make_schedule
@@ -39,7 +36,9 @@ from gpufill.engine.packs.stacked import StackedModule
 from gpufill.engine.packs.stacked_optim import StackedOptimizer, recipe_of, why_not_stacked_optimizer
 from gpufill.engine.plan import Plan, make_plan
 from gpufill.engine.prepare import total_steps
+from gpufill.engine.epochs import Trained, run_epochs
 from gpufill.engine.result import EpochRecord, FitResult, throughput
+from gpufill.engine.stopping import BestWeights, Rules, Stopping
 
 
 PackOptimizer = StackedAdam | StackedOptimizer
@@ -154,106 +153,28 @@ class PackedVariants:
 
     def _train(self, choice: Choice[int] | None, probe: Any, step_s: float | None) -> list[FitResult]:
         started = time.perf_counter()
-        cfg, k, device = self.cfg, self.k, self.device
-        stacked = StackedModule.from_models(self.models).to(device)
+        k = self.k
+        stacked = StackedModule.from_models(self.models).to(self.device)
         self.build_s = time.perf_counter() - started
         optimizer, optimizer_choice = self.stacked_optimizer(list(stacked.parameters()))
-        multiplier = _multiplier(cfg, self.total_steps)
-        schedule = make_schedule(_schedule_holder(), cfg, self.total_steps)[1]
-        generators = [torch.Generator(device=device).manual_seed(c.seed) for c in self.configs]
-        torch.manual_seed(self.configs[0].seed)  # dropout: each model draws its own masks in the pack
-        active = [True] * k
-        """Which models still train: decided on the host at an epoch's end (early stopping, divergence)."""
-        state = _Best(k, stacked)
+        schedule = make_schedule(_schedule_holder(), self.cfg, self.total_steps)[1]
+        stopping = Stopping(k, Rules.of(self.cfg), packed=True, events=[[f"trained in a pack of {k} variants ({self.form})"] for _ in range(k)])
+        rows = _VariantRows(self, stacked, optimizer, stopping, probe, step_s)
         histories: list[list[EpochRecord]] = [[] for _ in range(k)]
-        status: list[Status] = ["completed"] * k
-        events: list[list[str]] = [[f"trained in a pack of {k} variants ({self.form})"] for _ in range(k)]
-        seconds: list[float] = []
-        samples: list[int] = []
-        """Each epoch's seconds (the pack's) and samples trained (each model's; a cut last epoch: what it trained)."""
-        step_count = 0
-        watch: ThreadWatch | None = None
-        """Re-checks the thread count when the steps drift (a CPU with threads left to gpufill), once measuring is done."""
-        if multiplier is not None:
-            optimizer.set_lr_factor(multiplier(0))
-        for epoch in range(1, cfg.epochs + 1):
-            tick = time.perf_counter()
-            stacked.train()
-            order = torch.stack([torch.randperm(self.n, device=device, generator=g) for g in generators])
-            sums: dict[str, torch.Tensor] = {}
-            training = [i for i in range(k) if active[i]]
-            epoch_steps = epoch_samples = 0
-            for start in range(0, self.n, self.batch):
-                if step_count >= self.total_steps:
-                    break  # max_steps reached: the epoch is cut where fit alone cuts it
-                size = min(self.batch, self.n - start)
-                index = order[:, start : start + size]
-                batch = _gather(self.train_data, index)
-                if probe is None or probe.done:
-                    if watch is None:
-                        measured = probe.timing if probe is not None else None
-                        watch = ThreadWatch(self.thread_candidates(), self.plan.threads.value,
-                                            measured.pack_step_s if measured is not None else step_s)
-                    step_started = time.perf_counter()
-                    values = pack_step(stacked, optimizer, self.loss_fn, batch, training, cfg.grad_clip)
-                    watch.observe(time.perf_counter() - step_started)  # a CPU step is done when it returns: no sync to time it
-                else:  # the first steps: timed against one model alone (the probe decides, or stops the pack)
-                    values = probe.timed(lambda: pack_step(stacked, optimizer, self.loss_fn, batch, training, cfg.grad_clip), batch)
-                for name, value in values.items():
-                    weighted = value.detach().float() * size
-                    sums[name] = sums[name] + weighted if name in sums else weighted
-                step_count += 1
-                epoch_steps += 1
-                epoch_samples += size
-                if multiplier is not None:
-                    optimizer.set_lr_factor(multiplier(step_count))
-            train_values = {name: (total / max(epoch_samples, 1)).tolist() for name, total in sums.items()}  # the epoch's one read
-            seconds.append(time.perf_counter() - tick)
-            samples.append(epoch_samples)
-            last = epoch == cfg.epochs or step_count >= self.total_steps
-            validate = self.val_data is not None and (epoch % cfg.validate_every == 0 or last)
-            val_values = self._validate(stacked) if validate else None
-            was_active, lrs = list(active), list(optimizer.lr)
-            for i in range(k):
-                if not was_active[i]:
-                    continue
-                train_loss = train_values["loss"][i]
-                val_loss = val_values["loss"][i] if val_values is not None else None
-                record = EpochRecord(epoch=epoch, train_loss=train_loss, val_loss=val_loss, seconds=seconds[-1] / k, lr=lrs[i],
-                                     train_metrics={n: v[i] for n, v in train_values.items() if n != "loss"},
-                                     val_metrics=None if val_values is None else {n: v[i] for n, v in val_values.items() if n != "loss"},
-                                     samples=epoch_samples, steps=epoch_steps)
-                histories[i].append(record)
-                if not math.isfinite(train_loss) or (val_loss is not None and not math.isfinite(val_loss)):
-                    status[i] = "diverged"
-                    events[i].append(f"diverged at epoch {epoch}: masked, the rest of the pack went on")
-                    active[i] = False
-                elif val_loss is not None and state.early_stop(i, val_loss, epoch, cfg):
-                    status[i] = "early_stopped"
-                    events[i].append(f"early stop at epoch {epoch}: no improvement for {cfg.patience} validations")
-                    active[i] = False
-                elif last and epoch < cfg.epochs:
-                    events[i].append(f"stopped at max_steps {cfg.max_steps} in epoch {epoch} ({epoch_steps} of its steps)")
-            state.keep_improved(stacked)
-            state.keep_stopped([i for i in training if not active[i]], stacked)
-            if not any(active) or last:
-                break
-        state.put_back_stopped(stacked)  # a stopped model's buffers (BatchNorm statistics) as they were when it stopped
-        if cfg.restore_best:
-            restored = state.restore(stacked, status)
-            for i in restored:
-                events[i].append(f"restored the best weights (epoch {state.best_epoch[i]}, val loss {state.best_val[i]:.6g})")
+        run_epochs(rows, stopping, histories)
+        rows.finish()
         self.probe_s = probe.budget.spent_s if probe is not None else 0.0
         if choice is None:
             choice = probe.choice if probe.choice is not None else Choice(k, f"one pack of {k} ({self.form}): its training ended before "
                                                                               "the measurement was clear")
         plan = self.plan.replace(pack_size=choice, optimizer=optimizer_choice, schedule=schedule)
+        watch = rows.watch
         if watch is not None and watch.log:
             plan = plan.replace(threads=Choice(watch.threads, f"{watch.threads}: re-checked while training ({'; '.join(watch.log)})"))
-            for i in range(k):
-                events[i].extend(f"threads: {line}" for line in watch.log)
-        return [self._result(i, stacked, plan, histories[i], status[i], events[i], state, seconds, samples, time.perf_counter() - started)
-                for i in range(k)]
+            for events in stopping.events:
+                events.extend(f"threads: {line}" for line in watch.log)
+        wall = time.perf_counter() - started
+        return [self._result(i, stacked, plan, histories[i], stopping, rows.seconds, rows.samples, wall) for i in range(k)]
 
     @torch.no_grad()
     def _validate(self, stacked: StackedModule) -> dict[str, list[float]]:
@@ -269,83 +190,117 @@ class PackedVariants:
                 sums[name] = sums[name] + weighted if name in sums else weighted
         return {name: (total / self.n_val).tolist() for name, total in sums.items()}
 
-    def _result(self, i: int, stacked: StackedModule, plan: Plan, history: list[EpochRecord], status: Status, events: list[str], state: _Best,
-                seconds: list[float], samples: list[int], wall: float) -> FitResult:
+    def _result(self, i: int, stacked: StackedModule, plan: Plan, history: list[EpochRecord], stopping: Stopping, seconds: list[float],
+                samples: list[int], wall: float) -> FitResult:
         samples_per_s, epoch_s = throughput([s / self.k for s in seconds], samples)  # this model's share of the pack's time
         metrics: dict[str, float | int | None] = {
             "train_loss": history[-1].train_loss if history else None,
-            "val_loss": state.best_val[i] if state.best_epoch[i] is not None else None,
-            "best_epoch": state.best_epoch[i],
+            "val_loss": stopping.best_val[i] if stopping.best_epoch[i] is not None else None,
+            "best_epoch": stopping.best_epoch[i],
             "epochs_run": len(history),
         }
         if history:
             metrics.update({f"train_{name}": value for name, value in history[-1].train_metrics.items()})
-            best = next((r for r in history if r.epoch == state.best_epoch[i]), None)
+            best = next((r for r in history if r.epoch == stopping.best_epoch[i]), None)
             scored = best or next((r for r in reversed(history) if r.val_metrics is not None), None)
             if scored is not None and scored.val_metrics:
                 metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
         timings = {"samples_per_s": samples_per_s, "epoch_s": epoch_s, "train_s": sum(seconds) / self.k,
                    "pack_train_s": sum(seconds), "pack_size": self.k, "wall_s": wall, "probe_s": self.probe_s}
         # The model variant i was stacked from, given its trained weights: no copy of the module per variant.
-        return FitResult(model=stacked.write_into(i, self.models[i]), plan=plan, history=history, metrics=metrics, timings=timings, events=events, status=status)
+        return FitResult(model=stacked.write_into(i, self.models[i]), plan=plan, history=history, metrics=metrics, timings=timings,
+                         events=stopping.events[i], status=stopping.status[i])
 
 
-class _Best:
-    """Per-model early stopping and best weights, as `fit` keeps them for one model."""
+class _VariantRows:
+    """The variants as the epoch loop (engine/epochs.py) drives them: each row one variant, a stopped one no longer
+    stepped, its weights and buffers put back at the end as they were when it stopped (the pack's later forwards still
+    move a stopped model's running statistics, which its training alone would never have run)."""
 
-    def __init__(self, k: int, stacked: StackedModule):
-        self.best_val = [math.inf] * k
-        self.best_epoch: list[int | None] = [None] * k
-        self.bad = [0] * k
-        self.improved = [False] * k
-        self.state = {name: t.detach().clone() for name, t in stacked.state_dict().items()}
-        self.stopped: list[bool] = [False] * k
-        self.at_stop = {name: t.detach().clone() for name, t in stacked.state_dict().items()}
-        """Each stopped model's weights and buffers when it stopped: the pack's later forwards still
-        move a stopped model's running statistics, which its training alone would never have run."""
+    def __init__(self, variants: PackedVariants, stacked: StackedModule, optimizer: PackOptimizer, stopping: Stopping, probe: Any,
+                 step_s: float | None):
+        self.variants, self.stacked, self.optimizer, self.stopping, self.probe, self.step_s = variants, stacked, optimizer, stopping, probe, step_s
+        cfg = variants.cfg
+        self.has_validation = variants.val_data is not None
+        self.generators = [torch.Generator(device=variants.device).manual_seed(c.seed) for c in variants.configs]
+        torch.manual_seed(variants.configs[0].seed)  # dropout: each model draws its own masks in the pack
+        self.multiplier = _multiplier(cfg, variants.total_steps)
+        if self.multiplier is not None:
+            optimizer.set_lr_factor(self.multiplier(0))
+        self.best = BestWeights(stacked.state_dict, stacked=True)
+        self.at_stop = BestWeights(stacked.state_dict, stacked=True)
+        self.stopped: list[int] = []
+        self.step_count = 0
+        self.seconds: list[float] = []
+        self.samples: list[int] = []
+        """Each epoch's seconds (the pack's) and samples trained (each model's; a cut last epoch: what it trained)."""
+        self.watch: ThreadWatch | None = None
+        """Re-checks the thread count when the steps drift (a CPU with threads left to gpufill), once measuring is done."""
 
-    def early_stop(self, i: int, val: float, epoch: int, cfg: FitConfig) -> bool:
-        if val < self.best_val[i] - cfg.min_delta:
-            self.best_val[i], self.best_epoch[i], self.bad[i], self.improved[i] = val, epoch, 0, True
-            return False
-        self.bad[i] += 1
-        return cfg.patience is not None and self.bad[i] >= cfg.patience
+    def train_epoch(self, epoch: int, steps_left: Sequence[int] | None) -> Trained:
+        v, k = self.variants, self.variants.k
+        tick = time.perf_counter()
+        self.stacked.train()
+        order = torch.stack([torch.randperm(v.n, device=v.device, generator=g) for g in self.generators])
+        training = self.stopping.training
+        limit = None if steps_left is None else min(steps_left[i] for i in training)  # the variants step together
+        sums: dict[str, torch.Tensor] = {}
+        steps = samples = 0
+        for start in range(0, v.n, v.batch):
+            if limit is not None and steps >= limit:
+                break  # max_steps reached: the epoch is cut where fit alone cuts it
+            size = min(v.batch, v.n - start)
+            batch = _gather(v.train_data, order[:, start : start + size])
+            values = self._step(batch, training)
+            for name, value in values.items():
+                weighted = value.detach().float() * size
+                sums[name] = sums[name] + weighted if name in sums else weighted
+            self.step_count += 1
+            steps += 1
+            samples += size
+            if self.multiplier is not None:
+                self.optimizer.set_lr_factor(self.multiplier(self.step_count))
+        values_by_row = {name: (total / max(samples, 1)).tolist() for name, total in sums.items()}  # the epoch's one read
+        seconds = time.perf_counter() - tick
+        self.seconds.append(seconds)
+        self.samples.append(samples)
+        return Trained(values=values_by_row, samples=[samples] * k, steps=[steps] * k, seconds=seconds / k)
 
-    def keep_improved(self, stacked: StackedModule) -> None:
-        if any(self.improved):
-            _copy_where(self.improved, source=stacked.state_dict(), target=self.state)
-        self.improved = [False] * len(self.improved)
+    def _step(self, batch: Any, training: list[int]) -> dict[str, torch.Tensor]:
+        v, probe = self.variants, self.probe
+        step = lambda: pack_step(self.stacked, self.optimizer, v.loss_fn, batch, training, v.cfg.grad_clip)  # noqa: E731
+        if probe is not None and not probe.done:  # the first steps: timed against one model alone (the probe decides, or stops the pack)
+            return probe.timed(step, batch)
+        if self.watch is None:
+            measured = probe.timing if probe is not None else None
+            self.watch = ThreadWatch(v.thread_candidates(), v.plan.threads.value, measured.pack_step_s if measured is not None else self.step_s)
+        started = time.perf_counter()
+        values = step()
+        self.watch.observe(time.perf_counter() - started)  # a CPU step is done when it returns: no sync to time it
+        return values
 
-    def keep_stopped(self, models: list[int], stacked: StackedModule) -> None:
-        if models:
-            rows_ = [i in models for i in range(len(self.stopped))]
-            _copy_where(rows_, source=stacked.state_dict(), target=self.at_stop)
-            self.stopped = [a or b for a, b in zip(self.stopped, rows_, strict=True)]
+    def validate(self) -> dict[str, Sequence[float]]:
+        return self.variants._validate(self.stacked)
 
-    def put_back_stopped(self, stacked: StackedModule) -> None:
-        if any(self.stopped):
-            _copy_where(self.stopped, source=self.at_stop, target=stacked.state_dict())
+    def lrs(self) -> Sequence[float]:
+        return list(self.optimizer.lr)
 
-    def restore(self, stacked: StackedModule, status: Sequence[Status]) -> list[int]:
-        chosen = [e is not None and s != "diverged" for e, s in zip(self.best_epoch, status, strict=True)]
-        if any(chosen):
-            _copy_where(chosen, source=self.state, target=stacked.state_dict())
-        return [i for i, c in enumerate(chosen) if c]
+    def keep_best(self, rows: Sequence[int]) -> None:
+        self.best.keep(rows)
 
+    def epoch_end(self, epoch: int, records: dict[int, EpochRecord], ending: set[int]) -> dict[int, str]:
+        return {}  # fit_many's variants have no pruner
 
-@torch.no_grad()
-def _copy_where(rows_: list[bool], *, source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> None:
-    """target[name][i] = source[name][i] for each chosen model i: one copy per tensor, not one per model (64 models'
-    best weights kept per epoch were 1,500 small copies, 9 % of the call)."""
-    if all(rows_):
-        for name, tensor in target.items():
-            tensor.copy_(source[name])
-        return
-    chosen: torch.Tensor | None = None
-    for name, tensor in target.items():
-        if chosen is None or chosen.device != tensor.device:
-            chosen = torch.tensor([i for i, c in enumerate(rows_) if c], dtype=torch.long, device=tensor.device)
-        tensor.index_copy_(0, chosen, source[name].index_select(0, chosen))
+    def after_epoch(self, epoch: int, last: bool) -> None:
+        newly = [i for i, status in enumerate(self.stopping.status) if status != "completed" and i not in self.stopped]
+        self.at_stop.keep(newly)
+        self.stopped += newly
+
+    def finish(self) -> None:
+        self.at_stop.restore(self.stopped)  # a stopped model's buffers (BatchNorm statistics) as they were when it stopped
+        restored = self.stopping.restorable()
+        self.best.restore(restored)
+        self.stopping.restored(restored)
 
 
 def _gather(data: _Resident, index: torch.Tensor) -> Any:
