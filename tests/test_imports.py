@@ -161,6 +161,59 @@ def test_the_campaign_folders_form_a_stack():
     assert upward == []
 
 
+def documented_campaign_imports() -> dict[str, set[str]]:
+    """docs/architecture.md's rules for campaign/'s folders ("Imports go one way"), as folder -> what it may import."""
+    text = (ROOT.parent / "docs" / "architecture.md").read_text()
+    block = text.split("Imports go one way", 1)[1].split("```", 2)[1]
+    rules: dict[str, set[str]] = {}
+    for line in block.strip().splitlines():
+        name, rest = line.split(maxsplit=1)
+        rest = rest.split("(", 1)[0].strip()
+        if rest == "imports no other campaign folder":
+            rules[name] = set()
+        elif rest.startswith("-> every folder but "):
+            rules[name] = set(CAMPAIGN_STACK) - {name, rest.removeprefix("-> every folder but ").strip()}
+        else:
+            rules[name] = {part.strip() for part in rest.removeprefix("->").split(",")}
+    return rules
+
+
+def test_the_campaign_folders_import_only_what_docs_architecture_says():
+    """The page's rules are the code's: a folder imports no campaign folder its line does not name (so the page
+    cannot drift again), and the page lists every folder of the stack."""
+    rules = documented_campaign_imports()
+    assert list(rules) == CAMPAIGN_STACK
+    broken = set()
+    for module, targets in graph().items():
+        here = campaign_folder(module)
+        for target in targets:
+            there = campaign_folder(target)
+            if here is not None and there is not None and there != here and there not in rules[here]:
+                broken.add(f"{module} -> {target}")
+    assert broken == set()
+
+
+def test_the_engine_leaves_docs_architecture_names_are_the_ones_it_may_import():
+    text = (ROOT.parent / "docs" / "architecture.md").read_text()
+    sentence = text.split("Dependencies point one way: `engine` imports nothing else of gpufill (but ", 1)[1].split(");", 1)[0]
+    assert {f"gpufill.{name.strip(' `')}" for name in sentence.replace(" and ", ", ").split(",")} == ALLOWED["gpufill.engine"]
+
+
+def test_results_only_reads_the_store():
+    """results/ is the store read back: no module of it calls a Store method that opens a write transaction."""
+    store_source = (PACKAGE / "campaign" / "store" / "store.py").read_text()
+    store_class = next(node for node in ast.parse(store_source).body if isinstance(node, ast.ClassDef) and node.name == "Store")
+    writes = {method.name for method in store_class.body if isinstance(method, ast.FunctionDef)
+              and "self._transaction" in ast.get_source_segment(store_source, method)}
+    assert {"set_meta", "event", "record_done", "mark_running"} <= writes
+    called = set()
+    for path in (PACKAGE / "campaign" / "results").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in writes:
+                called.add(f"{path.name}: {node.func.attr}")
+    assert called == set()
+
+
 def test_cycle_detection_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

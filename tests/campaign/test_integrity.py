@@ -308,9 +308,9 @@ def load_forecast(workdir: Path) -> np.ndarray:
 def test_a_forecast_past_float32_fails_its_trial_with_the_reason():
     fine = {"mae": 1.0, "rmse": 1.0, "smape": 1.0, "mase": 1.0}
     scored = a_result(fine, fine, forecasts={"p0": {"forecast": [[1.0], [float("inf")]]}})
-    message = attempt(a_trial(), lambda: scored)
-    assert message["ok"] is False and "environment" not in message
-    assert message["error"].startswith("NonFiniteMetrics: forecasts of p0 are not finite in float32 (the store keeps them so; its largest is 3.4e+38)")
+    outcome = attempt(a_trial(), lambda: scored)
+    assert outcome.ok is False and outcome.environment is False
+    assert outcome.error.startswith("NonFiniteMetrics: forecasts of p0 are not finite in float32 (the store keeps them so; its largest is 3.4e+38)")
 
 
 # --- class 2: retries are the trial's, not the environment's ------------------------------------------
@@ -412,9 +412,9 @@ def test_a_full_disk_in_a_worker_is_the_environments_failure():
         except OSError as error:
             raise RuntimeError("could not save the checkpoint") from error  # a library wrapping it
 
-    message = attempt(a_trial(), write_checkpoint)
-    assert message["ok"] is False and message["environment"] is True
-    assert "environment" not in attempt(a_trial(), lambda: 1 / 0)  # the trial's own error
+    outcome = attempt(a_trial(), write_checkpoint)
+    assert outcome.ok is False and outcome.environment is True
+    assert attempt(a_trial(), lambda: 1 / 0).environment is False  # the trial's own error
 
 
 # --- class 3: status that does not lie -----------------------------------------------------------------

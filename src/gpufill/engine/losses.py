@@ -268,7 +268,3 @@ def resolve(loss: Any) -> tuple[Callable[[Any, Any], dict[str, torch.Tensor]], C
 
 
 _METRIC_NOTE = {"cross_entropy": "; reports accuracy", "bce_with_logits": "; reports accuracy"}
-
-
-def needs_pair(loss: Any) -> bool:
-    return isinstance(loss, str | NamedLoss)

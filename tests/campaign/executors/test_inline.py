@@ -9,6 +9,7 @@ import torch
 
 from gpufill.campaign.executors import LaneRequest, make_executor
 from gpufill.campaign.executors.base import Crashed, Finished
+from gpufill.campaign.policy.messages import Started, Task, TaskEnded
 from gpufill.campaign.spec.spec import load_campaign
 from tests.helpers import a_trial, run_cli, write_campaign
 
@@ -28,11 +29,11 @@ class _Runner:
         self.raises, self.on_progress, self.threads = raises, None, []
 
     def run_task(self, task):  # noqa: ANN001, ANN201
-        self.on_progress({"started": [task["trials"][0].trial_id]})
+        self.on_progress(Started((task.trials[0].trial_id,)))
         self.threads.append(torch.get_num_threads())
         if self.raises:
             raise RuntimeError("the pack could not be built")
-        return {"results": [], "pack": None}
+        return TaskEnded()
 
 
 def test_tasks_run_in_submission_order_with_the_lane_s_threads_and_a_raise_is_the_worker_s_crash(tmp_path):
@@ -43,8 +44,8 @@ def test_tasks_run_in_submission_order_with_the_lane_s_threads_and_a_raise_is_th
     first, second = executor.idle(lane)[:2]
     assert first.ready and second.ready and executor.busy() == []
     executor.runners[lane.name] = runner = _Runner(raises=False)
-    executor.submit(first, {"trials": [a_trial("t1")], "pack_size": 1})
-    executor.submit(second, {"trials": [a_trial("t2")], "pack_size": 1})
+    executor.submit(first, Task((a_trial("t1"),)))
+    executor.submit(second, Task((a_trial("t2"),)))
     assert executor.busy() == [first, second]
     done = executor.poll(timeout=0.0)
     assert len(done) == 1 and isinstance(done[0], Finished) and done[0].worker is first and first.task is None

@@ -15,6 +15,7 @@ from gpufill.campaign.executors import ray as ray_executor
 from gpufill.campaign.executors.base import Finished
 from gpufill.campaign.executors.ray import RayExecutor, RayWorker
 from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.messages import Task, TaskEnded
 
 
 class FakeRay:
@@ -32,7 +33,7 @@ class FakeRay:
         return ready, [ref for ref in refs if ref not in ready]
 
     def get(self, ref: str) -> dict[str, Any]:
-        return {"results": [], "pack": None, "returned": []}
+        return TaskEnded()
 
 
 def test_a_trials_clock_starts_when_its_actor_has_started_not_when_it_was_submitted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,7 +44,7 @@ def test_a_trials_clock_starts_when_its_actor_has_started_not_when_it_was_submit
     actor = SimpleNamespace(run=SimpleNamespace(remote=lambda task: next(calls)))
     worker = RayWorker(name="cpu-1", lane=lane, actor=actor, pid_ref="pid-1", clock=lambda: now[0])
     executor = RayExecutor(spec_payload={}, base_dir=".", workers=[worker])
-    task = {"trials": [SimpleNamespace(shape="mlp-small", trial_id="t1")]}
+    task = Task((SimpleNamespace(shape="mlp-small", trial_id="t1"),))
 
     executor.submit(worker, task)
     assert worker.clock_from == 0.0 and not worker.ready
@@ -74,7 +75,7 @@ def test_a_slurm_trials_clock_starts_when_its_job_leaves_the_queue(tmp_path) -> 
     job = SimpleNamespace(job_id="77_0", state="PENDING", done=lambda: False)
     worker = SlurmWorker(name="cpu-1", lane=lane, clock=lambda: now[0])
     executor = SlurmExecutor(spec_payload={}, base_dir=str(tmp_path), folder=tmp_path / "slurm", settings=SlurmSpec(), name="x", workers=[worker])
-    worker.begin({"trials": [SimpleNamespace(shape="mlp-small", trial_id="t1")]})
+    worker.begin(Task((SimpleNamespace(shape="mlp-small", trial_id="t1"),)))
     worker.job = job  # as _flush leaves it once submitted
     now[0] = 3600.0  # an hour in the queue
     assert executor.poll(timeout=0) == [] and worker.clock_from == 0.0 and not worker.ready
@@ -99,7 +100,7 @@ def test_a_slurm_job_the_cluster_or_a_person_ended_is_the_environments_failure(t
     def result() -> None:
         raise executor._uncompleted(f"Job 77_0 ended: {state}")
 
-    worker.begin({"trials": [SimpleNamespace(shape="mlp-small", trial_id="t1")]})
+    worker.begin(Task((SimpleNamespace(shape="mlp-small", trial_id="t1"),)))
     worker.job = SimpleNamespace(job_id="77_0", state=state, done=lambda: True, result=result)
     executor._records["77_0"] = _Record(lane="cpu", worker="cpu-1", trial_ids=("t1",))
     (crashed,) = executor.poll(timeout=0)
@@ -122,7 +123,7 @@ def test_a_ray_actor_that_died_is_the_environments_failure_and_a_failed_task_the
     worker = RayWorker(name="cpu-1", lane=lane, actor=actor, pid_ref="pid-1", clock=lambda: 0.0)
     executor = RayExecutor(spec_payload={}, base_dir=".", workers=[worker])
     monkeypatch.setattr(executor, "_spawn", lambda lane: RayWorker(name="cpu-2", lane=lane, actor=actor, pid_ref="pid-2", clock=lambda: 0.0))
-    executor.submit(worker, {"trials": [SimpleNamespace(shape="mlp-small", trial_id="t1")]})
+    executor.submit(worker, Task((SimpleNamespace(shape="mlp-small", trial_id="t1"),)))
     ray.done.update({"pid-1", "result-1"})
     (crashed,) = executor.poll(timeout=0)
     assert crashed.environment is outside and [w.name for w in executor.workers] == ["cpu-2"]

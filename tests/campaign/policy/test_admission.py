@@ -12,6 +12,7 @@ from __future__ import annotations
 from gpufill.campaign.policy.admission import CONTEXT_BYTES_DEFAULT, META_KEY, Running, ShapeBook, ShapeFact, admits
 from gpufill.campaign.executors.base import Finished, Worker
 from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.messages import Outcome, PackMeasured, PackOrder, Started, Task, TaskEnded
 from gpufill.campaign.policy.policy import PROBE_PACK
 from gpufill.campaign.run.scheduler import Scheduler
 from gpufill.campaign.store.store import Store
@@ -52,32 +53,32 @@ class MemoryModelExecutor(FakeExecutor):
     def submit(self, worker, task):
         worker.begin(task)
         self.age[worker.name] = 0
-        shape = task["trials"][0].shape
-        if task["pack_size"] is None:
+        shape = task.shape
+        if task.pack.size is None:
             self.measured.append(shape)
             self.alone_while_unmeasured.append(len(self.busy()) == 1)
         running = {w.name: w for w in self.busy()}
-        self.in_use.append(len(self.workers) * CONTEXT + sum(true_peak(w.task["trials"][0].shape, self._size(w.task)) for w in running.values()))
-        self.side_by_side.append({w.task["trials"][0].shape for w in running.values()})
+        self.in_use.append(len(self.workers) * CONTEXT + sum(true_peak(w.task.shape, self._size(w.task)) for w in running.values()))
+        self.side_by_side.append({w.task.shape for w in running.values()})
 
     def _size(self, task) -> int:
-        return min(task["pack_size"] or PACK, len(task["trials"]))
+        return min(task.pack.size or PACK, len(task.trials))
 
     def poll(self, timeout):
         out = []
         for worker in self.busy():
             task = worker.task
-            shape, size = task["trials"][0].shape, self._size(task)
-            if self.age[worker.name] == 0 and task["pack_size"] is None:
-                worker.note({"pack": {"size": PACK, "reason": "fake: packs of 8", "peak_bytes": {str(k): true_peak(shape, k) for k in (1, 2, 4, PACK)}}})
-                worker.note({"started": [t.trial_id for t in task["trials"][:size]]})
+            shape, size = task.shape, self._size(task)
+            if self.age[worker.name] == 0 and task.pack.size is None:
+                worker.note(PackMeasured({"size": PACK, "reason": "fake: packs of 8", "peak_bytes": {str(k): true_peak(shape, k) for k in (1, 2, 4, PACK)}}))
+                worker.note(Started(tuple(t.trial_id for t in task.trials[:size])))
             self.age[worker.name] += 1
             if self.age[worker.name] < self.polls:
                 continue
             worker.task = None
             result = done_result({"peak_memory_bytes": true_peak(shape, size), "pack_size": size})
-            message = {"results": [{"trial_id": t.trial_id, "ok": True, "result": result, "seconds": 0.1} for t in task["trials"][:size]],
-                       "pack": None, "returned": [t.trial_id for t in task["trials"][size:]]}
+            message = TaskEnded(tuple(Outcome(trial_id=t.trial_id, ok=True, result=result, seconds=0.1) for t in task.trials[:size]),
+                                returned=tuple(t.trial_id for t in task.trials[size:]))
             out.append(Finished(worker, task, message))
         return out
 
@@ -159,9 +160,9 @@ def test_memory_margin_reaches_every_trial_and_pack(tmp_path, monkeypatch):
     real_fit_pack, real_fit = packs.fit_pack, run.fit
     monkeypatch.setattr(packs, "fit_pack", lambda models, members, *, config, **kw: seen.append(config.memory_margin) or real_fit_pack(models, members, config=config, **kw))
     monkeypatch.setattr(run, "fit", lambda *args, config, **kw: seen.append(config.memory_margin) or real_fit(*args, config=config, **kw))
-    single = runner.run_task({"trials": trials[:1], "pack_size": 1})
-    packed = runner.run_task({"trials": trials, "pack_size": 3})
-    assert [m["ok"] for m in single["results"] + packed["results"]] == [True] * 4
+    single = runner.run_task(Task(tuple(trials[:1]), PackOrder(1)))
+    packed = runner.run_task(Task(tuple(trials), PackOrder(3)))
+    assert [o.ok for o in single.outcomes + packed.outcomes] == [True] * 4
     assert seen == [0.6, 0.6]  # one single trial, one pack of three
     assert runner.setup(trials[0]).config.memory_margin == 0.6 and runner.setup(trials[0]).config.tune_cache == str(tmp_path / "tune")
 

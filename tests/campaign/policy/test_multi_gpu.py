@@ -1,5 +1,6 @@
 """Several GPUs on one machine: one lane per GPU, workers pinned to theirs, one shared queue."""
 
+from gpufill.campaign.policy.messages import Outcome, TaskEnded
 from gpufill.campaign.executors.base import Finished, gpu_env
 from gpufill.campaign.policy.lanes import plan_lanes, visible_gpu
 from gpufill.campaign.run.scheduler import Scheduler
@@ -51,9 +52,10 @@ class InstantExecutor(FakeExecutor):
         out = []
         for worker in self.busy():
             task, worker.task = worker.task, None
-            self.ran.setdefault(worker.lane.name, []).extend(t.trial_id for t in task["trials"])
+            self.ran.setdefault(worker.lane.name, []).extend(t.trial_id for t in task.trials)
             result = done_result({"peak_memory_bytes": GIB})
-            out.append(Finished(worker, task, {"results": [{"trial_id": t.trial_id, "ok": True, "result": result, "seconds": 0.1} for t in task["trials"]], "pack": {"size": 1, "reason": "test"}}))
+            outcomes = tuple(Outcome(trial_id=t.trial_id, ok=True, result=result, seconds=0.1) for t in task.trials)
+            out.append(Finished(worker, task, TaskEnded(outcomes, pack={"size": 1, "reason": "test"})))
         return out
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from gpufill.campaign.executors.base import Finished
 from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.messages import Outcome, TaskEnded
 from gpufill.campaign.policy.queue import ShapeQueue, Waiting
 from gpufill.campaign.run.scheduler import Scheduler
 from gpufill.campaign.store.store import Store
@@ -63,7 +64,7 @@ class InstantExecutor(FakeExecutor):
         super().start(lanes)
 
     def submit(self, worker, task) -> None:  # noqa: ANN001
-        self.sent.append([t.trial_id for t in task["trials"]])
+        self.sent.append([t.trial_id for t in task.trials])
         self.in_flight.append(len(self.scheduler_of().tracked))
         worker.begin(task)
 
@@ -71,8 +72,8 @@ class InstantExecutor(FakeExecutor):
         out = []
         for worker in self.busy():
             task, worker.task = worker.task, None
-            results = [{"trial_id": t.trial_id, "ok": True, "result": done_result({}), "seconds": 0.0} for t in task["trials"]]
-            out.append(Finished(worker, task, {"results": results}))
+            outcomes = tuple(Outcome(trial_id=t.trial_id, ok=True, result=done_result({})) for t in task.trials)
+            out.append(Finished(worker, task, TaskEnded(outcomes)))
         return out
 
 

@@ -71,3 +71,30 @@ def test_a_refit_that_is_not_a_boolean_names_the_field(tmp_path):
     with pytest.raises(InputError) as info:
         load_campaign(tmp_path / "c.yaml")
     assert "train.refit" in str(info.value) and "c.yaml:" in str(info.value)
+
+
+def test_a_packed_trials_duration_counts_its_refit_as_an_unpacked_ones_does(tmp_path, monkeypatch):
+    """duration_s of a pack's member: its share of the pack's training plus its own refit and scoring, as a trial
+    alone counts its whole attempt (before, the member's refit was left out)."""
+    import time
+
+    from gpufill.forecasting import packs
+
+    real = packs.refit
+
+    def slow_refit(*args, **kwargs):
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(packs, "refit", slow_refit)
+    (tmp_path / "c.yaml").write_text(spec_text("local", ", refit: true"))
+    outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "work").run(executor="inline")
+    assert (outcome.done, outcome.failed) == (8, 0)
+    trials = read_trials(tmp_path / "work")
+    packed = trials[trials.family == "mlp"]
+    store = Store.open(tmp_path / "work")
+    try:
+        sizes = [store.trial_details(trial_id)["plan"]["pack_size"]["value"] for trial_id in packed.trial_id]
+    finally:
+        store.close()
+    assert sizes == [2, 2, 2, 2] and (packed.duration_s >= 0.5).all(), packed.duration_s.tolist()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gpufill.campaign.policy.messages import PackOrder, Task
+
 from gpufill.campaign.results.reading import read_results
 
 WAIT_S = 600.0
@@ -116,13 +118,13 @@ def test_a_lone_trial_of_a_fused_shape_trains_the_numbers_it_has_in_a_full_pack(
     runner, trials = runner_and_trials(tmp_path)
     assert len(trials) >= 4
     kind = "hand-written fused kernels"
-    full = runner.run_task({"trials": trials[:4], "pack_size": 4, "pack_kind": kind})
-    alone = runner.run_task({"trials": trials[3:4], "pack_size": 4, "pack_kind": kind})
-    by_id = {m["trial_id"]: m for m in full["results"]}
-    (lone,) = alone["results"]
-    assert lone["ok"] and lone["trial_id"] == trials[3].trial_id
-    assert lone["result"].metrics["test"] == by_id[lone["trial_id"]]["result"].metrics["test"]  # bit for bit
-    assert "trained in a pack of 1" in " ".join(lone["result"].events)
+    full = runner.run_task(Task(tuple(trials[:4]), PackOrder(4, kind)))
+    alone = runner.run_task(Task(tuple(trials[3:4]), PackOrder(4, kind)))
+    by_id = {o.trial_id: o for o in full.outcomes}
+    (lone,) = alone.outcomes
+    assert lone.ok and lone.trial_id == trials[3].trial_id and lone.result is not None
+    assert lone.result.metrics["test"] == by_id[lone.trial_id].result.metrics["test"]  # bit for bit
+    assert "trained in a pack of 1" in " ".join(lone.result.events)
 
 
 @pytest.mark.parametrize(("train", "expected"), [("", "fp32"), ("precision: bf16", "bf16"), ("precision: fp32", "fp32")])

@@ -203,11 +203,11 @@ def test_a_trial_whose_metrics_are_not_finite_fails_with_its_reason():
     """Every way of running trials reports through attempt(): NaN or infinite test metrics make a failure."""
     trial = a_trial()
     scored = a_result({"mae": 0.5, "rmse": float("inf"), "smape": float("nan"), "mase": 1.0}, {})
-    message = attempt(trial, lambda: scored)
-    assert message["ok"] is False
-    assert message["error"] == ("NonFiniteMetrics: test metrics are not finite (rmse=inf, smape=nan): the predictions overflowed or the "
+    outcome = attempt(trial, lambda: scored)
+    assert outcome.ok is False
+    assert outcome.error == ("NonFiniteMetrics: test metrics are not finite (rmse=inf, smape=nan): the predictions overflowed or the "
                                 "training diverged; lower the learning rate, or check the data's scale")
     fine = a_result({"mae": 0.5, "rmse": 0.6, "smape": 10.0, "mase": 1.0}, {})
-    assert attempt(trial, lambda: fine)["ok"] is True
+    assert attempt(trial, lambda: fine).ok is True
     diverged = a_result({"mae": 0.5, "rmse": 0.6, "smape": 10.0, "mase": 1.0}, {}, status="diverged")
-    assert attempt(trial, lambda: diverged)["error"] == "FloatingPointError: training diverged: non-finite loss"  # a diverged fit never ranks
+    assert attempt(trial, lambda: diverged).error == "FloatingPointError: training diverged: non-finite loss"  # a diverged fit never ranks

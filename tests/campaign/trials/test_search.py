@@ -115,6 +115,26 @@ def test_a_search_the_file_cannot_hold_is_refused_in_one_line(tmp_path, search, 
     assert "\n" not in str(error)
 
 
+def test_the_samplers_and_pruners_a_file_may_name_are_the_registries_and_each_builds(tmp_path):
+    """One list each: the file's accepted names are SAMPLERS' and PRUNERS' (and none); an unknown one is refused at its
+    line naming them all; every entry builds its Optuna object (no name falls through to another sampler)."""
+    from typing import get_args
+
+    from gpufill.campaign.spec.search_spec import PRUNERS, SAMPLERS, PrunerSpec, SearchSpec
+    from gpufill.campaign.trials.search import optuna_module
+
+    assert get_args(SearchSpec.model_fields["sampler"].annotation) == tuple(SAMPLERS) == ("random", "tpe", "grid")
+    assert get_args(PrunerSpec.model_fields["kind"].annotation) == ("none", *PRUNERS) == ("none", "asha", "median")
+    error = refused(search_file(tmp_path, search="{trials: 5, sampler: cmaes}"))
+    assert error.where == f"{tmp_path / 'search.yaml'}:4" and all(name in error.fix for name in SAMPLERS)
+    optuna = optuna_module()
+    space = {"hidden_size": optuna.distributions.CategoricalDistribution([16, 32])}
+    built = {name: type(kind.build(optuna, 0, space)).__name__ for name, kind in SAMPLERS.items()}
+    assert built == {"random": "RandomSampler", "tpe": "TPESampler", "grid": "GridSampler"}
+    pruners = {name: type(kind.build(optuna, {"min_epochs": 2, "reduction_factor": 3})).__name__ for name, kind in PRUNERS.items()}
+    assert pruners == {"asha": "SuccessiveHalvingPruner", "median": "MedianPruner"}
+
+
 @pytest.mark.parametrize("sampler", ["random", "tpe"])
 def test_a_search_trains_its_budget_of_distinct_configurations_inside_the_space(tmp_path, sampler):
     path = search_file(tmp_path, search=f"{{sampler: {sampler}, trials: 7, batch: 3, seed: 1}}")

@@ -2,10 +2,10 @@
 
 The scheduler decides what runs next and where; an executor only runs it. Every executor
 (local processes, Ray actors, Slurm jobs) offers the same small surface, :class:`Executor`:
-a fixed number of slots per lane, a task submitted to an idle slot, and `poll` returning
-what finished (:class:`Finished`) or died (:class:`Crashed`). A task is
-``{"trials": [...], "pack_size": int | None}``; a finished task's message is what
-``worker.TrialRunner.run_task`` returns, wherever it ran. Executors never touch the store.
+a fixed number of slots per lane (`Slots` keeps them), a `Task` submitted to an idle slot, and
+`poll` returning what finished (:class:`Finished`) or died (:class:`Crashed`). What a worker says
+(policy/messages.py) is what ``worker.TrialRunner.run_task`` sends and returns, wherever it ran:
+an executor carries it unchanged. Executors never touch the store.
 """
 
 from __future__ import annotations
@@ -17,14 +17,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from gpufill.campaign.policy.lanes import Lane, visible_gpu
+from gpufill.campaign.policy.messages import Heartbeat, Outcome, PackMeasured, Progress, Ready, Started, Task, TaskEnded, TrialEnded
 from gpufill.campaign.worker.early import THREAD_VARIABLES  # every library that sizes a thread pool from the environment
 
 if TYPE_CHECKING:
     from gpufill.campaign.spec.build_check import BuildCheck
-
-Task = dict[str, Any]
-"""{"trials": [trial records], "pack_size": int | None}: one trial, or same-shape neural trials to fuse."""
-
 
 JobState = Literal["queued", "running", "done", "failed"]
 
@@ -62,8 +59,8 @@ class Worker:
     (local processes do; a Ray call or a Slurm job reports only at its end)."""
     started: set[str] = field(default_factory=set)
     """Trials of the task that began training (what a crash fails; the rest go back unattempted)."""
-    reported: list[dict[str, Any]] = field(default_factory=list)
-    """Per-trial messages of the task already finished, sent before the task's end."""
+    reported: list[Outcome] = field(default_factory=list)
+    """Outcomes of the task's trials already finished, sent before the task's end."""
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     """Where its times come from: the scheduler gives each worker its own clock before a task (one clock for
     every time limit it checks)."""
@@ -85,7 +82,7 @@ class Worker:
     def begin(self, task: Task) -> None:
         """A task was submitted: reset what the slot reports about it."""
         self.task = task
-        self.last_shape = task["trials"][0].shape
+        self.last_shape = task.shape
         self.started.clear()
         self.reported.clear()
         self.last_seen = self.clock_from = self.clock()
@@ -93,37 +90,45 @@ class Worker:
         self.stop_reason = None
         self.measured_pack = None
 
-    def note(self, message: dict[str, Any]) -> bool:
-        """A progress message from the slot (True) or its task's final message (False)."""
+    def note(self, message: Progress | TaskEnded) -> bool:
+        """A progress message from the slot (True) or its task's end (False)."""
         self.last_seen = self.clock()
-        if "results" in message:  # the task's final message (it may carry a "pack" too)
-            return False
-        if "heartbeat" in message:
-            return True
-        if "ready" in message:
-            self.ready = True
-            self.context_bytes = message.get("context_bytes")
-            return True
-        if "pack" in message:
-            self.measured_pack = message["pack"]
-            return True
-        if "started" in message:
-            self.started.update(message["started"])
-            self.clock_from, self.training = self.last_seen, len(message["started"])
-            return True
-        if "result" in message:
-            self.reported.append(message["result"])
-            self.clock_from = self.last_seen
-            return True
-        return False
+        match message:
+            case TaskEnded():
+                return False
+            case Heartbeat():
+                pass
+            case Ready(context_bytes=context):
+                self.ready, self.context_bytes = True, context
+            case PackMeasured(pack=pack):
+                self.measured_pack = pack
+            case Started(trial_ids=ids):
+                self.started.update(ids)
+                self.clock_from, self.training = self.last_seen, len(ids)
+            case TrialEnded(outcome=outcome):
+                self.reported.append(outcome)
+                self.clock_from = self.last_seen
+        return True
+
+
+class Slots:
+    """Which of an executor's `workers` (one per slot of each lane) are idle and which busy: every executor's, written once."""
+
+    __slots__ = ()
+    workers: list[Any]
+
+    def idle(self, lane: Lane) -> list[Worker]:
+        return [w for w in self.workers if w.lane is lane and w.task is None]
+
+    def busy(self) -> list[Worker]:
+        return [w for w in self.workers if w.task is not None]
 
 
 @dataclass(frozen=True, slots=True)
 class Finished:
     worker: Worker
     task: Task
-    message: dict[str, Any]
-    """{"results": [per-trial message], "pack": pack-size choice or None, "returned": [unstarted trial ids]}."""
+    message: TaskEnded
 
 
 @dataclass(frozen=True, slots=True)

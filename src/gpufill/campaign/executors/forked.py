@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -20,7 +21,10 @@ from multiprocessing.connection import Connection
 
 from gpufill.campaign.worker.early import FRESH_WORKERS_VARIABLE, spawn
 from gpufill.campaign.worker.early import take as take_early
+from gpufill.campaign.worker.zygote import PRELOAD
 
+STARTUP_TIMEOUT_S = 300
+"""A worker's start timed longer than this (a machine stalled) is counted as this (`worker_startup_seconds`)."""
 ZYGOTE_START_TIMEOUT_S = 600.0
 """Longest wait for a zygote's first answer (its imports): past it, on a stalled machine, workers start fresh."""
 FORK_TIMEOUT_S = 60.0
@@ -138,3 +142,18 @@ class Zygote:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+
+
+def worker_startup_seconds() -> float:
+    """Seconds a lane takes before its first trial: an interpreter importing what a worker imports (its zygote's
+    `PRELOAD`: torch, the trial code), timed in a child as the local executor starts one. Every lane starts at once
+    and forks its workers, so the run pays it once; it is most of a small campaign's wall time (without it, a
+    30-second campaign was estimated at 0.5x)."""
+    code = "import " + ", ".join(PRELOAD)
+    tick = time.perf_counter()
+    try:
+        subprocess.run([sys.executable, "-c", code], check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=STARTUP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return float(STARTUP_TIMEOUT_S)
+    return time.perf_counter() - tick

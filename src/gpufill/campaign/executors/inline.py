@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpufill.campaign.executors.base import Crashed, Finished, LaneRequest, NoBatchJobs, Task, Worker
+from gpufill.campaign.executors.base import Crashed, Finished, LaneRequest, NoBatchJobs, Slots, Worker
 from gpufill.campaign.executors.local import plan_here
 from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.messages import Ready, Task
 
 if TYPE_CHECKING:
     from gpufill.campaign.spec.build_check import BuildCheck
@@ -30,7 +31,7 @@ class InlineWorker(Worker):
 
 
 @dataclass(slots=True)
-class InlineExecutor(NoBatchJobs):
+class InlineExecutor(Slots, NoBatchJobs):
     """Runs each submitted task inside `poll`, in submission order, with its lane's thread count."""
 
     spec_payload: dict[str, Any]
@@ -60,14 +61,9 @@ class InlineExecutor(NoBatchJobs):
                                                   tune_cache=self.tune_cache)
             for slot in range(lane.slots):
                 worker = InlineWorker(name=f"{lane.name}-{slot + 1}", lane=lane)
-                worker.note({"ready": os.getpid(), "context_bytes": None})
+                worker.note(Ready(os.getpid()))
                 self.workers.append(worker)
 
-    def idle(self, lane: Lane) -> list[Worker]:
-        return [w for w in self.workers if w.lane is lane and w.task is None]
-
-    def busy(self) -> list[Worker]:
-        return [w for w in self.workers if w.task is not None]
 
     def submit(self, worker: Worker, task: Task) -> None:
         assert isinstance(worker, InlineWorker)

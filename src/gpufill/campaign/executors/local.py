@@ -26,7 +26,7 @@ from gpufill.campaign.executors.base import (
     Finished,
     LaneRequest,
     NoBatchJobs,
-    Task,
+    Slots,
     Worker,
     gpu_env,
     thread_env,
@@ -34,6 +34,7 @@ from gpufill.campaign.executors.base import (
 )
 from gpufill.campaign.executors.forked import Zygote, forks_workers
 from gpufill.campaign.policy.lanes import Lane, plan_lanes
+from gpufill.campaign.policy.messages import Task
 from gpufill.campaign.spec.build_check import BuildCheck
 from gpufill.cpus import usable_cpus
 from gpufill.gpus import visible_gpu_memory
@@ -66,7 +67,7 @@ def plan_here(request: LaneRequest) -> tuple[list[Lane], list[str]]:
 
 
 @dataclass(slots=True)
-class LocalExecutor(NoBatchJobs):
+class LocalExecutor(Slots, NoBatchJobs):
     """Starts, feeds and watches the worker processes of every lane."""
 
     spec_payload: dict[str, Any]
@@ -119,11 +120,6 @@ class LocalExecutor(NoBatchJobs):
         conn.send(worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device, tune_cache=self.tune_cache))
         return LocalWorker(name=f"{lane.name}-{self._counter}", lane=lane, process=process, conn=conn)
 
-    def idle(self, lane: Lane) -> list[Worker]:
-        return [w for w in self.workers if w.lane is lane and w.task is None]
-
-    def busy(self) -> list[Worker]:
-        return [w for w in self.workers if w.task is not None]
 
     def submit(self, worker: Worker, task: Task) -> None:
         assert isinstance(worker, LocalWorker) and worker.conn is not None

@@ -30,13 +30,14 @@ from gpufill.campaign.executors.base import (
     Finished,
     LaneRequest,
     NoBatchJobs,
-    Task,
+    Slots,
     Worker,
     thread_env,
     worker_setup,
 )
 from gpufill.campaign.executors.local import plan_here, plan_on
 from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.messages import Task, TaskEnded
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class _Slot:
 
         self.runner = start_runner(setup)
 
-    def run(self, task: Task) -> dict[str, Any]:
+    def run(self, task: Task) -> TaskEnded:
         return self.runner.run_task(task)
 
     def pid(self) -> int:
@@ -82,7 +83,7 @@ class RayWorker(Worker):
 
 
 @dataclass(slots=True)
-class RayExecutor(NoBatchJobs):
+class RayExecutor(Slots, NoBatchJobs):
     spec_payload: dict[str, Any]
     base_dir: str
     tune_cache: str | None = None
@@ -186,11 +187,6 @@ class RayExecutor(NoBatchJobs):
                 os.environ.update(self._saved_env)
 
     # -- tasks ----------------------------------------------------------------------------
-    def idle(self, lane: Lane) -> list[Worker]:
-        return [w for w in self.workers if w.lane is lane and w.task is None]
-
-    def busy(self) -> list[Worker]:
-        return [w for w in self.workers if w.task is not None]
 
     def submit(self, worker: Worker, task: Task) -> None:
         assert isinstance(worker, RayWorker)

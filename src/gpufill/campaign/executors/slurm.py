@@ -32,12 +32,13 @@ from gpufill.campaign.executors.base import (
     JobInfo,
     JobState,
     LaneRequest,
-    Task,
+    Slots,
     Worker,
     thread_env,
     worker_setup,
 )
 from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.messages import Task
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class _Record:
 
 
 @dataclass(slots=True)
-class SlurmExecutor:
+class SlurmExecutor(Slots):
     spec_payload: dict[str, Any]
     base_dir: str
     folder: Path
@@ -181,11 +182,6 @@ class SlurmExecutor:
         self._unsubmitted.clear()
 
     # -- tasks ----------------------------------------------------------------------------
-    def idle(self, lane: Lane) -> list[Worker]:
-        return [w for w in self.workers if w.lane is lane and w.task is None]
-
-    def busy(self) -> list[Worker]:
-        return [w for w in self.workers if w.task is not None]
 
     def submit(self, worker: Worker, task: Task) -> None:
         """Held until the next poll, so that a round's tasks go in as one job array per lane."""
@@ -223,7 +219,7 @@ class SlurmExecutor:
             for worker, job in zip(workers, jobs, strict=True):
                 worker.job = job
                 assert worker.task is not None
-                self._records[job.job_id] = _Record(lane=lane_name, worker=worker.name, trial_ids=tuple(t.trial_id for t in worker.task["trials"]))
+                self._records[job.job_id] = _Record(lane=lane_name, worker=worker.name, trial_ids=tuple(t.trial_id for t in worker.task.trials))
 
     def poll(self, timeout: float) -> list[Finished | Crashed]:
         """Submit the round's tasks, then collect finished jobs (waiting up to `timeout` for one)."""

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from gpufill.campaign.spec.spec import CampaignSpec
 
-__all__ = ["ENSEMBLE_HOW", "declared_ensemble", "ensembles", "forecast_rows", "members_shown", "read_declared", "store_declared"]
+__all__ = ["ENSEMBLE_HOW", "declared_ensemble", "declared_meta", "ensembles", "forecast_rows", "members_shown", "read_declared"]
 
 ENSEMBLE_HOW = ("median", "mean")
 """How members combine: numpy's function of that name (`_combined`)."""
@@ -123,14 +123,15 @@ SPEC_META = "spec"
 """The meta key the runner keeps the campaign file as it is now under (written when each run starts)."""
 
 
-def store_declared(store: Store, spec: CampaignSpec) -> None:
-    """Combine the declared ensemble from what is finished and keep it in the store, with what defines it."""
+def declared_meta(store: Store, spec: CampaignSpec) -> dict[str, str]:
+    """The declared ensemble combined from what is finished, with what defines it: the store meta the runner writes
+    (results/ only reads the store)."""
     assert spec.ensemble is not None
     members = spec.ensemble_members()
     rows = declared_ensemble(store, members, spec.ensemble.combine, within=spec.ensemble.within, select=spec.ensemble.select, metric=spec.task.metric,
                              padded=spec.ensemble.padded)
     definition = _definition(json.loads(spec.model_dump_json()))
-    store.set_meta({ENSEMBLE_META: json.dumps({"definition": definition, "families": members, "rows": rows})})
+    return {ENSEMBLE_META: json.dumps({"definition": definition, "families": members, "rows": rows})}
 
 
 def _definition(spec: dict[str, Any]) -> dict[str, Any]:

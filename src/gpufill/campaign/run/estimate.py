@@ -16,8 +16,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -29,15 +27,13 @@ import torch
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.run.runner import Campaign
 from gpufill.campaign.trials.trials import GLOBAL_PROJECT, Trial
-from gpufill.campaign.worker.zygote import PRELOAD
+from gpufill.campaign.executors.forked import worker_startup_seconds
 from gpufill.forecasting.run import use_threads
 
 # Windows a neural sample trains on: enough for steady per-step timings, few enough
 # that the largest ablation shapes sample in about a second on a 2-core CPU.
 SAMPLE_WINDOWS = 256
 SAMPLE_TREES = 20
-STARTUP_TIMEOUT_S = 300
-"""A worker's start timed longer than this (a machine stalled) is counted as this."""
 SAMPLE_PROJECTS = 3
 """Projects a series model over many projects (global mode: one fit each) is timed on, after an untimed first fit."""
 SAMPLE_GLOBAL_WINDOWS = 20_000
@@ -149,21 +145,6 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
     result.startup_s = worker_startup_seconds() + loading_s
     result.sampling_s = time.perf_counter() - started
     return result
-
-
-def worker_startup_seconds() -> float:
-    """Seconds a lane takes before its first trial: an interpreter importing what a worker imports (its zygote's
-    `PRELOAD`: torch, the trial code), timed in a child as the local executor starts one. Every lane starts at once
-    and forks its workers, so the run pays it once; it is most of a small campaign's wall time (without it, a
-    30-second campaign was estimated at 0.5x)."""
-    code = "import " + ", ".join(PRELOAD)
-    tick = time.perf_counter()
-    try:
-        subprocess.run([sys.executable, "-c", code], check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=STARTUP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return float(STARTUP_TIMEOUT_S)
-    return time.perf_counter() - tick
 
 
 def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, str]:

@@ -90,12 +90,12 @@ def snapshot(counts: Any, lanes: Sequence[Any], finished_this_run: Mapping[str, 
     running = [
         {
             "trial_id": trial.trial_id,
-            "family": trial.family + (f" x{len(w.task['trials'])}" if len(w.task["trials"]) > 1 else ""),
+            "family": trial.family + (f" x{len(w.task.trials)}" if len(w.task.trials) > 1 else ""),
             "project": trial.project,
             "worker": w.name,
             "seconds": now - started_at.get(trial.trial_id, now),
         }
         for w in busy
-        for trial in w.task["trials"][:1]
+        for trial in w.task.trials[:1]
     ]
     return Snapshot(lanes=progress, elapsed_s=elapsed_s, running=running)

@@ -338,9 +338,9 @@ class Campaign:
             store.event("run", message, run_id=run_id)
             log.info(message)
         if self.spec.ensemble is not None:  # combined and scored from what is finished, kept beside the trials
-            from gpufill.campaign.results.ensembles import store_declared
+            from gpufill.campaign.results.ensembles import declared_meta
 
-            store_declared(store, self.spec)
+            store.set_meta(declared_meta(store, self.spec))
         store.end_run(run_id, "failed" if outcome.failed else "incomplete" if outcome.waiting else "done")
         log.info("run %d ended: %d done, %d failed, %d retried, %d environment failures (not counted), %d left waiting, %d worker crashes in %.1f s",
                  run_id, outcome.done, outcome.failed, outcome.retried, outcome.environment, outcome.waiting, outcome.crashed, outcome.elapsed_s)

@@ -18,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpufill.campaign.executors.base import Crashed, Executor, Finished, Worker
 from gpufill.campaign.policy.admission import META_KEY, Running, ShapeBook
 from gpufill.campaign.policy import environment
 from gpufill.campaign.policy.lanes import Lane
+from gpufill.campaign.policy.messages import Outcome, PackOrder, Task
 from gpufill.campaign.policy.policy import DispatchPolicy
 from gpufill.campaign.run import progress
 from gpufill.campaign.run.progress import LaneProgress, RunOutcome, Snapshot
@@ -32,7 +33,6 @@ from gpufill.campaign.policy.queue import Queued, ShapeQueue
 from gpufill.campaign.run.startup import Timeline
 from gpufill.campaign.store.store import Store
 from gpufill.monitor.alerts import AlertWatch
-from gpufill.forecasting.trial import TrialResult
 
 __all__ = ["LaneProgress", "RunOutcome", "Scheduler", "Snapshot"]  # the progress types live in progress.py; importable from here too
 
@@ -97,9 +97,9 @@ class Scheduler:
         self.shape_seconds: dict[str, float] = {}
         """Slowest finished trial per shape: what an "auto" time limit is derived from."""
         self.refill = refill
+        """Called when nothing is queued or running (a search's next round): True when it added runnable trials to the store."""
         self.task_extras = task_extras if task_extras is not None else {}
         """Sent with every task as they are when it is sent (a pruned search's earlier rounds: `refill` updates them)."""
-        """Called when nothing is queued or running (a search's next round): True when it added runnable trials to the store."""
         self.environment = environment.EnvironmentWait(clock=clock, patience_s=environment.PATIENCE_S, trial_limit=environment.TRIAL_LIMIT)
 
     # -- the loop -----------------------------------------------------------------------
@@ -173,27 +173,27 @@ class Scheduler:
                 if size is None and trials[0].trial.kind == "neural":
                     self.book.measuring.add((lane.name, shape))
                 # `waiting`: the shape's trials in this task and still queued, what a worker weighs a pack-size measurement against
-                self.executor.submit(worker, {"trials": [q.trial for q in trials], "pack_size": size, "pack_reason": self.book.reason(lane.name, shape),
-                                              "pack_kind": self.book.kind(lane.name, shape), "waiting": len(trials) + self.queue[lane.queue].count(shape),
-                                              **self.task_extras})
+                order = PackOrder(size, self.book.kind(lane.name, shape), self.book.reason(lane.name, shape),
+                                  waiting=len(trials) + self.queue[lane.queue].count(shape))
+                self.executor.submit(worker, Task(tuple(q.trial for q in trials), order, self.task_extras.get("pruning")))
 
     def _next_task(self, lane: Lane, worker: Worker) -> tuple[list[Queued], int | None] | None:
         """Trials for `worker` (one, or a fused pack of one shape) and the pack size to send (None: measure it):
         what the policy picks, given what the lane runs now."""
         busy = [w for w in self.executor.busy() if w.lane is lane and w.task is not None]
-        running = [Running(w.task["trials"][0].shape, w.training if w.started else self.policy.running_size(lane, w.task["trials"][0].shape, len(w.task["trials"])))  # type: ignore[index]
-                   for w in busy]
+        running = [Running(w.task.shape, w.training if w.started else self.policy.running_size(lane, w.task.shape, len(w.task.trials)))
+                   for w in busy if w.task is not None]
         # Every worker process of the lane holds its CUDA context, busy or idle.
         contexts = [w.context_bytes for w in [*busy, *self.executor.idle(lane)]] if lane.memory_budget_bytes is not None else []
         pick = self.policy.next_task(lane, self.queue[lane.queue], worker.last_shape, running, contexts)
         return None if pick is None else (self.store.queued(self.queue[lane.queue].take(pick.shape, pick.count)), pick.pack_size)
 
-    def _learn_measured(self, worker: Worker, task: dict[str, Any] | None) -> None:
+    def _learn_measured(self, worker: Worker, task: Task | None) -> None:
         """A pack size (and its peak memory per K) the worker measured, taken as soon as it reports it."""
         if worker.measured_pack is None or task is None:
             return
         pack, worker.measured_pack = worker.measured_pack, None
-        self._learn_pack(worker.lane, task["trials"][0].shape, pack)
+        self._learn_pack(worker.lane, task.shape, pack)
 
     def _learn_pack(self, lane: Lane, shape: str, pack: dict[str, Any]) -> None:
         known = self.book.pack_size(lane.name, shape) is not None and (lane.name, shape) not in self.book.measuring
@@ -207,19 +207,19 @@ class Scheduler:
         if outcome.task is None:
             return
         self._learn_measured(outcome.worker, outcome.task)  # reported mid-task, in the same poll as the end
-        trials = {t.trial_id: self.tracked.pop(t.trial_id) for t in outcome.task["trials"]}  # each is recorded or queued again below
+        trials = {t.trial_id: self.tracked.pop(t.trial_id) for t in outcome.task.trials}  # each is recorded or queued again below
         if isinstance(outcome, Crashed):
             self._crashed(outcome, trials)
             return
-        pack = outcome.message.get("pack")
-        shape = outcome.task["trials"][0].shape
+        pack = outcome.message.pack
+        shape = outcome.task.shape
         if pack is not None and (outcome.worker.lane.name, shape) in self.book.measuring:  # not reported mid-task (Ray, Slurm)
             self._learn_pack(outcome.worker.lane, shape, pack)
         self.book.measuring.discard((outcome.worker.lane.name, shape))
-        self._requeue_unstarted([trials[trial_id] for trial_id in outcome.message.get("returned", [])], outcome.worker.lane)
-        # Results the worker sent as each trial ended, and those in its final message (the same trial at most once).
-        messages = {m["trial_id"]: m for m in [*outcome.worker.reported, *outcome.message["results"]]}
-        self._record_messages(trials, messages.values(), outcome.worker.lane.name)
+        self._requeue_unstarted([trials[trial_id] for trial_id in outcome.message.returned], outcome.worker.lane)
+        # Outcomes the worker sent as each trial ended, and those in its task's end (the same trial at most once).
+        outcomes = {o.trial_id: o for o in [*outcome.worker.reported, *outcome.message.outcomes]}
+        self._record_outcomes(trials, outcomes.values(), outcome.worker.lane.name)
 
     def _requeue_unstarted(self, unstarted: list[Queued], lane: Lane) -> None:
         """Trials handed back (or never begun) by their worker: queued again, no attempt counted."""
@@ -235,8 +235,8 @@ class Scheduler:
         """The worker died with the task: the trials that finished are kept, the one(s) training fail
         (an attempt each), the ones not begun go back to the queue without using a retry."""
         worker, lane_name = outcome.worker, outcome.worker.lane.name
-        finished = {m["trial_id"]: m for m in worker.reported}
-        self._record_messages(trials, finished.values(), lane_name)
+        finished = {o.trial_id: o for o in worker.reported}
+        self._record_outcomes(trials, finished.values(), lane_name)
         if worker.reports_progress:
             started = set(worker.started) - set(finished)
             if not started and not finished:  # it died before any trial began (loading data, measuring packs): charge the first
@@ -244,7 +244,7 @@ class Scheduler:
         else:  # a Ray call or a Slurm job says nothing until it ends: every trial counts
             started = set(trials) - set(finished)
         unstarted = [t for trial_id, t in trials.items() if trial_id not in started and trial_id not in finished]
-        shape = outcome.task["trials"][0].shape if outcome.task else ""
+        shape = outcome.task.shape if outcome.task else ""
         measuring = (worker.lane.name, shape) in self.book.measuring
         self.book.measuring.discard((worker.lane.name, shape))
         if measuring and len(trials) > 1 and not finished:
@@ -261,20 +261,22 @@ class Scheduler:
             else:
                 self._failed(trials[trial_id], lane_name, outcome.reason, "", seconds)
 
-    def _record_messages(self, trials: dict[str, Queued], messages: Any, lane_name: str) -> None:
-        for message in messages:
-            trial = trials[message["trial_id"]]
+    def _record_outcomes(self, trials: dict[str, Queued], outcomes: Iterable[Outcome], lane_name: str) -> None:
+        for outcome in outcomes:
+            trial = trials[outcome.trial_id]
             self.started_at.pop(trial.trial_id, None)
-            # The worker's own clock: excludes its start-up; a pack's time is shared among its trials.
-            duration = message["seconds"]
-            if not message["ok"] and message.get("environment"):
-                self._environment_failed(trial, message["error"], message["traceback"], duration)
+            # The worker's own clock: excludes its start-up; a pack member's is its share of the pack's training
+            # plus its own refit and scoring, as a trial alone counts its whole attempt.
+            duration = outcome.seconds
+            if not outcome.ok and outcome.environment:
+                self._environment_failed(trial, outcome.error, outcome.traceback, duration)
                 continue
-            if not message["ok"]:
-                self._failed(trial, lane_name, message["error"], message["traceback"], duration)
+            if not outcome.ok:
+                self._failed(trial, lane_name, outcome.error, outcome.traceback, duration)
                 continue
             self.environment.succeeded()
-            result: TrialResult = message["result"]
+            result = outcome.result
+            assert result is not None
             timings = result.timings
             if timings.get("peak_memory_bytes"):  # what this trial's task (a pack: all of it) held at its peak
                 self.book.learn_peak(lane_name, trial.shape, int(timings.get("pack_size", 1)), int(timings["peak_memory_bytes"]))
@@ -316,7 +318,7 @@ class Scheduler:
             if worker.task is None or worker.stop_reason is not None:
                 continue
             silent = now - worker.last_seen
-            limit, why = self._limit(worker.task["trials"][0].shape, worker.training)
+            limit, why = self._limit(worker.task.shape, worker.training)
             if worker.reports_progress and worker.ready and silent > self.heartbeat_timeout:
                 reason = f"worker stopped answering: no heartbeat for {silent:.0f} s (resources.heartbeat_timeout {self.heartbeat_timeout:g} s)"
             elif limit is not None and now - worker.clock_from > limit:
@@ -324,7 +326,7 @@ class Scheduler:
             else:
                 continue
             self.store.event("alert_hung", f"{worker.name}: {reason}; stopped, its trial will be retried if attempts remain", run_id=self.run_id,
-                             trial_id=next(iter(worker.started), worker.task["trials"][0].trial_id))
+                             trial_id=next(iter(worker.started), worker.task.trials[0].trial_id))
             log.warning("%s: %s", worker.name, reason)
             self.executor.stop(worker, reason)
 

@@ -1,7 +1,7 @@
 """`search:` a campaign that samples its families' grids instead of training every point.
 
     search:
-      sampler: tpe          # random | tpe | grid (Optuna's samplers)
+      sampler: tpe          # random | tpe | grid (Optuna's samplers: SAMPLERS below)
       trials: 200           # configurations to train (each with every seed; in local mode on every project)
       seed: 0               # the sampler's: the same seed and results propose the same configurations
       metric: val_smape     # what is minimised: task.metric on the validation window (left out: it follows task.metric)
@@ -26,7 +26,9 @@ run. Classical families (one fit) are sampled, never pruned.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictInt, field_validator
@@ -35,7 +37,8 @@ from gpufill.campaign.spec.spec_errors import LocatedError
 from gpufill.campaign.spec.spec_types import SCIENTIFIC, Count, Spec, at_most
 from gpufill.forecasting.trial import METRICS
 
-__all__ = ["MAX_SEARCH_BATCH", "MAX_SEARCH_TRIALS", "RANGE_KEYS", "PrunerSpec", "Range", "SearchSpec", "is_range", "parse_range"]
+__all__ = ["MAX_SEARCH_BATCH", "MAX_SEARCH_TRIALS", "PRUNERS", "RANGE_KEYS", "SAMPLERS", "PrunerSpec", "Range", "SearchSpec", "is_range",
+           "parse_range"]
 
 MAX_SEARCH_TRIALS = 100_000
 """Configurations one search proposes (each is a round trip through the sampler, whose TPE grows with its history)."""
@@ -46,8 +49,48 @@ few hundred at once the sampler also has nothing to learn between rounds."""
 RANGE_KEYS = frozenset({"low", "high", "log", "step"})
 
 
+@dataclass(frozen=True, slots=True)
+class SamplerKind:
+    """What `search.sampler: NAME` means: Optuna's sampler, built from the optuna module (imported by a search alone),
+    the round's seed and the space's distributions (name -> Optuna's distribution)."""
+
+    build: Callable[[Any, int, Mapping[str, Any]], Any]
+
+
+def _tpe(optuna: Any, seed: int, space: Mapping[str, Any]) -> Any:
+    with warnings.catch_warnings():  # constant_liar is marked experimental
+        warnings.simplefilter("ignore")
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True, group=True)
+
+
+SAMPLERS: dict[str, SamplerKind] = {
+    "random": SamplerKind(lambda optuna, seed, space: optuna.samplers.RandomSampler(seed=seed)),
+    "tpe": SamplerKind(_tpe),
+    "grid": SamplerKind(lambda optuna, seed, space: optuna.samplers.GridSampler({name: list(d.choices) for name, d in space.items()}, seed=seed)),
+}
+"""Every sampler a campaign file may name (`search.sampler` takes these names alone): add one here."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrunerKind:
+    """What `search.pruner.kind: NAME` means: how its decisions are named, whether it reads every epoch's score (else
+    only at its rungs, min_epochs x reduction_factor^k), and Optuna's pruner built from the module and the settings."""
+
+    label: str
+    every_epoch: bool
+    build: Callable[[Any, Mapping[str, Any]], Any]
+
+
+PRUNERS: dict[str, PrunerKind] = {
+    "asha": PrunerKind("ASHA", False, lambda optuna, s: optuna.pruners.SuccessiveHalvingPruner(min_resource=s["min_epochs"],
+                                                                                                  reduction_factor=s["reduction_factor"])),
+    "median": PrunerKind("the median rule", True, lambda optuna, s: optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=s["min_epochs"] - 1)),
+}
+"""Every pruner a campaign file may name besides `none` (`search.pruner.kind` takes these names alone): add one here."""
+
+
 class PrunerSpec(Spec):
-    kind: Literal["asha", "median", "none"] = "none"
+    kind: Literal[tuple(["none", *PRUNERS])] = "none"  # type: ignore[valid-type]  # the names of PRUNERS, and none
     min_epochs: Count = 1
     """ASHA's first rung (its min_resource); the median rule's warm-up: no trial is stopped before it."""
     reduction_factor: Annotated[int, Field(ge=2)] = 3
@@ -55,7 +98,7 @@ class PrunerSpec(Spec):
 
 
 class SearchSpec(Spec):
-    sampler: Literal["random", "tpe", "grid"] = "tpe"
+    sampler: Literal[tuple(SAMPLERS)] = "tpe"  # type: ignore[valid-type]  # the names of SAMPLERS
     trials: Annotated[Count, at_most(MAX_SEARCH_TRIALS, "configurations one search proposes")] = 50
     seed: Annotated[StrictInt, Field(ge=0)] = 0
     """The sampler's seed (numpy's SeedSequence takes whole numbers from 0)."""

@@ -15,19 +15,17 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gpufill.campaign.spec.search_spec import PRUNERS
 from gpufill.forecasting.run import EpochRecord, FitCallback, ValidationScorer
 
 __all__ = ["PrunerWatch", "RungPruner", "make_pruner"]
 
 
 def make_pruner(settings: Mapping[str, Any]) -> Any:
-    """The Optuna pruner `settings` name: asha (SuccessiveHalvingPruner) or median (MedianPruner)."""
+    """The Optuna pruner `settings` name (campaign/spec/search_spec.py: PRUNERS)."""
     from gpufill.campaign.trials.search import optuna_module
 
-    optuna = optuna_module()
-    if settings["kind"] == "asha":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=settings["min_epochs"], reduction_factor=settings["reduction_factor"])
-    return optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=settings["min_epochs"] - 1)
+    return PRUNERS[settings["kind"]].build(optuna_module(), settings)
 
 
 class RungPruner(FitCallback):
@@ -49,7 +47,7 @@ class RungPruner(FitCallback):
         first = self.settings["min_epochs"]
         if epoch < first:
             return False
-        if self.settings["kind"] != "asha":
+        if PRUNERS[self.settings["kind"]].every_epoch:
             return True
         rung = first
         while rung < epoch:
@@ -68,8 +66,7 @@ class RungPruner(FitCallback):
         if not self._trial.should_prune():
             return None
         self.pruned_at = epoch
-        kind = "ASHA" if self.settings["kind"] == "asha" else "the median rule"
-        return (f"{kind} stopped it: validation {self.settings['metric']} {value:.6g} among the worse at this epoch "
+        return (f"{PRUNERS[self.settings['kind']].label} stopped it: validation {self.settings['metric']} {value:.6g} among the worse at this epoch "
                 "of the earlier rounds' trials")
 
     def on_epoch_end(self, record: EpochRecord) -> None:

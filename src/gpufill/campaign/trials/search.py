@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufill.campaign.spec.search_spec import Range, SearchSpec
+from gpufill.campaign.spec.search_spec import SAMPLERS, Range, SearchSpec
 from gpufill.campaign.trials.trials import Trial, canonical, expand_points
 from gpufill.errors import InputError
 
@@ -209,16 +209,8 @@ class Search:
         return {"settings": settings, "history": history}
 
     def _sampler(self, round_index: int) -> optuna.samplers.BaseSampler:
-        optuna = optuna_module()
         seed = int(np.random.SeedSequence([self.search.seed, round_index]).generate_state(1)[0])
-        if self.search.sampler == "random":
-            return optuna.samplers.RandomSampler(seed=seed)
-        if self.search.sampler == "grid":
-            grid = {name: list(d.choices) for name, d in self.space.distributions.items()}
-            return optuna.samplers.GridSampler(grid, seed=seed)
-        with warnings.catch_warnings():  # constant_liar is marked experimental
-            warnings.simplefilter("ignore")
-            return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True, group=True)
+        return SAMPLERS[self.search.sampler].build(optuna_module(), seed, self.space.distributions)
 
     def _propose(self, store: Store | None, round_index: int) -> list[tuple[Config, list[Trial]]]:
         """Round `round_index`'s new configurations, the sampler told every earlier round's results (read from `store`;

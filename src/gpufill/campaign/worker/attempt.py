@@ -1,23 +1,24 @@
-"""One trial's work as a message for the scheduler: its result, or its error and traceback.
+"""One trial's work as its `Outcome` for the scheduler: its result, or its error and traceback.
 
 A trial that fails is data for the store (retried up to the campaign's limit), not a
 worker crash; every way of running trials (one at a time, in a fused pack) reports through this.
 A failure of the environment rather than of the trial (its data file missing, unreadable or
-changed since the run began, a full disk) is marked `"environment": True`: the scheduler
+changed since the run began, a full disk) is marked `environment`: the scheduler
 retries it later without counting it against the trial's retries.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import math
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
+from gpufill.campaign.policy.messages import Outcome
 from gpufill.forecasting.trial import Trial, TrialResult
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -39,17 +40,10 @@ def is_environment(error: BaseException) -> bool:
     return False
 
 
-def failure(trial: Trial, error: BaseException) -> dict[str, Any]:
-    """The message of a trial that failed with `error` (call inside its except block: the traceback is the current one)."""
-    message = {
-        "trial_id": trial.trial_id,
-        "ok": False,
-        "error": f"{type(error).__name__}: {error}".splitlines()[0],
-        "traceback": traceback.format_exc(),
-    }
-    if is_environment(error):
-        message["environment"] = True
-    return message
+def failure(trial: Trial, error: BaseException) -> Outcome:
+    """The outcome of a trial that failed with `error` (call inside its except block: the traceback is the current one)."""
+    return Outcome(trial_id=trial.trial_id, ok=False, error=f"{type(error).__name__}: {error}".splitlines()[0], traceback=traceback.format_exc(),
+                   environment=is_environment(error))
 
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -60,7 +54,7 @@ class NonFiniteMetrics(ValueError):
     """A trial finished but its test metrics are NaN or infinite: a failure, not a result to rank."""
 
 
-def attempt(trial: Trial, run: Callable[[], TrialResult]) -> dict[str, Any]:
+def attempt(trial: Trial, run: Callable[[], TrialResult]) -> Outcome:
     """Run one trial's work; its failure is data for the store, not a worker crash. A diverged training and
     test metrics that are not finite are failures: the campaign never ranks them."""
     started = time.perf_counter()
@@ -69,11 +63,10 @@ def attempt(trial: Trial, run: Callable[[], TrialResult]) -> dict[str, Any]:
         if result.diverged:
             raise FloatingPointError(f"training diverged: {result.events[0] if result.events else 'non-finite loss'}")
         _check_finite(result)
-        message = {"trial_id": trial.trial_id, "ok": True, "result": result}
+        outcome = Outcome(trial_id=trial.trial_id, ok=True, result=result)
     except Exception as error:
-        message = failure(trial, error)
-    message["seconds"] = time.perf_counter() - started
-    return message
+        outcome = failure(trial, error)
+    return dataclasses.replace(outcome, seconds=time.perf_counter() - started)
 
 
 def _check_finite(result: TrialResult) -> None:

@@ -10,8 +10,10 @@ trains its trials one at a time, saying why.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
+from gpufill.campaign.policy.messages import Outcome, PackMeasured, PackOrder, Progress, Started, TaskEnded, TrialEnded
 from gpufill.campaign.worker.attempt import attempt
 from gpufill.forecasting.packs import PackSizeChoice, by_width, size_pack, train_pack
 from gpufill.forecasting.run import TrialSetup
@@ -28,35 +30,35 @@ class TrialRunner(Protocol):
     def folded_windows(self, trial: Trial, setup: TrialSetup) -> list[Any] | None: ...
     def watch(self, trial: Trial, windows: list[Any]) -> Any: ...
     def run(self, trial: Trial, *, pack: PackEntry | None = None) -> TrialResult: ...
-    def note(self, message: dict[str, Any]) -> None: ...
-    def attempt(self, trial: Trial, run: Any) -> dict[str, Any]: ...
+    def note(self, message: Progress) -> None: ...
+    def attempt(self, trial: Trial, run: Any) -> Outcome: ...
 
 
-def run_pack(runner: TrialRunner, trials: list[Trial], pack_size: int | None, kind: str | None = None, *, waiting: int | None = None) -> dict[str, Any]:
-    """Train `trials` (one shape) as packs of `pack_size` of `kind` (None: measure both here first, unless the `waiting`
-    trials of the shape, these included, train in less time than measuring takes)."""
+def run_pack(runner: TrialRunner, trials: list[Trial], order: PackOrder) -> TaskEnded:
+    """Train `trials` (one shape) as packs of the order's size and kind (size None: measure both here first, unless
+    the shape's waiting trials train in less time than measuring takes)."""
     windows = {t.trial_id: runner.trial_windows(t) for t in trials}
     choice = None
+    pack_size, kind = order.size, order.kind
     if pack_size is None:  # a new shape: measure on this device
         first = trials[0]
         try:
-            choice = size_pack(first, windows[first.trial_id], runner.setup(first), most=len(trials), waiting=waiting or len(trials))
+            choice = size_pack(first, windows[first.trial_id], runner.setup(first), most=len(trials), waiting=order.waiting or len(trials))
         except Exception as error:  # the trials themselves will report it, one by one
             choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: measuring packs failed ({type(error).__name__})")
         pack_size, kind = choice.size, choice.kind
-        runner.note({"pack": _pack_message(choice)})  # the scheduler sizes and admits this shape from now on
+        runner.note(PackMeasured(_pack_message(choice)))  # the scheduler sizes and admits this shape from now on
     # Run one pack of the measured size; hand the rest back, so other workers share them.
-    trials, returned = trials[:pack_size], [t.trial_id for t in trials[pack_size:]]
-    results: list[dict[str, Any]] = []
+    trials, returned = trials[:pack_size], tuple(t.trial_id for t in trials[pack_size:])
+    outcomes: list[Outcome] = []
     if pack_size == 1:
         unfused = PackEntry(1, choice.reason) if choice is not None else None
-        results = [runner.attempt(t, lambda t=t: runner.run(t, pack=unfused)) for t in trials]
+        outcomes = [runner.attempt(t, lambda t=t: runner.run(t, pack=unfused)) for t in trials]
     else:
         for group in by_width(trials, windows):
             for start in range(0, len(group), pack_size):
-                results += _train_chunk(runner, group[start : start + pack_size], windows, choice.reason if choice else None, kind)
-    pack = None if choice is None else _pack_message(choice)
-    return {"results": results, "pack": pack, "returned": returned}
+                outcomes += _train_chunk(runner, group[start : start + pack_size], windows, choice.reason if choice else None, kind)
+    return TaskEnded(tuple(outcomes), None if choice is None else _pack_message(choice), returned)
 
 
 def _pack_message(choice: PackSizeChoice) -> dict[str, Any]:
@@ -66,11 +68,11 @@ def _pack_message(choice: PackSizeChoice) -> dict[str, Any]:
             "peak_bytes": {str(k): peak for k, peak in choice.peak_bytes.items()}}
 
 
-def _train_chunk(runner: TrialRunner, chunk: list[Trial], windows: dict[str, Any], reason: str | None, kind: str | None) -> list[dict[str, Any]]:
+def _train_chunk(runner: TrialRunner, chunk: list[Trial], windows: dict[str, Any], reason: str | None, kind: str | None) -> list[Outcome]:
     """One pack of a shape that trains fused; a lone trial too, as a pack of one: the same kernels, and a member's
     numbers do not depend on how many train beside it, so a resumed run's leftover trains what an uninterrupted run's
     pack did (test_resume_numerics)."""
-    runner.note({"started": [t.trial_id for t in chunk]})
+    runner.note(Started(tuple(t.trial_id for t in chunk)))
     try:
         watches = {t.trial_id: found for t in chunk if (found := runner.watch(t, [windows[t.trial_id]])) is not None}
         setups = {t.trial_id: runner.setup(t) for t in chunk}
@@ -82,8 +84,8 @@ def _train_chunk(runner: TrialRunner, chunk: list[Trial], windows: dict[str, Any
         return [runner.attempt(t, lambda t=t: runner.run(t, pack=unfused)) for t in chunk]
     out = []
     for trial, (seconds, score) in zip(chunk, scored, strict=True):
-        message = attempt(trial, score)
-        message["seconds"] = seconds  # this trial's share of the pack's time
-        runner.note({"result": message})
-        out.append(message)
+        outcome = attempt(trial, score)  # its refit and scoring, timed as an unpacked trial's are
+        outcome = dataclasses.replace(outcome, seconds=outcome.seconds + seconds)  # and its share of the pack's training
+        runner.note(TrialEnded(outcome))
+        out.append(outcome)
     return out

@@ -1,8 +1,8 @@
 """Running trials, wherever they run: a local worker process, a Ray actor or a Slurm job.
 
 Every executor runs a task the same way: :func:`start_runner` once per process (thread
-count, campaign, data cache), then ``TrialRunner.run_task(task)`` per task, whose message
-goes back to the scheduler. Nothing here touches the store: the scheduler is its only
+count, campaign, data cache), then ``TrialRunner.run_task(task)`` per `Task`, whose `TaskEnded`
+goes back to the scheduler (policy/messages.py). Nothing here touches the store: the scheduler is its only
 writer. Thread limits (OMP/MKL/OpenBLAS) are in the process's environment before it
 starts (each executor puts them there); torch, XGBoost and LightGBM are told explicitly.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufill.campaign.policy import environment
+from gpufill.campaign.policy.messages import Heartbeat, Message, Outcome, Progress, Ready, Started, Task, TaskEnded, TrialEnded
 from gpufill.campaign.worker.attempt import EnvironmentFailure, attempt, failure
 from gpufill.forecasting.trial import GLOBAL_PROJECT, PackEntry, Trial, TrialResult
 
@@ -56,8 +57,8 @@ def start_runner(setup: dict[str, Any]) -> TrialRunner:
     return TrialRunner(setup["spec"], Path(setup["base_dir"]), threads=setup["threads"], device=setup["device"], tune_cache=setup.get("tune_cache"))
 
 
-def run_job(setup: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
-    """A batch job's whole life (Slurm): start, run one task, return its message."""
+def run_job(setup: dict[str, Any], task: Task) -> TaskEnded:
+    """A batch job's whole life (Slurm): start, run one task, return its end."""
     return start_runner(setup).run_task(task)
 
 
@@ -69,7 +70,7 @@ def worker_main(conn: Connection) -> None:
         return
     sending = threading.Lock()  # the heartbeat thread and the trials share the connection
 
-    def send(message: dict[str, Any]) -> None:
+    def send(message: Message) -> None:
         with sending:
             conn.send(message)
 
@@ -78,7 +79,7 @@ def worker_main(conn: Connection) -> None:
     runner = start_runner(setup)
     runner.on_progress = send
     # Heartbeats count from here: start-up (imports, CUDA) is not a hang. GPU admission counts the context's memory.
-    send({"ready": os.getpid(), "context_bytes": context_bytes(setup["device"])})
+    send(Ready(os.getpid(), context_bytes(setup["device"])))
     threading.Thread(target=_heartbeat, args=(send,), name="gpufill-heartbeat", daemon=True).start()
     while True:
         try:
@@ -103,12 +104,12 @@ def release_cached_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def _heartbeat(send: Callable[[dict[str, Any]], None]) -> None:
+def _heartbeat(send: Callable[[Message], None]) -> None:
     """Runs beside the trials: a process that is stopped, frozen or deadlocked in C stops sending."""
     while True:
         time.sleep(HEARTBEAT_EVERY_S)
         try:
-            send({"heartbeat": time.time()})
+            send(Heartbeat(time.time()))
         except (BrokenPipeError, OSError):
             return
 
@@ -134,8 +135,9 @@ class TrialRunner:
         self._pruning: dict[str, Any] | None = None
         """The current task's search pruner: its settings and the earlier rounds' trials per project (campaign/trials/pruning.py)."""
         self._read_at = time.monotonic()
-        self._windows: dict[tuple[str, int, str], Any] = {}
-        self.on_progress: Callable[[dict[str, Any]], None] | None = None
+        self._windows: dict[tuple[str, int, str, bool], Any] = {}
+        """(project, lookback, scaling, folded) -> its windows, each cut and scaled once per process."""
+        self.on_progress: Callable[[Progress], None] | None = None
         """Where a local worker sends which trials started and finished within a task (None: nowhere)."""
 
     def setup(self, trial: Trial) -> TrialSetup:
@@ -154,17 +156,17 @@ class TrialRunner:
                            device=self.device, tune_cache=self.tune_cache, memory_margin=self.spec.resources.memory_margin,
                            refit=self.spec.train.refit)
 
-    def note(self, message: dict[str, Any]) -> None:
-        """{"started": [trial ids]} or {"result": a trial's message}: so a crash fails only the trial that was running."""
+    def note(self, message: Progress) -> None:
+        """Trials started, or one ended (or a pack size measured): so a crash fails only the trial that was running."""
         if self.on_progress is not None:
             self.on_progress(message)
 
-    def attempt(self, trial: Trial, run: Callable[[], TrialResult]) -> dict[str, Any]:
+    def attempt(self, trial: Trial, run: Callable[[], TrialResult]) -> Outcome:
         """One trial's work, reported as it starts and ends."""
-        self.note({"started": [trial.trial_id]})
-        message = attempt(trial, run)
-        self.note({"result": message})
-        return message
+        self.note(Started((trial.trial_id,)))
+        outcome = attempt(trial, run)
+        self.note(TrialEnded(outcome))
+        return outcome
 
     def projects(self) -> dict[str, Any]:
         """The campaign's projects, loaded once per process. The scheduler loaded the same data before the run:
@@ -229,33 +231,33 @@ class TrialRunner:
             return None
         return [self.trial_windows(trial, name, folded=True) for name in (self.projects() if trial.is_global else [trial.project])]
 
-    def run_task(self, task: dict[str, Any]) -> dict[str, Any]:
-        """A task is one trial, or several neural trials of one shape to train as a fused pack."""
-        trials, waiting, self._reread = task["trials"], [], False
-        self._pruning = task.get("pruning")  # a pruned search's settings and its earlier rounds (campaign/trials/pruning.py)
-        if len(trials) > 1 and task.get("pack_size") != 1:  # a pack reads every trial's data before any trains: check it first
+    def run_task(self, task: Task) -> TaskEnded:
+        """A task is one trial, or several neural trials of one shape to train as fused packs (task.pack says how)."""
+        trials, waiting, self._reread = list(task.trials), [], False
+        self._pruning = task.pruning  # a pruned search's settings and its earlier rounds (campaign/trials/pruning.py)
+        order = task.pack
+        if len(trials) > 1 and order.size != 1:  # a pack reads every trial's data before any trains: check it first
             waiting = self._not_ready(trials)  # these wait for the environment; the rest pack
-            trials = [t for t in trials if t.trial_id not in {m["trial_id"] for m in waiting}]
-        pack_size = task.get("pack_size")
+            trials = [t for t in trials if t.trial_id not in {o.trial_id for o in waiting}]
         # Alone: classical and global trials (a global one trains on every project's windows), an unfused shape, and a
         # lone trial of a shape not yet sized; a lone trial of a fused shape trains as a pack of one (worker/packs.py).
-        alone = not trials or trials[0].kind != "neural" or trials[0].is_global or pack_size == 1 or (pack_size is None and len(trials) == 1)
+        alone = not trials or trials[0].kind != "neural" or trials[0].is_global or order.size == 1 or (order.size is None and len(trials) == 1)
         if alone:
-            unfused = PackEntry(1, task["pack_reason"]) if pack_size == 1 and task.get("pack_reason") else None
-            return {"results": [*waiting, *(self.attempt(t, lambda t=t: self.run(t, pack=unfused)) for t in trials)], "pack": None}
+            unfused = PackEntry(1, order.reason) if order.size == 1 and order.reason else None
+            return TaskEnded((*waiting, *(self.attempt(t, lambda t=t: self.run(t, pack=unfused)) for t in trials)))
         from gpufill.campaign.worker.packs import run_pack
 
-        message = run_pack(self, trials, pack_size, task.get("pack_kind"), waiting=task.get("waiting"))
-        return {**message, "results": [*waiting, *message["results"]]}
+        ended = run_pack(self, trials, order)
+        return dataclasses.replace(ended, outcomes=(*waiting, *ended.outcomes))
 
-    def _not_ready(self, trials: list[Trial]) -> list[dict[str, Any]]:
-        """Failure messages of the trials whose data is not what their ids name (or cannot be read)."""
+    def _not_ready(self, trials: list[Trial]) -> list[Outcome]:
+        """Failures of the trials whose data is not what their ids name (or cannot be read)."""
         waiting = []
         for trial in trials:
             try:
                 self.check_data(trial)
             except EnvironmentFailure as error:
-                waiting.append({**failure(trial, error), "seconds": 0.0})
+                waiting.append(failure(trial, error))
         return waiting
 
     def run(self, trial: Trial, *, pack: PackEntry | None = None) -> TrialResult:

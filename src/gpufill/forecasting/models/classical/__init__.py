@@ -12,8 +12,9 @@ scikit-learn, XGBoost and LightGBM are imported when a model is built, not with
 ``gpufill.forecasting.models``: importing scikit-learn's ensembles alone takes seconds, and every CLI
 command would pay it. Built before the fit timer starts, so ``fit_s`` never includes an import.
 
-:func:`train_classical` is the counterpart of ``forecast.train_forecaster``: windows in,
-test metrics next to the naive forecast out, in the same result shape.
+:func:`train_classical` fits one family on one project's windows and scores it on the test split, next to
+the naive forecast (`gpufill estimate` times classical trials with it; a campaign's trial runs through
+forecasting/run.py).
 
 The package holds two ideas: :mod:`.base` (the fit/predict contract every family shares:
 shapes, flattening, last-value normalisation, thread caps) and :mod:`.families` (the four
@@ -138,7 +139,7 @@ def train_classical(
     if kind != "classical":
         raise InputError(
             f"model family {family!r} is {kind}, not classical",
-            fix="train neural families with forecast.train_forecaster (gpufill train), classical ones here",
+            fix="train a neural family with gpufill train (forecasting/run.py: run_alone), classical ones here",
             field="model",
         )
     threads, seed = _threads_and_seed(threads, seed)
