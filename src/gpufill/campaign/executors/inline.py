@@ -64,7 +64,6 @@ class InlineExecutor(Slots, NoBatchJobs):
                 worker.note(Ready(os.getpid()))
                 self.workers.append(worker)
 
-
     def submit(self, worker: Worker, task: Task) -> None:
         assert isinstance(worker, InlineWorker)
         worker.begin(task)

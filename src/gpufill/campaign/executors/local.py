@@ -120,7 +120,6 @@ class LocalExecutor(Slots, NoBatchJobs):
         conn.send(worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device, tune_cache=self.tune_cache))
         return LocalWorker(name=f"{lane.name}-{self._counter}", lane=lane, process=process, conn=conn)
 
-
     def submit(self, worker: Worker, task: Task) -> None:
         assert isinstance(worker, LocalWorker) and worker.conn is not None
         worker.begin(task)

@@ -182,7 +182,7 @@ class Campaign:
         fresh: bool = False,
         command: str = "gpufill run",
         verbose: bool = False,
-        executor: str = "local",
+        executor: str | Executor = "local",
         address: str | None = None,
         on_start: Callable[[Prepared, int], None] | None = None,
         on_update: Callable[[Snapshot], None] | None = None,
@@ -190,8 +190,9 @@ class Campaign:
     ) -> RunOutcome:
         """Run (or resume) the campaign: done trials are kept, interrupted ones retried.
 
-        `executor` is local (worker processes here), ray (a local Ray, or the cluster at
-        `address`) or slurm (jobs through submitit, settings in resources.slurm); the store,
+        `executor` is local (worker processes here), inline, ray (a local Ray, or the cluster at
+        `address`) or slurm (jobs through submitit, settings in resources.slurm), or an Executor of your
+        own (executors/base.py; tests/campaign/executors/test_executor_suite.py is its checklist); the store,
         the trial ids and resuming are the same whichever runs the trials. `mlflow`: a tracking
         URI finished trials are copied to (overrides the file's tracking.mlflow).
         """
@@ -199,7 +200,8 @@ class Campaign:
         timeline = Timeline()
         timeline.mark("run begins (interpreter, imports, campaign file)")
         follower = self._follower()  # its imports (MLflow, the report's) run while this run prepares
-        runs = make_executor(executor, spec=self.spec, base_dir=str(self.base_dir), workdir=self.workdir, address=address)
+        runs = executor if not isinstance(executor, str) else make_executor(executor, spec=self.spec, base_dir=str(self.base_dir),
+                                                                            workdir=self.workdir, address=address)
         try:
             return self._locked_run(runs, gpu_slots, cpu_slots, fresh, command, verbose, on_start, on_update, timeline, follower)
         except (sqlite3.Error, OSError) as error:
