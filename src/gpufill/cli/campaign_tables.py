@@ -59,8 +59,8 @@ def status_table(counts: dict[str, Any]) -> Table:
 
 
 # The table view shows what a reader scans; csv/json/parquet keep every column.
-_TRIAL_COLUMNS = ("trial_id", "project", "family", "params", "train", "seed", "lookback", "status", "attempts", "lane", "duration_s",
-                  "mae", "rmse", "smape", "mase")
+_TRIAL_COLUMNS = ("trial_id", "project", "family", "params", "train", "seed", "lookback", "status", "attempts", "lane", "duration_s")
+"""And a column of each metric (METRICS), read when a table is drawn."""
 _STALE_COLUMNS = ("trial_id", "project", "family", "params", "train", "seed", "lookback", "stale", "status", "mae", "differs")
 _WRAPPED = ("params", "train", "differs")
 """Columns that wrap onto more lines; the others keep one line (cut, not wrapped, when the terminal is narrow)."""
@@ -86,7 +86,7 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
     if summary:
         columns = [c for c in summary_columns(metric, stale=True) if c != "stale" or stale_view]
     else:
-        columns = list(_STALE_COLUMNS if stale_view else _TRIAL_COLUMNS)  # with --all: room for what differs
+        columns = list(_STALE_COLUMNS if stale_view else (*_TRIAL_COLUMNS, *METRICS))  # with --all: room for what differs
     columns = [c for c in columns if not rows or c in rows[0]]
     for family in REFERENCES:  # a reference the campaign does not have: no empty column
         if not any(row.get(f"vs_{family}") is not None for row in rows):

@@ -14,6 +14,7 @@ from rich.text import Text
 from gpufill.engine.result import EpochRecord, FitCallback
 from gpufill.engine.plan import Plan
 from gpufill.errors import visible
+from gpufill.forecasting.metric_registry import METRICS
 
 
 def plan_table(plan: Plan | dict[str, dict[str, Any]]) -> Table:
@@ -96,10 +97,10 @@ def print_forecast(outcome: dict[str, Any], console: Console) -> None:
     family = visible(outcome["family"])  # names are data: shown as text, never markup or terminal codes
     table = Table(title=escape(f"{family} on {visible(outcome['project'])}: test metrics (original scale)"), title_justify="left")
     table.add_column("forecast", style="bold")
-    for key in ("mae", "rmse", "smape", "mase"):
+    for key in METRICS:
         table.add_column(key, justify="right")
     for name, metrics in ((family, test), ("naive (last value)", naive)):
-        table.add_row(Text(name), *(f"{metrics[key]:.4g}" for key in ("mae", "rmse", "smape", "mase")))
+        table.add_row(Text(name), *(f"{metrics[key]:.4g}" for key in METRICS))
     console.print(table)
     timings = outcome["timings"]
     verdict = "beats" if test["mae"] < naive["mae"] else "does NOT beat"

@@ -12,14 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpufill.forecasting.metric_registry import METRICS
+
 if TYPE_CHECKING:  # a Trial alone stays light: the store and the scheduler import it
     from gpufill.forecasting.recipes import Recipe
 
 __all__ = ["GLOBAL_PROJECT", "METRICS", "PackEntry", "Trial", "TrialResult", "trial_result"]
 
-METRICS = ("mae", "rmse", "smape", "mase")
-"""What every trial is scored by, on its test split and the naive forecast's (forecasting.data.metrics computes
-them): the store keeps a column of each, a campaign ranks by one of them (task.metric)."""
 GLOBAL_PROJECT = "*"
 """The project of a global-mode trial: one model over all projects."""
 

@@ -337,35 +337,28 @@ class JsonlSink:
         self.error: str | None = None
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
-        text = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
         with self._lock:
             if self.error is None:
-                self.error = _append_whole(self.path, text)
+                self.error = _append_whole(self.path, self._text(rows))
+
+    def _text(self, rows: list[dict[str, Any]]) -> str:
+        return "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
 
 
-class CsvSink:
+class CsvSink(JsonlSink):
     """Appends rows to a CSV file (header written once, when the file is new or empty).
 
     Lists (``cpu_per_core``, ``throttle``) are written as JSON text, as the store does. Written as JsonlSink is.
     """
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        make_folder(self.path.parent, field="--out")
-        self._lock = threading.Lock()
-        self.error: str | None = None
-
-    def __call__(self, rows: list[dict[str, Any]]) -> None:
+    def _text(self, rows: list[dict[str, Any]]) -> str:
         text = io.StringIO(newline="")
         writer = csv.DictWriter(text, fieldnames=SAMPLE_COLUMNS)
-        with self._lock:
-            if self.error is not None:
-                return
-            if not self.path.exists() or self.path.stat().st_size == 0:
-                writer.writeheader()
-            for row in rows:
-                writer.writerow({k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in row.items()})
-            self.error = _append_whole(self.path, text.getvalue())
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            writer.writeheader()
+        for row in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in row.items()})
+        return text.getvalue()
 
 
 def _append_whole(path: Path, text: str) -> str | None:

@@ -19,9 +19,9 @@ import pandas as pd
 from gpufill.campaign.results.ensembles import members_shown, read_declared
 from gpufill.campaign.results.reading import best_per_project, stored_metric, winners
 from gpufill.campaign.results.provenance import with_effective_train
-from gpufill.campaign.store.store import FRAME_COLUMNS, Store
+from gpufill.campaign.store.store import Store, frame_columns
 from gpufill.campaign.store.store_health import check_rows
-from gpufill.forecasting.trial import GLOBAL_PROJECT
+from gpufill.forecasting.trial import GLOBAL_PROJECT, METRICS
 from gpufill.errors import InputError
 from gpufill.files import check_target
 from gpufill.report import plots
@@ -62,14 +62,14 @@ def _grid_trials(search: Store, workdir: Path) -> pd.DataFrame:
         if stored_metric(grid) != stored_metric(search):
             raise InputError(f"the grid ranks by {stored_metric(grid)}, the search by {stored_metric(search)}", where=str(grid.path),
                              field="--grid", fix="compare campaigns with the same task.metric")
-        return pd.DataFrame.from_records(with_effective_train(grid.records(), grid.bases()), columns=FRAME_COLUMNS)
+        return pd.DataFrame.from_records(with_effective_train(grid.records(), grid.bases()), columns=frame_columns())
     finally:
         grid.close()
 
 
 def render_report(store: Store, grid: pd.DataFrame | None = None) -> str:
     name = store.meta("campaign_name") or "campaign"
-    trials = pd.DataFrame.from_records(with_effective_train(store.records(), store.bases()), columns=FRAME_COLUMNS)  # the file as it is now
+    trials = pd.DataFrame.from_records(with_effective_train(store.records(), store.bases()), columns=frame_columns())  # the file as it is now
     samples = store.samples()
     runs = pd.read_sql_query("SELECT run_id, started_at, finished_at, status, command FROM runs ORDER BY run_id", store.db)
     done = trials[trials["status"] == "done"]
@@ -140,8 +140,6 @@ def _duration(seconds: float) -> str:
 
 
 # -- sections -----------------------------------------------------------------------------------
-METRIC_NAMES = {"mae": "MAE", "rmse": "RMSE", "smape": "sMAPE", "mase": "MASE"}
-
 
 def _search(trials: pd.DataFrame, metric: str, grid: pd.DataFrame | None) -> str:
     """The search's course plot and, beside a full grid, what it found with what share of the grid's seconds."""
@@ -178,13 +176,13 @@ def _is_search(store: Store) -> bool:
 def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame, metric: str = "mae") -> str:
     """Test MAE per family, and each project's best configuration ranked by `metric` (the campaign's task.metric, as
     `results --best` ranks)."""
-    parts = ["<h3>Test MAE per family</h3>", plot_or_note(plots.metric_per_family(done), "no finished trials yet")]
+    parts = ["<h3>Test MAE per family</h3>", plot_or_note(plots.metric_per_family(done), "no finished trials yet"), _metrics_per_family(done)]
     best = best_per_project(trials, metric)
     if best.empty:
         parts.append("<p class='note'>no finished trials yet</p>")
     else:
         top = winners(best.to_dict("records"), metric)  # chosen on validation where every family has it, as `results --best`
-        name = METRIC_NAMES[metric]
+        name = METRICS[metric].label
 
         def ratio(value: Any) -> str:
             return "" if value is None or value != value else f"{value:.3f}"
@@ -210,14 +208,24 @@ def _declared(declared: list[dict], best: pd.DataFrame) -> str:
         members = best[best["project"].isin([row["project"], GLOBAL_PROJECT]) & best["family"].isin(row["families"])]
         single = members.sort_values("val_mae" if members["val_mae"].notna().all() else "mae").head(1)  # chosen as --best chooses
         rows.append([escape(row["project"]), escape(row["combine"]), members_shown(row), escape(", ".join(row["families"])),
-                     escape(", ".join(map(str, row["lookbacks"]))), f"{row['mae']:.4g}", f"{row['smape']:.4g}", f"{row['mase']:.4g}",
+                     escape(", ".join(map(str, row["lookbacks"]))), *(f"{row[name]:.4g}" if name in row else "" for name in METRICS),
                      "" if single.empty else f"{single['mae'].iloc[0]:.4g} ({escape(single['family'].iloc[0])})", f"{row['cost_s']:.1f}"])
     return "\n" + "\n".join(["<h3>Declared ensemble</h3>",
                               "<p class='note'>Every member's test forecast combined per project and scored like a trial; the best single "
                               "configuration of its families is chosen on validation where each has a score, as results --best chooses. Members whose "
                               "validation score is worse than ensemble.within times the best member's are left out, and counted. Cost: the members' training seconds.</p>",
-                              table(["project", "combine", "members", "families", "lookbacks", "test MAE", "sMAPE", "MASE",
-                                     "best single member's MAE", "cost (s)"], rows, table_id="ensemble", numeric={2, 5, 6, 7, 9})])
+                              table(["project", "combine", "members", "families", "lookbacks", *(f"test {m.label}" for m in METRICS.values()),
+                                     "best single member's MAE", "cost (s)"], rows, table_id="ensemble",
+                                    numeric={2, *range(5, 5 + len(METRICS)), 6 + len(METRICS)})])
+
+
+def _metrics_per_family(done: pd.DataFrame) -> str:
+    """Each family's median test score of every metric (METRICS: the registry's labels, in its order)."""
+    if done.empty:
+        return ""
+    rows = [[escape(family), str(len(rows))] + [f"{rows[name].median():.4g}" for name in METRICS] for family, rows in done.groupby("family", sort=True)]
+    return table(["family", "trials", *(f"median {metric.label}" for metric in METRICS.values())], rows, table_id="metrics",
+                 numeric=set(range(1, 2 + len(METRICS))))
 
 
 def _forecasts(store: Store, trials: pd.DataFrame) -> str:

@@ -293,3 +293,56 @@ def test_ctrl_c_beside_a_frozen_tracking_server_ends_the_run_without_waiting_on_
         if server.process is not None:
             os.killpg(server.process.pid, signal.SIGCONT)
         server.stop()
+
+
+@pytest.fixture
+def max_error_metric():
+    """A metric added to the registry and nowhere else: the largest absolute error."""
+    import numpy as np
+
+    from gpufill.forecasting.metric_registry import METRICS, Metric
+
+    METRICS.register(Metric("maxae", "MaxAE", lambda t, p, s: float(np.max(np.abs(np.asarray(t, np.float64) - np.asarray(p, np.float64)))),
+                            lambda f, t: np.abs(np.asarray(f, np.float64) - t).max(axis=-1)))
+    yield "maxae"
+    METRICS.unregister("maxae")
+
+
+@pytest.mark.slow
+def test_a_metric_added_to_the_registry_alone_reaches_the_store_results_the_report_and_mlflow(tmp_path, capsys, monkeypatch, max_error_metric):
+    """forecasting/metric_registry.py is the one list: a metric registered there (in this fixture) is scored for every
+    trial, kept in its store column, shown by results with its validation score, in the report's table per family, and
+    exported to MLflow, with no other change."""
+    import numpy as np
+
+    from gpufill.campaign.results.reading import read_results
+    from gpufill.campaign.store.store import Store
+    from gpufill.report.html import write_report
+
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    path = campaign_file(tmp_path, hidden="16", epochs=2)
+    Campaign.from_yaml(path, tmp_path / "work").run(executor="inline")
+    store = Store.open(tmp_path / "work")
+    try:
+        stored = dict(store.db.execute("SELECT trial_id, maxae FROM trials WHERE status = 'done'").fetchall())
+        forecasts = store.forecasts(list(stored))
+    finally:
+        store.close()
+    assert len(stored) == 6 and all(value is not None and value > 0 for value in stored.values())  # 4 networks, 2 linear
+    per_project: dict[str, list[float]] = {}
+    for (trial_id, _project), kept in forecasts.items():  # a global trial: each project's score, then their mean
+        per_project.setdefault(trial_id, []).append(float(np.abs(kept["forecast"].astype(np.float64) - kept["truth"]).max()))
+    assert {t: float(np.mean(v)) for t, v in per_project.items()} == pytest.approx(stored, rel=1e-4)  # forecasts kept as float32
+    results = read_results(tmp_path / "work").set_index("trial_id")
+    assert results.loc[list(stored), "maxae"].tolist() == pytest.approx(list(stored.values()))
+    networks = results[results["family"] == "mlp"]
+    assert len(networks) == 4 and networks["val_maxae"].notna().all()
+    report = write_report(tmp_path / "work", tmp_path / "report.html")
+    assert "median MaxAE" in Path(report).read_text()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code, out, err = run_cli(capsys, "export", "mlflow", "--workdir", tmp_path / "work", "--uri", uri)
+    assert code == 0, err
+    runs = exported(uri)
+    assert {t: run.data.metrics["maxae"] for t, run in runs.items() if t in stored} == pytest.approx(stored)
+    assert all("val_maxae" in runs[t].data.metrics for t in networks.index)

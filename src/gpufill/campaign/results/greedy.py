@@ -53,7 +53,7 @@ def select_greedily(forecasts: np.ndarray, truth: np.ndarray, groups: Sequence[i
     together), averaged over series, as a global trial's is; `scales` (G,): each series' MASE scale, for "mase".
     `rounds`: at most this many (default 2K); the kept prefix is the shortest with the best score."""
     if metric not in METRICS or combine not in COMBINES:
-        raise ValueError(f"metric must be one of {METRICS} and combine one of {COMBINES}, got {metric!r}, {combine!r}")
+        raise ValueError(f"metric must be one of {tuple(METRICS)} and combine one of {COMBINES}, got {metric!r}, {combine!r}")
     forecasts = np.asarray(forecasts, dtype=np.float64)
     truth = np.asarray(truth, dtype=np.float64)
     if forecasts.ndim != 3 or forecasts.shape[1:] != truth.shape or forecasts.shape[0] == 0:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufill.campaign.store.lock import holder
-from gpufill.campaign.store.store import DB_NAME, FRAME_COLUMNS, Counts, Store
+from gpufill.campaign.store.store import DB_NAME, Counts, Store, frame_columns
 from gpufill.campaign.store.store_health import check_rows
 from gpufill.errors import InputError
 from gpufill.forecasting.trial import GLOBAL_PROJECT, METRICS
@@ -93,7 +93,7 @@ def read_trials(workdir: str | Path, *, include_stale: bool = False) -> pd.DataF
     import pandas as pd
 
     records, _total = read_trial_records(workdir, include_stale=include_stale)
-    columns = [*FRAME_COLUMNS, *(["differs"] if include_stale else [])]
+    columns = [*frame_columns(), *(["differs"] if include_stale else [])]
     return pd.DataFrame.from_records(records, columns=columns)
 
 

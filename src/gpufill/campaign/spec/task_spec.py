@@ -67,7 +67,7 @@ class TaskSpec(Spec):
     """Input window lengths, a grid axis (a single number is a one-item list)."""
     horizon: Count = 1
     split: SplitSpec = SplitSpec()
-    metric: Literal[METRICS] = "mae"  # type: ignore[valid-type]  # the names of forecasting.trial.METRICS
+    metric: Literal[tuple(METRICS)] = "mae"  # type: ignore[valid-type]  # the names of METRICS (forecasting/metric_registry.py)
     """Ranks results only; it never changes what is trained."""
     mode: Literal["local", "global"] = "local"
     """local: one model per project; global: one model over all projects."""

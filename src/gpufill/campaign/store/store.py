@@ -33,16 +33,16 @@ from gpufill.errors import InputError
 from gpufill.files import check_in_place
 from gpufill.campaign.store.store_queries import (
     ENVIRONMENT,
-    FRAME_COLUMNS,
     METRICS,
     PROVENANCE_COLUMNS,
     STATUSES,
-    TRIAL_COLUMNS,
     Counts,
     StoreQueries,
+    frame_columns,
+    trial_columns,
 )
 
-__all__ = ["DB_NAME", "ENVIRONMENT", "FRAME_COLUMNS", "METRICS", "STATUSES", "TRIAL_COLUMNS", "Counts", "Store"]  # the read side's names too: where readers have always found them
+__all__ = ["DB_NAME", "ENVIRONMENT", "METRICS", "STATUSES", "Counts", "Store", "frame_columns", "trial_columns"]  # the read side's names too: where readers have always found them
 
 DB_NAME = "gpufill.db"
 _SIDECARS = ("-wal", "-shm")
@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS trials (
     status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
     lane TEXT, worker TEXT, run_id INTEGER,
     started_at REAL, finished_at REAL, duration_s REAL,
-    mae REAL, rmse REAL, smape REAL, mase REAL, naive_mae REAL,
+    naive_mae REAL,
     metrics TEXT, timings TEXT, plan TEXT, history TEXT, events TEXT,
     error TEXT, traceback TEXT,
     data_fingerprint TEXT NOT NULL DEFAULT '', config_id TEXT NOT NULL DEFAULT '', base_id TEXT NOT NULL DEFAULT '',
@@ -118,7 +118,7 @@ class Store(StoreQueries):
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
             present = {row[1] for row in db.execute("PRAGMA table_info(trials)")}
-            for column, declaration in PROVENANCE_COLUMNS.items():
+            for column, declaration in {**dict.fromkeys(METRICS, "REAL"), **PROVENANCE_COLUMNS}.items():  # a column per metric
                 if column not in present:
                     db.execute(f"ALTER TABLE trials ADD COLUMN {column} {declaration}")
         except sqlite3.DatabaseError as error:
@@ -296,7 +296,7 @@ class Store(StoreQueries):
         naive = result.metrics["naive"]
         with self._transaction() as db:
             cursor = db.execute(
-                "UPDATE trials SET status = 'done', finished_at = ?, duration_s = ?, mae = ?, rmse = ?, smape = ?, mase = ?, naive_mae = ?,"
+                f"UPDATE trials SET status = 'done', finished_at = ?, duration_s = ?, {''.join(f'{m} = ?, ' for m in METRICS)}naive_mae = ?,"
                 " metrics = ?, timings = ?, plan = ?, history = ?, events = ?, error = NULL, traceback = NULL"
                 " WHERE trial_id = ? AND status = 'running'",
                 (

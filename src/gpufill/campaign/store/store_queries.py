@@ -24,14 +24,18 @@ STATUSES = ("pending", "running", "done", "pruned", "failed", "skipped")
 ENVIRONMENT = "environment: "
 """How the error of a trial an environment failure sent back to pending begins."""
 
-TRIAL_COLUMNS = ("trial_id", "project", "family", "kind", "params", "train", "seed", "lookback", "status", "attempts", "lane", "worker",
-                 "duration_s", "mae", "rmse", "smape", "mase", "naive_mae", "error")
-"""What results show of each trial (the rest of a row, its history and plan, is in trial_details)."""
+def trial_columns() -> tuple[str, ...]:
+    """What results show of each trial, a column of each metric among them (the rest of a row, its history and plan, is
+    in trial_details)."""
+    return ("trial_id", "project", "family", "kind", "params", "train", "seed", "lookback", "status", "attempts", "lane", "worker",
+            "duration_s", *METRICS, "naive_mae", "error")
 PROVENANCE_COLUMNS = {"data_fingerprint": "TEXT NOT NULL DEFAULT ''", "config_id": "TEXT NOT NULL DEFAULT ''",
                       "base_id": "TEXT NOT NULL DEFAULT ''", "current": "INTEGER NOT NULL DEFAULT 1"}
 """Added after the first stores were written: a run adds them to an older store; readers see their defaults."""
-FRAME_COLUMNS = [*TRIAL_COLUMNS, *(f"val_{m}" for m in METRICS), "data_fingerprint", "config_id", "base_id", "stale"]
-"""`val_<metric>`: the validation window's score (networks with a validation split; None elsewhere): what choosing reads."""
+def frame_columns() -> list[str]:
+    """`trial_columns` and `val_<metric>`: the validation window's score (networks with a validation split; None
+    elsewhere): what choosing reads."""
+    return [*trial_columns(), *(f"val_{m}" for m in METRICS), "data_fingerprint", "config_id", "base_id", "stale"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +147,7 @@ class StoreQueries:
         where = "" if include_stale else f" WHERE status != 'skipped' AND {self._column('current')} = 1"
         provenance = ", ".join(f"{self._column(c)} AS {c}" for c in PROVENANCE_COLUMNS)
         validation = ", ".join(f"{_validation(m)} AS val_{m}" for m in METRICS)
-        cursor = self.db.execute(f"SELECT {', '.join(TRIAL_COLUMNS)}, {validation}, {provenance} FROM trials{where} ORDER BY position"
+        cursor = self.db.execute(f"SELECT {self._trial_columns()}, {validation}, {provenance} FROM trials{where} ORDER BY position"
                                  + (f" LIMIT {int(limit)}" if limit is not None else ""))
         return _with_stale(cursor)
 
@@ -152,6 +156,8 @@ class StoreQueries:
         how many there are, and the mean of its validation `metric` (`val_<metric>`, None where no seed has one). SQLite aggregates: a summary of 36,000 trials reads a few thousand rows."""
         if metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}")
+        if metric not in self.columns:  # a metric registered after this store was last written: no trial has it
+            return []
         current = self._column("current")
         where = f"status = 'done' AND {metric} IS NOT NULL" + ("" if include_stale else f" AND {current} = 1")
         config = self._column("config_id")
@@ -179,7 +185,7 @@ class StoreQueries:
         provenance = ", ".join(f"{self._column(c)} AS {c}" for c in PROVENANCE_COLUMNS)
         validation = ", ".join(f"{_validation(m)} AS val_{m}" for m in METRICS)
         cursor = self.db.execute(
-            f"SELECT {', '.join(TRIAL_COLUMNS)}, started_at, finished_at, metrics AS metrics_json, timings AS timings_json, history AS history_json, plan AS plan_json,"
+            f"SELECT {self._trial_columns()}, started_at, finished_at, metrics AS metrics_json, timings AS timings_json, history AS history_json, plan AS plan_json,"
             f" {validation}, {provenance} FROM trials WHERE status IN ('done', 'pruned', 'failed') AND {self._column('current')} = 1 ORDER BY position")
         rows = _with_stale(cursor)
         for row in rows:
@@ -199,13 +205,17 @@ class StoreQueries:
         """`records` as a DataFrame (the Python API, the report, csv/json/parquet)."""
         import pandas as pd
 
-        return pd.DataFrame.from_records(self.records(include_stale=include_stale), columns=FRAME_COLUMNS)
+        return pd.DataFrame.from_records(self.records(include_stale=include_stale), columns=frame_columns())
 
     def bases(self) -> dict[str, dict[str, Any]]:
         """base_id -> what the trials of one kind of one version of the file share."""
         if "bases" not in {name for (name,) in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}:
             return {}
         return {key: json.loads(base) for key, base in self.db.execute("SELECT base_id, base FROM bases")}
+
+    def _trial_columns(self) -> str:
+        """trial_columns() as SQL: a metric column an older store lacks (registered since) reads as NULL."""
+        return ", ".join(name if name in self.columns or name not in METRICS else f"NULL AS {name}" for name in trial_columns())
 
     def _column(self, name: str) -> str:
         """`name`, or its default where an older store lacks it (readers never alter a store)."""

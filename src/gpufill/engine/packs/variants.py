@@ -32,6 +32,7 @@ from gpufill.engine.optim import Multiplier, make_optimizer, make_schedule
 from gpufill.engine.optim_eager import eager_class
 from gpufill.engine.packs.optim import StackedAdam
 from gpufill.engine.packs.direct import direct_forward
+from gpufill.engine.packs.pack_plan import resident_plan
 from gpufill.engine.packs.stacked import StackedModule
 from gpufill.engine.packs.stacked_optim import StackedOptimizer, recipe_of, why_not_stacked_optimizer
 from gpufill.engine.plan import Plan, make_plan
@@ -316,17 +317,10 @@ def _resident(data: Any, device: torch.device, dtype: torch.dtype) -> Any:
 
 
 def _plan(plan: Plan) -> Plan:
-    batch = plan.effective_batch.value
-    return plan.replace(
+    return resident_plan(plan, placement="a pack gathers each model's batch from resident tensors").replace(
         precision=Choice("fp32", "fp32: a pack of variants trains in fp32 (its precision is not measured yet)"),
         compile=Choice(False, "off: a pack of variants steps eagerly"),
         step_graph=Choice(False, "off: a pack of variants steps eagerly"),
-        data_placement=Choice("device", "a pack gathers each model's batch from resident tensors"),
-        loader=Choice(None, "no DataLoader: pack data is resident"),
-        loader_tuning=Choice(False, "off: pack data is resident"),
-        micro_batch=Choice(batch, "the whole batch per step (packs do not accumulate)"),
-        accumulation=Choice(1, "1: no accumulation in packs"),
-        batch_search=Choice(False, "off in packs: every variant keeps its batch"),
         grad_scaler=Choice(False, "off: fp32"),
     )
 

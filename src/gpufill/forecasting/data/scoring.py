@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from gpufill.forecasting.data.metrics import forecast_metrics
+from gpufill.forecasting.metric_registry import METRICS
 from gpufill.forecasting.data.windows import WindowedProject
 
 __all__ = ["Scored", "ValidationScored", "per_origin", "score", "score_validation"]
@@ -54,7 +55,7 @@ def score_validation(windows: WindowedProject, prediction: np.ndarray) -> Valida
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {key: float(np.mean([row[key] for row in rows])) for key in ("mae", "rmse", "smape", "mase")}
+    return {key: float(np.mean([row[key] for row in rows])) for key in METRICS}
 
 
 def per_origin(kept: dict[str, Any] | None) -> dict[str, Any]:
