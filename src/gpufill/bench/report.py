@@ -62,7 +62,7 @@ class BenchSettings:
     """What `gpufill bench` trains. The defaults take 1-2 minutes for the LSTM on 2 CPU cores."""
 
     model: str = "lstm"
-    """A neural family: lstm, gru, tcn, transformer or mlp (the forecaster bench; a BenchTarget replaces it)."""
+    """A neural family (forecasting.family_names.built_in("neural")) for the forecaster bench; a BenchTarget replaces it."""
     epochs: int = 8
     """Sized with the defaults below for 1-2 minutes on 2 CPU cores (fit's own default is DEFAULTS.epochs)."""
     repeats: int = 5

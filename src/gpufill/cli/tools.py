@@ -10,13 +10,16 @@ import typer
 from rich.console import Console
 
 from gpufill.cli.app import app
+from gpufill.engine.config import NAMED_LOSSES
+from gpufill.forecasting.family_names import built_in
 from gpufill.script.supervise import DEADLINE_S, GRACE_S
 
 
-_MODEL_HELP = "A forecaster family (lstm, gru, tcn, transformer, mlp), or pkg.mod:factory / file.py:factory (with --data pkg.mod:make_data: any model)."
+_MODEL_HELP = (f"A forecaster family ({', '.join(built_in('neural'))}), or pkg.mod:factory / file.py:factory (with --data pkg.mod:make_data: "
+               "any model).")
 _DATA_HELP = ("pkg.mod:make_data or file.py:make_data returning the training data (tensors of any structure, a Dataset, a DataLoader) "
               "or {'train': ..., 'val': ...}; for a forecaster: synthetic, a .csv/.parquet file, a directory or a glob.")
-_LOSS_HELP = "mse, mae, huber, cross_entropy, bce_with_logits, or pkg.mod:fn with fn(model, batch) -> loss (any model)."
+_LOSS_HELP = f"{', '.join(NAMED_LOSSES)}, or pkg.mod:fn with fn(model, batch) -> loss (any model)."
 _TIMEOUT_HELP = ("-- COMMAND: seconds before {what} is ended (SIGTERM to its process group, SIGKILL --grace seconds later if it "
                  "ignores it); default: {default}.")
 _GRACE_HELP = (f"-- COMMAND: seconds between the SIGTERM that ends the command and the SIGKILL if it ignores it (its own handlers and "

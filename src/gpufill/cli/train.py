@@ -18,14 +18,15 @@ from gpufill.cli.options import (
     parse_split_size,
     parse_switch,
 )
-from gpufill.engine.config import DEFAULTS
+from gpufill.engine.config import DEFAULTS, REGRESSION_LOSSES
+from gpufill.forecasting.family_names import built_in
 from gpufill.forecasting.training import FORECAST_EPOCHS, FORECAST_PATIENCE
 from gpufill.errors import InputError
 
 
 @app.command()
 def train(
-    model: str = typer.Option(..., "--model", "-m", help="Model family (lstm, gru, tcn, transformer, mlp, nbeats, linear, rf, xgb, lgbm; references snaive, ets, theta) or package.module:factory."),
+    model: str = typer.Option(..., "--model", "-m", help=f"Model family ({', '.join(built_in(references=False))}; references {', '.join(built_in(references=True))}) or package.module:factory."),
     data: str = typer.Option("synthetic", "--data", help="synthetic, a .csv/.parquet file, a directory or a glob."),
     project: str | None = typer.Option(None, "--project", help="Project to train on (default: the first one)."),
     lookback: int = typer.Option(30, "--lookback", help="Input window length."),
@@ -49,7 +50,7 @@ def train(
     time_column: str | None = typer.Option(None, "--time-column", help="Time column (default: time/date/timestamp if present)."),
     fill: str = typer.Option("none", "--fill", help="NaN handling: none (error), ffill, interpolate or zero."),
     scaling: str = typer.Option("auto", "--scaling", help="Per-window scaling: auto (the family's recipe), project, last, mean or standard."),
-    loss: str = typer.Option("auto", "--loss", help="Loss of a network: auto (the family's recipe), mse, mae, huber or smape."),
+    loss: str = typer.Option("auto", "--loss", help=f"Loss of a network: auto (the family's recipe), {', '.join(REGRESSION_LOSSES)}."),
     checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="Save a checkpoint every epoch here."),
     resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint-dir's last checkpoint."),
     nproc: int = typer.Option(1, "--nproc", help="Processes for data-parallel training (DDP through torchrun): one per GPU, or CPU processes on gloo."),

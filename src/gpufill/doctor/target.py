@@ -55,13 +55,14 @@ def forecaster_training(
     """A gpufill forecaster (family or ``package.module:factory``) on one project's windows, in the guides' loader."""
     from gpufill.bench.guides import WindowDataset
     from gpufill.forecasting.task import load_windows
+    from gpufill.forecasting.family_names import built_in
     from gpufill.forecasting.models import registry
 
     check_positive(batch_size=batch_size, lookback=lookback)
     family = registry.resolve(model)
     if family.kind != "neural":
         raise InputError(f"model {model!r} is a classical family: it trains on the CPU lane without steps to profile",
-                         where="gpufill doctor", field="--model", fix="pick a neural family: lstm, gru, tcn, transformer, mlp, or your own factory")
+                         where="gpufill doctor", field="--model", fix=f"pick a neural family: {', '.join(built_in('neural'))}, or your own factory")
     windows = load_windows(data, project=None, lookback=lookback, horizon=horizon, split=Split())
     torch.manual_seed(seed)  # the same weights on every run of the doctor
     network = registry.build(model, n_features=windows.n_features, lookback=lookback, horizon=horizon, params=params)

@@ -35,6 +35,8 @@ OPTIMIZER_KERNELS = ("auto", "fused", "foreach", "for-loop")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "warmup_cosine", "linear")
 REGRESSION_LOSSES = ("mse", "mae", "huber", "smape", "mape")
+NAMED_LOSSES = (*REGRESSION_LOSSES, "cross_entropy", "bce_with_logits")
+"""Every loss `fit` knows by name (engine/losses.py: NAMED, held equal to this): help lines and messages list these."""
 """The named regression losses (engine/losses.py computes them; the spec's `loss:` lists the same names)."""
 SCALE_FREE_LOSSES = ("smape", "mape")
 """Percentages of the value: they need values whose zero is the series' zero (a forecaster's mean scaling)."""

@@ -19,7 +19,7 @@ from torch import nn
 
 from gpufill.engine.batches import describe
 from gpufill.engine.choice import Choice
-from gpufill.engine.config import REGRESSION_LOSSES
+from gpufill.engine.config import NAMED_LOSSES, REGRESSION_LOSSES
 from gpufill.errors import InputError
 
 LossOutput = torch.Tensor | Mapping[str, Any]
@@ -218,6 +218,8 @@ NAMED: dict[str, NamedLoss] = {
     "cross_entropy": CrossEntropy(),
     "bce_with_logits": BCEWithLogits(),
 }
+
+assert tuple(NAMED) == NAMED_LOSSES, "engine/config.py names every named loss"
 
 
 class _UserLoss:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["VARIANT", "base_name", "valid_tag"]
+__all__ = ["VARIANT", "base_name", "built_in", "valid_tag"]
 
 VARIANT = "@"
 _TAG = re.compile(r"[A-Za-z0-9_.-]+")
@@ -23,3 +23,14 @@ def base_name(name: str) -> str:
 def valid_tag(tag: str) -> bool:
     """A variant's tag: letters, digits, '_', '.' and '-'."""
     return _TAG.fullmatch(tag) is not None
+
+
+def built_in(kind: str | None = None, *, references: bool | None = None) -> list[str]:
+    """The built-in families (of `kind`: "neural" or "classical"), from the generated catalogue (nothing imported):
+    what help lines and messages list. `references`: only the statistical references (True: they fit each series
+    themselves), or none of them (False)."""
+    from gpufill.forecasting.models.catalog import BUILT_IN
+
+    neural_first = sorted(BUILT_IN, key=lambda name: (BUILT_IN[name]["kind"] != "neural", BUILT_IN[name]["fits_series"], name))
+    return [name for name in neural_first if (kind is None or BUILT_IN[name]["kind"] == kind)
+            and (references is None or BUILT_IN[name]["fits_series"] == references)]

@@ -11,6 +11,7 @@ from pydantic import BeforeValidator, Field, StrictBool, ValidationError, field_
 from gpufill.campaign.spec.grid_checks import TRAIN_KEYS
 from gpufill.campaign.spec.spec_errors import dotted, explain
 from gpufill.campaign.spec.spec_types import Count, Float, Spec, digits
+from gpufill.engine.config import REGRESSION_LOSSES, SCHEDULES
 from gpufill.errors import InputError
 from gpufill.forecasting.training import DEFAULTS, FORECAST_EPOCHS, FORECAST_PATIENCE, FitConfig, check_patience
 
@@ -49,9 +50,9 @@ class TrainSpec(Spec):
     early_stopping: EarlyStoppingSpec | None = EarlyStoppingSpec()
     """null turns early stopping off (on by default in campaigns: thousands of trainings should not run past their best)."""
     validate_every: Count = DEFAULTS.validate_every
-    loss: Literal["auto", "mse", "mae", "huber", "smape", "mape"] = "auto"
+    loss: Literal[("auto", *REGRESSION_LOSSES)] = "auto"  # type: ignore[valid-type]  # engine/config.py names them
     """auto: the family's recipe (forecasting.recipes): MAE for the built-in networks."""
-    schedule: Literal["auto", "constant", "warmup_cosine", "linear"] = "auto"
+    schedule: Literal[("auto", *SCHEDULES)] = "auto"  # type: ignore[valid-type]
     """Learning-rate schedule; auto: the family's recipe (constant, with early stopping deciding the length)."""
     refit: StrictBool = False
     """Once early stopping on validation has chosen a network's length, train it again from its initial weights on

@@ -20,8 +20,8 @@ from gpufill.forecasting.run import TrialSetup
 from gpufill.forecasting.trial import PackEntry, Trial, TrialResult
 
 
-class TrialRunner(Protocol):
-    """What packs need of the worker's runner (campaign/worker/worker.py)."""
+class PackHost(Protocol):
+    """What packs need of the worker's TrialRunner (campaign/worker/worker.py)."""
 
     device: str
 
@@ -34,7 +34,7 @@ class TrialRunner(Protocol):
     def attempt(self, trial: Trial, run: Any) -> Outcome: ...
 
 
-def run_pack(runner: TrialRunner, trials: list[Trial], order: PackOrder) -> TaskEnded:
+def run_pack(runner: PackHost, trials: list[Trial], order: PackOrder) -> TaskEnded:
     """Train `trials` (one shape) as packs of the order's size and kind (size None: measure both here first, unless
     the shape's waiting trials train in less time than measuring takes)."""
     windows = {t.trial_id: runner.trial_windows(t) for t in trials}
@@ -68,7 +68,7 @@ def _pack_message(choice: PackSizeChoice) -> dict[str, Any]:
             "peak_bytes": {str(k): peak for k, peak in choice.peak_bytes.items()}}
 
 
-def _train_chunk(runner: TrialRunner, chunk: list[Trial], windows: dict[str, Any], reason: str | None, kind: str | None) -> list[Outcome]:
+def _train_chunk(runner: PackHost, chunk: list[Trial], windows: dict[str, Any], reason: str | None, kind: str | None) -> list[Outcome]:
     """One pack of a shape that trains fused; a lone trial too, as a pack of one: the same kernels, and a member's
     numbers do not depend on how many train beside it, so a resumed run's leftover trains what an uninterrupted run's
     pack did (test_resume_numerics)."""
