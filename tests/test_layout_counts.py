@@ -24,6 +24,7 @@ CEILING = {
     "campaign_engine_imports": 3,  # each of gpufill.engine.hardware: the campaign reaches the engine through forecasting
     "campaign_engine_non_hardware": 0,
     "flat_test_files": 2,  # tests mirror src/; test_file_safety and test_hostile_input span every folder
+    "stop_rule_modules": 1,  # issue 59: engine/stopping.py alone decides early stopping, for one model and for packs (3 before)
 }
 
 
@@ -154,9 +155,18 @@ def test_flat_test_files_leave_out_package_level_ones_and_folders(tmp_path):
     assert tool.flat_test_files(root / "tests") == ["test_store.py"]
 
 
+def test_stop_rule_modules_count_each_module_comparing_with_patience_once(tmp_path):
+    root = tree(tmp_path)
+    write(root, "src/gpufill/engine/stopping.py", "def stop(bad, rules):\n    return bad >= rules.patience or bad > rules.patience\n")
+    write(root, "src/gpufill/engine/loop.py", "def f(patience, bad):\n    return bad >= patience\n")
+    write(root, "src/gpufill/engine/other.py", "patience = 3\n")
+    assert tool.stop_rule_modules(root / "src" / "gpufill", root) == ["src/gpufill/engine/loop.py:2", "src/gpufill/engine/stopping.py:2"]
+
+
 def test_the_json_output_holds_every_count(tmp_path, capsys):
     root = tree(tmp_path)
     write(root, "src/gpufill/engine/config.py", "import dataclasses\n@dataclasses.dataclass(frozen=True)\nclass FitConfig:\n    epochs: int = 1\n")
     assert tool.main(["--json", "--root", str(root)]) == 0
     assert json.loads(capsys.readouterr().out) == {"trial_subscripts": 2, "result_builders": 0, "result_patch_sites": 1, "campaign_engine_imports": 0,
-                                                   "campaign_engine_non_hardware": 0, "folder_loops": 0, "fitconfig_frozen": 1, "flat_test_files": 0}
+                                                   "campaign_engine_non_hardware": 0, "folder_loops": 0, "fitconfig_frozen": 1, "flat_test_files": 0,
+                                                   "stop_rule_modules": 0}

@@ -21,6 +21,9 @@ Each count is read from the source with `ast` (one is a plain text count) over s
   Target 1.
 - flat_test_files: test_*.py directly in tests/ rather than in the folder mirroring src/ (the package-wide
   ones in PACKAGE_LEVEL_TESTS aside). No target.
+- stop_rule_modules (issue 59): modules that decide early stopping, i.e. compare a count with something named
+  `patience`. One training loop for K = 1 and K > 1 keeps its stop rules in one module. Target 1. bench/ is left
+  out: its loops are the hand-written baselines gpufill is measured against, not gpufill's.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 TARGETS = {"trial_subscripts": "0", "result_builders": "1", "result_patch_sites": "0", "campaign_engine_imports": "<= 3",
-           "campaign_engine_non_hardware": "0", "folder_loops": "0", "fitconfig_frozen": "1", "flat_test_files": "-"}
+           "campaign_engine_non_hardware": "0", "folder_loops": "0", "fitconfig_frozen": "1", "flat_test_files": "-",
+           "stop_rule_modules": "1"}
 RESULT_KEYS = {"plan", "metrics", "timings"}
 PATCH_ROOTS = {"result", "plan"}
 PACKAGE_LEVEL_TESTS = {"test_imports.py", "test_examples.py", "test_layout_counts.py", "test_tools_demo_metrics.py", "test_time_limit.py"}
@@ -186,6 +190,20 @@ def fitconfig_frozen(src: Path) -> int:
     return int(done.stdout.strip())
 
 
+def stop_rule_modules(package: Path, root: Path) -> list[str]:
+    """file:line of the first comparison with a name or attribute `patience` in each module that has one."""
+    sites = []
+    for path, tree in sources(package):
+        if "bench" in path.relative_to(package).parts[:1]:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and any(isinstance(c, ast.Name | ast.Attribute) and (getattr(c, "id", None) or getattr(c, "attr", None)) == "patience"
+                                                     for c in node.comparators):
+                sites.append(_site(path, node, root))
+                break
+    return sites
+
+
 def flat_test_files(tests: Path) -> list[str]:
     return sorted(p.name for p in tests.glob("test_*.py") if p.name not in PACKAGE_LEVEL_TESTS)
 
@@ -196,7 +214,7 @@ def counts(root: Path, *, frozen: bool = True) -> tuple[dict[str, int], dict[str
     engine = campaign_engine_imports(package, root)
     lists = {"result_builders": result_builders(package, root), "result_patch_sites": result_patch_sites(package, root),
              "campaign_engine_imports": engine, "folder_loops": [" <-> ".join(p) for p in folder_loops(folder_edges(package))],
-             "flat_test_files": flat_test_files(root / "tests")}
+             "flat_test_files": flat_test_files(root / "tests"), "stop_rule_modules": stop_rule_modules(package, root)}
     hardware = ("gpufill.engine.hardware", "gpufill.engine.hardware.")
     values = {"trial_subscripts": trial_subscripts(package), **{name: len(sites) for name, sites in lists.items()},
               "campaign_engine_non_hardware": sum(any(not (n == hardware[0] or n.startswith(hardware[1])) for n in site.split(" ", 1)[1].split(", "))

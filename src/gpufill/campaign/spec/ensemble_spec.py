@@ -30,7 +30,7 @@ from pydantic import Field, field_validator
 
 from gpufill.campaign.spec.spec_errors import LocatedError
 from gpufill.campaign.spec.spec_types import Spec
-from gpufill.engine.config import REGRESSION_LOSSES
+from gpufill.forecasting.training import REGRESSION_LOSSES
 from gpufill.forecasting.models import registry
 
 __all__ = ["EnsembleSpec", "default_members", "fold_ensemble", "lookback_multiples", "member_families"]

@@ -11,9 +11,8 @@ from pydantic import BeforeValidator, Field, StrictBool, ValidationError, field_
 from gpufill.campaign.spec.grid_checks import TRAIN_KEYS
 from gpufill.campaign.spec.spec_errors import dotted, explain
 from gpufill.campaign.spec.spec_types import Count, Float, Spec, digits
-from gpufill.engine.config import REGRESSION_LOSSES, SCHEDULES
 from gpufill.errors import InputError
-from gpufill.forecasting.training import DEFAULTS, FORECAST_EPOCHS, FORECAST_PATIENCE, FitConfig, check_patience
+from gpufill.forecasting.training import DEFAULTS, FORECAST_EPOCHS, FORECAST_PATIENCE, REGRESSION_LOSSES, SCHEDULES, FitConfig, check_patience
 
 
 def _patience(value: Any) -> Any:
