@@ -71,18 +71,9 @@ def _run_campaign(campaign: Path, workdir: Path | None, gpu_slots: str | None, c
         live.start()
 
     try:
-        outcome = job.run(
-            gpu_slots=parse_slots(gpu_slots, "--gpu-slots"),
-            cpu_slots=parse_slots(cpu_slots, "--cpu-slots"),
-            fresh=fresh,
-            command=command,
-            verbose=verbose,
-            executor=executor,
-            address=address,
-            on_start=on_start,
-            on_update=lambda snapshot: live.update(campaign_tables.campaign_view(snapshot, job.spec.name)),
-            mlflow=mlflow,
-        )
+        outcome = job.run(gpu_slots=parse_slots(gpu_slots, "--gpu-slots"), cpu_slots=parse_slots(cpu_slots, "--cpu-slots"), fresh=fresh,
+                          command=command, verbose=verbose, executor=executor, address=address, on_start=on_start,
+                          on_update=lambda snapshot: live.update(campaign_tables.campaign_view(snapshot, job.spec.name)), mlflow=mlflow)
     except RunInterrupted as stopped:
         live.stop()
         print(f"gpufill: {stopped.one_line(job.resume_command(command))}", file=sys.stderr)

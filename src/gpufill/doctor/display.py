@@ -25,24 +25,28 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     print_verdict(report["verdict"], console)
 
 
+def _table(title: str, first: str, *right: str, last: str | None = None, plain: tuple[str, ...] = ()) -> Table:
+    """A doctor's table: its first column bold, `plain` ones left-aligned, the `right` ones numbers, `last` a dim note."""
+    table = Table(title=title, title_justify="left")
+    table.add_column(first, style="bold")
+    for name in plain:
+        table.add_column(name)
+    for name in right:
+        table.add_column(name, justify="right")
+    if last is not None:
+        table.add_column(last, style="dim", overflow="fold")
+    return table
+
+
 def environment_table(checks: list[dict[str, str]]) -> Table:
-    table = Table(title="Environment", title_justify="left")
-    table.add_column("check", style="bold")
-    table.add_column("value")
-    table.add_column("status")
-    table.add_column("note", style="dim", overflow="fold")
+    table = _table("Environment", "check", plain=("value", "status"), last="note")
     for check in checks:
         table.add_row(check["name"], check["value"], _STATUS_STYLE[check["status"]], check["note"])
     return table
 
 
 def speed_table(speed: dict[str, Any]) -> Table:
-    table = Table(title=f"Speed test on {speed['device']} ({speed['seconds']:.1f} s)", title_justify="left")
-    table.add_column("measure", style="bold")
-    table.add_column("measured", justify="right")
-    table.add_column("peak", justify="right")
-    table.add_column("of peak", justify="right")
-    table.add_column("how", style="dim", overflow="fold")
+    table = _table(f"Speed test on {speed['device']} ({speed['seconds']:.1f} s)", "measure", "measured", "peak", "of peak", last="how")
     rows = [(f"matmul {name}", rate) for name, rate in speed["matmul_tflops"].items()]
     rows.append(("memory copy", speed["memory_gbps"]))
     for label, rate in rows:
@@ -53,10 +57,7 @@ def speed_table(speed: dict[str, Any]) -> Table:
 
 
 def phase_table(training: dict[str, Any]) -> Table:
-    table = Table(title=f"One training step: {training['description']}", title_justify="left")
-    table.add_column("phase", style="bold")
-    table.add_column("ms / step", justify="right")
-    table.add_column("share", justify="right")
+    table = _table(f"One training step: {training['description']}", "phase", "ms / step", "share")
     for name, seconds in training["phases_s"].items():
         table.add_row(_PHASE_NAMES[name], f"{seconds * 1e3:.3f}", f"{training['shares'][name]:.1%}")
     table.add_row("step", f"{training['step_s'] * 1e3:.3f}", "100%", style="bold")

@@ -120,14 +120,8 @@ def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings, *, e
     total_steps = per_epoch * epochs if per_epoch is not None and epochs is not None else None
     accumulation = math.ceil(effective.value / micro.value)
     return Plan(
-        device=device,
-        precision=precision,
-        tf32=tf32,
-        cudnn_benchmark=cudnn_benchmark,
-        compile=compile_,
-        threads=threads,
-        data_placement=placement,
-        loader=loader,
+        device=device, precision=precision, tf32=tf32, cudnn_benchmark=cudnn_benchmark, compile=compile_, threads=threads,
+        data_placement=placement, loader=loader,
         loader_tuning=_loader_tuning(tuning, total_steps),
         effective_batch=effective,
         micro_batch=micro,

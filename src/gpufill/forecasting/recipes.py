@@ -73,10 +73,7 @@ def recipe(family: str, *, scaling: str = AUTO, loss: str = AUTO, schedule: str 
     given = {name: value for name, value in (("scaling", scaling), ("loss", loss), ("schedule", schedule)) if value != AUTO}
     resolved = replace(base, **given, why={**base.why, **dict.fromkeys(given, "set in the campaign")})
     if resolved.loss in SCALE_FREE_LOSSES and resolved.scaling != "mean":
-        raise InputError(
-            f"loss {resolved.loss} with scaling {resolved.scaling} for {family}: a percentage error needs values whose zero is the series' zero",
-            fix=f"use scaling: mean with loss: {resolved.loss} (mean scaling keeps the origin), or loss: mae",
-            field="loss",
-        )
+        raise InputError(f"loss {resolved.loss} with scaling {resolved.scaling} for {family}: a percentage error needs values whose zero is the series' zero",
+                         fix=f"use scaling: mean with loss: {resolved.loss} (mean scaling keeps the origin), or loss: mae", field="loss")
     return resolved
 

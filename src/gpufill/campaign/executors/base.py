@@ -111,6 +111,16 @@ class Worker:
         return True
 
 
+@dataclass(slots=True)
+class WorkerSource:
+    """What an executor's workers start from (`worker_setup`): the campaign as data, the folder its paths are read
+    from, and the directory caching measured choices per shape (the campaign measures each shape once)."""
+
+    spec_payload: dict[str, Any]
+    base_dir: str
+    tune_cache: str | None = None
+
+
 class Slots:
     """Which of an executor's `workers` (one per slot of each lane) are idle and which busy: every executor's, written once."""
 

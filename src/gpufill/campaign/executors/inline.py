@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpufill.campaign.executors.base import Crashed, Finished, LaneRequest, NoBatchJobs, Slots, Worker
+from gpufill.campaign.executors.base import Crashed, Finished, LaneRequest, NoBatchJobs, Slots, Worker, WorkerSource
 from gpufill.campaign.executors.local import plan_here
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.policy.messages import Ready, Task
@@ -31,12 +31,9 @@ class InlineWorker(Worker):
 
 
 @dataclass(slots=True)
-class InlineExecutor(Slots, NoBatchJobs):
+class InlineExecutor(WorkerSource, Slots, NoBatchJobs):
     """Runs each submitted task inside `poll`, in submission order, with its lane's thread count."""
 
-    spec_payload: dict[str, Any]
-    base_dir: str
-    tune_cache: str | None = None
     workers: list[InlineWorker] = field(default_factory=list)
     runners: dict[str, Any] = field(default_factory=dict)
     """Each lane's TrialRunner (the campaign's data loaded once per lane, as a worker process loads it once)."""

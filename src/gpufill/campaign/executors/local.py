@@ -21,17 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, ClassVar
 
-from gpufill.campaign.executors.base import (
-    Crashed,
-    Finished,
-    LaneRequest,
-    NoBatchJobs,
-    Slots,
-    Worker,
-    gpu_env,
-    thread_env,
-    worker_setup,
-)
+from gpufill.campaign.executors.base import Crashed, Finished, LaneRequest, NoBatchJobs, Slots, Worker, WorkerSource, gpu_env, thread_env, worker_setup
 from gpufill.campaign.executors.forked import Zygote, forks_workers
 from gpufill.campaign.policy.lanes import Lane, plan_lanes
 from gpufill.campaign.policy.messages import Task
@@ -67,13 +57,9 @@ def plan_here(request: LaneRequest) -> tuple[list[Lane], list[str]]:
 
 
 @dataclass(slots=True)
-class LocalExecutor(Slots, NoBatchJobs):
+class LocalExecutor(WorkerSource, Slots, NoBatchJobs):
     """Starts, feeds and watches the worker processes of every lane."""
 
-    spec_payload: dict[str, Any]
-    base_dir: str
-    tune_cache: str | None = None
-    """Directory caching measured choices per shape: the campaign measures each shape once."""
     workers: list[LocalWorker] = field(default_factory=list)
     zygotes: dict[str, Zygote] = field(default_factory=dict)
     """Each lane's zygote, by lane name (none where forking is not possible)."""

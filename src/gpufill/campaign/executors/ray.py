@@ -25,16 +25,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpufill.campaign.executors.base import (
-    Crashed,
-    Finished,
-    LaneRequest,
-    NoBatchJobs,
-    Slots,
-    Worker,
-    thread_env,
-    worker_setup,
-)
+from gpufill.campaign.executors.base import Crashed, Finished, LaneRequest, NoBatchJobs, Slots, Worker, thread_env, worker_setup
 from gpufill.campaign.executors.local import plan_here, plan_on
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.policy.messages import Task, TaskEnded

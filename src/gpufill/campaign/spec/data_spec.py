@@ -112,30 +112,18 @@ class DataSpec(Spec):
             return available
         if isinstance(wanted, int):
             if wanted > len(available):
-                raise InputError(
-                    f"asks for {wanted} projects but the source has {len(available)}",
-                    fix=f"set data.projects to at most {len(available)}, or null for all",
-                    where=where,
-                    field="data.projects",
-                )
+                raise InputError(f"asks for {wanted} projects but the source has {len(available)}",
+                                 fix=f"set data.projects to at most {len(available)}, or null for all", where=where, field="data.projects")
             return available[:wanted]
         if isinstance(wanted, str):
             matched = [name for name in available if fnmatch.fnmatchcase(name, wanted)]
             if not matched:
-                raise InputError(
-                    f"pattern {wanted!r} matches no project; available: {shown}",
-                    fix="change the pattern (fnmatch: * any text, ? one character), or set projects: null for all",
-                    where=where,
-                    field="data.projects",
-                )
+                raise InputError(f"pattern {wanted!r} matches no project; available: {shown}",
+                                 fix="change the pattern (fnmatch: * any text, ? one character), or set projects: null for all", where=where, field="data.projects")
             return matched
         known = set(available)  # once: a list of 20,000 names is checked in linear time
         unknown = [name for name in wanted if name not in known]
         if unknown:
-            raise InputError(
-                f"unknown project(s) {', '.join(map(repr, unknown[:5]))}; available: {shown}",
-                fix="pick names from the available projects, or set projects: null for all",
-                where=where,
-                field="data.projects",
-            )
+            raise InputError(f"unknown project(s) {', '.join(map(repr, unknown[:5]))}; available: {shown}",
+                             fix="pick names from the available projects, or set projects: null for all", where=where, field="data.projects")
         return sorted(wanted)

@@ -182,12 +182,8 @@ def line_index(root: yaml.Node, where: str) -> dict[tuple[str | int, ...], int]:
                 path = (*prefix, key_node.value)
                 line = key_node.start_mark.line + 1
                 if path in lines:
-                    raise InputError(
-                        f"duplicate key {key_node.value!r} (also at line {lines[path]})",
-                        fix="keep one of them: YAML would silently use only the last",
-                        where=f"{where}:{line}",
-                        field=".".join(map(str, path)),
-                    )
+                    raise InputError(f"duplicate key {key_node.value!r} (also at line {lines[path]})",
+                                     fix="keep one of them: YAML would silently use only the last", where=f"{where}:{line}", field=".".join(map(str, path)))
                 lines[path] = line
                 walk(value_node, path)
         elif isinstance(node, yaml.SequenceNode):

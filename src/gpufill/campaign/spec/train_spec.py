@@ -80,11 +80,8 @@ class TrainSpec(Spec):
         """The FitConfig of one trial: these settings, the trial's overrides, its seed."""
         unknown = sorted(set(overrides) - TRAIN_KEYS)
         if unknown:
-            raise InputError(
-                f"{', '.join(map(repr, unknown))} is not a training setting",
-                fix=f"override only {', '.join(sorted(TRAIN_KEYS))}",
-                field="train",
-            )
+            raise InputError(f"{', '.join(map(repr, unknown))} is not a training setting",
+                             fix=f"override only {', '.join(sorted(TRAIN_KEYS))}", field="train")
         merged = self
         if overrides:
             try:

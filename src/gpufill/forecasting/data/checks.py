@@ -94,12 +94,8 @@ def check_values(values: np.ndarray, names: list[str], where: str, positions: np
     if infinite.any():
         i = int(np.flatnonzero(infinite)[0])
         at = int(np.flatnonzero(np.isinf(values[:, i]))[0])
-        raise InputError(
-            f"{int(infinite[i])} infinite values in column {names[i]!r} (the first at {rows.name(int(positions[at]))})",
-            fix="replace the infinite values in the file with real numbers",
-            where=where,
-            field=names[i],
-        )
+        raise InputError(f"{int(infinite[i])} infinite values in column {names[i]!r} (the first at {rows.name(int(positions[at]))})",
+                         fix="replace the infinite values in the file with real numbers", where=where, field=names[i])
     if not len(values):
         return
     largest = np.abs(values).max(axis=0)

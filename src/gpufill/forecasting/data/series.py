@@ -36,23 +36,15 @@ def to_project(
     where = project_where(name, label, split)
     columns = [str(c) for c in frame.columns]
     if target not in frame.columns:
-        raise InputError(
-            f"no target column {target!r}; columns present: {', '.join(columns)}",
-            fix="pass target=<one of those columns>",
-            where=where,
-            field="target",
-        )
+        raise InputError(f"no target column {target!r}; columns present: {', '.join(columns)}",
+                         fix="pass target=<one of those columns>", where=where, field="target")
     frame, time, time_name = _sort_by_time(frame, where, time_column, target, rows)
     column = frame[target]
     if not numeric_target(column):
         bad = column[pd.to_numeric(column, errors="coerce").isna() & column.notna()]
         example = f", e.g. {bad.iloc[0]!r} at {rows.name(int(bad.index[0]))}" if len(bad) else ""
-        raise InputError(
-            f"target column is not numeric (dtype {column.dtype}{example})",
-            fix="point target= at a numeric column, or clean the non-numeric values",
-            where=where,
-            field=target,
-        )
+        raise InputError(f"target column is not numeric (dtype {column.dtype}{example})",
+                         fix="point target= at a numeric column, or clean the non-numeric values", where=where, field=target)
     others = [c for c in frame.columns if c not in {target, time_name, project_column}]
     refuse_text_cells(frame, others, where, rows)
     cov_names = covariates(frame, others)
@@ -117,12 +109,8 @@ def _sort_by_time(
         if name is None:
             return frame, None, None  # row order is time order
     elif name not in frame.columns:
-        raise InputError(
-            f"no time column {name!r}; columns present: {', '.join(map(str, frame.columns))}",
-            fix="pass time_column=<one of those columns>, or time_column=None to use row order",
-            where=where,
-            field="time_column",
-        )
+        raise InputError(f"no time column {name!r}; columns present: {', '.join(map(str, frame.columns))}",
+                         fix="pass time_column=<one of those columns>, or time_column=None to use row order", where=where, field="time_column")
     column = frame[name]
     if pd.api.types.is_numeric_dtype(column):
         stamps = column  # numeric steps sort as numbers
@@ -130,19 +118,11 @@ def _sort_by_time(
         try:
             stamps = parse_dates(column)
         except (ValueError, TypeError) as exc:
-            raise InputError(
-                f"cannot parse time values as dates ({' '.join(str(exc).split())[:120]})",
-                fix=f"write {name!r} in one date format (e.g. 2024-01-31), or set time_column to another column",
-                where=where,
-                field=str(name),
-            ) from exc
+            raise InputError(f"cannot parse time values as dates ({' '.join(str(exc).split())[:120]})",
+                             fix=f"write {name!r} in one date format (e.g. 2024-01-31), or set time_column to another column", where=where, field=str(name)) from exc
     if stamps.isna().any():
-        raise InputError(
-            f"{int(stamps.isna().sum())} rows have no time value",
-            fix=f"fill in {name!r} on every row, or drop those rows",
-            where=where,
-            field=str(name),
-        )
+        raise InputError(f"{int(stamps.isna().sum())} rows have no time value",
+                         fix=f"fill in {name!r} on every row, or drop those rows", where=where, field=str(name))
     refuse_duplicate_times(stamps.to_numpy(), column.to_numpy(), frame.index.to_numpy(), str(name), where, rows)
     order = np.argsort(stamps.to_numpy(), kind="stable")
     return frame.iloc[order], stamps.to_numpy()[order], name
@@ -165,12 +145,8 @@ def _fill(values: np.ndarray, names: list[str], fill: str, where: str) -> np.nda
     if nan_counts.any() and fill == "none":
         counts = [(names[i], int(nan_counts[i])) for i in np.flatnonzero(nan_counts)]
         listed = ", ".join(f"{n} in {c!r}" for c, n in counts)
-        raise InputError(
-            f"missing values (NaN): {listed}",
-            fix="clean the data, or set fill to ffill, interpolate or zero",
-            where=where,
-            field=counts[0][0],
-        )
+        raise InputError(f"missing values (NaN): {listed}",
+                         fix="clean the data, or set fill to ffill, interpolate or zero", where=where, field=counts[0][0])
     if nan_counts.any():
         table = pd.DataFrame(values)
         if fill == "ffill":
@@ -182,10 +158,6 @@ def _fill(values: np.ndarray, names: list[str], fill: str, where: str) -> np.nda
         values = table.to_numpy(dtype=np.float64)
         empty = [names[i] for i in np.flatnonzero(np.isnan(values).all(axis=0))]
         if empty:
-            raise InputError(
-                f"column {empty[0]!r} has no values at all, so fill={fill!r} has nothing to fill from",
-                fix="remove the column from the file, or fill it in",
-                where=where,
-                field=empty[0],
-            )
+            raise InputError(f"column {empty[0]!r} has no values at all, so fill={fill!r} has nothing to fill from",
+                             fix="remove the column from the file, or fill it in", where=where, field=empty[0])
     return values

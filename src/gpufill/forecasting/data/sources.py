@@ -55,12 +55,8 @@ def load_projects(
     ``n_projects``, ``length`` and ``seed`` apply only to ``source="synthetic"``.
     """
     if fill not in FILLS:
-        raise InputError(
-            f"unknown fill {fill!r}",
-            fix=f"set fill to one of {', '.join(FILLS)}",
-            where="load_projects",
-            field="fill",
-        )
+        raise InputError(f"unknown fill {fill!r}",
+                         fix=f"set fill to one of {', '.join(FILLS)}", where="load_projects", field="fill")
     if isinstance(projects, str):  # a lone name, not its characters
         projects = [projects]
     source = os.fspath(source)
@@ -77,22 +73,14 @@ def load_projects(
 def _resolve(source: str) -> list[Path]:
     """The data files a source string names."""
     if "://" in source:
-        raise InputError(
-            "remote URLs are not read directly",
-            fix=f"download the data first; source must be {_FORMS}",
-            where=source,
-            field="source",
-        )
+        raise InputError("remote URLs are not read directly",
+                         fix=f"download the data first; source must be {_FORMS}", where=source, field="source")
     path = Path(source).expanduser()
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in _EXTENSIONS)
         if not files:
-            raise InputError(
-                "directory holds no .csv or .parquet files",
-                fix="point source at a directory with .csv/.parquet files, or at a file or glob",
-                where=source,
-                field="source",
-            )
+            raise InputError("directory holds no .csv or .parquet files",
+                             fix="point source at a directory with .csv/.parquet files, or at a file or glob", where=source, field="source")
         return files
     if path.is_file():
         _check_extension(path, source)
@@ -102,39 +90,23 @@ def _resolve(source: str) -> list[Path]:
     if any(char in source for char in "*?["):
         matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(source), recursive=True) if Path(p).is_file())
         if not matches:
-            raise InputError(
-                "glob pattern matches no files",
-                fix=f"check the pattern; source must be {_FORMS}",
-                where=source,
-                field="source",
-            )
+            raise InputError("glob pattern matches no files",
+                             fix=f"check the pattern; source must be {_FORMS}", where=source, field="source")
         files = [p for p in matches if p.suffix.lower() in _EXTENSIONS]
         if not files:
             _check_extension(matches[0], source)
         return files  # non-data files matched by a broad glob (README, .json) are skipped
     if path.suffix.lower() in _EXTENSIONS:
-        raise InputError(
-            "no such file",
-            fix="check the path (relative paths are from the current directory)",
-            where=source,
-            field="source",
-        )
-    raise InputError(
-        "unknown source: not 'synthetic', not an existing file or directory, not a glob pattern",
-        fix=f"set source to {_FORMS}",
-        where=source,
-        field="source",
-    )
+        raise InputError("no such file",
+                         fix="check the path (relative paths are from the current directory)", where=source, field="source")
+    raise InputError("unknown source: not 'synthetic', not an existing file or directory, not a glob pattern",
+                     fix=f"set source to {_FORMS}", where=source, field="source")
 
 
 def _check_extension(path: Path, source: str) -> None:
     if path.suffix.lower() not in _EXTENSIONS:
-        raise InputError(
-            f"unsupported file type {path.suffix or '(no extension)'!r} ({path.name})",
-            fix="convert the data to .csv or .parquet",
-            where=source,
-            field="source",
-        )
+        raise InputError(f"unsupported file type {path.suffix or '(no extension)'!r} ({path.name})",
+                         fix="convert the data to .csv or .parquet", where=source, field="source")
 
 
 def _shard_groups(files: list[Path]) -> dict[str, list[Path]]:
@@ -149,12 +121,8 @@ def _shard_groups(files: list[Path]) -> dict[str, list[Path]]:
         nums = [num for num, _ in members]
         if len(members) > 1 and (None in nums or len(set(nums)) < len(nums)):
             listed = ", ".join(str(path) for _, path in members)
-            raise InputError(
-                f"several files hold project {name!r}: {listed}",
-                fix="keep one file per project, or name shards NAME_part1, NAME_part2, ... with distinct numbers",
-                where=str(members[0][1].parent),
-                field="source",
-            )
+            raise InputError(f"several files hold project {name!r}: {listed}",
+                             fix="keep one file per project, or name shards NAME_part1, NAME_part2, ... with distinct numbers", where=str(members[0][1].parent), field="source")
         if nums == [None]:
             out[name] = [members[0][1]]
             continue
@@ -164,12 +132,8 @@ def _shard_groups(files: list[Path]) -> dict[str, list[Path]]:
         if missing:
             missing_paths = ", ".join(str(first.with_name(f"{name}_part{n}{first.suffix}")) for n in missing[:5])
             problem = "shard numbering must start at part1" if 1 in missing else "gap in shard numbering"
-            raise InputError(
-                f"{problem}: missing {missing_paths}",
-                fix=f"add the missing shard(s) or renumber {name}_partN files as 1, 2, 3, ...",
-                where=str(first),
-                field="source",
-            )
+            raise InputError(f"{problem}: missing {missing_paths}",
+                             fix=f"add the missing shard(s) or renumber {name}_partN files as 1, 2, 3, ...", where=str(first), field="source")
         out[name] = [path for _, path in members]
     return out
 
@@ -218,12 +182,8 @@ def _merge_shards(paths: list[Path], project_column: str) -> tuple[pd.DataFrame,
     head = list(frames[0].columns)
     for path, frame in zip(paths[1:], frames[1:]):
         if list(frame.columns) != head:
-            raise InputError(
-                f"columns {[str(c) for c in frame.columns]} differ from {paths[0].name}'s {[str(c) for c in head]}",
-                fix="give every shard of a project the same columns in the same order",
-                where=str(path),
-                field="columns",
-            )
+            raise InputError(f"columns {[str(c) for c in frame.columns]} differ from {paths[0].name}'s {[str(c) for c in head]}",
+                             fix="give every shard of a project the same columns in the same order", where=str(path), field="columns")
     stem = _SHARD.match(paths[0].stem)["name"]
     label = str(paths[0].with_name(f"{stem}_part{{1..{len(paths)}}}{paths[0].suffix}"))
     return pd.concat(frames, ignore_index=True), label, rows
@@ -252,12 +212,8 @@ def _tables(files: list[Path], project_column: str) -> dict[str, tuple[Table, in
             keys = frame[project_column]
             missing = keys.isna() | (keys.astype(str).str.strip() == "")
             if missing.any():
-                raise InputError(
-                    f"{int(missing.sum())} rows have no project name (the first at {rows.name(int(np.flatnonzero(missing.to_numpy())[0]))})",
-                    fix=f"fill in {project_column!r} on every row, or drop those rows",
-                    where=label,
-                    field=project_column,
-                )
+                raise InputError(f"{int(missing.sum())} rows have no project name (the first at {rows.name(int(np.flatnonzero(missing.to_numpy())[0]))})",
+                                 fix=f"fill in {project_column!r} on every row, or drop those rows", where=label, field=project_column)
             codes, names = pd.factorize(keys.astype(str), sort=False)  # one pass, names in order of first appearance
             table = Table.of(frame, label, True, rows, codes.astype(np.int64), tuple(map(str, names)))
         else:
@@ -265,12 +221,8 @@ def _tables(files: list[Path], project_column: str) -> dict[str, tuple[Table, in
             table = Table.of(frame, label, False, rows, np.zeros(len(frame), dtype=np.int64), (stem,))
         for code, name in enumerate(table.names):
             if name in out:
-                raise InputError(
-                    f"project {name!r} appears both here and in {out[name][0].label}",
-                    fix="give every project one file (or one set of shards), or distinct names",
-                    where=label,
-                    field=project_column if table.split else "source",
-                )
+                raise InputError(f"project {name!r} appears both here and in {out[name][0].label}",
+                                 fix="give every project one file (or one set of shards), or distinct names", where=label, field=project_column if table.split else "source")
             out[name] = (table, code)
     return out
 
@@ -306,19 +258,11 @@ def _select(source: str, available: list[str], wanted: Sequence[str] | None) -> 
         return available
     wanted = list(dict.fromkeys(str(name) for name in wanted))  # de-duplicate, keep order for the message
     if not wanted:
-        raise InputError(
-            "no project names given",
-            fix="pass at least one project name, or projects=None for all",
-            where=source,
-            field="projects",
-        )
+        raise InputError("no project names given",
+                         fix="pass at least one project name, or projects=None for all", where=source, field="projects")
     unknown = [name for name in wanted if name not in set(available)]
     if unknown:
         shown = ", ".join(available[:5]) + (f", ... ({len(available)} in all)" if len(available) > 5 else "")
-        raise InputError(
-            f"unknown project(s) {', '.join(map(repr, unknown[:5]))}; available: {shown}",
-            fix="pick names from the available projects, or leave projects unset to load all",
-            where=source,
-            field="projects",
-        )
+        raise InputError(f"unknown project(s) {', '.join(map(repr, unknown[:5]))}; available: {shown}",
+                         fix="pick names from the available projects, or leave projects unset to load all", where=source, field="projects")
     return sorted(wanted)

@@ -38,35 +38,19 @@ def check_split(split: Split) -> None:
         value = getattr(split, field)
         if is_count(value):
             if value < 0:
-                raise InputError(
-                    f"count {value} is negative",
-                    fix=f"set split.{field} to a count >= 0 or a fraction in [0, 1)",
-                    where="split",
-                    field=field,
-                )
+                raise InputError(f"count {value} is negative",
+                                 fix=f"set split.{field} to a count >= 0 or a fraction in [0, 1)", where="split", field=field)
         elif isinstance(value, (float, np.floating)):
             if not 0.0 <= value < 1.0:
-                raise InputError(
-                    f"fraction {value} is outside [0, 1)",
-                    fix=f"set split.{field} to a fraction in [0, 1) or an integer count of time steps",
-                    where="split",
-                    field=field,
-                )
+                raise InputError(f"fraction {value} is outside [0, 1)",
+                                 fix=f"set split.{field} to a fraction in [0, 1) or an integer count of time steps", where="split", field=field)
         else:
-            raise InputError(
-                f"{value!r} is neither a fraction nor a count",
-                fix=f"set split.{field} to a float in [0, 1) or an integer >= 0",
-                where="split",
-                field=field,
-            )
+            raise InputError(f"{value!r} is neither a fraction nor a count",
+                             fix=f"set split.{field} to a float in [0, 1) or an integer >= 0", where="split", field=field)
     fractions = [v for v in (split.val, split.test) if not is_count(v)]
     if len(fractions) == 2 and sum(fractions) >= 1.0 and not split.backtest:
-        raise InputError(
-            f"val + test fractions = {sum(fractions):g} leave nothing to train on",
-            fix="make split.val + split.test less than 1 (e.g. val=0.1, test=0.2)",
-            where="split",
-            field="val+test",
-        )
+        raise InputError(f"val + test fractions = {sum(fractions):g} leave nothing to train on",
+                         fix="make split.val + split.test less than 1 (e.g. val=0.1, test=0.2)", where="split", field="val+test")
 
 
 def count_of(value: float | int, length: int) -> int:
@@ -87,12 +71,8 @@ def split_bounds(length: int, split: Split, horizon: int = 1) -> tuple[int, int]
     n_val, n_test = count_of(split.val, length), test_size(split, length, horizon)
     train_end = length - n_val - n_test
     if train_end < 1:
-        raise InputError(
-            f"a series of length {length} has no training region left after val={split.val} and test={split.test}",
-            fix="lower split.val / split.test or use a longer series",
-            where="split",
-            field="val+test",
-        )
+        raise InputError(f"a series of length {length} has no training region left after val={split.val} and test={split.test}",
+                         fix="lower split.val / split.test or use a longer series", where="split", field="val+test")
     return train_end, length - n_test
 
 
@@ -149,21 +129,13 @@ def window_layout(project: Project, lookback: int, horizon: int, split: Split = 
     lookback, horizon, stride = int(lookback), int(horizon), int(stride)
     check_split(split)
     if split.test == 0 and not split.backtest:
-        raise InputError(
-            "split.test=0 leaves no test region",
-            fix=f"set split.test to a fraction in (0, 1) or a count >= horizon ({horizon})",
-            where=where,
-            field="split.test",
-        )
+        raise InputError("split.test=0 leaves no test region",
+                         fix=f"set split.test to a fraction in (0, 1) or a count >= horizon ({horizon})", where=where, field="split.test")
     for field in ("val",) if split.backtest else ("val", "test"):  # a count below horizon can never hold one window: no length fixes it
         value = getattr(split, field)
         if is_count(value) and 0 < value < horizon:
-            raise InputError(
-                f"split.{field}={value} is smaller than horizon={horizon}, so it holds no whole window",
-                fix=f"set split.{field} >= {horizon}" + (" or 0" if field == "val" else "") + " or lower horizon",
-                where=where,
-                field=f"split.{field}",
-            )
+            raise InputError(f"split.{field}={value} is smaller than horizon={horizon}, so it holds no whole window",
+                             fix=f"set split.{field} >= {horizon}" + (" or 0" if field == "val" else "") + " or lower horizon", where=where, field=f"split.{field}")
     length = project.length
     padded = pad and not fits(length, lookback, horizon, split)
     if pad and split.val and not fits(length, lookback, horizon, split, pad=True) and fits(length, lookback, horizon, replace(split, val=0), pad=True):
@@ -191,12 +163,8 @@ def window_layout(project: Project, lookback: int, horizon: int, split: Split = 
 def _check_positive(where: str, **values: object) -> None:
     for field, value in values.items():
         if not is_count(value) or value < 1:
-            raise InputError(
-                f"must be an integer >= 1, got {value!r}",
-                fix=f"set {field} to a positive integer",
-                where=where,
-                field=field,
-            )
+            raise InputError(f"must be an integer >= 1, got {value!r}",
+                             fix=f"set {field} to a positive integer", where=where, field=field)
 
 
 def _starts(first: int, last: int, stride: int) -> np.ndarray:

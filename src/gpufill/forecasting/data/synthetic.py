@@ -86,12 +86,8 @@ def synthetic_projects(
     checks = {"n_projects": (n_projects, 1), "length": (length, 2), "n_covariates": (n_covariates, 0), "seed": (seed, 0)}
     for field, (value, minimum) in checks.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-            raise InputError(
-                f"must be an integer >= {minimum}, got {value!r}",
-                fix=f"set {field} to an integer >= {minimum}",
-                where="synthetic data",
-                field=field,
-            )
+            raise InputError(f"must be an integer >= {minimum}, got {value!r}",
+                             fix=f"set {field} to an integer >= {minimum}", where="synthetic data", field=field)
     width = max(3, len(str(n_projects - 1)))
     out = {}
     for i in range(n_projects):  # one loop per project, not per row

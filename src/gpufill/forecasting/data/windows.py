@@ -195,17 +195,8 @@ def make_windows(
     if not np.isfinite(mase_scale) or mase_scale <= 0:
         mase_scale = 1.0  # constant train region: MASE would divide by 0; fall back to plain MAE
     return WindowedProject(
-        name=project.name,
-        lookback=lookback,
-        horizon=horizon,
-        n_features=raw.shape[1],
-        x_train=x_train,
-        y_train=y_train,
-        x_val=x_val,
-        y_val=y_val,
-        x_test=x_test,
-        y_test=y_test,
-        scaler=scaler,
+        name=project.name, lookback=lookback, horizon=horizon, n_features=raw.shape[1],
+        x_train=x_train, y_train=y_train, x_val=x_val, y_val=y_val, x_test=x_test, y_test=y_test, scaler=scaler,
         test_truth=np.ascontiguousarray(truth_views[test_t]),
         naive_test=np.repeat(target[test_t - 1][:, None], horizon, axis=1),
         mase_scale=mase_scale,

@@ -29,11 +29,8 @@ class FusedForecaster(FusedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(K, batch, lookback, features) -> (K, batch, horizon)."""
         if x.dim() != 4 or x.shape[0] != self.k or x.shape[-1] != self.n_features:
-            raise InputError(
-                f"a pack of {self.k} expects input (K={self.k}, batch, lookback, {self.n_features}), got {tuple(x.shape)}",
-                fix="stack one batch per model on a leading dimension",
-                field="input",
-            )
+            raise InputError(f"a pack of {self.k} expects input (K={self.k}, batch, lookback, {self.n_features}), got {tuple(x.shape)}",
+                             fix="stack one batch per model on a leading dimension", field="input")
         if not self.last_value_norm:
             return self._forward(x)
         last = x[:, :, -1:, :1]  # (K, batch, 1, 1)

@@ -79,11 +79,8 @@ class FusedMLP(FusedForecaster):
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         k, batch, time, features = x.shape
         if time != self.lookback:
-            raise InputError(
-                f"mlp was built for lookback {self.lookback}, got a window of {time}",
-                fix="build the mlp with the lookback of the windows it is given",
-                field="input",
-            )
+            raise InputError(f"mlp was built for lookback {self.lookback}, got a window of {time}",
+                             fix="build the mlp with the lookback of the windows it is given", field="input")
         h = x.reshape(k, batch, time * features)  # per model, as the plain flatten(1)
         for layer in self.layers:
             h = F.dropout(F.relu(fused.linear(h, layer.weight, layer.bias)), self.dropout_p, self.training)

@@ -42,11 +42,8 @@ __all__ = [
 
 def _dropout(family: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
-        raise InputError(
-            f"dropout must be a number in [0, 1), got {value!r}",
-            fix="set dropout to e.g. 0.0 or 0.1",
-            field=f"{family}.dropout",
-        )
+        raise InputError(f"dropout must be a number in [0, 1), got {value!r}",
+                         fix="set dropout to e.g. 0.0 or 0.1", field=f"{family}.dropout")
     return float(value)
 
 
@@ -73,11 +70,8 @@ class Forecaster(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.n_features:
-            raise InputError(
-                f"{self.family} expects input (batch, lookback, {self.n_features}), got {tuple(x.shape)}",
-                fix="pass windows shaped (batch, lookback, n_features) with the n_features the model was built for",
-                field="input",
-            )
+            raise InputError(f"{self.family} expects input (batch, lookback, {self.n_features}), got {tuple(x.shape)}",
+                             fix="pass windows shaped (batch, lookback, n_features) with the n_features the model was built for", field="input")
         if not self.last_value_norm:
             return self._forward(x)
         last = x[:, -1:, :1]  # (batch, 1, 1): last observed target value
@@ -280,11 +274,8 @@ class TransformerForecaster(Forecaster):
         self.d_model = whole_number(self.family, "d_model", d_model)
         self.nhead = whole_number(self.family, "nhead", nhead)
         if self.d_model % self.nhead:
-            raise InputError(
-                f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead})",
-                fix="choose d_model a multiple of nhead, e.g. d_model 64 with nhead 4",
-                field=f"{self.family}.d_model",
-            )
+            raise InputError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead})",
+                             fix="choose d_model a multiple of nhead, e.g. d_model 64 with nhead 4", field=f"{self.family}.d_model")
         self.num_layers = whole_number(self.family, "num_layers", num_layers)
         # None: the usual 4 x d_model of Vaswani et al.
         self.dim_feedforward = 4 * self.d_model if dim_feedforward is None else whole_number(
@@ -345,11 +336,8 @@ class MLPForecaster(Forecaster):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] != self.lookback:
-            raise InputError(
-                f"mlp was built for lookback {self.lookback}, got a window of {x.shape[1]}",
-                fix="build the mlp with the lookback of the windows it is given",
-                field="input",
-            )
+            raise InputError(f"mlp was built for lookback {self.lookback}, got a window of {x.shape[1]}",
+                             fix="build the mlp with the lookback of the windows it is given", field="input")
         h = x.flatten(1)
         for layer in self.layers:
             h = self.dropout(F.relu(layer(h)))

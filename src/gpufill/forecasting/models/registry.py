@@ -66,11 +66,8 @@ def register(name: str, *, kind: ModelKind = "neural") -> Callable[[F], F]:
     Re-registering a name replaces the earlier family.
     """
     if not isinstance(name, str) or not name or ":" in name or name != name.strip():
-        raise InputError(
-            f"family name must be a non-empty string without ':' or surrounding spaces, got {name!r}",
-            fix="register the factory under a plain name such as 'my_lstm'",
-            field="model",
-        )
+        raise InputError(f"family name must be a non-empty string without ':' or surrounding spaces, got {name!r}",
+                         fix="register the factory under a plain name such as 'my_lstm'", field="model")
     _check_kind(kind)
 
     def decorate(factory: F) -> F:
@@ -86,11 +83,8 @@ def resolve(name: str) -> Family:
     An imported factory is ``neural`` unless it carries ``gpufill_kind = "classical"``.
     """
     if not isinstance(name, str):
-        raise InputError(
-            f"model family must be a string, got {type(name).__name__}",
-            fix=f"give a family name such as 'lstm' or {_PATH_FORM}",
-            field="model",
-        )
+        raise InputError(f"model family must be a string, got {type(name).__name__}",
+                         fix=f"give a family name such as 'lstm' or {_PATH_FORM}", field="model")
     if name in _FAMILIES:
         return _FAMILIES[name]
     if name in _REMEMBERED:
@@ -100,11 +94,8 @@ def resolve(name: str) -> Family:
     if base_name(name) != name:
         return _variant(name)
     if ":" not in name:
-        raise InputError(
-            f"unknown model family {name!r}{_suggestion(name)}; known: {', '.join(families()) or 'none'}",
-            fix=f"use a known family or point to your own factory as {_PATH_FORM}",
-            field="model",
-        )
+        raise InputError(f"unknown model family {name!r}{_suggestion(name)}; known: {', '.join(families()) or 'none'}",
+                         fix=f"use a known family or point to your own factory as {_PATH_FORM}", field="model")
     return _import_family(name)
 
 
@@ -135,19 +126,13 @@ def check_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """
     family = resolve(name)
     if not isinstance(params, Mapping):
-        raise InputError(
-            f"parameters must be a mapping of name to value, got {type(params).__name__}",
-            fix="give the parameters as a dict, e.g. {hidden_size: 64}",
-            field=family.name,
-        )
+        raise InputError(f"parameters must be a mapping of name to value, got {type(params).__name__}",
+                         fix="give the parameters as a dict, e.g. {hidden_size: 64}", field=family.name)
     unknown = sorted(str(key) for key in params if key not in family.defaults)
     if unknown and not family.accepts_any:
         accepted = ", ".join(family.defaults) or "none"
-        raise InputError(
-            f"unknown parameter(s) {', '.join(unknown)} for model family {family.name!r}; accepted: {accepted}",
-            fix="remove or rename the parameter (training settings such as lr belong to train:)",
-            field=f"{family.name}.{unknown[0]}",
-        )
+        raise InputError(f"unknown parameter(s) {', '.join(unknown)} for model family {family.name!r}; accepted: {accepted}",
+                         fix="remove or rename the parameter (training settings such as lr belong to train:)", field=f"{family.name}.{unknown[0]}")
     return {**family.defaults, **params}
 
 
@@ -240,48 +225,33 @@ def _variant(name: str) -> Family:
 
 def _check_kind(kind: object) -> None:
     if kind not in _KINDS:
-        raise InputError(
-            f"model kind must be one of {', '.join(_KINDS)}, got {kind!r}",
-            fix="use kind='neural' (GPU lane) or kind='classical' (CPU lane)",
-            field="kind",
-        )
+        raise InputError(f"model kind must be one of {', '.join(_KINDS)}, got {kind!r}",
+                         fix="use kind='neural' (GPU lane) or kind='classical' (CPU lane)", field="kind")
 
 
 def _family(name: str, kind: ModelKind, factory: Any) -> Family:
     """Read a factory's parameters from its signature into a Family."""
     if not callable(factory):
-        raise InputError(
-            f"model factory {name!r} is a {type(factory).__name__}, not callable",
-            fix="point to a class or function that builds the model",
-            field="model",
-        )
+        raise InputError(f"model factory {name!r} is a {type(factory).__name__}, not callable",
+                         fix="point to a class or function that builds the model", field="model")
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError) as exc:
-        raise InputError(
-            f"cannot read the signature of model factory {name!r}: {exc}",
-            fix="wrap it in a plain Python function (n_features, lookback, horizon, *, params...)",
-            field="model",
-        ) from exc
+        raise InputError(f"cannot read the signature of model factory {name!r}: {exc}",
+                         fix="wrap it in a plain Python function (n_features, lookback, horizon, *, params...)", field="model") from exc
     parameters = signature.parameters
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
     missing = [arg for arg in _SHAPE_ARGS if arg not in parameters]
     if missing and not accepts_any:
-        raise InputError(
-            f"model factory {name!r} does not take {', '.join(missing)}",
-            fix="give the factory the signature (n_features, lookback, horizon, *, params with defaults)",
-            field="model",
-        )
+        raise InputError(f"model factory {name!r} does not take {', '.join(missing)}",
+                         fix="give the factory the signature (n_features, lookback, horizon, *, params with defaults)", field="model")
     defaults: dict[str, Any] = {}
     for param in parameters.values():
         if param.name in _SHAPE_ARGS or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         if param.kind is param.POSITIONAL_ONLY or param.default is param.empty:
-            raise InputError(
-                f"model factory {name!r} parameter {param.name!r} needs a default and a keyword",
-                fix="give every parameter besides n_features, lookback, horizon a default value",
-                field="model",
-            )
+            raise InputError(f"model factory {name!r} parameter {param.name!r} needs a default and a keyword",
+                             fix="give every parameter besides n_features, lookback, horizon a default value", field="model")
         defaults[param.name] = param.default
     return Family(name, kind, factory, MappingProxyType(defaults), accepts_any, fits_series=callable(getattr(factory, "fit_series", None)),
                   deterministic=getattr(factory, "deterministic", False) is True)
@@ -291,35 +261,23 @@ def _import_family(path: str) -> Family:
     """Import ``package.module:factory`` (the factory may be dotted: ``module:Class.build``)."""
     module_name, _, attr_path = path.partition(":")
     if not module_name or not attr_path or ":" in attr_path:
-        raise InputError(
-            f"model path {path!r} is not of the form {_PATH_FORM}",
-            fix="write it as e.g. 'mypkg.models:make_model'",
-            field="model",
-        )
+        raise InputError(f"model path {path!r} is not of the form {_PATH_FORM}",
+                         fix="write it as e.g. 'mypkg.models:make_model'", field="model")
     try:
         module = user_code.import_module(module_name)
     except Exception as exc:  # any import-time failure of user code is bad input, reported in one line
-        raise InputError(
-            f"cannot import module {module_name!r} for model {path!r}: {type(exc).__name__}: {exc}",
-            fix="check the module path and that its package is installed or on PYTHONPATH",
-            field="model",
-        ) from exc
+        raise InputError(f"cannot import module {module_name!r} for model {path!r}: {type(exc).__name__}: {exc}",
+                         fix="check the module path and that its package is installed or on PYTHONPATH", field="model") from exc
     factory: Any = module
     for part in attr_path.split("."):
         if not hasattr(factory, part):
-            raise InputError(
-                f"module {module_name!r} has no attribute {attr_path!r} (model {path!r})",
-                fix=f"check the factory name after ':'; the module defines {_public_names(module)}",
-                field="model",
-            )
+            raise InputError(f"module {module_name!r} has no attribute {attr_path!r} (model {path!r})",
+                             fix=f"check the factory name after ':'; the module defines {_public_names(module)}", field="model")
         factory = getattr(factory, part)
     kind = getattr(factory, "gpufill_kind", "neural")
     if kind not in _KINDS:
-        raise InputError(
-            f"model factory {path!r} has gpufill_kind={kind!r}",
-            fix="set gpufill_kind to 'neural' or 'classical' (or leave it out for neural)",
-            field="model",
-        )
+        raise InputError(f"model factory {path!r} has gpufill_kind={kind!r}",
+                         fix="set gpufill_kind to 'neural' or 'classical' (or leave it out for neural)", field="model")
     return _family(path, kind, factory)
 
 

@@ -137,11 +137,8 @@ def train_classical(
     resolved = check_params(family, params or {})
     kind = resolve(family).kind
     if kind != "classical":
-        raise InputError(
-            f"model family {family!r} is {kind}, not classical",
-            fix="train a neural family with gpufill train (forecasting/run.py: run_alone), classical ones here",
-            field="model",
-        )
+        raise InputError(f"model family {family!r} is {kind}, not classical",
+                         fix="train a neural family with gpufill train (forecasting/run.py: run_alone), classical ones here", field="model")
     threads, seed = _threads_and_seed(threads, seed)
 
     def built() -> Any:  # the validation's fit gets a model of its own: nothing it learned reaches the test's
@@ -158,11 +155,8 @@ def train_classical(
                             timings={**timings, "validate_s": validate_s}, threads=threads, model=model, forecast=kept,
                             val_forecast=validated and validated[1])
     if not isinstance(model, ClassicalForecaster):
-        raise InputError(
-            f"classical family {family!r} built a {type(model).__name__} without fit(x, y, *, threads, seed) and predict(x)",
-            fix="return an object with those two methods from the factory (see models.classical.ClassicalForecaster)",
-            field="model",
-        )
+        raise InputError(f"classical family {family!r} built a {type(model).__name__} without fit(x, y, *, threads, seed) and predict(x)",
+                         fix="return an object with those two methods from the factory (see models.classical.ClassicalForecaster)", field="model")
     # No epochs to early-stop: fitted on the train windows, the model is scored on the validation windows (what a
     # choice between families reads), then fitted again on train + validation, all the data before the test region.
     started = time.perf_counter()

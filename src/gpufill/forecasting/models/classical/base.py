@@ -53,11 +53,8 @@ def _real(family: str, name: str, value: object, *, low: float, high: float = ma
         ok = (value > low if low_open else value >= low) and value <= high
     if not ok:
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}{']' if math.isfinite(high) else ')'}"
-        raise InputError(
-            f"{name} must be a number in {interval}, got {value!r}",
-            fix=fix,
-            field=f"{family}.{name}",
-        )
+        raise InputError(f"{name} must be a number in {interval}, got {value!r}",
+                         fix=fix, field=f"{family}.{name}")
     return float(value)
 
 
@@ -71,17 +68,11 @@ def _learning_rate(family: str, value: object) -> float:
 
 def _threads_and_seed(threads: object, seed: object) -> tuple[int, int]:
     if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
-        raise InputError(
-            f"threads must be a whole number >= 1, got {threads!r}",
-            fix="give the trial at least one CPU thread (the scheduler's cpu budget)",
-            field="threads",
-        )
+        raise InputError(f"threads must be a whole number >= 1, got {threads!r}",
+                         fix="give the trial at least one CPU thread (the scheduler's cpu budget)", field="threads")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= _MAX_SEED:
-        raise InputError(
-            f"seed must be a whole number in [0, 2**32 - 1], got {seed!r}",
-            fix="use a non-negative int seed such as 0, 1, 2",
-            field="seed",
-        )
+        raise InputError(f"seed must be a whole number in [0, 2**32 - 1], got {seed!r}",
+                         fix="use a non-negative int seed such as 0, 1, 2", field="seed")
     return int(threads), int(seed)
 
 
@@ -141,11 +132,8 @@ class WindowRegressor:
                 field="target",
             )
         if features.shape[0] == 0:
-            raise InputError(
-                f"{self.family} got no training windows",
-                fix="use a longer series or a shorter lookback so the train region holds a window",
-                field="input",
-            )
+            raise InputError(f"{self.family} got no training windows",
+                             fix="use a longer series or a shorter lookback so the train region holds a window", field="input")
         if self.last_value_norm:
             target = target - last[:, None]
         self.threads = threads
@@ -153,11 +141,8 @@ class WindowRegressor:
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         if self.threads is None:
-            raise InputError(
-                f"{self.family} model is not fitted",
-                fix="call fit(x, y, threads=..., seed=...) before predict",
-                field="model",
-            )
+            raise InputError(f"{self.family} model is not fitted",
+                             fix="call fit(x, y, threads=..., seed=...) before predict", field="model")
         features, last = self._flatten(x)
         if features.shape[0] == 0:
             return np.zeros((0, self.horizon))
@@ -168,11 +153,8 @@ class WindowRegressor:
         """(N, lookback*F) float64 features, normalised if asked, and the last target values (N,)."""
         window = self._as_array(x, "input")
         if window.ndim != 3 or window.shape[1:] != (self.lookback, self.n_features):
-            raise InputError(
-                f"{self.family} expects windows (N, {self.lookback}, {self.n_features}), got {window.shape}",
-                fix="pass windows shaped (N, lookback, n_features) with the lookback and n_features the model was built for",
-                field="input",
-            )
+            raise InputError(f"{self.family} expects windows (N, {self.lookback}, {self.n_features}), got {window.shape}",
+                             fix="pass windows shaped (N, lookback, n_features) with the lookback and n_features the model was built for", field="input")
         window = window.copy()  # float64, our own: normalised in place below
         last = window[:, -1, 0].copy()
         if self.last_value_norm:
@@ -184,15 +166,13 @@ class WindowRegressor:
             values = values.detach().cpu().numpy()
         array = np.asarray(values, dtype=np.float64)
         if not np.all(np.isfinite(array)):
-            raise InputError(
-                f"{self.family} got NaN or infinite values in the {name}",
-                fix="fill or drop missing values first (load_projects fill='ffill' or 'interpolate')",
-                field=name,
-            )
+            raise InputError(f"{self.family} got NaN or infinite values in the {name}",
+                             fix="fill or drop missing values first (load_projects fill='ffill' or 'interpolate')", field=name)
         return array
 
     def _fit(self, x: np.ndarray, y: np.ndarray, threads: int, seed: int) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _predict(self, x: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def _predict(self, x: np.ndarray) -> np.ndarray:
+        """The fitted library estimator's predictions (`self.estimator_`, set by `_fit`); a family without one overrides this."""
+        return self.estimator_.predict(x)

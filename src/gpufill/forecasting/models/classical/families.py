@@ -140,9 +140,6 @@ class RandomForestForecaster(WindowRegressor):
         # a (N, 1) target makes scikit-learn warn and ravel; give it (N,) for one step
         self.estimator_.fit(x, y[:, 0] if self.horizon == 1 else y)
 
-    def _predict(self, x: np.ndarray) -> np.ndarray:
-        return self.estimator_.predict(x)
-
 
 # --- XGBoost ---------------------------------------------------------------------------------
 
@@ -197,9 +194,6 @@ class XGBForecaster(WindowRegressor):
             random_state=seed,
         )
         self.estimator_.fit(x, y[:, 0] if self.horizon == 1 else y)
-
-    def _predict(self, x: np.ndarray) -> np.ndarray:
-        return self.estimator_.predict(x)
 
 
 # --- LightGBM --------------------------------------------------------------------------------
