@@ -64,7 +64,8 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
 
     started_imports = time.perf_counter()
     from gpufill.campaign.run import runner
-    from gpufill.campaign.executors.base import Finished, Worker
+    from gpufill.campaign.executors.base import Finished, Slots, Worker
+    from gpufill.campaign.policy.messages import Outcome, TaskEnded
     from gpufill.campaign.run.runner import Campaign
     from gpufill.campaign.run.scheduler import Scheduler
 
@@ -77,7 +78,7 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
 
     result = TrialResult(project="", family="", params={}, status="completed", plan={}, metrics={"test": metrics, "naive": metrics}, timings={})
 
-    class InstantExecutor:
+    class InstantExecutor(Slots):
         """Every submitted task finishes at the next poll: the scheduler's cost alone."""
 
         def __init__(self):
@@ -93,12 +94,6 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
         def start(self, lanes):
             self.workers += [Worker(name=f"{lane.name}-{i}", lane=lane) for lane in lanes for i in range(lane.slots)]
 
-        def idle(self, lane):
-            return [w for w in self.workers if w.lane is lane and w.task is None]
-
-        def busy(self):
-            return [w for w in self.workers if w.task is not None]
-
         def submit(self, worker, task):
             if "first_dispatch" not in marks:
                 marks["first_dispatch"] = time.perf_counter()
@@ -109,8 +104,8 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
             out = []
             for worker in self.busy():
                 task, worker.task = worker.task, None
-                messages = [{"trial_id": t.trial_id, "ok": True, "result": result, "seconds": 0.01} for t in task["trials"]]
-                out.append(Finished(worker, task, {"results": messages, "pack": {"size": len(task["trials"]), "reason": "bench"}}))
+                outcomes = tuple(Outcome(trial_id=t.trial_id, ok=True, result=result, seconds=0.01) for t in task.trials)
+                out.append(Finished(worker, task, TaskEnded(outcomes, pack={"size": len(task.trials), "reason": "bench"})))
             return out
 
         def stop(self, worker, reason):
