@@ -4,8 +4,13 @@ so a process that needs no torch, pandas or scikit-learn never pays for them."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+
+def by_home(groups: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """name -> submodule, from each submodule and the names it defines (the way a reader looks them up)."""
+    return {name: home for home, names in groups.items() for name in names}
 
 
 def lazy_names(package: str, home: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:

@@ -15,25 +15,16 @@ Names load lazily, on first use, so importing one submodule does not import the 
 
 from __future__ import annotations
 
-from gpufill.lazy import lazy_names
+from gpufill.lazy import by_home, lazy_names
 
-# name -> submodule of gpufill.campaign that defines it
-_HOME = {
-    "CampaignSpec": "spec.spec",
-    "load_campaign": "spec.spec",
-    "Trial": "trials.trials",
-    "expand": "trials.trials",
-    "trial_id": "trials.trials",
-    "Campaign": "run.runner",
-    "best_per_project": "results.reading",
-    "demo_campaign_path": "run.runner",
-    "describe_lanes": "run.runner",
-    "find_workdir": "results.reading",
-    "read_results": "results.reading",
-    "read_status": "results.reading",
-    "read_trials": "results.reading",
-    "write_frame": "results.export",
-}
+# each submodule of gpufill.campaign and the names it defines
+_HOME = by_home({
+    "spec.spec": ["CampaignSpec", "load_campaign"],
+    "trials.trials": ["Trial", "expand", "trial_id"],
+    "run.runner": ["Campaign", "demo_campaign_path", "describe_lanes"],
+    "results.reading": ["best_per_project", "find_workdir", "read_results", "read_status", "read_trials"],
+    "results.export": ["write_frame"],
+})
 __all__ = sorted(_HOME)
 
 

@@ -6,18 +6,10 @@ It imports nothing from forecasting, campaign, report or the CLI. Names load laz
 
 from __future__ import annotations
 
-from gpufill.lazy import lazy_names
+from gpufill.lazy import by_home, lazy_names
 
-# name -> submodule of gpufill.engine that defines it
-_HOME = {
-    "fit": "loop",
-    "FitConfig": "config",
-    "FitResult": "result",
-    "FitCallback": "result",
-    "EpochRecord": "result",
-    "Plan": "plan",
-    "Choice": "plan",
-}
+# each submodule of gpufill.engine and the names it defines
+_HOME = by_home({"loop": ["fit"], "config": ["FitConfig"], "result": ["FitResult", "FitCallback", "EpochRecord"], "plan": ["Plan", "Choice"]})
 __all__ = sorted(_HOME)
 
 
