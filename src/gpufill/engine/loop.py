@@ -279,9 +279,7 @@ class Training:
             self.plan = self.plan.replace(threads=Choice(self.watch.threads, f"{self.watch.threads}: re-checked while training "
                                                                                 f"({'; '.join(self.watch.log)})"))
             self.events.extend(f"threads: {line}" for line in self.watch.log)
-        restored = self.stopping.restorable()
-        self.best.restore(restored)
-        self.stopping.restored(restored)
+        self.stopping.restore_best(self.best)
         return self._result(self.stopping.status[0], time.perf_counter() - started)
 
     def train_epoch(self, epoch: int, steps_left: Sequence[int] | None) -> Trained:

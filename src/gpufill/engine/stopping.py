@@ -114,13 +114,13 @@ class Stopping:
         self.status[i] = status
         self.events[i].append(f"{event}; {PACK_NOTE}" if self.packed else event)
 
-    def restorable(self) -> list[int]:
-        """The rows whose best weights go back at the end: restore_best on, a best validation kept, not diverged."""
+    def restore_best(self, weights: BestWeights) -> None:
+        """At the end: the kept best weights back into the rows restore_best asks for (a best validation kept, not
+        diverged), each row saying so."""
         if not self.rules.restore_best:
-            return []
-        return [i for i in range(self.k) if self.best_epoch[i] is not None and self.status[i] != "diverged"]
-
-    def restored(self, rows: Sequence[int]) -> None:
+            return
+        rows = [i for i in range(self.k) if self.best_epoch[i] is not None and self.status[i] != "diverged"]
+        weights.restore(rows)
         for i in rows:
             self.events[i].append(f"restored the best weights (epoch {self.best_epoch[i]}, val loss {self.best_val[i]:.6g})")
 

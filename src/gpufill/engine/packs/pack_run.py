@@ -108,10 +108,10 @@ class PackRun:
                 events.append(f"compile failed ({type(error).__name__}); the pack fell back to eager")
             self.step()
 
-    def epoch(self, generators: Sequence[torch.Generator], steps_left: Sequence[int] | None) -> tuple[list[float], list[bool], list[int]]:
+    def epoch(self, generators: Sequence[torch.Generator], steps_left: Sequence[int] | None) -> tuple[list[float], list[bool], list[int], list[int]]:
         """One epoch of every member's batches, member j at most steps_left[j] steps (past them its windows are masked,
         as past its own count: `fit` alone cuts its epoch there); each member's mean train loss over what it trained,
-        whether every step's loss was finite, and its steps. One read of the device, at the end."""
+        whether every step's loss was finite, its steps and the samples it trained on. One read of the device, at the end."""
         d = self.data
         taken = list(d.counts) if steps_left is None else [min(count, left * d.batch) for count, left in zip(d.counts, steps_left, strict=True)]
         if steps_left is not None:
@@ -123,7 +123,7 @@ class PackRun:
         for start in range(0, max(taken), d.batch):
             self._advance(order, start)
         loss = (self.loss_sum / self.limit.clamp(min=1)).tolist()  # the epoch's one read
-        return loss, self.finite.tolist(), [-(-n // d.batch) for n in taken]
+        return loss, self.finite.tolist(), [-(-n // d.batch) for n in taken], taken
 
     def survivors(self, keep: Sequence[int]) -> PackRun:
         """A pack of the members `keep` (rows here) alone, each carrying on exactly where it is: its weights, optimizer

@@ -8,8 +8,10 @@ written back into it at the end, so every member is unfused from the pack it sta
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 import torch
 
 from gpufill.engine.epochs import Trained
@@ -18,6 +20,8 @@ from gpufill.engine.packs.probe import PackProbe, configure
 from gpufill.engine.packs.reform import MEASURED_STEPS, decide, needs_measurement
 from gpufill.engine.result import EpochRecord
 from gpufill.engine.stopping import BestWeights, Stopping
+
+T = TypeVar("T")
 
 MemberWatch = Callable[[int, Callable[[], torch.Tensor]], "str | None"]
 """(epoch, a getter of the member's validation predictions (N_val, ...), in the pack's scaled units) -> a reason to stop."""
@@ -41,7 +45,8 @@ class PackRows:
         self.considered = home.k
         """Members training when the pack last considered re-forming (it considers again when fewer are)."""
 
-    def _by_member(self, values: Sequence[float], fill: float) -> list[float]:
+    def _by_member(self, values: Sequence[T], fill: T) -> list[T]:
+        """The current pack's values by row, as the first pack's members (`fill` for those not in it)."""
         out = [fill] * self.home.k
         for j, i in enumerate(self.members):
             out[i] = values[j]
@@ -50,18 +55,15 @@ class PackRows:
     def train_epoch(self, epoch: int, steps_left: Sequence[int] | None) -> Trained:
         tick = time.perf_counter()
         left = None if steps_left is None else [steps_left[i] for i in self.members]
-        loss, finite, steps = self.run.epoch([self.generators[i] for i in self.members], left)
+        loss, finite, steps, samples = self.run.epoch([self.generators[i] for i in self.members], left)
         seconds = time.perf_counter() - tick
         self.seconds.append(seconds)
         self.run_seconds.append(seconds)
-        batch = self.run.data.batch
-        samples = [min(count, taken * batch) for count, taken in zip(self.run.data.counts, steps, strict=True)]
-        return Trained(values={"loss": self._by_member(loss, float("nan"))}, samples=[int(n) for n in self._by_member(samples, 0)],
-                       steps=[int(n) for n in self._by_member(steps, 0)], seconds=seconds / self.run.k,
-                       finite=[bool(f) for f in self._by_member(finite, True)])
+        return Trained(values={"loss": self._by_member(loss, math.nan)}, samples=self._by_member(samples, 0), steps=self._by_member(steps, 0),
+                       seconds=seconds / self.run.k, finite=self._by_member(finite, True))
 
     def validate(self) -> dict[str, Sequence[float]]:
-        return {"loss": self._by_member(self.run.validate(), float("nan"))}
+        return {"loss": self._by_member(self.run.validate(), math.nan)}
 
     def lrs(self) -> Sequence[float]:
         return self.home.lrs
@@ -146,6 +148,4 @@ class PackRows:
     def finish(self) -> None:
         """Every member's last weights in the first pack, then the best weights back where restore_best asks."""
         self._write_home()
-        restored = self.stopping.restorable()
-        self.best.restore(restored)
-        self.stopping.restored(restored)
+        self.stopping.restore_best(self.best)

@@ -299,9 +299,7 @@ class _VariantRows:
 
     def finish(self) -> None:
         self.at_stop.restore(self.stopped)  # a stopped model's buffers (BatchNorm statistics) as they were when it stopped
-        restored = self.stopping.restorable()
-        self.best.restore(restored)
-        self.stopping.restored(restored)
+        self.stopping.restore_best(self.best)
 
 
 def _gather(data: _Resident, index: torch.Tensor) -> Any:

@@ -3,12 +3,18 @@ tensors, return floats."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
-import torch
 
 from gpufill.forecasting.metric_registry import METRICS, mae, mase, rmse, smape  # the metrics themselves live in the registry
 
-ArrayLike = np.ndarray | torch.Tensor
+if TYPE_CHECKING:
+    import torch
+
+    ArrayLike = np.ndarray | torch.Tensor
+else:
+    ArrayLike = Any  # no torch import for a type: scoring needs numpy alone
 
 __all__ = ["ArrayLike", "forecast_metrics", "mae", "mase", "mean_over_series", "rmse", "smape"]
 
