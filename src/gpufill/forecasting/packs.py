@@ -8,7 +8,6 @@ pack's time shared among its models and the pack's peak memory.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -21,7 +20,7 @@ from gpufill.forecasting.data import WindowedProject
 from gpufill.forecasting.run import TrialSetup, Watch, build_model, neural_result, refit
 from gpufill.forecasting.trial import PackEntry, Trial, TrialResult
 
-__all__ = ["CANDIDATE_SIZES", "PackSizeChoice", "by_width", "data_bytes", "size_pack", "train_pack"]
+__all__ = ["CANDIDATE_SIZES", "PackSizeChoice", "data_bytes", "size_pack", "train_pack"]
 
 
 def size_pack(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, most: int, waiting: int | None = None) -> PackSizeChoice:
@@ -36,14 +35,6 @@ def data_bytes(windows: WindowedProject) -> int:
     return sum(int(t.numel()) * t.element_size() for t in (windows.x_train, windows.y_train, windows.x_val, windows.y_val))
 
 
-def by_width(trials: Sequence[Trial], windows: Mapping[str, WindowedProject]) -> list[list[Trial]]:
-    """One shape's trials grouped by input width: projects may differ in covariates, and only equal widths fuse."""
-    groups: dict[int, list[Trial]] = defaultdict(list)
-    for trial in trials:
-        groups[windows[trial.trial_id].n_features].append(trial)
-    return list(groups.values())
-
-
 def train_pack(trials: Sequence[Trial], windows: Mapping[str, WindowedProject], setups: Mapping[str, TrialSetup], *, kind: str | None,
                reason: str | None, watches: Mapping[str, Watch] | None = None, folded: Mapping[str, WindowedProject] | None = None
                ) -> list[tuple[float, Callable[[], TrialResult]]]:
@@ -53,6 +44,9 @@ def train_pack(trials: Sequence[Trial], windows: Mapping[str, WindowedProject], 
     inside the pack, the others go on). `folded`: per trial id, the windows its refit trains on (train.refit): each
     member's own length, so each refits alone, as it would have unpacked."""
     watches, folded = watches or {}, folded or {}
+    widths = sorted({windows[t.trial_id].n_features for t in trials})
+    if len(widths) > 1:  # the scheduler's queue keeps widths apart (policy/queue.py): a pack that mixes them was mis-sent
+        raise ValueError(f"the pack's projects take inputs of {widths} features; only equal widths fuse")
     first = setups[trials[0].trial_id].config
     on_cuda = str(first.device).startswith("cuda")
     if on_cuda:

@@ -11,22 +11,31 @@ pickle through a pipe, Ray and submitit alike, and an executor needs nothing els
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gpufill.forecasting.trial import Trial, TrialResult
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class PackOrder:
-    """How a task's trials train: `size` at once (1: one at a time; None: a new shape, whose size the worker measures
-    first, weighing the measurement against the `waiting` trials of the shape), of `kind`, and why."""
+    """How a task's trials train (policy/policy.py decides): one at a time (`size` 1), all as one fused pack of `kind`
+    (a measured size: the task holds at most that many, of one input width), or, for a new shape (`size` None), as
+    `split` says once the worker measured the size, weighing the measurement against the `waiting` trials of the shape."""
 
     size: int | None = 1
     kind: str | None = None
     reason: str | None = None
     waiting: int = 1
     """The shape's trials in this task and still queued."""
+
+    def split(self, trials: Sequence[T], measured: int) -> tuple[list[T], list[T]]:
+        """A measuring task's trials: the first `measured` (campaign order) train as one pack (one at a time where
+        `measured` is 1), the rest go back to the queue untouched, for any worker to take at the measured size."""
+        return list(trials[:measured]), list(trials[measured:])
 
 
 @dataclass(frozen=True, slots=True)

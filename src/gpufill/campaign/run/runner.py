@@ -14,7 +14,7 @@ import sqlite3
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -78,6 +78,8 @@ class Prepared:
     """base_id -> what every trial of a kind shares (stored once: a row's full configuration is base + row)."""
     fingerprints: dict[str, str]
     """project -> its data fingerprint (part of each trial's id): what a search's proposals are listed with."""
+    widths: dict[str, int] = field(default_factory=dict)
+    """project -> its networks' input width (`Project.width`): the scheduler fuses trials of one width only."""
 
 
 class Campaign:
@@ -152,7 +154,8 @@ class Campaign:
             self.build_check.wait()
             timeline.mark("grid points built")
         warnings = [*(user_models.notes[family] for family in self.spec.models if family in user_models.notes), *notes, *warnings]
-        return Prepared(trials=trials, lanes=lanes, warnings=warnings, bases=bases, fingerprints=fingerprints)
+        return Prepared(trials=trials, lanes=lanes, warnings=warnings, bases=bases, fingerprints=fingerprints,
+                        widths={name: project.width for name, project in projects.items()})
 
     def check_workdir(self, *, fresh: bool) -> None:
         """Refuse a workdir that holds another campaign (unless fresh); reads only."""
@@ -315,7 +318,7 @@ class Campaign:
             store, executor, prepared.lanes, retries=self.spec.resources.retries, run_id=run_id,
             pack_size=None if pack_size == "auto" else int(pack_size), on_update=on_update, samples=queue.drain,
             trial_timeout=self.spec.resources.trial_timeout, heartbeat_timeout=self.spec.resources.heartbeat_timeout,
-            timeline=timeline, refill=refill, task_extras=extras,
+            timeline=timeline, refill=refill, task_extras=extras, widths=prepared.widths,
         )
         try:
             with signals_interrupt() as stop_request, sampler:

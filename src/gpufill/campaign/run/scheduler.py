@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpufill.campaign.executors.base import Crashed, Executor, Finished, Worker
@@ -68,6 +68,7 @@ class Scheduler:
         timeline: Timeline | None = None,
         refill: Callable[[], bool] | None = None,
         task_extras: dict[str, Any] | None = None,
+        widths: Mapping[str, int] | None = None,
     ):
         self.store, self.executor, self.lanes = store, executor, lanes
         self.max_attempts = retries + 1
@@ -77,7 +78,9 @@ class Scheduler:
         self.update_every_s = update_every_s
         self.queue_of_kind = {kind: lane.queue for lane in lanes for kind in lane.kinds}
         # One queue per lane, except that every per-GPU lane takes from the shared "gpu" queue.
-        self.queue: dict[str, ShapeQueue] = {lane.queue: ShapeQueue() for lane in lanes}
+        self.widths = dict(widths or {})
+        """project -> its networks' input width: only trials of one width fuse (the queue keeps them apart)."""
+        self.queue: dict[str, ShapeQueue] = {lane.queue: ShapeQueue(widths=self.widths) for lane in lanes}
         # shape -> measured pack size; a fixed resources.pack_size (1 = no fusion) presets every shape.
         self.book = ShapeBook.from_json(store.meta(META_KEY), fixed_pack_size=pack_size)
         self.policy = DispatchPolicy(self.book)
@@ -162,31 +165,27 @@ class Scheduler:
                 task = self._next_task(lane, worker)
                 if task is None:
                     break
-                trials, size = task
+                trials, order = task
                 self.store.mark_running([q.trial_id for q in trials], lane=lane.name, worker=worker.name, run_id=self.run_id)
                 for queued in trials:
                     queued.attempts += 1
                     self.tracked[queued.trial_id] = queued
                     self.started_at[queued.trial_id] = self.clock()
-                shape = trials[0].shape
                 worker.clock = self.clock  # its heartbeats and time limits are on the scheduler's clock
-                if size is None and trials[0].trial.kind == "neural":
-                    self.book.measuring.add((lane.name, shape))
-                # `waiting`: the shape's trials in this task and still queued, what a worker weighs a pack-size measurement against
-                order = PackOrder(size, self.book.kind(lane.name, shape), self.book.reason(lane.name, shape),
-                                  waiting=len(trials) + self.queue[lane.queue].count(shape))
+                if order.size is None:
+                    self.book.measuring.add((lane.name, trials[0].shape))
                 self.executor.submit(worker, Task(tuple(q.trial for q in trials), order, self.task_extras.get("pruning")))
 
-    def _next_task(self, lane: Lane, worker: Worker) -> tuple[list[Queued], int | None] | None:
-        """Trials for `worker` (one, or a fused pack of one shape) and the pack size to send (None: measure it):
-        what the policy picks, given what the lane runs now."""
+    def _next_task(self, lane: Lane, worker: Worker) -> tuple[list[Queued], PackOrder] | None:
+        """Trials for `worker` (one, or a fused pack of one shape and input width) and how they train: what the policy
+        picks, given what the lane runs now."""
         busy = [w for w in self.executor.busy() if w.lane is lane and w.task is not None]
         running = [Running(w.task.shape, w.training if w.started else self.policy.running_size(lane, w.task.shape, len(w.task.trials)))
                    for w in busy if w.task is not None]
         # Every worker process of the lane holds its CUDA context, busy or idle.
         contexts = [w.context_bytes for w in [*busy, *self.executor.idle(lane)]] if lane.memory_budget_bytes is not None else []
         pick = self.policy.next_task(lane, self.queue[lane.queue], worker.last_shape, running, contexts)
-        return None if pick is None else (self.store.queued(self.queue[lane.queue].take(pick.shape, pick.count)), pick.pack_size)
+        return None if pick is None else (self.store.queued(self.queue[lane.queue].take(pick.shape, pick.count)), pick.order)
 
     def _learn_measured(self, worker: Worker, task: Task | None) -> None:
         """A pack size (and its peak memory per K) the worker measured, taken as soon as it reports it."""
@@ -363,7 +362,7 @@ class Scheduler:
     def _stop_waiting(self) -> None:
         """The environment kept failing for longer than the patience: every queued trial stays pending for a re-run."""
         left = sum(len(queue) for queue in self.queue.values())
-        self.queue = {name: ShapeQueue() for name in self.queue}
+        self.queue = {name: ShapeQueue(widths=self.widths) for name in self.queue}
         self.outcome.waiting += left
         self.outcome.waiting_reason = self.environment.last_error
         message = self.environment.why_stopped(left)

@@ -240,14 +240,14 @@ class Store(StoreQueries):
 
     def runnable(self, max_attempts: int) -> Iterator[Waiting]:
         """Pending trials, and failed ones with attempts left, in campaign order: what the scheduler queues (a trial's
-        id and shape; the rest is read again when it is sent, `queued`)."""
+        id, shape and project; the rest is read again when it is sent, `queued`)."""
         cursor = self.db.execute(
             "SELECT trial_id, shape, kind, project FROM trials WHERE status = 'pending' OR (status = 'failed' AND attempts < ?) ORDER BY position",
             (max_attempts,),
         )
         shared: dict[str, str] = {}  # tens of thousands of trials share a few hundred shapes: one string each
         for trial_id, shape, kind, project in cursor:
-            yield Waiting(trial_id, shared.setdefault(shape, shape), shared.setdefault(kind, kind), fuses(kind, project))
+            yield Waiting(trial_id, shared.setdefault(shape, shape), shared.setdefault(kind, kind), fuses(kind, project), project)
 
     def queued(self, trial_ids: Sequence[str]) -> list[Queued]:
         """The trials `trial_ids` (in that order) as a worker gets them, with their attempts so far (and the data

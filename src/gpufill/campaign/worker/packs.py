@@ -1,9 +1,10 @@
-"""A worker's side of fused packs: when a shape is measured, which trials train together, what is handed back.
+"""A worker's side of fused packs: it trains the pack its task names, measuring a new shape's size first.
 
-For a shape the scheduler has not sized yet, the worker first measures one model at a time against
+Which trials train together is the policy's (policy/policy.py): a task of a measured shape is one pack, of one
+input width. For a shape the scheduler has not sized yet, the worker first measures one model at a time against
 fused packs of 2, 4, ... 64 on its device (`forecasting.packs.size_pack`), tells the scheduler at once (the
-size, and each size's peak memory with the trials' data, which GPU admission adds up), trains one pack of the
-measured size, and hands the other trials back (not attempted); later packs of that shape arrive at the
+size, and each size's peak memory with the trials' data, which GPU admission adds up), trains the pack the order's
+`split` names and hands the other trials back (not attempted); later packs of that shape arrive at the
 measured size. How a pack trains and scores is forecasting's (forecasting/packs.py); a pack that fails
 trains its trials one at a time, saying why.
 """
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 
 from gpufill.campaign.policy.messages import Outcome, PackMeasured, PackOrder, Progress, Started, TaskEnded, TrialEnded
 from gpufill.campaign.worker.attempt import attempt
-from gpufill.forecasting.packs import PackSizeChoice, by_width, size_pack, train_pack
+from gpufill.forecasting.packs import PackSizeChoice, size_pack, train_pack
 from gpufill.forecasting.run import TrialSetup
 from gpufill.forecasting.trial import PackEntry, Trial, TrialResult
 
@@ -35,30 +36,25 @@ class PackHost(Protocol):
 
 
 def run_pack(runner: PackHost, trials: list[Trial], order: PackOrder) -> TaskEnded:
-    """Train `trials` (one shape) as packs of the order's size and kind (size None: measure both here first, unless
-    the shape's waiting trials train in less time than measuring takes)."""
+    """Train `trials` (one shape and input width) as the order says: one pack of them all, or, for a new shape (size
+    None), the pack `order.split` names once the size is measured here (unless the shape's waiting trials train in
+    less time than measuring takes); the rest are handed back."""
     windows = {t.trial_id: runner.trial_windows(t) for t in trials}
-    choice = None
-    pack_size, kind = order.size, order.kind
-    if pack_size is None:  # a new shape: measure on this device
-        first = trials[0]
-        try:
-            choice = size_pack(first, windows[first.trial_id], runner.setup(first), most=len(trials), waiting=order.waiting or len(trials))
-        except Exception as error:  # the trials themselves will report it, one by one
-            choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: measuring packs failed ({type(error).__name__})")
-        pack_size, kind = choice.size, choice.kind
-        runner.note(PackMeasured(_pack_message(choice)))  # the scheduler sizes and admits this shape from now on
-    # Run one pack of the measured size; hand the rest back, so other workers share them.
-    trials, returned = trials[:pack_size], tuple(t.trial_id for t in trials[pack_size:])
-    outcomes: list[Outcome] = []
-    if pack_size == 1:
-        unfused = PackEntry(1, choice.reason) if choice is not None else None
-        outcomes = [runner.attempt(t, lambda t=t: runner.run(t, pack=unfused)) for t in trials]
+    if order.size is not None:
+        return TaskEnded(tuple(_train_pack(runner, trials, windows, order.reason, order.kind)))
+    first = trials[0]
+    try:
+        choice = size_pack(first, windows[first.trial_id], runner.setup(first), most=len(trials), waiting=order.waiting or len(trials))
+    except Exception as error:  # the trials themselves will report it, one by one
+        choice = PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: measuring packs failed ({type(error).__name__})")
+    runner.note(PackMeasured(_pack_message(choice)))  # the scheduler sizes and admits this shape from now on
+    pack, returned = order.split(trials, choice.size)
+    if choice.size == 1:
+        unfused = PackEntry(1, choice.reason)
+        outcomes = [runner.attempt(t, lambda t=t: runner.run(t, pack=unfused)) for t in pack]
     else:
-        for group in by_width(trials, windows):
-            for start in range(0, len(group), pack_size):
-                outcomes += _train_chunk(runner, group[start : start + pack_size], windows, choice.reason if choice else None, kind)
-    return TaskEnded(tuple(outcomes), None if choice is None else _pack_message(choice), returned)
+        outcomes = _train_pack(runner, pack, windows, choice.reason, choice.kind)
+    return TaskEnded(tuple(outcomes), _pack_message(choice), tuple(t.trial_id for t in returned))
 
 
 def _pack_message(choice: PackSizeChoice) -> dict[str, Any]:
@@ -68,7 +64,7 @@ def _pack_message(choice: PackSizeChoice) -> dict[str, Any]:
             "peak_bytes": {str(k): peak for k, peak in choice.peak_bytes.items()}}
 
 
-def _train_chunk(runner: PackHost, chunk: list[Trial], windows: dict[str, Any], reason: str | None, kind: str | None) -> list[Outcome]:
+def _train_pack(runner: PackHost, chunk: list[Trial], windows: dict[str, Any], reason: str | None, kind: str | None) -> list[Outcome]:
     """One pack of a shape that trains fused; a lone trial too, as a pack of one: the same kernels, and a member's
     numbers do not depend on how many train beside it, so a resumed run's leftover trains what an uninterrupted run's
     pack did (test_resume_numerics)."""

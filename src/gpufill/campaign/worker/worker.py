@@ -232,19 +232,19 @@ class TrialRunner:
         return [self.trial_windows(trial, name, folded=True) for name in (self.projects() if trial.is_global else [trial.project])]
 
     def run_task(self, task: Task) -> TaskEnded:
-        """A task is one trial, or several neural trials of one shape to train as fused packs (task.pack says how)."""
+        """A task is one trial, or trials to train one at a time or as one fused pack: as its `PackOrder` says (the
+        policy's decision; policy/policy.py)."""
         trials, waiting, self._reread = list(task.trials), [], False
         self._pruning = task.pruning  # a pruned search's settings and its earlier rounds (campaign/trials/pruning.py)
         order = task.pack
-        if len(trials) > 1 and order.size != 1:  # a pack reads every trial's data before any trains: check it first
+        if order.size == 1:  # classical and global trials, an unfused shape, a lone trial of a shape not measured yet
+            unfused = PackEntry(1, order.reason) if order.reason else None
+            return TaskEnded(tuple(self.attempt(t, lambda t=t: self.run(t, pack=unfused)) for t in trials))
+        if len(trials) > 1:  # a pack reads every trial's data before any trains: check it first
             waiting = self._not_ready(trials)  # these wait for the environment; the rest pack
             trials = [t for t in trials if t.trial_id not in {o.trial_id for o in waiting}]
-        # Alone: classical and global trials (a global one trains on every project's windows), an unfused shape, and a
-        # lone trial of a shape not yet sized; a lone trial of a fused shape trains as a pack of one (worker/packs.py).
-        alone = not trials or trials[0].kind != "neural" or trials[0].is_global or order.size == 1 or (order.size is None and len(trials) == 1)
-        if alone:
-            unfused = PackEntry(1, order.reason) if order.size == 1 and order.reason else None
-            return TaskEnded((*waiting, *(self.attempt(t, lambda t=t: self.run(t, pack=unfused)) for t in trials)))
+        if not trials:
+            return TaskEnded(tuple(waiting))
         from gpufill.campaign.worker.packs import run_pack
 
         ended = run_pack(self, trials, order)

@@ -41,6 +41,11 @@ class Project:
     def length(self) -> int:
         return int(self.target.shape[0])
 
+    @property
+    def width(self) -> int:
+        """A network's input width on this project: the target and each covariate (windows.n_features)."""
+        return 1 + int(self.covariates.shape[1]) if self.covariates.ndim == 2 else 1
+
     def fingerprint(self) -> str:
         """What identifies the values a training sees: equal on every machine for the same data and settings,
         different after any edit of a value (a file) or of the generator's version or arguments (synthetic)."""
