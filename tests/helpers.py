@@ -8,6 +8,7 @@ import io
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -138,3 +139,19 @@ def a_trial(trial_id: str = "t1", *, shape: str = "s", kind: str = "neural", pro
 
     return Trial(trial_id=trial_id, project=project, family="lstm" if kind == "neural" else "linear", kind=kind,  # type: ignore[arg-type]
                  params={}, train={}, seed=0, lookback=8, shape=shape)
+
+
+@contextlib.contextmanager
+def registry_restored() -> Iterator[None]:
+    """The model registry as it was before the block, whatever the block registered. The built-in families are
+    registered first: a registry saved before they were, restored after, would drop them for the rest of the process
+    (their module stays imported), so a later test's lstm would be unknown, depending on the order tests ran in."""
+    from gpufill.forecasting.models import registry
+
+    importlib.import_module("gpufill.forecasting.models.builtin")
+    saved = dict(registry._FAMILIES)
+    try:
+        yield
+    finally:
+        registry._FAMILIES.clear()
+        registry._FAMILIES.update(saved)

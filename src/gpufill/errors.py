@@ -12,10 +12,20 @@ import contextlib
 import re
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 # C0 and C1 control characters (ESC starts the sequences that clear a screen or set a window title), DEL,
 # and the bidirectional overrides that reorder what a reader sees.
 _INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def describe(item: Any) -> str:
+    """A value's structure in words, for messages (a batch, a model's output): "a dict with keys ['x', 'y']", "a tuple of 3"."""
+    if isinstance(item, dict):
+        return f"a dict with keys {sorted(item)}"
+    if isinstance(item, tuple | list):
+        return f"a {type(item).__name__} of {len(item)}"
+    return f"a {type(item).__name__}"
 
 
 def visible(text: object) -> str:

@@ -193,3 +193,63 @@ def test_a_loss_function_gets_the_prepared_model_and_its_metrics_are_reported():
     assert result.metrics["train_max_error"] > 0 and result.metrics["val_max_error"] > 0 and set(result.history[0].train_metrics) == {"max_error"}
     assert len(seen) >= 9 and all(issubclass(t, nn.Module) for t in seen)
     assert result.plan.loss.value.endswith("loss") and "prepared model" in result.plan.loss.reason
+
+
+ADDED_LOSS = """
+import sys
+from typing import get_args
+
+from gpufill.engine import losses
+
+
+def log_cosh(output, targets, reduction="mean"):
+    import torch
+
+    error = torch.log(torch.cosh(output - targets))
+    return error.mean() if reduction == "mean" else error
+
+
+# The one edit adding a loss: its function and its entry in the registry (engine/losses.py).
+losses.REGRESSION["log_cosh"] = log_cosh
+losses.NAMED["log_cosh"] = losses.Regression("log_cosh")
+
+from typer.testing import CliRunner
+
+from gpufill.campaign.spec.train_spec import TrainSpec
+from gpufill.cli import app
+from gpufill.engine.config import NAMED_LOSSES, REGRESSION_LOSSES
+from gpufill.forecasting.recipes import LOSSES
+
+assert "log_cosh" in NAMED_LOSSES and "log_cosh" in REGRESSION_LOSSES and "log_cosh" in LOSSES
+assert "log_cosh" in get_args(TrainSpec.model_fields["loss"].annotation)
+assert TrainSpec(loss="log_cosh").loss == "log_cosh"
+for command in ("train", "bench", "doctor"):
+    assert "log_cosh" in CliRunner().invoke(app, [command, "--help"], terminal_width=400).output, command
+
+import torch
+
+from gpufill.engine.loop import fit
+
+torch.manual_seed(0)
+x = torch.randn(256, 4)
+y = x @ torch.randn(4, 1)
+model = torch.nn.Linear(4, 1)
+fitted = fit(model, (x, y), epochs=3, loss="log_cosh", batch_size=32, seed=0)
+assert fitted.plan.loss.value == "log_cosh", fitted.plan.loss
+print(fitted.history[0].train_loss, fitted.history[-1].train_loss)
+"""
+
+
+def test_a_loss_added_to_the_registry_alone_is_known_everywhere(tmp_path):
+    """Adding a loss touches engine/losses.py alone: fit trains with it by name, and the campaign file's `loss:`, the
+    CLI's help and the forecasting recipes list it, with no other file edited (a fresh process, the loss registered
+    before anything reads the names)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "added.py"
+    script.write_text(ADDED_LOSS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, last = map(float, done.stdout.split())
+    assert last < first  # it trained: the loss went down

@@ -20,6 +20,7 @@ from gpufill.forecasting.trial import Trial
 from gpufill.forecasting.models import build, check_params, families, register, registry
 from gpufill.forecasting.models import classical
 from gpufill.forecasting.models.classical import ClassicalRun, train_classical
+from tests.helpers import registry_restored
 
 FAMILIES = ["lgbm", "linear", "rf", "xgb"]
 # Small ensembles keep the file fast; the defaults are measured in the report, not here.
@@ -58,10 +59,8 @@ def runs(windows):
 
 @pytest.fixture
 def restore_registry():
-    saved = dict(registry._FAMILIES)
-    yield
-    registry._FAMILIES.clear()
-    registry._FAMILIES.update(saved)
+    with registry_restored():
+        yield
 
 
 def fitted(family: str, x: np.ndarray, y: np.ndarray, *, threads: int = 1, seed: int = 0, **params):

@@ -19,7 +19,7 @@ from gpufill.forecasting.models import (
     resolve,
 )
 from gpufill.forecasting.models import registry
-from tests.helpers import TESTS
+from tests.helpers import TESTS, registry_restored
 
 NEURAL = {
     "gru": GRUForecaster,
@@ -33,10 +33,8 @@ NEURAL = {
 @pytest.fixture(autouse=True)
 def restore_registry():
     """Families registered by a test do not leak into the next one."""
-    saved = dict(registry._FAMILIES)
-    yield
-    registry._FAMILIES.clear()
-    registry._FAMILIES.update(saved)
+    with registry_restored():
+        yield
 
 
 @pytest.fixture

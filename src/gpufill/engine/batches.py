@@ -345,11 +345,3 @@ class StreamBatches:
         for host in self._make(batch):
             yield to_device(host, self.device, float_dtype=self.float_dtype), sample_count(host, "val")
 
-
-def describe(item: Any) -> str:
-    """A batch's or output's structure in words, for messages: "a dict with keys ['x', 'y']", "a tuple of 3"."""
-    if isinstance(item, dict):
-        return f"a dict with keys {sorted(item)}"
-    if isinstance(item, tuple | list):
-        return f"a {type(item).__name__} of {len(item)}"
-    return f"a {type(item).__name__}"

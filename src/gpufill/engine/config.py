@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpufill.engine import losses
 from gpufill.errors import InputError
 
 if TYPE_CHECKING:  # torch is not needed to read the defaults (the CLI's --help does, and must stay fast)
@@ -34,12 +35,11 @@ LR_SCALE_RULES = ("linear", "sqrt", "none")
 OPTIMIZER_KERNELS = ("auto", "fused", "foreach", "for-loop")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "warmup_cosine", "linear")
-REGRESSION_LOSSES = ("mse", "mae", "huber", "smape", "mape")
-NAMED_LOSSES = (*REGRESSION_LOSSES, "cross_entropy", "bce_with_logits")
-"""Every loss `fit` knows by name (engine/losses.py: NAMED, held equal to this): help lines and messages list these."""
-"""The named regression losses (engine/losses.py computes them; the spec's `loss:` lists the same names)."""
-SCALE_FREE_LOSSES = ("smape", "mape")
-"""Percentages of the value: they need values whose zero is the series' zero (a forecaster's mean scaling)."""
+NAMED_LOSSES = tuple(losses.NAMED)
+"""Every loss `fit` knows by name (the registry: engine/losses.py): help lines and messages list these."""
+REGRESSION_LOSSES = tuple(losses.REGRESSION)
+"""The named regression losses: a forecaster's, a pack's and a campaign file's `loss:`."""
+SCALE_FREE_LOSSES = losses.SCALE_FREE
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -18,7 +18,6 @@ from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
 from gpufill.engine.batches import (
-    describe,
     Batch,
     DatasetBatches,
     GivenLoaderBatches,
@@ -32,7 +31,7 @@ from gpufill.engine.batches import (
 from gpufill.engine.batching import DataFacts, LoaderSettings
 from gpufill.engine.distributed import Distributed
 from gpufill.engine.plan import Plan
-from gpufill.errors import InputError
+from gpufill.errors import InputError, describe
 
 Kind = Literal["tensors", "dataset", "loader", "stream"]
 Data = Any

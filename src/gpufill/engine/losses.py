@@ -6,24 +6,28 @@ DDP-wrapped, under autocast), so every speed-up applies to any loss. A loss is a
 its batch; the loop weights it by the batch's sample count. The shape checks and their
 messages belong to each named loss: a classifier's speak of classes, a regression's of
 targets (for a forecaster: horizons).
+
+This module is the loss registry: `NAMED` (every loss known by name), `REGRESSION` (those a forecaster and a pack
+train with) and `SCALE_FREE`; engine/config.py, the campaign file's `loss:`, the CLI's help and messages read the
+names from here. Adding a loss is a function or class here and its entry. torch is imported inside the functions, so
+a process that only reads the names (the scheduler, `gpufill --help`) imports no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-from torch import nn
-
-from gpufill.engine.batches import describe
 from gpufill.engine.choice import Choice
-from gpufill.engine.config import NAMED_LOSSES, REGRESSION_LOSSES
-from gpufill.errors import InputError
+from gpufill.errors import InputError, describe
 
-LossOutput = torch.Tensor | Mapping[str, Any]
-LossFn = Callable[[nn.Module, Any], LossOutput]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    LossOutput = torch.Tensor | Mapping[str, Any]
+    LossFn = Callable[[nn.Module, Any], LossOutput]
 
 _FIX_CALLABLE = "pass loss=fn(model, batch) returning the loss (a mean over the batch), or {'loss': ..., **metrics}"
 
@@ -35,6 +39,8 @@ class NamedLoss:
     name: ClassVar[str] = ""
 
     def __call__(self, model: Callable[[Any], Any], batch: Any) -> dict[str, torch.Tensor]:
+        import torch
+
         if not (isinstance(batch, tuple | list) and len(batch) == 2):
             raise InputError(f"loss {self.name!r} takes (inputs, targets) batches, but a batch is {describe(batch)}", field="loss", fix=_FIX_CALLABLE)
         inputs, targets = batch
@@ -51,6 +57,8 @@ class NamedLoss:
         """`compute` for K models at once: output (K, b, ...), targets (K, b, ...) or, `shared`, one (b, ...) for all;
         each value (K,). Here `compute` under vmap; a loss overrides it with batched arithmetic where vmap's dispatch
         would cost more than the loss (about 1 ms a step for a K=16 pack on a CPU core)."""
+        import torch
+
         return torch.vmap(self.compute, in_dims=(0, None if shared else 0), randomness="different")(output, targets)
 
     def describe(self) -> str:
@@ -59,15 +67,17 @@ class NamedLoss:
 
 @dataclass(frozen=True)
 class Regression(NamedLoss):
-    """mse, mae, huber, smape or mape on outputs shaped like the targets."""
+    """A loss of `REGRESSION` (mse, mae, ...) on outputs shaped like the targets."""
 
-    kind: Literal["mse", "mae", "huber", "smape", "mape"] = "mse"
+    kind: str = "mse"
 
     @property
     def name(self) -> str:  # type: ignore[override]
         return self.kind
 
     def compute(self, output: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        import torch
+
         if output.shape != targets.shape:  # host-side shape check: no sync
             raise InputError(
                 f"the model returns shape {tuple(output.shape)} but targets have shape {tuple(targets.shape)}", field="model",
@@ -77,14 +87,14 @@ class Regression(NamedLoss):
         # In fp32 whatever autocast computed (the checks skip no-op dispatches every step).
         output = output if output.dtype == torch.float32 else output.float()
         targets = targets if targets.dtype == torch.float32 else targets.float()
-        return {"loss": _REGRESSION[self.kind](output, targets)}
+        return {"loss": REGRESSION[self.kind](output, targets)}
 
     def compute_stacked(self, output: torch.Tensor, targets: torch.Tensor, *, shared: bool) -> dict[str, torch.Tensor]:
         one = targets.shape if shared else targets.shape[1:]
         if output.shape[1:] != one or not output.is_floating_point():
             return super().compute_stacked(output, targets, shared=shared)  # compute's own checks and messages
         output, targets = output.float(), targets.float()
-        error = _REGRESSION[self.kind](output, targets.expand_as(output) if shared else targets, reduction="none")
+        error = REGRESSION[self.kind](output, targets.expand_as(output) if shared else targets, reduction="none")
         return {"loss": error.flatten(1).mean(dim=1)}
 
 
@@ -105,25 +115,48 @@ def mape_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "mea
     sMAPE, so values must keep their zero (mean scaling). Its weight 1 / |y| is the data's, so nothing needs
     detaching; it leans the other way from sMAPE (an over-forecast of a small value costs most), which is why
     N-BEATS' ensembles train members on both."""
+    import torch
+
     nonzero = targets != 0  # a divisor of 1 there, not 0: an unchosen inf would still make a nan gradient
     error = (output - targets).abs() / torch.where(nonzero, targets.abs(), 1.0) * nonzero
     return error.mean() if reduction == "mean" else error
 
 
-_REGRESSION: dict[str, Callable[..., torch.Tensor]] = {
-    "mse": nn.functional.mse_loss,
-    "mae": nn.functional.l1_loss,
-    "huber": nn.functional.huber_loss,
+def mse_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    from torch.nn import functional
+
+    return functional.mse_loss(output, targets, reduction=reduction)
+
+
+def mae_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    from torch.nn import functional
+
+    return functional.l1_loss(output, targets, reduction=reduction)
+
+
+def huber_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    from torch.nn import functional
+
+    return functional.huber_loss(output, targets, reduction=reduction)
+
+
+REGRESSION: dict[str, Callable[..., torch.Tensor]] = {
+    "mse": mse_loss,
+    "mae": mae_loss,
+    "huber": huber_loss,
     "smape": smape_loss,
     "mape": mape_loss,
 }
-assert tuple(_REGRESSION) == REGRESSION_LOSSES, "engine/config.py names the regression losses"
+"""The regression losses by name, each `fn(output, targets, reduction="mean" | "none")`: what `fit` takes by name, a
+forecaster's recipe and a campaign file's `loss:` may name, and a fused pack trains (per sample, masked)."""
+SCALE_FREE = ("smape", "mape")
+"""Percentages of the value: they need values whose zero is the series' zero (a forecaster's mean scaling)."""
 
 
 def per_sample_regression(kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(..., N) loss of each sample, the mean over its last dimension: what a fused pack masks and
     averages per model (the mean of these over a batch is the named loss)."""
-    return _REGRESSION[kind](output, targets, reduction="none").mean(dim=-1)
+    return REGRESSION[kind](output, targets, reduction="none").mean(dim=-1)
 
 
 def top1_hits(scores: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor, *, dim: int) -> torch.Tensor:
@@ -132,6 +165,8 @@ def top1_hits(scores: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor,
     Two vectorised passes (scatter, max) where `argmax` takes one scalar pass 4x slower on a CPU: on a
     byte-level language model's (4096, 256) logits 0.15 ms against 0.6 ms, ~1.5 % of its training step.
     Equal to `argmax == label` except at exact ties, which argmax breaks by index."""
+    import torch
+
     with torch.no_grad():
         index = torch.where(counted, labels, 0).unsqueeze(dim)  # ignored labels (-100) index nothing
         picked = scores.gather(dim, index)
@@ -150,6 +185,8 @@ class CrossEntropy(NamedLoss):
     label_smoothing: float = 0.0
 
     def compute(self, output: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        from torch import nn
+
         if targets.is_floating_point() and targets.shape == output.shape:  # class probabilities
             loss = nn.functional.cross_entropy(output.float(), targets.float(), label_smoothing=self.label_smoothing)
             return {"loss": loss}
@@ -171,6 +208,8 @@ class CrossEntropy(NamedLoss):
         return {"loss": loss, "accuracy": hits.sum() / counted.sum().clamp(min=1)}
 
     def compute_stacked(self, output: torch.Tensor, targets: torch.Tensor, *, shared: bool) -> dict[str, torch.Tensor]:
+        from torch import nn
+
         k = output.shape[0]
         labels = targets.expand(k, *targets.shape) if shared else targets
         if targets.is_floating_point() or output.dim() != labels.dim() + 1 or output.shape[:-1] != labels.shape:
@@ -198,6 +237,8 @@ class BCEWithLogits(NamedLoss):
     pos_weight: float | None = None
 
     def compute(self, output: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        import torch
+
         if output.dim() == targets.dim() + 1 and output.shape[-1] == 1:
             output = output.squeeze(-1)
         if output.shape != targets.shape:
@@ -205,21 +246,16 @@ class BCEWithLogits(NamedLoss):
                              fix="return one logit per label: (batch,) or (batch, 1) for one label per sample")
         targets = targets.float()
         weight = torch.tensor(self.pos_weight, device=output.device) if self.pos_weight is not None else None
-        loss = nn.functional.binary_cross_entropy_with_logits(output.float(), targets, pos_weight=weight)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(output.float(), targets, pos_weight=weight)
         return {"loss": loss, "accuracy": ((output > 0) == (targets > 0.5)).float().mean()}
 
 
 NAMED: dict[str, NamedLoss] = {
-    "mse": Regression("mse"),
-    "mae": Regression("mae"),
-    "huber": Regression("huber"),
-    "smape": Regression("smape"),
-    "mape": Regression("mape"),
+    **{name: Regression(name) for name in REGRESSION},
     "cross_entropy": CrossEntropy(),
     "bce_with_logits": BCEWithLogits(),
 }
-
-assert tuple(NAMED) == NAMED_LOSSES, "engine/config.py names every named loss"
+"""Every loss `fit` knows by name: help lines and messages list these."""
 
 
 class _UserLoss:
@@ -239,6 +275,8 @@ class _UserLoss:
 
 
 def _check_output(values: dict[str, Any], fn: Any) -> None:
+    import torch
+
     name = getattr(fn, "__qualname__", type(fn).__name__)
     loss = values.get("loss")
     if not isinstance(loss, torch.Tensor):
@@ -270,3 +308,4 @@ def resolve(loss: Any) -> tuple[Callable[[Any, Any], dict[str, torch.Tensor]], C
 
 
 _METRIC_NOTE = {"cross_entropy": "; reports accuracy", "bce_with_logits": "; reports accuracy"}
+

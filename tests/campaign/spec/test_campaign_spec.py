@@ -19,7 +19,7 @@ from gpufill.forecasting.data import Split
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.run import trial_setup
-from tests.helpers import TESTS
+from tests.helpers import TESTS, registry_restored
 
 EXAMPLES = TESTS.parent / "examples"
 
@@ -59,13 +59,11 @@ def exploding(n_features: int, lookback: int, horizon: int, *, width: int = 4):
 @pytest.fixture(autouse=True)
 def fake_families():
     """fake_classical / plain_classical / exploding registered for each test, then the registry restored."""
-    saved = dict(registry._FAMILIES)
-    registry.register("fake_classical", kind="classical")(FakeClassical)
-    registry.register("plain_classical", kind="classical")(NoEpochs)
-    registry.register("exploding")(exploding)
-    yield
-    registry._FAMILIES.clear()
-    registry._FAMILIES.update(saved)
+    with registry_restored():
+        registry.register("fake_classical", kind="classical")(FakeClassical)
+        registry.register("plain_classical", kind="classical")(NoEpochs)
+        registry.register("exploding")(exploding)
+        yield
 
 
 def write(tmp_path: Path, text: str, name: str = "campaign.yaml") -> Path:

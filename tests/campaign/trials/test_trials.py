@@ -14,6 +14,7 @@ import pytest
 from gpufill.campaign import Trial, expand, load_campaign, trial_id
 from gpufill.errors import InputError
 from gpufill.forecasting.models import registry
+from tests.helpers import registry_restored
 
 BASE = """\
 name: study
@@ -36,11 +37,9 @@ class FakeClassical:
 
 @pytest.fixture(autouse=True)
 def fake_classical():
-    saved = dict(registry._FAMILIES)
-    registry.register("fake_classical", kind="classical")(FakeClassical)
-    yield
-    registry._FAMILIES.clear()
-    registry._FAMILIES.update(saved)
+    with registry_restored():
+        registry.register("fake_classical", kind="classical")(FakeClassical)
+        yield
 
 
 @pytest.fixture
