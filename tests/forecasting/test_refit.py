@@ -35,8 +35,10 @@ def trial(seed: int = 0, project: str = "p000", lr: float = 3e-3) -> Trial:
 
 
 def setup_of(t: Trial, *, epochs: int = 30, patience: int | None = 2, refit: bool = False):
+    # Every setting that changes numbers pinned, none timed (a loaded box timed the for-loop optimizer faster once, and
+    # its last bits moved a pack member's early stop by an epoch against the same trial alone)
     config = FitConfig(epochs=epochs, patience=patience, lr=t.train["lr"], seed=t.seed, device="cpu", batch_size=16, compile=False,
-                       batch_search=False, threads=1, precision="fp32")
+                       batch_search=False, threads=1, precision="fp32", optimizer_kernel="fused", probe=False)
     return trial_setup(t, recipe(t.family), config, threads=1, refit=refit)
 
 

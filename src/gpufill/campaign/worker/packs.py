@@ -40,8 +40,8 @@ def run_pack(runner: PackHost, trials: list[Trial], order: PackOrder) -> TaskEnd
     None), the pack `order.split` names once the size is measured here (unless the shape's waiting trials train in
     less time than measuring takes); the rest are handed back."""
     windows = {t.trial_id: runner.trial_windows(t) for t in trials}
-    if order.size is not None:
-        return TaskEnded(tuple(_train_pack(runner, trials, windows, order.reason, order.kind)))
+    if order.size is not None:  # its plan names the size sent and the pack's kind (the measurement's reason stays the first pack's)
+        return TaskEnded(tuple(_train_pack(runner, trials, windows, None, order.kind)))
     first = trials[0]
     try:
         choice = size_pack(first, windows[first.trial_id], runner.setup(first), most=len(trials), waiting=order.waiting or len(trials))
