@@ -131,7 +131,7 @@ def test_no_two_folders_import_each_other():
 
 
 # campaign/'s folders along the flow, bottom up: each imports only folders before it (DEVELOPERS.md, "Layers").
-CAMPAIGN_STACK = ["spec", "policy", "store", "trials", "results", "worker", "executors", "run"]
+CAMPAIGN_STACK = ["spec", "policy", "store", "trials", "results", "future", "worker", "executors", "run"]
 
 
 def campaign_folder(module: str) -> str | None:

@@ -1,7 +1,7 @@
 """The gpufill command line: parse, call the library, print. Exit 0 ok, 1 failed run, 2 bad input.
 
 `app` holds the commands; each module registers its own: `train`, `campaign` (run, demo,
-status, results, estimate, monitor, report), `tools` (bench, doctor) and `tracking` (export mlflow). `main` turns bad
+status, results, estimate, monitor, report), `forecast`, `tools` (bench, doctor) and `tracking` (export mlflow). `main` turns bad
 input into one line on stderr and exit code 2.
 """
 
@@ -13,7 +13,7 @@ import typer
 
 # Importing a command module registers its commands; help lists them in this order.
 from gpufill.cli import train  # noqa: F401, I001
-from gpufill.cli import campaign, tools, tracking  # noqa: F401
+from gpufill.cli import campaign, forecast, tools, tracking  # noqa: F401
 from gpufill.cli.app import app
 from gpufill.errors import InputError
 

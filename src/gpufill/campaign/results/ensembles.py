@@ -151,7 +151,8 @@ def declared_ensemble(store: Store, members: list[str], combine: str, *, within:
     with `padded` "leave_out", a member whose lookback is longer than the project's history before its first test
     window is left out there (reason "padded"; the shortest lookback's members stay where none fits);
     `cost_s`: the members' training seconds, all projects together (a global trial trains them at once);
-    `trial_ids`: the finished member trials it was computed from, `expected`: the file's member trials (any status)."""
+    `trial_ids`: the finished member trials it was computed from, `joined`: those it combined (`gpufill forecast` trains
+    them on all the data), `expected`: the file's member trials (any status)."""
     records = [r for r in _done(store) if r["family"] in members and not r["stale"]]
     kept = store.forecasts([r["trial_id"] for r in records])
     by_id = {r["trial_id"]: r for r in records}
@@ -178,7 +179,8 @@ def declared_ensemble(store: Store, members: list[str], combine: str, *, within:
             left_out += [_left(r, metric, reason="not chosen") for r, _ in joined if weight.get(r["trial_id"], 0) == 0]
             joined = [(r, f) for r, f in joined if weight.get(r["trial_id"], 0) > 0]
         repeated = [f["forecast"] for r, f in joined for _ in range(weight[r["trial_id"]] if weight is not None else 1)]
-        rows.append({"project": project, "combine": combine, "members": len(joined), "families": sorted({r["family"] for r, _ in joined}),
+        rows.append({"project": project, "combine": combine, "members": len(joined), "joined": sorted(r["trial_id"] for r, _ in joined),
+                     "families": sorted({r["family"] for r, _ in joined}),
                      "lookbacks": sorted({int(r["lookback"]) for r, _ in joined}),
                      **_scored(_combined(combine, repeated), first["truth"], first["mase_scale"]),
                      "cost_s": round(cost, 3), "trial_ids": sorted(_of(done, project)), "expected": _count(expected, project),

@@ -162,18 +162,23 @@ def stored_metric(store: Store) -> str:
 
 def read_best(workdir: str | Path, *, include_stale: bool = False, metric: str = "mae") -> list[dict[str, Any]]:
     """`best_configurations` computed by SQLite from the store (what `results --summary` prints)."""
-    from gpufill.campaign.results.provenance import with_effective_train
-
     from gpufill.campaign.results.ensembles import read_declared
 
     store = Store.open(workdir)
     try:
         check_rows(store.db, store.path)
-        means, bases = store.config_means(metric, include_stale=include_stale), store.bases()
+        best = store_best(store, metric, include_stale=include_stale)
         declared = read_declared(store, include_stale=include_stale)
     finally:
         store.close()
-    return with_declared(_pick_best(with_effective_train(means, bases), metric), declared, metric)
+    return with_declared(best, declared, metric)
+
+
+def store_best(store: Store, metric: str = "mae", *, include_stale: bool = False) -> list[dict[str, Any]]:
+    """`best_configurations` of an open store, its means computed by SQLite (declared ensembles left out)."""
+    from gpufill.campaign.results.provenance import with_effective_train
+
+    return _pick_best(with_effective_train(store.config_means(metric, include_stale=include_stale), store.bases()), metric)
 
 
 def with_declared(best: list[dict[str, Any]], declared: list[dict[str, Any]], metric: str = "mae") -> list[dict[str, Any]]:

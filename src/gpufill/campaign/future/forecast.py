@@ -1,0 +1,205 @@
+"""`gpufill forecast`: each project's next values from what its campaign chose, with calibrated intervals.
+
+What forecasts each project is the campaign's choice (choice.py); each chosen trial is trained once on all the data
+(train.py) and kept under WORKDIR/future/, named by the trial and the data it trained on, so forecasting again retrains
+nothing (and new data retrains only what it changed). The members' forecasts combine as the campaign combined their
+test forecasts (the median of a configuration's seeds, or the declared ensemble's combine and weights); the intervals
+are split conformal, from the same combination's errors on the validation windows (intervals.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from gpufill.campaign.future.choice import Chosen, chosen
+from gpufill.campaign.future.intervals import LEVELS, Calibration, calibrate
+from gpufill.campaign.store.store import Store
+from gpufill.errors import InputError
+from gpufill.files import make_folder, write_atomically
+from gpufill.forecasting.trial import GLOBAL_PROJECT
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from gpufill.campaign.spec.spec import CampaignSpec
+
+FOLDER = "future"
+"""WORKDIR/future: each chosen trial's forecast on all the data, as a JSON file (what a re-run reads instead of training)."""
+
+
+@dataclass(slots=True)
+class Forecast:
+    """The rows (one per project and step) and what it took."""
+
+    frame: pd.DataFrame
+    trained: int = 0
+    """Chosen trials trained on all the data now."""
+    reused: int = 0
+    """Chosen trials whose forecast WORKDIR/future held already (trained by an earlier forecast of the same data)."""
+    notes: list[str] = field(default_factory=list)
+
+
+def forecast(workdir: str | Path, *, horizon: int | None = None, levels: Sequence[float] = LEVELS, how: Literal["auto", "ensemble", "best"] = "auto",
+             data: str | None = None) -> Forecast:
+    """The next `horizon` values (default: the task's) of every project the campaign in `workdir` forecasts, with
+    intervals at `levels` (percent); `data`: another source of the same projects (newer values, say) than the file's."""
+    workdir = Path(workdir)
+    store = Store.open(workdir)
+    try:
+        spec, base_dir = _spec(store, workdir)
+        where = str(workdir)
+        if horizon is not None and not 1 <= horizon <= spec.task.horizon:
+            raise InputError(f"--horizon {horizon}: the campaign's models forecast {spec.task.horizon} steps at once", where=where,
+                             field="--horizon", fix=f"pass --horizon between 1 and {spec.task.horizon}, or run a campaign with a longer task.horizon")
+        from gpufill.campaign.results.reading import stored_metric
+
+        picks = chosen(store, how, metric=stored_metric(store), where=where)
+        member_ids = sorted({trial_id for pick in picks for trial_id in pick.members})
+        trials = {q.trial_id: q.trial for q in store.queued(member_ids)}
+        details = {trial_id: store.trial_details(trial_id) or {} for trial_id in member_ids}
+        val, test = store.forecasts(member_ids, window="val"), store.forecasts(member_ids)
+    finally:
+        store.close()
+    projects = _projects(spec, base_dir, data, trials, where)
+    futures, trained, reused = _futures(spec, workdir, trials, details, projects)
+    steps, frames, notes = horizon or spec.task.horizon, [], []
+    for pick in picks:
+        names = sorted(projects) if pick.project == GLOBAL_PROJECT else [pick.project]
+        calibration = _calibration(pick, names, val, test, levels)
+        for name in names:
+            if name not in projects:
+                notes.append(f"project {name}: not in the data given, not forecast")
+                continue
+            point = _combined(pick, [futures[t][name] for t in pick.members], pick.members)[:steps]
+            frames.append(_rows(name, pick, point, calibration.get(name), levels, projects[name].time))
+    covered = set(projects) if any(pick.project == GLOBAL_PROJECT for pick in picks) else {pick.project for pick in picks}
+    if left := sorted(set(projects) - covered):
+        notes.append(f"{len(left)} project(s) without a finished trial to forecast with (too short for every lookback, or failed): "
+                     + ", ".join(left[:5]) + (" ..." if len(left) > 5 else ""))
+    import pandas as pd
+
+    return Forecast(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), trained, reused, notes)
+
+
+def write(frame: pd.DataFrame, path: str | Path) -> Path:
+    """`frame` to `path` (.csv or .parquet) through a new file: a reader never meets half of it, a link is refused."""
+    path = Path(path)
+    if path.suffix not in (".csv", ".parquet"):
+        raise InputError(f"{path.name}: a forecast is written as .csv or .parquet", where=str(path), field="--out", fix="name the file F.csv or F.parquet")
+    if path.suffix == ".csv":
+        return write_atomically(path, frame.to_csv(index=False), field="--out")
+    return write_atomically(path, lambda handle: frame.to_parquet(handle, index=False), field="--out")
+
+
+# --- internals -------------------------------------------------------------------------------
+
+
+def _spec(store: Store, workdir: Path) -> tuple[CampaignSpec, Path]:
+    """The campaign as its last run read it, and the folder its data paths are relative to."""
+    from gpufill.campaign.spec.spec import CHECKED, CampaignSpec
+
+    text, source = store.meta("spec"), store.meta("campaign_file")
+    if not text:
+        raise InputError("the workdir holds no campaign run", where=str(workdir), field="--workdir", fix="run the campaign first (gpufill run FILE)")
+    spec = CampaignSpec.model_validate(json.loads(text), context=CHECKED)
+    return spec, (Path(source).parent if source and source != "campaign" else Path.cwd())
+
+
+def _projects(spec: CampaignSpec, base_dir: Path, data: str | None, trials: dict[str, Any], where: str) -> dict[str, Any]:
+    """The projects to forecast: the campaign's data (unchanged since it chose: else one line saying so), or `data`."""
+    if data is not None:
+        return spec.data.model_copy(update={"source": data}).load(Path.cwd(), where="--data")
+    projects = spec.data.load(base_dir)
+    for trial in trials.values():
+        if trial.is_global or not trial.data_fingerprint or trial.project not in projects:
+            continue
+        if projects[trial.project].fingerprint() != trial.data_fingerprint:
+            raise InputError(f"the data of project {trial.project} changed since the campaign chose what forecasts it", where=where,
+                             field="data", fix="run the campaign again (gpufill run FILE), or pass --data to forecast these values with the choices as they are")
+    return projects
+
+
+def _futures(spec: CampaignSpec, workdir: Path, trials: dict[str, Any], details: dict[str, Any], projects: dict[str, Any]
+             ) -> tuple[dict[str, dict[str, np.ndarray]], int, int]:
+    """(trial id -> project -> its forecast after the data's end, trials trained now, trials read back): read from
+    WORKDIR/future, else trained and kept there."""
+    folder = make_folder(workdir / FOLDER, field="--workdir", inside=workdir)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    trained_now = reused = 0
+    for trial_id, trial in trials.items():
+        names = sorted(projects) if trial.is_global else [trial.project]
+        key = hashlib.sha256(json.dumps([spec.task.horizon, [(n, projects[n].fingerprint()) for n in names]]).encode()).hexdigest()[:16]
+        path = folder / f"{trial_id}-{key}.json"
+        if path.is_file() and not path.is_symlink():
+            kept = json.loads(path.read_text())
+            out[trial_id] = {name: np.asarray(values, dtype=np.float64) for name, values in kept["forecasts"].items()}
+            reused += 1
+            continue
+        from gpufill.campaign.future.train import train_on_all_data
+        from gpufill.engine.hardware import cpu_count
+
+        trained = train_on_all_data(spec, trial, details[trial_id], projects, threads=cpu_count(), device=_device(),
+                                    tune_cache=str(workdir.resolve() / "tune"))
+        write_atomically(path, json.dumps({"trial_id": trial_id, "epochs": trained.epochs, "seconds": round(trained.seconds, 3),
+                                           "forecasts": {name: values.tolist() for name, values in trained.forecasts.items()}}), field="--workdir")
+        out[trial_id] = trained.forecasts
+        trained_now += 1
+    return out, trained_now, reused
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _combined(pick: Chosen, forecasts: list[np.ndarray], weights: dict[str, int]) -> np.ndarray:
+    """The members' forecasts (in `weights`' order) combined as the campaign combined them: each counted as often as its weight."""
+    repeated = [f for f, weight in zip(forecasts, weights.values(), strict=True) for _ in range(weight)]
+    return getattr(np, pick.combine)(np.stack(repeated), axis=0)
+
+
+def _calibration(pick: Chosen, names: list[str], val: dict[tuple[str, str], dict[str, Any]], test: dict[tuple[str, str], dict[str, Any]],
+                 levels: Sequence[float]) -> dict[str, Calibration]:
+    """Each project's intervals from the combination's errors on its validation windows (the windows every member has)."""
+    errors: dict[str, np.ndarray] = {}
+    scales: dict[str, float] = {}
+    for name in names:
+        kept = [val.get((trial_id, name)) for trial_id in pick.members]
+        scale = next((test[(t, name)]["mase_scale"] for t in pick.members if (t, name) in test), None)
+        if scale:
+            scales[name] = float(scale)
+        if any(k is None for k in kept) or not kept:
+            continue
+        common = set.intersection(*(set(k["origins"].tolist()) for k in kept))
+        if not common:
+            continue
+        rows = [np.isin(k["origins"], sorted(common)) for k in kept]
+        combined = _combined(pick, [k["forecast"][r].astype(np.float64) for k, r in zip(kept, rows, strict=True)], pick.members)
+        errors[name] = kept[0]["truth"][rows[0]].astype(np.float64) - combined
+    return calibrate(errors, scales, levels)
+
+
+def _rows(name: str, pick: Chosen, point: np.ndarray, calibration: Calibration | None, levels: Sequence[float], time: np.ndarray | None) -> pd.DataFrame:
+    import pandas as pd
+
+    from gpufill.forecasting.data.future import future_times
+
+    steps = len(point)
+    columns: dict[str, Any] = {"project": name, "step": np.arange(1, steps + 1)}
+    after = future_times(time, steps)
+    if after is not None:
+        columns["time"] = after
+    columns.update({"model": pick.label, "forecast": point})
+    for level in levels:
+        lower, upper = calibration.bounds(point, level) if calibration is not None else (np.full(steps, np.nan), np.full(steps, np.nan))
+        columns[f"lo_{level:g}"], columns[f"hi_{level:g}"] = lower, upper
+    columns["interval_from"] = calibration.source if calibration is not None else "none (no validation windows)"
+    return pd.DataFrame(columns)

@@ -1,0 +1,122 @@
+"""`gpufill forecast`: the chosen forecasters trained on all the data forecast past its end, with intervals.
+
+The future path is the tested path: a campaign (networks with `train.refit`, and a statistical family) forecasting
+series whose last horizon is cut off gives back, trial by trial and combined, the test forecasts the campaign stored
+for those values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpufill.campaign.run.runner import Campaign
+from gpufill.campaign.store.store import Store
+from tests.helpers import run_cli
+
+HORIZON = 4
+
+
+def write_data(path: Path, *, cut: int = 0) -> pd.DataFrame:
+    """Three monthly series (one with a covariate column shared by all), the last `cut` months of each left out."""
+    rng = np.random.default_rng(3)
+    frames = []
+    for index, name in enumerate(("north", "south", "west")):
+        t = np.arange(96)
+        level = 100 * (index + 1)
+        frames.append(pd.DataFrame({"project": name, "month": pd.date_range("2015-01-01", periods=96, freq="MS"),
+                                    "sales": level + 10 * np.sin(2 * np.pi * t / 12) + t * 0.3 + rng.normal(0, 1, t.size)}))
+    data = pd.concat(frames, ignore_index=True)
+    if cut:
+        data = data[data.groupby("project").cumcount(ascending=False) >= cut]
+    data.to_csv(path, index=False)
+    return data
+
+
+CAMPAIGN = f"""name: future
+data: {{source: sales.csv, target: sales, project_column: project, time_column: month}}
+task: {{lookback: [12], horizon: {HORIZON}, split: {{val: 24, test: {HORIZON}}}, metric: smape}}
+models:
+  mlp: {{hidden_size: 8}}
+  ets: {{}}
+ensemble: {{families: [mlp, ets], within: null, combine: mean}}
+train: {{epochs: 150, lr: 0.01, refit: true, early_stopping: {{patience: 3}}}}
+seeds: [0, 1]
+resources: {{retries: 0}}
+"""
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("future")
+    write_data(folder / "sales.csv")
+    (folder / "future.yaml").write_text(CAMPAIGN)
+    outcome = Campaign.from_yaml(folder / "future.yaml", folder / "work").run(executor="inline")
+    assert (outcome.done, outcome.failed) == (9, 0)  # 3 projects x (2 mlp seeds + ets)
+    store = Store.open(folder / "work")
+    try:  # early stopping chose each network's length, shorter than it trained: the refit's rule is what is tested
+        lengths = [(d["metrics"]["fit_refit_epochs"], len(d["history"])) for d in map(store.trial_details, (r["trial_id"] for r in store.records()))
+                   if d["history"]]
+    finally:
+        store.close()
+    assert len(lengths) == 6 and all(refit < trained for refit, trained in lengths), lengths
+    return folder
+
+
+def stored_test_forecasts(workdir: Path) -> dict[tuple[str, str], np.ndarray]:
+    store = Store.open(workdir)
+    try:
+        ids = [r["trial_id"] for r in store.records() if r["status"] == "done"]
+        return {key: kept["forecast"][-1] for key, kept in store.forecasts(ids).items()}
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_the_future_of_series_cut_short_is_the_campaigns_test_forecast(campaign, capsys):
+    """Forecasting the data with its last horizon cut off trains each chosen trial on what the campaign's refit trained
+    on, for the epochs its early stopping chose: the stored test forecasts come back, member by member and combined."""
+    full = pd.read_csv(campaign / "sales.csv", parse_dates=["month"])
+    write_data(campaign / "cut.csv", cut=HORIZON)
+    code, out, _ = run_cli(capsys, "forecast", "--workdir", str(campaign / "work"), "--data", str(campaign / "cut.csv"),
+                           "--out", str(campaign / "future.csv"))
+    assert code == 0 and "3 project(s) x 4 step(s)" in out and "9 trained on all the data now, 0 read back" in out, out
+    stored = stored_test_forecasts(campaign / "work")
+    kept = {}
+    for path in (campaign / "work" / "future").glob("*.json"):
+        content = json.loads(path.read_text())
+        for project, values in content["forecasts"].items():
+            kept[(content["trial_id"], project)] = np.asarray(values)
+    assert set(kept) == set(stored) and len(kept) == 9
+    for key, values in kept.items():  # every member, network (refit length) and ETS alike
+        np.testing.assert_allclose(values, stored[key], rtol=1e-5, err_msg=str(key))
+    rows = pd.read_csv(campaign / "future.csv", parse_dates=["time"])
+    assert len(rows) == 3 * HORIZON and set(rows["model"]) == {"ensemble (mean of 3)"}
+    for project, group in rows.groupby("project"):
+        members = [stored[key] for key in stored if key[1] == project]
+        np.testing.assert_allclose(group["forecast"], np.mean(members, axis=0), rtol=2e-4, atol=1e-3)
+        # The future's months are the ones cut off
+        assert group["time"].tolist() == full[full.project == project]["month"].iloc[-HORIZON:].tolist()
+        assert (group["lo_95"] <= group["lo_80"]).all() and (group["lo_80"] < group["forecast"]).all()
+        assert (group["forecast"] < group["hi_80"]).all() and (group["hi_80"] <= group["hi_95"]).all()
+        assert set(group["interval_from"]) == {"series"}  # 24 validation months: 21 windows a series, enough for 95 %
+
+
+@pytest.mark.slow
+def test_forecasting_again_trains_nothing_and_bad_requests_are_one_line(campaign, capsys):
+    work = str(campaign / "work")
+    code, out, _ = run_cli(capsys, "forecast", "--workdir", work, "--from", "best")
+    assert code == 0 and "3 project(s) x 4 step(s)" in out, out
+    first = pd.read_csv(campaign / "work" / "forecast.csv")
+    code, out, _ = run_cli(capsys, "forecast", "--workdir", work, "--from", "best", "--horizon", "2", "--level", "90")
+    assert code == 0 and "0 trained on all the data now" in out, out  # the same data: every chosen trial read back
+    again = pd.read_csv(campaign / "work" / "forecast.csv")
+    assert list(again.columns) == ["project", "step", "time", "model", "forecast", "lo_90", "hi_90", "interval_from"]
+    np.testing.assert_array_equal(again["forecast"], first[first.step <= 2]["forecast"])
+    for args, field in ((["--horizon", "9"], "--horizon"), (["--level", "120"], "--level"), (["--from", "nope"], "--from"),
+                        (["--out", str(campaign / "x.txt")], "--out")):
+        code, _, err = run_cli(capsys, "forecast", "--workdir", work, *args)
+        assert code == 2 and field in err and len(err.strip().splitlines()) == 1, (args, err)
