@@ -93,3 +93,24 @@ def test_report_after_the_demo(demo_run, tmp_path, capsys, monkeypatch):
     assert "Line charts: actual vs forecast over the test windows, best and worst project of 10 families" in page
     if CHROMIUM.exists():
         assert check_in_chromium(report, tmp_path) >= 3  # metric per family, forecasts, durations (plus timelines once sampled)
+
+
+@pytest.mark.slow
+def test_forecast_after_the_demo(demo_run, capsys, monkeypatch):
+    """`gpufill forecast` on the demo: each project's next value from its best configuration (the demo declares no
+    ensemble), with 80 and 95 % intervals around it; asked again, nothing trains."""
+    import pandas as pd
+
+    tmp_path, _ = demo_run
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(capsys, "forecast")
+    assert code == 0 and "8 project(s) x 1 step(s)" in out and " 0 read back" in out, out
+    rows = pd.read_csv(tmp_path / "gpufill-demo" / "forecast.csv")
+    code, best_out, _ = run_cli(capsys, "results", "--best", "--format", "json")
+    best = {row["project"]: row["family"] for row in json.loads(best_out)}
+    assert rows["project"].tolist() == [f"p{i:03d}" for i in range(8)] and (rows["step"] == 1).all()
+    assert [model.split()[0] for model in rows["model"]] == [best[p] for p in rows["project"]]
+    assert (rows["lo_95"] <= rows["lo_80"]).all() and (rows["lo_80"] < rows["forecast"]).all() and (rows["forecast"] < rows["hi_80"]).all()
+    assert (rows["hi_80"] <= rows["hi_95"]).all() and rows["forecast"].between(0, 10_000).all()
+    code, out, _ = run_cli(capsys, "forecast")
+    assert code == 0 and "0 trained on all the data now" in out, out
