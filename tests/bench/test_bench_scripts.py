@@ -168,6 +168,17 @@ def check_executor_overhead(record: dict[str, Any]) -> None:
         assert any("ray" in line for line in record["args"]["left_out"])
 
 
+def check_forecast_intervals(record: dict[str, Any]) -> None:
+    methods = rows_by(record, "method")
+    ours, ets = methods["gpufill forecast (split conformal)"], methods["AutoETS (statsforecast)"]
+    assert ours["series"] == ets["series"] == 8 and 0 < ours["smape"] <= 200 and 0 < ets["smape"] <= 200
+    assert 0 <= ours["coverage_80"] <= 1 and positive(ours["msis_80"]) and 0 <= ets["coverage_95"] <= 1 and positive(ets["msis_95"])
+    # 8 series give 8 pooled validation errors a step: an 80 % interval (4 needed), not a 95 % one (19), and it says so
+    assert ours["coverage_95"] is None and any("95 % interval" in note for note in record["args"]["left_out"])
+    assert record["ratios"]["m1: gpufill coverage - nominal at 80 % (points)"] == pytest.approx(100 * ours["coverage_80"] - 80, abs=0.01)
+    assert record["ratios"]["m1: gpufill MSIS / AutoETS MSIS at 80 %"] == pytest.approx(ours["msis_80"] / ets["msis_80"], rel=1e-3)
+
+
 def check_forecast_quality(record: dict[str, Any]) -> None:
     methods = rows_by(record, "method")
     assert {"mlp", "linear", "gpufill: all families", "gpufill: chosen on validation", "gpufill: lookbacks chosen on validation", "snaive", "ets", "theta", "gpufill: families + ets + theta"} <= set(methods)
@@ -287,6 +298,7 @@ SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "ensemble_select": check_ensemble_select,
     "examples": check_examples,
     "executor_overhead": check_executor_overhead,
+    "forecast_intervals": check_forecast_intervals,
     "forecast_quality": check_forecast_quality,
     "pack_speed": check_pack_speed,
     "pack_any": check_pack_any,

@@ -88,6 +88,35 @@ def forecast(workdir: str | Path, *, horizon: int | None = None, levels: Sequenc
     return Forecast(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), trained, reused, notes)
 
 
+def held_out(workdir: str | Path, *, levels: Sequence[float] = LEVELS, how: Literal["auto", "ensemble", "best"] = "auto") -> list[dict[str, Any]]:
+    """How the intervals would have done on the test windows: per project, what `forecast` would choose, its test
+    forecast combined as the campaign stored it, the intervals from its validation windows' errors alone (never the
+    test's), the actual values and the series' MASE scale (what `coverage` and `msis` read: campaign/future/intervals.py)."""
+    workdir = Path(workdir)
+    store = Store.open(workdir)
+    try:
+        from gpufill.campaign.results.reading import stored_metric
+
+        picks = chosen(store, how, metric=stored_metric(store), where=str(workdir))
+        member_ids = sorted({trial_id for pick in picks for trial_id in pick.members})
+        val, test = store.forecasts(member_ids, window="val"), store.forecasts(member_ids)
+    finally:
+        store.close()
+    rows = []
+    for pick in picks:
+        names = sorted({name for (trial_id, name) in test if trial_id in pick.members}) if pick.project == GLOBAL_PROJECT else [pick.project]
+        calibration = _calibration(pick, names, val, test, levels)
+        for name in names:
+            kept = [test.get((trial_id, name)) for trial_id in pick.members]
+            if name not in calibration or any(k is None for k in kept):
+                continue
+            point = _combined(pick, [k["forecast"].astype(np.float64) for k in kept], pick.members)
+            bounds = {level: calibration[name].bounds(point, level) for level in levels}
+            rows.append({"project": name, "model": pick.label, "forecast": point, "truth": kept[0]["truth"].astype(np.float64),
+                         "bounds": bounds, "scale": float(kept[0]["mase_scale"]), "interval_from": calibration[name].source})
+    return rows
+
+
 def write(frame: pd.DataFrame, path: str | Path) -> Path:
     """`frame` to `path` (.csv or .parquet) through a new file: a reader never meets half of it, a link is refused."""
     path = Path(path)
