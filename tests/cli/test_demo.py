@@ -90,7 +90,8 @@ def test_report_after_the_demo(demo_run, tmp_path, capsys, monkeypatch):
         assert f"<td>{family}</td>" in page  # every family has a plan row
     # The references: drawn across the family comparison, and every family measured against the seasonal naive.
     assert re.search(r"reference lines: (snaive, theta|theta, snaive)'", page) and "MAE / seasonal naive&#x27;s" in page
-    assert "Line charts: actual vs forecast over the test windows, best and worst project of 10 families" in page
+    assert ("Line charts: actual vs forecast over the test windows (one step ahead, with intervals from the validation errors), best and worst"
+            " project of 10 families") in page
     if CHROMIUM.exists():
         assert check_in_chromium(report, tmp_path) >= 3  # metric per family, forecasts, durations (plus timelines once sampled)
 

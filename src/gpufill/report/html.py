@@ -229,19 +229,24 @@ def _metrics_per_family(done: pd.DataFrame) -> str:
 
 
 def _forecasts(store: Store, trials: pd.DataFrame) -> str:
-    """Per family, its best configuration's forecasts on the project it does best and worst on (first seed)."""
+    """Per family, its best configuration's forecasts on the project it does best and worst on (first seed), every
+    horizon step, with the intervals `gpufill forecast` would give them (from the validation windows' errors)."""
     best = best_per_project(trials)
     if best.empty:
         return "<p class='note'>no finished trials yet</p>"
     done = trials[trials["status"] == "done"]
-    panels, picks = [], []
+    panels, picks, firsts = [], [], {}
     for family, rows in best.groupby("family", sort=True):
         ranked = rows.sort_values("mae")
-        for which, row in (("best", ranked.iloc[0]), ("worst", ranked.iloc[-1])) if len(ranked) > 1 else (("best", ranked.iloc[0]),):
+        for _, row in ranked.iterrows():  # every project's first seed: the family's intervals are calibrated over all of them
             seeds = done[(done["project"] == row["project"]) & (done["config_id"] == row["config_id"])]
             if not seeds.empty:
-                picks.append((family, which, row["project"], seeds["trial_id"].iloc[0]))
-    kept = store.forecasts([trial_id for *_, trial_id in picks])
+                firsts[(family, row["project"])] = seeds["trial_id"].iloc[0]
+        for which, row in (("best", ranked.iloc[0]), ("worst", ranked.iloc[-1])) if len(ranked) > 1 else (("best", ranked.iloc[0]),):
+            if (family, row["project"]) in firsts:
+                picks.append((family, which, row["project"], firsts[(family, row["project"])]))
+    ids = sorted(set(firsts.values()))
+    kept, val = store.forecasts(ids), store.forecasts(ids, window="val")
     for family, which, project, trial_id in picks:
         if (trial_id, project) in kept:
             panels.append((family, which, project, kept[(trial_id, project)]))
@@ -250,7 +255,28 @@ def _forecasts(store: Store, trials: pd.DataFrame) -> str:
             if mine:
                 scored = sorted(mine, key=lambda p: float(np.abs(mine[p]["forecast"] - mine[p]["truth"]).mean()))
                 panels += [(family, "best", scored[0], mine[scored[0]]), (family, "worst", scored[-1], mine[scored[-1]])]
-    return plot_or_note(plots.forecasts(panels), "no stored forecasts (trials finished before forecasts were kept)")
+    return plot_or_note(plots.forecasts(panels, _bands(firsts, kept, val)), "no stored forecasts (trials finished before forecasts were kept)")
+
+
+def _bands(firsts: dict[tuple[str, str], str], kept: dict[tuple[str, str], Any], val: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
+    """(family, project) -> level -> half-width per step: split conformal from the family's validation errors, pooled in
+    units of each series' scale where a series has too few (campaign/future/intervals.py); a level none can bound is left out."""
+    from gpufill.campaign.future.intervals import LEVELS, calibrate
+
+    out: dict[tuple[str, str], Any] = {}
+    for family in sorted({family for family, _ in firsts}):
+        errors, scales = {}, {}
+        for (name, project), trial_id in firsts.items():
+            if name != family:
+                continue
+            for (t, p), forecast in kept.items():  # a global trial's projects, or the project's own
+                if t == trial_id and (p == project or project == "*"):
+                    scales[p] = float(forecast["mase_scale"])
+                    if (t, p) in val:
+                        errors[p] = val[(t, p)]["truth"].astype(np.float64) - val[(t, p)]["forecast"].astype(np.float64)
+        for project, calibration in calibrate(errors, scales, LEVELS).items():
+            out[(family, project)] = {level: width for level, width in calibration.half_widths.items() if np.isfinite(width).all()}
+    return out
 
 
 def _resources(samples: pd.DataFrame, t0: float) -> str:

@@ -317,25 +317,56 @@ def step_breakdown_figure(shares: dict[str, float], step_ms: float) -> plt.Figur
 
 
 # -- forecasts --------------------------------------------------------------------------------
+FORECAST_PATHS = 4
+"""Multi-step forecasts drawn per panel: as many origins, evenly spread over the test region, the last always among
+them (every window's path would hide the actual line)."""
+
+
 @_drawn_as_text
-def forecasts(panels: list[tuple[str, str, str, dict[str, np.ndarray]]]) -> Plot | None:
-    """Actual vs one-step-ahead forecast over the test windows: one row per family, its best and worst
-    project side by side. `panels`: (family, "best"/"worst", project, stored forecast) in row order."""
+def forecasts(panels: list[tuple[str, str, str, dict[str, np.ndarray]]], bands: dict[tuple[str, str], dict[float, np.ndarray]] | None = None
+              ) -> Plot | None:
+    """Actual vs forecast over the test windows, every horizon step, one row per family with its best and worst project
+    side by side. `panels`: (family, "best"/"worst", project, stored forecast) in row order; `bands`: per (family,
+    project), each interval level's half-width per step (campaign/future/intervals.py: from the validation windows'
+    errors), shaded around the forecast. Horizon 1: the one-step-ahead forecast of every window as a line; longer: the
+    paths of FORECAST_PATHS windows, each marked at its origin."""
     if not panels:
         return None
+    bands = bands or {}
     families = list(dict.fromkeys(family for family, *_ in panels))
+    horizon = int(np.shape(panels[0][3]["forecast"])[1])
     fig, axes = plt.subplots(len(families), 2, figsize=(10, 1.9 * len(families) + 0.6), squeeze=False)
     for ax in axes.ravel():
         ax.set_visible(False)
     for family, which, project, kept in panels:
         ax = axes[families.index(family), 0 if which == "best" else 1]
         ax.set_visible(True)
-        ax.plot(kept["origins"], kept["truth"][:, 0], color="black", linewidth=1.0, label="actual")
-        ax.plot(kept["origins"], kept["forecast"][:, 0], color="tab:orange", linewidth=1.0, label="forecast (1 step ahead)")
+        origins, forecast, truth = np.asarray(kept["origins"]), np.asarray(kept["forecast"]), np.asarray(kept["truth"])
+        steps = np.arange(forecast.shape[1])
+        times = (origins[:, None] + steps).ravel()
+        actual = dict(zip(times.tolist(), truth.ravel().tolist()))  # each time's value, once
+        ax.plot(sorted(actual), [actual[t] for t in sorted(actual)], color="black", linewidth=1.0, label="actual")
+        widths = bands.get((family, project), {})
+        drawn = range(len(origins)) if forecast.shape[1] == 1 else sorted({int(round(i)) for i in np.linspace(0, len(origins) - 1, FORECAST_PATHS)})
+        for shade, level in zip(("0.35", "0.18"), sorted(widths)):
+            for index in ([slice(None)] if forecast.shape[1] == 1 else drawn):
+                x = origins[index] if forecast.shape[1] == 1 else origins[index] + steps
+                y = forecast[index, 0] if forecast.shape[1] == 1 else forecast[index]
+                width = widths[level][0] if forecast.shape[1] == 1 else widths[level][: len(steps)]
+                ax.fill_between(x, y - width, y + width, color="tab:orange", alpha=float(shade), linewidth=0,
+                                label=f"{level:g} % interval" if index in (slice(None), drawn[0]) else None)
+        if forecast.shape[1] == 1:
+            ax.plot(origins, forecast[:, 0], color="tab:orange", linewidth=1.0, label="forecast (1 step ahead)")
+        else:
+            for index in drawn:
+                ax.plot(origins[index] + steps, forecast[index], color="tab:orange", linewidth=1.0, marker=".", markersize=3,
+                        label=f"forecast ({horizon} steps from an origin)" if index == drawn[0] else None)
         ax.set_title(f"{_short(family)}: {which} project {_literal(project)}", fontsize="small")
         ax.tick_params(labelsize="x-small")
         ax.grid(alpha=0.3)
     axes[0, 0].legend(loc="upper left", fontsize="x-small")
     fig.supxlabel("time step (test region)", fontsize="small")
     fig.supylabel("target (original scale)", fontsize="small")
-    return _render(fig, f"Line charts: actual vs forecast over the test windows, best and worst project of {len(families)} families")
+    shown = f"every one of {horizon} steps" if horizon > 1 else "one step ahead"
+    with_bands = ", with intervals from the validation errors" if bands else ""
+    return _render(fig, f"Line charts: actual vs forecast over the test windows ({shown}{with_bands}), best and worst project of {len(families)} families")

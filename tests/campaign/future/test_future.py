@@ -120,3 +120,18 @@ def test_forecasting_again_trains_nothing_and_bad_requests_are_one_line(campaign
                         (["--out", str(campaign / "x.txt")], "--out")):
         code, _, err = run_cli(capsys, "forecast", "--workdir", work, *args)
         assert code == 2 and field in err and len(err.strip().splitlines()) == 1, (args, err)
+
+
+@pytest.mark.slow
+def test_the_reports_forecast_panels_draw_every_step_with_the_intervals(campaign, tmp_path, capsys):
+    """A horizon of 4: each panel draws whole 4-step paths with the 80 and 95 % bands `gpufill forecast` would give
+    them, and the page renders in headless Chromium."""
+    from tests.helpers import CHROMIUM, check_in_chromium
+
+    report = tmp_path / "report.html"
+    code, _, _ = run_cli(capsys, "report", "--workdir", str(campaign / "work"), "--out", str(report))
+    page = report.read_text()
+    assert code == 0 and ("Line charts: actual vs forecast over the test windows (every one of 4 steps, with intervals from the validation "
+                          "errors), best and worst project of 2 families") in page
+    if CHROMIUM.exists():
+        assert check_in_chromium(report, tmp_path) >= 2
