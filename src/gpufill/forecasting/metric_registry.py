@@ -30,6 +30,8 @@ class Metric:
     """(forecasts (..., N, H), truth (N, H)) -> (..., N): each row's contribution, averaged per series."""
     finish: Callable[[Any, Any], Any] = lambda per_series, scales: per_series
     """(each series' mean of rows (..., G), the series' MASE scales (G,) or None) -> the metric per series."""
+    units: str = "the data's units"
+    """What a value of it is measured in, for axis labels: a scale-free metric's pools across series, a raw one's does not."""
 
 
 class Metrics(Mapping[str, Metric]):
@@ -140,8 +142,8 @@ def _by_scale(per_series: Any, scales: Any) -> Any:
 METRICS = Metrics([
     Metric("mae", "MAE", mae, lambda f, t: _abs_errors(f, t).mean(axis=-1)),
     Metric("rmse", "RMSE", rmse, lambda f, t: (_abs_errors(f, t) ** 2).mean(axis=-1), lambda per_series, scales: per_series**0.5),
-    Metric("smape", "sMAPE", smape, _smape_rows),
-    Metric("mase", "MASE", mase, lambda f, t: _abs_errors(f, t).mean(axis=-1), _by_scale),
+    Metric("smape", "sMAPE", smape, _smape_rows, units="percent, 0-200"),
+    Metric("mase", "MASE", mase, lambda f, t: _abs_errors(f, t).mean(axis=-1), _by_scale, units="in-sample naive errors"),
 ])
 """What every trial is scored by, on its test split and the naive forecast's: the store keeps a column of each, a
 campaign ranks by one of them (task.metric)."""

@@ -79,7 +79,7 @@ def render_report(store: Store, grid: pd.DataFrame | None = None) -> str:
         section("Campaign summary", table(["quantity", "value"], summary_rows(store, trials, samples, runs), table_id="summary")),
         section("Model comparison", _model_comparison(trials, done, stored_metric(store)) + _declared(read_declared(store), best_per_project(trials))),
         *([section("Search", _search(trials, stored_metric(store), grid))] if _is_search(store) else []),
-        section("Forecasts", _forecasts(store, trials)),
+        section("Forecasts", _forecasts(store, trials, stored_metric(store))),
         section("Resource timelines", _resources(samples, t0)),
         section("Trial durations", plot_or_note(plots.durations(trials), "no finished trials yet")),
         section("Failures", _failures(store, trials)),
@@ -174,9 +174,10 @@ def _is_search(store: Store) -> bool:
 
 
 def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame, metric: str = "mae") -> str:
-    """Test MAE per family, and each project's best configuration ranked by `metric` (the campaign's task.metric, as
-    `results --best` ranks)."""
-    parts = ["<h3>Test MAE per family</h3>", plot_or_note(plots.metric_per_family(done), "no finished trials yet"), _metrics_per_family(done)]
+    """Test `metric` (the campaign's task.metric, as `results --best` ranks) per family, and each project's best
+    configuration ranked by it."""
+    parts = [f"<h3>Test {METRICS[metric].label} per family</h3>", plot_or_note(plots.metric_per_family(done, metric), "no finished trials yet"),
+             _metrics_per_family(done)]
     best = best_per_project(trials, metric)
     if best.empty:
         parts.append("<p class='note'>no finished trials yet</p>")
@@ -194,7 +195,7 @@ def _model_comparison(trials: pd.DataFrame, done: pd.DataFrame, metric: str = "m
         parts += ["<h3>Best configuration per project</h3>",
                   table(["project", "family", "params", "lookback", f"test {name}", f"validation {name}", f"{name} / seasonal naive's", f"{name} / ETS's", "seeds",
                          "families compared", "chosen on"], rows, table_id="best", numeric={3, 4, 5, 6, 7, 8, 9})]
-    parts += ["<h3>Hyper-parameter effects</h3>", plot_or_note(plots.parameter_effects(done), "no grid parameter varies within a family")]
+    parts += ["<h3>Hyper-parameter effects</h3>", plot_or_note(plots.parameter_effects(done, metric), "no grid parameter varies within a family")]
     return "\n".join(parts)
 
 
@@ -228,16 +229,16 @@ def _metrics_per_family(done: pd.DataFrame) -> str:
                  numeric=set(range(1, 2 + len(METRICS))))
 
 
-def _forecasts(store: Store, trials: pd.DataFrame) -> str:
+def _forecasts(store: Store, trials: pd.DataFrame, metric: str = "mae") -> str:
     """Per family, its best configuration's forecasts on the project it does best and worst on (first seed), every
     horizon step, with the intervals `gpufill forecast` would give them (from the validation windows' errors)."""
-    best = best_per_project(trials)
+    best = best_per_project(trials, metric)
     if best.empty:
         return "<p class='note'>no finished trials yet</p>"
     done = trials[trials["status"] == "done"]
     panels, picks, firsts = [], [], {}
     for family, rows in best.groupby("family", sort=True):
-        ranked = rows.sort_values("mae")
+        ranked = rows.sort_values(metric)
         for _, row in ranked.iterrows():  # every project's first seed: the family's intervals are calibrated over all of them
             seeds = done[(done["project"] == row["project"]) & (done["config_id"] == row["config_id"])]
             if not seeds.empty:

@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from gpufill.errors import visible  # noqa: E402
+from gpufill.forecasting.metric_registry import METRICS  # noqa: E402
 
 GIB = 1024**3
 REFERENCE_FAMILIES = ("snaive", "ets", "theta")
@@ -96,12 +97,13 @@ def metric_per_family(done: pd.DataFrame, metric: str = "mae") -> Plot | None:
         ax.axhline(median, linestyle=style, color="tab:red", linewidth=1.0, label=f"{family} (median)")
     if references:
         ax.legend(loc="upper left", fontsize="small")
-    ax.set_title(f"Test {metric.upper()} per model family across projects (each point: one trial)")
+    label = METRICS[metric].label
+    ax.set_title(f"Test {label} per model family across projects (each point: one trial)")
     ax.set_xlabel("model family (sorted by median)")
-    ax.set_ylabel(f"test {metric.upper()} (original scale)")
+    ax.set_ylabel(f"test {label} ({METRICS[metric].units})")
     ax.grid(axis="y", alpha=0.3)
     lines = f"; reference lines: {', '.join(f for f, _ in references)}" if references else ""
-    return _render(fig, f"Box plot of test {metric.upper()} per model family across {done['project'].nunique()} projects{lines}")
+    return _render(fig, f"Box plot of test {label} per model family across {done['project'].nunique()} projects{lines}")
 
 
 @_drawn_as_text
@@ -127,11 +129,11 @@ def parameter_effects(done: pd.DataFrame, metric: str = "mae", limit: int = 12) 
         ax.bar(means.index, means.to_numpy(), color="tab:orange")
         ax.set_title(f"{_short(family)}: {name}")
         ax.set_xlabel(f"{name} (grid value)")
-        ax.set_ylabel(f"mean test {metric.upper()} (original scale)")
+        ax.set_ylabel(f"mean test {METRICS[metric].label} ({METRICS[metric].units})")
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
-    fig.suptitle(f"Hyper-parameter effects: mean test {metric.upper()} per grid value")
-    return _render(fig, f"Bar charts of mean test {metric.upper()} per value of {len(panels)} varying grid parameters")
+    fig.suptitle(f"Hyper-parameter effects: mean test {METRICS[metric].label} per grid value")
+    return _render(fig, f"Bar charts of mean test {METRICS[metric].label} per value of {len(panels)} varying grid parameters")
 
 
 def _order(value: object) -> tuple[int, float, str]:

@@ -171,10 +171,11 @@ def _futures(spec: CampaignSpec, workdir: Path, trials: dict[str, Any], details:
             out[trial_id] = {name: np.asarray(values, dtype=np.float64) for name, values in kept["forecasts"].items()}
             reused += 1
             continue
-        from gpufill.campaign.future.train import train_on_all_data
+        from gpufill.campaign.future.train import campaign_threads, train_on_all_data
         from gpufill.engine.hardware import cpu_count
 
-        trained = train_on_all_data(spec, trial, details[trial_id], projects, threads=cpu_count(), device=_device(),
+        threads = campaign_threads(details[trial_id]) or cpu_count()  # as the campaign trained it: the same numbers
+        trained = train_on_all_data(spec, trial, details[trial_id], projects, threads=threads, device=_device(),
                                     tune_cache=str(workdir.resolve() / "tune"))
         write_atomically(path, json.dumps({"trial_id": trial_id, "epochs": trained.epochs, "seconds": round(trained.seconds, 3),
                                            "forecasts": {name: values.tolist() for name, values in trained.forecasts.items()}}), field="--workdir")

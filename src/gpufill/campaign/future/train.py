@@ -41,6 +41,13 @@ def epochs_on_all_data(details: Mapping[str, Any]) -> int | None:
     return int(chosen) if chosen else (len(history) or None)
 
 
+def campaign_threads(details: Mapping[str, Any]) -> int | None:
+    """The threads the campaign trained the trial with (its plan's): the same threads make the same numbers (a
+    reduction's order, and the tune cache's measured choices, are per thread count)."""
+    value = ((details.get("plan") or {}).get("threads") or {}).get("value")
+    return int(value) if isinstance(value, int) and value >= 1 else None
+
+
 def train_on_all_data(spec: CampaignSpec, trial: Trial, details: Mapping[str, Any], projects: Mapping[str, Any], *, threads: int,
                       device: str, tune_cache: str | None) -> Trained:
     """`trial` trained on every value of `projects` (its own project's; a global trial's: all of them) and its forecast
