@@ -113,8 +113,13 @@ def results_table(rows: Any, *, summary: bool, total: int | None = None, stale_v
 
 def winners_table(rows: list[dict[str, Any]], metric: str = "mae") -> Table:
     """`results --best`: each project's best configuration across families (reading.winners), one line each."""
-    columns = ["project", "family", "params", "lookback", metric, *(f"vs_{family}" for family in REFERENCES), "runner_up"]
+    rows = [dict(row) for row in rows]
+    if rows and all("train" in row for row in rows):  # a search's sampled lr or scaling, say: what differs between the rows
+        for row, shown in zip(rows, _varying_settings([row["train"] for row in rows]), strict=True):
+            row["train"] = shown
+    columns = ["project", "family", "params", "train", "lookback", metric, *(f"vs_{family}" for family in REFERENCES), "runner_up"]
     columns = [c for c in columns if not c.startswith("vs_") or any(row.get(c) is not None for row in rows)]
+    columns = [c for c in columns if c != "train" or any(row.get("train") for row in rows)]
     counts = {row["families"] for row in rows}
     families = f"{counts.pop()} families" if len(counts) == 1 else f"up to {max(counts, default=0)} families"
     on = {row.get("chosen_on") for row in rows}
@@ -128,7 +133,7 @@ def winners_table(rows: list[dict[str, Any]], metric: str = "mae") -> Table:
         worse = row.get("runner_up_by")
         runner_up = "" if row["runner_up"] is None else f"{row['runner_up']} +{worse:.0%}" if worse is not None else row["runner_up"]
         cells.append([visible(runner_up) if column == "runner_up" else _cell(column, row.get(column)) for column in columns])
-    return _filled(table, columns, cells, right={metric, *(f"vs_{family}" for family in REFERENCES), "lookback"}, wrapped=("params",))
+    return _filled(table, columns, cells, right={metric, *(f"vs_{family}" for family in REFERENCES), "lookback"}, wrapped=("params", "train"))
 
 
 def _filled(table: Table, columns: list[str], cells: list[list[str]], *, right: set[str], wrapped: tuple[str, ...]) -> Table:
@@ -161,7 +166,13 @@ def _varying_settings(train: Any) -> list[str]:
     keys = sorted({key for settings in parsed for key in settings})
     # Among the rows that have a setting (classical models have none): does its value differ?
     varying = [key for key in keys if len({json.dumps(settings[key], sort_keys=True) for settings in parsed if key in settings}) > 1]
-    return [", ".join(f"{key}={settings[key]}" for key in varying if key in settings) for settings in parsed]
+    return [", ".join(f"{key}={_rounded(settings[key])}" for key in varying if key in settings) for settings in parsed]
+
+
+def _rounded(value: Any) -> str:
+    """A setting as a reader takes it in: a float to 3 significant digits (a search's sampled lr 0.0029082010120819336
+    reads 0.00291; the full value stays in --format csv/json)."""
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def _cell(column: str, value: Any) -> str:
@@ -177,6 +188,11 @@ def _shown(column: str, value: Any) -> str:
     if column == "stale":
         return "stale" if value else ""
     if column == "params":
+        import json
+
+        parsed = json.loads(value) if isinstance(value, str) and value.startswith("{") else None
+        if isinstance(parsed, dict):
+            return ", ".join(f"{key}:{_rounded(item) if not isinstance(item, (list, dict)) else json.dumps(item)}" for key, item in parsed.items())
         return str(value).replace('"', "").replace(",", ", ").strip("{}")
     if isinstance(value, float):
         return f"{value:.4g}"
