@@ -40,6 +40,7 @@ from forecast_quality import DATASETS, SEASON, campaign_yaml, load  # noqa: E402
 from gpufill.campaign.future.forecast import held_out  # noqa: E402
 from gpufill.campaign.future.intervals import coverage  # noqa: E402
 from gpufill.campaign.run.runner import Campaign  # noqa: E402
+from gpufill.campaign.store.store import Store  # noqa: E402
 
 LEVELS = (80, 95)
 
@@ -90,7 +91,11 @@ def gpufill_rows(name: str, frame: pd.DataFrame, histories: dict, horizon: int, 
         seconds = time.perf_counter() - tick
         if outcome.failed:
             raise SystemExit(f"{name}: {outcome.failed} trials failed")
-        rows = held_out(Path(folder) / "work", levels=LEVELS, how="best")
+        store = Store.open(Path(folder) / "work")
+        try:
+            rows = held_out(store, levels=LEVELS, how="best")
+        finally:
+            store.close()
     per_series = []
     for row in rows:
         if row["project"] not in histories:

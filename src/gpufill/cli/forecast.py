@@ -51,3 +51,7 @@ def forecast_command(
     steps = int(done.frame["step"].max()) if len(done.frame) else 0
     print(f"forecast: {projects} project(s) x {steps} step(s), intervals at {', '.join(f'{x:g}' for x in levels)} % -> {path} "
           f"({done.trained} trained on all the data now, {done.reused} read back from {directory / 'future'})")
+    said = [f"{level:g} % covered {100 * score['coverage']:.1f} % (MSIS {score['msis']:.3g})" if score["coverage"] is not None
+            else f"{level:g} %: too few validation windows to bound it" for level, score in done.held_out.items()]
+    if said:
+        print(f"the same intervals on the campaign's test windows (not used to calibrate them): {'; '.join(said)}")

@@ -256,7 +256,28 @@ def _forecasts(store: Store, trials: pd.DataFrame, metric: str = "mae") -> str:
             if mine:
                 scored = sorted(mine, key=lambda p: float(np.abs(mine[p]["forecast"] - mine[p]["truth"]).mean()))
                 panels += [(family, "best", scored[0], mine[scored[0]]), (family, "worst", scored[-1], mine[scored[-1]])]
-    return plot_or_note(plots.forecasts(panels, _bands(firsts, kept, val)), "no stored forecasts (trials finished before forecasts were kept)")
+    return (plot_or_note(plots.forecasts(panels, _bands(firsts, kept, val)), "no stored forecasts (trials finished before forecasts were kept)")
+            + _interval_scores(store))
+
+
+def _interval_scores(store: Store) -> str:
+    """How `gpufill forecast`'s intervals did on the test windows, which never calibrate them: coverage and MSIS per level."""
+    from gpufill.campaign.future.forecast import held_out, interval_scores
+
+    try:
+        rows = held_out(store)
+    except InputError as error:  # nothing finished, or a declared ensemble combined from other trials: say which
+        return f"<p class='note'>intervals on the test windows: {escape(error.problem)}</p>"
+    scores = interval_scores(rows)
+    if not rows or all(score["coverage"] is None for score in scores.values()):
+        return "<p class='note'>intervals on the test windows: no validation windows to calibrate them on (task.split.val)</p>"
+    cells = [[f"{level:g} %", "-" if score["coverage"] is None else f"{100 * score['coverage']:.1f} %",
+              "-" if score["msis"] is None else f"{score['msis']:.3g}", str(score["series"])] for level, score in scores.items()]
+    return ("<h3>Intervals on the test windows</h3><p class='note'>What <code>gpufill forecast</code> would ship for each project ("
+            f"{escape(rows[0]['model'])}{' and the others' if len({r['model'] for r in rows}) > 1 else ''}), its split conformal intervals from "
+            "the validation windows' errors alone, scored on the test windows: the share of actual values inside, and the mean scaled "
+            "interval score (M4's MSIS in units of each series' MASE scale; lower is better).</p>"
+            + table(["level", "coverage", "MSIS", "series"], cells, table_id="intervals", numeric={1, 2, 3}))
 
 
 def _bands(firsts: dict[tuple[str, str], str], kept: dict[tuple[str, str], Any], val: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:

@@ -110,6 +110,19 @@ def test_forecasting_again_trains_nothing_and_bad_requests_are_one_line(campaign
     work = str(campaign / "work")
     code, out, _ = run_cli(capsys, "forecast", "--workdir", work, "--from", "best")
     assert code == 0 and "3 project(s) x 4 step(s)" in out, out
+    # What the intervals are worth, measured on the test windows (never used to calibrate them), said with the forecast
+    from gpufill.campaign.future.forecast import held_out, interval_scores
+    from gpufill.campaign.future.intervals import coverage
+
+    store = Store.open(campaign / "work")
+    try:
+        rows = held_out(store, how="best")
+    finally:
+        store.close()
+    scores = interval_scores(rows)
+    assert len(rows) == 3 and scores[80]["series"] == 3
+    assert scores[80]["coverage"] == pytest.approx(np.mean([coverage(r["truth"], *r["bounds"][80]) for r in rows]))
+    assert f"80 % covered {100 * scores[80]['coverage']:.1f} % (MSIS {scores[80]['msis']:.3g})" in out, out
     first = pd.read_csv(campaign / "work" / "forecast.csv")
     code, out, _ = run_cli(capsys, "forecast", "--workdir", work, "--from", "best", "--horizon", "2", "--level", "90")
     assert code == 0 and "0 trained on all the data now" in out, out  # the same data: every chosen trial read back
@@ -133,5 +146,8 @@ def test_the_reports_forecast_panels_draw_every_step_with_the_intervals(campaign
     page = report.read_text()
     assert code == 0 and ("Line charts: actual vs forecast over the test windows (every one of 4 steps, with intervals from the validation "
                           "errors), best and worst project of 2 families") in page
+    assert "<h3>Intervals on the test windows</h3>" in page and "ensemble (mean of 3)" in page  # what gpufill forecast would ship
+    intervals = page.split("<table id='intervals'>", 1)[1].split("</table>", 1)[0]
+    assert intervals.count("<tr>") == 3 and "80 %" in intervals and "95 %" in intervals
     if CHROMIUM.exists():
         assert check_in_chromium(report, tmp_path) >= 2

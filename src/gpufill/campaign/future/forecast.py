@@ -44,6 +44,9 @@ class Forecast:
     reused: int = 0
     """Chosen trials whose forecast WORKDIR/future held already (trained by an earlier forecast of the same data)."""
     notes: list[str] = field(default_factory=list)
+    held_out: dict[float, dict[str, float | None]] = field(default_factory=dict)
+    """Per level, how the same choice's intervals did on the campaign's test windows (`interval_scores`): what the
+    intervals are worth, measured where they were not calibrated."""
 
 
 def forecast(workdir: str | Path, *, horizon: int | None = None, levels: Sequence[float] = LEVELS, how: Literal["auto", "ensemble", "best"] = "auto",
@@ -65,6 +68,7 @@ def forecast(workdir: str | Path, *, horizon: int | None = None, levels: Sequenc
         trials = {q.trial_id: q.trial for q in store.queued(member_ids)}
         details = {trial_id: store.trial_details(trial_id) or {} for trial_id in member_ids}
         val, test = store.forecasts(member_ids, window="val"), store.forecasts(member_ids)
+        scores = interval_scores(held_out(store, levels=levels, how=how), levels)
     finally:
         store.close()
     projects = _projects(spec, base_dir, data, trials, where)
@@ -85,23 +89,18 @@ def forecast(workdir: str | Path, *, horizon: int | None = None, levels: Sequenc
                      + ", ".join(left[:5]) + (" ..." if len(left) > 5 else ""))
     import pandas as pd
 
-    return Forecast(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), trained, reused, notes)
+    return Forecast(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), trained, reused, notes, scores)
 
 
-def held_out(workdir: str | Path, *, levels: Sequence[float] = LEVELS, how: Literal["auto", "ensemble", "best"] = "auto") -> list[dict[str, Any]]:
+def held_out(store: Store, *, levels: Sequence[float] = LEVELS, how: Literal["auto", "ensemble", "best"] = "auto") -> list[dict[str, Any]]:
     """How the intervals would have done on the test windows: per project, what `forecast` would choose, its test
     forecast combined as the campaign stored it, the intervals from its validation windows' errors alone (never the
     test's), the actual values and the series' MASE scale (what `coverage` and `msis` read: campaign/future/intervals.py)."""
-    workdir = Path(workdir)
-    store = Store.open(workdir)
-    try:
-        from gpufill.campaign.results.reading import stored_metric
+    from gpufill.campaign.results.reading import stored_metric
 
-        picks = chosen(store, how, metric=stored_metric(store), where=str(workdir))
-        member_ids = sorted({trial_id for pick in picks for trial_id in pick.members})
-        val, test = store.forecasts(member_ids, window="val"), store.forecasts(member_ids)
-    finally:
-        store.close()
+    picks = chosen(store, how, metric=stored_metric(store), where=str(store.path.parent))
+    member_ids = sorted({trial_id for pick in picks for trial_id in pick.members})
+    val, test = store.forecasts(member_ids, window="val"), store.forecasts(member_ids)
     rows = []
     for pick in picks:
         names = sorted({name for (trial_id, name) in test if trial_id in pick.members}) if pick.project == GLOBAL_PROJECT else [pick.project]
@@ -115,6 +114,20 @@ def held_out(workdir: str | Path, *, levels: Sequence[float] = LEVELS, how: Lite
             rows.append({"project": name, "model": pick.label, "forecast": point, "truth": kept[0]["truth"].astype(np.float64),
                          "bounds": bounds, "scale": float(kept[0]["mase_scale"]), "interval_from": calibration[name].source})
     return rows
+
+
+def interval_scores(rows: list[dict[str, Any]], levels: Sequence[float] = LEVELS) -> dict[float, dict[str, float | None]]:
+    """`held_out`'s rows scored: per level, the mean over series of the coverage of the test values and of the MSIS (in
+    units of each series' MASE scale); None where no series has a bounded interval at that level."""
+    from gpufill.campaign.future.intervals import coverage, msis
+
+    out: dict[float, dict[str, float | None]] = {}
+    for level in levels:
+        bounded = [row for row in rows if np.isfinite(row["bounds"][level][0]).all() and np.isfinite(row["bounds"][level][1]).all()]
+        out[level] = {"coverage": float(np.mean([coverage(r["truth"], *r["bounds"][level]) for r in bounded])) if bounded else None,
+                      "msis": float(np.mean([msis(r["truth"], *r["bounds"][level], level, r["scale"]) for r in bounded])) if bounded else None,
+                      "series": len(bounded)}
+    return out
 
 
 def write(frame: pd.DataFrame, path: str | Path) -> Path:
