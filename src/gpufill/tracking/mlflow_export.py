@@ -103,6 +103,7 @@ def export_mlflow(workdir: str | os.PathLike[str], uri: str, *, experiment: str 
         try:
             name = experiment or _spec_experiment(store) or store.meta("campaign_name") or workdir.name
             rows = with_effective_train(store.finished_rows(), store.bases())  # the settings each trained with, as results show
+            intervals = _interval_metrics(store) if report else {}
         finally:
             store.close()
         # The report renders (CPU) in a thread while the trials' runs are sent (waits on the server): a tracked run's
@@ -137,7 +138,7 @@ def export_mlflow(workdir: str | os.PathLike[str], uri: str, *, experiment: str 
                 created += 1
             if rendering is not None:  # the campaign run: its report and its trials' statuses, ended (a later export adds to them)
                 client.log_artifact(parent, str(rendering.result()))
-                _log_counts(client, parent, rows)
+                _log_counts(client, parent, rows, intervals)
                 client.set_terminated(parent, status="FINISHED")
     return Exported(uri, name, len(rows), created, replaced, already, refused)
 
@@ -357,12 +358,27 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[start : start + size]
 
 
-def _log_counts(client: Any, run_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+def _log_counts(client: Any, run_id: str, rows: Sequence[Mapping[str, Any]], intervals: Mapping[str, float] | None = None) -> None:
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
     statuses = [row["status"] for row in rows]
-    client.log_batch(run_id, metrics=[Metric(f"trials_{status}", statuses.count(status), now, 0) for status in RUN_STATUS])
+    client.log_batch(run_id, metrics=[*(Metric(f"trials_{status}", statuses.count(status), now, 0) for status in RUN_STATUS),
+                                      *(Metric(key, value, now, 0) for key, value in (intervals or {}).items())])
+
+
+def _interval_metrics(store: Store) -> dict[str, float]:
+    """The campaign run's interval scores: how `gpufill forecast`'s intervals covered the test windows, which never
+    calibrate them (interval_coverage_80, interval_msis_80, ...; none without validation windows or a finished trial)."""
+    from gpufill.campaign.future.forecast import held_out, interval_scores
+    from gpufill.errors import InputError
+
+    try:
+        scores = interval_scores(held_out(store))
+    except InputError:  # nothing finished yet, or a declared ensemble combined from other trials
+        return {}
+    return {f"interval_{what}_{level:g}": float(score[what]) for level, score in scores.items() for what in ("coverage", "msis")
+            if score[what] is not None}
 
 
 def _spec_experiment(store: Store) -> str | None:

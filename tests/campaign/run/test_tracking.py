@@ -87,6 +87,17 @@ def test_an_export_is_one_run_per_trial_with_its_curves_and_exporting_again_send
     assert network.data.params["train.lr"] in ("0.001", "0.01") and network.data.params["hidden_size"] in ("16", "32")
     parent = client.get_run(network.data.tags["mlflow.parentRunId"])
     assert parent.data.tags["gpufill.kind"] == "campaign" and parent.data.metrics["trials_done"] == 10
+    from gpufill.campaign.future.forecast import held_out, interval_scores
+    from gpufill.campaign.store.store import Store
+
+    store = Store.open(tmp_path / "work")
+    try:  # gpufill forecast's intervals scored on the test windows, on the campaign run beside the report
+        scores = interval_scores(held_out(store))
+    finally:
+        store.close()
+    for level in (80, 95):
+        assert parent.data.metrics[f"interval_coverage_{level}"] == pytest.approx(scores[level]["coverage"])
+        assert parent.data.metrics[f"interval_msis_{level}"] == pytest.approx(scores[level]["msis"]) and scores[level]["msis"] > 0
     assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["report.html"]
     assert list((tmp_path / "cwd").iterdir()) == [] and list((tmp_path / "mlartifacts").rglob("report.html"))  # beside the store
 
