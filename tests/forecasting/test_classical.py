@@ -73,7 +73,7 @@ def fitted(family: str, x: np.ndarray, y: np.ndarray, *, threads: int = 1, seed:
 
 
 def test_classical_families_are_registered_with_their_defaults():
-    assert families("classical") == sorted([*FAMILIES, "ets", "snaive", "theta"])  # + the statistical references
+    assert families("classical") == sorted([*FAMILIES, "comb", "ets", "snaive", "theta"])  # + the statistical references
     assert check_params("ets", {}) == {"season_length": "auto", "model": "ZZZ"} and check_params("snaive", {}) == {"season_length": "auto"}
     assert all(registry.resolve(name).kind == "classical" for name in FAMILIES)
     assert check_params("linear", {}) == {"alpha": 0.0, "last_value_norm": True}

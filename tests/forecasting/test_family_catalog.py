@@ -19,7 +19,7 @@ ROOT = TESTS.parent
 def test_the_catalogue_is_what_the_family_modules_register():
     builtin.load()
     assert BUILT_IN == registry.describe_registered()
-    assert sorted(BUILT_IN) == ["ets", "gru", "lgbm", "linear", "lstm", "mlp", "nbeats", "rf", "snaive", "tcn", "theta", "transformer", "xgb"]
+    assert sorted(BUILT_IN) == ["comb", "ets", "gru", "lgbm", "linear", "lstm", "mlp", "nbeats", "rf", "snaive", "tcn", "theta", "transformer", "xgb"]
     assert load_script(ROOT / "tools" / "family_catalog.py").text() == (ROOT / "src/gpufill/forecasting/models/catalog.py").read_text()
 
 

@@ -43,6 +43,29 @@ def test_seasonal_naive_on_a_pure_seasonal_series_is_exact():
     assert run.model.forecast_from(windows.series, np.array([15])).tolist() == [[11.0, 9.0, 8.0]]  # y[15:18] = y[3:6]
 
 
+def test_comb_is_the_mean_of_autoets_theta_and_autotheta_fitted_as_their_own_families():
+    """The statistical combination trains nothing of its own: each member fitted on the same history, its forecast the
+    mean (or median) of theirs, window by window."""
+    from statsforecast.models import AutoTheta
+
+    rng = np.random.default_rng(1)
+    t = np.arange(96)
+    values = 50 + 0.3 * t + 6 * np.sin(2 * np.pi * t / 12) + rng.normal(0, 1, t.size)
+    windows = make_windows(_monthly(values), lookback=12, horizon=4, split=Split(val=8, test=8))
+    comb, ets, theta = (train_classical(windows, family) for family in ("comb", "ets", "theta"))
+    history = windows.series[: windows.fit_end]
+    auto = AutoTheta(season_length=12).fit(y=history)
+    auto_theta = np.stack([auto.forward(y=windows.series[:origin], h=4)["mean"] for origin in windows.test_origins])
+    members = np.stack([np.asarray(ets.forecast["forecast"]), np.asarray(theta.forecast["forecast"]), auto_theta])
+    np.testing.assert_allclose(comb.forecast["forecast"], members.mean(axis=0), rtol=1e-5)
+    median = train_classical(windows, "comb", {"combine": "median"})
+    np.testing.assert_allclose(median.forecast["forecast"], np.median(members, axis=0), rtol=1e-5)
+    assert comb.params == {"season_length": "auto", "combine": "mean"} and comb.val is not None  # chosen on validation like any family
+    with pytest.raises(InputError) as bad:
+        train_classical(windows, "comb", {"combine": "best"})
+    assert bad.value.field == "comb.combine"
+
+
 @pytest.mark.slow
 def test_ets_and_theta_beat_the_last_value_on_a_trending_seasonal_series():
     rng = np.random.default_rng(0)
@@ -79,17 +102,19 @@ def test_the_summary_measures_every_family_against_the_seasonal_naive(tmp_path, 
     from gpufill.campaign.results.reading import best_per_project, read_best
     from tests.helpers import run_cli
 
-    path = write_campaign(tmp_path, name="ratio", models="snaive: {}\n  linear: {}", projects=2)
+    path = write_campaign(tmp_path, name="ratio", models="snaive: {}\n  linear: {}\n  comb: {}", projects=2)
     Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
     rows = read_best(tmp_path / "w")
     by = {(row["project"], row["family"]): row for row in rows}
     for project in ("p000", "p001"):
         assert by[(project, "snaive")]["vs_snaive"] == 1.0
         assert by[(project, "linear")]["vs_snaive"] == pytest.approx(by[(project, "linear")]["mae"] / by[(project, "snaive")]["mae"])
+        # and against the statistical combination, the line a learned ensemble has to beat
+        assert by[(project, "linear")]["vs_comb"] == pytest.approx(by[(project, "linear")]["mae"] / by[(project, "comb")]["mae"])
     frame = best_per_project(read_results(tmp_path / "w"))  # the pandas path (csv, report) says the same
     assert frame.set_index(["project", "family"])["vs_snaive"].to_dict() == pytest.approx({key: row["vs_snaive"] for key, row in by.items()})
     code, out, _ = run_cli(capsys, "results", "--summary", "--workdir", tmp_path / "w")
-    assert code == 0 and "vs snaive" in out
+    assert code == 0 and "vs snaive" in out and "vs comb" in out
 
 
 def _long_and_short_sales(folder) -> None:

@@ -27,7 +27,7 @@ from gpufill.errors import visible  # noqa: E402
 from gpufill.forecasting.metric_registry import METRICS  # noqa: E402
 
 GIB = 1024**3
-REFERENCE_FAMILIES = ("snaive", "ets", "theta")
+REFERENCE_FAMILIES = ("snaive", "ets", "theta", "comb")
 """Statistical references drawn as lines across the family comparison."""
 DPI = 90  # ~1000 px wide figures: sharp enough on screen, small enough to keep the page light
 
@@ -93,7 +93,7 @@ def metric_per_family(done: pd.DataFrame, metric: str = "mae") -> Plot | None:
     for i, vals in enumerate(values, start=1):
         ax.plot([i] * len(vals), vals, "o", alpha=0.5, markersize=3, color="tab:blue")
     references = [(f, float(np.median(v))) for f, v in zip(families, values, strict=True) if f in REFERENCE_FAMILIES]
-    for (family, median), style in zip(references, ("--", ":", "-."), strict=False):  # the statistical references as lines across
+    for (family, median), style in zip(references, ("--", ":", "-.", (0, (5, 1))), strict=False):  # the statistical references as lines across
         ax.axhline(median, linestyle=style, color="tab:red", linewidth=1.0, label=f"{family} (median)")
     if references:
         ax.legend(loc="upper left", fontsize="small")

@@ -125,9 +125,10 @@ def best_per_project(results: pd.DataFrame, metric: str = "mae") -> pd.DataFrame
 
 REFERENCE = "snaive"
 """The family every summary row is also measured against (a ratio below 1 beats it): what practitioners read."""
-REFERENCES = (REFERENCE, "ets")
+REFERENCES = (REFERENCE, "ets", "comb")
 """Each gives a summary row a `vs_<family>` ratio where the campaign has it: the seasonal naive (the floor every
-forecaster must clear) and AutoETS (the statistical line a learned model has to beat to be worth its cost)."""
+forecaster must clear), AutoETS (the statistical line a learned model has to beat to be worth its cost) and the
+statistical combination (the mean of AutoETS, Theta and AutoTheta: what a learned ensemble has to beat)."""
 
 
 def summary_columns(metric: str = "mae", *, stale: bool = False) -> list[str]:

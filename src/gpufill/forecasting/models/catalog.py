@@ -11,6 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 BUILT_IN: dict[str, dict[str, Any]] = {
+    "comb": {
+        "kind": "classical",
+        "factory": "gpufill.forecasting.models.classical.statistical:CombForecaster",
+        "defaults": {"season_length": "auto", "combine": "mean"},
+        "accepts_any": False,
+        "fits_series": True,
+        "deterministic": True,
+    },
     "ets": {
         "kind": "classical",
         "factory": "gpufill.forecasting.models.classical.statistical:ETSForecaster",

@@ -1,6 +1,6 @@
-"""Statistical reference families: ``snaive`` (seasonal naive), ``ets`` (AutoETS) and ``theta``,
-the lines forecasting practitioners put beside every network. ETS and Theta come from
-statsforecast (a well-kept library; nothing of them is written here).
+"""Statistical reference families: ``snaive`` (seasonal naive), ``ets`` (AutoETS), ``theta`` and ``comb`` (the
+mean of AutoETS, Theta and AutoTheta), the lines forecasting practitioners put beside every network. ETS and Theta
+come from statsforecast (a well-kept library; nothing of them is written here).
 
 They are series models, not window regressors: each is fitted on one project's whole history
 before the test region (train + validation, as the other classical families) and then, at each
@@ -27,7 +27,8 @@ from gpufill.forecasting.data.scoring import ValidationScored, score_validation
 from gpufill.forecasting.models.checks import whole_number
 from gpufill.forecasting.models.registry import register
 
-__all__ = ["ETSForecaster", "SeasonalNaiveForecaster", "SeriesForecaster", "ThetaForecaster", "fit_and_forecast", "fit_and_validate"]
+__all__ = ["CombForecaster", "ETSForecaster", "SeasonalNaiveForecaster", "SeriesForecaster", "ThetaForecaster", "fit_and_forecast",
+           "fit_and_validate"]
 
 @runtime_checkable
 class SeriesForecaster(Protocol):
@@ -133,6 +134,45 @@ class ThetaForecaster(_StatsforecastForecaster):
         from statsforecast.models import Theta
 
         return Theta(season_length=self.season_length)
+
+
+class _AutoThetaForecaster(_StatsforecastForecaster):
+    """statsforecast's AutoTheta (the Theta variant chosen by its in-sample error): a member of `comb`."""
+
+    family = "comb"
+
+    def _model(self) -> Any:
+        from statsforecast.models import AutoTheta
+
+        return AutoTheta(season_length=self.season_length)
+
+
+COMBINES = ("mean", "median")
+
+
+@register("comb", kind="classical")
+class CombForecaster(_StatisticalForecaster):
+    """The statistical combination: the mean (or median) of AutoETS, Theta and AutoTheta, each fitted on the series as
+    its own family is. A combination that trains nothing, as M4's "Comb" benchmark was (of exponential smoothing
+    methods there), and often better than each of its members: the line a learned ensemble has to beat."""
+
+    family = "comb"
+
+    def __init__(self, n_features: int, lookback: int, horizon: int, *, season_length: int | str = "auto", combine: str = "mean"):
+        super().__init__(n_features, lookback, horizon, season_length=season_length)
+        if combine not in COMBINES:
+            raise InputError(f"combine must be one of {', '.join(COMBINES)}, got {combine!r}", field="comb.combine", fix="use combine: mean or median")
+        self.combine = combine
+        self.members = [member(n_features, lookback, horizon, season_length=season_length)
+                        for member in (ETSForecaster, ThetaForecaster, _AutoThetaForecaster)]
+
+    def fit_series(self, series: np.ndarray, *, season_length: int, threads: int, seed: int) -> None:
+        for member in self.members:
+            member.fit_series(series, season_length=season_length, threads=threads, seed=seed)
+        self.season_length = self.members[0].season_length
+
+    def forecast_from(self, series: np.ndarray, origins: np.ndarray) -> np.ndarray:
+        return getattr(np, self.combine)(np.stack([member.forecast_from(series, origins) for member in self.members]), axis=0)
 
 
 def fit_and_forecast(model: SeriesForecaster, windows: Any, *, threads: int, seed: int) -> tuple[np.ndarray, dict[str, float]]:
