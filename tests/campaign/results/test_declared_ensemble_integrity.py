@@ -179,11 +179,11 @@ seeds: [0, 1]
 @pytest.mark.parametrize(("value", "problem", "fix"), [
     ("1.0e9", "'1.0e9' is text to YAML, not a number", "in digits without quotes (1000000000)"),
     ('"4"', "'4' is text to YAML, not a number", "in digits without quotes (4)"),
-    ("-2", "-2 is not a multiple >= 1 of task.horizon", "whole multiples of task.horizon"),
-    ("0", "0 is not a multiple >= 1 of task.horizon", "whole multiples of task.horizon"),
-    ("true", "true is not a number", "whole multiples of task.horizon"),
-    ("1.5", "1.5 is not a whole multiple of task.horizon (it would be rounded to another lookback)", "whole multiples of task.horizon"),
-    ("2.5", "2.5 is not a whole multiple of task.horizon (it would be rounded to another lookback)", "whole multiples of task.horizon"),
+    ("-2", "-2 is not a multiple >= 1 of task.horizon", "multiples of task.horizon in digits"),
+    ("0", "0 is not a multiple >= 1 of task.horizon", "multiples of task.horizon in digits"),
+    ("true", "true is not a number", "multiples of task.horizon in digits"),
+    ("1.5", "1.5 x task.horizon 3 = 4.5 steps, no whole lookback (it would be rounded to another one)", "a whole number of steps"),
+    ("2.5", "2.5 x task.horizon 3 = 7.5 steps, no whole lookback (it would be rounded to another one)", "a whole number of steps"),
 ])
 def test_a_bad_lookback_multiple_is_refused_at_its_line_before_anything_runs(tmp_path, capsys, value, problem, fix):
     path = tmp_path / "bad.yaml"
@@ -204,9 +204,21 @@ def test_a_lookbacks_value_that_is_not_a_list_of_multiples_is_refused(tmp_path, 
     with pytest.raises(InputError) as error:
         load_campaign(path)
     assert (error.value.where, error.value.field) == (f"{path}:9", "ensemble.lookbacks")
-    assert error.value.problem == {"[]": "expected a list of whole multiples of task.horizon, got []",
-                                   "[1.5, 2.5]": "1.5 is not a whole multiple of task.horizon (it would be rounded to another lookback)",
-                                   "4": "expected a list of whole multiples of task.horizon, got 4"}[value]
+    assert error.value.problem == {"[]": "expected a list of multiples of task.horizon, got []",
+                                   "[1.5, 2.5]": "1.5 x task.horizon 3 = 4.5 steps, no whole lookback (it would be rounded to another one)",
+                                   "4": "expected a list of multiples of task.horizon, got 4"}[value]
+
+
+def test_a_fractional_multiple_that_makes_whole_steps_is_a_lookback(tmp_path):
+    """The docs' recipe takes 1.5 horizons: with an even horizon it is a whole lookback, kept as written (1.5), and the
+    scheduler and a worker read the same lookbacks."""
+    path = tmp_path / "half.yaml"
+    path.write_text(BAD.replace("horizon: 3", "horizon: 4").replace("    - VALUE\n", "    - 1.5\n"))
+    spec = load_campaign(path)
+    assert spec.ensemble.lookbacks == [2, 1.5] and spec.every_lookback == [6, 8]  # 1.5 x 4 = 6, task.lookback's 6 already
+    assert spec.lookbacks("mlp") == [6, 8]
+    worker = CampaignSpec.model_validate(json.loads(spec.model_dump_json()), context=CHECKED)
+    assert worker.model_dump() == spec.model_dump() and worker.every_lookback == [6, 8]
 
 
 @pytest.mark.parametrize("families", ["[]", "[ ]"])
@@ -229,7 +241,7 @@ def test_the_scheduler_and_the_workers_check_the_same_ensemble_the_same_way(tmp_
     worker = CampaignSpec.model_validate(json.loads(spec.model_dump_json()), context=CHECKED)  # what a worker validates
     assert worker.model_dump() == spec.model_dump()
     for bad, problem in ((["4"], "'4' is text to YAML, not a number"), ([True], "true is not a number"), ([-2], "-2 is not a multiple >= 1"),
-                         ([1.5], "1.5 is not a whole multiple")):
+                         ([0.5], "0.5 is not a multiple >= 1")):
         with pytest.raises(ValueError, match=problem):  # the spec model itself runs the one check (a worker's spec too)
             EnsembleSpec.model_validate({"lookbacks": bad})
     with pytest.raises(ValueError, match="an empty list names no member family"):

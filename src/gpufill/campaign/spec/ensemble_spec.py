@@ -2,7 +2,7 @@
 
     ensemble:
       families: [nbeats]        # members: every trial of these families (left out: every learned family; [] is refused)
-      lookbacks: [2, 3, 4, 5]   # whole multiples of task.horizon (>= 1): each member family also trains at these
+      lookbacks: [2, 3, 4, 5]   # multiples of task.horizon (>= 1; 1.5 too, where it makes whole steps): each member family also trains at these
       losses: [mae, smape]      # each member family trains once per loss (a grid axis)
       combine: median           # or mean
       within: 1.5               # members whose validation score is within 1.5x the best member's (null: all)
@@ -41,8 +41,9 @@ LossName = Literal[REGRESSION_LOSSES]  # type: ignore[valid-type]  # engine/conf
 class EnsembleSpec(Spec):
     families: list[str] | None = None
     """Member families (each must be in `models`); None (left out): every family but the statistical references."""
-    lookbacks: list[int] | None = None
-    """Whole multiples (>= 1) of task.horizon, each a lookback every member trains at."""
+    lookbacks: list[int | float] | None = None
+    """Multiples (>= 1) of task.horizon, each a lookback every member trains at: a fraction too (1.5), where its
+    product with task.horizon is a whole number of steps."""
     losses: list[LossName] | None = Field(default=None, min_length=1)
     """Each member network trains once per loss."""
     combine: Literal["median", "mean"] = "median"
@@ -72,15 +73,18 @@ class EnsembleSpec(Spec):
         return None if value is None else member_families(value)
 
 
-_LOOKBACKS_FIX = "write whole multiples of task.horizon in digits, e.g. lookbacks: [2, 3, 4] (task.lookback takes other lengths)"
+_LOOKBACKS_FIX = "write multiples of task.horizon in digits, e.g. lookbacks: [1, 1.5, 2, 3] (task.lookback takes other lengths)"
 
 
-def lookback_multiples(value: Any, loc: tuple[str | int, ...] = ()) -> list[int]:
-    """`ensemble.lookbacks` as whole numbers >= 1, or a LocatedError at the first bad item (`loc`: where the list
-    is, relative to what is being validated). Nothing is dropped or rounded: what is folded is what was written."""
+def lookback_multiples(value: Any, loc: tuple[str | int, ...] = (), horizon: Any = None) -> list[int | float]:
+    """`ensemble.lookbacks` as numbers >= 1 (a whole one as an int), or a LocatedError at the first bad item (`loc`:
+    where the list is, relative to what is being validated); with `horizon` (task.horizon, where the file gives a
+    whole one), also one whose product with it is not a whole number of steps. Nothing is dropped or rounded: what is
+    folded is what was written."""
     if not isinstance(value, list) or not value:
-        raise LocatedError(loc, f"expected a list of whole multiples of task.horizon, got {value!r}", fix=_LOOKBACKS_FIX)
-    multiples = []
+        raise LocatedError(loc, f"expected a list of multiples of task.horizon, got {value!r}", fix=_LOOKBACKS_FIX)
+    steps = horizon if isinstance(horizon, int) and not isinstance(horizon, bool) and horizon >= 1 else None
+    multiples: list[int | float] = []
     for index, item in enumerate(value):
         fix = _LOOKBACKS_FIX
         if isinstance(item, bool):  # YAML's true/yes/on: a bool is an int to Python, never a length
@@ -92,10 +96,11 @@ def lookback_multiples(value: Any, loc: tuple[str | int, ...] = ()) -> list[int]
             problem = f"{item!r} is not a number"
         elif not math.isfinite(item) or item < 1:
             problem = f"{item!r} is not a multiple >= 1 of task.horizon"
-        elif not float(item).is_integer():
-            problem = f"{item!r} is not a whole multiple of task.horizon (it would be rounded to another lookback)"
+        elif steps is not None and not math.isclose(item * steps, round(item * steps), abs_tol=1e-9):
+            problem = f"{item!r} x task.horizon {steps} = {item * steps:g} steps, no whole lookback (it would be rounded to another one)"
+            fix = "pick multiples whose product with task.horizon is a whole number of steps (1.5 with an even horizon), or write the lookback in task.lookback"
         else:
-            multiples.append(int(item))
+            multiples.append(int(item) if float(item).is_integer() else float(item))
             continue
         raise LocatedError((*loc, index), problem, fix=fix)
     return multiples
@@ -134,7 +139,8 @@ def fold_ensemble(data: Any) -> Any:
     ensemble, task, models = data["ensemble"], data.get("task"), data.get("models")
     multiples = ensemble.get("lookbacks")
     if multiples is not None:
-        multiples = lookback_multiples(multiples, ("ensemble", "lookbacks"))
+        horizon = task.get("horizon", 1) if isinstance(task, Mapping) else None  # TaskSpec's default horizon is 1
+        multiples = lookback_multiples(multiples, ("ensemble", "lookbacks"), horizon)
     if ensemble.get("families") is not None:
         member_families(ensemble["families"], ("ensemble", "families"))
     if not isinstance(task, Mapping) or not isinstance(models, Mapping):

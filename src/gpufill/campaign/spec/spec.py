@@ -265,7 +265,7 @@ class CampaignSpec(Spec):
     def _ensemble_lookbacks(self) -> list[int]:
         """The declared ensemble's lookbacks in steps (its multiples of task.horizon; none without them)."""
         multiples = self.ensemble.lookbacks if self.ensemble is not None and self.ensemble.lookbacks else []
-        return [m * self.task.horizon for m in multiples]
+        return [round(m * self.task.horizon) for m in multiples]  # whole steps: ensemble_spec.lookback_multiples checked
 
     def seeds_of(self, family: str) -> list[int]:
         """The seeds a family's trials run with. A deterministic family (the statistical references snaive, ets, theta)
