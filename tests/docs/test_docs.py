@@ -279,3 +279,18 @@ def test_the_readmes_fit_example_trains_and_prints_what_the_readme_shows(tmp_pat
     assert math.isfinite(val_loss) and val_loss < 0.1  # the target's variance is ~7.5, its noise's 0.01
     assert 1 <= best_epoch <= 20
     assert abs(val_loss - float(shown.splitlines()[-1].split()[1])) < 0.25 * val_loss  # what the README prints, within CPU rounding
+
+
+def test_every_example_campaign_loads_and_the_forecasting_recipe_is_the_documented_one():
+    """examples/*.yaml load as written (a user copies them first); forecast.yaml is the recipe docs/forecasting.md opens
+    with: two N-BEATS scalings at 1, 1.5 and 2 horizons, an ensemble chosen on validation, refit, the references."""
+    from gpufill.campaign import load_campaign
+    from gpufill.campaign.trials.trials import expand
+
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        spec = load_campaign(path)
+        assert spec.search is not None or expand(spec, [f"p{i}" for i in range(2)]), path.name
+    recipe = load_campaign(ROOT / "examples" / "forecast.yaml")
+    assert recipe.ensemble_members() == ["nbeats", "nbeats@mean"] and recipe.lookbacks("nbeats") == [16, 8, 12]
+    assert recipe.train.refit and recipe.task.metric == "smape" and {"ets", "theta", "comb"} <= set(recipe.models)
+    assert "examples/forecast.yaml" in (DOCS / "forecasting.md").read_text()
