@@ -181,15 +181,16 @@ def check_forecast_intervals(record: dict[str, Any]) -> None:
 
 def check_forecast_quality(record: dict[str, Any]) -> None:
     methods = rows_by(record, "method")
-    assert {"mlp", "linear", "gpufill: all families", "gpufill: chosen on validation", "gpufill: lookbacks chosen on validation", "snaive", "ets", "theta", "gpufill: families + ets + theta"} <= set(methods)
+    assert {"mlp", "linear", "gpufill: all families", "gpufill: chosen on validation", "gpufill: lookbacks chosen on validation", "snaive", "ets", "theta",
+            "comb", "gpufill: families + ets + theta"} <= set(methods)
     for row in methods.values():
         assert row["series"] == 8 and 0 < row["smape"] <= 200 and positive(row["mase"])
     assert positive(record["ratios"][f"{record['args']['datasets']}: campaign wall seconds"])
     # No method is picked on the test scores: every gpufill method against every reference, 2 metrics each.
-    ours = [name for name in methods if name not in ("snaive", "ets", "theta")]
-    assert sum(1 for name in record["ratios"] if "/ ets's" in name or "/ theta's" in name) == len(ours) * 2 * 2
+    ours = [name for name in methods if name not in ("snaive", "ets", "theta", "comb")]
+    assert sum(1 for name in record["ratios"] if "/ ets's" in name or "/ theta's" in name or "/ comb's" in name) == len(ours) * 3 * 2
     for name in ours:
-        for reference in ("ets", "theta"):
+        for reference in ("ets", "theta", "comb"):
             ratio = record["ratios"][f"{record['args']['datasets']}: {name} sMAPE / {reference}'s"]
             assert ratio == pytest.approx(methods[name]["smape"] / methods[reference]["smape"], rel=1e-3)
     # --scaling standard,mean --losses mae,smape: mlp trains mae under standard scaling, mae and smape under mean scaling;
