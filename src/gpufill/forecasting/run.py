@@ -28,7 +28,7 @@ from gpufill.forecasting.data.metrics import mean_over_series
 from gpufill.forecasting.data.scoring import ValidationScored, per_origin, score, score_validation
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe
-from gpufill.forecasting.task import predict, seeded_model
+from gpufill.forecasting.task import predict
 from gpufill.forecasting.trial import METRICS, PackEntry, Trial, TrialResult, trial_result
 
 __all__ = ["EpochRecord", "FitCallback", "TrialSetup", "use_threads", "ValidationScorer", "Watch", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup"]
@@ -72,8 +72,10 @@ def trial_setup(trial: Trial, recipe: Recipe, base: FitConfig, *, threads: int |
 
 
 def build_model(trial: Trial, windows: WindowedProject) -> Any:
-    """The trial's model, seeded: the same initial weights whether it trains alone, in a pack or globally."""
-    return seeded_model(trial.family, windows, trial.params, trial.seed)
+    """The one place a trial's model is seeded and built: the same seed gives the same initial weights, whether it
+    trains alone, in a pack, over every project or once more on all the data (`gpufill forecast`)."""
+    torch.manual_seed(trial.seed)
+    return registry.build(trial.family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=trial.params)
 
 
 class Watch(Protocol):

@@ -1,11 +1,9 @@
-"""The pieces every forecasting trial shares: the seeded model, its predictions, one project's windows from a source.
+"""The pieces every forecasting trial shares: a model's predictions, one project's windows from a source (the seeded
+model is forecasting/run.py's `build_model`).
 A campaign's trial and `gpufill train` run through forecasting/run.py, which builds their results (forecasting/trial.py).
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,15 +15,7 @@ from gpufill.forecasting.data import (
     load_projects,
     make_windows,
 )
-from gpufill.forecasting.models import registry
 from gpufill.engine.precision import autocast
-
-
-def seeded_model(family: str, windows: WindowedProject, params: Mapping[str, Any], seed: int) -> Any:
-    """The one place a forecaster is seeded and built: the same seed gives the same initial weights, whether it
-    trains alone, in a pack or over every project (forecasting/run.py)."""
-    torch.manual_seed(seed)
-    return registry.build(family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=params)
 
 
 @torch.no_grad()

@@ -182,7 +182,8 @@ class _Resolver:
             plan = self._search_batch(plan, events)
         if why_not is not None:
             return _unmeasured(plan, why_not)
-        self.compiles = any(stage.costly for stage in stages(plan, self.settings, self.hardware, self.context))
+        planned = stages(plan, self.settings, self.hardware, self.context)  # the plan the batch search left: measured as is below
+        self.compiles = any(stage.costly for stage in planned)
         self.plain = label(plan)
         reference = self._measure(plan, check=True)
         if reference.step_s is None:
@@ -190,7 +191,6 @@ class _Resolver:
             return _unmeasured(plan, why)
         self.reference = reference
         self.ledger.excluded_s = reference.setup_s
-        planned = stages(plan, self.settings, self.hardware, self.context)
         self.timed_steps, self.rounds = _block_sizes(reference, planned, self.ledger.cheap_s - self.ledger.spent())
         for stage in planned:
             plan = self._stage(plan, stage, events)
