@@ -151,3 +151,20 @@ def test_the_reports_forecast_panels_draw_every_step_with_the_intervals(campaign
     assert intervals.count("<tr>") == 3 and "80 %" in intervals and "95 %" in intervals
     if CHROMIUM.exists():
         assert check_in_chromium(report, tmp_path) >= 2
+
+
+@pytest.mark.slow
+def test_a_global_ensemble_calibrates_over_every_series_and_leaves_a_level_it_cannot_bound_empty(tmp_path, capsys):
+    """One model over 3 series, 5 validation windows each: each series alone is too few for any level, the 15 together
+    bound 80 % (4 needed) but not 95 % (19): its bounds stay empty, and the command says why."""
+    (tmp_path / "g.yaml").write_text("name: g\ndata: {source: synthetic, projects: 3, length: 160, seed: 2}\n"
+                                     "task: {lookback: [8], horizon: 4, split: {val: 8, test: 4}, mode: global}\n"
+                                     "models:\n  mlp: {hidden_size: 8}\nensemble: {families: [mlp], within: null}\n"
+                                     "train: {epochs: 4, refit: true}\nseeds: [0, 1]\nresources: {retries: 0}\n")
+    assert Campaign.from_yaml(tmp_path / "g.yaml", tmp_path / "w").run(executor="inline").done == 2
+    code, out, _ = run_cli(capsys, "forecast", "--workdir", str(tmp_path / "w"))
+    assert code == 0 and "3 project(s) x 4 step(s)" in out and "2 trained on all the data now" in out, out
+    assert "95 % bounds left empty where the validation windows are too few for them (15 at most; a 95 % interval needs 19)" in out
+    rows = pd.read_csv(tmp_path / "w" / "forecast.csv")
+    assert len(rows) == 12 and set(rows["interval_from"]) == {"pooled"} and set(rows["model"]) == {"ensemble (median of 2)"}
+    assert rows["lo_80"].notna().all() and (rows["lo_80"] < rows["forecast"]).all() and rows["lo_95"].isna().all() and rows["hi_95"].isna().all()

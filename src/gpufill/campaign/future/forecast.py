@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from gpufill.campaign.future.choice import Chosen, chosen
-from gpufill.campaign.future.intervals import LEVELS, Calibration, calibrate
+from gpufill.campaign.future.intervals import LEVELS, Calibration, calibrate, windows_needed
 from gpufill.campaign.store.store import Store
 from gpufill.errors import InputError
 from gpufill.files import make_folder, write_atomically
@@ -74,15 +74,19 @@ def forecast(workdir: str | Path, *, horizon: int | None = None, levels: Sequenc
     projects = _projects(spec, base_dir, data, trials, where)
     futures, trained, reused = _futures(spec, workdir, trials, details, projects)
     steps, frames, notes = horizon or spec.task.horizon, [], []
-    for pick in picks:
-        names = sorted(projects) if pick.project == GLOBAL_PROJECT else [pick.project]
-        calibration = _calibration(pick, names, val, test, levels)
-        for name in names:
-            if name not in projects:
-                notes.append(f"project {name}: not in the data given, not forecast")
-                continue
-            point = _combined(pick, [futures[t][name] for t in pick.members], pick.members)[:steps]
-            frames.append(_rows(name, pick, point, calibration.get(name), levels, projects[name].time))
+    served = [(pick, name) for pick in picks for name in (sorted(projects) if pick.project == GLOBAL_PROJECT else [pick.project])]
+    calibration = _calibration(served, val, test, levels)
+    for pick, name in served:
+        if name not in projects:
+            notes.append(f"project {name}: not in the data given, not forecast")
+            continue
+        point = _combined(pick, [futures[t][name] for t in pick.members], pick.members)[:steps]
+        frames.append(_rows(name, pick, point, calibration.get(name), levels, projects[name].time))
+    unbounded = [f"{level:g} %" for level in levels if any(not np.isfinite(c.half_widths[level]).all() for c in calibration.values())]
+    if unbounded:
+        notes.append(f"{' and '.join(unbounded)} bounds left empty where the validation windows are too few for them "
+                     f"({max(c.windows for c in calibration.values())} at most; a {unbounded[-1]} interval needs "
+                     f"{windows_needed(float(unbounded[-1].split()[0]))}): a longer task.split.val gives more")
     covered = set(projects) if any(pick.project == GLOBAL_PROJECT for pick in picks) else {pick.project for pick in picks}
     if left := sorted(set(projects) - covered):
         notes.append(f"{len(left)} project(s) without a finished trial to forecast with (too short for every lookback, or failed): "
@@ -101,18 +105,18 @@ def held_out(store: Store, *, levels: Sequence[float] = LEVELS, how: Literal["au
     picks = chosen(store, how, metric=stored_metric(store), where=str(store.path.parent))
     member_ids = sorted({trial_id for pick in picks for trial_id in pick.members})
     val, test = store.forecasts(member_ids, window="val"), store.forecasts(member_ids)
+    served = [(pick, name) for pick in picks
+              for name in (sorted({n for (t, n) in test if t in pick.members}) if pick.project == GLOBAL_PROJECT else [pick.project])]
+    calibration = _calibration(served, val, test, levels)
     rows = []
-    for pick in picks:
-        names = sorted({name for (trial_id, name) in test if trial_id in pick.members}) if pick.project == GLOBAL_PROJECT else [pick.project]
-        calibration = _calibration(pick, names, val, test, levels)
-        for name in names:
-            kept = [test.get((trial_id, name)) for trial_id in pick.members]
-            if name not in calibration or any(k is None for k in kept):
-                continue
-            point = _combined(pick, [k["forecast"].astype(np.float64) for k in kept], pick.members)
-            bounds = {level: calibration[name].bounds(point, level) for level in levels}
-            rows.append({"project": name, "model": pick.label, "forecast": point, "truth": kept[0]["truth"].astype(np.float64),
-                         "bounds": bounds, "scale": float(kept[0]["mase_scale"]), "interval_from": calibration[name].source})
+    for pick, name in served:
+        kept = [test.get((trial_id, name)) for trial_id in pick.members]
+        if name not in calibration or any(k is None for k in kept):
+            continue
+        point = _combined(pick, [k["forecast"].astype(np.float64) for k in kept], pick.members)
+        bounds = {level: calibration[name].bounds(point, level) for level in levels}
+        rows.append({"project": name, "model": pick.label, "forecast": point, "truth": kept[0]["truth"].astype(np.float64),
+                     "bounds": bounds, "scale": float(kept[0]["mase_scale"]), "interval_from": calibration[name].source})
     return rows
 
 
@@ -209,12 +213,13 @@ def _combined(pick: Chosen, forecasts: list[np.ndarray], weights: dict[str, int]
     return getattr(np, pick.combine)(np.stack(repeated), axis=0)
 
 
-def _calibration(pick: Chosen, names: list[str], val: dict[tuple[str, str], dict[str, Any]], test: dict[tuple[str, str], dict[str, Any]],
+def _calibration(served: list[tuple[Chosen, str]], val: dict[tuple[str, str], dict[str, Any]], test: dict[tuple[str, str], dict[str, Any]],
                  levels: Sequence[float]) -> dict[str, Calibration]:
-    """Each project's intervals from the combination's errors on its validation windows (the windows every member has)."""
+    """Each project's intervals from its combination's errors on its validation windows (the windows every member has),
+    calibrated together: a series with too few windows borrows from every series of the campaign (intervals.calibrate)."""
     errors: dict[str, np.ndarray] = {}
     scales: dict[str, float] = {}
-    for name in names:
+    for pick, name in served:
         kept = [val.get((trial_id, name)) for trial_id in pick.members]
         scale = next((test[(t, name)]["mase_scale"] for t in pick.members if (t, name) in test), None)
         if scale:
@@ -243,6 +248,7 @@ def _rows(name: str, pick: Chosen, point: np.ndarray, calibration: Calibration |
     columns.update({"model": pick.label, "forecast": point})
     for level in levels:
         lower, upper = calibration.bounds(point, level) if calibration is not None else (np.full(steps, np.nan), np.full(steps, np.nan))
-        columns[f"lo_{level:g}"], columns[f"hi_{level:g}"] = lower, upper
+        # an interval too few windows can bound is empty (NaN), never an infinite one in a file
+        columns[f"lo_{level:g}"], columns[f"hi_{level:g}"] = np.where(np.isfinite(lower), lower, np.nan), np.where(np.isfinite(upper), upper, np.nan)
     columns["interval_from"] = calibration.source if calibration is not None else "none (no validation windows)"
     return pd.DataFrame(columns)
