@@ -54,7 +54,9 @@ def campaign(tmp_path_factory):
     folder = tmp_path_factory.mktemp("future")
     write_data(folder / "sales.csv")
     (folder / "future.yaml").write_text(CAMPAIGN)
-    outcome = Campaign.from_yaml(folder / "future.yaml", folder / "work").run(executor="inline")
+    with pytest.MonkeyPatch.context() as patch:  # run as a user does, with relative paths (forecast is asked from elsewhere below)
+        patch.chdir(folder)
+        outcome = Campaign.from_yaml(Path("future.yaml"), Path("work")).run(executor="inline")
     assert (outcome.done, outcome.failed) == (9, 0)  # 3 projects x (2 mlp seeds + ets)
     store = Store.open(folder / "work")
     try:  # early stopping chose each network's length, shorter than it trained: the refit's rule is what is tested
@@ -110,6 +112,10 @@ def test_forecasting_again_trains_nothing_and_bad_requests_are_one_line(campaign
     work = str(campaign / "work")
     code, out, _ = run_cli(capsys, "forecast", "--workdir", work, "--from", "best")
     assert code == 0 and "3 project(s) x 4 step(s)" in out, out
+    with pytest.MonkeyPatch.context() as patch:  # from another directory: the data is found where the run found it
+        patch.chdir(campaign.parent)
+        code, again, _ = run_cli(capsys, "forecast", "--workdir", work, "--from", "best", "--out", str(campaign / "elsewhere.csv"))
+    assert code == 0 and "3 project(s) x 4 step(s)" in again, again
     # What the intervals are worth, measured on the test windows (never used to calibrate them), said with the forecast
     from gpufill.campaign.future.forecast import held_out, interval_scores
     from gpufill.campaign.future.intervals import coverage

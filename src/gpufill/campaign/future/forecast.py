@@ -151,10 +151,12 @@ def _spec(store: Store, workdir: Path) -> tuple[CampaignSpec, Path]:
     """The campaign as its last run read it, and the folder its data paths are relative to."""
     from gpufill.campaign.spec.spec import CHECKED, CampaignSpec
 
-    text, source = store.meta("spec"), store.meta("campaign_file")
+    text, source, base = store.meta("spec"), store.meta("campaign_file"), store.meta("base_dir")
     if not text:
         raise InputError("the workdir holds no campaign run", where=str(workdir), field="--workdir", fix="run the campaign first (gpufill run FILE)")
     spec = CampaignSpec.model_validate(json.loads(text), context=CHECKED)
+    if base:  # absolute, as the run resolved it (a store written before it was kept: the file's path as given)
+        return spec, Path(base)
     return spec, (Path(source).parent if source and source != "campaign" else Path.cwd())
 
 

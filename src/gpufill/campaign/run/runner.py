@@ -287,7 +287,9 @@ class Campaign:
 
     def _run(self, store: Store, run_id: int, prepared: Prepared, executor: Executor, on_start: Any, on_update: Any,
              timeline: Timeline) -> RunOutcome:
-        store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json()})
+        # base_dir: where the file's relative data paths start, absolute (a later `gpufill forecast` may run from elsewhere)
+        store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json(),
+                        "base_dir": str(self.base_dir.resolve())})
         lane_of = {kind: lane.queue for lane in prepared.lanes for kind in lane.kinds}  # pending trials belong to a queue
         extras: dict[str, Any] = {}
         search, refill = self._search(store, prepared, lane_of, extras)
