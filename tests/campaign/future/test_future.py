@@ -135,6 +135,12 @@ def test_forecasting_again_trains_nothing_and_bad_requests_are_one_line(campaign
     again = pd.read_csv(campaign / "work" / "forecast.csv")
     assert list(again.columns) == ["project", "step", "time", "model", "forecast", "lo_90", "hi_90", "interval_from"]
     np.testing.assert_array_equal(again["forecast"], first[first.step <= 2]["forecast"])
+    # --data holding some of the projects only: those are forecast, the others said, nothing breaks
+    write_data(campaign / "two.csv")
+    two = pd.read_csv(campaign / "two.csv")
+    two[two.project != "west"].to_csv(campaign / "two.csv", index=False)
+    code, out, _ = run_cli(capsys, "forecast", "--workdir", work, "--from", "best", "--data", str(campaign / "two.csv"), "--out", str(campaign / "two-out.csv"))
+    assert code == 0 and "2 project(s) x 4 step(s)" in out and "note: project west: not in the data given, not forecast" in out, out
     for args, field in ((["--horizon", "9"], "--horizon"), (["--level", "120"], "--level"), (["--from", "nope"], "--from"),
                         (["--out", str(campaign / "x.txt")], "--out")):
         code, _, err = run_cli(capsys, "forecast", "--workdir", work, *args)

@@ -82,11 +82,11 @@ def forecast(workdir: str | Path, *, horizon: int | None = None, levels: Sequenc
             continue
         point = _combined(pick, [futures[t][name] for t in pick.members], pick.members)[:steps]
         frames.append(_rows(name, pick, point, calibration.get(name), levels, projects[name].time))
-    unbounded = [f"{level:g} %" for level in levels if any(not np.isfinite(c.half_widths[level]).all() for c in calibration.values())]
+    unbounded = [level for level in levels if any(not np.isfinite(c.half_widths[level]).all() for c in calibration.values())]
     if unbounded:
-        notes.append(f"{' and '.join(unbounded)} bounds left empty where the validation windows are too few for them "
-                     f"({max(c.windows for c in calibration.values())} at most; a {unbounded[-1]} interval needs "
-                     f"{windows_needed(float(unbounded[-1].split()[0]))}): a longer task.split.val gives more")
+        notes.append(f"{' and '.join(f'{level:g} %' for level in unbounded)} bounds left empty where the validation windows are too few "
+                     f"for them ({max(c.windows for c in calibration.values())} at most; a {unbounded[-1]:g} % interval needs "
+                     f"{windows_needed(unbounded[-1])}): a longer task.split.val gives more")
     covered = set(projects) if any(pick.project == GLOBAL_PROJECT for pick in picks) else {pick.project for pick in picks}
     if left := sorted(set(projects) - covered):
         notes.append(f"{len(left)} project(s) without a finished trial to forecast with (too short for every lookback, or failed): "
@@ -182,6 +182,8 @@ def _futures(spec: CampaignSpec, workdir: Path, trials: dict[str, Any], details:
     out: dict[str, dict[str, np.ndarray]] = {}
     trained_now = reused = 0
     for trial_id, trial in trials.items():
+        if not trial.is_global and trial.project not in projects:  # --data without this project: nothing to train on (said by the caller)
+            continue
         names = sorted(projects) if trial.is_global else [trial.project]
         key = hashlib.sha256(json.dumps([spec.task.horizon, [(n, projects[n].fingerprint()) for n in names]]).encode()).hexdigest()[:16]
         path = folder / f"{trial_id}-{key}.json"
