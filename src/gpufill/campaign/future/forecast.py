@@ -68,7 +68,7 @@ def forecast(workdir: str | Path, *, horizon: int | None = None, levels: Sequenc
         trials = {q.trial_id: q.trial for q in store.queued(member_ids)}
         details = {trial_id: store.trial_details(trial_id) or {} for trial_id in member_ids}
         val, test = store.forecasts(member_ids, window="val"), store.forecasts(member_ids)
-        scores = interval_scores(held_out(store, levels=levels, how=how), levels)
+        scores = interval_scores(_held_out(picks, val, test, levels), levels)  # the same picks and forecasts: read once
     finally:
         store.close()
     projects = _projects(spec, base_dir, data, trials, where)
@@ -104,7 +104,12 @@ def held_out(store: Store, *, levels: Sequence[float] = LEVELS, how: Literal["au
 
     picks = chosen(store, how, metric=stored_metric(store), where=str(store.path.parent))
     member_ids = sorted({trial_id for pick in picks for trial_id in pick.members})
-    val, test = store.forecasts(member_ids, window="val"), store.forecasts(member_ids)
+    return _held_out(picks, store.forecasts(member_ids, window="val"), store.forecasts(member_ids), levels)
+
+
+def _held_out(picks: list[Chosen], val: dict[tuple[str, str], dict[str, Any]], test: dict[tuple[str, str], dict[str, Any]],
+              levels: Sequence[float]) -> list[dict[str, Any]]:
+    """`held_out` of picks whose stored forecasts are read already."""
     served = [(pick, name) for pick in picks
               for name in (sorted({n for (t, n) in test if t in pick.members}) if pick.project == GLOBAL_PROJECT else [pick.project])]
     calibration = _calibration(served, val, test, levels)
