@@ -293,4 +293,5 @@ def test_every_example_campaign_loads_and_the_forecasting_recipe_is_the_document
     recipe = load_campaign(ROOT / "examples" / "forecast.yaml")
     assert recipe.ensemble_members() == ["nbeats", "nbeats@mean"] and recipe.lookbacks("nbeats") == [16, 8, 12]
     assert recipe.train.refit and recipe.task.metric == "smape" and {"ets", "theta", "comb"} <= set(recipe.models)
+    assert recipe.ensemble is not None and (recipe.ensemble.select, recipe.ensemble.padded) == ("best", "leave_out")
     assert "examples/forecast.yaml" in (DOCS / "forecasting.md").read_text()

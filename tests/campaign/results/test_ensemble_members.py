@@ -128,14 +128,74 @@ def test_forward_selection_chooses_members_on_their_validation_forecasts_and_wei
     assert left > 0 and f"{left} not chosen by forward selection on validation" in summary[0]["family"]
 
 
+@pytest.mark.parametrize("mode", ["local", "global"])
+def test_select_best_takes_the_lookback_range_whose_combination_scores_best_on_validation(tmp_path, mode):
+    """The members' lookbacks are 6 and 12: of the ranges 6, 6-12 and 12, the one whose median of validation
+    forecasts scores best (by hand here, from the stored validation forecasts) joins; the test row is that range's
+    median of test forecasts; the summary names the range."""
+    from gpufill.forecasting.data.metrics import mean_over_series
+
+    text = YAML.replace("lookbacks: [4]}", "lookbacks: [4], within: null, select: best}").replace("split: {val: 20, test: 20}}", f"split: {{val: 20, test: 20}}, mode: {mode}}}")
+    outcome, declared, records, kept = _run(tmp_path, text)
+    assert outcome.failed == 0 and [row["project"] for row in declared] == ["p000", "p001"]
+    store = Store.open(tmp_path / "w")
+    try:
+        val = store.forecasts([r["trial_id"] for r in records], window="val")
+    finally:
+        store.close()
+    members = [r for r in records if r["family"] in ("mlp", "linear")]
+    for row in declared:
+        mine = [r for r in members if r["project"] in (row["project"], "*")]
+        projects = ["p000", "p001"] if mode == "global" else [row["project"]]
+        scores = {}
+        for name, lookbacks in (("6", {6}), ("6-12", {6, 12}), ("12", {12})):
+            inside = [r for r in mine if int(r["lookback"]) in lookbacks]
+            combined = np.concatenate([np.median(np.stack([val[(r["trial_id"], p)]["forecast"] for r in inside]).astype(np.float64), axis=0) for p in projects])
+            truth = np.concatenate([val[(inside[0]["trial_id"], p)]["truth"] for p in projects])
+            groups = np.concatenate([[i] * len(val[(inside[0]["trial_id"], p)]["origins"]) for i, p in enumerate(projects)])
+            scores[name] = float(mean_over_series(combined, truth, groups, "mae"))
+        assert row["lookback_range"]["scores"] == pytest.approx(scores, abs=1e-6)  # kept rounded to 6 decimals
+        best = min(scores, key=scores.__getitem__)
+        lookbacks = [int(v) for v in best.split("-")]
+        assert row["lookbacks"] == lookbacks and row["select"] == "best" and "weights" not in row
+        inside = [r for r in mine if int(r["lookback"]) in lookbacks]
+        assert row["joined"] == sorted(r["trial_id"] for r in inside)
+        assert sorted(m["trial_id"] for m in row["left_out"]) == sorted(r["trial_id"] for r in mine if r not in inside)
+        assert {m["reason"] for m in row["left_out"]} <= {"lookbacks"}
+        first = kept[(inside[0]["trial_id"], row["project"])]
+        median = np.median(np.stack([kept[(r["trial_id"], row["project"])]["forecast"] for r in inside]).astype(np.float64), axis=0)
+        assert row["mae"] == pytest.approx(forecast_metrics(first["truth"].astype(np.float64), median, first["mase_scale"])["mae"], rel=1e-9)
+    if mode == "global":
+        assert declared[0]["lookback_range"] == declared[1]["lookback_range"]
+    summary = [row for row in read_best(tmp_path / "w") if row["family"].startswith("ensemble (")]
+    if declared[0]["left_out"]:
+        assert f"lookbacks {'-'.join(map(str, declared[0]['lookback_range']['lookbacks']))} chosen on validation" in summary[0]["family"]
+
+
+def test_select_best_leaves_padded_members_out_of_each_range_on_validation_as_on_test():
+    """The padded rule inside a range: a row whose window a member's lookback does not fill takes the range's members
+    that fit, or its shortest lookback's where none does."""
+    from gpufill.campaign.results.lookback_range import select_lookback_range
+
+    truth = np.array([[10.0], [10.0]])
+    forecasts = np.array([[[10.0], [14.0]],   # lookback 4: right on row 0, off on row 1
+                          [[30.0], [10.0]]])  # lookback 8: off on row 0 (where its history is too short), right on row 1
+    groups, lookbacks, fits = np.array([0, 1]), np.array([4, 8]), np.array([[True, True], [False, True]])
+    kept = select_lookback_range(forecasts, truth, groups, lookbacks, metric="mae", fits=fits)
+    # 4: (0 + 4) / 2 = 2; 4-8 with row 0 padded out: (0 + |12 - 10|) / 2 = 1; 8 alone, row 0 none fits -> its shortest (8): (20 + 0) / 2
+    assert kept.scores == {"4": 2.0, "4-8": 1.0, "8": 10.0} and kept.lookbacks == (4, 8) and kept.score == 1.0
+    plain = select_lookback_range(forecasts, truth, groups, lookbacks, metric="mae")
+    assert plain.scores == {"4": 2.0, "4-8": 6.0, "8": 10.0} and plain.lookbacks == (4,)
+
+
 def test_an_unknown_select_is_one_line_naming_the_field(tmp_path, capsys):
     from tests.helpers import run_cli
 
     path = tmp_path / "c.yaml"
-    path.write_text(YAML.replace("lookbacks: [4]}", "lookbacks: [4], select: best}"))
+    path.write_text(YAML.replace("lookbacks: [4]}", "lookbacks: [4], select: stacking}"))
     code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert "select" in err and "greedy" in err and "c.yaml:" in err
+    assert "select" in err and "greedy" in err and "best" in err and "c.yaml:" in err
     assert not (tmp_path / "work").exists()
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -147,7 +147,9 @@ def declared_ensemble(store: Store, members: list[str], combine: str, *, within:
     with `within`, only the members whose validation `metric` is within that factor of the best member's (chosen on
     validation, never on the test it is scored on; `left_out`: the others, each with its validation score); with
     `select` "greedy", of those the members forward selection adds on their validation forecasts (`weights`: how
-    often each joined; the others are left out with the reason "not chosen");
+    often each joined; the others are left out with the reason "not chosen"); with `select` "best", the members of the
+    contiguous range of lookbacks whose combination scores best on validation (`lookback_range`: the range and every
+    range's score; the others are left out with the reason "lookbacks"; `padded` applies within each range);
     with `padded` "leave_out", a member whose lookback is longer than the project's history before its first test
     window is left out there (reason "padded"; the shortest lookback's members stay where none fits);
     `cost_s`: the members' training seconds, all projects together (a global trial trains them at once);
@@ -166,46 +168,54 @@ def declared_ensemble(store: Store, members: list[str], combine: str, *, within:
     for project, pairs in sorted(per_project.items()):
         first = pairs[0][1]
         same = [(r, f) for r, f in pairs if _same_windows(f, first)]
-        filled, unfilled = _filled(same, metric) if padded == "leave_out" else (same, [])
+        # best: the padded rule is applied inside each lookback range (below), so the ranges start from every member
+        filled, unfilled = _filled(same, metric) if padded == "leave_out" and select != "best" else (same, [])
         chosen[project], left[project] = _chosen_on_validation(filled, within, metric)
         left[project] = [*unfilled, *left[project]]
-    weights = _selected(store, chosen, metric, combine, {p: pairs[0][1]["mase_scale"] for p, pairs in per_project.items()}) if select else {}
+    sets = _validation_sets(store, chosen, {p: pairs[0][1]["mase_scale"] for p, pairs in per_project.items()}) if select else []
+    weights = _selected(sets, metric, combine) if select == "greedy" else {}
+    ranges = _ranges(sets, by_id, metric, combine, padded) if select == "best" else {}
     rows = []
     for project, joined in chosen.items():
-        first, left_out, weight = joined[0][1], list(left[project]), weights.get(project)
+        first, left_out, weight, lookback_range = joined[0][1], list(left[project]), weights.get(project), ranges.get(project)
         if weight is not None and not any(weight.get(r["trial_id"], 0) for r, _ in joined):
             weight = None  # none of the chosen is here (a member without this project's windows): every member within joins
         if weight is not None:
             left_out += [_left(r, metric, reason="not chosen") for r, _ in joined if weight.get(r["trial_id"], 0) == 0]
             joined = [(r, f) for r, f in joined if weight.get(r["trial_id"], 0) > 0]
+        if lookback_range is not None and any(int(r["lookback"]) in lookback_range["lookbacks"] for r, _ in joined):
+            left_out += [_left(r, metric, reason="lookbacks") for r, _ in joined if int(r["lookback"]) not in lookback_range["lookbacks"]]
+            joined = [(r, f) for r, f in joined if int(r["lookback"]) in lookback_range["lookbacks"]]
+        if select == "best" and padded == "leave_out":
+            joined, unfilled = _filled(joined, metric)
+            left_out += unfilled
         repeated = [f["forecast"] for r, f in joined for _ in range(weight[r["trial_id"]] if weight is not None else 1)]
         rows.append({"project": project, "combine": combine, "members": len(joined), "joined": sorted(r["trial_id"] for r, _ in joined),
                      "families": sorted({r["family"] for r, _ in joined}),
                      "lookbacks": sorted({int(r["lookback"]) for r, _ in joined}),
                      **_scored(_combined(combine, repeated), first["truth"], first["mase_scale"]),
                      "cost_s": round(cost, 3), "trial_ids": sorted(_of(done, project)), "expected": _count(expected, project),
-                     "left_out": left_out, "within": within, "select": select, **({"weights": weight} if weight is not None else {})})
+                     "left_out": left_out, "within": within, "select": select, **({"weights": weight} if weight is not None else {}),
+                     **({"lookback_range": lookback_range} if lookback_range is not None else {})})
     return rows
 
 
-def _selected(store: Store, chosen: dict[str, list[tuple[dict[str, Any], Any]]], metric: str, combine: str, scales: dict[str, float]
-              ) -> dict[str, dict[str, int]]:
-    """project -> {trial_id: times forward selection added it} from the members' validation forecasts: global members
-    (one model each, in every project) chosen once over every project's windows, local ones per project. A project
-    whose members lack validation forecasts (no validation split, or a store kept before they were) is not in it."""
+def _validation_sets(store: Store, chosen: dict[str, list[tuple[dict[str, Any], Any]]], scales: dict[str, float]) -> list[dict[str, Any]]:
+    """What a choice on validation reads, per group of projects chosen for together (global members, one model each in
+    every project: once over every project's windows; local ones: per project): the projects, the member trial ids,
+    their validation forecasts (K, N, H), the truth (N, H), each row's series number and window origin, and the series'
+    MASE scales. A project whose members lack validation forecasts (no validation split, or a store kept before they
+    were) is in none."""
     import numpy as np
-
-    from gpufill.campaign.results.greedy import select_greedily
 
     ids = sorted({r["trial_id"] for pairs in chosen.values() for r, _ in pairs})
     val = store.forecasts(ids, window="val")
     pooled = all(r["project"] == GLOBAL_PROJECT for pairs in chosen.values() for r, _ in pairs)
-    groups = [list(chosen)] if pooled else [[project] for project in chosen]
-    out: dict[str, dict[str, int]] = {}
-    for projects in groups:
+    sets = []
+    for projects in [list(chosen)] if pooled else [[project] for project in chosen]:
         everywhere = set.intersection(*({r["trial_id"] for r, _ in chosen[project]} for project in projects))
         trial_ids = [r["trial_id"] for r, _ in chosen[projects[0]] if r["trial_id"] in everywhere]
-        blocks, truths, series, scale = [], [], [], []
+        blocks, truths, series, origins, scale, read = [], [], [], [], [], []
         for project in projects:
             kept = [val.get((trial_id, project)) for trial_id in trial_ids]
             if any(k is None for k in kept) or any(not np.array_equal(k["origins"], kept[0]["origins"]) for k in kept):
@@ -213,12 +223,41 @@ def _selected(store: Store, chosen: dict[str, list[tuple[dict[str, Any], Any]]],
             blocks.append(np.stack([k["forecast"] for k in kept]))
             truths.append(kept[0]["truth"])
             series += [len(scale)] * len(kept[0]["origins"])
+            origins.append(np.asarray(kept[0]["origins"]))
             scale.append(scales[project])
-        if not blocks:
-            continue
-        picked = select_greedily(np.concatenate(blocks, axis=1), np.concatenate(truths), series, metric=metric, combine=combine, scales=np.array(scale))
-        weight = {trial_ids[index]: count for index, count in picked.weights.items()}
-        out.update({project: weight for project in projects})
+            read.append(project)
+        if blocks:
+            sets.append({"projects": projects, "read": read, "trial_ids": trial_ids, "forecasts": np.concatenate(blocks, axis=1),
+                         "truth": np.concatenate(truths), "series": np.array(series), "origins": np.concatenate(origins), "scales": np.array(scale)})
+    return sets
+
+
+def _selected(sets: list[dict[str, Any]], metric: str, combine: str) -> dict[str, dict[str, int]]:
+    """project -> {trial_id: times forward selection added it} on the members' validation forecasts."""
+    from gpufill.campaign.results.greedy import select_greedily
+
+    out: dict[str, dict[str, int]] = {}
+    for s in sets:
+        picked = select_greedily(s["forecasts"], s["truth"], s["series"], metric=metric, combine=combine, scales=s["scales"])
+        weight = {s["trial_ids"][index]: count for index, count in picked.weights.items()}
+        out.update({project: weight for project in s["projects"]})
+    return out
+
+
+def _ranges(sets: list[dict[str, Any]], by_id: dict[str, dict[str, Any]], metric: str, combine: str, padded: str) -> dict[str, dict[str, Any]]:
+    """project -> {"lookbacks": the contiguous range of the members' lookbacks whose combination scores best on
+    validation, "scores": every range's} (lookback_range.py); with `padded` leave_out, a member whose lookback the
+    history before a validation window does not fill sits that window out, as it sits the test out."""
+    import numpy as np
+
+    from gpufill.campaign.results.lookback_range import select_lookback_range
+
+    out: dict[str, dict[str, Any]] = {}
+    for s in sets:
+        lookbacks = np.array([int(by_id[t]["lookback"]) for t in s["trial_ids"]])
+        fits = lookbacks[:, None] <= s["origins"][None, :] if padded == "leave_out" else None
+        choice = select_lookback_range(s["forecasts"], s["truth"], s["series"], lookbacks, metric=metric, combine=combine, scales=s["scales"], fits=fits)
+        out.update({project: {"lookbacks": list(choice.lookbacks), "scores": {k: round(v, 6) for k, v in choice.scores.items()}} for project in s["projects"]})
     return out
 
 
@@ -252,8 +291,8 @@ def _chosen_on_validation(pairs: list[tuple[dict[str, Any], Any]], within: float
 
 def _left(record: dict[str, Any], metric: str, *, best: float | None = None, reason: str = "within") -> dict[str, Any]:
     """A member left out on validation: which, its validation score, and why ("within": > within x the best member's
-    score, `best`; "not chosen": forward selection did not add it; "padded": its lookback is longer than the series'
-    history, ensemble.padded)."""
+    score, `best`; "not chosen": forward selection did not add it; "lookbacks": its lookback is outside the range
+    chosen on validation; "padded": its lookback is longer than the series' history, ensemble.padded)."""
     return {"trial_id": record["trial_id"], "family": record["family"], "lookback": int(record["lookback"]), "train": record["train"],
             "params": record["params"], f"val_{metric}": record.get(f"val_{metric}"), "reason": reason, **({"best": best} if best is not None else {})}
 
@@ -290,17 +329,22 @@ def members_shown(row: dict[str, Any]) -> str:
         shown = f"{row['members']} of {expected} members"
     else:
         shown = f"{row['members']} of {row['members'] + left} members" if left else str(row["members"])
-    not_chosen = sum(1 for entry in left_out if entry.get("reason") == "not chosen")
-    padded = sum(1 for entry in left_out if entry.get("reason") == "padded")
-    if padded:
-        shown += f"; {padded} left out: lookback longer than the series' history"
+    reasons = Counter(entry.get("reason", "within") for entry in left_out)
+    if reasons["padded"]:
+        shown += f"; {reasons['padded']} left out: lookback longer than the series' history"
     if row.get("padded_series"):  # a global campaign's pooled row
         shown += f"; {row['padded_series']} series with only the lookbacks their history fills"
-    if left - not_chosen - padded:
-        shown += f"; {left - not_chosen - padded} left out on validation, > {row['within']:g}x the best member's"
-    if not_chosen:
-        shown += f"; {not_chosen} not chosen by forward selection on validation"
+    if reasons["within"]:
+        shown += f"; {reasons['within']} left out on validation, > {row['within']:g}x the best member's"
+    if reasons["not chosen"]:
+        shown += f"; {reasons['not chosen']} not chosen by forward selection on validation"
+    if reasons["lookbacks"]:
+        shown += f"; lookbacks {_range_name(row['lookback_range']['lookbacks'])} chosen on validation ({reasons['lookbacks']} outside)"
     return shown
+
+
+def _range_name(lookbacks: list[int]) -> str:
+    return str(lookbacks[0]) if len(lookbacks) == 1 else f"{lookbacks[0]}-{lookbacks[-1]}"
 
 
 def _members_now(store: Store, families: list[str]) -> tuple[dict[str, set[str]], dict[str, int]]:

@@ -6,7 +6,8 @@
       losses: [mae, smape]      # each member family trains once per loss (a grid axis)
       combine: median           # or mean
       within: 1.5               # members whose validation score is within 1.5x the best member's (null: all)
-      select: greedy            # then: forward selection on the members' validation forecasts (null: all that are within)
+      select: best              # then: the lookback range whose combination scores best on validation (greedy: forward
+                                #   selection of members; null: all that are within)
       padded: leave_out         # a member whose lookback a series' history does not fill sits that series out (keep: it joins)
 
 The losses are folded into the member networks' grids before the campaign is checked (`fold_ensemble`) and the
@@ -51,11 +52,15 @@ class EnsembleSpec(Spec):
     """A member joins only if its validation score (task.metric) is within this factor of the best member's on the
     same project; null: every member joins. A member trained badly (a loss or a setting that did not work) would
     drag the median with it; the members left out, and why, are kept with the row and shown in the summary."""
-    select: Literal["greedy"] | None = None
-    """greedy: of the members within, those that forward selection with replacement (Caruana et al. 2004) adds to the
-    combination one at a time while its validation score improves, each weighted by how often it was added
-    (campaign/results/greedy.py); the members of a global campaign are chosen once over every project's validation
-    windows (one model joins for all), a local campaign's per project. null: every member within joins."""
+    select: Literal["best", "greedy"] | None = None
+    """best: of the members within, those of the contiguous range of lookbacks (of the n(n+1)/2) whose combination
+    scores best on the validation windows, `padded` applied within each range (campaign/results/lookback_range.py): a
+    choice coarse enough not to fit one validation window's noise. greedy: those that forward selection with
+    replacement (Caruana et al. 2004) adds to the combination one at a time while its validation score improves, each
+    weighted by how often it was added (campaign/results/greedy.py); it fits the validation window more closely (its
+    test score trailed on M1, Tourism and M3: docs/forecasting.md). A global campaign's members are chosen once over
+    every project's validation windows (one model joins for all), a local campaign's per project. null: every member
+    within joins."""
 
     padded: Literal["keep", "leave_out"] = "keep"
     """leave_out: in a series whose history before its first test window is shorter than a member's lookback (global
