@@ -35,7 +35,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import environment, finish, timed_command  # noqa: E402
+from _common import environment, finish, timed_command, write_result  # noqa: E402
 from forecast_quality import DATASETS, monthly_series  # noqa: E402
 
 RECIPE = ROOT / "examples" / "forecast.yaml"
@@ -125,8 +125,14 @@ def main() -> None:
         if "ets_smape" in row:
             ratios[f"{name}: ensemble sMAPE / AutoETS's"] = row["ensemble_smape"] / row["ets_smape"]
         ratios[f"{name}: estimate / actual wall"] = row["estimate_over_actual"]
+        if name != datasets[-1] and args.out is not None:  # a long run keeps what it measured so far
+            write_result(args.out, env, _args(args), rows, ratios)
     finish("forecast_recipe", "examples/forecast.yaml as written, on the competitions' monthly series", env,
-           {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, rows, ratios, args.out)
+           _args(args), rows, ratios, args.out)
+
+
+def _args(args: argparse.Namespace) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
 
 
 if __name__ == "__main__":
