@@ -179,6 +179,26 @@ def check_forecast_intervals(record: dict[str, Any]) -> None:
     assert record["ratios"]["m1: gpufill MSIS / AutoETS MSIS at 80 %"] == pytest.approx(ours["msis_80"] / ets["msis_80"], rel=1e-3)
 
 
+def check_forecast_recipe(record: dict[str, Any]) -> None:
+    (row,) = record["results"]
+    assert (row["data"], row["series"]) == ("m1", 8) and row["ensemble"]["shown"].startswith("ensemble (median; ")
+    for name in ("ensemble", "snaive", "ets", "theta", "comb"):
+        assert 0 < row[f"{name}_smape"] <= 200, name
+    assert positive(row["estimate_s"]) and positive(row["actual_s"]) and row["estimate_over_actual"] == pytest.approx(row["estimate_s"] / row["actual_s"], rel=0.01)
+    assert record["ratios"]["m1: ensemble sMAPE / comb's"] == pytest.approx(row["ensemble_smape"] / row["comb_smape"])
+    assert record["ratios"]["m1: estimate / actual wall"] == row["estimate_over_actual"]
+
+
+def check_reference_fits(record: dict[str, Any]) -> None:
+    ways = rows_by(record, "way")
+    two, in_sample, on_training = (ways[name] for name in ("two fits (the campaign's)", "one fit, validation in-sample", "one fit on training"))
+    assert two["series"] + two["skipped"] == 8 and two["series"] > 0
+    # each one-fit way shares one window's forecasts with the two fits: the test's fit, or the validation's
+    assert in_sample["test_smape"] == two["test_smape"] and on_training["val_smape"] == two["val_smape"]
+    assert positive(two["fit_s"]) and positive(in_sample["fit_s"]) and two["fit_s"] == pytest.approx(in_sample["fit_s"] + on_training["fit_s"], abs=0.02)
+    assert record["ratios"]["m1 ets: in-sample validation sMAPE / two fits'"] == pytest.approx(in_sample["val_smape"] / two["val_smape"])
+
+
 def check_forecast_quality(record: dict[str, Any]) -> None:
     methods = rows_by(record, "method")
     assert {"mlp", "linear", "gpufill: all families", "gpufill: chosen on validation", "gpufill: lookbacks chosen on validation", "snaive", "ets", "theta",
@@ -301,10 +321,12 @@ SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "executor_overhead": check_executor_overhead,
     "forecast_intervals": check_forecast_intervals,
     "forecast_quality": check_forecast_quality,
+    "forecast_recipe": check_forecast_recipe,
     "pack_speed": check_pack_speed,
     "pack_any": check_pack_any,
     "pack_drift": check_pack_drift,
     "pack_loaded": check_pack_loaded,
+    "reference_fits": check_reference_fits,
     "sampler_overhead": check_sampler_overhead,
     "search_quality": check_search_quality,
     "train_length": check_train_length,
