@@ -30,6 +30,42 @@ def test_estimate_times_each_shape_and_predicts_per_lane(tmp_path, capsys):
     assert code == 0 and json.loads(out)["lanes"]["cpu"]["trials"] == 9
 
 
+@pytest.mark.parametrize(("patience", "every", "refit", "validated", "bounds"), [
+    (None, 1, False, True, (30, 30)),   # no early stopping: every epoch
+    (None, 1, True, True, (60, 60)),    # and a refit as long
+    (5, 1, False, True, (6, 30)),       # a best first epoch, then 5 without improvement
+    (5, 1, True, True, (7, 60)),        # ... and a refit of that 1 epoch (the forecasting recipe's: middle 20.5)
+    (5, 2, True, True, (14, 60)),       # validated every 2nd epoch: the first at 2, stopped at 12, refit 2
+    (40, 1, True, True, (31, 60)),      # patience longer than the epochs: every epoch, a refit of at least 1
+    (5, 1, True, False, (60, 60)),      # no validation windows: nothing stops early
+])
+def test_the_epochs_a_trial_trains_lie_between_the_fewest_and_most_early_stopping_allows(patience, every, refit, validated, bounds):
+    from types import SimpleNamespace
+
+    from gpufill.campaign.run.estimate import epochs_trained
+
+    config = SimpleNamespace(epochs=30, patience=patience, validate_every=every)
+    assert epochs_trained(config, refit=refit, validated=validated) == bounds
+
+
+@pytest.mark.slow
+def test_an_estimate_with_early_stopping_gives_the_geometric_middle_and_its_range(tmp_path, capsys):
+    """patience 3 of 12 epochs, no refit: each trial 4 to 12 epochs; the estimate's epochs sqrt(48) = 6.93, its range
+    the two ends, every figure the same steady epoch times them."""
+    path = write_campaign(tmp_path, projects=2, epochs=12, models="mlp: {hidden_size: 8}")
+    path.write_text(path.read_text().replace("early_stopping: null", "early_stopping: {patience: 3}"))
+    result = estimate(Campaign.from_yaml(path)).to_dict()
+    (shape,) = result["shapes"]
+    low, high = shape["range_per_trial"]
+    assert high / low == pytest.approx(3, rel=0.01) and shape["seconds_per_trial"] == pytest.approx((low * high) ** 0.5, abs=2e-4)  # kept to 4 decimals
+    assert "x 6.93 epochs: the geometric middle of the 4 to 12 that early stopping allows" in shape["how"]
+    slots = result["lanes"]["cpu"]["slots"]
+    assert result["range_seconds"] == [pytest.approx(2 * low / slots + result["startup_seconds"], abs=0.11),
+                                       pytest.approx(2 * high / slots + result["startup_seconds"], abs=0.11)]
+    code, out, _ = run_cli(capsys, "estimate", path)
+    assert code == 0 and "early stopping decides between" in " ".join(out.split())
+
+
 def test_global_mode_trains_one_model_over_all_projects(tmp_path):
     path = write_campaign(tmp_path, projects=3, epochs=3, models="mlp: {hidden_size: 16}\n  linear: {}")
     path.write_text(path.read_text().replace("task: {lookback: [12], horizon: 1}", "task: {lookback: [12], horizon: 1, mode: global}"))

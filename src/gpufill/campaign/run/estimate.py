@@ -2,8 +2,10 @@
 
 Neural shapes: one sample project's training runs for two epochs on at most
 `SAMPLE_WINDOWS` windows under the lane's thread count; the second (steady) epoch,
-scaled to the full window count, times the configured epochs. Early stopping can only
-make the real campaign shorter, so neural figures are upper bounds. Classical shapes:
+scaled to the full window count, times the epochs a trial trains. With early stopping those lie between the fewest
+it allows and all of them (`epochs_trained`); the estimate takes their geometric middle, the one point off by at most
+the square root of their ratio wherever early stopping ends (on M1 with the forecasting recipe the upper bound was
+3.9x the run), and keeps both ends as the range. Classical shapes:
 real fits (validation's and test's) after an untimed first one, on a sample of the projects (`_timed_fits`); tree
 ensembles are timed at `SAMPLE_TREES` and twice that, and extrapolated along that line. A lane's wall time is its
 trials' summed time divided by its slots; the campaign's is its slowest lane's, plus the start-up (a worker's
@@ -49,9 +51,20 @@ class ShapeEstimate:
     trials: int
     seconds_per_trial: float
     how: str
+    range_per_trial: tuple[float, float] | None = None
+    """(fewest, most) seconds a trial may take where early stopping decides (None: `seconds_per_trial` both ways)."""
+
+    @property
+    def low_s(self) -> float:
+        return self.range_per_trial[0] if self.range_per_trial else self.seconds_per_trial
+
+    @property
+    def high_s(self) -> float:
+        return self.range_per_trial[1] if self.range_per_trial else self.seconds_per_trial
 
     def to_dict(self) -> dict[str, Any]:
-        return {"family": self.family, "lane": self.lane, "trials": self.trials, "seconds_per_trial": round(self.seconds_per_trial, 4), "how": self.how}
+        return {"family": self.family, "lane": self.lane, "trials": self.trials, "seconds_per_trial": round(self.seconds_per_trial, 4), "how": self.how,
+                **({"range_per_trial": [round(v, 4) for v in self.range_per_trial]} if self.range_per_trial else {})}
 
 
 @dataclass(slots=True)
@@ -70,10 +83,10 @@ class Estimate:
             out[lane.queue] = (first, slots + lane.slots)
         return out
 
-    def lane_seconds(self) -> dict[str, float]:
+    def lane_seconds(self, per_trial: Callable[[ShapeEstimate], float] = lambda shape: shape.seconds_per_trial) -> dict[str, float]:
         total: dict[str, float] = defaultdict(float)
         for shape in self.shapes:
-            total[shape.lane] += shape.trials * shape.seconds_per_trial
+            total[shape.lane] += shape.trials * per_trial(shape)
         return {queue: total[queue] / slots for queue, (_, slots) in self.queues().items()}
 
     def to_dict(self) -> dict[str, Any]:
@@ -95,6 +108,8 @@ class Estimate:
                 for queue, (lane, slots) in self.queues().items()
             },
             "total_seconds": round(max(lane_seconds.values(), default=0.0) + self.startup_s, 1),
+            "range_seconds": [round(max(self.lane_seconds(per_trial).values(), default=0.0) + self.startup_s, 1)
+                              for per_trial in (lambda shape: shape.low_s, lambda shape: shape.high_s)],
             "startup_seconds": round(self.startup_s, 1),
             "families": {name: {"trials": int(v["trials"]), "trial_seconds": round(v["trial_seconds"], 1)} for name, v in per_family.items()},
             "shapes": [shape.to_dict() for shape in self.shapes],
@@ -132,14 +147,15 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
             windows = [spec.windows(projects[n], sample.lookback) for n in names]
             if progress is not None:
                 progress(f"{sample.family} lookback {sample.lookback} {sample.params}")
+            span = None
             if sample.kind == "neural":
-                seconds, how = _time_neural(sample, windows, spec, lane)
+                seconds, span, how = _time_neural(sample, windows, spec, lane)
             else:
                 seconds, how = _time_classical(sample, windows, spec, lane)
             if scale != 1.0:
                 how += f"; a search: its first round's configurations, x{scale:.3g} for its {spec.search.trials} (pruning ends some sooner)"
             result.shapes.append(ShapeEstimate(family=sample.family, lane=lane.queue, trials=round(len(trials) * scale), seconds_per_trial=seconds,
-                                               how=how))
+                                               how=how, range_per_trial=span))
     finally:
         use_threads(threads_before)
     result.startup_s = worker_startup_seconds() + loading_s
@@ -147,7 +163,24 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
     return result
 
 
-def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, str]:
+def epochs_trained(config: Any, *, refit: bool, validated: bool = True) -> tuple[int, int]:
+    """(fewest, most) epochs one trial trains, its refit on training + validation included (which trains for the
+    epochs early stopping chose). Without early stopping both are every epoch; with it, the fewest is a best first
+    validation and `patience` validations without improvement after it (then a refit of that first validation's
+    epochs), the most is every epoch (and a refit as long). Without validation windows (`validated` False) nothing
+    stops early."""
+    epochs = config.epochs
+    most = epochs * (2 if refit else 1)
+    if config.patience is None or not validated:
+        return most, most
+    every = max(1, config.validate_every)
+    return min(epochs, every * (config.patience + 1)) + (min(epochs, every) if refit else 0), most
+
+
+def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, tuple[float, float] | None, str]:
+    """(seconds of one trial, their range where early stopping decides, how they were found)."""
+    import math
+
     from gpufill.forecasting.run import epoch_seconds, trial_setup
 
     n_full = sum(w.x_train.shape[0] for w in windows)
@@ -155,10 +188,15 @@ def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tup
     config = trial_setup(trial, spec.recipe(trial.family, trial.train), spec.base_config(trial.train, trial.seed), threads=lane.threads,
                          device=lane.device, memory_margin=spec.resources.memory_margin).config
     steady_epoch = epoch_seconds(trial, windows, config, sample=SAMPLE_WINDOWS)
-    trainings = 2 if spec.train.refit and spec.task.split.val else 1  # a refit trains at most as long again (train.refit)
-    return trainings * steady_epoch * config.epochs, (f"epoch {steady_epoch:.3g} s ({sample} of {n_full} windows timed) x {config.epochs} epochs"
-                                                      + (" x 2 (the refit on training + validation)" if trainings == 2 else "")
-                                                      + "; an upper bound with early stopping")
+    refit = bool(spec.train.refit and spec.task.split.val)  # a refit trains again for the epochs early stopping chose (train.refit)
+    fewest, most = epochs_trained(config, refit=refit, validated=bool(spec.task.split.val))
+    how = f"epoch {steady_epoch:.3g} s ({sample} of {n_full} windows timed)"
+    if fewest == most:
+        return steady_epoch * most, None, how + f" x {most} epochs" + (" (half of them the refit on training + validation)" if refit else "")
+    middle = math.sqrt(fewest * most)
+    return (steady_epoch * middle, (steady_epoch * fewest, steady_epoch * most),
+            how + f" x {middle:.3g} epochs: the geometric middle of the {fewest} to {most} that early stopping allows"
+            + (", refit included" if refit else ""))
 
 
 def _time_classical(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, str]:
