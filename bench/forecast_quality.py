@@ -1,6 +1,6 @@
 """Are gpufill's forecasts worth comparing? Its families against the competitions' references.
 
-    python bench/forecast_quality.py [--smoke | --quick] [--datasets tourism,m1] [--families mlp,tcn,linear,lgbm] [--seeds 3]
+    python bench/forecast_quality.py [--smoke | --quick] [--datasets tourism,m1] [--families mlp,tcn,linear,lgbm] [--seeds 3] [--peers nbeats,nhits]
                                      [--epochs 30] [--lookback N] [--val [--within X]] [--scaling S[,S]] [--loss L] [--series N]
                                      [--references snaive,ets,theta] [--pool m3,tourism] [--lr LR] [--patience N] [--out PATH]
 
@@ -16,6 +16,8 @@ data set runs, side by side:
 - statsforecast's seasonal naive, AutoETS and Theta (gpufill's `snaive`, `ets`, `theta`
   families: the same library, season 12, fitted per series) and their combination (`comb`: the mean of AutoETS, Theta
   and AutoTheta, the line a learned ensemble has to beat);
+- with `--peers`, neuralforecast's NBEATS and NHITS at their documented defaults (bench/_peer_neuralforecast.py), one
+  model each, timed as a whole fit + predict: the peer a forecasting user tries first;
 - the median of gpufill's family ensembles with the campaign's ETS and Theta ("families + ets +
   theta"): a combination, as the M4 competition's best entries were; reported apart, and the
   ratios name which ensemble is best.
@@ -56,6 +58,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
+from _peer_neuralforecast import PEERS, peer_forecasts  # noqa: E402
 from _ensemble_choices import BEST, FILLED, GREEDY, LOOKBACKS, SELECTIONS  # noqa: E402
 
 from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
@@ -203,7 +206,7 @@ def kept(folders: list[Path], name: str, part: str) -> pd.DataFrame:
 
 
 def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
-                pool: tuple[str, ...] = (), **options) -> tuple[list[dict], dict[str, float]]:
+                pool: tuple[str, ...] = (), peers: tuple[str, ...] = (), peer_steps: int | None = None, **options) -> tuple[list[dict], dict[str, float]]:
     frame, histories, horizon, lookback = load(name, limit, tuple(other for other in pool if other != name))
     multiples = options.pop("lookbacks", None)
     lookback = [round(m * horizon) for m in multiples] if multiples else (options.pop("lookback", None) or lookback)
@@ -243,13 +246,23 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         combined_all = pd.concat([methods[f] for f in [*trained, *joined]]).groupby(["project", "origin", "step"], as_index=False).agg(
             forecast=("forecast", "median"), actual=("actual", "first"))
         methods[label] = combined_all.assign(family=label)
+    peer_labels = {}
+    for peer in peers:  # neuralforecast's default model on the same series and held-out horizon (bench/_peer_neuralforecast.py)
+        label = f"neuralforecast {peer.upper()} (defaults)"
+        forecasts, peer_s, changed = peer_forecasts(histories, horizon, peer, max_steps=peer_steps)
+        actual = frame.groupby("series")["y"].apply(lambda y: y.to_numpy()[-horizon:])
+        methods[label] = pd.DataFrame([{"family": label, "project": key, "origin": len(histories[key]), "step": step + 1, "forecast": value,
+                                        "actual": actual[key][step]} for key, values in forecasts.items() if key in histories
+                                       for step, value in enumerate(values)])
+        seconds_of[label], trainings_of[label], peer_labels[label] = peer_s, 1, changed
     compared = [ref for ref in ("ets", "theta", "comb") if ref in methods]  # every gpufill method is measured against each
     results, ratios = [], {}
     for method, part in methods.items():
         per_series = [scores(g.sort_values("step")["forecast"].to_numpy(), g.sort_values("step")["actual"].to_numpy(), histories[project])
                       for project, g in part.groupby("project")]
         smape, mase = statistics.fmean(s for s, _ in per_series), statistics.fmean(m for _, m in per_series)
-        kind = ("reference (statsforecast)" if method in REFERENCES else "gpufill ensemble (median of seeds)" if method in families
+        kind = ("reference (statsforecast)" if method in REFERENCES else "peer (neuralforecast, one model, documented defaults)" if method in peer_labels
+                else "gpufill ensemble (median of seeds)" if method in families
                 else SELECTED_KINDS.get(method) or ("gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble"))
         members = [method] if method in seconds_of else trained if method == "gpufill: all families" or method in selected else [*trained, *joined]
         results.append({"config": f"{name}: {method}", "dataset": name, "method": method, "kind": kind, "series": len(per_series),
@@ -257,14 +270,18 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
                         "trainings": int(sum(trainings_of.get(f, 0) for f in members)),
                         "left_out_on_validation": (selected[method][1]["candidates"] - selected[method][1]["distinct_members"] if method in selected
                                                    else int(sum(left_out_of.get(f, 0) for f in members))),
-                        **(selected[method][1] if method in selected else {})})
+                        **(selected[method][1] if method in selected else {}),
+                        **({"changed_from_defaults": peer_labels[method]} if method in peer_labels else {})})
     # Every gpufill method against every reference: no method is picked here (picking the best on these test scores
     # would choose on the test window); each is a recipe fixed by the command line before anything ran.
-    for method in (r for r in results if r["method"] not in REFERENCES):
-        for reference in compared:
+    for method in (r for r in results if r["method"] not in REFERENCES and r["method"] not in peer_labels):
+        for reference in [*compared, *peer_labels]:
             ref = next(r for r in results if r["method"] == reference)
             ratios[f"{name}: {method['method']} sMAPE / {reference}'s"] = method["smape"] / ref["smape"]
             ratios[f"{name}: {method['method']} MASE / {reference}'s"] = method["mase"] / ref["mase"]
+    for label in peer_labels:  # per model: the peer's one fit + predict against one gpufill training of each family
+        for family in trained:
+            ratios[f"{name}: {label} seconds / one {family} training's"] = seconds_of[label] / (seconds_of[family] / trainings_of[family])
     if seconds == seconds:  # not for a rescore (NaN)
         ratios[f"{name}: campaign wall seconds"] = seconds
     return sorted(results, key=lambda r: r["smape"]), ratios
@@ -305,6 +322,9 @@ def main() -> None:
     parser.add_argument("--pool", default="", help="other data sets (of tourism,m1,m3) whose monthly histories join each campaign as more "
                         "series for the global models to learn from; scores stay on the data set's own series")
     parser.add_argument("--series", type=int, default=None, help="the first N monthly series of each data set only (--smoke: 8)")
+    parser.add_argument("--peers", default="", help=f"neuralforecast's models at their documented defaults beside (of {','.join(PEERS)}): "
+                        "one model each on the same series and horizon, timed as a whole fit + predict")
+    parser.add_argument("--peer-steps", type=int, default=None, help="the peers' max_steps (default: theirs, 1000; --smoke: 10)")
     parser.add_argument("--references", default=",".join(REFERENCES), help="statsforecast's references to run beside (of snaive,ets,theta,comb; '' for none)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="8 M1 series, mlp and linear, 1 seed, 2 epochs: seconds (CI)")
@@ -321,7 +341,13 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown reference(s) {', '.join(unknown)}: use {', '.join(REFERENCES)}")
     datasets = args.datasets.split(",")
+    peers = tuple(p for p in args.peers.split(",") if p)
+    if set(peers) - set(PEERS):
+        parser.error(f"--peers takes {', '.join(PEERS)}, got {args.peers}")
     left_out = []
+    if peers and importlib.util.find_spec("neuralforecast") is None:
+        left_out.append("neuralforecast does not import: the peers are left out (pip install -e '.[dev]' installs it)")
+        peers = ()
     if args.smoke and args.datasets == parser.get_default("datasets"):
         datasets = ["m1"]
         left_out.append("smoke: tourism is left out, and M1 is cut to its first 8 monthly series")
@@ -358,13 +384,14 @@ def main() -> None:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
                                     scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, refit=args.refit,
                                     rescore=[Path(f) for f in args.rescore.split(",")] if args.rescore else None, first_seed=args.first_seed, pool=pool, within=args.within, select=select, keep=args.keep,
-                                    lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None)
+                                    lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None,
+                                    peers=peers, peer_steps=args.peer_steps or (10 if args.smoke else None))
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -209,8 +209,13 @@ def check_forecast_quality(record: dict[str, Any]) -> None:
     for row in methods.values():
         assert row["series"] == 8 and 0 < row["smape"] <= 200 and positive(row["mase"])
     assert positive(record["ratios"][f"{record['args']['datasets']}: campaign wall seconds"])
+    # The peer: neuralforecast's NBEATS at its defaults but 10 steps (smoke), padded for M1's short series, timed
+    peer = methods["neuralforecast NBEATS (defaults)"]
+    assert peer["changed_from_defaults"] == {"start_padding_enabled": True, "max_steps": 10} and peer["trainings"] == 1 and positive(peer["train_seconds"])
+    assert record["ratios"]["m1: mlp sMAPE / neuralforecast NBEATS (defaults)'s"] == pytest.approx(methods["mlp"]["smape"] / peer["smape"])
+    assert positive(record["ratios"]["m1: neuralforecast NBEATS (defaults) seconds / one mlp training's"])
     # No method is picked on the test scores: every gpufill method against every reference, 2 metrics each.
-    ours = [name for name in methods if name not in ("snaive", "ets", "theta", "comb")]
+    ours = [name for name in methods if name not in ("snaive", "ets", "theta", "comb") and not name.startswith("neuralforecast")]
     assert sum(1 for name in record["ratios"] if "/ ets's" in name or "/ theta's" in name or "/ comb's" in name) == len(ours) * 3 * 2
     for name in ours:
         for reference in ("ets", "theta", "comb"):
@@ -341,7 +346,8 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "pack_any": ["--device", "cpu"],
     "sampler_overhead": ["--device", "cpu"],
     # One campaign per scaling, sMAPE under mean only; members chosen on validation (--within).
-    "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape", "--val", "--within", "1.05", "--select", "greedy,lookbacks,filled"],
+    "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape", "--val", "--within", "1.05", "--select", "greedy,lookbacks,filled",
+                         "--peers", "nbeats"],
 }
 
 

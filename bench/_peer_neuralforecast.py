@@ -1,0 +1,49 @@
+"""The forecasting peer a user compares gpufill with first: neuralforecast's NBEATS and NHITS at their documented
+defaults (`input_size = 2 * h`, `max_steps` 1000, MAE, no scaler, one model, `random_seed` 1), trained on every
+series' history and forecasting its held-out horizon, timed as a whole fit + predict (bench/forecast_quality.py:
+`--peers`). Lightning's progress bar, logger and checkpoints are off (they change no number, only what is printed
+and written). A series shorter than `input_size + h` needs `start_padding_enabled` (M1's short ones): turned on only
+where some series is.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pandas as pd
+
+PEERS = ("nbeats", "nhits")
+"""--peers' names: neuralforecast's model class of each."""
+
+
+def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *, max_steps: int | None = None
+                   ) -> tuple[dict[str, np.ndarray], float, dict[str, object]]:
+    """(series -> its forecast of the `horizon` steps after its history, the fit + predict wall seconds, the settings
+    that differ from the defaults). `max_steps`: fewer training steps than the default 1000 (the smoke size only)."""
+    from neuralforecast import NeuralForecast
+    from neuralforecast.models import NBEATS, NHITS
+
+    for logger in ("lightning", "pytorch_lightning", "lightning.pytorch", "neuralforecast"):
+        logging.getLogger(logger).setLevel(logging.ERROR)
+    model_class = {"nbeats": NBEATS, "nhits": NHITS}[name]
+    input_size = 2 * horizon
+    changed: dict[str, object] = {}
+    if min(len(h) for h in histories.values()) < input_size + horizon:
+        changed["start_padding_enabled"] = True
+    if max_steps is not None:
+        changed["max_steps"] = max_steps
+    frame = pd.concat([pd.DataFrame({"unique_id": key, "ds": pd.date_range("2000-01-01", periods=len(history), freq="MS"), "y": history})
+                       for key, history in histories.items()], ignore_index=True)
+    model = model_class(h=horizon, input_size=input_size, enable_progress_bar=False, logger=False, enable_checkpointing=False,
+                        enable_model_summary=False, **changed)
+    started = time.perf_counter()
+    forecaster = NeuralForecast(models=[model], freq="MS")
+    forecaster.fit(df=frame)
+    predicted = forecaster.predict()
+    seconds = time.perf_counter() - started
+    column = model_class.__name__
+    predicted = predicted.reset_index() if "unique_id" not in predicted.columns else predicted
+    out = {key: part.sort_values("ds")[column].to_numpy(np.float64) for key, part in predicted.groupby("unique_id")}
+    return out, seconds, changed
