@@ -247,10 +247,10 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
             forecast=("forecast", "median"), actual=("actual", "first"))
         methods[label] = combined_all.assign(family=label)
     peer_labels = {}
+    actual = frame.groupby("series")["y"].apply(lambda y: y.to_numpy()[-horizon:]) if peers else None
     for peer in peers:  # neuralforecast's default model on the same series and held-out horizon (bench/_peer_neuralforecast.py)
         label = f"neuralforecast {peer.upper()} (defaults)"
         forecasts, peer_s, changed = peer_forecasts(histories, horizon, peer, max_steps=peer_steps)
-        actual = frame.groupby("series")["y"].apply(lambda y: y.to_numpy()[-horizon:])
         methods[label] = pd.DataFrame([{"family": label, "project": key, "origin": len(histories[key]), "step": step + 1, "forecast": value,
                                         "actual": actual[key][step]} for key, values in forecasts.items() if key in histories
                                        for step, value in enumerate(values)])

@@ -148,7 +148,8 @@ def interval_scores(workdir: Path, histories: dict[str, tuple[np.ndarray, np.nda
 def rescore(keep: Path, measured: Path, limit: int | None, estimate_again: bool) -> tuple[list[dict], dict]:
     """Rows scored again from the workdirs an earlier run kept (`--keep`), its timings taken from its JSON (with
     `estimate_again`, `gpufill estimate` runs again on the kept file and data)."""
-    earlier = {row["data"]: row for row in json.loads(measured.read_text())["results"]}
+    record = json.loads(measured.read_text())
+    earlier = {row["data"]: row for row in record["results"]}
     rows = []
     for name, before in earlier.items():
         row = scored(name, keep / name / "work", series_of(name, limit))
@@ -157,7 +158,7 @@ def rescore(keep: Path, measured: Path, limit: int | None, estimate_again: bool)
             row["estimate_s"] = estimated(keep / name / "campaign.yaml")
             row["estimate_over_actual"] = round(row["estimate_s"] / row["actual_s"], 3)
         rows.append(row)
-    return rows, json.loads(measured.read_text())
+    return rows, record
 
 
 def ratios_of(row: dict) -> dict[str, float]:

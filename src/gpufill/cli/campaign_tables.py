@@ -214,10 +214,10 @@ def ensemble_table(rows: list[dict[str, Any]], max_rows: int = TABLE_ROWS) -> Ta
 
 
 def estimate_table(estimate: dict[str, Any]) -> Table:
-    low, high = estimate.get("range_seconds") or (estimate["total_seconds"], estimate["total_seconds"])
-    ranged = any("range_per_trial" in shape for shape in estimate.get("shapes", []))
-    where = ("" if not ranged else f"; early stopping decides between {_duration(low)} and {_duration(high)}: the figures are the geometric "
-             "middle of the fewest and most epochs it allows")
+    low, high = estimate["range_seconds"]
+    ranged = any("range_per_trial" in shape for shape in estimate["shapes"])
+    where = (f"; early stopping decides between {_duration(low)} and {_duration(high)}: the figures are the geometric middle of the fewest "
+             "and most epochs it allows") if ranged else ""
     table = Table(title=f"estimate (sampling took {estimate['sampling_s']:.0f} s{where})", title_justify="left")
     for column in ("lane", "trials", "slots x threads", "device", "wall time"):
         table.add_column(column, justify="left" if column in ("lane", "device") else "right")

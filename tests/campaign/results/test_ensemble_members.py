@@ -91,11 +91,10 @@ def test_a_bad_within_is_one_line(tmp_path, capsys, within):
     assert not (tmp_path / "work").exists()  # nothing ran, nothing was written
 
 
-@pytest.mark.parametrize("mode", ["local", "global"])
-def test_forward_selection_chooses_members_on_their_validation_forecasts_and_weights_repeats(tmp_path, mode):
-    from gpufill.campaign.results.greedy import select_greedily
-
-    text = YAML.replace("lookbacks: [4]}", "lookbacks: [4], within: null, select: greedy}").replace("split: {val: 20, test: 20}}", f"split: {{val: 20, test: 20}}, mode: {mode}}}")
+def _run_selecting(tmp_path, select: str, mode: str):
+    """The YAML campaign with every member (within: null) and `select`, in `mode`; also the stored validation forecasts."""
+    text = YAML.replace("lookbacks: [4]}", f"lookbacks: [4], within: null, select: {select}}}").replace(
+        "split: {val: 20, test: 20}}", f"split: {{val: 20, test: 20}}, mode: {mode}}}")
     outcome, declared, records, kept = _run(tmp_path, text)
     assert outcome.failed == 0 and [row["project"] for row in declared] == ["p000", "p001"]
     store = Store.open(tmp_path / "w")
@@ -103,15 +102,29 @@ def test_forward_selection_chooses_members_on_their_validation_forecasts_and_wei
         val = store.forecasts([r["trial_id"] for r in records], window="val")
     finally:
         store.close()
+    return declared, records, kept, val
+
+
+def _validation(val, trials, projects):
+    """The `trials`' stored validation forecasts over `projects` by hand: (K, N, H), the truth (N, H), each row's series."""
+    forecasts = np.concatenate([np.stack([val[(r["trial_id"], p)]["forecast"] for r in trials]) for p in projects], axis=1)
+    truth = np.concatenate([val[(trials[0]["trial_id"], p)]["truth"] for p in projects])
+    groups = np.concatenate([[i] * len(val[(trials[0]["trial_id"], p)]["origins"]) for i, p in enumerate(projects)])
+    return forecasts, truth, groups
+
+
+@pytest.mark.parametrize("mode", ["local", "global"])
+def test_forward_selection_chooses_members_on_their_validation_forecasts_and_weights_repeats(tmp_path, mode):
+    from gpufill.campaign.results.greedy import select_greedily
+
+    declared, records, kept, val = _run_selecting(tmp_path, "greedy", mode)
     members = [r for r in records if r["family"] in ("mlp", "linear")]
     assert len(members) == (12 if mode == "global" else 24)
     for row in declared:
         mine = sorted((r for r in members if r["project"] in (row["project"], "*")), key=lambda r: r["trial_id"])  # ties go to the first id
         projects = ["p000", "p001"] if mode == "global" else [row["project"]]  # a global model is chosen once, on every project
         # The choice by hand: the same selection on the stored validation forecasts (the test window is not an input).
-        forecasts = np.concatenate([np.stack([val[(r["trial_id"], p)]["forecast"] for r in mine]) for p in projects], axis=1)
-        truth = np.concatenate([val[(mine[0]["trial_id"], p)]["truth"] for p in projects])
-        groups = np.concatenate([[i] * len(val[(mine[0]["trial_id"], p)]["origins"]) for i, p in enumerate(projects)])
+        forecasts, truth, groups = _validation(val, mine, projects)
         picked = select_greedily(forecasts, truth, groups, metric="mae", combine="median")
         weights = {mine[i]["trial_id"]: count for i, count in picked.weights.items()}
         assert row["weights"] == weights and row["members"] == len(weights) and row["select"] == "greedy"
@@ -135,14 +148,7 @@ def test_select_best_takes_the_lookback_range_whose_combination_scores_best_on_v
     median of test forecasts; the summary names the range."""
     from gpufill.forecasting.data.metrics import mean_over_series
 
-    text = YAML.replace("lookbacks: [4]}", "lookbacks: [4], within: null, select: best}").replace("split: {val: 20, test: 20}}", f"split: {{val: 20, test: 20}}, mode: {mode}}}")
-    outcome, declared, records, kept = _run(tmp_path, text)
-    assert outcome.failed == 0 and [row["project"] for row in declared] == ["p000", "p001"]
-    store = Store.open(tmp_path / "w")
-    try:
-        val = store.forecasts([r["trial_id"] for r in records], window="val")
-    finally:
-        store.close()
+    declared, records, kept, val = _run_selecting(tmp_path, "best", mode)
     members = [r for r in records if r["family"] in ("mlp", "linear")]
     for row in declared:
         mine = [r for r in members if r["project"] in (row["project"], "*")]
@@ -150,10 +156,8 @@ def test_select_best_takes_the_lookback_range_whose_combination_scores_best_on_v
         scores = {}
         for name, lookbacks in (("6", {6}), ("6-12", {6, 12}), ("12", {12})):
             inside = [r for r in mine if int(r["lookback"]) in lookbacks]
-            combined = np.concatenate([np.median(np.stack([val[(r["trial_id"], p)]["forecast"] for r in inside]).astype(np.float64), axis=0) for p in projects])
-            truth = np.concatenate([val[(inside[0]["trial_id"], p)]["truth"] for p in projects])
-            groups = np.concatenate([[i] * len(val[(inside[0]["trial_id"], p)]["origins"]) for i, p in enumerate(projects)])
-            scores[name] = float(mean_over_series(combined, truth, groups, "mae"))
+            forecasts, truth, groups = _validation(val, inside, projects)
+            scores[name] = float(mean_over_series(np.median(forecasts.astype(np.float64), axis=0), truth, groups, "mae"))
         assert row["lookback_range"]["scores"] == pytest.approx(scores, abs=1e-6)  # kept rounded to 6 decimals
         best = min(scores, key=scores.__getitem__)
         lookbacks = [int(v) for v in best.split("-")]

@@ -21,6 +21,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpufill.campaign.results.lookback_range import range_name
 from gpufill.campaign.store.store import Store
 from gpufill.campaign.store.store_health import check_rows
 from gpufill.errors import InputError
@@ -215,7 +216,7 @@ def _validation_sets(store: Store, chosen: dict[str, list[tuple[dict[str, Any], 
     for projects in [list(chosen)] if pooled else [[project] for project in chosen]:
         everywhere = set.intersection(*({r["trial_id"] for r, _ in chosen[project]} for project in projects))
         trial_ids = [r["trial_id"] for r, _ in chosen[projects[0]] if r["trial_id"] in everywhere]
-        blocks, truths, series, origins, scale, read = [], [], [], [], [], []
+        blocks, truths, series, origins, scale = [], [], [], [], []
         for project in projects:
             kept = [val.get((trial_id, project)) for trial_id in trial_ids]
             if any(k is None for k in kept) or any(not np.array_equal(k["origins"], kept[0]["origins"]) for k in kept):
@@ -225,9 +226,8 @@ def _validation_sets(store: Store, chosen: dict[str, list[tuple[dict[str, Any], 
             series += [len(scale)] * len(kept[0]["origins"])
             origins.append(np.asarray(kept[0]["origins"]))
             scale.append(scales[project])
-            read.append(project)
         if blocks:
-            sets.append({"projects": projects, "read": read, "trial_ids": trial_ids, "forecasts": np.concatenate(blocks, axis=1),
+            sets.append({"projects": projects, "trial_ids": trial_ids, "forecasts": np.concatenate(blocks, axis=1),
                          "truth": np.concatenate(truths), "series": np.array(series), "origins": np.concatenate(origins), "scales": np.array(scale)})
     return sets
 
@@ -339,12 +339,8 @@ def members_shown(row: dict[str, Any]) -> str:
     if reasons["not chosen"]:
         shown += f"; {reasons['not chosen']} not chosen by forward selection on validation"
     if reasons["lookbacks"]:
-        shown += f"; lookbacks {_range_name(row['lookback_range']['lookbacks'])} chosen on validation ({reasons['lookbacks']} outside)"
+        shown += f"; lookbacks {range_name(row['lookback_range']['lookbacks'])} chosen on validation ({reasons['lookbacks']} outside)"
     return shown
-
-
-def _range_name(lookbacks: list[int]) -> str:
-    return str(lookbacks[0]) if len(lookbacks) == 1 else f"{lookbacks[0]}-{lookbacks[-1]}"
 
 
 def _members_now(store: Store, families: list[str]) -> tuple[dict[str, set[str]], dict[str, int]]:

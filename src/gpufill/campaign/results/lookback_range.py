@@ -12,12 +12,12 @@ one of long series longer ones. Where a member's lookback is longer than a serie
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
-from gpufill.forecasting.data.metrics import mean_over_series
-
-__all__ = ["RangeChoice", "select_lookback_range"]
+__all__ = ["RangeChoice", "range_name", "select_lookback_range"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,12 @@ def select_lookback_range(forecasts: np.ndarray, truth: np.ndarray, groups: np.n
     `forecasts` (K, N, H) scores best against `truth` (N, H) in `metric` per series (`groups` (N,)), averaged over
     series; `scales` (G,): each series' MASE scale. `fits` (K, N): whether candidate k's lookback the history before
     row n's window fills (the padded rule); a row none of a range's members fits takes the range's shortest lookback.
-    Ties: the first range tried (shortest lookbacks first, then the narrower)."""
+    Ties: the first range tried (shortest lookbacks first, then the narrower). numpy and the metrics (torch) load here:
+    `results --summary` names a kept row's range (`range_name`) without them."""
+    import numpy as np
+
+    from gpufill.forecasting.data.metrics import mean_over_series
+
     lookbacks = np.asarray(lookbacks)
     values = sorted({int(v) for v in lookbacks})
     ranges = [tuple(values[i : j + 1]) for i in range(len(values)) for j in range(i, len(values))]
@@ -53,12 +58,13 @@ def select_lookback_range(forecasts: np.ndarray, truth: np.ndarray, groups: np.n
         masked = np.where(joined[:, :, None], forecasts, np.nan)
         combined = np.nanmedian(masked, axis=0) if combine == "median" else np.nanmean(masked, axis=0)
         score = float(mean_over_series(combined, truth, groups, metric, scales))
-        scores[_name(chosen)] = score
+        scores[range_name(chosen)] = score
         if best is None or score < best[0]:
             best = (score, chosen)
     assert best is not None, "no lookbacks to choose from"
     return RangeChoice(lookbacks=best[1], score=best[0], scores=scores)
 
 
-def _name(lookbacks: tuple[int, ...]) -> str:
+def range_name(lookbacks: tuple[int, ...] | list[int]) -> str:
+    """"12-24" for a range of lookbacks, "12" for one."""
     return str(lookbacks[0]) if len(lookbacks) == 1 else f"{lookbacks[0]}-{lookbacks[-1]}"
