@@ -72,8 +72,10 @@ def run(name: str, limit: int | None, epochs: int | None, keep: Path | None) -> 
     # --keep: the data, the file and the workdir stay in KEEP/NAME (a later --rescore reads them, and can estimate again)
     folder = keep / name if keep is not None else Path(tempfile.mkdtemp(prefix=f"recipe-{name}-"))
     if keep is not None:
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
+        try:
+            folder.mkdir(parents=True)  # a new folder: nothing there that this run did not write is replaced or deleted
+        except FileExistsError:
+            raise SystemExit(f"--keep {keep}: {folder} exists; give a --keep folder without it (nothing is deleted)") from None
     try:
         data = folder / f"{name}.csv"
         pd.concat(frames, ignore_index=True).to_csv(data, index=False)
