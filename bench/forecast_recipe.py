@@ -28,6 +28,7 @@ columns) with the timings of the run that wrote JSON (--estimate-again: and `gpu
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import json
 import shutil
@@ -199,7 +200,9 @@ def main() -> None:
         env = {key: earlier[key] for key in earlier if key not in ("args", "results", "ratios")}
         ratios = {key: value for row in rows for key, value in ratios_of(row).items()}
         finish("forecast_recipe", "examples/forecast.yaml as written, on the competitions' monthly series (rescored)", env,
-               {**earlier["args"], "rescored_from": str(args.rescore)}, rows, ratios, args.out)
+               {**earlier["args"], "rescored_from": str(args.rescore), "estimate_again": args.estimate_again,
+                **({"estimated_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")} if args.estimate_again else {})},
+               rows, ratios, args.out)
         return
     env = environment("cpu")
     rows, ratios = [], {}

@@ -8,6 +8,7 @@ which its caller decides about (a campaign records it as failed, `gpufill train`
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -293,9 +294,18 @@ def _global_classical(trial: Trial, windows: Sequence[WindowedProject], threads:
                                                                "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0}
 
 
-def epoch_seconds(trial: Trial, windows: Sequence[WindowedProject], config: FitConfig, *, sample: int) -> float:
-    """Seconds of one steady epoch of `trial` over all `windows`, from two epochs timed on `sample` of them (an estimate's)."""
+def epoch_seconds(trial: Trial, windows: Sequence[WindowedProject], config: FitConfig, *, sample: int, min_steps: int = 8) -> tuple[float, int, int]:
+    """(seconds of one steady epoch of `trial` over all `windows`, windows timed, batch), from two epochs timed on
+    `sample` of the windows (an estimate's), or on `min_steps` batches where that is more.
+
+    The sample trains at the batch the whole data trains at: left to choose, 256 windows take a batch of 64 (four
+    steps an epoch), whose steps cost twice as much per window as the campaign's 128 (Tourism: the estimate's epoch
+    1.4x the run's). The second epoch's seconds per step scale to the whole data's steps."""
+    from gpufill.engine.batching import DataFacts, effective_batch
+
     x, y = torch.cat([w.x_train for w in windows]), torch.cat([w.y_train for w in windows])
-    taken = min(x.shape[0], sample)
-    fitted = fit(build_model(trial, windows[0]), (x[:taken], y[:taken]), config=replace(config, epochs=2, patience=None))
-    return fitted.history[-1].seconds * x.shape[0] / taken
+    batch = effective_batch(DataFacts(n_train=x.shape[0], bytes_total=0), config).value
+    taken = min(x.shape[0], max(sample, min_steps * batch))
+    fitted = fit(build_model(trial, windows[0]), (x[:taken], y[:taken]), config=replace(config, epochs=2, patience=None, batch_size=batch))
+    last = fitted.history[-1]
+    return last.seconds / max(last.steps, 1) * math.ceil(x.shape[0] / batch), taken, batch

@@ -48,6 +48,32 @@ def test_the_epochs_a_trial_trains_lie_between_the_fewest_and_most_early_stoppin
     assert epochs_trained(config, refit=refit, validated=validated) == bounds
 
 
+def test_an_estimates_sample_epoch_trains_at_the_whole_datas_batch(monkeypatch):
+    """3,000 windows train at the reference batch of 128; a 256-window sample left to choose would take 64 (four steps
+    an epoch). The sample is 8 of the whole data's batches at that batch, and its second epoch's time per step scales
+    to the whole data's 24 steps."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from gpufill.engine.config import FitConfig
+    from gpufill.forecasting import run
+
+    seen = {}
+
+    def fake_fit(model, train, config):
+        seen.update(windows=train[0].shape[0], batch=config.batch_size, epochs=config.epochs)
+        epoch = SimpleNamespace(seconds=0.08, steps=train[0].shape[0] // config.batch_size)
+        return SimpleNamespace(history=[epoch, epoch])
+
+    monkeypatch.setattr(run, "fit", fake_fit)
+    monkeypatch.setattr(run, "build_model", lambda trial, windows, loss=None: None)
+    windows = [SimpleNamespace(x_train=torch.zeros(n, 4, 1), y_train=torch.zeros(n, 1)) for n in (1000, 2000)]
+    seconds, timed, batch = run.epoch_seconds(None, windows, FitConfig(), sample=256)
+    assert seen == {"windows": 1024, "batch": 128, "epochs": 2} and (timed, batch) == (1024, 128)
+    assert seconds == pytest.approx(0.08 / 8 * 24)
+
+
 @pytest.mark.slow
 def test_an_estimate_with_early_stopping_gives_the_geometric_middle_and_its_range(tmp_path, capsys):
     """patience 3 of 12 epochs, no refit: each trial 4 to 12 epochs; the estimate's epochs sqrt(48) = 6.93, its range

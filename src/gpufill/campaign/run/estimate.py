@@ -1,8 +1,8 @@
 """`gpufill estimate`: time a sample of each trial shape, predict the campaign's time per lane.
 
-Neural shapes: one sample project's training runs for two epochs on at most
-`SAMPLE_WINDOWS` windows under the lane's thread count; the second (steady) epoch,
-scaled to the full window count, times the epochs a trial trains. With early stopping those lie between the fewest
+Neural shapes: one sample project's training runs for two epochs on `SAMPLE_WINDOWS` windows (at least 8 of the
+batches the whole data trains at, at that batch) under the lane's thread count; the second (steady) epoch's time per
+step, scaled to the whole data's steps, times the epochs a trial trains. With early stopping those lie between the fewest
 it allows and all of them (`epochs_trained`); the estimate takes their geometric middle, the one point off by at most
 the square root of their ratio wherever early stopping ends (on M1 with the forecasting recipe the upper bound was
 3.9x the run), and keeps both ends as the range. Classical shapes:
@@ -184,13 +184,12 @@ def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tup
     from gpufill.forecasting.run import epoch_seconds, trial_setup
 
     n_full = sum(w.x_train.shape[0] for w in windows)
-    sample = min(n_full, SAMPLE_WINDOWS)
     config = trial_setup(trial, spec.recipe(trial.family, trial.train), spec.base_config(trial.train, trial.seed), threads=lane.threads,
                          device=lane.device, memory_margin=spec.resources.memory_margin).config
-    steady_epoch = epoch_seconds(trial, windows, config, sample=SAMPLE_WINDOWS)
+    steady_epoch, timed, batch = epoch_seconds(trial, windows, config, sample=SAMPLE_WINDOWS)
     refit = bool(spec.train.refit and spec.task.split.val)  # a refit trains again for the epochs early stopping chose (train.refit)
     fewest, most = epochs_trained(config, refit=refit, validated=bool(spec.task.split.val))
-    how = f"epoch {steady_epoch:.3g} s ({sample} of {n_full} windows timed)"
+    how = f"epoch {steady_epoch:.3g} s ({timed} of {n_full} windows timed, batches of {batch})"
     if fewest == most:
         return steady_epoch * most, None, how + f" x {most} epochs" + (" (half of them the refit on training + validation)" if refit else "")
     middle = math.sqrt(fewest * most)
