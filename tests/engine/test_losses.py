@@ -115,8 +115,40 @@ def test_a_named_loss_on_dict_batches_names_the_keys():
 
 
 def test_unknown_loss_lists_the_names():
-    input_error(losses.resolve, "cross_entropy_loss", field="loss", contains=("mse, mae, huber, smape, mape, cross_entropy, bce_with_logits",))
+    input_error(losses.resolve, "cross_entropy_loss", field="loss", contains=("mse, mae, huber, smape, mape, quantile, cross_entropy, bce_with_logits",))
     input_error(losses.resolve, 3, field="loss", contains=("int",))
+
+
+def test_the_quantile_loss_is_each_quantiles_pinball_side_by_side_per_step():
+    """Two steps, five quantiles each (step-major); pinball at tau: tau (y - f) above, (1 - tau) (f - y) below."""
+    assert losses.QUANTILES == (0.025, 0.1, 0.5, 0.9, 0.975) and losses.outputs_per_target("quantile") == 5
+    targets = torch.tensor([[1.0, -2.0]])
+    output = torch.tensor([[0.0, 0.5, 1.0, 2.0, 3.0, -2.0, -2.0, -2.0, -2.0, -2.0]])
+    by_hand = [max(t * (1.0 - f), (t - 1) * (1.0 - f)) for t, f in zip(losses.QUANTILES, [0.0, 0.5, 1.0, 2.0, 3.0], strict=True)]
+    assert _call("quantile", output, targets)["loss"].item() == pytest.approx(sum(by_hand) / 10, abs=1e-6)  # step 2 exact: 0
+    per_sample = losses.per_sample_regression("quantile", torch.stack([output, output + 1]), torch.stack([targets, targets]))
+    assert per_sample.shape == (2, 1) and per_sample[0, 0].item() == pytest.approx(sum(by_hand) / 10, abs=1e-6)
+    stacked = losses.NAMED["quantile"].compute_stacked(torch.stack([output, output + 1]), targets, shared=True)["loss"]
+    assert stacked.tolist() == pytest.approx(per_sample[:, 0].tolist())
+    error = input_error(_call, "quantile", torch.zeros(8, 2), torch.zeros(8, 2), field="model", contains=("(8, 2)", "5 outputs per target"))
+    assert "horizon x 5" in str(error)
+
+
+def test_the_quantile_loss_is_minimised_at_the_datas_quantiles():
+    """One free output per quantile fitted to 1,000 draws of an exponential: each lands on the draws' own quantile
+    (the share of the draws below it is its level)."""
+    torch.manual_seed(0)
+    draws = torch.distributions.Exponential(1.0).sample((1000, 1))
+    free = torch.zeros(1, 5, requires_grad=True)
+    optimizer = torch.optim.Adam([free], lr=0.05)
+    for step in range(500):
+        if step == 400:  # a piecewise-constant gradient: Adam circles the minimum by about its lr, so end on a smaller one
+            optimizer.param_groups[0]["lr"] = 0.005
+        optimizer.zero_grad()
+        losses.quantile_loss(free.expand(1000, 5), draws).backward()
+        optimizer.step()
+    below = (draws < free.detach()).float().mean(dim=0)  # the share of the draws under each fitted value
+    assert below.tolist() == pytest.approx(list(losses.QUANTILES), abs=0.006)
 
 
 def test_smape_is_scale_free_and_zero_where_both_are_zero():

@@ -13,6 +13,7 @@ from gpufill.forecasting.data import load_projects, make_windows
 from gpufill.forecasting.data.window_scaling import scale_windows
 from gpufill.engine.config import FitConfig
 from gpufill.engine.loop import fit
+from gpufill.engine.losses import outputs_per_target
 from gpufill.forecasting.models import registry
 from gpufill.engine.packs.optim import PackAdamW
 from gpufill.engine.packs.train import PackMember, fit_pack
@@ -26,11 +27,12 @@ def windows(n=3, length=400):
     return [make_windows(p, 12, 1) for p in projects.values()]
 
 
-def models(family, ws, seeds, params=None):
+def models(family, ws, seeds, params=None, loss="mse"):
+    """Models for windows of horizon 1, each with the outputs per step `loss` reads (the quantile loss: one per quantile)."""
     out = []
     for seed in seeds:
         torch.manual_seed(seed)
-        out.append(registry.build(family, n_features=ws[0].n_features, lookback=12, horizon=1, params=params or {"hidden_size": 16}))
+        out.append(registry.build(family, n_features=ws[0].n_features, lookback=12, horizon=outputs_per_target(loss), params=params or {"hidden_size": 16}))
     return out
 
 
@@ -142,12 +144,13 @@ def test_a_pack_with_adam_or_sgd_reproduces_separate_fits(optimizer):
 
 
 @pytest.mark.parametrize(("family", "loss", "scaling"), [("mlp", "mse", "project"), ("lstm", "mse", "project"), ("mlp", "mae", "last"),
-                                                       ("gru", "smape", "mean"), ("mlp", "mape", "mean")])
+                                                       ("gru", "smape", "mean"), ("mlp", "mape", "mean"), ("mlp", "quantile", "standard"),
+                                                       ("lstm", "quantile", "mean")])
 def test_a_pack_reproduces_separate_fits(family, loss, scaling):
     ws, seeds, lrs = [scale_windows(w, scaling) for w in windows()], [0, 1, 2], [1e-3, 3e-3, 2e-3]
     config = FitConfig(epochs=3, batch_size=64, patience=None, loss=loss)
-    packed = fit_pack(models(family, ws, seeds), members(ws, lrs, seeds), config=config)
-    for w, seed, lr, model, result in zip(ws, seeds, lrs, models(family, ws, seeds), packed, strict=True):
+    packed = fit_pack(models(family, ws, seeds, loss=loss), members(ws, lrs, seeds), config=config)
+    for w, seed, lr, model, result in zip(ws, seeds, lrs, models(family, ws, seeds, loss=loss), packed, strict=True):
         alone = fit(model, (w.x_train, w.y_train), (w.x_val, w.y_val),
                     config=FitConfig(epochs=3, batch_size=64, lr=lr, seed=seed, loss=loss, precision="fp32"))  # as the pack
         assert [r.val_loss for r in result.history] == pytest.approx([r.val_loss for r in alone.history], rel=1e-4)

@@ -78,10 +78,13 @@ class Regression(NamedLoss):
     def compute(self, output: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         import torch
 
-        if output.shape != targets.shape:  # host-side shape check: no sync
+        if output.shape != self.output_shape(targets.shape):  # host-side shape check: no sync
+            per = outputs_per_target(self.kind)
             raise InputError(
-                f"the model returns shape {tuple(output.shape)} but targets have shape {tuple(targets.shape)}", field="model",
-                fix="make the model's output match the targets' shape (a forecaster: (batch, horizon))")
+                f"the model returns shape {tuple(output.shape)} but targets have shape {tuple(targets.shape)}"
+                + (f" (loss {self.kind}: {per} outputs per target)" if per > 1 else ""), field="model",
+                fix="make the model's output match the targets' shape (a forecaster: (batch, horizon))" if per == 1 else
+                    f"build the model with {per} outputs per target step (a forecaster: horizon x {per}, one per quantile of QUANTILES)")
         if not targets.is_floating_point():
             targets = targets.float()  # integer targets of a regression: the values are what count
         # In fp32 whatever autocast computed (the checks skip no-op dispatches every step).
@@ -89,12 +92,16 @@ class Regression(NamedLoss):
         targets = targets if targets.dtype == torch.float32 else targets.float()
         return {"loss": REGRESSION[self.kind](output, targets)}
 
+    def output_shape(self, targets: tuple[int, ...]) -> tuple[int, ...]:
+        """The model output's shape for targets of this shape (the quantile loss: `len(QUANTILES)` per target)."""
+        return (*targets[:-1], targets[-1] * outputs_per_target(self.kind)) if targets else targets
+
     def compute_stacked(self, output: torch.Tensor, targets: torch.Tensor, *, shared: bool) -> dict[str, torch.Tensor]:
         one = targets.shape if shared else targets.shape[1:]
-        if output.shape[1:] != one or not output.is_floating_point():
+        if output.shape[1:] != self.output_shape(one) or not output.is_floating_point():
             return super().compute_stacked(output, targets, shared=shared)  # compute's own checks and messages
         output, targets = output.float(), targets.float()
-        error = REGRESSION[self.kind](output, targets.expand_as(output) if shared else targets, reduction="none")
+        error = REGRESSION[self.kind](output, targets.expand(output.shape[0], *targets.shape) if shared else targets, reduction="none")
         return {"loss": error.flatten(1).mean(dim=1)}
 
 
@@ -140,21 +147,54 @@ def huber_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "me
     return functional.huber_loss(output, targets, reduction=reduction)
 
 
+QUANTILES = (0.025, 0.1, 0.5, 0.9, 0.975)
+"""The quantiles a network trained with `quantile` forecasts, per step: the median (its point forecast) and the bounds
+of the central 80 % and 95 % intervals, the levels a forecast's intervals default to (campaign/future/intervals.py)."""
+
+
+def quantile_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The pinball loss of each of `QUANTILES`, averaged: output (..., H x Q), each step's Q quantiles together (step
+    h's quantile q at h x Q + q), targets (..., H). Pinball at level tau: tau (y - f) above, (1 - tau) (f - y) below; its
+    minimiser is the tau-quantile of y given the window (Koenker & Bassett 1978), so one network learns the median
+    and the interval bounds at once (neuralforecast's MQLoss). At tau = 0.5 it is half the absolute error."""
+    import torch
+
+    levels = torch.tensor(QUANTILES, dtype=output.dtype, device=output.device)
+    error = targets.unsqueeze(-1) - output.unflatten(-1, (targets.shape[-1], len(QUANTILES)))  # (..., H, Q)
+    pinball = torch.maximum(levels * error, (levels - 1) * error).flatten(-2)
+    return pinball.mean() if reduction == "mean" else pinball
+
+
 REGRESSION: dict[str, Callable[..., torch.Tensor]] = {
     "mse": mse_loss,
     "mae": mae_loss,
     "huber": huber_loss,
     "smape": smape_loss,
     "mape": mape_loss,
+    "quantile": quantile_loss,
 }
 """The regression losses by name, each `fn(output, targets, reduction="mean" | "none")`: what `fit` takes by name, a
 forecaster's recipe and a campaign file's `loss:` may name, and a fused pack trains (per sample, masked)."""
 SCALE_FREE = ("smape", "mape")
 """Percentages of the value: they need values whose zero is the series' zero (a forecaster's mean scaling)."""
+MULTI_OUTPUT = {"quantile": len(QUANTILES)}
+"""Losses whose model gives several outputs per target (step-major: a target's outputs side by side)."""
+
+
+def outputs_per_target(loss: object) -> int:
+    """How many outputs a model trained with `loss` gives per target (1 but for `MULTI_OUTPUT`'s)."""
+    return MULTI_OUTPUT.get(loss, 1) if isinstance(loss, str) else 1
+
+
+def stand_in_errors(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each output's squared distance to its target (..., N, outputs per target): the loss a measured step (a pack's
+    size, whether vmap runs a model) trains on whatever the training's loss, of the same cost, for a model of one
+    output per target or of several (a quantile network's)."""
+    return (output.unflatten(-1, (targets.shape[-1], -1)) - targets.unsqueeze(-1)).pow(2)
 
 
 def per_sample_regression(kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """(..., N) loss of each sample, the mean over its last dimension: what a fused pack masks and
+    """(...,) loss of each sample, the mean over its last dimension: what a fused pack masks and
     averages per model (the mean of these over a batch is the named loss)."""
     return REGRESSION[kind](output, targets, reduction="none").mean(dim=-1)
 

@@ -26,7 +26,7 @@ __all__ = ["CANDIDATE_SIZES", "PackSizeChoice", "data_bytes", "size_pack", "trai
 def size_pack(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, most: int, waiting: int | None = None) -> PackSizeChoice:
     """How many trials of `trial`'s shape to fuse (at most `most`): measured on its windows and device, unless the
     `waiting` trials of the shape train in less time than measuring would take."""
-    return choose_pack_size(lambda: build_model(trial, windows), (windows.x_train, windows.y_train), config=setup.config, name=trial.family,
+    return choose_pack_size(lambda: build_model(trial, windows, setup.config.loss), (windows.x_train, windows.y_train), config=setup.config, name=trial.family,
                             candidates=[k for k in CANDIDATE_SIZES if k <= most], data_bytes=data_bytes(windows), trainings=waiting)
 
 
@@ -54,7 +54,7 @@ def train_pack(trials: Sequence[Trial], windows: Mapping[str, WindowedProject], 
     models, members = [], []
     for trial in trials:
         w, config = windows[trial.trial_id], setups[trial.trial_id].config
-        models.append(build_model(trial, w))  # the same initial weights as the trial alone
+        models.append(build_model(trial, w, config.loss))  # the same initial weights as the trial alone
         watch = watches.get(trial.trial_id)
         members.append(PackMember(train=(w.x_train, w.y_train), val=(w.x_val, w.y_val) if w.x_val.shape[0] else None,
                                   lr=config.lr, weight_decay=config.weight_decay, seed=trial.seed, watch=watch.member() if watch else None))

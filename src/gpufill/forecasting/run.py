@@ -21,11 +21,13 @@ import torch
 from gpufill.engine.backend import set_threads
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import cpu_count
+from gpufill.engine.losses import outputs_per_target
 from gpufill.engine.loop import fit
 from gpufill.engine.result import EpochRecord, FitCallback, FitResult
 from gpufill.errors import InputError
 from gpufill.forecasting.data import WindowedProject
 from gpufill.forecasting.data.metrics import mean_over_series
+from gpufill.forecasting.data.quantiles import MEDIAN, point_and_quantiles
 from gpufill.forecasting.data.scoring import ValidationScored, per_origin, score, score_validation
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe
@@ -72,11 +74,31 @@ def trial_setup(trial: Trial, recipe: Recipe, base: FitConfig, *, threads: int |
                       refit=refit and trial.kind == "neural")
 
 
-def build_model(trial: Trial, windows: WindowedProject) -> Any:
+def build_model(trial: Trial, windows: WindowedProject, loss: object = None) -> Any:
     """The one place a trial's model is seeded and built: the same seed gives the same initial weights, whether it
-    trains alone, in a pack, over every project or once more on all the data (`gpufill forecast`)."""
+    trains alone, in a pack, over every project or once more on all the data (`gpufill forecast`). A network trained
+    with a loss of several outputs per step (`quantile`) is its family built for horizon x that many outputs."""
     torch.manual_seed(trial.seed)
-    return registry.build(trial.family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=trial.params)
+    per_step = outputs_per_target(loss)
+    model = registry.build(trial.family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon * per_step,
+                           params=trial.params)
+    if per_step > 1 and getattr(model, "horizon_basis", False):
+        raise InputError(f"loss {loss} with {trial.family} {trial.params}: its forecast is a basis over the horizon's steps, which "
+                         f"{per_step} outputs per step would stretch over {windows.horizon * per_step} steps", field="loss",
+                         fix=f"use loss {loss} with stacks: generic, or another loss for stacks: interpretable")
+    return model
+
+
+def forecast_of(model: Any, windows: WindowedProject, inputs: torch.Tensor, region: str, dtype: torch.dtype | None
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+    """A network's forecasts of `inputs` (windows of `region`) in the data's units: (point (N, horizon), a quantile
+    network's quantiles (N, horizon, Q) or None), in order (data/quantiles.py) and again after the way back, which
+    reverses them where a window's scale is negative (mean scaling of a series below zero)."""
+    point, quantiles = point_and_quantiles(predict(model, inputs, dtype=dtype), windows.horizon)
+    if quantiles is None:
+        return windows.inverse_target(point, region), None
+    back = np.sort(np.stack([windows.inverse_target(quantiles[..., q], region) for q in range(quantiles.shape[-1])], axis=-1), axis=-1)
+    return back[..., MEDIAN], back
 
 
 class Watch(Protocol):
@@ -108,7 +130,7 @@ def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, call
     on_cuda = str(setup.config.device).startswith("cuda")
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
-    model = build_model(trial, windows)
+    model = build_model(trial, windows, setup.config.loss)
     callbacks = [*callbacks, *(watch.callbacks(model) if watch is not None else ())]
     fitted = fit(model, (windows.x_train, windows.y_train), (windows.x_val, windows.y_val) if windows.x_val.shape[0] else None,
                  config=setup.config, callbacks=callbacks, data_id=windows.data_id or None)  # a checkpoint resumes on another CPU
@@ -125,7 +147,7 @@ def neural_result(trial: Trial, windows: WindowedProject, fitted: FitResult, set
     `watched`: what its Watch recorded, kept with its metrics; `refitted`: its refit and the windows it trained on,
     which then forecasts the test (the validation scores stay `fitted`'s: it never trained on validation)."""
     forecaster, source = (refitted[0], refitted[1]) if refitted is not None else (fitted, windows)
-    test, naive, kept = score(windows, source.inverse_target(predict(forecaster.model, source.x_test, dtype=forecaster.plan.autocast_dtype)))
+    test, naive, kept = score(windows, *forecast_of(forecaster.model, source, source.x_test, "test", forecaster.plan.autocast_dtype))
     validated = validation(fitted.model, windows, fitted.plan.autocast_dtype)
     done = fitted.to_dict()
     plan, timings, metrics, events = refit_record(done["plan"], fitted, refitted[0] if refitted is not None else None)
@@ -151,7 +173,7 @@ def refit(trial: Trial, fitted: FitResult, folded: Sequence[WindowedProject], se
         return None
     x, y = torch.cat([w.x_train for w in folded]), torch.cat([w.y_train for w in folded])
     alone = folded[0].data_id if len(folded) == 1 else None  # as the first training named its data (run_alone)
-    return fit(build_model(trial, folded[0]), (x, y), None, config=replace(setup.config, epochs=int(best), patience=None), data_id=alone or None)
+    return fit(build_model(trial, folded[0], setup.config.loss), (x, y), None, config=replace(setup.config, epochs=int(best), patience=None), data_id=alone or None)
 
 
 def refit_status(fitted: FitResult, again: FitResult | None) -> str:
@@ -179,7 +201,7 @@ def validation(model: Any, windows: WindowedProject, dtype: torch.dtype | None) 
     or None without a validation split: what choosing between configurations reads, never the test split."""
     if not windows.x_val.shape[0]:
         return None
-    return score_validation(windows, windows.inverse_target(predict(model, windows.x_val, dtype=dtype), "val"))
+    return score_validation(windows, *forecast_of(model, windows, windows.x_val, "val", dtype))
 
 
 class ValidationScorer:
@@ -212,7 +234,8 @@ class ValidationScorer:
             return float("nan")
         if isinstance(scaled, torch.Tensor):
             scaled = scaled.detach().to("cpu", torch.float64).numpy()
-        prediction = np.asarray(scaled, dtype=np.float64).reshape(self.slope.shape) * self.slope + self.offset
+        scaled, _ = point_and_quantiles(np.asarray(scaled, dtype=np.float64).reshape(self.slope.shape[0], -1), self.slope.shape[1])
+        prediction = scaled * self.slope + self.offset  # a quantile network's median
         return float(mean_over_series(prediction, self.truth, self.series, self.metric, self.mase_scale))
 
 
@@ -231,22 +254,23 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
     train_x, train_y = torch.cat([w.x_train for w in windows]), torch.cat([w.y_train for w in windows])
     val_x, val_y = torch.cat([w.x_val for w in windows]), torch.cat([w.y_val for w in windows])
     if trial.kind == "classical":
-        predictions, validations, plan, timings = _global_classical(trial, windows, setup.threads, train_x, train_y, val_x, val_y)
+        points, validations, plan, timings = _global_classical(trial, windows, setup.threads, train_x, train_y, val_x, val_y)
+        predictions = [(point, None) for point in points]
         history, events, status = [], [], "completed"
     else:
-        model = build_model(trial, windows[0])
+        model = build_model(trial, windows[0], setup.config.loss)
         fitted = fit(model, (train_x, train_y), (val_x, val_y) if val_x.shape[0] else None, config=setup.config,
                      callbacks=watch.callbacks(model) if watch is not None else ())
         again = refit(trial, fitted, folded, setup) if folded is not None else None
         forecaster, sources = (again, folded) if again is not None and folded is not None else (fitted, windows)
-        predictions = [s.inverse_target(predict(forecaster.model, s.x_test, dtype=forecaster.plan.autocast_dtype)) for s in sources]
+        predictions = [forecast_of(forecaster.model, s, s.x_test, "test", forecaster.plan.autocast_dtype) for s in sources]
         validations = [validation(fitted.model, w, fitted.plan.autocast_dtype) for w in windows]
         done = fitted.to_dict()
         plan, timings, _, events = refit_record(done["plan"], fitted, again)
         history, status = done["history"], refit_status(fitted, again)
     per_project, forecasts = {}, {}
-    for w, prediction in zip(windows, predictions, strict=True):
-        test, naive, forecasts[w.name] = score(w, prediction)
+    for w, (prediction, quantiles) in zip(windows, predictions, strict=True):
+        test, naive, forecasts[w.name] = score(w, prediction, quantiles)
         per_project[w.name] = {"test": test, "naive": naive, **per_origin(forecasts[w.name])}
     average = {part: {key: statistics.fmean(scores[part][key] for scores in per_project.values()) for key in METRICS} for part in ("test", "naive")}
     scored = [v[0] for v in validations if v is not None]
@@ -306,6 +330,6 @@ def epoch_seconds(trial: Trial, windows: Sequence[WindowedProject], config: FitC
     x, y = torch.cat([w.x_train for w in windows]), torch.cat([w.y_train for w in windows])
     batch = effective_batch(DataFacts(n_train=x.shape[0], bytes_total=0), config).value
     taken = min(x.shape[0], max(sample, min_steps * batch))
-    fitted = fit(build_model(trial, windows[0]), (x[:taken], y[:taken]), config=replace(config, epochs=2, patience=None, batch_size=batch))
+    fitted = fit(build_model(trial, windows[0], config.loss), (x[:taken], y[:taken]), config=replace(config, epochs=2, patience=None, batch_size=batch))
     last = fitted.history[-1]
     return last.seconds / max(last.steps, 1) * math.ceil(x.shape[0] / batch), taken, batch

@@ -180,3 +180,38 @@ def test_a_global_ensemble_calibrates_over_every_series_and_leaves_a_level_it_ca
     rows = pd.read_csv(tmp_path / "w" / "forecast.csv")
     assert len(rows) == 12 and set(rows["interval_from"]) == {"pooled"} and set(rows["model"]) == {"ensemble (median of 2)"}
     assert rows["lo_80"].notna().all() and (rows["lo_80"] < rows["forecast"]).all() and rows["lo_95"].isna().all() and rows["hi_95"].isna().all()
+
+
+@pytest.mark.slow
+def test_quantile_networks_forecast_their_own_bands_moved_by_validation_and_the_future_path_is_the_tested_one(tmp_path, capsys):
+    """`loss: quantile`: each network forecasts the median and the 80 and 95 % bounds; the store keeps the quantiles
+    beside the forecast, the future of series cut short gives them back, and the intervals are the combined band moved
+    by how far the validation values fell outside it (not a symmetric width around the point)."""
+    write_data(tmp_path / "sales.csv")
+    write_data(tmp_path / "cut.csv", cut=HORIZON)
+    (tmp_path / "q.yaml").write_text(CAMPAIGN.replace("  ets: {}\n", "").replace("ensemble: {families: [mlp, ets], within: null, combine: mean}\n", "")
+                                     .replace("refit: true,", "refit: true, loss: quantile,"))
+    assert Campaign.from_yaml(tmp_path / "q.yaml", tmp_path / "work").run(executor="inline").done == 6
+    store = Store.open(tmp_path / "work")
+    try:
+        ids = [r["trial_id"] for r in store.records() if r["status"] == "done"]
+        test, val = store.forecasts(ids), store.forecasts(ids, window="val")
+    finally:
+        store.close()
+    for kept in (*test.values(), *val.values()):
+        quantiles = kept["quantiles"]
+        assert quantiles.shape == (*kept["forecast"].shape, 5) and (np.diff(quantiles, axis=-1) >= 0).all()
+        np.testing.assert_array_equal(quantiles[..., 2], kept["forecast"])  # the point forecast is the median
+    code, out, _ = run_cli(capsys, "forecast", "--workdir", str(tmp_path / "work"), "--data", str(tmp_path / "cut.csv"),
+                           "--out", str(tmp_path / "future.csv"))
+    assert code == 0 and "6 trained on all the data now" in out, out
+    for path in (tmp_path / "work" / "future").glob("*.json"):
+        content = json.loads(path.read_text())
+        for project, values in content["quantiles"].items():
+            np.testing.assert_allclose(values, test[(content["trial_id"], project)]["quantiles"][-1], rtol=1e-5, atol=1e-4)
+    rows = pd.read_csv(tmp_path / "future.csv")
+    assert set(rows["interval_from"]) == {"series (quantiles)"} and len(rows) == 3 * HORIZON
+    assert (rows["lo_95"] <= rows["lo_80"]).all() and (rows["lo_80"] <= rows["forecast"]).all()
+    assert (rows["forecast"] <= rows["hi_80"]).all() and (rows["hi_80"] <= rows["hi_95"]).all()
+    below, above = rows["forecast"] - rows["lo_80"], rows["hi_80"] - rows["forecast"]
+    assert not np.allclose(below, above, rtol=1e-3)  # the network's own band: not one width each side of the point

@@ -4,7 +4,8 @@ What forecasts each project is the campaign's choice (choice.py); each chosen tr
 (train.py) and kept under WORKDIR/future/, named by the trial and the data it trained on, so forecasting again retrains
 nothing (and new data retrains only what it changed). The members' forecasts combine as the campaign combined their
 test forecasts (the median of a configuration's seeds, or the declared ensemble's combine and weights); the intervals
-are split conformal, from the same combination's errors on the validation windows (intervals.py).
+are split conformal, from the same combination's errors on the validation windows; where every member is a quantile
+network (`loss: quantile`), its own band moved by how far the validation values fell outside it (intervals.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from gpufill.campaign.future.choice import Chosen, chosen
-from gpufill.campaign.future.intervals import LEVELS, Calibration, calibrate, windows_needed
+from gpufill.campaign.future.intervals import LEVELS, Calibration, calibrate, nested, windows_needed
 from gpufill.campaign.store.store import Store
 from gpufill.errors import InputError
 from gpufill.files import make_folder, write_atomically
@@ -80,8 +81,11 @@ def forecast(workdir: str | Path, *, horizon: int | None = None, levels: Sequenc
         if name not in projects:
             notes.append(f"project {name}: not in the data given, not forecast")
             continue
-        point = _combined(pick, [futures[t][name] for t in pick.members], pick.members)[:steps]
-        frames.append(_rows(name, pick, point, calibration.get(name), levels, projects[name].time))
+        members = [futures[t][name] for t in pick.members]
+        point = _combined(pick, [m["forecast"] for m in members], pick.members)[:steps]
+        band = _band(pick, [m.get("quantiles") for m in members])
+        frames.append(_rows(name, pick, point, calibration.get(name), levels, projects[name].time,
+                           None if band is None else band[:steps]))
     unbounded = [level for level in levels if any(not np.isfinite(c.half_widths[level]).all() for c in calibration.values())]
     if unbounded:
         notes.append(f"{' and '.join(f'{level:g} %' for level in unbounded)} bounds left empty where the validation windows are too few "
@@ -119,9 +123,10 @@ def _held_out(picks: list[Chosen], val: dict[tuple[str, str], dict[str, Any]], t
         if name not in calibration or any(k is None for k in kept):
             continue
         point = _combined(pick, [k["forecast"].astype(np.float64) for k in kept], pick.members)
-        bounds = {level: calibration[name].bounds(point, level) for level in levels}
+        band = _band(pick, [k.get("quantiles") for k in kept])
+        bounds = nested({level: calibration[name].bounds(point, level, _level_band(band, level)) for level in levels})
         rows.append({"project": name, "model": pick.label, "forecast": point, "truth": kept[0]["truth"].astype(np.float64),
-                     "bounds": bounds, "scale": float(kept[0]["mase_scale"]), "interval_from": calibration[name].source})
+                     "bounds": bounds, "scale": float(kept[0]["mase_scale"]), "interval_from": calibration[name].described})
     return rows
 
 
@@ -180,11 +185,11 @@ def _projects(spec: CampaignSpec, base_dir: Path, data: str | None, trials: dict
 
 
 def _futures(spec: CampaignSpec, workdir: Path, trials: dict[str, Any], details: dict[str, Any], projects: dict[str, Any]
-             ) -> tuple[dict[str, dict[str, np.ndarray]], int, int]:
-    """(trial id -> project -> its forecast after the data's end, trials trained now, trials read back): read from
-    WORKDIR/future, else trained and kept there."""
+             ) -> tuple[dict[str, dict[str, dict[str, np.ndarray]]], int, int]:
+    """(trial id -> project -> its forecast after the data's end ({"forecast": (horizon,)}, and a quantile network's
+    "quantiles": (horizon, Q)), trials trained now, trials read back): read from WORKDIR/future, else trained and kept there."""
     folder = make_folder(workdir / FOLDER, field="--workdir", inside=workdir)
-    out: dict[str, dict[str, np.ndarray]] = {}
+    out: dict[str, dict[str, dict[str, np.ndarray]]] = {}
     trained_now = reused = 0
     for trial_id, trial in trials.items():
         if not trial.is_global and trial.project not in projects:  # --data without this project: nothing to train on (said by the caller)
@@ -194,7 +199,7 @@ def _futures(spec: CampaignSpec, workdir: Path, trials: dict[str, Any], details:
         path = folder / f"{trial_id}-{key}.json"
         if path.is_file() and not path.is_symlink():
             kept = json.loads(path.read_text())
-            out[trial_id] = {name: np.asarray(values, dtype=np.float64) for name, values in kept["forecasts"].items()}
+            out[trial_id] = {name: _future_of(values, (kept.get("quantiles") or {}).get(name)) for name, values in kept["forecasts"].items()}
             reused += 1
             continue
         from gpufill.campaign.future.train import campaign_threads, train_on_all_data
@@ -204,10 +209,17 @@ def _futures(spec: CampaignSpec, workdir: Path, trials: dict[str, Any], details:
         trained = train_on_all_data(spec, trial, details[trial_id], projects, threads=threads, device=_device(),
                                     tune_cache=str(workdir.resolve() / "tune"))
         write_atomically(path, json.dumps({"trial_id": trial_id, "epochs": trained.epochs, "seconds": round(trained.seconds, 3),
-                                           "forecasts": {name: values.tolist() for name, values in trained.forecasts.items()}}), field="--workdir")
-        out[trial_id] = trained.forecasts
+                                           "forecasts": {name: values.tolist() for name, values in trained.forecasts.items()},
+                                           **({"quantiles": {name: values.tolist() for name, values in trained.quantiles.items()}}
+                                              if trained.quantiles else {})}), field="--workdir")
+        out[trial_id] = {name: _future_of(values, trained.quantiles.get(name)) for name, values in trained.forecasts.items()}
         trained_now += 1
     return out, trained_now, reused
+
+
+def _future_of(forecast: Any, quantiles: Any) -> dict[str, np.ndarray]:
+    return {"forecast": np.asarray(forecast, dtype=np.float64),
+            **({"quantiles": np.asarray(quantiles, dtype=np.float64)} if quantiles is not None else {})}
 
 
 def _device() -> str:
@@ -228,6 +240,7 @@ def _calibration(served: list[tuple[Chosen, str]], val: dict[tuple[str, str], di
     calibrated together: a series with too few windows borrows from every series of the campaign (intervals.calibrate)."""
     errors: dict[str, np.ndarray] = {}
     scales: dict[str, float] = {}
+    bands: dict[str, dict[float, tuple[np.ndarray, np.ndarray]]] = {}
     for pick, name in served:
         kept = [val.get((trial_id, name)) for trial_id in pick.members]
         scale = next((test[(t, name)]["mase_scale"] for t in pick.members if (t, name) in test), None)
@@ -241,10 +254,31 @@ def _calibration(served: list[tuple[Chosen, str]], val: dict[tuple[str, str], di
         rows = [np.isin(k["origins"], sorted(common)) for k in kept]
         combined = _combined(pick, [k["forecast"][r].astype(np.float64) for k, r in zip(kept, rows, strict=True)], pick.members)
         errors[name] = kept[0]["truth"][rows[0]].astype(np.float64) - combined
-    return calibrate(errors, scales, levels)
+        band = _band(pick, [k["quantiles"][r] if "quantiles" in k else None for k, r in zip(kept, rows, strict=True)])
+        bounded = {level: _level_band(band, level) for level in levels}
+        # the band as offsets from the point: what calibrate moves
+        bands[name] = {level: (b[0] - combined, b[1] - combined) for level, b in bounded.items() if b is not None}
+    return calibrate(errors, scales, levels, bands)
 
 
-def _rows(name: str, pick: Chosen, point: np.ndarray, calibration: Calibration | None, levels: Sequence[float], time: np.ndarray | None) -> pd.DataFrame:
+def _band(pick: Chosen, quantiles: Sequence[np.ndarray | None]) -> np.ndarray | None:
+    """The members' quantiles (..., horizon, Q) combined as their point forecasts are (each quantile on its own), None
+    unless every member is a quantile network."""
+    if not quantiles or any(q is None for q in quantiles):
+        return None
+    return _combined(pick, [np.asarray(q, dtype=np.float64) for q in quantiles], pick.members)
+
+
+def _level_band(band: np.ndarray | None, level: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """(lower, upper) of the central `level` % interval from combined quantiles (..., Q), None where they do not bound it."""
+    from gpufill.forecasting.data.quantiles import band_of
+
+    index = band_of(level) if band is not None else None
+    return None if index is None or band is None else (band[..., index[0]], band[..., index[1]])
+
+
+def _rows(name: str, pick: Chosen, point: np.ndarray, calibration: Calibration | None, levels: Sequence[float], time: np.ndarray | None,
+          band: np.ndarray | None = None) -> pd.DataFrame:
     import pandas as pd
 
     from gpufill.forecasting.data.future import future_times
@@ -255,9 +289,11 @@ def _rows(name: str, pick: Chosen, point: np.ndarray, calibration: Calibration |
     if after is not None:
         columns["time"] = after
     columns.update({"model": pick.label, "forecast": point})
+    empty = (np.full(steps, np.nan), np.full(steps, np.nan))
+    bounds = nested({level: calibration.bounds(point, level, _level_band(band, level)) for level in levels}) if calibration is not None else {}
     for level in levels:
-        lower, upper = calibration.bounds(point, level) if calibration is not None else (np.full(steps, np.nan), np.full(steps, np.nan))
+        lower, upper = bounds.get(level, empty)
         # an interval too few windows can bound is empty (NaN), never an infinite one in a file
         columns[f"lo_{level:g}"], columns[f"hi_{level:g}"] = np.where(np.isfinite(lower), lower, np.nan), np.where(np.isfinite(upper), upper, np.nan)
-    columns["interval_from"] = calibration.source if calibration is not None else "none (no validation windows)"
+    columns["interval_from"] = calibration.described if calibration is not None else "none (no validation windows)"
     return pd.DataFrame(columns)

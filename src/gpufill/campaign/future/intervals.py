@@ -7,6 +7,10 @@ mlforecast's and neuralforecast's conformal intervals are). A series with too fe
 4 for 80 %: a competition's validation part is often one window) borrows from every series of the campaign: the
 errors are pooled as multiples of each series' scale (its MASE scale) and the quantile scaled back to the series.
 
+A quantile network's forecast has its own band at the levels its quantiles bound (engine/losses.py: QUANTILES): there
+the validation windows say how far to move the band, not how wide to make it around the point (conformalized quantile
+regression: `calibrate`'s `bands`); the band keeps what the network learned of each window's spread.
+
 Scores: `coverage` (the share of actual values inside) and `msis`, M4's mean scaled interval score: the interval's
 width plus 2 / alpha times how far an actual value falls outside, over the series' scale (lower is better).
 numpy only: the results, the report and the export read these without torch.
@@ -46,30 +50,80 @@ class Calibration:
     """"series": its own validation windows; "pooled": every series' errors in units of their scales."""
     windows: int
     """Validation windows behind it (the series' own, or all series' where pooled)."""
+    banded: frozenset[float] = frozenset()
+    """Levels whose widths move the forecast's own quantile band outwards (inwards where negative), not the point's."""
 
-    def bounds(self, forecast: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
-        """(lower, upper) around `forecast` (..., horizon) at `level`."""
+    def bounds(self, forecast: np.ndarray, level: float, band: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) around `forecast` (..., horizon) at `level`; of a banded level, the forecast's own quantile
+        `band` (lower, upper) moved by the width, never past the point forecast."""
         width = self.half_widths[level][: np.shape(forecast)[-1]]
+        if level in self.banded and band is not None:
+            return np.minimum(band[0] - width, forecast), np.maximum(band[1] + width, forecast)
         return forecast - width, forecast + width
 
+    @property
+    def described(self) -> str:
+        """Where the intervals came from, as a forecast's `interval_from` says it."""
+        return self.source + (" (quantiles)" if self.banded else "")
 
-def calibrate(errors: Mapping[str, np.ndarray], scales: Mapping[str, float], levels: Sequence[float] = LEVELS) -> dict[str, Calibration]:
+
+def calibrate(errors: Mapping[str, np.ndarray], scales: Mapping[str, float], levels: Sequence[float] = LEVELS,
+              bands: Mapping[str, Mapping[float, tuple[np.ndarray, np.ndarray]]] | None = None) -> dict[str, Calibration]:
     """Per series, the half-widths of each level from its validation forecasts' errors (series -> (windows, horizon)
-    actual minus forecast); a series with fewer windows than the widest level needs, from the pooled scaled errors."""
+    actual minus forecast); a series with fewer windows than the widest level needs, from the pooled scaled errors.
+
+    `bands`: per series and level, a quantile forecast's bounds on the same windows, as offsets from the point forecast
+    (lower - point, upper - point). There the score of a window is how far the actual value falls outside the band
+    (negative inside): max(lower - actual, actual - upper), and its conformal quantile moves both bounds (conformalized
+    quantile regression, Romano et al. 2019): the band keeps its shape, wider where the series is harder, and its
+    level holds as split conformal's does. A band's scores pool only with other bands'."""
+    bands = bands or {}
     needed = max(windows_needed(level) for level in levels)
-    usable = {name: np.abs(np.asarray(e, dtype=np.float64)) for name, e in errors.items() if np.size(e)}
-    pooled = [e / scales[name] for name, e in usable.items() if scales.get(name)]
-    stacked = np.concatenate(pooled) if pooled else None
+    usable = {name: np.asarray(e, dtype=np.float64) for name, e in errors.items() if np.size(e)}
+    scores = {level: {name: _score(e, bands.get(name, {}).get(level)) for name, e in usable.items()} for level in levels}
     out: dict[str, Calibration] = {}
     for name in scales:
-        own = usable.get(name)
-        if own is not None and own.shape[0] >= needed:
-            widths = {level: np.array([conformal_quantile(own[:, h], level) for h in range(own.shape[1])]) for level in levels}
-            out[name] = Calibration(widths, "series", int(own.shape[0]))
-        elif stacked is not None:
-            widths = {level: scales[name] * np.array([conformal_quantile(stacked[:, h], level) for h in range(stacked.shape[1])]) for level in levels}
-            out[name] = Calibration(widths, "pooled", int(stacked.shape[0]))
+        widths, sources, counts = {}, set(), set()
+        for level in levels:
+            banded = level in bands.get(name, {})
+            own = scores[level].get(name)
+            if own is not None and own.shape[0] >= needed:
+                widths[level] = np.array([conformal_quantile(own[:, h], level) for h in range(own.shape[1])])
+                sources.add("series")
+                counts.add(int(own.shape[0]))
+                continue
+            pooled = [score / scales[other] for other, score in scores[level].items()
+                      if scales.get(other) and (level in bands.get(other, {})) == banded]
+            if pooled:
+                stacked = np.concatenate(pooled)
+                widths[level] = scales[name] * np.array([conformal_quantile(stacked[:, h], level) for h in range(stacked.shape[1])])
+                sources.add("pooled")
+                counts.add(int(stacked.shape[0]))
+        if len(widths) == len(levels):
+            out[name] = Calibration(widths, "pooled" if "pooled" in sources else "series", max(counts),
+                                    frozenset(level for level in levels if level in bands.get(name, {})))
     return out
+
+
+def nested(bounds: Mapping[float, tuple[np.ndarray, np.ndarray]]) -> dict[float, tuple[np.ndarray, np.ndarray]]:
+    """Each level's (lower, upper) widened to hold every narrower level's: a quantile band moved per level (its 80 %
+    and 95 % bounds calibrated apart) may otherwise leave a 95 % bound inside the 80 % one at a step."""
+    out: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+    inner: tuple[np.ndarray, np.ndarray] | None = None
+    for level in sorted(bounds):
+        lower, upper = bounds[level]
+        if inner is not None:
+            lower, upper = np.fmin(lower, inner[0]), np.fmax(upper, inner[1])
+        out[level] = inner = (lower, upper)
+    return out
+
+
+def _score(errors: np.ndarray, band: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """Split conformal's score of each value: its absolute error around a point, how far it falls outside a band."""
+    if band is None:
+        return np.abs(errors)
+    lower, upper = (np.asarray(b, dtype=np.float64) for b in band)
+    return np.maximum(lower - errors, errors - upper)
 
 
 def coverage(truth: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,8 @@ class Trained:
     epochs: int | None
     """A network's epochs on all the data (None: a classical or statistical family)."""
     seconds: float
+    quantiles: dict[str, np.ndarray] = field(default_factory=dict)
+    """A quantile network's quantiles past the end: project -> (horizon, Q), original scale."""
 
 
 def epochs_on_all_data(details: Mapping[str, Any]) -> int | None:
@@ -74,4 +76,6 @@ def train_on_all_data(spec: CampaignSpec, trial: Trial, details: Mapping[str, An
     if result.diverged:
         raise RuntimeError(f"trial {trial.trial_id} ({trial.family}) diverged on all the data")
     forecasts = {name: np.asarray(result.forecasts[name]["forecast"], dtype=np.float64)[-1] for name in names}
-    return Trained(forecasts, epochs, time.perf_counter() - started)
+    quantiles = {name: np.asarray(result.forecasts[name]["quantiles"], dtype=np.float64)[-1] for name in names
+                 if result.forecasts[name].get("quantiles") is not None}
+    return Trained(forecasts, epochs, time.perf_counter() - started, quantiles)

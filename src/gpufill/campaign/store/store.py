@@ -121,6 +121,9 @@ class Store(StoreQueries):
             for column, declaration in {**dict.fromkeys(METRICS, "REAL"), **PROVENANCE_COLUMNS}.items():  # a column per metric
                 if column not in present:
                     db.execute(f"ALTER TABLE trials ADD COLUMN {column} {declaration}")
+            for table in ("forecasts", "val_forecasts"):  # a quantile network's quantiles (NULL for every other forecast)
+                if "quantiles" not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN quantiles BLOB")
         except sqlite3.DatabaseError as error:
             raise damaged(path, error) from None
         return cls(db, path)
@@ -308,16 +311,20 @@ class Store(StoreQueries):
                 return False
             import numpy as np  # here: readers of the store (status, results) never need it
 
+            def quantiles(kept: dict[str, Any]) -> bytes | None:
+                return np.asarray(kept["quantiles"], np.float32).tobytes() if kept.get("quantiles") is not None else None
+
             db.executemany(  # the test forecasts, compact: int32 origins, float32 values (data/scoring.py)
-                "INSERT OR REPLACE INTO forecasts VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO forecasts (trial_id, project, horizon, mase_scale, origins, forecast, truth, quantiles)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(trial_id, project, int(np.shape(kept["forecast"])[1]), kept["mase_scale"], np.asarray(kept["origins"], np.int32).tobytes(),
-                  np.asarray(kept["forecast"], np.float32).tobytes(), np.asarray(kept["truth"], np.float32).tobytes())
+                  np.asarray(kept["forecast"], np.float32).tobytes(), np.asarray(kept["truth"], np.float32).tobytes(), quantiles(kept))
                  for project, kept in result.forecasts.items()],
             )
             db.executemany(  # the validation forecasts, the same way: what an ensemble's validation score is computed from
-                "INSERT OR REPLACE INTO val_forecasts VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO val_forecasts (trial_id, project, horizon, origins, forecast, truth, quantiles) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(trial_id, project, int(np.shape(kept["forecast"])[1]), np.asarray(kept["origins"], np.int32).tobytes(),
-                  np.asarray(kept["forecast"], np.float32).tobytes(), np.asarray(kept["truth"], np.float32).tobytes())
+                  np.asarray(kept["forecast"], np.float32).tobytes(), np.asarray(kept["truth"], np.float32).tobytes(), quantiles(kept))
                  for project, kept in result.val_forecasts.items()],
             )
             return True

@@ -225,7 +225,8 @@ class StoreQueries:
         return default
 
     def forecasts(self, trial_ids: Sequence[str], *, window: str = "test") -> dict[tuple[str, str], dict[str, Any]]:
-        """(trial_id, project) -> origins (N,), forecast and truth (N, horizon) float32, and (test window) mase_scale.
+        """(trial_id, project) -> origins (N,), forecast and truth (N, horizon) float32, (test window) mase_scale, and a
+        quantile network's quantiles (N, horizon, Q) float32.
         `window` "val": the validation forecasts (none in a store written before they were kept)."""
         import numpy as np
 
@@ -234,15 +235,19 @@ class StoreQueries:
         table, scale = ("forecasts", "mase_scale") if window == "test" else ("val_forecasts", "NULL")
         if window == "val" and self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'val_forecasts'").fetchone() is None:
             return {}
+        # a store written before quantiles were kept has no such column: its forecasts have none
+        quantiles = "quantiles" if any(row[1] == "quantiles" for row in self.db.execute(f"PRAGMA table_info({table})")) else "NULL"
         out: dict[tuple[str, str], dict[str, Any]] = {}
         for chunk in (trial_ids[i : i + 500] for i in range(0, len(trial_ids), 500)):  # SQLite's bound-variable limit
             marks = ",".join("?" * len(chunk))
-            for trial_id, project, horizon, mase_scale, origins, forecast, truth in self.db.execute(
-                    f"SELECT trial_id, project, horizon, {scale}, origins, forecast, truth FROM {table} WHERE trial_id IN ({marks})", list(chunk)):
+            for trial_id, project, horizon, mase_scale, origins, forecast, truth, bands in self.db.execute(
+                    f"SELECT trial_id, project, horizon, {scale}, origins, forecast, truth, {quantiles} FROM {table} WHERE trial_id IN ({marks})",
+                    list(chunk)):
                 out[(trial_id, project)] = {"origins": np.frombuffer(origins, np.int32),
                                             "forecast": np.frombuffer(forecast, np.float32).reshape(-1, horizon),
                                             "truth": np.frombuffer(truth, np.float32).reshape(-1, horizon),
-                                            **({"mase_scale": mase_scale} if window == "test" else {})}
+                                            **({"mase_scale": mase_scale} if window == "test" else {}),
+                                            **({"quantiles": np.frombuffer(bands, np.float32).reshape(len(origins) // 4, horizon, -1)} if bands else {})}
         return out
 
     def search_rows(self, trial_ids: Sequence[str], metric: str) -> dict[str, dict[str, Any]]:

@@ -11,12 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from gpufill.engine.backend import is_out_of_memory, synchronize
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import context_bytes, detect
-from gpufill.engine.losses import NAMED
+from gpufill.engine.losses import NAMED, stand_in_errors
 from gpufill.engine.measure.ops import count_ops
 from gpufill.engine.packs.stacked import pack_kinds, pack_module, why_not_packed
 from gpufill.engine.optim_eager import eager_class
@@ -218,7 +217,7 @@ def _training_step(build, k: int, x: torch.Tensor, y: torch.Tensor, dev: torch.d
         optimizer = eager_class(torch.optim.AdamW)(model.parameters(), lr=1e-3, fused=dev.type in ("cpu", "cuda"))
 
         def step() -> None:
-            nn.functional.mse_loss(model(x), y).backward()
+            stand_in_errors(model(x), y).mean().backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
@@ -229,7 +228,7 @@ def _training_step(build, k: int, x: torch.Tensor, y: torch.Tensor, dev: torch.d
     everyone = torch.ones(k, dtype=torch.bool, device=dev)
 
     def fused_step() -> None:
-        (fused(xs) - ys).pow(2).mean(dim=(1, 2)).sum().backward()
+        stand_in_errors(fused(xs), ys).flatten(1).mean(dim=1).sum().backward()
         pack_optimizer.step(everyone)
         pack_optimizer.zero_grad()
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state
 
-from gpufill.engine.losses import NamedLoss
+from gpufill.engine.losses import NamedLoss, stand_in_errors
 from gpufill.engine.packs.direct import direct_forward
 from gpufill.engine.packs.fused import FusedModule, can_fuse, fuse
 from gpufill.engine.packs.stacked_rnn import batched_recurrences
@@ -230,11 +230,11 @@ def pack_kinds(build: Callable[[], nn.Module], sample: Any) -> list[str]:
         return [VMAP]
     if any(isinstance(m, nn.RNNBase) for m in first.modules()):
         return [HAND_WRITTEN]  # the stack would run the same hand-written recurrence (stacked_rnn.py), or could not batch it
-    return [HAND_WRITTEN] if why_not_stacked([first, build()], _mse, sample) is not None else [HAND_WRITTEN, VMAP]
+    return [HAND_WRITTEN] if why_not_stacked([first, build()], _stand_in, sample) is not None else [HAND_WRITTEN, VMAP]
 
 
-def _mse(model: nn.Module, batch: Any) -> torch.Tensor:
-    return nn.functional.mse_loss(model(batch[0]), batch[1])
+def _stand_in(model: nn.Module, batch: Any) -> torch.Tensor:
+    return stand_in_errors(model(batch[0]), batch[1]).mean()
 
 
 def why_not_packed(build: Callable[[], nn.Module], loss: Callable[[Any, Any], Any], sample: Any) -> str | None:

@@ -97,6 +97,9 @@ class NBeatsForecaster(Forecaster):
             raise InputError(f"stacks must be generic or interpretable, got {stacks!r}", field="nbeats.stacks",
                              fix="set stacks to generic (learned bases) or interpretable (trend, then seasonality)")
         self.stacks = stacks
+        # interpretable stacks forecast through a trend and a season over the horizon's time points: the model's
+        # outputs are those steps, not any other layout of values (a quantile loss's; forecasting/run.py: build_model)
+        self.horizon_basis = stacks == "interpretable"
         self.blocks = whole_number(self.family, "blocks", blocks, minimum=2 if stacks == "interpretable" else 1)
         self.layers = whole_number(self.family, "layers", layers)
         self.width = whole_number(self.family, "width", width)
