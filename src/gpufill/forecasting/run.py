@@ -27,11 +27,10 @@ from gpufill.engine.result import EpochRecord, FitCallback, FitResult
 from gpufill.errors import InputError
 from gpufill.forecasting.data import WindowedProject
 from gpufill.forecasting.data.metrics import mean_over_series
-from gpufill.forecasting.data.quantiles import MEDIAN, point_and_quantiles
 from gpufill.forecasting.data.scoring import ValidationScored, per_origin, score, score_validation
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe
-from gpufill.forecasting.task import predict
+from gpufill.forecasting.task import forecast_of, point_and_quantiles, predict
 from gpufill.forecasting.trial import METRICS, PackEntry, Trial, TrialResult, trial_result
 
 __all__ = ["EpochRecord", "FitCallback", "TrialSetup", "use_threads", "ValidationScorer", "Watch", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup"]
@@ -87,18 +86,6 @@ def build_model(trial: Trial, windows: WindowedProject, loss: object = None) -> 
                          f"{per_step} outputs per step would stretch over {windows.horizon * per_step} steps", field="loss",
                          fix=f"use loss {loss} with stacks: generic, or another loss for stacks: interpretable")
     return model
-
-
-def forecast_of(model: Any, windows: WindowedProject, inputs: torch.Tensor, region: str, dtype: torch.dtype | None
-                ) -> tuple[np.ndarray, np.ndarray | None]:
-    """A network's forecasts of `inputs` (windows of `region`) in the data's units: (point (N, horizon), a quantile
-    network's quantiles (N, horizon, Q) or None), in order (data/quantiles.py) and again after the way back, which
-    reverses them where a window's scale is negative (mean scaling of a series below zero)."""
-    point, quantiles = point_and_quantiles(predict(model, inputs, dtype=dtype), windows.horizon)
-    if quantiles is None:
-        return windows.inverse_target(point, region), None
-    back = np.sort(np.stack([windows.inverse_target(quantiles[..., q], region) for q in range(quantiles.shape[-1])], axis=-1), axis=-1)
-    return back[..., MEDIAN], back
 
 
 class Watch(Protocol):

@@ -1,9 +1,11 @@
-"""The pieces every forecasting trial shares: a model's predictions, one project's windows from a source (the seeded
-model is forecasting/run.py's `build_model`).
+"""The pieces every forecasting trial shares: a model's predictions (a quantile network's read as its median and its
+quantiles), one project's windows from a source (the seeded model is forecasting/run.py's `build_model`).
 A campaign's trial and `gpufill train` run through forecasting/run.py, which builds their results (forecasting/trial.py).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,7 +17,9 @@ from gpufill.forecasting.data import (
     load_projects,
     make_windows,
 )
+from gpufill.engine.losses import QUANTILES
 from gpufill.engine.precision import autocast
+from gpufill.forecasting.data.quantiles import MEDIAN
 
 
 @torch.no_grad()
@@ -28,6 +32,31 @@ def predict(model: nn.Module, inputs: torch.Tensor, *, dtype: torch.dtype | None
         with autocast(device.type, dtype):
             outputs.append(model(inputs[start : start + batch].to(device, non_blocking=True)).float())
     return torch.cat(outputs).cpu().double().numpy()
+
+
+def point_and_quantiles(output: np.ndarray, horizon: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(point forecast (N, horizon), quantiles (N, horizon, Q) or None) of a network's outputs (N, horizon) or
+    (N, horizon x Q): a quantile network's quantiles in order (a crossing pair of learned quantiles sorted:
+    rearrangement, Chernozhukov et al. 2010, which never makes them worse) and their median its point forecast."""
+    output = np.asarray(output)
+    if output.shape[-1] == horizon:
+        return output, None
+    if output.shape[-1] != horizon * len(QUANTILES):
+        raise ValueError(f"outputs of width {output.shape[-1]} are neither {horizon} steps nor {horizon} x {len(QUANTILES)} quantiles")
+    quantiles = np.sort(output.reshape(*output.shape[:-1], horizon, len(QUANTILES)), axis=-1)
+    return quantiles[..., MEDIAN], quantiles
+
+
+def forecast_of(model: Any, windows: WindowedProject, inputs: torch.Tensor, region: str, dtype: torch.dtype | None
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+    """A network's forecasts of `inputs` (windows of `region`) in the data's units: (point (N, horizon), a quantile
+    network's quantiles (N, horizon, Q) or None), in order (data/quantiles.py) and again after the way back, which
+    reverses them where a window's scale is negative (mean scaling of a series below zero)."""
+    point, quantiles = point_and_quantiles(predict(model, inputs, dtype=dtype), windows.horizon)
+    if quantiles is None:
+        return windows.inverse_target(point, region), None
+    back = np.sort(np.stack([windows.inverse_target(quantiles[..., q], region) for q in range(quantiles.shape[-1])], axis=-1), axis=-1)
+    return back[..., MEDIAN], back
 
 
 def load_windows(
