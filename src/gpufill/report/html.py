@@ -281,13 +281,15 @@ def _interval_scores(store: Store) -> str:
 
 
 def _bands(firsts: dict[tuple[str, str], str], kept: dict[tuple[str, str], Any], val: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
-    """(family, project) -> level -> half-width per step: split conformal from the family's validation errors, pooled in
-    units of each series' scale where a series has too few (campaign/future/intervals.py); a level none can bound is left out."""
+    """(family, project) -> its intervals' Calibration, as `gpufill forecast` makes it: split conformal from the
+    family's validation errors, pooled in units of each series' scale where a series has too few, and a quantile
+    network's own band moved by how far the validation values fell outside it (campaign/future/intervals.py)."""
     from gpufill.campaign.future.intervals import LEVELS, calibrate
+    from gpufill.forecasting.data.quantiles import band_at
 
     out: dict[tuple[str, str], Any] = {}
     for family in sorted({family for family, _ in firsts}):
-        errors, scales = {}, {}
+        errors, scales, bands = {}, {}, {}
         for (name, project), trial_id in firsts.items():
             if name != family:
                 continue
@@ -295,9 +297,12 @@ def _bands(firsts: dict[tuple[str, str], str], kept: dict[tuple[str, str], Any],
                 if t == trial_id and (p == project or project == "*"):
                     scales[p] = float(forecast["mase_scale"])
                     if (t, p) in val:
-                        errors[p] = val[(t, p)]["truth"].astype(np.float64) - val[(t, p)]["forecast"].astype(np.float64)
-        for project, calibration in calibrate(errors, scales, LEVELS).items():
-            out[(family, project)] = {level: width for level, width in calibration.half_widths.items() if np.isfinite(width).all()}
+                        point = val[(t, p)]["forecast"].astype(np.float64)
+                        errors[p] = val[(t, p)]["truth"].astype(np.float64) - point
+                        bounded = {level: band_at(val[(t, p)].get("quantiles"), level) for level in LEVELS}
+                        bands[p] = {level: (b[0] - point, b[1] - point) for level, b in bounded.items() if b is not None}
+        for project, calibration in calibrate(errors, scales, LEVELS, bands).items():
+            out[(family, project)] = calibration
     return out
 
 

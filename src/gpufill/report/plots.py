@@ -13,7 +13,7 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import matplotlib
 
@@ -25,6 +25,9 @@ import pandas as pd  # noqa: E402
 
 from gpufill.errors import visible  # noqa: E402
 from gpufill.forecasting.metric_registry import METRICS  # noqa: E402
+
+if TYPE_CHECKING:
+    from gpufill.campaign.future.intervals import Calibration
 
 GIB = 1024**3
 REFERENCE_FAMILIES = ("snaive", "ets", "theta", "comb")
@@ -325,13 +328,15 @@ them (every window's path would hide the actual line)."""
 
 
 @_drawn_as_text
-def forecasts(panels: list[tuple[str, str, str, dict[str, np.ndarray]]], bands: dict[tuple[str, str], dict[float, np.ndarray]] | None = None
+def forecasts(panels: list[tuple[str, str, str, dict[str, np.ndarray]]], bands: dict[tuple[str, str], Calibration] | None = None
               ) -> Plot | None:
     """Actual vs forecast over the test windows, every horizon step, one row per family with its best and worst project
     side by side. `panels`: (family, "best"/"worst", project, stored forecast) in row order; `bands`: per (family,
-    project), each interval level's half-width per step (campaign/future/intervals.py: from the validation windows'
-    errors), shaded around the forecast. Horizon 1: the one-step-ahead forecast of every window as a line; longer: the
-    paths of FORECAST_PATHS windows, each marked at its origin."""
+    project), its intervals' Calibration (campaign/future/intervals.py: from the validation windows), shaded around
+    the forecast (a quantile network's: its own band, moved). Horizon 1: the one-step-ahead forecast of every window as
+    a line; longer: the paths of FORECAST_PATHS windows, each marked at its origin."""
+    from gpufill.forecasting.data.quantiles import band_at
+
     if not panels:
         return None
     bands = bands or {}
@@ -348,14 +353,17 @@ def forecasts(panels: list[tuple[str, str, str, dict[str, np.ndarray]]], bands: 
         times = (origins[:, None] + steps).ravel()
         actual = dict(zip(times.tolist(), truth.ravel().tolist()))  # each time's value, once
         ax.plot(sorted(actual), [actual[t] for t in sorted(actual)], color="black", linewidth=1.0, label="actual")
-        widths = bands.get((family, project), {})
+        calibration = bands.get((family, project))
+        levels = sorted(level for level, width in calibration.half_widths.items() if np.isfinite(width).all()) if calibration else []
+        quantiles = np.asarray(kept["quantiles"]) if kept.get("quantiles") is not None else None
         drawn = range(len(origins)) if forecast.shape[1] == 1 else sorted({int(round(i)) for i in np.linspace(0, len(origins) - 1, FORECAST_PATHS)})
-        for shade, level in zip(("0.35", "0.18"), sorted(widths)):
+        for shade, level in zip(("0.35", "0.18"), levels):
             for index in ([slice(None)] if forecast.shape[1] == 1 else drawn):
                 x = origins[index] if forecast.shape[1] == 1 else origins[index] + steps
                 y = forecast[index, 0] if forecast.shape[1] == 1 else forecast[index]
-                width = widths[level][0] if forecast.shape[1] == 1 else widths[level][: len(steps)]
-                ax.fill_between(x, y - width, y + width, color="tab:orange", alpha=float(shade), linewidth=0,
+                band = band_at(None if quantiles is None else quantiles[index, 0] if forecast.shape[1] == 1 else quantiles[index], level)
+                lower, upper = calibration.bounds(y, level, band)
+                ax.fill_between(x, lower, upper, color="tab:orange", alpha=float(shade), linewidth=0,
                                 label=f"{level:g} % interval" if index in (slice(None), drawn[0]) else None)
         if forecast.shape[1] == 1:
             ax.plot(origins, forecast[:, 0], color="tab:orange", linewidth=1.0, label="forecast (1 step ahead)")

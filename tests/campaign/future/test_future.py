@@ -215,3 +215,11 @@ def test_quantile_networks_forecast_their_own_bands_moved_by_validation_and_the_
     assert (rows["forecast"] <= rows["hi_80"]).all() and (rows["hi_80"] <= rows["hi_95"]).all()
     below, above = rows["forecast"] - rows["lo_80"], rows["hi_80"] - rows["forecast"]
     assert not np.allclose(below, above, rtol=1e-3)  # the network's own band: not one width each side of the point
+    # The report's panels shade the same bands: each series calibrated on its own 21 validation windows, both levels banded
+    from gpufill.report.html import _bands
+
+    firsts = {("mlp", project): min(t for (t, p) in test if p == project) for project in ("north", "south", "west")}
+    calibrations = _bands(firsts, test, val)
+    assert {c.described for c in calibrations.values()} == {"series (quantiles)"} and all(c.banded == {80, 95} for c in calibrations.values())
+    code, _, _ = run_cli(capsys, "report", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "report.html"))
+    assert code == 0 and "<h3>Intervals on the test windows</h3>" in (tmp_path / "report.html").read_text()

@@ -24,6 +24,7 @@ from gpufill.campaign.future.intervals import LEVELS, Calibration, calibrate, ne
 from gpufill.campaign.store.store import Store
 from gpufill.errors import InputError
 from gpufill.files import make_folder, write_atomically
+from gpufill.forecasting.data.quantiles import band_at
 from gpufill.forecasting.trial import GLOBAL_PROJECT
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ def _held_out(picks: list[Chosen], val: dict[tuple[str, str], dict[str, Any]], t
             continue
         point = _combined(pick, [k["forecast"].astype(np.float64) for k in kept], pick.members)
         band = _band(pick, [k.get("quantiles") for k in kept])
-        bounds = nested({level: calibration[name].bounds(point, level, _level_band(band, level)) for level in levels})
+        bounds = nested({level: calibration[name].bounds(point, level, band_at(band, level)) for level in levels})
         rows.append({"project": name, "model": pick.label, "forecast": point, "truth": kept[0]["truth"].astype(np.float64),
                      "bounds": bounds, "scale": float(kept[0]["mase_scale"]), "interval_from": calibration[name].described})
     return rows
@@ -255,7 +256,7 @@ def _calibration(served: list[tuple[Chosen, str]], val: dict[tuple[str, str], di
         combined = _combined(pick, [k["forecast"][r].astype(np.float64) for k, r in zip(kept, rows, strict=True)], pick.members)
         errors[name] = kept[0]["truth"][rows[0]].astype(np.float64) - combined
         band = _band(pick, [k["quantiles"][r] if "quantiles" in k else None for k, r in zip(kept, rows, strict=True)])
-        bounded = {level: _level_band(band, level) for level in levels}
+        bounded = {level: band_at(band, level) for level in levels}
         # the band as offsets from the point: what calibrate moves
         bands[name] = {level: (b[0] - combined, b[1] - combined) for level, b in bounded.items() if b is not None}
     return calibrate(errors, scales, levels, bands)
@@ -267,14 +268,6 @@ def _band(pick: Chosen, quantiles: Sequence[np.ndarray | None]) -> np.ndarray | 
     if not quantiles or any(q is None for q in quantiles):
         return None
     return _combined(pick, [np.asarray(q, dtype=np.float64) for q in quantiles], pick.members)
-
-
-def _level_band(band: np.ndarray | None, level: float) -> tuple[np.ndarray, np.ndarray] | None:
-    """(lower, upper) of the central `level` % interval from combined quantiles (..., Q), None where they do not bound it."""
-    from gpufill.forecasting.data.quantiles import band_of
-
-    index = band_of(level) if band is not None else None
-    return None if index is None or band is None else (band[..., index[0]], band[..., index[1]])
 
 
 def _rows(name: str, pick: Chosen, point: np.ndarray, calibration: Calibration | None, levels: Sequence[float], time: np.ndarray | None,
@@ -290,7 +283,7 @@ def _rows(name: str, pick: Chosen, point: np.ndarray, calibration: Calibration |
         columns["time"] = after
     columns.update({"model": pick.label, "forecast": point})
     empty = (np.full(steps, np.nan), np.full(steps, np.nan))
-    bounds = nested({level: calibration.bounds(point, level, _level_band(band, level)) for level in levels}) if calibration is not None else {}
+    bounds = nested({level: calibration.bounds(point, level, band_at(band, level)) for level in levels}) if calibration is not None else {}
     for level in levels:
         lower, upper = bounds.get(level, empty)
         # an interval too few windows can bound is empty (NaN), never an infinite one in a file

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import numpy as np
+
 from gpufill.engine.losses import QUANTILES
 
 MEDIAN = QUANTILES.index(0.5)
@@ -22,3 +24,13 @@ def band_of(level: float) -> tuple[int, int] | None:
     if low in QUANTILES and high in QUANTILES:
         return QUANTILES.index(low), QUANTILES.index(high)
     return None
+
+
+def band_at(quantiles: np.ndarray | None, level: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """(lower, upper) of the central `level` % interval from quantiles (..., Q); None where there are none, or where
+    they do not bound that level."""
+    index = band_of(level) if quantiles is not None else None
+    if index is None or quantiles is None:
+        return None
+    quantiles = np.asarray(quantiles, dtype=np.float64)
+    return quantiles[..., index[0]], quantiles[..., index[1]]
