@@ -285,23 +285,25 @@ def _bands(firsts: dict[tuple[str, str], str], kept: dict[tuple[str, str], Any],
     family's validation errors, pooled in units of each series' scale where a series has too few, and a quantile
     network's own band moved by how far the validation values fell outside it (campaign/future/intervals.py)."""
     from gpufill.campaign.future.intervals import LEVELS, calibrate
-    from gpufill.forecasting.data.quantiles import band_at
+    from gpufill.forecasting.data.quantiles import band_at, band_of
 
     out: dict[tuple[str, str], Any] = {}
     for family in sorted({family for family, _ in firsts}):
-        errors, scales, bands = {}, {}, {}
+        errors, scales, bands, banded = {}, {}, {}, {}
         for (name, project), trial_id in firsts.items():
             if name != family:
                 continue
             for (t, p), forecast in kept.items():  # a global trial's projects, or the project's own
                 if t == trial_id and (p == project or project == "*"):
                     scales[p] = float(forecast["mase_scale"])
+                    if forecast.get("quantiles") is not None:  # its forecast is a band, validated or not
+                        banded[p] = [level for level in LEVELS if band_of(level) is not None]
                     if (t, p) in val:
                         point = val[(t, p)]["forecast"].astype(np.float64)
                         errors[p] = val[(t, p)]["truth"].astype(np.float64) - point
                         bounded = {level: band_at(val[(t, p)].get("quantiles"), level) for level in LEVELS}
                         bands[p] = {level: (b[0] - point, b[1] - point) for level, b in bounded.items() if b is not None}
-        for project, calibration in calibrate(errors, scales, LEVELS, bands).items():
+        for project, calibration in calibrate(errors, scales, LEVELS, bands, banded).items():
             out[(family, project)] = calibration
     return out
 

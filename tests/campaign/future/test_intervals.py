@@ -67,6 +67,10 @@ def test_a_quantile_band_is_moved_by_how_far_the_validation_values_fall_outside_
                       bands={"long": {80: (-ones, ones)}, "short": {80: (-ones[:2], ones[:2])}})["short"]
     pooled = np.concatenate([np.abs(errors) - 1, np.abs(errors[:2]) - 1])  # the banded series' scores, never the plain one's
     assert short.source == "pooled" and short.half_widths[80] == pytest.approx([conformal_quantile(pooled[:, h], 80) for h in range(2)])
+    # a series whose forecast is a band but that has no validation window (a short series) borrows from the bands too
+    unseen = calibrate({"long": errors, "plain": errors * 10}, {"long": 1.0, "plain": 1.0, "new": 1.0}, levels=(80,),
+                       bands={"long": {80: (-ones, ones)}}, banded={"new": [80]})["new"]
+    assert unseen.described == "pooled (quantiles)" and unseen.half_widths[80] == pytest.approx(width)
 
 
 def test_a_band_that_follows_each_windows_spread_covers_its_level_in_narrower_intervals():

@@ -24,7 +24,7 @@ from gpufill.campaign.future.intervals import LEVELS, Calibration, calibrate, ne
 from gpufill.campaign.store.store import Store
 from gpufill.errors import InputError
 from gpufill.files import make_folder, write_atomically
-from gpufill.forecasting.data.quantiles import band_at
+from gpufill.forecasting.data.quantiles import band_at, band_of
 from gpufill.forecasting.trial import GLOBAL_PROJECT
 
 if TYPE_CHECKING:
@@ -242,11 +242,14 @@ def _calibration(served: list[tuple[Chosen, str]], val: dict[tuple[str, str], di
     errors: dict[str, np.ndarray] = {}
     scales: dict[str, float] = {}
     bands: dict[str, dict[float, tuple[np.ndarray, np.ndarray]]] = {}
+    banded: dict[str, set[float]] = {}
     for pick, name in served:
         kept = [val.get((trial_id, name)) for trial_id in pick.members]
         scale = next((test[(t, name)]["mase_scale"] for t in pick.members if (t, name) in test), None)
         if scale:
             scales[name] = float(scale)
+        if all("quantiles" in test.get((t, name), {}) for t in pick.members):  # its forecast is a band, validated or not
+            banded[name] = {level for level in levels if band_of(level) is not None}
         if any(k is None for k in kept) or not kept:
             continue
         common = set.intersection(*(set(k["origins"].tolist()) for k in kept))
@@ -259,7 +262,7 @@ def _calibration(served: list[tuple[Chosen, str]], val: dict[tuple[str, str], di
         bounded = {level: band_at(band, level) for level in levels}
         # the band as offsets from the point: what calibrate moves
         bands[name] = {level: (b[0] - combined, b[1] - combined) for level, b in bounded.items() if b is not None}
-    return calibrate(errors, scales, levels, bands)
+    return calibrate(errors, scales, levels, bands, banded)
 
 
 def _band(pick: Chosen, quantiles: Sequence[np.ndarray | None]) -> np.ndarray | None:

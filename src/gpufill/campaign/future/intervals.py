@@ -19,7 +19,7 @@ numpy only: the results, the report and the export read these without torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,7 +68,8 @@ class Calibration:
 
 
 def calibrate(errors: Mapping[str, np.ndarray], scales: Mapping[str, float], levels: Sequence[float] = LEVELS,
-              bands: Mapping[str, Mapping[float, tuple[np.ndarray, np.ndarray]]] | None = None) -> dict[str, Calibration]:
+              bands: Mapping[str, Mapping[float, tuple[np.ndarray, np.ndarray]]] | None = None,
+              banded: Mapping[str, Collection[float]] | None = None) -> dict[str, Calibration]:
     """Per series, the half-widths of each level from its validation forecasts' errors (series -> (windows, horizon)
     actual minus forecast); a series with fewer windows than the widest level needs, from the pooled scaled errors.
 
@@ -76,8 +77,13 @@ def calibrate(errors: Mapping[str, np.ndarray], scales: Mapping[str, float], lev
     (lower - point, upper - point). There the score of a window is how far the actual value falls outside the band
     (negative inside): max(lower - actual, actual - upper), and its conformal quantile moves both bounds (conformalized
     quantile regression, Romano et al. 2019): the band keeps its shape, wider where the series is harder, and its
-    level holds as split conformal's does. A band's scores pool only with other bands'."""
+    level holds as split conformal's does. A band's scores pool only with other bands'. `banded`: per series, the
+    levels its forecast has its own band at (default: those of `bands`), so that a series without validation windows
+    of its own borrows from the bands' pool where its forecast is a band."""
     bands = bands or {}
+    kinds = {name: set(levels_) for name, levels_ in (banded if banded is not None else {}).items()}
+    for name, given in bands.items():
+        kinds.setdefault(name, set()).update(given)
     needed = max(windows_needed(level) for level in levels)
     usable = {name: np.asarray(e, dtype=np.float64) for name, e in errors.items() if np.size(e)}
     scores = {level: {name: _score(e, bands.get(name, {}).get(level)) for name, e in usable.items()} for level in levels}
@@ -85,7 +91,7 @@ def calibrate(errors: Mapping[str, np.ndarray], scales: Mapping[str, float], lev
     for name in scales:
         widths, sources, counts = {}, set(), set()
         for level in levels:
-            banded = level in bands.get(name, {})
+            is_band = level in kinds.get(name, ())
             own = scores[level].get(name)
             if own is not None and own.shape[0] >= needed:
                 widths[level] = np.array([conformal_quantile(own[:, h], level) for h in range(own.shape[1])])
@@ -93,7 +99,7 @@ def calibrate(errors: Mapping[str, np.ndarray], scales: Mapping[str, float], lev
                 counts.add(int(own.shape[0]))
                 continue
             pooled = [score / scales[other] for other, score in scores[level].items()
-                      if scales.get(other) and (level in bands.get(other, {})) == banded]
+                      if scales.get(other) and (level in kinds.get(other, ())) == is_band]
             if pooled:
                 stacked = np.concatenate(pooled)
                 widths[level] = scales[name] * np.array([conformal_quantile(stacked[:, h], level) for h in range(stacked.shape[1])])
@@ -101,7 +107,7 @@ def calibrate(errors: Mapping[str, np.ndarray], scales: Mapping[str, float], lev
                 counts.add(int(stacked.shape[0]))
         if len(widths) == len(levels):
             out[name] = Calibration(widths, "pooled" if "pooled" in sources else "series", max(counts),
-                                    frozenset(level for level in levels if level in bands.get(name, {})))
+                                    frozenset(level for level in levels if level in kinds.get(name, ())))
     return out
 
 
