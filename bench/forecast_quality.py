@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import statistics
 import sys
 import tempfile
@@ -182,7 +183,7 @@ def run_campaigns(name: str, frame: pd.DataFrame, histories: dict, horizon: int,
                 raise SystemExit(f"{name}: {outcome.failed} trials failed (scaling {scaling})")
             parts.append(pd.DataFrame(forecast_rows(work)))
             val_parts.append(pd.DataFrame(forecast_rows(work, window="val")))
-            trial_parts.append(read_trials(work))
+            trial_parts.append(read_trials(work).assign(scaling=scaling))  # a configuration's scaling is its campaign's
         rows = pd.concat(parts, ignore_index=True)
         val_rows = pd.concat(val_parts, ignore_index=True)
         val_rows = val_rows[val_rows["project"].isin(histories)] if len(val_rows) else val_rows
@@ -203,6 +204,39 @@ def kept(folders: list[Path], name: str, part: str) -> pd.DataFrame:
     frame = pd.concat([pd.read_parquet(folder / f"{name}-{part}.parquet") for folder in folders], ignore_index=True)
     key = ["trial_id"] if part == "trials" else ["trial_id", "project", "origin", "step"]
     return frame.drop_duplicates(subset=key, ignore_index=True)
+
+
+def configurations(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFrame, families: list[str], histories: dict
+                   ) -> dict[str, tuple[pd.DataFrame, float, set[str]]]:
+    """label -> (its test forecasts, its validation sMAPE, its trials) of each learned configuration (family, parameters, training
+    settings, lookback) whose seeds are more than one trial's worth of the family, the median over its seeds; and per
+    family, "FAMILY: one configuration chosen on validation", the one whose validation sMAPE is lowest. What a user who
+    picks one model on validation ships; the test window is read only to score it."""
+    learned = trials[trials["family"].isin(families)]
+    learned = learned if "scaling" in learned else learned.assign(scaling="auto")  # kept before the scaling was
+    keys = ["family", "params", "train", "lookback", "scaling"]
+    if learned.empty or learned.groupby("family").apply(lambda g: g[keys].drop_duplicates().shape[0]).max() < 2:
+        return {}  # one configuration a family: its ensemble row says it already
+    out: dict[str, tuple[pd.DataFrame, float, set[str]]] = {}
+    for (family, params, train, lookback, scaling), group in learned.groupby(keys):
+        ids = set(group["trial_id"])
+        test = rows[rows["trial_id"].isin(ids)].groupby(["project", "origin", "step"], as_index=False).agg(
+            forecast=("forecast", "median"), actual=("actual", "first"))
+        val = val_rows[val_rows["trial_id"].isin(ids)].groupby(["project", "origin", "step"], as_index=False).agg(
+            forecast=("forecast", "median"), actual=("actual", "first"))
+        val_smape = statistics.fmean(scores(g.sort_values(["origin", "step"])["forecast"].to_numpy(), g.sort_values(["origin", "step"])["actual"].to_numpy(),
+                                            histories[project])[0] for project, g in val.groupby("project")) if len(val) else float("nan")
+        shown = " ".join(f"{k}={v}" for k, v in json.loads(params).items())
+        changed = {**{k: v for k, v in json.loads(train).items() if k in ("loss", "scaling") and v != "auto"},
+                   **({"scaling": scaling} if scaling != "auto" else {})}
+        label = f"{family} lookback {lookback}" + (f" {shown}" if shown else "") + "".join(f" {k}={v}" for k, v in changed.items())
+        out[label] = (test.assign(family=label), val_smape, ids)
+    for family in families:
+        mine = {label: entry for label, entry in out.items() if label.startswith(f"{family} lookback ") and entry[1] == entry[1]}
+        if mine:
+            best = min(mine, key=lambda label: mine[label][1])
+            out[f"{family}: one configuration chosen on validation ({best})"] = mine[best]
+    return out
 
 
 def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
@@ -230,6 +264,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     seconds_of = trials.groupby("family")["duration_s"].sum().to_dict()
     trainings_of = trials.groupby("family").size().to_dict()
     selected = {SELECTIONS[way][0]: SELECTIONS[way][1](rows, val_rows, trials, families) for way in select}  # label -> (rows, what it chose)
+    configured = configurations(rows, val_rows, trials, families, histories)  # every trial's: before --within leaves some out
     rows, left_out_of = chosen_on_validation(rows, trials, within)
     # One forecast per series and method: the median over seeds (a family's ensemble); references have one seed's worth.
     combined = rows.groupby(["family", "project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
@@ -239,6 +274,10 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         forecast=("forecast", "median"), actual=("actual", "first"))
     methods["gpufill: all families"] = everything.assign(family="gpufill: all families")
     methods.update({label: forecast.assign(family=label) for label, (forecast, _) in selected.items()})
+    methods.update({label: forecast for label, (forecast, _, _) in configured.items()})
+    for label, (_, _, ids) in configured.items():  # its own trials' seconds
+        seconds_of[label] = float(trials[trials["trial_id"].isin(ids)]["duration_s"].sum())
+        trainings_of[label] = len(ids)
     # The M4 lesson: a combination beats its members. The campaign's own references join the median here.
     joined = [ref for ref in ("ets", "theta") if ref in methods]
     if joined:
@@ -263,6 +302,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         smape, mase = statistics.fmean(s for s, _ in per_series), statistics.fmean(m for _, m in per_series)
         kind = ("reference (statsforecast)" if method in REFERENCES else "peer (neuralforecast, one model, documented defaults)" if method in peer_labels
                 else "gpufill ensemble (median of seeds)" if method in families
+                else "gpufill configuration (median of its seeds)" if method in configured
                 else SELECTED_KINDS.get(method) or ("gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble"))
         members = [method] if method in seconds_of else trained if method == "gpufill: all families" or method in selected else [*trained, *joined]
         results.append({"config": f"{name}: {method}", "dataset": name, "method": method, "kind": kind, "series": len(per_series),
@@ -271,6 +311,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
                         "left_out_on_validation": (selected[method][1]["candidates"] - selected[method][1]["distinct_members"] if method in selected
                                                    else int(sum(left_out_of.get(f, 0) for f in members))),
                         **(selected[method][1] if method in selected else {}),
+                        **({"val_smape": round(configured[method][1], 3)} if method in configured else {}),
                         **({"changed_from_defaults": peer_labels[method]} if method in peer_labels else {})})
     # Every gpufill method against every reference: no method is picked here (picking the best on these test scores
     # would choose on the test window); each is a recipe fixed by the command line before anything ran.

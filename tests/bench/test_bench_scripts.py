@@ -228,6 +228,15 @@ def check_forecast_quality(record: dict[str, Any]) -> None:
     # --scaling standard,mean --losses mae,smape: mlp trains mae under standard scaling, mae and smape under mean scaling;
     # linear (classical: no loss) once per scaling; the references once, in the first campaign.
     assert (methods["mlp"]["trainings"], methods["linear"]["trainings"], methods["ets"]["trainings"]) == (3, 2, 1)
+    # Each learned configuration alone (the median of its seeds), with its validation sMAPE, and per family the one a
+    # user would pick on validation: mlp's 3 (mae standard, mae mean, smape mean), linear's 2 (one per scaling).
+    configured = {name: row for name, row in methods.items() if row["kind"] == "gpufill configuration (median of its seeds)"}
+    for family, count in (("mlp", 3), ("linear", 2)):
+        own = {name: row for name, row in configured.items() if name.startswith(f"{family} lookback ")}
+        chosen = next(row for name, row in configured.items() if name.startswith(f"{family}: one configuration chosen on validation ("))
+        assert len(own) == count and all(row["trainings"] == 1 and 0 < row["val_smape"] <= 200 for row in own.values())
+        assert chosen["val_smape"] == min(row["val_smape"] for row in own.values())
+    assert any("scaling=standard" in name for name in configured) and any("loss=smape" in name for name in configured)
     # --within 1.05: each family's best trial on validation joins; the others only within 5 % of it.
     assert record["args"]["within"] == 1.05 and 0 <= methods["mlp"]["left_out_on_validation"] <= 2 and methods["linear"]["left_out_on_validation"] <= 1
     assert methods["ets"]["left_out_on_validation"] == 0  # one trial: it is its own best
