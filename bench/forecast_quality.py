@@ -113,7 +113,7 @@ def monthly_series(name: str, horizon: int):
 
 def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families: list[str], seeds: int, epochs: int, *, val: bool = False,
                   scaling: str = "auto", loss: str = "auto", losses: list[str] | None = None, references: tuple[str, ...] = REFERENCES,
-                  lr: float | None = None, patience: int = 5, refit: bool = False, first_seed: int = 0) -> str:
+                  lr: float | None = None, patience: int = 5, refit: bool = False, first_seed: int = 0, batch_size: int | None = None) -> str:
     # nbeats@i: N-BEATS-I (a trend stack, then a seasonality stack), the paper's ensemble's second architecture.
     models = {"mlp": "{hidden_size: 128}", "nbeats": "{width: 256, blocks: 3}", "nbeats@i": "{stacks: interpretable, width: 256, blocks: 4}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
               "transformer": "{d_model: 64, nhead: 4, num_layers: 2}", "linear": "{}", "lgbm": "{n_estimators: 300}", "xgb": "{n_estimators: 300}"}
@@ -136,7 +136,7 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
         f"task: {{lookback: [{', '.join(map(str, lookbacks))}], horizon: {horizon}, split: {{val: {horizon if val else 0}, test: {horizon}}}, mode: global, scaling: {scaling}}}",
         "models:", *lines,
         f"train: {{epochs: {epochs}, loss: {loss}, early_stopping: {f'{{patience: {patience}}}' if val else 'null'}"
-        + (f", lr: {lr}" if lr else "") + (", refit: true" if refit else "") + "}",
+        + (f", lr: {lr}" if lr else "") + (f", batch_size: {batch_size}" if batch_size else "") + (", refit: true" if refit else "") + "}",
         f"seeds: [{', '.join(str(s) for s in range(first_seed, first_seed + seeds))}]",
         "resources: {retries: 0}",
     ]) + "\n"
@@ -357,6 +357,8 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0, help="the seeds are first-seed .. first-seed + seeds - 1: more members for a "
                         "recipe a --keep run trained (then --rescore both folders)")
     parser.add_argument("--lr", type=float, default=None, help="every network's learning rate (default: the campaign default)")
+    parser.add_argument("--batch-size", type=int, default=None, help="every network's batch (default: auto, the reference batch 128); "
+                        "given, the lr is the one for it (neuralforecast's NBEATS: 1024 windows a step at lr 1e-3)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe); several (standard,mean): "
                         "one campaign each, every trial in its family's ensemble, each network with the --losses its scaling allows")
     parser.add_argument("--loss", default="auto", help="every network's loss (auto: each family's recipe)")
@@ -423,7 +425,7 @@ def main() -> None:
     rows, ratios = [], {}
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
-                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, patience=args.patience, refit=args.refit,
+                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, batch_size=args.batch_size, patience=args.patience, refit=args.refit,
                                     rescore=[Path(f) for f in args.rescore.split(",")] if args.rescore else None, first_seed=args.first_seed, pool=pool, within=args.within, select=select, keep=args.keep,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None,
                                     peers=peers, peer_steps=args.peer_steps or (10 if args.smoke else None))
@@ -432,7 +434,7 @@ def main() -> None:
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":
