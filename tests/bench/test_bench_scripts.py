@@ -328,6 +328,17 @@ def check_search_quality(record: dict[str, Any]) -> None:
             assert ratio == pytest.approx(row["best_val_smape"] / arms["grid"]["best_val_smape"]) and ratio >= 1 - 1e-9
 
 
+def check_peer_speed(record: dict[str, Any]) -> None:
+    arms = rows_by(record, "arm")
+    one, pack = arms["gpufill N-BEATS, one network (a campaign of one trial)"], arms["gpufill N-BEATS, 3 seeds in one campaign (per network)"]
+    peer = arms["neuralforecast NBEATS (defaults)"]
+    assert record["args"]["smoke"] and peer["changed_from_defaults"] == {"start_padding_enabled": True, "max_steps": 10}
+    for row in (one, pack, peer):  # every arm scored on the held-out horizon of the same 8 series, timed each round
+        assert row["series"] == 8 and 0 < row["smape"] <= 200 and len(row["rounds"]) == 1 and positive(row["seconds_per_model"])
+    assert record["ratios"]["peer seconds / one per model (median of rounds)"] == pytest.approx(peer["rounds"][0] / one["rounds"][0], rel=0.01)
+    assert record["ratios"]["peer seconds / pack per model (median of rounds)"] == pytest.approx(peer["rounds"][0] / pack["rounds"][0], rel=0.01)
+
+
 SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "fit_speed": check_fit_speed,
     "step_overhead": check_step_overhead,
@@ -341,6 +352,7 @@ SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "examples": check_examples,
     "executor_overhead": check_executor_overhead,
     "forecast_intervals": check_forecast_intervals,
+    "peer_speed": check_peer_speed,
     "forecast_quality": check_forecast_quality,
     "forecast_recipe": check_forecast_recipe,
     "pack_speed": check_pack_speed,

