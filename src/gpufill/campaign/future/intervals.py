@@ -87,24 +87,31 @@ def calibrate(errors: Mapping[str, np.ndarray], scales: Mapping[str, float], lev
     needed = max(windows_needed(level) for level in levels)
     usable = {name: np.asarray(e, dtype=np.float64) for name, e in errors.items() if np.size(e)}
     scores = {level: {name: _score(e, bands.get(name, {}).get(level)) for name, e in usable.items()} for level in levels}
+    pools: dict[tuple[float, bool], tuple[np.ndarray, int] | None] = {}
+
+    def pooled(level: float, is_band: bool) -> tuple[np.ndarray, int] | None:
+        """(the pooled scores' conformal quantile per step in units of the series' scales, their count), once per kind."""
+        if (level, is_band) not in pools:
+            parts = [score / scales[other] for other, score in scores[level].items()
+                     if scales.get(other) and (level in kinds.get(other, ())) == is_band]
+            stacked = np.concatenate(parts) if parts else None
+            pools[(level, is_band)] = None if stacked is None else (
+                np.array([conformal_quantile(stacked[:, h], level) for h in range(stacked.shape[1])]), int(stacked.shape[0]))
+        return pools[(level, is_band)]
+
     out: dict[str, Calibration] = {}
     for name in scales:
         widths, sources, counts = {}, set(), set()
         for level in levels:
-            is_band = level in kinds.get(name, ())
             own = scores[level].get(name)
             if own is not None and own.shape[0] >= needed:
                 widths[level] = np.array([conformal_quantile(own[:, h], level) for h in range(own.shape[1])])
                 sources.add("series")
                 counts.add(int(own.shape[0]))
-                continue
-            pooled = [score / scales[other] for other, score in scores[level].items()
-                      if scales.get(other) and (level in kinds.get(other, ())) == is_band]
-            if pooled:
-                stacked = np.concatenate(pooled)
-                widths[level] = scales[name] * np.array([conformal_quantile(stacked[:, h], level) for h in range(stacked.shape[1])])
+            elif (pool := pooled(level, level in kinds.get(name, ()))) is not None:
+                widths[level] = scales[name] * pool[0]
                 sources.add("pooled")
-                counts.add(int(stacked.shape[0]))
+                counts.add(pool[1])
         if len(widths) == len(levels):
             out[name] = Calibration(widths, "pooled" if "pooled" in sources else "series", max(counts),
                                     frozenset(level for level in levels if level in kinds.get(name, ())))
