@@ -15,6 +15,7 @@ a process that only reads the names (the scheduler, `gpufill --help`) imports no
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -159,10 +160,18 @@ def quantile_loss(output: torch.Tensor, targets: torch.Tensor, reduction: str = 
     and the interval bounds at once (neuralforecast's MQLoss). At tau = 0.5 it is half the absolute error."""
     import torch
 
-    levels = torch.tensor(QUANTILES, dtype=output.dtype, device=output.device)
+    levels = _quantile_levels(output.dtype, output.device)
     error = targets.unsqueeze(-1) - output.unflatten(-1, (targets.shape[-1], len(QUANTILES)))  # (..., H, Q)
     pinball = torch.maximum(levels * error, (levels - 1) * error).flatten(-2)
     return pinball.mean() if reduction == "mean" else pinball
+
+
+@functools.cache
+def _quantile_levels(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """QUANTILES as a tensor, made once per dtype and device: not a host-to-device copy every training step."""
+    import torch
+
+    return torch.tensor(QUANTILES, dtype=dtype, device=device)
 
 
 REGRESSION: dict[str, Callable[..., torch.Tensor]] = {

@@ -285,7 +285,7 @@ def _bands(firsts: dict[tuple[str, str], str], kept: dict[tuple[str, str], Any],
     family's validation errors, pooled in units of each series' scale where a series has too few, and a quantile
     network's own band moved by how far the validation values fell outside it (campaign/future/intervals.py)."""
     from gpufill.campaign.future.intervals import LEVELS, calibrate
-    from gpufill.forecasting.data.quantiles import band_at, band_of
+    from gpufill.forecasting.data.quantiles import band_offsets, banded_levels
 
     out: dict[tuple[str, str], Any] = {}
     for family in sorted({family for family, _ in firsts}):
@@ -297,12 +297,11 @@ def _bands(firsts: dict[tuple[str, str], str], kept: dict[tuple[str, str], Any],
                 if t == trial_id and (p == project or project == "*"):
                     scales[p] = float(forecast["mase_scale"])
                     if forecast.get("quantiles") is not None:  # its forecast is a band, validated or not
-                        banded[p] = [level for level in LEVELS if band_of(level) is not None]
+                        banded[p] = banded_levels(LEVELS)
                     if (t, p) in val:
                         point = val[(t, p)]["forecast"].astype(np.float64)
                         errors[p] = val[(t, p)]["truth"].astype(np.float64) - point
-                        bounded = {level: band_at(val[(t, p)].get("quantiles"), level) for level in LEVELS}
-                        bands[p] = {level: (b[0] - point, b[1] - point) for level, b in bounded.items() if b is not None}
+                        bands[p] = band_offsets(val[(t, p)].get("quantiles"), point, LEVELS)
         for project, calibration in calibrate(errors, scales, LEVELS, bands, banded).items():
             out[(family, project)] = calibration
     return out

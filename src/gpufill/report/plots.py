@@ -335,8 +335,6 @@ def forecasts(panels: list[tuple[str, str, str, dict[str, np.ndarray]]], bands: 
     project), its intervals' Calibration (campaign/future/intervals.py: from the validation windows), shaded around
     the forecast (a quantile network's: its own band, moved). Horizon 1: the one-step-ahead forecast of every window as
     a line; longer: the paths of FORECAST_PATHS windows, each marked at its origin."""
-    from gpufill.forecasting.data.quantiles import band_at
-
     if not panels:
         return None
     bands = bands or {}
@@ -357,13 +355,13 @@ def forecasts(panels: list[tuple[str, str, str, dict[str, np.ndarray]]], bands: 
         levels = sorted(level for level, width in calibration.half_widths.items() if np.isfinite(width).all()) if calibration else []
         quantiles = np.asarray(kept["quantiles"]) if kept.get("quantiles") is not None else None
         drawn = range(len(origins)) if forecast.shape[1] == 1 else sorted({int(round(i)) for i in np.linspace(0, len(origins) - 1, FORECAST_PATHS)})
-        for shade, level in zip(("0.35", "0.18"), levels):
-            for index in ([slice(None)] if forecast.shape[1] == 1 else drawn):
-                x = origins[index] if forecast.shape[1] == 1 else origins[index] + steps
-                y = forecast[index, 0] if forecast.shape[1] == 1 else forecast[index]
-                band = band_at(None if quantiles is None else quantiles[index, 0] if forecast.shape[1] == 1 else quantiles[index], level)
-                lower, upper = calibration.bounds(y, level, band)
-                ax.fill_between(x, lower, upper, color="tab:orange", alpha=float(shade), linewidth=0,
+        for index in ([slice(None)] if forecast.shape[1] == 1 else drawn) if levels else ():
+            x = origins[index] if forecast.shape[1] == 1 else origins[index] + steps
+            y = forecast[index, 0] if forecast.shape[1] == 1 else forecast[index]
+            own = None if quantiles is None else quantiles[index, 0] if forecast.shape[1] == 1 else quantiles[index]
+            bounds = calibration.intervals(y, levels, own)  # as gpufill forecast gives them
+            for shade, level in zip(("0.35", "0.18"), levels):
+                ax.fill_between(x, *bounds[level], color="tab:orange", alpha=float(shade), linewidth=0,
                                 label=f"{level:g} % interval" if index in (slice(None), drawn[0]) else None)
         if forecast.shape[1] == 1:
             ax.plot(origins, forecast[:, 0], color="tab:orange", linewidth=1.0, label="forecast (1 step ahead)")

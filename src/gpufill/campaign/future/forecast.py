@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from gpufill.campaign.future.choice import Chosen, chosen
-from gpufill.campaign.future.intervals import LEVELS, Calibration, calibrate, nested, windows_needed
+from gpufill.campaign.future.intervals import LEVELS, Calibration, calibrate, windows_needed
 from gpufill.campaign.store.store import Store
 from gpufill.errors import InputError
 from gpufill.files import make_folder, write_atomically
-from gpufill.forecasting.data.quantiles import band_at, band_of
+from gpufill.forecasting.data.quantiles import band_offsets, banded_levels
 from gpufill.forecasting.trial import GLOBAL_PROJECT
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def _held_out(picks: list[Chosen], val: dict[tuple[str, str], dict[str, Any]], t
             continue
         point = _combined(pick, [k["forecast"].astype(np.float64) for k in kept], pick.members)
         band = _band(pick, [k.get("quantiles") for k in kept])
-        bounds = nested({level: calibration[name].bounds(point, level, band_at(band, level)) for level in levels})
+        bounds = calibration[name].intervals(point, levels, band)
         rows.append({"project": name, "model": pick.label, "forecast": point, "truth": kept[0]["truth"].astype(np.float64),
                      "bounds": bounds, "scale": float(kept[0]["mase_scale"]), "interval_from": calibration[name].described})
     return rows
@@ -249,7 +249,7 @@ def _calibration(served: list[tuple[Chosen, str]], val: dict[tuple[str, str], di
         if scale:
             scales[name] = float(scale)
         if all("quantiles" in test.get((t, name), {}) for t in pick.members):  # its forecast is a band, validated or not
-            banded[name] = {level for level in levels if band_of(level) is not None}
+            banded[name] = banded_levels(levels)
         if any(k is None for k in kept) or not kept:
             continue
         common = set.intersection(*(set(k["origins"].tolist()) for k in kept))
@@ -258,10 +258,8 @@ def _calibration(served: list[tuple[Chosen, str]], val: dict[tuple[str, str], di
         rows = [np.isin(k["origins"], sorted(common)) for k in kept]
         combined = _combined(pick, [k["forecast"][r].astype(np.float64) for k, r in zip(kept, rows, strict=True)], pick.members)
         errors[name] = kept[0]["truth"][rows[0]].astype(np.float64) - combined
-        band = _band(pick, [k["quantiles"][r] if "quantiles" in k else None for k, r in zip(kept, rows, strict=True)])
-        bounded = {level: band_at(band, level) for level in levels}
-        # the band as offsets from the point: what calibrate moves
-        bands[name] = {level: (b[0] - combined, b[1] - combined) for level, b in bounded.items() if b is not None}
+        bands[name] = band_offsets(_band(pick, [k["quantiles"][r] if "quantiles" in k else None for k, r in zip(kept, rows, strict=True)]),
+                                   combined, levels)
     return calibrate(errors, scales, levels, bands, banded)
 
 
@@ -286,7 +284,7 @@ def _rows(name: str, pick: Chosen, point: np.ndarray, calibration: Calibration |
         columns["time"] = after
     columns.update({"model": pick.label, "forecast": point})
     empty = (np.full(steps, np.nan), np.full(steps, np.nan))
-    bounds = nested({level: calibration.bounds(point, level, band_at(band, level)) for level in levels}) if calibration is not None else {}
+    bounds = calibration.intervals(point, levels, band) if calibration is not None else {}
     for level in levels:
         lower, upper = bounds.get(level, empty)
         # an interval too few windows can bound is empty (NaN), never an infinite one in a file

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpufill.forecasting.data.quantiles import band_at
+
 LEVELS = (80, 95)
 """The intervals a forecast gets unless asked otherwise (statsforecast's and neuralforecast's habit)."""
 
@@ -60,6 +62,12 @@ class Calibration:
         if level in self.banded and band is not None:
             return np.minimum(band[0] - width, forecast), np.maximum(band[1] + width, forecast)
         return forecast - width, forecast + width
+
+    def intervals(self, forecast: np.ndarray, levels: Sequence[float], quantiles: np.ndarray | None = None
+                  ) -> dict[float, tuple[np.ndarray, np.ndarray]]:
+        """(lower, upper) at each of `levels`, nested; `quantiles` (..., Q): a quantile forecast's own, whose band
+        each banded level moves."""
+        return nested({level: self.bounds(forecast, level, band_at(quantiles, level)) for level in levels})
 
     @property
     def described(self) -> str:

@@ -9,6 +9,8 @@ numpy only: the results read these without torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 import numpy as np
@@ -34,3 +36,15 @@ def band_at(quantiles: np.ndarray | None, level: float) -> tuple[np.ndarray, np.
         return None
     quantiles = np.asarray(quantiles, dtype=np.float64)
     return quantiles[..., index[0]], quantiles[..., index[1]]
+
+
+def band_offsets(quantiles: np.ndarray | None, point: np.ndarray, levels: Sequence[float]) -> dict[float, tuple[np.ndarray, np.ndarray]]:
+    """Per level the quantiles bound, (lower - point, upper - point): a band as offsets from its point forecast, what
+    a calibration moves (campaign/future/intervals.py: `calibrate`'s `bands`)."""
+    bounded = {level: band_at(quantiles, level) for level in levels}
+    return {level: (b[0] - point, b[1] - point) for level, b in bounded.items() if b is not None}
+
+
+def banded_levels(levels: Sequence[float]) -> set[float]:
+    """The levels a quantile network's own band bounds."""
+    return {level for level in levels if band_of(level) is not None}
