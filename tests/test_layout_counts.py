@@ -24,7 +24,7 @@ CEILING = {
     "campaign_engine_imports": 3,  # each of gpufill.engine.hardware: the campaign reaches the engine through forecasting
     "campaign_engine_non_hardware": 0,
     "flat_test_files": 2,  # tests mirror src/; test_file_safety and test_hostile_input span every folder
-    "stop_rule_modules": 1,  # issue 59: engine/stopping.py alone decides early stopping, for one model and for packs (3 before)
+    "stop_rule_modules": 1,  # issue 59: engine/epochs.py alone decides early stopping, for one model and for packs (3 before)
 }
 
 

@@ -1,4 +1,4 @@
-"""One suite for the stop rules of every training (engine/stopping.py under engine/epochs.py), run for K = 1 (`fit`)
+"""One suite for the stop rules of every training (engine/epochs.py), run for K = 1 (`fit`)
 and K > 1 (a campaign's fused pack, `fit_many`'s variants): each rule must end a row where its own words say, the
 same way whichever loop drives it — as Optuna's testing/pytest_samplers.py runs one suite over every sampler."""
 
@@ -16,7 +16,7 @@ from gpufill.engine.loop import fit
 from gpufill.engine.packs.many import fit_many
 from gpufill.engine.packs.train import PackMember, fit_pack
 from gpufill.engine.result import FitResult
-from gpufill.engine.stopping import BestWeights, Rules, Stopping
+from gpufill.engine.epochs import BestWeights, Rules, Stopping
 
 Data = tuple[torch.Tensor, torch.Tensor]
 

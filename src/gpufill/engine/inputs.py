@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
@@ -140,10 +141,11 @@ def _length(dataset: Any) -> int | None:
         return None
 
 
-def harmonise_floats(source: Source, model_dtype: torch.dtype | None) -> torch.dtype | None:
+def harmonise_floats(source: Source, model: nn.Module) -> torch.dtype | None:
     """float64 data for a float32 model: resident tensors are cast once, loader batches as they
     are copied; noted, not refused (numpy arrays are float64 by default). Returns the dtype
     loader copies cast float64 to (None: no cast)."""
+    model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     if model_dtype is None or model_dtype == torch.float64:
         return None
     if not any(t.dtype == torch.float64 for t in tensors_of(source.sample)):

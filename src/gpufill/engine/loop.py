@@ -45,9 +45,8 @@ from gpufill.engine.optim import make_schedule
 from gpufill.engine.plan import Choice, Plan
 from gpufill.engine.progress import epoch_line, epochs_left, wants_lines
 from gpufill.engine.prepare import automatic_plan, measured_plan, prepare, resolve_config, with_micro_batch  # noqa: F401  (automatic_plan, measured_plan: where callers find them)
-from gpufill.engine.epochs import Trained, run_epochs
 from gpufill.engine.result import EpochRecord, FitCallback, FitResult, Status, throughput
-from gpufill.engine.stopping import BestWeights, Rules, Stopping
+from gpufill.engine.epochs import BestWeights, Rules, Stopping, Trained, run_epochs
 from gpufill.errors import InputError
 
 def fit(

@@ -85,7 +85,7 @@ def prepare(model: nn.Module, train: Data, val: Data | None, cfg: FitConfig, lis
     events = Events(listeners)
 
     def batches_of(source: Source) -> Any:
-        cast = harmonise_floats(source, _float_dtype(model))
+        cast = harmonise_floats(source, model)
         events.extend(source.notes)
         return make_batches(source, plan, device, ddp, float_dtype=cast, steps_per_epoch=cfg.steps_per_epoch)
 
@@ -152,6 +152,3 @@ def resolve_config(config: FitConfig | None, overrides: dict[str, Any]) -> FitCo
     cfg.validate()
     return cfg
 
-
-def _float_dtype(model: nn.Module) -> torch.dtype | None:
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)

@@ -13,7 +13,7 @@ from gpufill.engine.plan import Plan
 
 
 Status = Literal["completed", "early_stopped", "diverged", "pruned"]
-"""How a training (or one row of a pack) ended: engine/stopping.py decides."""
+"""How a training (or one row of a pack) ended: engine/epochs.py decides."""
 
 
 @dataclass(slots=True)

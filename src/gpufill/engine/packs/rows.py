@@ -1,6 +1,6 @@
 """A fused pack as the epoch loop (engine/epochs.py) drives it: its members are the rows.
 
-A member that stops (engine/stopping.py decides) is masked: it stops changing while the others train on. Where
+A member that stops (the loop's `Stopping` decides) is masked: it stops changing while the others train on. Where
 members stopped and a pack of the survivors alone measures faster than going on masked (packs/reform.py), the
 survivors go on as that smaller pack; the stopped members' weights stay in the first pack, the survivors' are
 written back into it at the end, so every member is unfused from the pack it started in.
@@ -14,12 +14,11 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 import torch
 
-from gpufill.engine.epochs import Trained
 from gpufill.engine.packs.pack_run import PackRun
 from gpufill.engine.packs.probe import PackProbe, configure
 from gpufill.engine.packs.reform import MEASURED_STEPS, decide, needs_measurement
 from gpufill.engine.result import EpochRecord
-from gpufill.engine.stopping import BestWeights, Stopping
+from gpufill.engine.epochs import BestWeights, Stopping, Trained
 
 T = TypeVar("T")
 

@@ -4,8 +4,8 @@ Each model draws the batches plain `fit` would draw for it (its own seeded permu
 its own windows, the same batch size), so a pack reproduces K separate trainings up to
 float rounding. Per model: learning rate and weight decay (a fused AdamW that takes them
 as tensors: torch's optimizers take one scalar lr per group), and the stop rules `fit` has
-(engine/stopping.py: early stopping, divergence, max_steps, a pruner), a stopped model masked
-while the others go on (packs/rows.py). The epochs are engine/epochs.py's, as `fit`'s are.
+(engine/epochs.py: early stopping, divergence, max_steps, a pruner), a stopped model masked
+while the others go on (packs/rows.py); its epochs are that loop's, as `fit`'s are.
 The hot loop never reads the device: masks and losses stay on it until the epoch ends.
 """
 
@@ -21,7 +21,6 @@ from torch import nn
 from gpufill.engine.backend import backend_flags
 from gpufill.engine.batches import signature
 from gpufill.engine.config import REGRESSION_LOSSES, FitConfig
-from gpufill.engine.epochs import run_epochs
 from gpufill.engine.hardware import detect
 from gpufill.engine.measure.cache import TuneCache, shape_key
 from gpufill.engine.measure.resolver import resolve
@@ -36,7 +35,7 @@ from gpufill.engine.packs.stacked import pack_kind, pack_module
 from gpufill.engine.plan import Choice, DataFacts, make_plan
 from gpufill.engine.precision import Precision
 from gpufill.engine.result import EpochRecord, FitResult
-from gpufill.engine.stopping import Rules, Stopping
+from gpufill.engine.epochs import Rules, Stopping, run_epochs
 
 PACK_LOSSES = REGRESSION_LOSSES
 """The named regression losses a pack computes per sample and masks per model."""

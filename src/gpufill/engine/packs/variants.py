@@ -37,9 +37,8 @@ from gpufill.engine.packs.stacked import StackedModule
 from gpufill.engine.packs.stacked_optim import StackedOptimizer, recipe_of, why_not_stacked_optimizer
 from gpufill.engine.plan import Plan, make_plan
 from gpufill.engine.prepare import total_steps
-from gpufill.engine.epochs import Trained, run_epochs
 from gpufill.engine.result import EpochRecord, FitResult, throughput
-from gpufill.engine.stopping import BestWeights, Rules, Stopping
+from gpufill.engine.epochs import BestWeights, Rules, Stopping, Trained, run_epochs
 
 
 PackOptimizer = StackedAdam | StackedOptimizer

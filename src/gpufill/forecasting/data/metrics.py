@@ -16,12 +16,17 @@ if TYPE_CHECKING:
 else:
     ArrayLike = Any  # no torch import for a type: scoring needs numpy alone
 
-__all__ = ["ArrayLike", "forecast_metrics", "mae", "mase", "mean_over_series", "rmse", "smape"]
+__all__ = ["ArrayLike", "forecast_metrics", "mae", "mase", "mean_metrics", "mean_over_series", "rmse", "smape"]
 
 
 def forecast_metrics(y_true: ArrayLike, y_pred: ArrayLike, mase_scale: float) -> dict[str, float]:
     """Every metric a trial is scored by (forecasting/metric_registry.py: METRICS), in its order."""
     return {name: float(metric.score(y_true, y_pred, mase_scale)) for name, metric in METRICS.items()}
+
+
+def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over `rows` (a backtest's origins, each scored by `forecast_metrics`)."""
+    return {name: float(np.mean([row[name] for row in rows])) for name in METRICS}
 
 
 def mean_over_series(prediction: np.ndarray, truth: np.ndarray, series: np.ndarray, metric: str, scales: np.ndarray | None = None) -> np.ndarray:

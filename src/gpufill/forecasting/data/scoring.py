@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufill.forecasting.data.metrics import forecast_metrics
-from gpufill.forecasting.metric_registry import METRICS
+from gpufill.forecasting.data.metrics import forecast_metrics, mean_metrics
 from gpufill.forecasting.data.windows import WindowedProject
 
 __all__ = ["Scored", "ValidationScored", "per_origin", "score", "score_validation"]
@@ -41,7 +40,7 @@ def score(windows: WindowedProject, prediction: np.ndarray, quantiles: np.ndarra
                   for i, origin in enumerate(windows.test_origins)]
     naive = [forecast_metrics(windows.test_truth[i : i + 1], windows.naive_test[i : i + 1], windows.mase_scale) for i in range(len(per_origin))]
     kept["per_origin"] = per_origin
-    return _mean(per_origin), _mean(naive), kept
+    return mean_metrics(per_origin), mean_metrics(naive), kept
 
 
 def score_validation(windows: WindowedProject, prediction: np.ndarray, quantiles: np.ndarray | None = None) -> ValidationScored | None:
@@ -60,10 +59,6 @@ def score_validation(windows: WindowedProject, prediction: np.ndarray, quantiles
 
 def _quantiles(quantiles: np.ndarray | None) -> dict[str, Any]:
     return {} if quantiles is None else {"quantiles": np.asarray(quantiles, dtype=np.float32).tolist()}
-
-
-def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {key: float(np.mean([row[key] for row in rows])) for key in METRICS}
 
 
 def per_origin(kept: dict[str, Any] | None) -> dict[str, Any]:
