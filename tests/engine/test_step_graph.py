@@ -9,12 +9,12 @@ import torch
 
 from gpufill.engine.batches import ResidentBatches
 from gpufill.engine.config import FitConfig
-from gpufill.engine.kit import build_kit, capture
+from gpufill.engine.kit import build_kit
 from gpufill.engine.loop import fit
 from gpufill.engine.plan import DataFacts, make_plan
 from gpufill.engine.losses import resolve as resolve_loss
 from gpufill.engine.step import train_epoch, EpochTiming
-from gpufill.engine.step_graph import GraphStep, materialize_state
+from gpufill.engine.step_graph import GraphStep, capture, materialize_state
 from tests.engine.common import assert_same_weights, mlp, regression
 from tests.fakes import CPU
 
@@ -74,7 +74,7 @@ def test_capturing_needs_a_gpu_and_says_so():
     x, y = regression(n=128)
     kit, plan = kit_for(mlp(), 128, 64)
     with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
-        capture(kit, ResidentBatches((x, y), CPU_DEVICE), plan)
+        kit.graph, _ = capture(kit.eager, ResidentBatches((x, y), CPU_DEVICE), plan.effective_batch.value)
     assert kit.graph is None
 
 

@@ -121,6 +121,23 @@ class Stopping:
         self.status[i] = status
         self.events[i].append(f"{event}; {PACK_NOTE}" if self.packed else event)
 
+    def row_metrics(self, i: int, history: Sequence[EpochRecord]) -> dict[str, float | int | None]:
+        """Row i's `FitResult.metrics`: its last train loss, best validation loss and epoch, epochs run, and the loss's
+        other outputs (train_<name> of the last epoch, val_<name> of the best, else of the last validated)."""
+        metrics: dict[str, float | int | None] = {
+            "train_loss": history[-1].train_loss if history else None,
+            "val_loss": self.best_val[i] if self.best_epoch[i] is not None else None,
+            "best_epoch": self.best_epoch[i],
+            "epochs_run": len(history),
+        }
+        if history:
+            metrics.update({f"train_{name}": value for name, value in history[-1].train_metrics.items()})
+            best = next((r for r in history if r.epoch == self.best_epoch[i]), None)
+            scored = best or next((r for r in reversed(history) if r.val_metrics is not None), None)
+            if scored is not None and scored.val_metrics:
+                metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
+        return metrics
+
     def restore_best(self, weights: BestWeights) -> None:
         """At the end: the kept best weights back into the rows restore_best asks for (a best validation kept, not
         diverged), each row saying so."""

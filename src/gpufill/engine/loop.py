@@ -34,18 +34,15 @@ from gpufill.engine.checkpoint import (FORMAT, Identity, TrainingState, held_dir
                                       state_meta)
 from gpufill.engine.config import FitConfig
 from gpufill.engine.inputs import Data, Source
-from gpufill.engine.hardware import Hardware, cpu_count
-from gpufill.engine.kit import build_kit, capture
+from gpufill.engine.hardware import Hardware
+from gpufill.engine.kit import apply_plan, eager_reason
 from gpufill.engine.loggers import open_loggers, parse_loggers
 from gpufill.engine.measure import TuneCache, live
-from gpufill.engine.measure.candidates import thread_counts
-from gpufill.engine.measure.resolver import PROBE_MIN_STEPS
 from gpufill.engine.measure.thread_watch import ThreadWatch
-from gpufill.engine.optim import make_schedule
 from gpufill.engine.plan import Choice, Plan
 from gpufill.engine.progress import epoch_line, epochs_left, wants_lines
 from gpufill.engine.prepare import automatic_plan, measured_plan, prepare, resolve_config, with_micro_batch  # noqa: F401  (automatic_plan, measured_plan: where callers find them)
-from gpufill.engine.result import EpochRecord, FitCallback, FitResult, Status, throughput
+from gpufill.engine.result import EpochRecord, FitCallback, FitResult, fit_timings, throughput
 from gpufill.engine.epochs import BestWeights, Rules, Stopping, Trained, run_epochs
 from gpufill.errors import InputError
 
@@ -80,8 +77,7 @@ def fit(
         try:
             with backend_flags(run.plan):
                 training = Training(run.model, run.cfg, run.plan, run.device, run.loss_fn, monitor, run.ddp, run.train_batches, run.resumed, run.events,
-                                    total_steps=run.total_steps)
-                training.start_live_trial(run.hardware, run.tune_key)
+                                    total_steps=run.total_steps, hardware=run.hardware, key=run.tune_key)
                 training.identity = run.identity
                 result = training.train(run.train_batches, run.val_batches, [*callbacks, *writing] if main else (), run.train_source, called=called)
                 return result
@@ -102,36 +98,29 @@ class Training:
 
     def __init__(self, model: nn.Module, cfg: FitConfig, plan: Plan, device: torch.device, loss_fn: Callable[[Any, Any], Any], monitor: Any,
                  ddp: distributed.Distributed | None, batches: Any, resumed: tuple[dict[str, Any], dict[str, Any]] | None, events: list[str], *,
-                 total_steps: int | None):
+                 total_steps: int | None, hardware: Hardware, key: str):
+        """`key`: the plan's tune-cache key (a CPU training's live trial is cached under it)."""
         self.model, self.cfg, self.device, self.loss_fn, self.monitor, self.ddp, self.events = model, cfg, device, loss_fn, monitor, ddp, events
-        self.kit = build_kit(model, plan, cfg, loss_fn, device, scheduled=cfg.schedule != "constant")
-        self.plan = plan.replace(optimizer=self.kit.optimizer_choice)
-        if self.kit.compile_error is not None:
-            self._fall_back_to_eager(self.kit.compile_error)
+        self.total_steps = total_steps
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)  # dropout
         self.state = TrainingState()
+        if resumed is not None:
+            saved, meta = resumed
+            restore_rng(saved["rng"], self.generator, device)
+            self.state = state_from(meta["state"], saved.get("best_weights"))
+            events.append(f"resumed after epoch {self.state.epoch} from {cfg.checkpoint_dir}")
+        self.kit, self.plan = apply_plan(model, plan, cfg, loss_fn, device, ddp=ddp, batches=batches, resumed=resumed[0] if resumed else None,
+                                         total_steps=total_steps, events=events)
+        # Validation runs each rank's own block through the bare (or compiled) model, never the
+        # DDP wrapper, whose forward is a collective every rank would have to call equally often.
+        self.evaluate = self.kit.forward
         self.identity: Identity | None = None
         """What checkpoints belong to (set when checkpoint_dir is)."""
         self.timing = step.EpochTiming()
         self.first_step_done = False
-        self.watch = _thread_watch(plan, cfg, device, ddp, total_steps)
-        """Re-checks the thread count when the steps drift (a CPU training with threads left to gpufill)."""
-        self.total_steps = total_steps
-        self.trial: live.LiveTrial | None = None
-        """Chooses a CPU training's threads and precision on its first steps (measure/live.py); the watch waits for it."""
-        self.trial_key = ""
         self.setup_s: float | None = None
         """Seconds from the fit call to the first epoch (set by train())."""
-        saved_schedule = None
-        if resumed is not None:
-            saved, meta = resumed
-            self.kit.optimizer.load_state_dict(saved["optimizer"])
-            self.kit.precision.load_state_dict(saved["precision"])
-            restore_rng(saved["rng"], self.generator, device)
-            saved_schedule = saved.get("schedule")
-            self.state = state_from(meta["state"], saved.get("best_weights"))
-            events.append(f"resumed after epoch {self.state.epoch} from {cfg.checkpoint_dir}")
         self.stopping = Stopping(1, Rules.of(cfg), packed=False, events=[events])
         self.stopping.best_val, self.stopping.best_epoch, self.stopping.bad = [self.state.best_val], [self.state.best_epoch], [self.state.bad_validations]
         self.stopping.steps = [self.state.steps]
@@ -139,27 +128,17 @@ class Training:
         self.epoch_seconds: list[float] = []
         self.epoch_samples: list[int] = []
         """Each epoch's seconds and samples trained in this run (a cut last epoch: what it trained)."""
-        # Validation runs each rank's own block through the bare (or compiled) model, never the
-        # DDP wrapper, whose forward is a collective every rank would have to call equally often.
-        self.evaluate = self.kit.forward
-        if ddp is not None:
-            module = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-            self.kit.eager.ddp_module = module
-            self.kit.eager.forward = torch.compile(module) if self.kit.compiled else module
-            events.append(f"DDP: rank {ddp.rank} of {ddp.world_size} ({ddp.backend}); each rank trains on 1/{ddp.world_size} of every batch")
-        self._start_schedule(total_steps, saved_schedule)
-        if self.plan.step_graph.value:
-            self._capture(batches)
-
-    def start_live_trial(self, hardware: Hardware, key: str) -> None:
-        """Where the live trial applies (live.applies, not resumed, not compiled into a graph): a cached winner at once, else the trial."""
-        if not live.applies(self.cfg, hardware, self.ddp is not None) or self.state.epoch > 0 or self.plan.step_graph.value:
-            return
+        self.watch = ThreadWatch.for_training(self.plan.threads.value, cfg, device, distributed=ddp is not None, total_steps=total_steps)
+        """Re-checks the thread count when the steps drift (a CPU training with threads left to gpufill)."""
+        self.trial: live.LiveTrial | None = None
+        """Chooses a CPU training's threads and precision on its first steps (measure/live.py); the watch waits for it.
+        Where it applies (not resumed, not compiled into a graph): a cached winner at once, else the trial."""
         self.trial_key = f"{key}|live"
-        self.plan, self.trial = live.start(self.plan, self.cfg, hardware, total_steps=self.total_steps, cache=TuneCache(self.cfg.tune_cache),
-                                           key=self.trial_key, apply=self._apply_arm)
-        if self.trial is None and self.watch is not None:
-            self.watch.threads = self.plan.threads.value
+        if live.applies(cfg, hardware, ddp is not None) and self.state.epoch == 0 and not self.plan.step_graph.value:
+            self.plan, self.trial = live.start(self.plan, cfg, hardware, total_steps=total_steps, cache=TuneCache(cfg.tune_cache),
+                                               key=self.trial_key, apply=self._apply_arm)
+            if self.trial is None and self.watch is not None:
+                self.watch.threads = self.plan.threads.value
 
     def _apply_arm(self, arm: live.Arm) -> None:
         if torch.get_num_threads() != arm.threads:
@@ -187,30 +166,6 @@ class Training:
         TuneCache(self.cfg.tune_cache).put(self.trial_key, trial.record())
         if self.watch is not None:  # it watches from here: the winner's thread count, its reference the next steps' own time
             self.watch.threads = trial.winner.threads
-
-    def _start_schedule(self, total_steps: int | None, saved: dict[str, Any] | None) -> None:
-        scheduler, choice = make_schedule(self.kit.optimizer, self.cfg, total_steps)
-        self.kit.eager.scheduler = scheduler
-        self.plan = self.plan.replace(schedule=choice)
-        if scheduler is not None and saved is not None:
-            scheduler.load_state_dict(saved)
-            # LambdaLR's constructor set each group's lr for step 0 and load_state_dict does not
-            # undo it: put back the lr the interrupted run would take its next step with.
-            for group, lr in zip(self.kit.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
-                if isinstance(group["lr"], torch.Tensor):
-                    group["lr"].fill_(lr)
-                else:
-                    group["lr"] = lr
-
-    def _capture(self, batches: Any) -> None:
-        try:
-            how = capture(self.kit, batches, self.plan)
-        except Exception as error:  # noqa: BLE001 - an op that cannot be captured: eager is always correct
-            text = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
-            self.plan = self.plan.replace(step_graph=Choice(False, f"off: the step could not be captured ({text}); eager steps"))
-            self.events.append(f"step graph: {self.plan.step_graph.reason}")
-            return
-        self.events.append(f"step graph: {how}")
 
     # -- failures of a step -------------------------------------------------------------------
     def _recover(self, error: BaseException) -> bool:
@@ -240,7 +195,7 @@ class Training:
                            f"accumulation {self.plan.accumulation.value}")
 
     def _fall_back_to_eager(self, error: BaseException) -> None:
-        reason = f"off: compile failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); fell back to eager"
+        reason = eager_reason(error)
         module = self.kit.eager.ddp_module or self.model
         self.kit.forward = self.kit.eager.forward = module
         self.evaluate = self.model
@@ -274,12 +229,16 @@ class Training:
         self.has_validation = val is not None
         self.lines = wants_lines(self.cfg.verbose) and (self.ddp is None or self.ddp.is_main)
         run_epochs(self, self.stopping, [self.state.history], first=self.state.epoch + 1)
+        self.stopping.restore_best(self.best)
+        metrics = self.stopping.row_metrics(0, self.state.history)
         if self.watch is not None and self.watch.log:
             self.plan = self.plan.replace(threads=Choice(self.watch.threads, f"{self.watch.threads}: re-checked while training "
                                                                                 f"({'; '.join(self.watch.log)})"))
             self.events.extend(f"threads: {line}" for line in self.watch.log)
-        self.stopping.restore_best(self.best)
-        return self._result(self.stopping.status[0], time.perf_counter() - started)
+        timings = fit_timings(self.epoch_seconds, self.epoch_samples, data_s=self.timing.data_s, val_s=self.timing.val_s, probe_s=self.plan.probe.value,
+                              setup_s=self.setup_s, wall_s=time.perf_counter() - started)
+        return FitResult(model=self.model, plan=self.plan, history=self.state.history, metrics=metrics, timings=timings,
+                         events=list(self.events), status=self.stopping.status[0])  # a plain list of events: a result pickles anywhere
 
     def train_epoch(self, epoch: int, steps_left: Sequence[int] | None) -> Trained:
         tick = time.perf_counter()
@@ -349,50 +308,6 @@ class Training:
         meta = {"format": FORMAT, "gpufill": _version(), "identity": dataclasses.asdict(self.identity), "state": state_meta(self.state),
                 "micro_batch": self.plan.micro_batch.value, "plan": self.plan.to_dict()}
         save_checkpoint(self.cfg.checkpoint_dir, tensors, meta)
-
-    def _result(self, status: Status, wall: float) -> FitResult:
-        history, epoch_seconds, epoch_samples = self.state.history, self.epoch_seconds, self.epoch_samples
-        # The first epoch pays warm-up (allocator, cuDNN autotune, compile): reported apart, left out of the rate.
-        samples_per_s, epoch_s = throughput(epoch_seconds, epoch_samples)
-        train_s = sum(epoch_seconds)
-        timings = {
-            "samples_per_s": samples_per_s,
-            "epoch_s": epoch_s,
-            "first_epoch_s": epoch_seconds[0] if epoch_seconds else 0.0,
-            "train_s": train_s,
-            "val_s": self.timing.val_s,
-            "data_s": self.timing.data_s,
-            "compute_s": max(0.0, train_s - self.timing.data_s),
-            "probe_s": self.plan.probe.value,
-            "setup_s": self.setup_s if self.setup_s is not None else 0.0,
-            "wall_s": wall,
-        }
-        metrics: dict[str, float | int | None] = {
-            "train_loss": history[-1].train_loss if history else None,
-            "val_loss": self.stopping.best_val[0] if self.stopping.best_epoch[0] is not None else None,
-            "best_epoch": self.stopping.best_epoch[0],
-            "epochs_run": len(history),
-        }
-        if history:
-            metrics.update({f"train_{name}": value for name, value in history[-1].train_metrics.items()})
-            best = next((r for r in history if r.epoch == self.stopping.best_epoch[0]), None)
-            scored = best or next((r for r in reversed(history) if r.val_metrics is not None), None)
-            if scored is not None and scored.val_metrics:
-                metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
-        return FitResult(model=self.model, plan=self.plan, history=history, metrics=metrics, timings=timings, events=list(self.events), status=status)  # a plain list: a result pickles anywhere
-
-
-def _thread_watch(plan: Plan, cfg: FitConfig, device: torch.device, ddp: distributed.Distributed | None,
-                  total_steps: int | None) -> ThreadWatch | None:
-    """A watch over a CPU training's thread count where gpufill measures it: threads and the probe left to it, a training
-    long enough for the probe (not under DDP: its ranks share the cores by design). Its reference is the first steps'
-    own time: the probe measured under the load it saw, and so do they."""
-    if device.type != "cpu" or cfg.threads != "auto" or cfg.probe is False or ddp is not None:
-        return None
-    if total_steps is None or total_steps < PROBE_MIN_STEPS:
-        return None
-    watch = ThreadWatch(thread_counts(plan.threads.value, cpu_count()), plan.threads.value, None)
-    return watch if watch.active else None
 
 
 def _lr(optimizer: torch.optim.Optimizer) -> float:

@@ -77,6 +77,26 @@ def throughput(seconds: Sequence[float], samples: Sequence[int]) -> tuple[float,
     return rate, max(n for _, n in pairs) / rate
 
 
+def fit_timings(epoch_seconds: Sequence[float], epoch_samples: Sequence[int], *, data_s: float, val_s: float, probe_s: float,
+                setup_s: float | None, wall_s: float) -> dict[str, float]:
+    """A training's `FitResult.timings`: the first epoch pays warm-up (allocator, cuDNN autotune, compile), so it is
+    reported apart and left out of the rate."""
+    samples_per_s, epoch_s = throughput(epoch_seconds, epoch_samples)
+    train_s = sum(epoch_seconds)
+    return {
+        "samples_per_s": samples_per_s,
+        "epoch_s": epoch_s,
+        "first_epoch_s": epoch_seconds[0] if epoch_seconds else 0.0,
+        "train_s": train_s,
+        "val_s": val_s,
+        "data_s": data_s,
+        "compute_s": max(0.0, train_s - data_s),
+        "probe_s": probe_s,
+        "setup_s": setup_s if setup_s is not None else 0.0,
+        "wall_s": wall_s,
+    }
+
+
 class FitCallback:
     """Hooks that fit() calls; override what you need (every hook is a no-op here)."""
 

@@ -17,15 +17,13 @@ On the CPU the same static step runs eagerly (tests compare it with the eager st
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from gpufill.engine.batches import EffectiveBatch, ResidentBatches
+from gpufill.engine.batches import Batches, EffectiveBatch, ResidentBatches
 from gpufill.engine.graph import capture_step
-from gpufill.engine.snapshot import preserved_rng
+from gpufill.engine.snapshot import preserved_weights
 from gpufill.engine.step import EagerStep
 
 
@@ -68,17 +66,20 @@ class GraphStep:
 
     def capture(self) -> str:
         """Capture every shape's step (CUDA); a failure leaves none captured and raises with the reason."""
-        device = self.eager.totals.device
-        materialize_state(self.eager.optimizer, self.eager.model)
-        for static in self.static.values():
-            graph, how = capture_step(static.body, lambda: preserved_in_place(self.eager), lambda: self.eager.optimizer.zero_grad(set_to_none=True),
-                                      device)
-            if graph is None:
-                for other in self.static.values():
-                    other.graph = None
-                raise RuntimeError(how)
-            static.graph = graph
-        self.eager.totals.reset()
+        e = self.eager
+        materialize_state(e.optimizer, e.model)
+        state = tuple(v for kept in e.optimizer.state.values() for v in kept.values() if isinstance(v, torch.Tensor))
+        try:
+            for static in self.static.values():
+                graph, how = capture_step(static.body, lambda: preserved_weights(e.model, e.totals.device, extra=state),
+                                          lambda: e.optimizer.zero_grad(set_to_none=True), e.totals.device)
+                if graph is None:
+                    for other in self.static.values():
+                        other.graph = None
+                    raise RuntimeError(how)
+                static.graph = graph
+        finally:
+            e.totals.reset()  # the warm-up steps' loss sums
         shapes = " and ".join(f"{rows}" for rows in self.static)
         return f"{how}; one graph per batch shape ({shapes} samples)"
 
@@ -91,6 +92,15 @@ class GraphStep:
         static.run(index)
         if self.eager.scheduler is not None:
             self.eager.scheduler.step()
+
+
+def capture(eager: EagerStep, batches: Batches, effective: int) -> tuple[GraphStep, str]:
+    """`eager`'s step captured as whole-step graphs over `batches` (after any state is loaded into its optimizer:
+    replacing a state tensor would orphan the graph's copy), and how. Raises with the reason when it cannot."""
+    if not isinstance(batches, ResidentBatches):
+        raise RuntimeError("a captured step needs resident data")
+    graph = GraphStep(eager, batches, effective)
+    return graph, graph.capture()
 
 
 def materialize_state(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
@@ -111,22 +121,3 @@ def materialize_state(optimizer: torch.optim.Optimizer, model: nn.Module) -> Non
             for value in optimizer.state[p].values():
                 if isinstance(value, torch.Tensor):
                     value.zero_()
-
-
-@contextlib.contextmanager
-def preserved_in_place(step: EagerStep) -> Iterator[None]:
-    """Weights, buffers, optimizer state and RNGs put back by copying into the same tensors, so
-    addresses a graph has already recorded stay valid."""
-    live = [*step.model.state_dict().values()]
-    for state in step.optimizer.state.values():
-        live += [v for v in state.values() if isinstance(v, torch.Tensor)]
-    saved = [t.detach().clone() for t in live]
-    try:
-        with preserved_rng(step.totals.device):
-            yield
-    finally:
-        with torch.no_grad():
-            for tensor, copy in zip(live, saved, strict=True):
-                tensor.copy_(copy)
-        step.totals.reset()
-

@@ -20,7 +20,8 @@ from torch import nn
 from gpufill.engine.backend import backend_flags, is_out_of_memory, synchronize
 from gpufill.engine.batches import Batches
 from gpufill.engine.config import FitConfig
-from gpufill.engine.kit import Kit, build_kit, capture
+from gpufill.engine.kit import Kit, build_kit
+from gpufill.engine.step_graph import capture
 from gpufill.engine.measure.deadline import Abandoned
 from gpufill.engine.measure.resolver import CHECK_STEPS, Measurement, label
 from gpufill.engine.snapshot import preserved_weights
@@ -65,7 +66,7 @@ class FitProbe:
             if kit.compile_error is not None:
                 raise kit.compile_error
             if plan.step_graph.value:
-                capture(kit, self.batches, plan)
+                kit.graph, _ = capture(kit.eager, self.batches, plan.effective_batch.value)
             self.kits[name] = kit
             setup = self.clock() - tick
         if self.device.type == "cuda":

@@ -14,8 +14,17 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from gpufill.engine.backend import set_threads
+from gpufill.engine.hardware import cpu_count
+from gpufill.engine.measure.candidates import thread_counts
+from gpufill.engine.measure.resolver import PROBE_MIN_STEPS
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpufill.engine.config import FitConfig
 
 DRIFT = 2.0
 """Re-check once the recent steps run this many times slower than the step the thread count was chosen on."""
@@ -47,6 +56,18 @@ class ThreadWatch:
         """Steps since the last re-check; the first may come as soon as WINDOW steps are watched."""
         self.log: list[str] = []
         """What each re-check measured and chose, in words: the training's events."""
+
+    @classmethod
+    def for_training(cls, threads: int, cfg: FitConfig, device: torch.device, *, distributed: bool, total_steps: int | None) -> ThreadWatch | None:
+        """A watch over a CPU training's thread count (now `threads`) where gpufill measures it: threads and the probe
+        left to it, a training long enough for the probe (not under DDP: its ranks share the cores by design). Its
+        reference is the first steps' own time: the probe measured under the load it saw, and so do they."""
+        if device.type != "cpu" or cfg.threads != "auto" or cfg.probe is False or distributed:
+            return None
+        if total_steps is None or total_steps < PROBE_MIN_STEPS:
+            return None
+        watch = cls(thread_counts(threads, cpu_count()), threads, None)
+        return watch if watch.active else None
 
     @property
     def active(self) -> bool:

@@ -193,18 +193,7 @@ class PackedVariants:
     def _result(self, i: int, stacked: StackedModule, plan: Plan, history: list[EpochRecord], stopping: Stopping, seconds: list[float],
                 samples: list[int], wall: float) -> FitResult:
         samples_per_s, epoch_s = throughput([s / self.k for s in seconds], samples)  # this model's share of the pack's time
-        metrics: dict[str, float | int | None] = {
-            "train_loss": history[-1].train_loss if history else None,
-            "val_loss": stopping.best_val[i] if stopping.best_epoch[i] is not None else None,
-            "best_epoch": stopping.best_epoch[i],
-            "epochs_run": len(history),
-        }
-        if history:
-            metrics.update({f"train_{name}": value for name, value in history[-1].train_metrics.items()})
-            best = next((r for r in history if r.epoch == stopping.best_epoch[i]), None)
-            scored = best or next((r for r in reversed(history) if r.val_metrics is not None), None)
-            if scored is not None and scored.val_metrics:
-                metrics.update({f"val_{name}": value for name, value in scored.val_metrics.items()})
+        metrics = stopping.row_metrics(i, history)
         timings = {"samples_per_s": samples_per_s, "epoch_s": epoch_s, "train_s": sum(seconds) / self.k,
                    "pack_train_s": sum(seconds), "pack_size": self.k, "wall_s": wall, "probe_s": self.probe_s}
         # The model variant i was stacked from, given its trained weights: no copy of the module per variant.
