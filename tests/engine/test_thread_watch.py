@@ -132,7 +132,7 @@ def test_fit_moves_a_stalling_training_to_the_other_thread_count_and_ends_where_
             self.watched += 1
             super().observe(0.1 if self.watched > 10 and torch.get_num_threads() == self.started_at else 0.001)
 
-    monkeypatch.setattr("gpufill.engine.loop.ThreadWatch", Stalling)
+    monkeypatch.setattr("gpufill.engine.training.ThreadWatch", Stalling)
     monkeypatch.setattr("gpufill.engine.measure.thread_watch.cpu_count", lambda: 2)
     # The watch alone: no live trial first (it would choose the count the watch then starts at: test_live_trial.py).
     monkeypatch.setattr("gpufill.engine.measure.live.applies", lambda *args: False)

@@ -19,7 +19,7 @@ from gpufill.engine import distributed
 from gpufill.engine.batches import Batches, EffectiveBatch
 from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig
-from gpufill.engine.optim import make_optimizer, make_schedule
+from gpufill.engine.optim import make_optimizer, make_schedule, resume_schedule
 from gpufill.engine.plan import Plan
 from gpufill.engine.precision import Precision
 from gpufill.engine.step import EagerStep, Totals
@@ -55,7 +55,7 @@ def build_kit(model: nn.Module, plan: Plan, cfg: FitConfig, loss_fn: Callable[[A
     """The plan's objects around `model` (already on `device`). `total_steps`: the training's optimizer steps, whose
     schedule the step applies (False: no schedule, as the probe's kits have; None: a length not known). A schedule
     that changes the learning rate makes a captured step read it from a device tensor. `resumed`: a checkpoint's
-    tensors, whose optimizer and loss-scaler state the kit starts from (its schedule's: `apply_plan`)."""
+    tensors, whose optimizer, schedule and loss-scaler state the kit starts from."""
     forward: Callable[[Any], Any] = model
     compile_error = None
     if plan.compile.value:
@@ -71,6 +71,8 @@ def build_kit(model: nn.Module, plan: Plan, cfg: FitConfig, loss_fn: Callable[[A
     if resumed is not None:
         optimizer.load_state_dict(resumed["optimizer"])
     scheduler, schedule = make_schedule(optimizer, cfg, total_steps) if total_steps is not False else (None, None)
+    if scheduler is not None and resumed is not None and resumed.get("schedule") is not None:
+        resume_schedule(scheduler, resumed["schedule"])
     precision = Precision(plan.precision.value, device, loss_scaling=plan.grad_scaler.value)
     if resumed is not None:
         precision.load_state_dict(resumed["precision"])
@@ -89,8 +91,8 @@ def eager_reason(error: BaseException) -> str:
 def apply_plan(model: nn.Module, plan: Plan, cfg: FitConfig, loss_fn: Callable[[Any, Any], Any], device: torch.device, *,
                ddp: distributed.Distributed | None, batches: Batches, resumed: dict[str, Any] | None, total_steps: int | None,
                events: list[str]) -> tuple[Kit, Plan]:
-    """The finished plan applied once (step 4 of engine/loop.py): its kit with the schedule, a resumed run's optimizer,
-    scaler and schedule state loaded, DDP wrapping, and last the whole-step graph (capture records the state tensors'
+    """The finished plan applied once (step 4 of engine/loop.py): its kit with the schedule (a resumed run's: with the
+    optimizer, schedule and scaler state it stopped with), DDP wrapping, and last the whole-step graph (capture records the state tensors'
     addresses). Returns the kit and the plan as applied: the optimizer and schedule built, compile and the step graph
     off with the reason where they failed."""
     kit = build_kit(model, plan, cfg, loss_fn, device, total_steps=total_steps, resumed=resumed)
@@ -98,15 +100,6 @@ def apply_plan(model: nn.Module, plan: Plan, cfg: FitConfig, loss_fn: Callable[[
     if kit.compile_error is not None:
         plan = plan.replace(compile=Choice(False, reason := eager_reason(kit.compile_error)))
         events.append(f"compile {reason}")
-    if resumed is not None and (scheduler := kit.eager.scheduler) is not None and resumed.get("schedule") is not None:
-        scheduler.load_state_dict(resumed["schedule"])
-        # LambdaLR's constructor set each group's lr for step 0 and no load_state_dict undoes it: put back the lr the
-        # interrupted run would take its next step with.
-        for group, lr in zip(kit.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
-            if isinstance(group["lr"], torch.Tensor):
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
     if ddp is not None:
         module = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         kit.eager.ddp_module = module

@@ -123,3 +123,14 @@ def make_schedule(optimizer: torch.optim.Optimizer, cfg: FitConfig, total_steps:
     multiplier = Multiplier(cfg.schedule, warmup, total_steps, cfg.min_lr_ratio)
     reason = f"linear warm-up over {warmup} steps ({why}), then {shape} decay to {cfg.min_lr_ratio:g} x lr at step {total_steps}"
     return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier), Choice(cfg.schedule, reason)
+
+
+def resume_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict[str, Any]) -> None:
+    """A resumed run's schedule at the step it stopped on. LambdaLR's constructor set each group's lr for step 0 and
+    load_state_dict does not undo it: the lr the interrupted run would take its next step with is put back."""
+    scheduler.load_state_dict(state)
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
