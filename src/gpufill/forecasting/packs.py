@@ -15,9 +15,8 @@ import torch
 from gpufill.engine.packs.size import CANDIDATE_SIZES, PackSizeChoice, choose_pack_size
 from gpufill.engine.packs.stacked import pack_kind
 from gpufill.engine.packs.train import PackMember, fit_pack
-from gpufill.engine.result import FitResult
 from gpufill.forecasting.data import WindowedProject
-from gpufill.forecasting.run import TrialSetup, Watch, build_model, neural_result, refit
+from gpufill.forecasting.run import TrialSetup, Watch, build_model, member_result
 from gpufill.forecasting.trial import PackEntry, Trial, TrialResult
 
 __all__ = ["CANDIDATE_SIZES", "PackSizeChoice", "data_bytes", "size_pack", "train_pack"]
@@ -62,15 +61,5 @@ def train_pack(trials: Sequence[Trial], windows: Mapping[str, WindowedProject], 
     peak = int(torch.cuda.max_memory_reserved()) if on_cuda else None  # the pack's, for GPU admission
     pack = PackEntry(len(trials), reason or f"a pack of {len(trials)} ({kind or pack_kind(fits[0].model)}): "
                                             "the size the scheduler sent (measured for this shape, or resources.pack_size)")
-    return [(fitted.timings["train_s"], lambda trial=trial, fitted=fitted: _member_result(trial, fitted, windows, setups, folded, pack, peak, watches))
+    return [(fitted.timings["train_s"], lambda trial=trial, fitted=fitted: member_result(trial, fitted, windows, setups, folded, pack, peak, watches))
             for trial, fitted in zip(trials, fits, strict=True)]
-
-
-def _member_result(trial: Trial, fitted: FitResult, windows: Mapping[str, WindowedProject], setups: Mapping[str, TrialSetup],
-                   folded: Mapping[str, WindowedProject], pack: PackEntry, peak: int | None, watches: Mapping[str, Watch]) -> TrialResult:
-    """A pack member's result, refit first where it refits."""
-    setup, more = setups[trial.trial_id], folded.get(trial.trial_id)
-    again = refit(trial, fitted, [more], setup) if more is not None else None
-    return neural_result(trial, windows[trial.trial_id], fitted, setup, pack=pack, peak_memory_bytes=peak,
-                         watched=watches[trial.trial_id].metrics() if trial.trial_id in watches else None,
-                         refitted=(again, more) if again is not None and more is not None else None)

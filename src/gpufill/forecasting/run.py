@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -125,6 +125,16 @@ def run_alone(trial: Trial, windows: WindowedProject, setup: TrialSetup, *, call
     peak = int(torch.cuda.max_memory_reserved()) if on_cuda else None
     return neural_result(trial, windows, fitted, setup, pack=pack, peak_memory_bytes=peak, watched=watch.metrics() if watch is not None else None,
                          refitted=(again, folded) if again is not None and folded is not None else None)
+
+
+def member_result(trial: Trial, fitted: FitResult, windows: Mapping[str, WindowedProject], setups: Mapping[str, TrialSetup],
+                   folded: Mapping[str, WindowedProject], pack: PackEntry, peak: int | None, watches: Mapping[str, Watch]) -> TrialResult:
+    """A pack member's result (forecasting/packs.py), refit first where it refits, as `run_alone`'s is."""
+    setup, more = setups[trial.trial_id], folded.get(trial.trial_id)
+    again = refit(trial, fitted, [more], setup) if more is not None else None
+    return neural_result(trial, windows[trial.trial_id], fitted, setup, pack=pack, peak_memory_bytes=peak,
+                         watched=watches[trial.trial_id].metrics() if trial.trial_id in watches else None,
+                         refitted=(again, more) if again is not None and more is not None else None)
 
 
 def neural_result(trial: Trial, windows: WindowedProject, fitted: FitResult, setup: TrialSetup, *, pack: PackEntry | None = None,

@@ -78,15 +78,15 @@ def test_a_packed_trials_duration_counts_its_refit_as_an_unpacked_ones_does(tmp_
     alone counts its whole attempt (before, the member's refit was left out)."""
     import time
 
-    from gpufill.forecasting import packs
+    from gpufill.forecasting import run
 
-    real = packs.refit
+    real = run.refit
 
     def slow_refit(*args, **kwargs):
         time.sleep(0.5)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(packs, "refit", slow_refit)
+    monkeypatch.setattr(run, "refit", slow_refit)  # a pack member's refit too (run.member_result)
     (tmp_path / "c.yaml").write_text(spec_text("local", ", refit: true"))
     outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "work").run(executor="inline")
     assert (outcome.done, outcome.failed) == (8, 0)
