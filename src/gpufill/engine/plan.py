@@ -6,7 +6,7 @@ against the hardware and kept; an "auto" that only a measurement can settle (pre
 TF32, cudnn.benchmark, the optimizer kernel, the step graph, compile, CPU threads) starts
 at the careful hand loop's setting: torch's defaults, fp32, eager, with the fused optimizer
 kernel where torch has one. `measure/resolver.py` then times the candidates on real steps
-and returns the finished plan; the loop (`loop.py`) applies it; nothing else decides or
+and returns the finished plan; `kit.apply_plan` applies it; nothing else decides or
 toggles these settings. The data and batch choices are in `batching.py`; the loss,
 optimizer and schedule choices are made where those objects are built (`losses.py`,
 `optim.py`) and recorded here.
