@@ -78,14 +78,8 @@ def build_model(trial: Trial, windows: WindowedProject, loss: object = None) -> 
     trains alone, in a pack, over every project or once more on all the data (`gpufill forecast`). A network trained
     with a loss of several outputs per step (`quantile`) is its family built for horizon x that many outputs."""
     torch.manual_seed(trial.seed)
-    per_step = outputs_per_target(loss)
-    model = registry.build(trial.family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon * per_step,
-                           params=trial.params)
-    if per_step > 1 and getattr(model, "horizon_basis", False):
-        raise InputError(f"loss {loss} with {trial.family} {trial.params}: its forecast is a basis over the horizon's steps, which "
-                         f"{per_step} outputs per step would stretch over {windows.horizon * per_step} steps", field="loss",
-                         fix=f"use loss {loss} with stacks: generic, or another loss for stacks: interpretable")
-    return model
+    return registry.build(trial.family, n_features=windows.n_features, lookback=windows.lookback, horizon=windows.horizon, params=trial.params,
+                          outputs_per_step=outputs_per_target(loss))
 
 
 class Watch(Protocol):

@@ -8,8 +8,10 @@ direction: campaign = when and where, forecasting = what and how, engine = how f
 from __future__ import annotations
 
 from gpufill.engine.config import DEFAULTS, REGRESSION_LOSSES, SCHEDULES, FitConfig, check_patience
+from gpufill.engine.losses import outputs_per_target
 
-__all__ = ["DEFAULTS", "FORECAST_EPOCHS", "FORECAST_PATIENCE", "REGRESSION_LOSSES", "SCHEDULES", "FitConfig", "check_patience"]
+__all__ = ["DEFAULTS", "FORECAST_EPOCHS", "FORECAST_PATIENCE", "REGRESSION_LOSSES", "SCHEDULES", "FitConfig", "check_patience",
+           "outputs_per_target"]
 
 FORECAST_EPOCHS = 100
 """A forecaster's epochs unless set: an upper bound that early stopping on validation ends, as practitioners train

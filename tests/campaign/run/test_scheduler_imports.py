@@ -91,8 +91,20 @@ def test_the_zygote_builds_the_grid_points_and_one_that_dies_first_is_replaced_b
     assert not (tmp_path / "w").exists()
 
 
+def test_a_loss_a_grid_point_cannot_give_is_refused_at_its_line_by_the_deferred_build(tmp_path, capsys, monkeypatch):
+    """N-BEATS' interpretable stacks span the horizon's steps: `loss: quantile` (5 outputs a step) is refused at the
+    file's train.loss line by the build check the scheduler defers, not by every trial failing later."""
+    monkeypatch.setattr(build_check, "wanted", lambda: True)  # as in a `gpufill run` process, which has no torch
+    path = write_campaign(tmp_path, models="nbeats: {stacks: interpretable, blocks: 2, width: 16}")
+    path.write_text(path.read_text().replace("early_stopping: null}", "early_stopping: null, loss: quantile}"))
+    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "w")
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{path}:6: train.loss: nbeats with {{'stacks': 'interpretable', 'blocks': 2, 'width': 16}}: its forecast is a basis" in err
+    assert "fix: use a loss of one output per step" in err and not (tmp_path / "w").exists()
+
+
 def test_builds_are_deferred_only_inside_deferred_and_every_point_is_listed(tmp_path):
     with build_check.deferred() as builds:
         build_check.check_or_defer("mlp", {"hidden_size": [8, 16], "lr": [1e-3]}, lookback=12, horizon=2)
-    assert builds == [{"family": "mlp", "axes": {"hidden_size": [8, 16], "lr": [1e-3]}, "lookback": 12, "horizon": 2}]
+    assert builds == [{"family": "mlp", "axes": {"hidden_size": [8, 16], "lr": [1e-3]}, "lookback": 12, "horizon": 2, "outputs_per_step": [1]}]
     assert build_check.BuildCheck.prepare([], "c.yaml", {}) is None  # nothing to build: no child

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +56,14 @@ def deferred() -> Iterator[list[dict[str, Any]]]:
         _pending.reset(token)
 
 
-def check_or_defer(family: str, axes: Mapping[str, list[Any] | Range], *, lookback: int, horizon: int) -> None:
+def check_or_defer(family: str, axes: Mapping[str, list[Any] | Range], *, lookback: int, horizon: int,
+                   outputs_per_step: Sequence[int] = (1,)) -> None:
     """`check_builds` now, or listed for the child inside `deferred()` (a user's `module:factory` is built in its own
     child already: campaign/spec/user_models.py)."""
     pending = _pending.get()
-    build = {"family": family, "axes": corner_axes(axes), "lookback": lookback, "horizon": horizon}
+    build = {"family": family, "axes": corner_axes(axes), "lookback": lookback, "horizon": horizon, "outputs_per_step": list(outputs_per_step)}
     if pending is None or registry.is_remembered(family) or not _plain(build):
-        check_builds(family, axes, lookback=lookback, horizon=horizon)
+        check_builds(family, axes, lookback=lookback, horizon=horizon, outputs_per_step=outputs_per_step)
     else:
         pending.append(build)
 
@@ -106,7 +107,8 @@ class BuildCheck:
         if found is None:
             try:
                 for build in self.builds:
-                    check_builds(build["family"], build["axes"], lookback=build["lookback"], horizon=build["horizon"])
+                    check_builds(build["family"], build["axes"], lookback=build["lookback"], horizon=build["horizon"],
+                                 outputs_per_step=build["outputs_per_step"])
             except LocatedError as error:
                 raise self._located(error.loc, error.problem, error.fix) from None
             return
@@ -172,7 +174,8 @@ def main(request: Path, answer: Path) -> None:
     found: dict[str, Any] = {"error": None}
     try:
         for build in json.loads(request.read_text()):
-            check_builds(build["family"], build["axes"], lookback=build["lookback"], horizon=build["horizon"])
+            check_builds(build["family"], build["axes"], lookback=build["lookback"], horizon=build["horizon"],
+                         outputs_per_step=build["outputs_per_step"])
     except LocatedError as error:
         found["error"] = {"loc": list(error.loc), "problem": error.problem, "fix": error.fix}
     partial = answer.with_suffix(".part")

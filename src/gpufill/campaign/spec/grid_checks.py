@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -123,23 +123,26 @@ def _training_value(train: type[BaseModel], family: str, key: str, index: int | 
         raise LocatedError(loc, problem, fix=fix) from None
 
 
-def check_builds(family: str, axes: Mapping[str, list[Any] | Range], *, lookback: int, horizon: int) -> None:
-    """Build every grid point once (training axes aside; a range at both ends), so bad values fail at load time."""
+def check_builds(family: str, axes: Mapping[str, list[Any] | Range], *, lookback: int, horizon: int,
+                 outputs_per_step: Sequence[int] = (1,)) -> None:
+    """Build every grid point once (training axes aside; a range at both ends), so bad values fail at load time;
+    `outputs_per_step`: each width its trials' losses give a forecast step (engine/losses.outputs_per_target)."""
     if registry.is_remembered(family):  # a user's factory, built in a child process already (campaign/spec/user_models.py)
         return
     import torch  # here, not at the top: a scheduler whose families are all checked elsewhere never imports it
 
     fam = registry.resolve(family)
     model_axes = {k: v for k, v in corner_axes(axes).items() if not is_setting(fam, k)}
-    for combo in itertools.product(*model_axes.values()):
+    for combo, per_step in itertools.product(itertools.product(*model_axes.values()), sorted(set(outputs_per_step))):
         params = dict(zip(model_axes, combo))
         # Building initialises weights: keep the caller's global RNG untouched.
         with torch.random.fork_rng(devices=[]):
             try:
-                registry.build(family, n_features=1, lookback=lookback, horizon=horizon, params=params)
+                registry.build(family, n_features=1, lookback=lookback, horizon=horizon, params=params, outputs_per_step=per_step)
             except InputError as exc:
                 key = str(exc.field or "").rpartition(".")[2]
-                loc = ("models", family, key) if key in params else ("models", family)
+                loc = (("models", family, key) if key in params or key in axes else ("train", "loss") if key == "loss"
+                       else ("models", family))
                 raise LocatedError(loc, f"{family} with {show(params)}: {exc.problem}", fix=exc.fix) from None
             except Exception as exc:  # a user factory may raise anything: report it as bad input
                 raise LocatedError(

@@ -66,7 +66,7 @@ from gpufill.forecasting.data.split import WindowLayout, window_layout
 if TYPE_CHECKING:
     from gpufill.forecasting.data.windows import WindowedProject
 from gpufill.errors import InputError
-from gpufill.forecasting.training import FitConfig
+from gpufill.forecasting.training import FitConfig, outputs_per_target
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe, recipe
 
@@ -180,7 +180,8 @@ class CampaignSpec(Spec):
         if self.search is not None:
             self._check_search()
         for family in self.models:
-            check_or_defer(family, self.models[family], lookback=min(self.lookbacks(family)), horizon=self.task.horizon)
+            check_or_defer(family, self.models[family], lookback=min(self.lookbacks(family)), horizon=self.task.horizon,
+                           outputs_per_step=self.outputs_per_step(family))
             self._check_recipes(family)
         for index, family in enumerate(self.ensemble.families or [] if self.ensemble else []):
             if family not in self.models:
@@ -211,6 +212,14 @@ class CampaignSpec(Spec):
         if self.ensemble is None:
             return []
         return list(self.ensemble.families or default_members(list(self.models)))
+
+    def outputs_per_step(self, family: str) -> list[int]:
+        """Each width a forecast step of `family`'s networks takes under the losses its trials train with (the grid's
+        `loss:` axis, else train.loss): 1, and `quantile`'s 5 where it is one of them."""
+        if self.kind(family) != "neural":
+            return [1]
+        losses = self.models[family].get("loss", [self.train.loss])
+        return sorted({outputs_per_target(loss) for loss in (losses if isinstance(losses, list) else [losses])})
 
     def _check_recipes(self, family: str) -> None:
         """Every scaling and loss the family's grid can combine makes a valid recipe (sMAPE needs mean scaling)."""

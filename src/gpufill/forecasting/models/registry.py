@@ -143,12 +143,21 @@ def build(
     lookback: int,
     horizon: int,
     params: Mapping[str, Any] | None = None,
+    outputs_per_step: int = 1,
 ) -> Any:
-    """Build model family ``name`` for the given shapes with ``params`` over its defaults."""
+    """Build model family ``name`` for the given shapes with ``params`` over its defaults. `outputs_per_step`: a loss's
+    outputs per forecast step (engine/losses.outputs_per_target: `quantile`'s 5), so the model gives horizon x that many;
+    refused for a model whose forecast is a basis over the horizon's steps (`horizon_basis`: N-BEATS' interpretable
+    stacks), which would stretch it over that many more steps."""
     merged = check_params(name, {} if params is None else params)
     family = _import_family(name) if name in _REMEMBERED else resolve(name)  # building runs the user's code: here, never a stand-in
-    model = family.factory(n_features=n_features, lookback=lookback, horizon=horizon, **merged)
+    model = family.factory(n_features=n_features, lookback=lookback, horizon=horizon * outputs_per_step, **merged)
     _check_fresh(name, model)
+    if outputs_per_step > 1 and getattr(model, "horizon_basis", False):
+        raise InputError(f"its forecast is a basis over the horizon's steps, which a loss of {outputs_per_step} outputs per step would stretch "
+                         f"over {horizon * outputs_per_step} steps", field="loss",
+                         fix=f"use a loss of one output per step (mae, mse, ...) for {name} with these settings, or other model settings "
+                             "(N-BEATS: stacks: generic)")
     return model
 
 
@@ -166,7 +175,7 @@ def _check_fresh(name: str, model: Any) -> None:
     tensors = [t for t in parameters() if t.requires_grad]  # a frozen part shared on purpose (a pretrained encoder) never trains
     if any((held := _HANDED_OUT.get(id(t))) is not None and held() is t for t in tensors):
         raise InputError(f"the factory returned a module (or a part of one) it had returned before, so this trial would start "
-                         f"from the weights an earlier trial trained", field=name,
+                         "from the weights an earlier trial trained", field=name,
                          fix="build a new module inside the factory on every call (cache data or settings, never modules)")
     for t in tensors:
         _HANDED_OUT[id(t)] = weakref.ref(t, lambda _, key=id(t): _HANDED_OUT.pop(key, None))
