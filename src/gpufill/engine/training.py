@@ -48,6 +48,9 @@ class Training:
         """`key`: the plan's tune-cache key (a CPU training's live trial is cached under it)."""
         self.model, self.cfg, self.device, self.loss_fn, self.monitor, self.ddp, self.events = model, cfg, device, loss_fn, monitor, ddp, events
         self.total_steps = total_steps
+        self.kit, self.plan = apply_plan(model, plan, cfg, loss_fn, device, ddp=ddp, batches=batches, resumed=resumed[0] if resumed else None,
+                                         total_steps=total_steps, events=events)
+        # Seeded once the kit is built (a user's optimizer factory may draw random numbers; a capture puts them back).
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)  # dropout
         self.state = TrainingState()
@@ -56,8 +59,6 @@ class Training:
             restore_rng(saved["rng"], self.generator, device)
             self.state = state_from(meta["state"], saved.get("best_weights"))
             events.append(f"resumed after epoch {self.state.epoch} from {cfg.checkpoint_dir}")
-        self.kit, self.plan = apply_plan(model, plan, cfg, loss_fn, device, ddp=ddp, batches=batches, resumed=resumed[0] if resumed else None,
-                                         total_steps=total_steps, events=events)
         # Validation runs each rank's own block through the bare (or compiled) model, never the
         # DDP wrapper, whose forward is a collective every rank would have to call equally often.
         self.evaluate = self.kit.forward
@@ -76,6 +77,8 @@ class Training:
         """Each epoch's seconds and samples trained in this run (a cut last epoch: what it trained)."""
         self.watch = ThreadWatch.for_training(self.plan.threads.value, cfg, device, distributed=ddp is not None, total_steps=total_steps)
         """Re-checks the thread count when the steps drift (a CPU training with threads left to gpufill)."""
+        self.watch_said = 0
+        """The watch's log lines already in the events."""
         self.trial: live.LiveTrial | None = None
         """Chooses a CPU training's threads and precision on its first steps (measure/live.py); the watch waits for it.
         Where it applies (not resumed, not compiled into a graph): a cached winner at once, else the trial."""
@@ -157,6 +160,9 @@ class Training:
                 self.trial = None
         elif self.watch is not None:
             self.watch.observe(seconds)
+            if len(self.watch.log) > self.watch_said:  # a re-check decided: said as it happens, among the epochs' lines
+                self.events.extend(f"threads: {line}" for line in self.watch.log[self.watch_said:])
+                self.watch_said = len(self.watch.log)
         if self.monitor is not None:
             self.monitor.log_iteration(seconds, samples=samples, data_wait_s=wait)
 
@@ -180,7 +186,6 @@ class Training:
         if self.watch is not None and self.watch.log:
             self.plan = self.plan.replace(threads=Choice(self.watch.threads, f"{self.watch.threads}: re-checked while training "
                                                                                 f"({'; '.join(self.watch.log)})"))
-            self.events.extend(f"threads: {line}" for line in self.watch.log)
         timings = fit_timings(self.epoch_seconds, self.epoch_samples, data_s=self.timing.data_s, val_s=self.timing.val_s, probe_s=self.plan.probe.value,
                               setup_s=self.setup_s, wall_s=time.perf_counter() - started)
         return FitResult(model=self.model, plan=self.plan, history=self.state.history, metrics=metrics, timings=timings,

@@ -99,7 +99,7 @@ def test_a_loss_a_grid_point_cannot_give_is_refused_at_its_line_by_the_deferred_
     path.write_text(path.read_text().replace("early_stopping: null}", "early_stopping: null, loss: quantile}"))
     code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "w")
     assert code == 2 and err.count("\n") == 1, err
-    assert f"{path}:6: train.loss: nbeats with {{'stacks': 'interpretable', 'blocks': 2, 'width': 16}}: its forecast is a basis" in err
+    assert f"{path}:6: train.loss: nbeats with {{'stacks': 'interpretable', 'blocks': 2, 'width': 16}}: nbeats's forecast is a basis" in err
     assert "fix: use a loss of one output per step" in err and not (tmp_path / "w").exists()
 
 

@@ -108,7 +108,7 @@ class BuildCheck:
             try:
                 for build in self.builds:
                     check_builds(build["family"], build["axes"], lookback=build["lookback"], horizon=build["horizon"],
-                                 outputs_per_step=build["outputs_per_step"])
+                                 outputs_per_step=build.get("outputs_per_step", (1,)))
             except LocatedError as error:
                 raise self._located(error.loc, error.problem, error.fix) from None
             return
@@ -175,7 +175,7 @@ def main(request: Path, answer: Path) -> None:
     try:
         for build in json.loads(request.read_text()):
             check_builds(build["family"], build["axes"], lookback=build["lookback"], horizon=build["horizon"],
-                         outputs_per_step=build["outputs_per_step"])
+                         outputs_per_step=build.get("outputs_per_step", (1,)))
     except LocatedError as error:
         found["error"] = {"loc": list(error.loc), "problem": error.problem, "fix": error.fix}
     partial = answer.with_suffix(".part")

@@ -154,8 +154,8 @@ def build(
     model = family.factory(n_features=n_features, lookback=lookback, horizon=horizon * outputs_per_step, **merged)
     _check_fresh(name, model)
     if outputs_per_step > 1 and getattr(model, "horizon_basis", False):
-        raise InputError(f"its forecast is a basis over the horizon's steps, which a loss of {outputs_per_step} outputs per step would stretch "
-                         f"over {horizon * outputs_per_step} steps", field="loss",
+        raise InputError(f"{name}'s forecast is a basis over the horizon's steps, which a loss of {outputs_per_step} outputs per step would "
+                         f"stretch over {horizon * outputs_per_step} steps", field="loss",
                          fix=f"use a loss of one output per step (mae, mse, ...) for {name} with these settings, or other model settings "
                              "(N-BEATS: stacks: generic)")
     return model
@@ -174,7 +174,7 @@ def _check_fresh(name: str, model: Any) -> None:
         return  # a classical family's estimator: fitted from scratch by its fit()
     tensors = [t for t in parameters() if t.requires_grad]  # a frozen part shared on purpose (a pretrained encoder) never trains
     if any((held := _HANDED_OUT.get(id(t))) is not None and held() is t for t in tensors):
-        raise InputError(f"the factory returned a module (or a part of one) it had returned before, so this trial would start "
+        raise InputError("the factory returned a module (or a part of one) it had returned before, so this trial would start "
                          "from the weights an earlier trial trained", field=name,
                          fix="build a new module inside the factory on every call (cache data or settings, never modules)")
     for t in tensors:
