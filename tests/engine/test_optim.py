@@ -10,7 +10,7 @@ from torch import nn
 
 from gpufill.engine.config import FitConfig
 from gpufill.engine.loop import fit
-from gpufill.engine.optim import Multiplier, make_optimizer, make_schedule
+from gpufill.engine.optim import Multiplier, load_optimizer_state, make_optimizer, make_schedule
 from tests.engine.common import input_error, linear, regression
 
 
@@ -200,3 +200,22 @@ def test_an_eager_fit_never_imports_torch_dynamo_and_a_compiled_plan_uses_torchs
     eager, _ = make_optimizer(nn.Linear(2, 1), cfg, 1e-3, "fused", eager=True)
     assert type(compiled) is torch.optim.AdamW
     assert type(eager) is not torch.optim.AdamW and isinstance(eager, torch.optim.AdamW)
+
+
+def test_a_checkpoint_of_eager_steps_loads_into_a_captured_steps_optimizer_as_it_steps():
+    """A run saved from eager steps (a float lr) resumed where the plan captures the step: the lr stays the device
+    tensor the captured step reads, holding the saved value, and the group stays `capturable`; the moments load."""
+    model = Tiny()
+    saved_from, _ = make_optimizer(model, FitConfig(), lr=1e-3, kernel="for-loop")
+    model(torch.randint(0, 10, (4, 3))).sum().backward()
+    saved_from.step()
+    for group in saved_from.param_groups:
+        group["lr"] = 4e-4  # where a schedule had brought it
+    saved = saved_from.state_dict()
+    optimizer, _ = make_optimizer(model, FitConfig(), lr=1e-3, kernel="for-loop", lr_on=torch.device("cpu"), captured=True)
+    tensors = [group["lr"] for group in optimizer.param_groups]
+    load_optimizer_state(optimizer, saved)
+    for group, tensor in zip(optimizer.param_groups, tensors, strict=True):
+        assert group["lr"] is tensor and float(tensor) == pytest.approx(4e-4) and group["capturable"] is True
+    first = optimizer.param_groups[0]["params"][0]
+    assert torch.equal(optimizer.state[first]["exp_avg"], saved_from.state[saved_from.param_groups[0]["params"][0]]["exp_avg"])

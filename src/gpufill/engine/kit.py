@@ -19,7 +19,7 @@ from gpufill.engine import distributed
 from gpufill.engine.batches import Batches, EffectiveBatch
 from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig
-from gpufill.engine.optim import make_optimizer, make_schedule, resume_schedule
+from gpufill.engine.optim import load_optimizer_state, make_optimizer, make_schedule, resume_schedule
 from gpufill.engine.plan import Plan
 from gpufill.engine.precision import Precision
 from gpufill.engine.step import EagerStep, Totals
@@ -69,7 +69,7 @@ def build_kit(model: nn.Module, plan: Plan, cfg: FitConfig, loss_fn: Callable[[A
     optimizer, optimizer_choice = make_optimizer(model, cfg, cfg.lr * plan.lr_scale.value, plan.optimizer_kernel.value, lr_on=lr_on,
                                                  captured=bool(plan.step_graph.value) and device.type == "cuda", eager=not plan.compile.value)
     if resumed is not None:
-        optimizer.load_state_dict(resumed["optimizer"])
+        load_optimizer_state(optimizer, resumed["optimizer"])
     scheduler, schedule = make_schedule(optimizer, cfg, total_steps) if total_steps is not False else (None, None)
     if scheduler is not None and resumed is not None and resumed.get("schedule") is not None:
         resume_schedule(scheduler, resumed["schedule"])

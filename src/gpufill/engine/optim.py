@@ -125,6 +125,20 @@ def make_schedule(optimizer: torch.optim.Optimizer, cfg: FitConfig, total_steps:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier), Choice(cfg.schedule, reason)
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """A checkpoint's optimizer state, stepped on as this plan steps: load_state_dict replaces each group's settings
+    whole, and the saved run may have stepped otherwise (eager where this plan captures the step: a float lr that a
+    graph would bake in, so its schedule would stop, or not `capturable`)."""
+    built = [(group["lr"], group.get("capturable")) for group in optimizer.param_groups]
+    optimizer.load_state_dict(saved)
+    for group, (lr, capturable) in zip(optimizer.param_groups, built, strict=True):
+        if isinstance(lr, torch.Tensor) and group["lr"] is not lr:  # the device tensor the captured step reads
+            lr.copy_(torch.as_tensor(group["lr"], dtype=lr.dtype))
+            group["lr"] = lr
+        if capturable is not None:
+            group["capturable"] = capturable
+
+
 def resume_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict[str, Any]) -> None:
     """A resumed run's schedule at the step it stopped on. LambdaLR's constructor set each group's lr for step 0 and
     load_state_dict does not undo it: the lr the interrupted run would take its next step with is put back."""
