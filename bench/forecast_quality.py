@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -113,10 +114,12 @@ def monthly_series(name: str, horizon: int):
 
 def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families: list[str], seeds: int, epochs: int, *, val: bool = False,
                   scaling: str = "auto", loss: str = "auto", losses: list[str] | None = None, references: tuple[str, ...] = REFERENCES,
-                  lr: float | None = None, patience: int = 5, refit: bool = False, first_seed: int = 0, batch_size: int | None = None) -> str:
+                  lr: float | None = None, patience: int = 5, refit: bool = False, first_seed: int = 0, batch_size: int | None = None,
+                  schedule: str | None = None, params: dict[str, str] | None = None) -> str:
     # nbeats@i: N-BEATS-I (a trend stack, then a seasonality stack), the paper's ensemble's second architecture.
     models = {"mlp": "{hidden_size: 128}", "nbeats": "{width: 256, blocks: 3}", "nbeats@i": "{stacks: interpretable, width: 256, blocks: 4}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
               "transformer": "{d_model: 64, nhead: 4, num_layers: 2}", "linear": "{}", "lgbm": "{n_estimators: 300}", "xgb": "{n_estimators: 300}"}
+    models.update(params or {})  # --params: a family's grid point in place of the bench's
     neural = {"mlp", "nbeats", "nbeats@i", "tcn", "lstm", "gru", "transformer"}
     # --losses: every network trains once per loss (N-BEATS' ensembles span sMAPE, MASE and MAPE; here the engine's named losses).
     from gpufill.engine.config import SCALE_FREE_LOSSES
@@ -136,7 +139,7 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
         f"task: {{lookback: [{', '.join(map(str, lookbacks))}], horizon: {horizon}, split: {{val: {horizon if val else 0}, test: {horizon}}}, mode: global, scaling: {scaling}}}",
         "models:", *lines,
         f"train: {{epochs: {epochs}, loss: {loss}, early_stopping: {f'{{patience: {patience}}}' if val else 'null'}"
-        + (f", lr: {lr}" if lr else "") + (f", batch_size: {batch_size}" if batch_size else "") + (", refit: true" if refit else "") + "}",
+        + (f", lr: {lr}" if lr else "") + (f", batch_size: {batch_size}" if batch_size else "") + (f", schedule: {schedule}" if schedule else "") + (", refit: true" if refit else "") + "}",
         f"seeds: [{', '.join(str(s) for s in range(first_seed, first_seed + seeds))}]",
         "resources: {retries: 0}",
     ]) + "\n"
@@ -206,6 +209,14 @@ def kept(folders: list[Path], name: str, part: str) -> pd.DataFrame:
     return frame.drop_duplicates(subset=key, ignore_index=True)
 
 
+def median_val_smape(val_rows: pd.DataFrame, ids: set[str], histories: dict) -> float:
+    """The validation sMAPE of the median over trials `ids` (NaN without validation forecasts)."""
+    val = val_rows[val_rows["trial_id"].isin(ids)].groupby(["project", "origin", "step"], as_index=False).agg(
+        forecast=("forecast", "median"), actual=("actual", "first"))
+    return statistics.fmean(scores(g.sort_values(["origin", "step"])["forecast"].to_numpy(), g.sort_values(["origin", "step"])["actual"].to_numpy(),
+                                   histories[project])[0] for project, g in val.groupby("project")) if len(val) else float("nan")
+
+
 def configurations(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFrame, families: list[str], histories: dict
                    ) -> dict[str, tuple[pd.DataFrame, float, set[str]]]:
     """label -> (its test forecasts, its validation sMAPE, its trials) of each learned configuration (family, parameters, training
@@ -222,10 +233,7 @@ def configurations(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFr
         ids = set(group["trial_id"])
         test = rows[rows["trial_id"].isin(ids)].groupby(["project", "origin", "step"], as_index=False).agg(
             forecast=("forecast", "median"), actual=("actual", "first"))
-        val = val_rows[val_rows["trial_id"].isin(ids)].groupby(["project", "origin", "step"], as_index=False).agg(
-            forecast=("forecast", "median"), actual=("actual", "first"))
-        val_smape = statistics.fmean(scores(g.sort_values(["origin", "step"])["forecast"].to_numpy(), g.sort_values(["origin", "step"])["actual"].to_numpy(),
-                                            histories[project])[0] for project, g in val.groupby("project")) if len(val) else float("nan")
+        val_smape = median_val_smape(val_rows, ids, histories)
         shown = " ".join(f"{k}={v}" for k, v in json.loads(params).items())
         changed = {**{k: v for k, v in json.loads(train).items() if k in ("loss", "scaling") and v != "auto"},
                    **({"scaling": scaling} if scaling != "auto" else {})}
@@ -265,6 +273,8 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     trainings_of = trials.groupby("family").size().to_dict()
     selected = {SELECTIONS[way][0]: SELECTIONS[way][1](rows, val_rows, trials, families) for way in select}  # label -> (rows, what it chose)
     configured = configurations(rows, val_rows, trials, families, histories)  # every trial's: before --within leaves some out
+    family_val = {family: median_val_smape(val_rows, set(trials[trials["family"] == family]["trial_id"]), histories)
+                  for family in families if len(val_rows)}  # the family's median over every trial, as its test row is
     rows, left_out_of = chosen_on_validation(rows, trials, within)
     # One forecast per series and method: the median over seeds (a family's ensemble); references have one seed's worth.
     combined = rows.groupby(["family", "project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
@@ -312,6 +322,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
                                                    else int(sum(left_out_of.get(f, 0) for f in members))),
                         **(selected[method][1] if method in selected else {}),
                         **({"val_smape": round(configured[method][1], 3)} if method in configured else {}),
+                        **({"val_smape": round(family_val[method], 3)} if method in family_val and not math.isnan(family_val[method]) else {}),
                         **({"changed_from_defaults": peer_labels[method]} if method in peer_labels else {})})
     # Every gpufill method against every reference: no method is picked here (picking the best on these test scores
     # would choose on the test window); each is a recipe fixed by the command line before anything ran.
@@ -357,6 +368,10 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0, help="the seeds are first-seed .. first-seed + seeds - 1: more members for a "
                         "recipe a --keep run trained (then --rescore both folders)")
     parser.add_argument("--lr", type=float, default=None, help="every network's learning rate (default: the campaign default)")
+    parser.add_argument("--schedule", default=None, help="every network's learning-rate schedule (default: the recipe's constant; "
+                        "warmup_cosine or linear over the epochs' steps)")
+    parser.add_argument("--params", action="append", default=[], help="FAMILY={yaml grid point}: the family's settings in place of the "
+                        "bench's (e.g. nbeats={width: 512, blocks: 3}); repeatable")
     parser.add_argument("--batch-size", type=int, default=None, help="every network's batch (default: auto, the reference batch 128); "
                         "given, the lr is the one for it (neuralforecast's NBEATS: 1024 windows a step at lr 1e-3)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe); several (standard,mean): "
@@ -426,6 +441,7 @@ def main() -> None:
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
                                     scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, batch_size=args.batch_size, patience=args.patience, refit=args.refit,
+                                    schedule=args.schedule, params=dict(item.split("=", 1) for item in args.params),
                                     rescore=[Path(f) for f in args.rescore.split(",")] if args.rescore else None, first_seed=args.first_seed, pool=pool, within=args.within, select=select, keep=args.keep,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None,
                                     peers=peers, peer_steps=args.peer_steps or (10 if args.smoke else None))
@@ -434,7 +450,7 @@ def main() -> None:
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

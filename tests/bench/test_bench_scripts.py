@@ -228,6 +228,8 @@ def check_forecast_quality(record: dict[str, Any]) -> None:
     # --scaling standard,mean --losses mae,smape: mlp trains mae under standard scaling, mae and smape under mean scaling;
     # linear (classical: no loss) once per scaling; the references once, in the first campaign.
     assert (methods["mlp"]["trainings"], methods["linear"]["trainings"], methods["ets"]["trainings"]) == (3, 2, 1)
+    # With --val each family's row carries the validation sMAPE of the same median over its trials.
+    assert 0 < methods["mlp"]["val_smape"] <= 200 and 0 < methods["linear"]["val_smape"] <= 200
     # Each learned configuration alone (the median of its seeds), with its validation sMAPE, and per family the one a
     # user would pick on validation: mlp's 3 (mae standard, mae mean, smape mean), linear's 2 (one per scaling).
     configured = {name: row for name, row in methods.items() if row["kind"] == "gpufill configuration (median of its seeds)"}
@@ -493,3 +495,13 @@ def test_forecast_quality_chooses_each_familys_members_on_validation_only() -> N
     kept, left_out = module.chosen_on_validation(rows, trials, 1.05)
     assert list(kept["trial_id"]) == ["a", "b", "d", "e"] and left_out == {"nbeats": 1}  # c: 11.0 > 1.05 x 10.0, the best on test
     assert module.chosen_on_validation(rows, trials, None)[0] is rows
+
+
+def test_forecast_quality_campaigns_take_a_schedule_and_a_familys_grid_point_from_the_command_line() -> None:
+    quality = load_bench_module("forecast_quality")
+    text = quality.campaign_yaml(Path("d.csv"), 18, 12, ["nbeats", "linear"], 3, 30, val=True, schedule="linear", references=(),
+                                 params={"nbeats": "{width: 512, blocks: 3, schedule: [constant, linear]}"})
+    assert "  nbeats: {width: 512, blocks: 3, schedule: [constant, linear]}" in text.splitlines()
+    assert "  linear: {}" in text.splitlines()
+    assert "train: {epochs: 30, loss: auto, early_stopping: {patience: 5}, schedule: linear}" in text.splitlines()
+
