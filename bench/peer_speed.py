@@ -7,8 +7,8 @@ Per round, one after the other on the same CPU (the order turned each round):
   series, the lookback the shortest series allows, early stopping on the horizon before the test, then the refit),
   run in this process as a user's script runs it (the local executor: its worker's start included); the wall time of
   the whole run;
-- gpufill, a pack: the same campaign with `--pack` seeds, which the campaign trains as a pack where it measures that
-  pays; the wall time over the seeds (what one network costs when a user trains several, as every recipe does);
+- gpufill, several seeds: the same campaign with `--pack` seeds (global trials do not pack: they train one per core at
+  once); the wall time over the seeds (what one network costs when a user trains several, as every recipe does);
 - the peer: neuralforecast's NBEATS (or NHITS) at its documented defaults (bench/_peer_neuralforecast.py), one fit +
   predict.
 Each arm is scored on the held-out horizon (sMAPE, the same code as bench/forecast_quality.py; a pack's: the median
