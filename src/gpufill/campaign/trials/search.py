@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufill.campaign.spec.search_spec import SAMPLERS, Range, SearchSpec
+from gpufill.campaign.spec.search_spec import SAMPLERS, Range
 from gpufill.campaign.trials.trials import Trial, canonical, expand_points
 from gpufill.errors import InputError
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _NO_KERNEL = {"detach", "alias", "lift_fresh", "_to_copy_noop", "set_", "_local_scalar_dense_noop"}

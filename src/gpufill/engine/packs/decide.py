@@ -12,7 +12,6 @@ answer is clear or the budget (a share of the planned training) is spent.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 

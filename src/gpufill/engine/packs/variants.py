@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from gpufill.engine import losses
-from gpufill.engine.backend import backend_flags, synchronize
+from gpufill.engine.backend import backend_flags
 from gpufill.engine.batches import _Resident, map_tensors, rows, signature
 from gpufill.engine.choice import Choice
 from gpufill.engine.config import FitConfig

@@ -13,8 +13,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-import numpy as np
-
 from gpufill.engine.losses import QUANTILES
 
 MEDIAN = QUANTILES.index(0.5)
