@@ -273,9 +273,9 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     trainings_of = trials.groupby("family").size().to_dict()
     selected = {SELECTIONS[way][0]: SELECTIONS[way][1](rows, val_rows, trials, families) for way in select}  # label -> (rows, what it chose)
     configured = configurations(rows, val_rows, trials, families, histories)  # every trial's: before --within leaves some out
-    family_val = {family: median_val_smape(val_rows, set(trials[trials["family"] == family]["trial_id"]), histories)
-                  for family in families if len(val_rows)}  # the family's median over every trial, as its test row is
     rows, left_out_of = chosen_on_validation(rows, trials, within)
+    family_val = {family: median_val_smape(val_rows, set(rows[rows["family"] == family]["trial_id"]), histories)
+                  for family in families if len(val_rows)}  # the median over the trials its test row combines
     # One forecast per series and method: the median over seeds (a family's ensemble); references have one seed's worth.
     combined = rows.groupby(["family", "project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
     methods = {family: part for family, part in combined.groupby("family")}

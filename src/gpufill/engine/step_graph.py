@@ -17,7 +17,6 @@ On the CPU the same static step runs eagerly (tests compare it with the eager st
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 

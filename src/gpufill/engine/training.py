@@ -32,6 +32,7 @@ from gpufill.engine.result import EpochRecord, FitCallback, FitResult, fit_timin
 from gpufill.engine.epochs import BestWeights, Rules, Stopping, Trained, run_epochs
 from gpufill.errors import InputError
 
+
 def _version() -> str:
     try:
         return importlib.metadata.version("gpufill")
@@ -47,7 +48,6 @@ class Training:
                  total_steps: int | None, hardware: Hardware, key: str):
         """`key`: the plan's tune-cache key (a CPU training's live trial is cached under it)."""
         self.model, self.cfg, self.device, self.loss_fn, self.monitor, self.ddp, self.events = model, cfg, device, loss_fn, monitor, ddp, events
-        self.total_steps = total_steps
         self.kit, self.plan = apply_plan(model, plan, cfg, loss_fn, device, ddp=ddp, batches=batches, resumed=resumed[0] if resumed else None,
                                          total_steps=total_steps, events=events)
         # Seeded once the kit is built (a user's optimizer factory may draw random numbers; a capture puts them back).
