@@ -610,3 +610,27 @@ def test_a_transformer_pack_says_nothing_of_torchs_missing_batching_rule(tmp_pat
     done = subprocess.run([sys.executable, "-W", "default", str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "batching rule" not in done.stderr and "a warning of the user is still shown" in done.stderr
+
+
+def test_a_pack_size_whose_one_timing_was_lucky_gives_way_to_the_next_fastest_confirmed(monkeypatch):
+    """Timed once each, a pack of 4 looked fastest (a neighbour paused); its interleaved pairs put it at its true rate,
+    below a pack of 2, so the pack of 2 is confirmed on pairs too and chosen: the size chosen is the fastest reported."""
+    from gpufill.engine.packs import size as pack_module
+
+    per_step = {1: 1.0, 2: 0.5, 4: 1.2}  # seconds a step of K models takes: 2 is the fastest per model
+    timed: list[int] = []
+
+    def fake_time(k, steps, dev, count=False):
+        timed.append(k)
+        lucky = k == 4 and timed.count(4) == 1
+        return (0.1 if lucky else per_step[k]) * steps, None
+
+    monkeypatch.setattr(pack_module, "_training_step", lambda build, k, *args: k)
+    monkeypatch.setattr(pack_module, "_time_candidate", fake_time)
+    monkeypatch.setattr(pack_module, "pack_kinds", lambda build, sample: ["hand-written fused kernels"])
+    ws = windows(1)
+    choice = measure_pack_size(lambda: None, (ws[0].x_train, ws[0].y_train), batch=64, device="cpu", candidates=(1, 2, 4), steps=2,
+                               min_gain=None)
+    assert choice.size == 2 == max(choice.samples_per_s, key=choice.samples_per_s.get)
+    assert choice.samples_per_s[4] == pytest.approx(choice.samples_per_s[1] * 4 / 1.2) and choice.samples_per_s[2] == pytest.approx(choice.samples_per_s[1] * 2 / 0.5)
+    assert timed.count(4) == 1 + pack_module.CONFIRM_PAIRS and timed.count(2) == 1 + pack_module.CONFIRM_PAIRS

@@ -161,14 +161,20 @@ def measure_pack_size(build, sample: Pair, *, batch: int, device: str, candidate
     best = max(rates, key=rates.__getitem__)
     versus = ""
     fused_best = max((kk for kk in rates if kk > 1), key=rates.__getitem__, default=None)
-    if fused_best is not None:  # fused or not changes a trial's last bits: answered on interleaved pairs, not one timing
+    confirmed: set[int] = set()
+    while fused_best is not None and fused_best not in confirmed:
+        # Fused or not changes a trial's last bits: answered on interleaved pairs, not one timing. A size whose one
+        # timing was lucky (a neighbour paused) falls back to its pairs' median, and the next fastest is confirmed too.
         pairs = [rates[fused_best] / rates[1]]
         for _ in range(CONFIRM_PAIRS):
             plain_s, _ = _time_candidate(_training_step(build, 1, x, y, dev, kind), steps, dev, count=False)
             fused_s, _ = _time_candidate(_training_step(build, fused_best, x, y, dev, kind), steps, dev, count=False)
             pairs.append(fused_best * plain_s / fused_s)
-        best = fused_best if statistics.median(pairs) >= FUSE_GAIN else 1
         rates[fused_best] = rates[1] * statistics.median(pairs)  # the gain reported is the pairs' median
+        confirmed.add(fused_best)
+        fused_best = max((kk for kk in rates if kk > 1), key=rates.__getitem__)
+    if fused_best is not None:
+        best = fused_best if rates[fused_best] / rates[1] >= FUSE_GAIN else 1
     if best > 1 and len(kinds) > 1:  # the other kind at the size the default kind found best
         other = kinds[1]
         try:
