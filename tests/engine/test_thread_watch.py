@@ -179,3 +179,31 @@ def test_set_threads_leaves_mkl_as_a_process_that_never_set_threads_has_it():
             assert _mkl_state(mkl) == (1, 0) and mkl.MKL_Get_Max_Threads() == torch.get_num_threads() == machine - 1
     finally:
         set_threads(before)
+
+
+_FRESH_PROCESS = """
+import threading, torch
+from gpufill.engine.backend import _native_threads, set_threads
+machine = torch.get_num_threads()
+set_threads(1)
+seen = []
+worker = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+worker.start(); worker.join()
+print(_native_threads() is not None, machine, torch.get_num_threads(), seen[0])
+"""
+
+
+def test_set_threads_leaves_torch_process_wide_count_unset():
+    """torch's own call stores the count process-wide, and every thread that starts torch work (OpenMP's workers inside
+    each parallel region among them) applies it again, pinning MKL there: the character LM's attention 2x slower.
+    `set_threads` sets this thread's OpenMP count only: a new thread starts at the machine's count, as in a process that
+    never set threads (a fresh process: this one's earlier tests may have called torch's function)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, check=True, timeout=300).stdout.split()
+    native, machine, here, new_thread = out[0] == "True", int(out[1]), int(out[2]), int(out[3])
+    if not native:
+        pytest.skip("torch's parallel backend is not OpenMP here: torch's own call is used")
+    assert here == 1
+    assert new_thread == machine  # torch.set_num_threads(1) would give 1 here
