@@ -140,6 +140,7 @@ def summarise(model: str, arm: str, runs: list[dict[str, Any]]) -> dict[str, Any
         row["probe_s"] = round(statistics.median(m["probe_s"] for m in runs), 3)
         row["plan"] = middle["plan"]
     row["process_s_runs"] = [round(m["process_s"], 2) for m in runs]
+    row["samples_per_s_runs"] = [round(m["samples_per_s"], 1) for m in runs]
     return row
 
 
@@ -173,6 +174,7 @@ def main() -> None:
     parser.add_argument("--models", default=None, help="default mlp,lstm,transformer,lm (--smoke: mlp)")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--core", action="store_true", help="only the two hand loops (default threads, one) and the two gpufill arms: more rounds in the same time")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
@@ -184,6 +186,8 @@ def main() -> None:
     device = str(resolve_device(args.device))
     env = environment(device)
     arms = arms_for(device)
+    if args.core:
+        arms = [a for a in arms if a in HANDS or a.startswith("gpufill")]
     rows: list[dict[str, Any]] = []
     ratios: dict[str, float] = {}
     model_args: dict[str, Any] = {}
