@@ -1,6 +1,6 @@
 """torch's process-wide switches and device helpers: the plan's backend flags and CPU threads
-(set for a training, then restored, through `set_threads`), device synchronisation for timing code, and recognising
-out-of-memory errors."""
+(set for a training, then restored, through `set_threads`), its host memory setting (`keep_freed_memory`), device
+synchronisation for timing code, and recognising out-of-memory errors."""
 
 from __future__ import annotations
 
