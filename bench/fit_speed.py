@@ -17,7 +17,7 @@ epoch left out, validation included) and the loss of the model it returns on a h
 validation split gpufill's restore_best chose on). Rounds interleave the arms, each round starting one arm later; each
 ratio is the median of per-round ratios, against the faster hand loop of that round (default threads or one thread).
 
-    python bench/fit_speed.py [--smoke | --quick] [--models mlp,lstm,transformer,lm] [--rounds N] [--device auto|cpu|cuda] [--out PATH]
+    python bench/fit_speed.py [--smoke | --quick] [--models mlp,lstm,transformer,lm] [--rounds N] [--core] [--device auto|cpu|cuda] [--out PATH]
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def main() -> None:
             rows += [summarise(model, arm, measured) for arm, measured in runs.items()]
             ratios.update(ratios_of(model, runs))
     run_args = {"size": size_name, "rounds": rounds, "batch_size": BATCH, "default_threads": torch.get_num_threads(), "arms": arms,
-                "lightning": lightning.available(), "models": model_args, "process": "each arm a fresh interpreter (bench/_fit_arm.py)"}
+                "lightning": "lightning" in arms, "models": model_args, "process": "each arm a fresh interpreter (bench/_fit_arm.py)"}
     finish("fit_speed", "gpufill.fit against the scripts its user would write, each a whole process", env, run_args, rows, ratios, args.out)
 
 

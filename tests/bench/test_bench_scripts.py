@@ -58,6 +58,19 @@ def check_fit_speed(record: dict[str, Any]) -> None:
             assert 0.5 < record["ratios"][f"{model}:{arm}_test_loss_vs_hand"] < 2  # the same training, two trainers
 
 
+def check_cpu_settings(record: dict[str, Any]) -> None:
+    rows = {(row["setting"], row["arm"]): row for row in record["results"]}
+    assert set(rows) == {("threads", "untouched"), ("threads", "torch.set_num_threads"), ("threads", "gpufill set_threads"),
+                         ("host memory", "glibc thresholds"), ("host memory", "freed memory kept")}
+    for row in rows.values():
+        assert positive(row["ms"]) and len(row["ms_runs"]) == record["args"]["rounds"] == 1
+    threads = {rows["threads", arm]["threads"] for arm in ("untouched", "torch.set_num_threads", "gpufill set_threads")}
+    assert len(threads) == 1  # every arm back at the count it started with (OMP_NUM_THREADS=1 here)
+    kept, default = rows["host memory", "freed memory kept"], rows["host memory", "glibc thresholds"]
+    assert kept["kept"] is True and default["kept"] is False and kept["faults_per_step"] >= 0 and default["faults_per_step"] >= 0
+    assert all(positive(value) for value in record["ratios"].values()) and len(record["ratios"]) == 3
+
+
 def check_step_overhead(record: dict[str, Any]) -> None:
     assert len(record["results"]) == 2
     for row in record["results"]:
@@ -344,6 +357,7 @@ def check_peer_speed(record: dict[str, Any]) -> None:
 SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "fit_speed": check_fit_speed,
     "step_overhead": check_step_overhead,
+    "cpu_settings": check_cpu_settings,
     "campaign_overhead": check_campaign_overhead,
     "campaign_cpu": check_campaign_cpu,
     "campaign_gpu": check_campaign_gpu,

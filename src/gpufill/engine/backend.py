@@ -17,19 +17,20 @@ from gpufill.engine.plan import Plan
 
 @contextlib.contextmanager
 def backend_flags(plan: Plan) -> Iterator[None]:
-    """Set TF32, cudnn.benchmark and the CPU threads for the training, and restore the user's values after.
+    """Set TF32, cudnn.benchmark and the CPU threads for the training, and restore the user's values after; keep freed
+    host memory where the plan says so (for the process's life: glibc's old values cannot be read back).
 
     cuDNN's own TF32 switch is left as the user set it (torch's default: on): the plan's TF32 is
     the matmul switch, which torch leaves off."""
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark)
     threads = torch.get_num_threads()
-    torch.backends.cuda.matmul.allow_tf32 = plan.tf32.value
-    torch.backends.cudnn.benchmark = plan.cudnn_benchmark.value
-    if plan.threads.value != threads:
-        set_threads(plan.threads.value)
-    if plan.host_memory.value:
-        keep_freed_memory()
     try:
+        torch.backends.cuda.matmul.allow_tf32 = plan.tf32.value
+        torch.backends.cudnn.benchmark = plan.cudnn_benchmark.value
+        if plan.threads.value != threads:
+            set_threads(plan.threads.value)
+        if plan.host_memory.value:
+            keep_freed_memory()
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark = saved
@@ -43,12 +44,15 @@ def set_threads(threads: int) -> None:
     torch's call also pins MKL's thread count and turns MKL's dynamic adjustment off, and it keeps the count in a
     process-wide setting that every thread starting torch work later applies again (pinning MKL again). A gemm inside
     one of torch's own parallel regions (the CPU attention kernel's, per batch and head) then starts threads of its own
-    on cores the region already uses. Measured on a 2-core EPYC, torch 2.13: scaled_dot_product_attention's forward and
-    backward 1.9 ms before any call, 4.2-4.8 ms after `torch.set_num_threads(2)` at the same count, and still 4.4 ms
-    with MKL put back after the call; the character LM's steps ~5 % slower. So where torch runs on OpenMP the count is
+    on cores the region already uses. Measured on a 2-core EPYC, torch 2.13 (bench/cpu_settings.py): the character LM's
+    attention forward and backward 2.4 ms before any call, 5.2 ms after `torch.set_num_threads` to 1 and back to 2, and
+    still 4.4 ms with MKL put back after torch's call; 2.6 ms after this function the same way. So where torch runs on OpenMP the count is
     set where torch reads it, OpenMP's own (`omp_set_num_threads`), and MKL is left as a process that never called
     torch's function has it: dynamic, with no count of its own, so that it follows OpenMP's (never more threads than
-    asked for). Elsewhere torch's own call, with MKL put back after it."""
+    asked for). Elsewhere torch's own call, with MKL put back after it. Not done on the OpenMP path, as torch's call
+    does: clearing oneDNN's cache of built convolutions (not exported) and resizing the pthreadpool XNNPACK uses."""
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, not {threads}")
     native = _native_threads()
     if native is not None:
         torch.get_num_threads()  # this thread's one-time set-up first: it would set the count again on first use
@@ -74,10 +78,10 @@ def keep_freed_memory() -> bool:
 
     By default glibc serves a block over 128 KiB with a fresh mmap, raising that threshold only up to the largest block
     freed so far, and hands the heap's free top back to the system past twice it. A CPU training step frees and
-    allocates its activations (MiBs) every step, so each step page-faults fresh zeroed pages in: ~1,000 minor faults a
-    step for the character LM on a 2-core EPYC, none with these thresholds, and its steps ~3 % faster. The values are
-    where glibc's own adjustment ends once a 32 MiB block has been freed; at most 64 MiB of free heap is kept. True
-    where set."""
+    allocates its activations (MiBs) every step, so each step page-faults fresh zeroed pages in: ~1,160 minor faults a
+    step for the character LM on a 2-core EPYC, 7 with these thresholds, and its steps 3-25 % faster
+    (bench/cpu_settings.py). The values are where glibc's own adjustment ends once a 32 MiB block has been freed; a
+    heap's free top goes back to the system past 64 MiB (freed blocks below it stay, as always). True where set."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
@@ -102,7 +106,7 @@ def _native_threads() -> ctypes.CDLL | None:
     if library is None or "parallel backend: OpenMP" not in torch.__config__.parallel_info():
         return None
     try:
-        library.omp_set_num_threads
+        library.omp_set_num_threads.argtypes, library.omp_set_num_threads.restype = [ctypes.c_int], None
     except AttributeError:
         return None
     return library
@@ -112,6 +116,8 @@ def _native_threads() -> ctypes.CDLL | None:
 def _mkl() -> ctypes.CDLL | None:
     """MKL's C interface inside torch's CPU library, where torch was built with it (x86-64 wheels); else None."""
     library = _torch_library()
+    if library is None:
+        return None
     try:
         for name in ("MKL_Set_Num_Threads_Local", "MKL_Set_Dynamic"):
             getattr(library, name)
