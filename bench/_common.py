@@ -7,8 +7,9 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -16,9 +17,16 @@ from rich.table import Table
 # One environment record (device, versions, date) for these scripts and `gpufill bench`.
 from gpufill.bench import environment
 
-__all__ = ["RESULTS", "default_out", "environment", "finish", "print_table", "timed_command", "write_result"]
+__all__ = ["RESULTS", "default_out", "environment", "finish", "print_table", "timed_command", "turned", "write_result"]
 
 RESULTS = Path(__file__).parent / "results"
+T = TypeVar("T")
+
+
+def turned(arms: Sequence[T], round_index: int) -> list[T]:
+    """The arms in round `round_index`'s order: each round starts one arm later, so that no arm always runs first."""
+    shift = round_index % len(arms)
+    return [*arms[shift:], *arms[:shift]]
 
 
 def timed_command(command: list[str]) -> tuple[float, str]:

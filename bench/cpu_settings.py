@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import environment, finish  # noqa: E402
+from _common import environment, finish, turned  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"smoke": {"calls": 5, "steps": 3, "rounds": 1}, "quick": {"calls": 200, "steps": 150, "rounds": 7},
@@ -94,8 +94,7 @@ def run_arm(code: str, *args: str) -> dict[str, Any]:
 def rounds_of(arms: tuple[str, ...], rounds: int, measure: Any) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for r in range(rounds):
-        shift = r % len(arms)
-        for arm in arms[shift:] + arms[:shift]:
+        for arm in turned(arms, r):
             print(f"round {r + 1}/{rounds}: {arm}", flush=True)
             runs[arm].append(measure(arm))
     return runs

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import environment, finish  # noqa: E402
+from _common import environment, finish, turned  # noqa: E402
 
 from gpufill.campaign.results.greedy import select_greedily  # noqa: E402
 from gpufill.forecasting.data.metrics import mean_over_series  # noqa: E402
@@ -77,7 +77,7 @@ def main() -> None:
         seconds: dict[str, list[float]] = {arm: [] for arm in arms}
         answers: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {}
         for r in range(rounds):
-            for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
+            for arm in turned(arms, r):
                 print(f"K {k}: round {r + 1}/{rounds}: {arm}", flush=True)
                 tick = time.perf_counter()
                 if arm.startswith("gpufill"):

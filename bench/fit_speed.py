@@ -37,7 +37,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(Path(__file__).parent), str(ROOT / "examples")]
-from _common import environment, finish  # noqa: E402
+from _common import environment, finish, turned  # noqa: E402
 
 from gpufill.bench import lightning  # noqa: E402
 from gpufill.engine.hardware import resolve_device  # noqa: E402
@@ -118,8 +118,7 @@ def measure_model(spec_path: Path, arms: list[str], rounds: int, cache: Path, sa
     run_arm(spec_path, "gpufill, cached", 0, cache)
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for r in range(rounds):
-        shift = r % len(arms)
-        for arm in arms[shift:] + arms[:shift]:
+        for arm in turned(arms, r):
             say(f"{spec_path.stem}: round {r + 1}/{rounds}: {arm}")
             runs[arm].append(run_arm(spec_path, arm, r, cache))
     return runs

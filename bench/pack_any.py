@@ -37,7 +37,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import default_out, environment, finish, write_result  # noqa: E402
+from _common import default_out, environment, finish, turned, write_result  # noqa: E402
 
 import gpufill  # noqa: E402
 from gpufill.engine.backend import synchronize  # noqa: E402
@@ -307,8 +307,7 @@ def main() -> None:
                 seconds: dict[str, list[float]] = {arm: [] for arm in arms}
                 losses: dict[str, float] = {}
                 for r in range(rounds):
-                    order = list(arms)[r % len(arms):] + list(arms)[: r % len(arms)]
-                    for arm in order:
+                    for arm in turned(list(arms), r):
                         spent, models = timed(arms[arm], device)
                         seconds[arm].append(spent)
                         losses[arm] = task.test_loss(models)

@@ -46,11 +46,12 @@ def set_threads(threads: int) -> None:
     one of torch's own parallel regions (the CPU attention kernel's, per batch and head) then starts threads of its own
     on cores the region already uses. Measured on a 2-core EPYC, torch 2.13 (bench/cpu_settings.py): the character LM's
     attention forward and backward 2.4 ms before any call, 5.2 ms after `torch.set_num_threads` to 1 and back to 2, and
-    still 4.4 ms with MKL put back after torch's call; 2.6 ms after this function the same way. So where torch runs on OpenMP the count is
-    set where torch reads it, OpenMP's own (`omp_set_num_threads`), and MKL is left as a process that never called
-    torch's function has it: dynamic, with no count of its own, so that it follows OpenMP's (never more threads than
-    asked for). Elsewhere torch's own call, with MKL put back after it. Not done on the OpenMP path, as torch's call
-    does: clearing oneDNN's cache of built convolutions (not exported) and resizing the pthreadpool XNNPACK uses."""
+    still 4.4 ms with MKL put back after torch's call; 2.6 ms after this function the same way. So where torch runs on
+    OpenMP the count is set where torch reads it, OpenMP's own (`omp_set_num_threads`), and MKL is left as a process
+    that never called torch's function has it: dynamic, with no count of its own, so that it follows OpenMP's (never
+    more threads than asked for). Elsewhere torch's own call, with MKL put back after it. Not done on the OpenMP path,
+    as torch's call does: clearing oneDNN's cache of built convolutions (not exported) and resizing the pthreadpool
+    XNNPACK uses."""
     if threads < 1:
         raise ValueError(f"threads must be at least 1, not {threads}")
     native = _native_threads()
@@ -74,7 +75,7 @@ MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES = 32 << 20, 64 << 20
 
 @functools.cache
 def keep_freed_memory() -> bool:
-    """Keep freed host memory in the process for reuse (once per process; not undone: there is no reading the old values).
+    """Keep freed host memory in the process for reuse (once per process; not undone: the old values cannot be read).
 
     By default glibc serves a block over 128 KiB with a fresh mmap, raising that threshold only up to the largest block
     freed so far, and hands the heap's free top back to the system past twice it. A CPU training step frees and
@@ -84,7 +85,8 @@ def keep_freed_memory() -> bool:
     heap's free top goes back to the system past 64 MiB (freed blocks below it stay, as always). True where set."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+        mapped = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        return bool(mapped) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
     except (OSError, AttributeError):
         return False
 

@@ -9,9 +9,8 @@ its batches come from, checkpoints and progress lines (`fit`), masking and re-fo
 The stop rules, one set for one model and for a pack of K: after every epoch the loop hands `Stopping` the rows'
 losses; per row still training it decides, in this order: diverged (a loss not finite), early-stopped (no validation
 better than the best by `min_delta` for `patience` validations), pruned (a watcher's reason: a search's pruner), or
-cut by `max_steps`. A stopped row is no
-longer stepped (a pack masks it; `fit` ends). `BestWeights` keeps each row's weights of its best validation and puts
-them back at the end (`restore_best`), never a diverged row's.
+cut by `max_steps`. A stopped row is no longer stepped (a pack masks it; `fit` ends). `BestWeights` keeps each row's
+weights of its best validation and puts them back at the end (`restore_best`), never a diverged row's.
 """
 
 from __future__ import annotations

@@ -93,8 +93,8 @@ def apply_plan(model: nn.Module, plan: Plan, cfg: FitConfig, loss_fn: Callable[[
                events: list[str]) -> tuple[Kit, Plan]:
     """The finished plan applied once (step 4 of engine/loop.py): its kit with the schedule (a resumed run's: with the
     optimizer, schedule and scaler state it stopped with), DDP wrapping, and last the whole-step graph (capture records
-    the state tensors' addresses). Returns the kit and the plan as applied: the optimizer and schedule built, compile and the step graph
-    off with the reason where they failed."""
+    the state tensors' addresses). Returns the kit and the plan as applied: the optimizer and schedule built, compile
+    and the step graph off with the reason where they failed."""
     kit = build_kit(model, plan, cfg, loss_fn, device, total_steps=total_steps, resumed=resumed)
     plan = plan.replace(optimizer=kit.optimizer_choice, schedule=kit.schedule)
     if kit.compile_error is not None:

@@ -118,14 +118,14 @@ def make_plan(hardware: Hardware, data: DataFacts, settings: SpeedSettings, *, e
     precision = _precision(hardware, settings.precision, timed=settings.timed_precision)
     device = Choice(hardware.device, _device_reason(hardware, settings.device))
     tf32, cudnn_benchmark = _tf32(hardware, settings.tf32), _cudnn_benchmark(hardware, settings.cudnn_benchmark)
-    compile_, threads, host_memory = _compile(hardware, settings.compile), _threads(hardware, settings.threads), _host_memory(hardware)
+    compile_, threads = _compile(hardware, settings.compile), _threads(hardware, settings.threads)
     optimizer_kernel, step_graph = _optimizer_kernel(hardware, settings.optimizer_kernel), _step_graph(hardware, settings.cuda_graph)
     grad_scaler = grad_scaler_for(precision.value)
     total_steps = per_epoch * epochs if per_epoch is not None and epochs is not None else None
     accumulation = math.ceil(effective.value / micro.value)
     return Plan(
         device=device, precision=precision, tf32=tf32, cudnn_benchmark=cudnn_benchmark, compile=compile_, threads=threads,
-        host_memory=host_memory, data_placement=placement, loader=loader,
+        host_memory=_host_memory(hardware), data_placement=placement, loader=loader,
         loader_tuning=_loader_tuning(tuning, total_steps),
         effective_batch=effective,
         micro_batch=micro,
@@ -247,10 +247,12 @@ def _host_memory(hardware: Hardware) -> Choice[bool]:
         return Choice(False, "not set: the C library is not glibc (its malloc has other settings)")
     given = sorted(name for name in _MALLOC_VARIABLES if name in os.environ)
     if given or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
-        return Choice(False, f"not set: glibc's malloc is configured by this process's environment ({', '.join(given) or 'GLIBC_TUNABLES'}), kept as given")
-    return Choice(True, "freed tensors' memory kept for the next step (glibc malloc's mmap threshold 32 MiB, trim threshold 64 MiB: "
-                        "where its own adjustment ends up once a 32 MiB block is freed, set at the start): a CPU step's activations "
-                        "reuse it instead of page-faulting fresh pages in (the character LM: ~1,160 faults a step to 7, steps 3-25 % faster)")
+        where = ", ".join(given) or "GLIBC_TUNABLES"
+        return Choice(False, f"not set: glibc's malloc is configured by this process's environment ({where}), kept as given")
+    return Choice(True, "freed tensors' memory kept for the next step (glibc malloc's mmap threshold 32 MiB, trim threshold "
+                        "64 MiB: where its own adjustment ends up once a 32 MiB block is freed, set at the start): a CPU "
+                        "step's activations reuse it instead of page-faulting fresh pages in (the character LM: ~1,160 "
+                        "faults a step to 7, steps 3-25 % faster)")
 
 
 _MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
