@@ -60,3 +60,27 @@ def test_impossible_resources_are_clear_errors(kwargs, field):
     with pytest.raises(InputError) as error:
         lanes_by_name(**kwargs)
     assert field in str(error.value) and "fix:" in str(error.value)
+
+
+@pytest.mark.parametrize(("counts", "cores", "expected"), [
+    ({"neural": 1}, 2, (1, 2)),  # one trial takes both cores instead of leaving one idle
+    ({"neural": 1, "classical": 1}, 2, (2, 1)),
+    ({"neural": 3}, 8, (3, 2)),  # 3 x 2 threads, 2 cores left over (cores // trials)
+    ({"classical": 5}, 4, (4, 1)),  # at least as many trials as cores: one per core
+    (None, 4, (4, 1)),  # trials not listed before the run (a search): one per core
+])
+def test_a_cpu_lane_with_fewer_trials_than_cores_gives_each_trial_more_threads(counts, cores, expected):
+    lanes, _ = lanes_by_name(cores=cores, trial_counts=counts)
+    assert (lanes["cpu"].slots, lanes["cpu"].threads) == expected
+    if expected[1] > 1:
+        assert f"{expected[0]} slot" in lanes["cpu"].reason and f"x {expected[1]} threads" in lanes["cpu"].reason
+
+
+def test_only_the_trials_of_the_cpu_lane_count_and_explicit_settings_win():
+    # the neural trials train on the GPU: the CPU lane's 8 cores are for its 2 classical trials
+    lanes, _ = lanes_by_name(cores=16, gpu_memory_bytes=80 * GIB, trial_counts={"neural": 40, "classical": 2})
+    assert (lanes["cpu"].slots, lanes["cpu"].threads) == (2, 4)
+    lanes, _ = lanes_by_name(cores=8, trial_counts={"neural": 1}, threads_per_trial=1)
+    assert (lanes["cpu"].slots, lanes["cpu"].threads) == (8, 1)
+    lanes, _ = lanes_by_name(cores=8, trial_counts={"neural": 1}, cpu_slots=4)
+    assert (lanes["cpu"].slots, lanes["cpu"].threads) == (4, 2)

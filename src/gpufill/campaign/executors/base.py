@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
@@ -179,6 +179,8 @@ class LaneRequest:
     memory_margin: float
     where: str
     """The campaign file, named in errors."""
+    trial_counts: Mapping[str, int] | None = None
+    """The file's trials per kind; None where they are not listed before the run (a search)."""
 
 
 class Executor(Protocol):

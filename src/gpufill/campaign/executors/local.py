@@ -42,6 +42,7 @@ def plan_on(request: LaneRequest, *, cores: int, gpu_memory_bytes: int | list[in
     return plan_lanes(
         kinds=request.kinds, cores=cores, gpu_memory_bytes=gpu_memory_bytes, gpu_slots=request.gpu_slots, cpu_slots=request.cpu_slots,
         threads_per_trial=request.threads_per_trial, memory_margin=request.memory_margin, where=request.where,
+        trial_counts=request.trial_counts,
     )
 
 

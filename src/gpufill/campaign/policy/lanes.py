@@ -11,7 +11,7 @@ trials from one shared `gpu` queue: a shape goes to whichever GPU frees up first
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -57,10 +57,13 @@ def plan_lanes(
     threads_per_trial: int | Literal["auto"] = "auto",
     memory_margin: float = 0.85,
     where: str = "resources",
+    trial_counts: Mapping[str, int] | None = None,
 ) -> tuple[list[Lane], list[str]]:
     """Lanes for the trial kinds present; `gpu_memory_bytes`: one GPU's, a list (one per GPU), or None (no GPU).
 
-    `gpu_slots` counts per GPU. Returns (lanes, warnings).
+    `gpu_slots` counts per GPU. `trial_counts`: the campaign file's trials per kind (None where they are not listed
+    before the run: a search); a CPU lane with fewer trials than cores gives each trial the idle cores' threads.
+    Returns (lanes, warnings).
     """
     warnings: list[str] = []
     if gpu_slots != "auto" and int(gpu_slots) > MAX_REQUESTED_GPU_SLOTS:
@@ -94,7 +97,8 @@ def plan_lanes(
     cpu_kinds = tuple(k for k in ("neural", "classical") if k in kinds and not (k == "neural" and neural_on_gpu))
     if cpu_kinds:
         available = max(1, cores - reserved)
-        slots, threads, why = _cpu_budget(available, cpu_slots, threads_per_trial, where)
+        trials = None if trial_counts is None else sum(trial_counts.get(kind, 0) for kind in cpu_kinds)
+        slots, threads, why = _cpu_budget(available, cpu_slots, threads_per_trial, where, trials)
         lanes.append(Lane(name="cpu", slots=slots, threads=threads, device="cpu", kinds=cpu_kinds, queue="cpu", memory_budget_bytes=None, reason=why))
     return lanes, warnings
 
@@ -108,7 +112,7 @@ def visible_gpu(index: int, parent_visible: str | None) -> str:
     return str(index)
 
 
-def _cpu_budget(cores: int, slots: int | Literal["auto"], threads: int | Literal["auto"], where: str) -> tuple[int, int, str]:
+def _cpu_budget(cores: int, slots: int | Literal["auto"], threads: int | Literal["auto"], where: str, trials: int | None) -> tuple[int, int, str]:
     if slots != "auto" and int(slots) > cores:
         raise InputError(
             f"cpu_slots {slots} exceeds the {cores} cores available to the CPU lane (slots x threads must fit the cores)",
@@ -120,6 +124,12 @@ def _cpu_budget(cores: int, slots: int | Literal["auto"], threads: int | Literal
             where=where, field="resources.threads_per_trial", fix=f"set threads_per_trial to at most {cores}, or auto",
         )
     if slots == "auto" and threads == "auto":
+        if trials is not None and 0 < trials < cores:
+            # The file's count, not the trials left: a resume trains at the threads the first run did (thread counts
+            # can change a training's numbers).
+            n_threads = cores // trials
+            return trials, n_threads, (f"{trials} slot{'s' if trials > 1 else ''} x {n_threads} threads: the campaign has {trials} "
+                                       f"trial{'s' if trials > 1 else ''} for {cores} cores, so each takes the cores no other trial would use")
         # Small trials scale poorly across threads: one trial per core beats one trial on all cores.
         return cores, 1, f"{cores} slots x 1 thread: one small trial per core scales better than threads within a trial"
     if slots == "auto":

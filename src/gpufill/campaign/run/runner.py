@@ -145,6 +145,7 @@ class Campaign:
             threads_per_trial=resources.threads_per_trial,
             memory_margin=resources.memory_margin,
             where=self.source,
+            trial_counts=Counter(trial.kind for trial in trials) if self.spec.search is None else None,
         )
         lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
         timeline.mark("lanes planned")
