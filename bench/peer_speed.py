@@ -1,6 +1,6 @@
 """What one forecasting network costs in gpufill against neuralforecast's NBEATS, arms interleaved.
 
-    python bench/peer_speed.py [--smoke] [--dataset m1] [--rounds 3] [--pack 3] [--peer nbeats] [--out PATH]
+    python bench/peer_speed.py [--smoke] [--dataset m1] [--rounds 3] [--pack 3] [--peer nbeats] [--batch-size B --lr LR] [--out PATH]
 
 Per round, one after the other on the same CPU (the order turned each round):
 - gpufill, one network: a campaign of one N-BEATS trial as bench/forecast_quality.py runs it (global mode over every
@@ -39,13 +39,13 @@ from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
 from gpufill.campaign.run.runner import Campaign  # noqa: E402
 
 
-def gpufill_arm(frame: pd.DataFrame, histories: dict, horizon: int, lookback: int, seeds: int, epochs: int) -> tuple[float, float]:
+def gpufill_arm(frame: pd.DataFrame, histories: dict, horizon: int, lookback: int, seeds: int, epochs: int, train: dict) -> tuple[float, float]:
     """(wall seconds of the campaign, held-out sMAPE of the median of its seeds)."""
     with tempfile.TemporaryDirectory(prefix="gpufill-peer-speed-") as folder:
         data = Path(folder) / "data.csv"
         frame.to_csv(data, index=False)
         spec = Path(folder) / "campaign.yaml"
-        spec.write_text(campaign_yaml(data, horizon, lookback, ["nbeats"], seeds, epochs, val=True, refit=True, references=()))
+        spec.write_text(campaign_yaml(data, horizon, lookback, ["nbeats"], seeds, epochs, val=True, refit=True, references=(), **train))
         started = time.perf_counter()
         outcome = Campaign.from_yaml(spec, Path(folder) / "work").run()
         seconds = time.perf_counter() - started
@@ -77,6 +77,8 @@ def main() -> None:
     parser.add_argument("--pack", type=int, default=3, help="seeds of the pack arm (0: no pack arm)")
     parser.add_argument("--peer", default="nbeats", choices=PEERS)
     parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=None, help="gpufill's batch (default: the recipe's)")
+    parser.add_argument("--lr", type=float, default=None, help="gpufill's learning rate (default: the recipe's)")
     parser.add_argument("--smoke", action="store_true", help="M1's first 8 series, 2 epochs, the peer at 10 steps, one round")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -85,6 +87,7 @@ def main() -> None:
     limit, epochs, steps, rounds = (8, 2, 10, 1) if args.smoke else (None, args.epochs, None, args.rounds)
     frame, histories, horizon, lookback = load("m1" if args.smoke else args.dataset, limit)
     arms = ["one", *(["pack"] if args.pack > 1 else []), "peer"]
+    train = {"batch_size": args.batch_size, "lr": args.lr}
     timings: dict[str, list[float]] = {arm: [] for arm in arms}
     quality: dict[str, float] = {}
     changed: dict = {}
@@ -95,7 +98,7 @@ def main() -> None:
                 timings[arm].append(seconds)
             else:
                 seeds = 1 if arm == "one" else args.pack
-                seconds, quality[arm] = gpufill_arm(frame, histories, horizon, lookback, seeds, epochs)
+                seconds, quality[arm] = gpufill_arm(frame, histories, horizon, lookback, seeds, epochs, train)
                 timings[arm].append(seconds / seeds)
             print(f"round {round_ + 1} {arm}: {timings[arm][-1]:.1f} s per model, sMAPE {quality[arm]:.3f}", flush=True)
     names = {"one": "gpufill N-BEATS, one network (a campaign of one trial)", "pack": f"gpufill N-BEATS, {args.pack} seeds in one campaign (per network)",
@@ -107,7 +110,7 @@ def main() -> None:
               for arm in arms if arm != "peer"}
     finish("peer_speed", f"seconds per forecasting network, gpufill vs neuralforecast {args.peer.upper()}, interleaved", environment("cpu"),
            {"dataset": "m1" if args.smoke else args.dataset, "smoke": args.smoke, "rounds": rounds, "pack": args.pack, "epochs": epochs,
-            "peer": args.peer, "peer_steps": steps}, rows, ratios, args.out)
+            "peer": args.peer, "peer_steps": steps, "batch_size": args.batch_size, "lr": args.lr}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,22 @@ def set_threads(threads: int) -> None:
     mkl.MKL_Set_Dynamic(1)
 
 
+def set_mkl_process_threads(threads: int) -> bool:
+    """MKL's process-wide thread count, as `MKL_NUM_THREADS` sets it when MKL starts: for a process whose environment
+    said another count then (a campaign worker forked from its lane's zygote, which imported at one thread).
+    `set_threads` leaves this count alone. torch's library exports MKL's service call behind `mkl_set_num_threads`,
+    not that function. True where MKL's count is now `threads`, or torch has no MKL."""
+    library = _mkl()
+    if library is None:
+        return True
+    setter = getattr(library, "mkl_serv_set_num_threads", None)
+    if setter is None:
+        return False
+    setter.argtypes, setter.restype = [ctypes.c_int], None
+    setter(threads)
+    return int(library.MKL_Get_Max_Threads()) == threads
+
+
 # glibc's mallopt parameters (malloc.h) and the values set: the largest block its own adjustment of the mmap threshold
 # reaches (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit), and the trim threshold it pairs with it (twice that).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3

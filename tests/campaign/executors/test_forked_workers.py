@@ -18,6 +18,7 @@ from gpufill.campaign.executors import forked
 from gpufill.campaign.executors.base import thread_env
 from gpufill.campaign.executors.forked import Zygote, forks_workers
 from gpufill.campaign.worker import zygote as zygote_process
+from gpufill.cpus import usable_cpus
 from tests.helpers import run_cli, write_campaign
 
 
@@ -89,17 +90,56 @@ def test_the_zygote_refuses_to_fork_with_a_second_thread_running():
         thread.join()
 
 
-def test_one_thread_lanes_fork_and_the_environment_variable_or_more_threads_start_fresh(monkeypatch):
+def test_lanes_fork_their_workers_unless_the_environment_variable_says_fresh(monkeypatch):
     monkeypatch.delenv(forked.FRESH_WORKERS_VARIABLE, raising=False)
-    assert forks_workers(1) == hasattr(os, "pidfd_open")
-    assert not forks_workers(2)
+    assert forks_workers() == (hasattr(os, "pidfd_open") and os.path.isdir("/proc/self/task"))
     monkeypatch.setenv(forked.FRESH_WORKERS_VARIABLE, "1")
-    assert not forks_workers(1)
+    assert not forks_workers()
+
+
+# A worker's thread counts where each library keeps them, after its start: forked (the zygote's environment, one
+# thread, then take_lane_threads) or fresh (the lane's count in its environment from the start).
+THREAD_STATE = """
+import json, os, sys
+import torch
+from threadpoolctl import threadpool_info
+from gpufill.campaign.worker.worker import take_lane_threads
+from gpufill.engine import backend
+from gpufill.forecasting.run import use_threads
+threads = int(sys.argv[2])
+if sys.argv[1] == "forked":
+    take_lane_threads(threads)
+use_threads(threads)
+library = backend._torch_library()
+state = {"torch": torch.get_num_threads(), "env": os.environ["OMP_NUM_THREADS"], "omp": library.omp_get_max_threads(),
+         "pools": sorted((pool["internal_api"], pool["num_threads"]) for pool in threadpool_info())}
+if backend._mkl() is not None:
+    state["mkl"] = library.MKL_Get_Max_Threads()
+print(json.dumps(state))
+"""
+
+
+@pytest.mark.slow  # two interpreters import torch
+def test_a_worker_forked_for_a_lane_of_two_threads_takes_them_as_a_fresh_one_has_them():
+    import subprocess
+    import sys
+
+    def state(how: str, at_import: int) -> dict:
+        done = subprocess.run([sys.executable, "-c", THREAD_STATE, how, "2"], capture_output=True, text=True, timeout=300, check=False,
+                              env={**os.environ, **thread_env(at_import)})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    fresh, forked_one = state("fresh", 2), state("forked", 1)
+    assert forked_one == fresh
+    assert fresh["torch"] == fresh["omp"] == fresh.get("mkl", 2) == 2 and fresh["env"] == "2"
+    assert all(count == 2 for _, count in fresh["pools"])
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no second thread on one core")
 @pytest.mark.slow
-def test_a_zygote_of_a_lane_with_more_threads_refuses_and_the_worker_starts_fresh():
+def test_a_zygote_that_imported_at_two_threads_refuses_and_the_worker_starts_fresh():
+    # why every zygote imports at one thread, whatever its lane's count (executors/local.py)
     many = Zygote({**os.environ, **thread_env(2)})
     many.start()
     try:
@@ -111,10 +151,13 @@ def test_a_zygote_of_a_lane_with_more_threads_refuses_and_the_worker_starts_fres
 
 
 @pytest.mark.slow
-def test_forked_and_fresh_workers_train_the_same_metrics(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_forked_and_fresh_workers_train_the_same_metrics(tmp_path, capsys, monkeypatch, threads):
+    if threads > usable_cpus():
+        pytest.skip(f"a lane of {threads} threads needs {threads} cores")
     path = write_campaign(tmp_path, models="mlp: {hidden_size: 16}\n  linear: {}\n  rf: {n_estimators: 5}", projects=2)
     # The pack size pinned: measured, it may differ between the runs, and a pack's numbers differ from a lone fit's by rounding.
-    path.write_text(path.read_text().replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 1}"))
+    path.write_text(path.read_text().replace("resources: {retries: 1}", f"resources: {{retries: 1, pack_size: 1, threads_per_trial: {threads}}}"))
     metrics = {}
     for fresh in ("0", "1"):
         monkeypatch.setenv(forked.FRESH_WORKERS_VARIABLE, fresh)

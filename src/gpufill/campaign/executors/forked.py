@@ -1,9 +1,11 @@
 """Workers forked from a lane's zygote (campaign/worker/zygote.py) instead of each importing torch afresh.
 
 A worker forked from a zygote that already imported torch and the trial code starts in milliseconds instead of
-seconds; the lane pays the imports once. Where forking is not possible (no `os.pidfd_open`: not Linux 5.3+; a lane
-of several threads per worker, whose BLAS pool starts threads at import; the zygote could not start, died, or refused
-an unsafe fork) the executor starts a fresh interpreter, as before. `GPUFILL_FRESH_WORKERS=1` always does (to compare,
+seconds; the lane pays the imports once. Every zygote imports at one thread, whatever its lane's count (a BLAS pool
+of more starts its threads at import, and a threaded process must not fork): a worker of a lane of several threads
+takes its count after the fork (campaign/worker/worker.py). Where forking is not possible (no `os.pidfd_open`: not
+Linux 5.3+; the zygote could not start, died, or refused an unsafe fork) the executor starts a fresh interpreter,
+its lane's count in its environment. `GPUFILL_FRESH_WORKERS=1` always does (to compare,
 or to rule the zygote out).
 """
 
@@ -31,11 +33,9 @@ FORK_TIMEOUT_S = 60.0
 """Longest wait for any later answer (a fork takes milliseconds)."""
 
 
-def forks_workers(threads: int) -> bool:
-    """Whether a lane of `threads` per worker gets a zygote. With more than one, OpenBLAS starts its pool's threads when
-    torch imports numpy, and a fork of a threaded process is what the zygote must never do (it would refuse every
-    fork, after paying the imports)."""
-    return threads == 1 and hasattr(os, "pidfd_open") and os.path.isdir("/proc/self/task") and os.environ.get(FRESH_WORKERS_VARIABLE) != "1"
+def forks_workers() -> bool:
+    """Whether lanes get a zygote here: Linux 5.3+ (pidfd), and not turned off by GPUFILL_FRESH_WORKERS=1."""
+    return hasattr(os, "pidfd_open") and os.path.isdir("/proc/self/task") and os.environ.get(FRESH_WORKERS_VARIABLE) != "1"
 
 
 @dataclass(eq=False)

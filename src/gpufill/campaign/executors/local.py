@@ -71,8 +71,8 @@ class LocalExecutor(WorkerSource, Slots, NoBatchJobs):
 
     def warm(self, lanes: list[Lane], check: BuildCheck | None = None) -> None:
         for lane in lanes:  # every lane's zygote imports at once; the first builds the file's grid points too
-            if forks_workers(lane.threads) and lane.name not in self.zygotes:
-                zygote = Zygote(_lane_env(lane), check=(str(check.request), str(check.answer)) if check is not None else None)
+            if forks_workers() and lane.name not in self.zygotes:
+                zygote = Zygote(_lane_env(lane, zygote=True), check=(str(check.request), str(check.answer)) if check is not None else None)
                 zygote.start()
                 if check is not None:
                     check.answered_by(zygote.process)
@@ -169,9 +169,10 @@ class LocalExecutor(WorkerSource, Slots, NoBatchJobs):
         self.zygotes.clear()
 
 
-def _lane_env(lane: Lane) -> dict[str, str]:
-    """A lane's worker environment: thread limits and GPU set before anything imports a BLAS or CUDA."""
-    return {**os.environ, **thread_env(lane.threads), **gpu_env(lane)}
+def _lane_env(lane: Lane, *, zygote: bool = False) -> dict[str, str]:
+    """A lane's worker environment (or its zygote's, at one thread: campaign/executors/forked.py): thread limits and
+    GPU set before anything imports a BLAS or CUDA."""
+    return {**os.environ, **thread_env(1 if zygote else lane.threads), **gpu_env(lane)}
 
 
 def _kill_group(process: Any) -> None:

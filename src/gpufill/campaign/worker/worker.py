@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from gpufill.campaign.policy import environment
 from gpufill.campaign.policy.messages import Heartbeat, Message, Outcome, Progress, Ready, Started, Task, TaskEnded, TrialEnded
 from gpufill.campaign.worker.attempt import EnvironmentFailure, attempt, failure
+from gpufill.campaign.worker.early import THREAD_VARIABLES
 from gpufill.forecasting.trial import GLOBAL_PROJECT, PackEntry, Trial, TrialResult
 
 if TYPE_CHECKING:
@@ -40,6 +42,24 @@ REREAD_EVERY_S = 1.0
 fails its trials quickly (each retried later by the scheduler), without reading a large file for every one."""
 
 
+def take_lane_threads(threads: int) -> None:
+    """A worker forked from its lane's zygote has the zygote's one thread in every pool (campaign/executors/forked.py):
+    the lane's count goes where each library reads it from now on, as a fresh worker's environment gives it at import:
+    the environment (what this worker starts), the OpenMP and BLAS pools loaded (threadpoolctl), torch's MKL; torch's
+    own count is use_threads'."""
+    if all(os.environ.get(name) == str(threads) for name in THREAD_VARIABLES):
+        return
+    os.environ.update(dict.fromkeys(THREAD_VARIABLES, str(threads)))
+    from threadpoolctl import threadpool_limits
+
+    from gpufill.engine.backend import set_mkl_process_threads
+
+    threadpool_limits(limits=threads)  # as a call (not a with-block) the limits stay
+    if not set_mkl_process_threads(threads):  # inside torch's library, where threadpoolctl does not look
+        print(f"gpufill worker: torch's MKL keeps one thread of the lane's {threads} (this torch exports no setter for it); "
+              f"GPUFILL_FRESH_WORKERS=1 starts workers with the lane's count", file=sys.stderr, flush=True)
+
+
 def start_runner(setup: dict[str, Any]) -> TrialRunner:
     """A worker's start, the same for every executor: torch's thread count, then the campaign.
 
@@ -49,6 +69,7 @@ def start_runner(setup: dict[str, Any]) -> TrialRunner:
 
     from gpufill.forecasting.run import use_threads
 
+    take_lane_threads(setup["threads"])
     use_threads(setup["threads"])
     if setup["device"].startswith("cuda"):
         # Creating the CUDA context holds the interpreter for seconds on a large GPU: do it at start-up,
