@@ -9,6 +9,7 @@ import ctypes
 import functools
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -67,20 +68,28 @@ def set_threads(threads: int) -> None:
     mkl.MKL_Set_Dynamic(1)
 
 
-def set_mkl_process_threads(threads: int) -> bool:
+def mkl_process_threads_settable() -> bool:
+    """Whether `set_mkl_process_threads` can set MKL's count here (or torch has no MKL, so there is none to set)."""
+    return _mkl() is None or _mkl_process_setter() is not None
+
+
+def set_mkl_process_threads(threads: int) -> None:
     """MKL's process-wide thread count, as `MKL_NUM_THREADS` sets it when MKL starts: for a process whose environment
     said another count then (a campaign worker forked from its lane's zygote, which imported at one thread).
-    `set_threads` leaves this count alone. torch's library exports MKL's service call behind `mkl_set_num_threads`,
-    not that function. True where MKL's count is now `threads`, or torch has no MKL."""
-    library = _mkl()
-    if library is None:
-        return True
-    setter = getattr(library, "mkl_serv_set_num_threads", None)
-    if setter is None:
-        return False
-    setter.argtypes, setter.restype = [ctypes.c_int], None
-    setter(threads)
-    return int(library.MKL_Get_Max_Threads()) == threads
+    `set_threads` leaves this count alone. A no-op where it cannot be set (`mkl_process_threads_settable`)."""
+    setter = _mkl_process_setter() if _mkl() is not None else None
+    if setter is not None:
+        setter(threads)
+
+
+@functools.cache
+def _mkl_process_setter() -> Any:
+    """MKL's service call behind `mkl_set_num_threads`, which torch's library exports where it does not export that
+    function; None elsewhere."""
+    setter = getattr(_torch_library(), "mkl_serv_set_num_threads", None)
+    if setter is not None:
+        setter.argtypes, setter.restype = [ctypes.c_int], None
+    return setter
 
 
 # glibc's mallopt parameters (malloc.h) and the values set: the largest block its own adjustment of the mmap threshold

@@ -1,5 +1,6 @@
 """The zygote `gpufill run` starts at its first line (campaign/worker/early.py): only for commands that train locally,
-adopted by a one-thread lane (told its GPU later), stopped where no lane takes it, never left running."""
+adopted by a lane's zygote (one thread at import whatever the lane's count; told its GPU later), stopped where no lane
+takes it, never left running."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_the_variables_turn_it_off(monkeypatch):
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no zygotes without os.pidfd_open")
-def test_a_lane_of_several_threads_does_not_take_it_and_it_is_stopped():
+def test_an_environment_that_differs_in_what_is_read_at_import_does_not_take_it_and_it_is_stopped():
     early.start(["run", "c.yaml"])
     process = early._early.process
     assert early.take({**os.environ, **thread_env(2)}) is None  # its BLAS pools would be sized at import: wrong

@@ -78,6 +78,15 @@ def test_when_the_zygote_is_gone_workers_start_fresh_and_a_lost_exit_code_is_non
     other.close()
 
 
+def test_the_zygote_refuses_a_worker_of_several_threads_where_torch_s_mkl_count_cannot_be_set(monkeypatch):
+    from gpufill.engine import backend
+
+    monkeypatch.setattr(backend, "mkl_process_threads_settable", lambda: False)
+    refusal = zygote_process.fork_refusal(2)
+    assert refusal is not None and "MKL" in refusal and "2 threads" in refusal
+    assert zygote_process.fork_refusal(1) is None or "MKL" not in zygote_process.fork_refusal(1)  # one thread needs no setting
+
+
 def test_the_zygote_refuses_to_fork_with_a_second_thread_running():
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
@@ -119,6 +128,7 @@ print(json.dumps(state))
 """
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS caps its pool at the cores")
 @pytest.mark.slow  # two interpreters import torch
 def test_a_worker_forked_for_a_lane_of_two_threads_takes_them_as_a_fresh_one_has_them():
     import subprocess

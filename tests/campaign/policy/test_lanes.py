@@ -1,6 +1,6 @@
 import pytest
 
-from gpufill.campaign.policy.lanes import plan_lanes
+from gpufill.campaign.policy.lanes import MAX_AUTO_THREADS, plan_lanes
 from gpufill.errors import InputError
 
 GIB = 2**30
@@ -66,21 +66,33 @@ def test_impossible_resources_are_clear_errors(kwargs, field):
     ({"neural": 1}, 2, (1, 2)),  # one trial takes both cores instead of leaving one idle
     ({"neural": 1, "classical": 1}, 2, (2, 1)),
     ({"neural": 3}, 8, (3, 2)),  # 3 x 2 threads, 2 cores left over (cores // trials)
+    ({"neural": 3}, 5, (5, 1)),  # cores // trials is 1: one trial per core, as with many trials
+    ({"neural": 1}, 64, (1, MAX_AUTO_THREADS)),  # capped: a small trial stalls at every operator's barrier on many threads
     ({"classical": 5}, 4, (4, 1)),  # at least as many trials as cores: one per core
     (None, 4, (4, 1)),  # trials not listed before the run (a search): one per core
 ])
 def test_a_cpu_lane_with_fewer_trials_than_cores_gives_each_trial_more_threads(counts, cores, expected):
     lanes, _ = lanes_by_name(cores=cores, trial_counts=counts)
     assert (lanes["cpu"].slots, lanes["cpu"].threads) == expected
-    if expected[1] > 1:
-        assert f"{expected[0]} slot" in lanes["cpu"].reason and f"x {expected[1]} threads" in lanes["cpu"].reason
+    assert (f"x {expected[1]} threads" in lanes["cpu"].reason) == (expected[1] > 1)
 
 
 def test_only_the_trials_of_the_cpu_lane_count_and_explicit_settings_win():
     # the neural trials train on the GPU: the CPU lane's 8 cores are for its 2 classical trials
     lanes, _ = lanes_by_name(cores=16, gpu_memory_bytes=80 * GIB, trial_counts={"neural": 40, "classical": 2})
     assert (lanes["cpu"].slots, lanes["cpu"].threads) == (2, 4)
-    lanes, _ = lanes_by_name(cores=8, trial_counts={"neural": 1}, threads_per_trial=1)
+    lanes, _ = lanes_by_name(cores=8, trial_counts={"neural": 1}, threads_per_trial=1, cpu_threads_before=4)
     assert (lanes["cpu"].slots, lanes["cpu"].threads) == (8, 1)
     lanes, _ = lanes_by_name(cores=8, trial_counts={"neural": 1}, cpu_slots=4)
     assert (lanes["cpu"].slots, lanes["cpu"].threads) == (4, 2)
+
+
+@pytest.mark.parametrize(("before", "cores", "counts", "expected", "said"), [
+    (2, 8, {"neural": 40}, (4, 2), "as this workdir's first run chose"),  # more trials now: the first run's count is kept
+    (1, 2, {"neural": 1}, (2, 1), "as this workdir's first run chose"),  # fewer trials now: kept as well
+    (4, 2, {"neural": 1}, (1, 2), "fewer than the 4 this workdir's first run chose"),  # a smaller machine: what it has
+])
+def test_the_threads_the_workdir_s_first_run_chose_are_kept(before, cores, counts, expected, said):
+    lanes, _ = lanes_by_name(cores=cores, trial_counts=counts, cpu_threads_before=before)
+    assert (lanes["cpu"].slots, lanes["cpu"].threads) == expected
+    assert said in lanes["cpu"].reason

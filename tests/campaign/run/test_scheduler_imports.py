@@ -109,30 +109,3 @@ def test_builds_are_deferred_only_inside_deferred_and_every_point_is_listed(tmp_
     assert builds == [{"family": "mlp", "axes": {"hidden_size": [8, 16], "lr": [1e-3]}, "lookback": 12, "horizon": 2, "outputs_per_step": [1]}]
     assert build_check.BuildCheck.prepare([], "c.yaml", {}) is None  # nothing to build: no child
 
-
-class _Planner:
-    """An executor that only plans (4 cores, no GPU), keeping what it was asked."""
-
-    def __init__(self):
-        self.requests = []
-
-    def plan(self, request):
-        from gpufill.campaign.executors.local import plan_on
-
-        self.requests.append(request)
-        return plan_on(request, cores=4, gpu_memory_bytes=None)
-
-    def warm(self, lanes, check=None):
-        pass
-
-
-def test_the_lanes_are_planned_on_the_file_s_trial_count(tmp_path):
-    from gpufill.campaign.run.runner import Campaign
-
-    planner = _Planner()
-    one = Campaign.from_yaml(write_campaign(tmp_path, models="mlp: {hidden_size: 8}", projects=1)).prepare(executor=planner)
-    assert dict(planner.requests[-1].trial_counts) == {"neural": 1}
-    assert [(lane.slots, lane.threads) for lane in one.lanes] == [(1, 4)]
-    many = Campaign.from_yaml(write_campaign(tmp_path, name="many", models="mlp: {hidden_size: [8, 16]}\n  linear: {}", projects=2)).prepare(executor=planner)
-    assert dict(planner.requests[-1].trial_counts) == {"neural": 4, "classical": 2}
-    assert [(lane.slots, lane.threads) for lane in many.lanes] == [(4, 1)]

@@ -181,6 +181,8 @@ class LaneRequest:
     """The campaign file, named in errors."""
     trial_counts: Mapping[str, int] | None = None
     """The file's trials per kind; None where they are not listed before the run (a search)."""
+    cpu_threads_before: int | None = None
+    """The threads a CPU trial got in this workdir's first run, where the lane chose them (policy/lanes.py)."""
 
 
 class Executor(Protocol):

@@ -89,12 +89,13 @@ class Zygote:
     def alive(self) -> bool:
         return self.conn is not None
 
-    def fork(self, worker_fd: int) -> ForkedProcess | None:
-        """A child serving `worker_fd` (the executor keeps its own copy to close), or None: start this worker fresh."""
+    def fork(self, worker_fd: int, threads: int = 1) -> ForkedProcess | None:
+        """A child serving `worker_fd` (the executor keeps its own copy to close) as a worker of `threads`, or None:
+        start this worker fresh."""
         if self.conn is None or self.process is None:
             return None
         try:
-            self.conn.send(("fork",))
+            self.conn.send(("fork", threads))
             reduction.send_handle(self.conn, worker_fd, self.process.pid)
             while True:
                 message = self._answer(FORK_TIMEOUT_S if self.answered else ZYGOTE_START_TIMEOUT_S)

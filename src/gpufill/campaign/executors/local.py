@@ -4,8 +4,8 @@ Each worker is forked from its lane's zygote (executors/forked.py), an interpret
 imported torch and the trial code once, or where that is not possible is a fresh one
 (`python -m gpufill.campaign.worker.worker`). Either way it is a new process that never
 re-runs the caller's main module (unlike multiprocessing's `spawn`, so a script without a
-`__main__` guard works), and its thread limits are in its environment before anything
-imports a BLAS. It talks to the scheduler over a
+`__main__` guard works). A fresh worker's thread limits are in its environment before anything
+imports a BLAS; a forked one takes its lane's after the fork. It talks to the scheduler over a
 socket pair; a worker that dies mid-trial (segfault, kill -9) closes its end, its trial
 is reported as crashed, and a fresh worker takes its slot.
 """
@@ -42,7 +42,7 @@ def plan_on(request: LaneRequest, *, cores: int, gpu_memory_bytes: int | list[in
     return plan_lanes(
         kinds=request.kinds, cores=cores, gpu_memory_bytes=gpu_memory_bytes, gpu_slots=request.gpu_slots, cpu_slots=request.cpu_slots,
         threads_per_trial=request.threads_per_trial, memory_margin=request.memory_margin, where=request.where,
-        trial_counts=request.trial_counts,
+        trial_counts=request.trial_counts, cpu_threads_before=request.cpu_threads_before,
     )
 
 
@@ -89,7 +89,7 @@ class LocalExecutor(WorkerSource, Slots, NoBatchJobs):
         ours, theirs = socket.socketpair()
         self._counter += 1
         zygote = self.zygotes.get(lane.name)
-        process = zygote.fork(theirs.fileno()) if zygote is not None else None
+        process = zygote.fork(theirs.fileno(), lane.threads) if zygote is not None else None
         if process is None and zygote is not None:  # a fork that failed half-way may have left a child holding `theirs`:
             ours.close()  # a new pair, so that child sees EOF and ends, and the fresh worker's socket is its own
             theirs.close()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gpufill.campaign.executors.base import Crashed, Finished, LaneRequest, NoBatchJobs, Slots, Worker, thread_env, worker_setup
@@ -103,7 +103,9 @@ class RayExecutor(Slots, NoBatchJobs):
         if cores < 1:
             raise InputError(f"the Ray cluster at {self.address} offers no CPUs", where="command line", field="--address", fix="start Ray nodes with CPUs, or drop --address to run locally")
         gpu_memory = self._probe_gpu_memory() if resources.get("GPU", 0) >= 1 else None
-        return plan_on(request, cores=cores, gpu_memory_bytes=gpu_memory)
+        # the cluster's CPUs are summed over its nodes: a trial given "the idle cores" could ask for more than any node
+        # has, and Ray would never place it; a cluster's trials take one core each unless the file says otherwise
+        return plan_on(replace(request, trial_counts=None, cpu_threads_before=None), cores=cores, gpu_memory_bytes=gpu_memory)
 
     def _probe_gpu_memory(self) -> int:
         """Total memory of a cluster GPU, measured on a GPU node (the driver may have none)."""

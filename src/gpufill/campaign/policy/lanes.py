@@ -24,6 +24,11 @@ LaneName = str
 MAX_GPU_SLOTS = 16
 MAX_REQUESTED_GPU_SLOTS = 64
 """gpu_slots asked for by hand: each slot is a worker process with its own CUDA context (more would only exhaust memory)."""
+MAX_AUTO_THREADS = 4
+"""The most threads the CPU lane gives a trial of its own accord (fewer trials than cores). Measured on 2 cores only
+(one global N-BEATS: 1.18x faster at 2 threads than at 1, docs/benchmarks.md); past a few threads a small trial's
+steps stall at each operator's barrier (docs/train.md), so more is left to threads_per_trial until a larger box
+measures it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,12 +63,14 @@ def plan_lanes(
     memory_margin: float = 0.85,
     where: str = "resources",
     trial_counts: Mapping[str, int] | None = None,
+    cpu_threads_before: int | None = None,
 ) -> tuple[list[Lane], list[str]]:
     """Lanes for the trial kinds present; `gpu_memory_bytes`: one GPU's, a list (one per GPU), or None (no GPU).
 
     `gpu_slots` counts per GPU. `trial_counts`: the campaign file's trials per kind (None where they are not listed
     before the run: a search); a CPU lane with fewer trials than cores gives each trial the idle cores' threads.
-    Returns (lanes, warnings).
+    `cpu_threads_before`: the threads a trial this workdir's first run chose for its CPU lane (kept: the count can
+    change a training's numbers). Returns (lanes, warnings).
     """
     warnings: list[str] = []
     if gpu_slots != "auto" and int(gpu_slots) > MAX_REQUESTED_GPU_SLOTS:
@@ -98,7 +105,7 @@ def plan_lanes(
     if cpu_kinds:
         available = max(1, cores - reserved)
         trials = None if trial_counts is None else sum(trial_counts.get(kind, 0) for kind in cpu_kinds)
-        slots, threads, why = _cpu_budget(available, cpu_slots, threads_per_trial, where, trials)
+        slots, threads, why = _cpu_budget(available, cpu_slots, threads_per_trial, where, trials, cpu_threads_before)
         lanes.append(Lane(name="cpu", slots=slots, threads=threads, device="cpu", kinds=cpu_kinds, queue="cpu", memory_budget_bytes=None, reason=why))
     return lanes, warnings
 
@@ -112,7 +119,8 @@ def visible_gpu(index: int, parent_visible: str | None) -> str:
     return str(index)
 
 
-def _cpu_budget(cores: int, slots: int | Literal["auto"], threads: int | Literal["auto"], where: str, trials: int | None) -> tuple[int, int, str]:
+def _cpu_budget(cores: int, slots: int | Literal["auto"], threads: int | Literal["auto"], where: str, trials: int | None,
+                before: int | None) -> tuple[int, int, str]:
     if slots != "auto" and int(slots) > cores:
         raise InputError(
             f"cpu_slots {slots} exceeds the {cores} cores available to the CPU lane (slots x threads must fit the cores)",
@@ -124,12 +132,16 @@ def _cpu_budget(cores: int, slots: int | Literal["auto"], threads: int | Literal
             where=where, field="resources.threads_per_trial", fix=f"set threads_per_trial to at most {cores}, or auto",
         )
     if slots == "auto" and threads == "auto":
-        if trials is not None and 0 < trials < cores:
-            # The file's count, not the trials left: a resume trains at the threads the first run did (thread counts
-            # can change a training's numbers).
-            n_threads = cores // trials
+        if before is not None:  # a trial trains at the threads the workdir's first run chose, whatever is left to run
+            n_threads = max(1, min(before, cores))
+            kept = "as" if n_threads == before else f"fewer than the {before}"
+            return max(1, cores // n_threads), n_threads, (f"{max(1, cores // n_threads)} slots x {n_threads} thread{'s' if n_threads > 1 else ''}: "
+                                                           f"{kept} this workdir's first run chose (a thread count can change a training's numbers)")
+        n_threads = min(MAX_AUTO_THREADS, cores // trials) if trials else 1
+        if n_threads > 1:
             return trials, n_threads, (f"{trials} slot{'s' if trials > 1 else ''} x {n_threads} threads: the campaign has {trials} "
-                                       f"trial{'s' if trials > 1 else ''} for {cores} cores, so each takes the cores no other trial would use")
+                                       f"trial{'s' if trials > 1 else ''} for {cores} cores, so each takes cores no other trial would use "
+                                       f"(at most {MAX_AUTO_THREADS})")
         # Small trials scale poorly across threads: one trial per core beats one trial on all cores.
         return cores, 1, f"{cores} slots x 1 thread: one small trial per core scales better than threads within a trial"
     if slots == "auto":

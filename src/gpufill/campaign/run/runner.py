@@ -46,6 +46,8 @@ log = logging.getLogger("gpufill.campaign")
 # A log file per run, rotated past this size so a long campaign cannot fill the disk.
 LOG_MAX_BYTES = 10 * 2**20
 LOG_BACKUPS = 3
+CPU_THREADS_KEY = "cpu_threads"
+"""Meta key: the threads per CPU trial the workdir's first run chose (every later run keeps them)."""
 
 
 @contextmanager
@@ -80,6 +82,8 @@ class Prepared:
     """project -> its data fingerprint (part of each trial's id): what a search's proposals are listed with."""
     widths: dict[str, int] = field(default_factory=dict)
     """project -> its networks' input width (`Project.width`): the scheduler fuses trials of one width only."""
+    cpu_threads_chosen: bool = False
+    """Whether the CPU lane's threads per trial were the lane's own choice (cpu_slots and threads_per_trial auto)."""
 
 
 class Campaign:
@@ -108,18 +112,19 @@ class Campaign:
 
     # -- checks before anything runs ------------------------------------------------------
     def prepare(self, *, gpu_slots: int | Literal["auto"] | None = None, cpu_slots: int | Literal["auto"] | None = None,
-                executor: Executor | None = None, timeline: Timeline | None = None) -> Prepared:
-        """Trials and lanes; the lanes fit what `executor` runs on (default: this machine)."""
+                executor: Executor | None = None, timeline: Timeline | None = None, fresh: bool = False) -> Prepared:
+        """Trials and lanes; the lanes fit what `executor` runs on (default: this machine) and keep the CPU threads the
+        workdir's first run chose (unless `fresh`: the run starts it over)."""
         timeline = timeline or Timeline()
         try:
-            prepared = self._prepare(gpu_slots, cpu_slots, executor, timeline)
+            prepared = self._prepare(gpu_slots, cpu_slots, executor, timeline, fresh)
         finally:
             check, self.build_check = self.build_check, None
             if check is not None:
                 check.close()
         return prepared
 
-    def _prepare(self, gpu_slots: Any, cpu_slots: Any, executor: Executor | None, timeline: Timeline) -> Prepared:
+    def _prepare(self, gpu_slots: Any, cpu_slots: Any, executor: Executor | None, timeline: Timeline, fresh: bool) -> Prepared:
         projects = self.spec.data.load(self.base_dir)
         timeline.mark("data loaded")
         self.spec.check_trial_count(len(projects), where=self.spec.where("models"))  # the file's projects are known now: before the trials are listed
@@ -145,7 +150,8 @@ class Campaign:
             threads_per_trial=resources.threads_per_trial,
             memory_margin=resources.memory_margin,
             where=self.source,
-            trial_counts=Counter(trial.kind for trial in trials) if self.spec.search is None else None,
+            trial_counts=Counter(trial.kind for trial in trials),  # a search's: none yet, so one thread each
+            cpu_threads_before=None if fresh else self._cpu_threads_before(),
         )
         lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
         timeline.mark("lanes planned")
@@ -156,7 +162,26 @@ class Campaign:
             timeline.mark("grid points built")
         warnings = [*(user_models.notes[family] for family in self.spec.models if family in user_models.notes), *notes, *warnings]
         return Prepared(trials=trials, lanes=lanes, warnings=warnings, bases=bases, fingerprints=fingerprints,
-                        widths={name: project.width for name, project in projects.items()})
+                        widths={name: project.width for name, project in projects.items()},
+                        cpu_threads_chosen=request.cpu_slots == "auto" and request.threads_per_trial == "auto")
+
+    def _cpu_threads_before(self) -> int | None:
+        """The threads a CPU trial got in this workdir's first run, where its lane chose them (meta `cpu_threads`)."""
+        if not (self.workdir / DB_NAME).exists():
+            return None
+        try:
+            store = Store.open(self.workdir)
+        except (sqlite3.Error, OSError):  # a damaged store is refused, in one line, when the run opens it
+            return None
+        try:
+            value, ran = store.meta(CPU_THREADS_KEY), store.last_run() is not None
+        except sqlite3.Error:
+            return None
+        finally:
+            store.close()
+        if value is None:  # runs before the choice was kept trained at one thread a trial
+            return 1 if ran else None
+        return int(value) if value.isdigit() and int(value) > 0 else None
 
     def check_workdir(self, *, fresh: bool) -> None:
         """Refuse a workdir that holds another campaign (unless fresh); reads only."""
@@ -236,7 +261,7 @@ class Campaign:
 
     def _locked_run(self, runs: Executor, gpu_slots: Any, cpu_slots: Any, fresh: bool, command: str, verbose: bool, on_start: Any,
                     on_update: Any, timeline: Timeline, follower: Follower | None) -> RunOutcome:
-        prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots, executor=runs, timeline=timeline)
+        prepared = self.prepare(gpu_slots=gpu_slots, cpu_slots=cpu_slots, executor=runs, timeline=timeline, fresh=fresh)
         with WorkdirLock(self.workdir, command) as lock:  # before --fresh deletes anything: one run per workdir
             check_paths(self.workdir)  # a link where the run writes: refused before anything is written or deleted
             self.check_workdir(fresh=fresh)
@@ -291,6 +316,9 @@ class Campaign:
         # base_dir: where the file's relative data paths start, absolute (a later `gpufill forecast` may run from elsewhere)
         store.set_meta({"campaign_name": self.spec.name, "campaign_file": self.source, "spec": self.spec.model_dump_json(),
                         "base_dir": str(self.base_dir.resolve())})
+        cpu = next((lane for lane in prepared.lanes if lane.name == "cpu"), None)
+        if cpu is not None and prepared.cpu_threads_chosen and store.meta(CPU_THREADS_KEY) is None:
+            store.set_meta({CPU_THREADS_KEY: str(cpu.threads)})  # what every later run of this workdir keeps
         lane_of = {kind: lane.queue for lane in prepared.lanes for kind in lane.kinds}  # pending trials belong to a queue
         extras: dict[str, Any] = {}
         search, refill = self._search(store, prepared, lane_of, extras)

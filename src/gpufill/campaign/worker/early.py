@@ -3,10 +3,11 @@
 A small campaign's wall time is mostly torch's import in the lane's zygote (campaign/worker/zygote.py). Started
 when the lanes are planned, that import began ~0.4 s into the process (the command line, pydantic, the campaign file
 come first); a user's own script starts importing torch at once. Here the zygote starts before any of that, with
-the environment of a lane of one thread per worker (the lane every small campaign gets, and the only kind that
-forks workers), and the local executor adopts it for its first such lane (`take`): its GPU is told to it before it
-forks anything (`CUDA_VISIBLE_DEVICES` is read when a child first uses CUDA, not at import). Where no lane takes it
-(another executor, a lane of several threads, a run refused for bad input) it is stopped at once or at exit.
+the environment every lane's zygote has (one thread in every pool: a worker of several threads takes its count after
+the fork), and the local executor adopts it for its first lane (`take`): its GPU is told to it before it forks
+anything (`CUDA_VISIBLE_DEVICES` is read when a child first uses CUDA, not at import). Where no lane takes it (another
+executor, an environment that differs in what is read at import, a run refused for bad input) it is stopped at once
+or at exit.
 
 Only the standard library here: this module runs before everything else.
 """

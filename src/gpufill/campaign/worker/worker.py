@@ -4,7 +4,8 @@ Every executor runs a task the same way: :func:`start_runner` once per process (
 count, campaign, data cache), then ``TrialRunner.run_task(task)`` per `Task`, whose `TaskEnded`
 goes back to the scheduler (policy/messages.py). Nothing here touches the store: the scheduler is its only
 writer. Thread limits (OMP/MKL/OpenBLAS) are in the process's environment before it
-starts (each executor puts them there); torch, XGBoost and LightGBM are told explicitly.
+starts (each executor puts them there; a worker forked from its lane's zygote takes them after the fork:
+take_lane_threads); torch, XGBoost and LightGBM are told explicitly.
 
 A worker trains a trial only on the data its id names: it loads the data itself, and before a
 trial compares the loaded project's fingerprint with the trial's. On a difference it reads the
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,9 +45,9 @@ fails its trials quickly (each retried later by the scheduler), without reading 
 def take_lane_threads(threads: int) -> None:
     """A worker forked from its lane's zygote has the zygote's one thread in every pool (campaign/executors/forked.py):
     the lane's count goes where each library reads it from now on, as a fresh worker's environment gives it at import:
-    the environment (what this worker starts), the OpenMP and BLAS pools loaded (threadpoolctl), torch's MKL; torch's
-    own count is use_threads'."""
-    if all(os.environ.get(name) == str(threads) for name in THREAD_VARIABLES):
+    the environment (what this worker starts), the OpenMP and BLAS pools loaded (threadpoolctl), torch's MKL (the
+    zygote refuses the fork of a lane of several threads where it cannot be set); torch's own count is use_threads'."""
+    if threads == 1:
         return
     os.environ.update(dict.fromkeys(THREAD_VARIABLES, str(threads)))
     from threadpoolctl import threadpool_limits
@@ -55,21 +55,21 @@ def take_lane_threads(threads: int) -> None:
     from gpufill.engine.backend import set_mkl_process_threads
 
     threadpool_limits(limits=threads)  # as a call (not a with-block) the limits stay
-    if not set_mkl_process_threads(threads):  # inside torch's library, where threadpoolctl does not look
-        print(f"gpufill worker: torch's MKL keeps one thread of the lane's {threads} (this torch exports no setter for it); "
-              f"GPUFILL_FRESH_WORKERS=1 starts workers with the lane's count", file=sys.stderr, flush=True)
+    set_mkl_process_threads(threads)  # inside torch's library, where threadpoolctl does not look
 
 
-def start_runner(setup: dict[str, Any]) -> TrialRunner:
+def start_runner(setup: dict[str, Any], *, forked: bool = False) -> TrialRunner:
     """A worker's start, the same for every executor: torch's thread count, then the campaign.
 
-    `setup` is executors.base.worker_setup's: the campaign as data, the lane's threads and device.
+    `setup` is executors.base.worker_setup's: the campaign as data, the lane's threads and device. `forked`: the
+    worker is a fork of its lane's zygote, which imported at one thread.
     """
     import torch
 
     from gpufill.forecasting.run import use_threads
 
-    take_lane_threads(setup["threads"])
+    if forked:
+        take_lane_threads(setup["threads"])
     use_threads(setup["threads"])
     if setup["device"].startswith("cuda"):
         # Creating the CUDA context holds the interpreter for seconds on a large GPU: do it at start-up,
@@ -83,8 +83,8 @@ def run_job(setup: dict[str, Any], task: Task) -> TaskEnded:
     return start_runner(setup).run_task(task)
 
 
-def worker_main(conn: Connection) -> None:
-    """A local worker: serve tasks from `conn` until it sends None or the scheduler goes away."""
+def worker_main(conn: Connection, *, forked: bool = False) -> None:
+    """A local worker: serve tasks from `conn` until it sends None or the scheduler goes away (`forked`: start_runner's)."""
     try:
         setup = conn.recv()  # see start_runner
     except (EOFError, OSError):
@@ -97,7 +97,7 @@ def worker_main(conn: Connection) -> None:
 
     from gpufill.engine.hardware import context_bytes
 
-    runner = start_runner(setup)
+    runner = start_runner(setup, forked=forked)
     runner.on_progress = send
     # Heartbeats count from here: start-up (imports, CUDA) is not a hang. GPU admission counts the context's memory.
     send(Ready(os.getpid(), context_bytes(setup["device"])))

@@ -2,19 +2,21 @@
 
 Importing torch costs seconds of CPU (2.7 s on a 2-core EPYC, more under load), and a campaign starts one worker per
 lane slot and a fresh one after each crash. The zygote starts as a worker used to (`python -m
-gpufill.campaign.worker.zygote FD`: the lane's thread limits and GPU in its environment, its own session), imports
-`PRELOAD` once, and from then on only forks: each child is the fresh worker it replaces, minus the imports.
+gpufill.campaign.worker.zygote FD`: one thread in every pool and the lane's GPU in its environment, its own session),
+imports `PRELOAD` once, and from then on only forks: each child is the fresh worker it replaces, minus the imports (a
+worker of a lane of several threads takes its count first: campaign/worker/worker.py, take_lane_threads).
 
 It forks only while it is one thread with no CUDA context: a fork copies a lock held by a thread that the child does
-not have, and CUDA cannot be used in a fork of a process that initialised it. Otherwise it refuses, and the executor
-starts that worker as a fresh interpreter (executors/forked.py).
+not have, and CUDA cannot be used in a fork of a process that initialised it; a worker of several threads, only where
+its torch's MKL count can be set after the fork. Otherwise it refuses, and the executor starts that worker as a fresh
+interpreter (executors/forked.py).
 
 Told a campaign file's grid points to build (("check", IN, OUT): campaign/spec/build_check.py, the first lane's
 zygote), it forks a child that builds them as soon as its imports are done, so the machine imports torch once for
 both; the child's exit is reported like a worker's. A zygote started before its lane was planned
 (campaign/worker/early.py) is told its lane's GPU (("env", {variable: value})) before it forks anything.
 
-Protocol on the control connection: the executor sends ("fork",) and the worker's socket (SCM_RIGHTS); the zygote
+Protocol on the control connection: the executor sends ("fork", threads) and the worker's socket (SCM_RIGHTS); the zygote
 answers ("forked", pid) once the child leads its own process group (so a kill of the group reaches it), or
 ("refused", why); and ("exited", pid, returncode) when a child ends, returncode as subprocess gives it (-N for signal
 N). When the executor goes away (EOF) the zygote ends; its children end on their own sockets' EOF, as workers do.
@@ -37,15 +39,21 @@ PRELOAD = ("torch", "gpufill.campaign.worker.worker", "gpufill.forecasting.run",
 """What every worker imports before its first trial; none of it starts a thread (pandas would: pyarrow's allocator)."""
 
 
-def fork_refusal() -> str | None:
-    """Why forking now would be unsafe or its child could not be watched, or None."""
+def fork_refusal(threads: int = 1) -> str | None:
+    """Why forking a worker of `threads` now would be unsafe, its child could not be watched or could not take its
+    lane's thread count (campaign/worker/worker.py: take_lane_threads), or None."""
+    if threads > 1:
+        from gpufill.engine.backend import mkl_process_threads_settable
+
+        if not mkl_process_threads_settable():
+            return f"this torch's MKL cannot be given {threads} threads after the fork"
     try:
         os.close(os.pidfd_open(os.getpid()))
     except OSError as error:  # a sandbox's seccomp filter may refuse the call the kernel has
         return f"os.pidfd_open is refused here ({error})"
-    threads = len(os.listdir("/proc/self/task"))
-    if threads > 1:
-        return f"the zygote runs {threads} threads"
+    running = len(os.listdir("/proc/self/task"))
+    if running > 1:
+        return f"the zygote runs {running} threads"
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "the zygote initialised CUDA"
@@ -70,10 +78,10 @@ def serve(control: Connection) -> None:
                             pid = _fork_then(lambda paths=request[1:]: _build(paths), control, children)
                             children[os.pidfd_open(pid)] = pid
                         continue
-                    worker_fd = reduction.recv_handle(control)  # ("fork",)
+                    worker_fd = reduction.recv_handle(control)  # ("fork", the lane's threads)
                 except (EOFError, OSError):
                     return
-                refusal = fork_refusal()
+                refusal = fork_refusal(request[1] if len(request) > 1 else 1)
                 if refusal is not None:
                     os.close(worker_fd)
                     control.send(("refused", refusal))
@@ -139,7 +147,7 @@ def _run_worker(worker_fd: int) -> None:
     try:
         from gpufill.campaign.worker.worker import worker_main
 
-        worker_main(Connection(worker_fd))
+        worker_main(Connection(worker_fd), forked=True)
     except SystemExit as end:
         code = end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
     except BaseException:  # noqa: BLE001 - the worker's crash, printed as an interpreter would
