@@ -354,6 +354,18 @@ def check_peer_speed(record: dict[str, Any]) -> None:
     assert record["ratios"]["peer seconds / pack per model (median of rounds)"] == pytest.approx(peer["rounds"][0] / pack["rounds"][0], rel=0.01)
 
 
+def check_lane_threads(record: dict[str, Any]) -> None:
+    rows = {(row["campaign"], row["arm"]): row for row in record["results"]}
+    assert set(rows) == {(campaign, arm) for campaign in ("tiny", "nbeats") for arm in ("lane's choice", "one thread")}
+    from gpufill.campaign.policy.lanes import MAX_AUTO_THREADS
+    from gpufill.cpus import usable_cpus
+
+    for (_, arm), row in rows.items():  # one trial: the lane gives it the cores (at most the cap), or the file one
+        assert row["threads"] == (1 if arm == "one thread" else min(MAX_AUTO_THREADS, usable_cpus()))
+        assert positive(row["wall_s"]) and len(row["rounds"]) == 1 and positive(row["mae"])
+    assert len(record["ratios"]) == 2 and all(positive(value) for value in record["ratios"].values())
+
+
 SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "fit_speed": check_fit_speed,
     "step_overhead": check_step_overhead,
@@ -369,6 +381,7 @@ SCRIPTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "executor_overhead": check_executor_overhead,
     "forecast_intervals": check_forecast_intervals,
     "peer_speed": check_peer_speed,
+    "lane_threads": check_lane_threads,
     "forecast_quality": check_forecast_quality,
     "forecast_recipe": check_forecast_recipe,
     "pack_speed": check_pack_speed,
