@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
-from gpufill.engine.backend import set_threads
+from gpufill.engine.backend import mkl_process_threads_settable, set_mkl_process_threads, set_threads
 from gpufill.engine.config import FitConfig
 from gpufill.engine.hardware import cpu_count
 from gpufill.engine.losses import outputs_per_target
@@ -58,6 +58,16 @@ def use_threads(threads: int) -> None:
     """A worker's torch threads for the trials it trains: engine/backend.py's `set_threads` (torch's own call would
     leave MKL slower for the rest of the process)."""
     set_threads(threads)
+
+
+def forked_threads_settable() -> bool:
+    """Whether a worker forked from a one-thread zygote can take several threads in torch's MKL (engine/backend.py)."""
+    return mkl_process_threads_settable()
+
+
+def use_mkl_threads(threads: int) -> None:
+    """torch's MKL count, for a worker forked from a one-thread zygote (engine/backend.py: set_mkl_process_threads)."""
+    set_mkl_process_threads(threads)
 
 
 def trial_setup(trial: Trial, recipe: Recipe, base: FitConfig, *, threads: int | Literal["auto"], device: str | None = None,

@@ -79,9 +79,9 @@ def test_when_the_zygote_is_gone_workers_start_fresh_and_a_lost_exit_code_is_non
 
 
 def test_the_zygote_refuses_a_worker_of_several_threads_where_torch_s_mkl_count_cannot_be_set(monkeypatch):
-    from gpufill.engine import backend
+    from gpufill.forecasting import run
 
-    monkeypatch.setattr(backend, "mkl_process_threads_settable", lambda: False)
+    monkeypatch.setattr(run, "forked_threads_settable", lambda: False)
     refusal = zygote_process.fork_refusal(2)
     assert refusal is not None and "MKL" in refusal and "2 threads" in refusal
     assert zygote_process.fork_refusal(1) is None or "MKL" not in zygote_process.fork_refusal(1)  # one thread needs no setting

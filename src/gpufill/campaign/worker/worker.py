@@ -52,10 +52,10 @@ def take_lane_threads(threads: int) -> None:
     os.environ.update(dict.fromkeys(THREAD_VARIABLES, str(threads)))
     from threadpoolctl import threadpool_limits
 
-    from gpufill.engine.backend import set_mkl_process_threads
+    from gpufill.forecasting.run import use_mkl_threads
 
     threadpool_limits(limits=threads)  # as a call (not a with-block) the limits stay
-    set_mkl_process_threads(threads)  # inside torch's library, where threadpoolctl does not look
+    use_mkl_threads(threads)  # inside torch's library, where threadpoolctl does not look
 
 
 def start_runner(setup: dict[str, Any], *, forked: bool = False) -> TrialRunner:

@@ -43,9 +43,9 @@ def fork_refusal(threads: int = 1) -> str | None:
     """Why forking a worker of `threads` now would be unsafe, its child could not be watched or could not take its
     lane's thread count (campaign/worker/worker.py: take_lane_threads), or None."""
     if threads > 1:
-        from gpufill.engine.backend import mkl_process_threads_settable
+        from gpufill.forecasting.run import forked_threads_settable
 
-        if not mkl_process_threads_settable():
+        if not forked_threads_settable():
             return f"this torch's MKL cannot be given {threads} threads after the fork"
     try:
         os.close(os.pidfd_open(os.getpid()))
