@@ -170,8 +170,9 @@ class Campaign:
         if not (self.workdir / DB_NAME).exists():
             return None
         try:
+            check_paths(self.workdir)  # a link is not read through either
             store = Store.open(self.workdir)
-        except (sqlite3.Error, OSError):  # a damaged store is refused, in one line, when the run opens it
+        except (InputError, sqlite3.Error, OSError):  # a link or a damaged store is refused, in one line, when the run opens it
             return None
         try:
             value, ran = store.meta(CPU_THREADS_KEY), store.last_run() is not None
