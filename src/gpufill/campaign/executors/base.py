@@ -18,17 +18,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from gpufill.campaign.policy.lanes import Lane, visible_gpu
 from gpufill.campaign.policy.messages import Heartbeat, Outcome, PackMeasured, Progress, Ready, Started, Task, TaskEnded, TrialEnded
-from gpufill.campaign.worker.early import THREAD_VARIABLES  # every library that sizes a thread pool from the environment
+from gpufill.campaign.worker.early import thread_env  # re-exported: the executors' and tests' name for it
 
 if TYPE_CHECKING:
     from gpufill.campaign.spec.build_check import BuildCheck
 
 JobState = Literal["queued", "running", "done", "failed"]
-
-
-def thread_env(threads: int) -> dict[str, str]:
-    """The environment that caps every BLAS/OpenMP pool of a worker at its lane's thread count."""
-    return dict.fromkeys(THREAD_VARIABLES, str(threads))
 
 
 def gpu_env(lane: Lane) -> dict[str, str]:

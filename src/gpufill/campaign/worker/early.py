@@ -30,8 +30,15 @@ VARIABLE = "GPUFILL_EARLY_ZYGOTE"
 FRESH_WORKERS_VARIABLE = "GPUFILL_FRESH_WORKERS"
 """Set to 1 to start every worker as a fresh interpreter, no zygote at all (campaign/executors/forked.py)."""
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
-"""Every library that sizes a thread pool from the environment, set before it is imported (every worker's, by
-campaign/executors/base.py's `thread_env`; here to 1)."""
+"""Every library that sizes a thread pool from the environment, set before it is imported (`thread_env`: every
+worker's, and the zygote's at 1)."""
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment that caps every BLAS/OpenMP pool of a worker at its lane's thread count."""
+    return dict.fromkeys(THREAD_VARIABLES, str(threads))
+
+
 LATE_VARIABLES = ("CUDA_VISIBLE_DEVICES",)
 """What a lane may set after the zygote started: read when CUDA starts in a forked worker, never at import."""
 
@@ -64,7 +71,7 @@ def start(argv: list[str]) -> None:
     global _early
     if _early is not None or not wanted(argv):
         return
-    env = {**os.environ, **dict.fromkeys(THREAD_VARIABLES, "1")}
+    env = {**os.environ, **thread_env(1)}
     try:
         process, ours = spawn(env)
     except OSError:  # nothing lost: the lane starts its own

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from gpufill.campaign.policy import environment
 from gpufill.campaign.policy.messages import Heartbeat, Message, Outcome, Progress, Ready, Started, Task, TaskEnded, TrialEnded
 from gpufill.campaign.worker.attempt import EnvironmentFailure, attempt, failure
-from gpufill.campaign.worker.early import THREAD_VARIABLES
+from gpufill.campaign.worker.early import thread_env
 from gpufill.forecasting.trial import GLOBAL_PROJECT, PackEntry, Trial, TrialResult
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def take_lane_threads(threads: int) -> None:
     zygote refuses the fork of a lane of several threads where it cannot be set); torch's own count is use_threads'."""
     if threads == 1:
         return
-    os.environ.update(dict.fromkeys(THREAD_VARIABLES, str(threads)))
+    os.environ.update(thread_env(threads))
     from threadpoolctl import threadpool_limits
 
     from gpufill.forecasting.run import use_mkl_threads
