@@ -47,7 +47,7 @@ class FakeProbe:
     def clock(self) -> float:
         return self.now
 
-    def measure(self, plan, *, timed_steps, check):
+    def measure(self, plan, *, timed_steps, check, limit=None):
         self.calls.append(label(plan))
         values = {(name, getattr(plan, name).value) for name in ("threads", "precision", "tf32", "cudnn_benchmark", "optimizer_kernel",
                                                                    "step_graph", "compile")}

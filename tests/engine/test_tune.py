@@ -84,7 +84,7 @@ def fixed_rates(rates):
     """A probe replacement: a fixed samples/s per micro-batch size (deterministic choices in fit tests)."""
     calls = []
 
-    def measure(self, plan, *, timed_steps, check):
+    def measure(self, plan, *, timed_steps, check, limit=None):
         size, effective = plan.micro_batch.value, plan.effective_batch.value
         if plan.micro_batch.reason == "measuring":  # the batch search's, not the probe's other stages
             calls.append((size, effective))

@@ -30,9 +30,16 @@ def preserved_rng(device: torch.device) -> Iterator[None]:
 
 @contextlib.contextmanager
 def preserved_weights(model: nn.Module, device: torch.device, extra: tuple[torch.Tensor, ...] = ()) -> Iterator[None]:
-    """Parameters, buffers (and `extra` tensors), the train/eval mode and RNGs put back in place afterwards."""
+    """Parameters, buffers (and `extra` tensors), gradients, the train/eval mode and RNGs put back in place afterwards.
+
+    Gradients too: a measurement cut off between a backward and its optimizer's zero_grad (past the probe's deadline, or
+    a candidate that raised mid-step) leaves them on the parameters, and the training's first step, whose backward
+    accumulates into them, would add a probe step's gradient to its own (a forecast trained again differed from the
+    campaign's by 0.5 where the probe happened to stop there)."""
     live = [*model.state_dict().values(), *extra]
     saved = [tensor.detach().clone() for tensor in live]
+    parameters = list(model.parameters())
+    grads = [(p.grad, None if p.grad is None else p.grad.detach().clone()) for p in parameters]
     was_training = model.training
     try:
         with preserved_rng(device):
@@ -41,4 +48,8 @@ def preserved_weights(model: nn.Module, device: torch.device, extra: tuple[torch
         with torch.no_grad():
             for tensor, copy in zip(live, saved, strict=True):
                 tensor.copy_(copy)
+            for parameter, (grad, copy) in zip(parameters, grads, strict=True):
+                if grad is not None:
+                    grad.copy_(copy)  # into the same tensor, as the weights
+                parameter.grad = grad
         model.train(was_training)

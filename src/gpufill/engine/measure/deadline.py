@@ -4,7 +4,9 @@ step) runs far past what was estimated.
 `deadline(seconds)` arms a one-shot real-time timer (SIGALRM) whose handler raises `Abandoned` in the main thread,
 between two Python bytecodes: a compile's tracing, the wait on its compiler processes, a `time.sleep` all end there.
 `Abandoned` is a BaseException, so neither the probe's nor torch.compile's `except Exception` (dynamo falls back
-to eager on errors) swallows it; the probe's context managers put the weights back on the way out. Where the timer
+to eager on errors) swallows it. The probe arms it inside the contexts that put the weights back, never around them:
+putting back must run whole (an `Abandoned` raised midway would leave a weight, a gradient or a random state as the
+measurement left it, and the training would start from there). Where the timer
 cannot be used (a thread other than the main one, or a process whose SIGALRM or real-time timer is already someone
 else's) nothing is armed and the candidate is bounded by its estimate alone; `deadline` yields whether it armed.
 """
@@ -33,7 +35,9 @@ def deadline(seconds: float | None) -> Iterator[bool]:
     armed = True
 
     def expire(signum: int, frame: FrameType | None) -> None:
-        if armed:  # a signal that arrives as the block ends is ignored, never raised outside it
+        nonlocal armed
+        if armed:  # once at most; a signal that arrives as the block ends is ignored, never raised outside it
+            armed = False
             raise Abandoned(f"past its deadline of {seconds:.1f} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
@@ -41,9 +45,11 @@ def deadline(seconds: float | None) -> Iterator[bool]:
         signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
         yield True
     finally:
-        armed = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        try:
+            armed = False
+        finally:  # runs even where the signal raised just before the line above
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
 
 
 def _timer_is_free() -> bool:

@@ -22,7 +22,7 @@ from gpufill.engine.batches import Batches
 from gpufill.engine.config import FitConfig
 from gpufill.engine.kit import Kit, build_kit
 from gpufill.engine.step_graph import capture
-from gpufill.engine.measure.deadline import Abandoned
+from gpufill.engine.measure.deadline import Abandoned, deadline
 from gpufill.engine.measure.resolver import CHECK_STEPS, Measurement, label
 from gpufill.engine.snapshot import preserved_weights
 from gpufill.engine.measure.timing import batch_stream
@@ -36,10 +36,10 @@ class FitProbe:
         self.model, self.cfg, self.loss_fn, self.batches, self.device, self.clock = model, cfg, loss_fn, batches, device, clock
         self.kits: dict[str, Kit] = {}
 
-    def measure(self, plan: Plan, *, timed_steps: int, check: bool) -> Measurement:
+    def measure(self, plan: Plan, *, timed_steps: int, check: bool, limit: float | None = None) -> Measurement:
         started = self.clock()
         try:
-            with backend_flags(plan), preserved_weights(self.model, self.device):
+            with backend_flags(plan), preserved_weights(self.model, self.device), deadline(limit):
                 return self._run(plan, timed_steps, check, started)
         except Abandoned:  # past the probe's deadline (the weights are back in place): nothing half-built is kept
             self.kits.pop(label(plan), None)

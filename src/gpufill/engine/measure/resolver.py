@@ -37,7 +37,7 @@ from gpufill.engine.config import SpeedSettings
 from gpufill.engine.hardware import Hardware
 from gpufill.engine.measure.batch import BatchTrial, search_batch
 from gpufill.engine.measure.cache import ENTRY_CONFIG, TuneCache, validated
-from gpufill.engine.measure.deadline import Abandoned, deadline
+from gpufill.engine.measure.deadline import Abandoned
 from gpufill.engine.measure.candidates import Context, Stage, blocked, stages, variant
 from gpufill.engine.plan import DataFacts, Plan, lr_reference_batch, lr_scale_factor
 
@@ -96,9 +96,10 @@ class Measurement:
 
 
 class Probe(Protocol):
-    def measure(self, plan: Plan, *, timed_steps: int, check: bool) -> Measurement:
+    def measure(self, plan: Plan, *, timed_steps: int, check: bool, limit: float | None = None) -> Measurement:
         """Run the training's step as `plan` says: CHECK_STEPS checked steps (losses read) when
-        `check`, else one warm-up step, then `timed_steps` timed ones; everything put back after."""
+        `check`, else one warm-up step, then `timed_steps` timed ones; everything put back after. `limit`: seconds
+        after which the steps are abandoned (`deadline`, armed inside what puts everything back), raising `Abandoned`."""
         ...
 
     def release(self) -> None:
@@ -369,8 +370,7 @@ class _Resolver:
         limit = None if self.reference is None else max(OVERRUN * self.ledger.budget_s - self.ledger.spent(), 0.0)
         started = self.ledger.clock()
         try:
-            with deadline(limit):
-                return self.probe.measure(candidate, timed_steps=self.timed_steps, check=check)
+            return self.probe.measure(candidate, timed_steps=self.timed_steps, check=check, limit=limit)
         except Abandoned:
             self.probe.release()  # a half-built kit (a compile cut off mid-trace) is never measured again
             took = self.ledger.clock() - started

@@ -19,6 +19,7 @@ from torch import nn
 from gpufill.engine.backend import backend_flags, synchronize
 from gpufill.engine.choice import Choice
 from gpufill.engine.graph import capture_step
+from gpufill.engine.measure.deadline import deadline
 from gpufill.engine.measure.resolver import CHECK_STEPS, Measurement
 from gpufill.engine.measure.timing import MEASURE_SEED
 from gpufill.engine.packs.optim import PackAdamW, PackSGD
@@ -55,11 +56,11 @@ class PackProbe:
         self.run, self.clock = run, clock
         self.compiled_forward: dict[Any, Any] = {}
 
-    def measure(self, plan: Plan, *, timed_steps: int, check: bool) -> Measurement:
+    def measure(self, plan: Plan, *, timed_steps: int, check: bool, limit: float | None = None) -> Measurement:
         run, started = self.run, self.clock()
         saved_precision, saved_forward, saved_compiled = run.precision, getattr(run, "forward", None), run.compiled
         try:
-            with backend_flags(plan), preserved(run):
+            with backend_flags(plan), preserved(run), deadline(limit):
                 setup = self._apply(plan)
                 stream = _step_stream(run)
                 losses = []
