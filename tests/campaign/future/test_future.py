@@ -202,9 +202,12 @@ def test_quantile_networks_forecast_their_own_bands_moved_by_validation_and_the_
         quantiles = kept["quantiles"]
         assert quantiles.shape == (*kept["forecast"].shape, 5) and (np.diff(quantiles, axis=-1) >= 0).all()
         np.testing.assert_array_equal(quantiles[..., 2], kept["forecast"])  # the point forecast is the median
+    measured = json.loads((tmp_path / "work" / "tune" / "tune-cache.json").read_text())
     code, out, _ = run_cli(capsys, "forecast", "--workdir", str(tmp_path / "work"), "--data", str(tmp_path / "cut.csv"),
                            "--out", str(tmp_path / "future.csv"))
     assert code == 0 and "6 trained on all the data now" in out, out
+    # Trained again at the campaign's threads, each network found the campaign's measured choices: nothing measured anew.
+    assert json.loads((tmp_path / "work" / "tune" / "tune-cache.json").read_text()).keys() == measured.keys()
     for path in (tmp_path / "work" / "future").glob("*.json"):
         content = json.loads(path.read_text())
         for project, values in content["quantiles"].items():
