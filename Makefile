@@ -26,14 +26,11 @@ demo: $(STAMP)
 chromium:
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
-# The whole suite, what CI runs, in two passes: the tests that measure time (marker `serial`) alone, after the rest
-# TEST_WORKERS at a time (pytest-xdist; worksteal: an idle worker takes queued tests from a busy one, no tail behind a
-# heavy file). Three on the 2-core CI box: the slow tests spend much of their time waiting on the subprocesses, servers
-# and timeouts they test, and every test that waits does so on a condition sized for a loaded box.
+# The whole suite, what CI runs, in two passes: the tests that measure time (marker `serial`) alone, after the rest two
+# at a time (pytest-xdist; worksteal: an idle worker takes queued tests from a busy one, no tail behind a heavy file).
 PYTEST := $(BIN)/python -m pytest -q
-TEST_WORKERS ?= 3
 test: $(STAMP) chromium
-	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not serial" --durations=20; rest=$$?; \
+	$(PYTEST) -n 2 --dist worksteal -m "not serial" --durations=20; rest=$$?; \
 	$(PYTEST) -m serial --durations=20; timed=$$?; \
 	test $$rest -eq 0 && test $$timed -eq 0
 
