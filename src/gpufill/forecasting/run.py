@@ -8,10 +8,11 @@ which its caller decides about (a campaign records it as failed, `gpufill train`
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -58,6 +59,17 @@ def use_threads(threads: int) -> None:
     """A worker's torch threads for the trials it trains: engine/backend.py's `set_threads` (torch's own call would
     leave MKL slower for the rest of the process)."""
     set_threads(threads)
+
+
+@contextlib.contextmanager
+def threads_given_back() -> Iterator[None]:
+    """torch's thread count as it was before the block, whatever `use_threads` set inside it (trials trained in a
+    process that goes on: an estimate's samples, `gpufill forecast`'s trainings)."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        use_threads(before)
 
 
 def forked_threads_settable() -> bool:

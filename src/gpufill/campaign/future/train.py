@@ -56,7 +56,7 @@ def train_on_all_data(spec: CampaignSpec, trial: Trial, details: Mapping[str, An
     of the task's horizon after each project's end."""
     from gpufill.forecasting.data.window_scaling import scale_windows
     from gpufill.forecasting.data.windows import make_windows
-    from gpufill.forecasting.run import run_alone, run_global, trial_setup, use_threads
+    from gpufill.forecasting.run import run_alone, run_global, threads_given_back, trial_setup, use_threads
 
     horizon, started = spec.task.horizon, time.perf_counter()
     split = Split(val=0, test=horizon)
@@ -72,16 +72,11 @@ def train_on_all_data(spec: CampaignSpec, trial: Trial, details: Mapping[str, An
     epochs = epochs_on_all_data(details) if trial.kind == "neural" else None
     if epochs is not None:
         setup = dataclasses.replace(setup, config=dataclasses.replace(setup.config, epochs=epochs, patience=None))
-    import torch
-
     # At the threads a campaign's worker runs its trials at: the process's count is part of the tune cache's key, so the
     # campaign's measured choices (an optimizer kernel: a trial's last bits) are the ones found, not measured anew.
-    before = torch.get_num_threads()
-    use_threads(setup.threads)
-    try:
+    with threads_given_back():
+        use_threads(setup.threads)
         result = run_global(trial, windows, setup) if trial.is_global else run_alone(trial, windows[0], setup)
-    finally:
-        use_threads(before)
     if result.diverged:
         raise RuntimeError(f"trial {trial.trial_id} ({trial.family}) diverged on all the data")
     forecasts = {name: np.asarray(result.forecasts[name]["forecast"], dtype=np.float64)[-1] for name in names}

@@ -24,13 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from gpufill.campaign.policy.lanes import Lane
 from gpufill.campaign.run.runner import Campaign
 from gpufill.campaign.trials.trials import GLOBAL_PROJECT, Trial
 from gpufill.campaign.executors.forked import worker_startup_seconds
-from gpufill.forecasting.run import use_threads
+from gpufill.forecasting.run import threads_given_back, use_threads
 
 # Windows a neural sample trains on: enough for steady per-step timings, few enough
 # that the largest ablation shapes sample in about a second on a 2-core CPU.
@@ -137,8 +135,7 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
     for trial in trials:
         groups[trial.shape if trial.kind == "neural" else f"{trial.shape}|{sorted(trial.params.items())}"].append(trial)
     result = Estimate(lanes=prepared.lanes)
-    threads_before = torch.get_num_threads()
-    try:
+    with threads_given_back():
         for trials in groups.values():
             sample = trials[0]
             lane = lane_of[sample.kind]
@@ -156,8 +153,6 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
                 how += f"; a search: its first round's configurations, x{scale:.3g} for its {spec.search.trials} (pruning ends some sooner)"
             result.shapes.append(ShapeEstimate(family=sample.family, lane=lane.queue, trials=round(len(trials) * scale), seconds_per_trial=seconds,
                                                how=how, range_per_trial=span))
-    finally:
-        use_threads(threads_before)
     result.startup_s = worker_startup_seconds() + loading_s
     result.sampling_s = time.perf_counter() - started
     return result
