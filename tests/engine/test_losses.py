@@ -69,6 +69,27 @@ def test_top1_hits_equal_argmax_except_at_ties_which_are_never_hits():
     assert losses.top1_hits(tie, torch.tensor([1, 1]), torch.tensor([True, True]), dim=-1).tolist() == [False, True]
 
 
+def test_top1_hits_in_place_puts_every_score_back_and_leaves_backward_as_it_was():
+    """The in-place pick (`.data`, no copy of the logits) leaves the scores bit for bit, a saved output (an exp's)
+    valid for backward with the gradient of the loss alone, and an expanded view (rows sharing memory) counted right."""
+    torch.manual_seed(3)
+    weight = torch.randn(16, 32, requires_grad=True)
+    inputs, labels = torch.randn(64, 16), torch.randint(0, 32, (64,))
+    logits = torch.exp(inputs @ weight / 4)  # exp saves its output for backward: a version bump would break it
+    before = logits.detach().clone()
+    out = losses.CrossEntropy().compute(logits, labels)
+    assert torch.equal(logits.detach(), before) and logits._version == 0
+    out["loss"].backward()
+    alone = torch.autograd.grad(F.cross_entropy(torch.exp(inputs @ weight / 4), labels), weight)[0]
+    assert torch.equal(weight.grad, alone)
+    assert out["accuracy"].item() == pytest.approx((before.argmax(-1) == labels).float().mean().item())
+    row = torch.randn(1, 32)
+    shared = row.expand(8, 32)  # one row's memory seen 8 times: writing into it would change the other rows
+    picks = torch.arange(8)
+    hits = losses.top1_hits(shared, picks, torch.ones(8, dtype=torch.bool), dim=-1)
+    assert hits.tolist() == (row.argmax(-1) == picks).tolist() and torch.equal(shared, row.expand(8, 32))
+
+
 def test_bce_with_logits_takes_one_logit_per_label_as_batch_or_batch_by_one():
     logits = torch.tensor([[2.0], [-1.0], [0.5], [-3.0]])
     labels = torch.tensor([1.0, 0.0, 0.0, 0.0])
