@@ -155,6 +155,51 @@ def test_an_eager_optimizer_steps_as_torchs_own_bit_for_bit(kind, kernel):
         assert len(state) == 4  # every parameter has its state, as torch's own keeps it
     for ours, theirs in zip(weights[1], weights[0], strict=True):
         assert torch.equal(ours, theirs)
+    if kind is not torch.optim.SGD:  # fused Adam and AdamW took the listed step from the second step on
+        assert (getattr(optimizer, "_lists", None) is not None) == ("fused" in kernel)
+
+
+@pytest.mark.parametrize("kind", [torch.optim.Adam, torch.optim.AdamW])
+def test_a_listed_fused_step_follows_torchs_through_groups_missing_grads_new_state_and_amsgrad(kind):
+    """The listed fused step (optim_eager._FusedLists) against torch's own class, step by step, bit for bit: two groups
+    of their own weight decay, a scheduler, a parameter without a gradient for some steps (torch's step then), the
+    state loaded from a checkpoint mid-way (listed again), maximize; and amsgrad, which torch's step always takes."""
+    from gpufill.engine.optim_eager import eager_class
+
+    def train(cls, **extra):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+        groups = [{"params": [model[0].weight, model[2].weight], "weight_decay": 0.05}, {"params": [model[0].bias, model[2].bias], "weight_decay": 0.0}]
+        optimizer = cls(groups, lr=1e-2, fused=True, **extra)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+        generator = torch.Generator().manual_seed(1)
+        listed = []
+        for step in range(12):
+            x, y = torch.randn(8, 6, generator=generator), torch.randn(8, 1, generator=generator)
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if step in (4, 5):
+                model[2].bias.grad = None  # torch's step skips it (and keeps its state as it was)
+            optimizer.step()
+            schedule.step()
+            if step == 7:
+                optimizer.load_state_dict(optimizer.state_dict())  # new state tensors: the old lists must not be used
+            listed.append(getattr(optimizer, "_lists", None) is not None)
+        return [p.detach().clone() for p in model.parameters()], optimizer.state_dict()["state"], listed
+
+    for extra in ({}, {"maximize": True}, {"amsgrad": True}):
+        theirs, their_state, _ = train(kind, **extra)
+        ours, our_state, listed = train(eager_class(kind), **extra)
+        for a, b in zip(ours, theirs, strict=True):
+            assert torch.equal(a, b)
+        for index, state in their_state.items():
+            for name, value in state.items():
+                assert torch.equal(our_state[index][name], value)
+        if "amsgrad" in extra:
+            assert not any(listed)
+        else:  # listed after the first step, again after the checkpoint's state was loaded
+            assert listed == [True] * 7 + [False] + [True] * 4
 
 
 def test_an_eager_optimizers_parameters_carry_no_autograd_graph():
