@@ -10,8 +10,10 @@ AdamW, zero_grad(set_to_none=True)) and gpufill's epoch over the same resident d
 per step, reported as the median over pairs. Then what gpufill does beyond the hand loop is
 timed piece by piece, each alone over many repetitions: drawing an epoch's batches, splitting
 a batch into micro-batches and gathering it, the named loss's wrapper (a dict) over the plain
-loss call, adding the loss into the device sums, and the clock reads and step callback. The
-operators dispatched per step (`engine/measure/ops.py`) are counted for both loops.
+loss call, adding the loss into the device sums, and the clock reads and step callback; and the optimizer step
+gpufill does differently (torch's fused AdamW class against gpufill's eager one, which lists its tensors once on a
+CPU: `engine/optim_eager.py`), interleaved. The operators dispatched per step (`engine/measure/ops.py`) are counted
+for both loops.
 On a CPU one thread is pinned.
 """
 
@@ -38,6 +40,7 @@ from gpufill.engine.hardware import detect, fused_optimizer_devices, resolve_dev
 from gpufill.engine.kit import build_kit  # noqa: E402
 from gpufill.engine.losses import resolve as resolve_loss  # noqa: E402
 from gpufill.engine.measure.ops import count_ops  # noqa: E402
+from gpufill.engine.optim_eager import eager_class  # noqa: E402
 from gpufill.engine.plan import DataFacts, make_plan  # noqa: E402
 from gpufill.engine.step import EpochTiming, Totals, train_epoch  # noqa: E402
 from gpufill.forecasting.models import registry  # noqa: E402
@@ -134,6 +137,31 @@ def pieces(data: tuple[torch.Tensor, torch.Tensor], batch: int, device: torch.de
     return {name: round(value, 2) for name, value in out.items()}
 
 
+def optimizer_steps(make: Callable[[], nn.Module], device: torch.device, repeats: int) -> dict[str, float]:
+    """Microseconds of one AdamW step (lr 1e-3, the same gradients each time) by torch's class and by gpufill's eager
+    class, blocks of each alternating; medians of the blocks."""
+    fused = {"fused": True} if device.type in fused_optimizer_devices() else {}
+    steps: dict[str, Callable[[], Any]] = {}
+    for name, kind in (("torch AdamW", torch.optim.AdamW), ("gpufill's eager AdamW", eager_class(torch.optim.AdamW))):
+        model = make().to(device)
+        for param in model.parameters():
+            param.grad = torch.full_like(param, 1e-3)
+        optimizer = kind(model.parameters(), lr=1e-3, **fused)
+        optimizer.step()  # the state exists from here on, as in every step after a training's first
+        steps[name] = optimizer.step
+    blocks: dict[str, list[float]] = {name: [] for name in steps}
+    count = max(1, repeats // 10)
+    for i in range(10):
+        for name in (list(steps) if i % 2 == 0 else list(steps)[::-1]):
+            synchronize(device)
+            tick = time.perf_counter()
+            for _ in range(count):
+                steps[name]()
+            synchronize(device)
+            blocks[name].append((time.perf_counter() - tick) / count * 1e6)
+    return {name: round(statistics.median(values), 2) for name, values in blocks.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = parser.add_mutually_exclusive_group()
@@ -166,7 +194,7 @@ def main() -> None:
                      "gpufill_us_per_step": round(statistics.median(gpufill_s) * 1e6, 1),
                      "gpufill_over_hand_time": round(ratio, 4), "extra_us_per_step": round(statistics.median(g - h for g, h in zip(gpufill_s, hand_s, strict=True)) * 1e6, 1),
                      "ops_per_step_hand": round(ops_hand, 1), "ops_per_step_gpufill": round(ops_gpufill, 1),
-                     "pieces_us": pieces(data, batch, device, repeats)})
+                     "pieces_us": pieces(data, batch, device, repeats), "optimizer_step_us": optimizer_steps(make, device, repeats)})
         ratios[f"{name}: gpufill / hand step time"] = ratio
     finish("step_overhead", "gpufill's hot loop against the hand loop, piece by piece", environment(str(device)),
            {"pairs": pairs, "repeats": repeats, "smoke": args.smoke, "quick": args.quick, "threads": torch.get_num_threads()}, rows, ratios, args.out)
@@ -174,6 +202,8 @@ def main() -> None:
         print(row["model"])
         for piece, us in row["pieces_us"].items():
             print(f"  {us:8.2f} us  {piece}")
+        for arm, us in row["optimizer_step_us"].items():
+            print(f"  {us:8.2f} us  optimizer step, {arm}")
 
 
 if __name__ == "__main__":

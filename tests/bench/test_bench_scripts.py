@@ -76,6 +76,7 @@ def check_step_overhead(record: dict[str, Any]) -> None:
     for row in record["results"]:
         assert positive(row["hand_us_per_step"]) and positive(row["gpufill_us_per_step"])
         assert row["ops_per_step_hand"] > 0 and row["ops_per_step_gpufill"] > 0
+        assert set(row["optimizer_step_us"]) == {"torch AdamW", "gpufill's eager AdamW"} and all(positive(v) for v in row["optimizer_step_us"].values())
     assert len(record["ratios"]) == 2 and all(positive(v) for v in record["ratios"].values())
 
 
