@@ -5,7 +5,9 @@
 1. How the thread count is set (`engine/backend.py` `set_threads`): scaled_dot_product_attention's forward and
    backward at the character LM's shape (batch 128, 4 heads, 32 positions of 16), milliseconds per call, in a process
    that set its threads with `torch.set_num_threads` (as every script and torch's own tooling does), with gpufill's
-   `set_threads`, or not at all. Each after going to one thread and back, as a thread measurement does.
+   `set_threads`, or not at all, each after going to one thread and back, as a thread measurement does; and, as the
+   fix a doctor gives a script, the count set once at its start: by `torch.set_num_threads(N)` or by
+   `OMP_NUM_THREADS=N` in the environment (N the machine's default count).
 2. Keeping freed host memory (`keep_freed_memory`, the plan's `host_memory`): the character LM's training step
    (examples/lm_char.py, batch 128, fused AdamW; gpufill's thread setting in both arms) under glibc's own thresholds
    and with freed memory kept: milliseconds and minor page faults per step.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -30,7 +33,7 @@ from _common import environment, finish, turned  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"smoke": {"calls": 5, "steps": 3, "rounds": 1}, "quick": {"calls": 200, "steps": 150, "rounds": 7},
          "full": {"calls": 400, "steps": 400, "rounds": 9}}
-THREAD_ARMS = ("untouched", "torch.set_num_threads", "gpufill set_threads")
+THREAD_ARMS = ("untouched", "torch.set_num_threads", "gpufill set_threads", "torch.set_num_threads once", "OMP_NUM_THREADS")
 MEMORY_ARMS = ("glibc thresholds", "freed memory kept")
 
 _ATTENTION = """
@@ -43,6 +46,8 @@ setter = {"torch.set_num_threads": torch.set_num_threads, "gpufill set_threads":
 if setter is not None:
     setter(1)
     setter(threads)
+if arm == "torch.set_num_threads once":  # a script's first line, at the count torch already has
+    torch.set_num_threads(threads)
 q = torch.randn(128, 4, 32, 16, requires_grad=True)
 for _ in range(max(2, calls // 10)):
     F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
@@ -84,8 +89,9 @@ print(json.dumps({"ms_per_step": seconds / steps * 1e3, "faults_per_step": (reso
 """
 
 
-def run_arm(code: str, *args: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, check=False)
+def run_arm(code: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, check=False,
+                          env={**os.environ, **(env or {})})
     if done.returncode != 0:
         raise SystemExit(f"cpu_settings: arm {args[0]!r} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -112,7 +118,10 @@ def main() -> None:
     sizes = SIZES[size_name]
     rounds = args.rounds or sizes["rounds"]
     env = environment("cpu")
-    attention = rounds_of(THREAD_ARMS, rounds, lambda arm: run_arm(_ATTENTION, arm, str(sizes["calls"])))
+    import torch
+
+    omp = {"OMP_NUM_THREADS": str(torch.get_num_threads())}  # the machine's default count, as the environment's variable
+    attention = rounds_of(THREAD_ARMS, rounds, lambda arm: run_arm(_ATTENTION, arm, str(sizes["calls"]), env=omp if arm == "OMP_NUM_THREADS" else None))
     memory = rounds_of(MEMORY_ARMS, rounds, lambda arm: run_arm(_LM_STEP, arm, str(sizes["steps"]), str(ROOT / "examples")))
     rows = [{"setting": "threads", "arm": arm, "ms": round(statistics.median(m["ms_per_call"] for m in runs), 3),
              "threads": runs[0]["threads"], "ms_runs": [round(m["ms_per_call"], 3) for m in runs]} for arm, runs in attention.items()]
@@ -125,6 +134,7 @@ def main() -> None:
 
     ratios = {"attention ms, torch.set_num_threads / gpufill set_threads": per_round(attention, "ms_per_call", "torch.set_num_threads", "gpufill set_threads"),
               "attention ms, untouched / gpufill set_threads": per_round(attention, "ms_per_call", "untouched", "gpufill set_threads"),
+              "attention ms, torch.set_num_threads once / OMP_NUM_THREADS": per_round(attention, "ms_per_call", "torch.set_num_threads once", "OMP_NUM_THREADS"),
               "LM step ms, glibc thresholds / freed memory kept": per_round(memory, "ms_per_step", "glibc thresholds", "freed memory kept")}
     run_args = {"size": size_name, "rounds": rounds, **sizes, "attention_shape": [128, 4, 32, 16], "lm": {"text_bytes": 60_000, "batch": 128},
                 "process": "each arm a fresh interpreter"}

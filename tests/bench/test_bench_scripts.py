@@ -60,15 +60,15 @@ def check_fit_speed(record: dict[str, Any]) -> None:
 
 def check_cpu_settings(record: dict[str, Any]) -> None:
     rows = {(row["setting"], row["arm"]): row for row in record["results"]}
-    assert set(rows) == {("threads", "untouched"), ("threads", "torch.set_num_threads"), ("threads", "gpufill set_threads"),
-                         ("host memory", "glibc thresholds"), ("host memory", "freed memory kept")}
+    thread_arms = ("untouched", "torch.set_num_threads", "gpufill set_threads", "torch.set_num_threads once", "OMP_NUM_THREADS")
+    assert set(rows) == {*(("threads", arm) for arm in thread_arms), ("host memory", "glibc thresholds"), ("host memory", "freed memory kept")}
     for row in rows.values():
         assert positive(row["ms"]) and len(row["ms_runs"]) == record["args"]["rounds"] == 1
-    threads = {rows["threads", arm]["threads"] for arm in ("untouched", "torch.set_num_threads", "gpufill set_threads")}
+    threads = {rows["threads", arm]["threads"] for arm in thread_arms}
     assert len(threads) == 1  # every arm back at the count it started with (OMP_NUM_THREADS=1 here)
     kept, default = rows["host memory", "freed memory kept"], rows["host memory", "glibc thresholds"]
     assert kept["kept"] is True and default["kept"] is False and kept["faults_per_step"] >= 0 and default["faults_per_step"] >= 0
-    assert all(positive(value) for value in record["ratios"].values()) and len(record["ratios"]) == 3
+    assert all(positive(value) for value in record["ratios"].values()) and len(record["ratios"]) == 4
 
 
 def check_step_overhead(record: dict[str, Any]) -> None:

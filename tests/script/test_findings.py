@@ -143,7 +143,7 @@ def test_a_watch_calls_threads_oversubscribed_only_when_they_outnumber_the_free_
     # 1.9 of 2 CPUs busy on the host, 0.95 of them the training's own (1.9 s CPU in 2 s): 1.05 free for 2 threads.
     busy = [{"source": "host", "ts": float(t), "cpu_per_core": [95.0, 95.0]} for t in range(3)]
     verdict = thread_verdict(_report(None, threads=2, cpu_used=[1.9, 2.0]), busy)
-    assert verdict.kind == "thread-oversubscribed" and verdict.expected_gain is None and verdict.fix.startswith("torch.set_num_threads(1)")
+    assert verdict.kind == "thread-oversubscribed" and verdict.expected_gain is None and verdict.fix.startswith("OMP_NUM_THREADS=1 in the script's environment")
     assert verdict.evidence["busy_elsewhere"] == pytest.approx(0.95)
     # An idle box: the training's own 1.9 cores are all that is busy.
     assert thread_verdict(_report(None, threads=2, cpu_used=[3.8, 2.0]), busy) is None

@@ -80,10 +80,13 @@ def _cores(row: dict[str, Any]) -> list[float]:
 
 
 def fix_text(threads: int, set_by_script: dict[str, Any] | None = None) -> str:
-    """The fix, at the script's own torch.set_num_threads line when it has one (there the variable changes nothing)."""
+    """The fix: at the script's own torch.set_num_threads line when it has one (there the variable changes nothing),
+    else the environment's OMP_NUM_THREADS."""
     if set_by_script:
         return f"torch.set_num_threads({threads}) at {set_by_script['at']}, where the script sets {set_by_script['to']}"
-    return f"torch.set_num_threads({threads}) at the top of the script (or OMP_NUM_THREADS={threads} in its environment)"
+    # Not torch.set_num_threads: one call at a script's start pins MKL's threads too, and CPU attention then ran 1.77x
+    # slower than under the variable (bench/results/cpu_settings-set-once-cpu-amd-epyc-2026-11-30.json).
+    return f"OMP_NUM_THREADS={threads} in the script's environment (not torch.set_num_threads({threads}), which also pins MKL's threads)"
 
 
 def _count_text(threads: dict[str, Any], script_threads: int) -> str:
