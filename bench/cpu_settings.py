@@ -110,7 +110,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="a few calls and steps, one round (CI)")
-    size.add_argument("--quick", action="store_true", help="about a minute on 2 CPU cores")
+    size.add_argument("--quick", action="store_true", help="2-6 minutes on 2 CPU cores")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
