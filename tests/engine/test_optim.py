@@ -156,52 +156,106 @@ def test_an_eager_optimizer_steps_as_torchs_own_bit_for_bit(kind, kernel):
     for ours, theirs in zip(weights[1], weights[0], strict=True):
         assert torch.equal(ours, theirs)
     if kind is not torch.optim.SGD:  # fused Adam and AdamW took the listed step from the second step on
-        assert (getattr(optimizer, "_lists", None) is not None) == ("fused" in kernel)
+        listing = optimizer._listing
+        assert (listing.groups is not None) == ("fused" in kernel) and listing.given_up == ("fused" not in kernel)
 
 
-@pytest.mark.parametrize("kind", [torch.optim.Adam, torch.optim.AdamW])
-def test_a_listed_fused_step_follows_torchs_through_groups_missing_grads_new_state_and_amsgrad(kind):
-    """The listed fused step (optim_eager._FusedLists) against torch's own class, step by step, bit for bit: two groups
-    of their own weight decay, a scheduler, a parameter without a gradient for some steps (torch's step then), the
-    state loaded from a checkpoint mid-way (listed again), maximize; and amsgrad, which torch's step always takes."""
+def _side_by_side(kind, steps, edit=None, **extra):
+    """torch's class and gpufill's eager one trained alike for `steps` steps, `edit(optimizer, model, step)` after
+    each step's update; (weights, state of each, and per step whether the listed step ran) for gpufill's."""
+    from gpufill.engine import optim_listed
     from gpufill.engine.optim_eager import eager_class
 
-    def train(cls, **extra):
+    ran: list[bool] = []
+    original = optim_listed.Listing.step
+
+    def recorded(self, optimizer):
+        took = original(self, optimizer)
+        ran.append(took)
+        return took
+
+    out = []
+    for cls in (kind, eager_class(kind)):
+        ran.clear()
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
         groups = [{"params": [model[0].weight, model[2].weight], "weight_decay": 0.05}, {"params": [model[0].bias, model[2].bias], "weight_decay": 0.0}]
         optimizer = cls(groups, lr=1e-2, fused=True, **extra)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
         generator = torch.Generator().manual_seed(1)
-        listed = []
-        for step in range(12):
-            x, y = torch.randn(8, 6, generator=generator), torch.randn(8, 1, generator=generator)
-            loss = nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if step in (4, 5):
-                model[2].bias.grad = None  # torch's step skips it (and keeps its state as it was)
-            optimizer.step()
-            schedule.step()
-            if step == 7:
-                optimizer.load_state_dict(optimizer.state_dict())  # new state tensors: the old lists must not be used
-            listed.append(getattr(optimizer, "_lists", None) is not None)
-        return [p.detach().clone() for p in model.parameters()], optimizer.state_dict()["state"], listed
-
-    for extra in ({}, {"maximize": True}, {"amsgrad": True}):
-        theirs, their_state, _ = train(kind, **extra)
-        ours, our_state, listed = train(eager_class(kind), **extra)
-        for a, b in zip(ours, theirs, strict=True):
-            assert torch.equal(a, b)
-        for index, state in their_state.items():
-            for name, value in state.items():
-                assert torch.equal(our_state[index][name], value)
-        if "amsgrad" in extra:
-            assert not any(listed)
-        else:  # listed after the first step, again after the checkpoint's state was loaded
-            assert listed == [True] * 7 + [False] + [True] * 4
+        optim_listed.Listing.step = recorded
+        try:
+            for step in range(steps):
+                x, y = torch.randn(8, 6, generator=generator), torch.randn(8, 1, generator=generator)
+                loss = nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if edit is not None:
+                    edit(optimizer, model, step, before=True)
+                optimizer.step()
+                schedule.step()
+                if edit is not None:
+                    edit(optimizer, model, step, before=False)
+        finally:
+            optim_listed.Listing.step = original
+        # each model parameter's state as the optimizer holds it (a state_dict refuses a parameter swapped out of a group)
+        state = [dict(optimizer.state.get(p, {})) for p in model.parameters()]
+        out.append(([p.detach().clone() for p in model.parameters()], state, list(ran)))
+    (theirs, their_state, _), (ours, our_state, listed) = out
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+    for mine, torchs in zip(our_state, their_state, strict=True):
+        assert mine.keys() == torchs.keys() and all(torch.equal(mine[name], value) for name, value in torchs.items())
+    return listed
 
 
+@pytest.mark.parametrize("kind", [torch.optim.Adam, torch.optim.AdamW])
+def test_a_listed_fused_step_follows_torchs_through_groups_missing_grads_new_state_and_amsgrad(kind):
+    """The listed fused step (engine/optim_listed.py) against torch's own class, bit for bit: two groups of their own
+    weight decay, a scheduler, a parameter without a gradient for two steps (torch's step, then lists without it, then
+    torch's step when it has one again), the state loaded from a checkpoint (new tensors: torch's step, then new
+    lists), maximize; and amsgrad, which torch's step always takes."""
+
+    def edit(optimizer, model, step, *, before):
+        if before and step in (4, 5):
+            model[2].bias.grad = None  # torch's step skips it (and keeps its state as it was)
+        if not before and step == 7:
+            optimizer.load_state_dict(optimizer.state_dict())
+
+    expected = [False, True, True, True, False, True, False, True, False, True, True, True]  # the first: no state yet
+    assert _side_by_side(kind, 12, edit) == expected
+    assert _side_by_side(kind, 12, edit, maximize=True) == expected
+    assert _side_by_side(kind, 12, edit, amsgrad=True) == [False] * 12  # given up at the first step
+
+
+@pytest.mark.parametrize("change", ["step count replaced", "a later layer's state deleted", "a later moment replaced", "fused switched off",
+                                    "a parameter swapped in the group", "a tensor lr"])
+def test_a_listed_step_takes_torchs_whenever_the_optimizer_was_changed_by_hand(change):
+    """What a user may do to an optimizer between steps, found by the next step's checks: gpufill's eager AdamW stays
+    bit for bit on torch's path (the reviewer's cases of the first listed version, each of which it got wrong)."""
+    spare = nn.Parameter(torch.zeros(16))
+
+    def edit(optimizer, model, step, *, before):
+        if before or step != 3:
+            return
+        group, state = optimizer.param_groups[0], optimizer.state
+        if change == "step count replaced":
+            for p in group["params"]:
+                state[p]["step"] = torch.tensor(0.0)  # a bias-correction restart
+        elif change == "a later layer's state deleted":
+            del state[group["params"][1]]
+        elif change == "a later moment replaced":
+            state[group["params"][1]]["exp_avg"] = torch.zeros_like(group["params"][1])
+        elif change == "fused switched off":
+            group["fused"] = False
+        elif change == "a parameter swapped in the group":
+            second = optimizer.param_groups[1]
+            second["params"][0] = spare  # the first layer's bias is no longer stepped; spare is (it never has a grad)
+        else:
+            group["lr"] = torch.tensor(group["lr"])
+
+    listed = _side_by_side(torch.optim.AdamW, 8, edit)
+    assert listed[:4] == [False, True, True, True] and listed[4] is False  # the step after the change is torch's
 def test_an_eager_optimizers_parameters_carry_no_autograd_graph():
     from gpufill.engine.optim_eager import eager_class
 
