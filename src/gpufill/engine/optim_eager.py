@@ -72,4 +72,3 @@ def eager_class(kind: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer
     Eager.__name__ = Eager.__qualname__ = kind.__name__
     Eager.__module__ = __name__
     return Eager
-

@@ -46,7 +46,7 @@ class _Group:
         params = group["params"]
         if params is not self.params_list or len(params) != len(self.members) or any(p is not q for p, q in zip(params, self.members, strict=True)):
             return False
-        if _refusal(group) is not None or _decoupled(group, self.decoupled) != self.decoupled:
+        if not _listable(group) or _decoupled(group, self.decoupled) != self.decoupled:
             return False
         for param, kept, exp_avg, exp_avg_sq, step in zip(self.params, self.states, self.exp_avgs, self.exp_avg_sqs, self.steps, strict=True):
             if (state.get(param) is not kept or kept.get("exp_avg") is not exp_avg or kept.get("exp_avg_sq") is not exp_avg_sq
@@ -59,13 +59,10 @@ def _plain_number(value: Any) -> bool:
     return isinstance(value, float) or type(value) is int
 
 
-def _refusal(group: dict[str, Any]) -> str | None:
-    """Why torch's fused step for this group is not two calls on fixed lists (None: it is)."""
-    if not group.get("fused") or group.get("amsgrad") or group.get("capturable") or group.get("differentiable"):
-        return "not a plain fused step"
-    if not (_plain_number(group["lr"]) and all(_plain_number(beta) for beta in group["betas"])):
-        return "a tensor lr or betas"
-    return None
+def _listable(group: dict[str, Any]) -> bool:
+    """Whether torch's fused step for this group is two calls on fixed lists: a plain fused step, plain-number lr and betas."""
+    plain = group.get("fused") and not (group.get("amsgrad") or group.get("capturable") or group.get("differentiable"))
+    return bool(plain) and _plain_number(group["lr"]) and all(_plain_number(beta) for beta in group["betas"])
 
 
 def _decoupled(group: dict[str, Any], adamw: bool) -> bool:
@@ -132,7 +129,7 @@ def _build(optimizer: torch.optim.Optimizer) -> tuple[tuple[_Group, ...] | None,
     groups = []
     for group in optimizer.param_groups:
         params = group["params"]
-        if _refusal(group) is not None:
+        if not _listable(group):
             return None, True
         if any(p.device.type != "cpu" or p.is_complex() or p.dtype != params[0].dtype for p in params):
             return None, True
