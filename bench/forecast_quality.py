@@ -117,10 +117,11 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
                   lr: float | None = None, patience: int = 5, refit: bool = False, first_seed: int = 0, batch_size: int | None = None,
                   schedule: str | None = None, params: dict[str, str] | None = None) -> str:
     # nbeats@i: N-BEATS-I (a trend stack, then a seasonality stack), the paper's ensemble's second architecture.
-    models = {"mlp": "{hidden_size: 128}", "nbeats": "{width: 256, blocks: 3}", "nbeats@i": "{stacks: interpretable, width: 256, blocks: 4}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
+    # nbeats@mixed: generic, trend and seasonality blocks, neuralforecast's default NBEATS stacks.
+    models = {"mlp": "{hidden_size: 128}", "nbeats": "{width: 256, blocks: 3}", "nbeats@i": "{stacks: interpretable, width: 256, blocks: 4}", "nbeats@mixed": "{stacks: mixed, width: 256, blocks: 3}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
               "transformer": "{d_model: 64, nhead: 4, num_layers: 2}", "linear": "{}", "lgbm": "{n_estimators: 300}", "xgb": "{n_estimators: 300}"}
     models.update(params or {})  # --params: a family's grid point in place of the bench's
-    neural = {"mlp", "nbeats", "nbeats@i", "tcn", "lstm", "gru", "transformer"}
+    neural = {"mlp", "nbeats", "nbeats@i", "nbeats@mixed", "tcn", "lstm", "gru", "transformer"}
     # --losses: every network trains once per loss (N-BEATS' ensembles span sMAPE, MASE and MAPE; here the engine's named losses).
     from gpufill.engine.config import SCALE_FREE_LOSSES
     from gpufill.forecasting.recipes import recipe

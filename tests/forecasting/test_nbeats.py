@@ -20,7 +20,7 @@ from gpufill.forecasting.run import run_alone, trial_setup
 from gpufill.forecasting.trial import Trial
 
 
-@pytest.mark.parametrize("stacks", ["generic", "interpretable"])
+@pytest.mark.parametrize("stacks", ["generic", "interpretable", "mixed"])
 @pytest.mark.parametrize("n_features", [1, 3])
 def test_a_window_gives_one_forecast_per_horizon_step(stacks, n_features):
     model = build("nbeats", n_features=n_features, lookback=24, horizon=6, params={"stacks": stacks, "blocks": 4, "width": 16})
@@ -58,11 +58,32 @@ def test_the_interpretable_stacks_forecast_a_trend_then_a_season():
     assert torch.allclose(gram - torch.diag(torch.diagonal(gram)), torch.zeros(7, 7), atol=1e-5)
 
 
+@pytest.mark.parametrize(("blocks", "kinds"), [(3, ["generic", "trend", "season"]), (5, ["generic", "generic", "trend", "trend", "season"]),
+                                               (6, ["generic", "generic", "trend", "trend", "season", "season"])])
+def test_the_mixed_stacks_are_generic_then_trend_then_season_blocks_as_neuralforecasts_default(blocks, kinds):
+    model = build("nbeats", n_features=1, lookback=24, horizon=8, params={"stacks": "mixed", "blocks": blocks, "width": 16, "trend_degree": 2, "harmonics": 3})
+    trend, season = trend_basis(2, 24, 8), fourier_basis(3, 24, 8)
+
+    def kind(block) -> str:
+        if block.fore_basis is None:
+            assert block.forecast.out_features == 8 and block.backcast.out_features == 24  # a learned basis: one output per step
+            return "generic"
+        for name, (back, fore) in (("trend", trend), ("season", season)):
+            if torch.equal(block.fore_basis, fore) and torch.equal(block.back_basis, back):
+                return name
+        raise AssertionError("a fixed basis that is neither the trend's nor the season's")
+
+    assert [kind(block) for block in model.stack] == kinds
+    assert model.horizon_basis  # its trend and season blocks forecast horizon steps: a quantile loss is refused, as for interpretable
+
+
 def test_bad_settings_are_one_input_error_each():
-    with pytest.raises(InputError, match="stacks must be generic or interpretable"):
+    with pytest.raises(InputError, match="stacks must be one of generic, interpretable, mixed, got 'both'"):
         build("nbeats", n_features=1, lookback=12, horizon=3, params={"stacks": "both"})
     with pytest.raises(InputError, match="blocks must be a whole number >= 2"):
         build("nbeats", n_features=1, lookback=12, horizon=3, params={"stacks": "interpretable", "blocks": 1})
+    with pytest.raises(InputError, match="blocks must be a whole number >= 3"):
+        build("nbeats", n_features=1, lookback=12, horizon=3, params={"stacks": "mixed", "blocks": 2})
 
 
 def test_a_quantile_nbeats_gives_five_outputs_per_step_and_the_interpretable_stacks_refuse_the_quantile_loss():

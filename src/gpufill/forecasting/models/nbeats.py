@@ -5,7 +5,8 @@ connected ReLU layers of width `width`, and emits coefficients of two bases: a b
 subtracted from the residual the next block reads, and a forecast of the horizon; the model's forecast is the sum of
 every block's. `stacks: generic` learns both bases (linear layers: N-BEATS-G); `stacks: interpretable` uses a
 polynomial trend stack (degree `trend_degree`) then a Fourier seasonality stack (`harmonics` harmonics of the
-window, N-BEATS-I), so each block's part of the forecast is a trend or a season one can plot.
+window, N-BEATS-I), so each block's part of the forecast is a trend or a season one can plot; `stacks: mixed` is
+neuralforecast's default NBEATS: generic blocks, then trend, then seasonality (a third of the blocks each).
 
 The target channel is the residual; covariates (features 1..) are read by every block beside it, never backcast.
 Plain `nn.Linear` layers only: packs of N-BEATS trainings run through torch.func (engine/packs/stacked.py).
@@ -27,7 +28,8 @@ from gpufill.forecasting.models.registry import register
 
 __all__ = ["NBeatsBlock", "NBeatsForecaster", "fourier_basis", "trend_basis"]
 
-Stacks = Literal["generic", "interpretable"]
+Stacks = Literal["generic", "interpretable", "mixed"]
+STACKS: tuple[str, ...] = ("generic", "interpretable", "mixed")
 
 
 def trend_basis(degree: int, lookback: int, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,14 +95,15 @@ class NBeatsForecaster(Forecaster):
         last_value_norm: bool = False,
     ):
         super().__init__(n_features, lookback, horizon, last_value_norm=last_value_norm)
-        if stacks not in ("generic", "interpretable"):
-            raise InputError(f"stacks must be generic or interpretable, got {stacks!r}", field="nbeats.stacks",
-                             fix="set stacks to generic (learned bases) or interpretable (trend, then seasonality)")
+        if stacks not in STACKS:
+            raise InputError(f"stacks must be one of {', '.join(STACKS)}, got {stacks!r}", field="nbeats.stacks",
+                             fix="set stacks to generic (learned bases), interpretable (trend, then seasonality) or mixed "
+                                 "(generic, trend, seasonality)")
         self.stacks = stacks
-        # interpretable stacks forecast through a trend and a season over the horizon's time points: the model's
-        # outputs are those steps, not any other layout of values (a quantile loss's; forecasting/run.py: build_model)
-        self.horizon_basis = stacks == "interpretable"
-        self.blocks = whole_number(self.family, "blocks", blocks, minimum=2 if stacks == "interpretable" else 1)
+        # trend and season blocks forecast through bases over the horizon's time points: the model's outputs are
+        # those steps, not any other layout of values (a quantile loss's; forecasting/run.py: build_model)
+        self.horizon_basis = stacks != "generic"
+        self.blocks = whole_number(self.family, "blocks", blocks, minimum={"generic": 1, "interpretable": 2, "mixed": 3}[stacks])
         self.layers = whole_number(self.family, "layers", layers)
         self.width = whole_number(self.family, "width", width)
         self.trend_degree = whole_number(self.family, "trend_degree", trend_degree, minimum=0)
@@ -109,9 +112,12 @@ class NBeatsForecaster(Forecaster):
         bases: list[tuple[torch.Tensor, torch.Tensor] | None]
         if stacks == "generic":
             bases = [None] * self.blocks
-        else:  # the first half of the blocks model the trend, the rest the season (the paper's two stacks)
+        else:
             trend, season = trend_basis(self.trend_degree, lookback, horizon), fourier_basis(self.harmonics, lookback, horizon)
-            bases = [trend if i < self.blocks // 2 else season for i in range(self.blocks)]
+            if stacks == "interpretable":  # the first half of the blocks model the trend, the rest the season (the paper's two stacks)
+                bases = [trend if i < self.blocks // 2 else season for i in range(self.blocks)]
+            else:  # mixed: a third each of generic, trend and season blocks, in that order (neuralforecast's stack_types)
+                bases = [(None, trend, season)[i * 3 // self.blocks] for i in range(self.blocks)]
         self.stack = nn.ModuleList(NBeatsBlock(inputs, self.width, self.layers, lookback, horizon, basis) for basis in bases)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
