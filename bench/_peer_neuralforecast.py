@@ -18,10 +18,15 @@ PEERS = ("nbeats", "nhits")
 """--peers' names: neuralforecast's model class of each."""
 
 
-def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *, max_steps: int | None = None
+DEFAULT_SEED = 1
+"""neuralforecast's documented `random_seed`."""
+
+
+def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *, max_steps: int | None = None, seed: int = DEFAULT_SEED
                    ) -> tuple[dict[str, np.ndarray], float, dict[str, object]]:
     """(series -> its forecast of the `horizon` steps after its history, the fit + predict wall seconds, the settings
-    that differ from the defaults). `max_steps`: fewer training steps than the default 1000 (the smoke size only)."""
+    that differ from the defaults). `max_steps`: fewer training steps than the default 1000 (the smoke size only);
+    `seed`: another `random_seed` than the default's (a peer's spread over seeds)."""
     from neuralforecast import NeuralForecast
     from neuralforecast.models import NBEATS, NHITS
 
@@ -34,6 +39,8 @@ def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *,
         changed["start_padding_enabled"] = True
     if max_steps is not None:
         changed["max_steps"] = max_steps
+    if seed != DEFAULT_SEED:
+        changed["random_seed"] = seed
     frame = pd.concat([pd.DataFrame({"unique_id": key, "ds": pd.date_range("2000-01-01", periods=len(history), freq="MS"), "y": history})
                        for key, history in histories.items()], ignore_index=True)
     model = model_class(h=horizon, input_size=input_size, enable_progress_bar=False, logger=False, enable_checkpointing=False,

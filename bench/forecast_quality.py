@@ -60,7 +60,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
-from _peer_neuralforecast import PEERS, peer_forecasts  # noqa: E402
+from _peer_neuralforecast import DEFAULT_SEED, PEERS, peer_forecasts  # noqa: E402
 from _ensemble_choices import BEST, FILLED, GREEDY, LOOKBACKS, SELECTIONS  # noqa: E402
 
 from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
@@ -249,7 +249,7 @@ def configurations(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFr
 
 
 def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
-                pool: tuple[str, ...] = (), peers: tuple[str, ...] = (), peer_steps: int | None = None, **options) -> tuple[list[dict], dict[str, float]]:
+                pool: tuple[str, ...] = (), peers: tuple[str, ...] = (), peer_steps: int | None = None, peer_seeds: int = 1, **options) -> tuple[list[dict], dict[str, float]]:
     frame, histories, horizon, lookback = load(name, limit, tuple(other for other in pool if other != name))
     multiples = options.pop("lookbacks", None)
     lookback = [round(m * horizon) for m in multiples] if multiples else (options.pop("lookback", None) or lookback)
@@ -299,19 +299,32 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     peer_labels = {}
     actual = frame.groupby("series")["y"].apply(lambda y: y.to_numpy()[-horizon:]) if peers else None
     for peer in peers:  # neuralforecast's default model on the same series and held-out horizon (bench/_peer_neuralforecast.py)
-        label = f"neuralforecast {peer.upper()} (defaults)"
-        forecasts, peer_s, changed = peer_forecasts(histories, horizon, peer, max_steps=peer_steps)
-        methods[label] = pd.DataFrame([{"family": label, "project": key, "origin": len(histories[key]), "step": step + 1, "forecast": value,
-                                        "actual": actual[key][step]} for key, values in forecasts.items() if key in histories
-                                       for step, value in enumerate(values)])
-        seconds_of[label], trainings_of[label], peer_labels[label] = peer_s, 1, changed
+        # --peer-seeds N: the default seed and N - 1 more, each scored alone, and the median of their forecasts (as a
+        # gpufill family's seeds are combined): the peer's spread over seeds beside its one documented model.
+        seeded = []
+        for seed in range(DEFAULT_SEED, DEFAULT_SEED + peer_seeds):
+            label = f"neuralforecast {peer.upper()} (defaults)" + (f", random_seed {seed}" if seed != DEFAULT_SEED else "")
+            forecasts, peer_s, changed = peer_forecasts(histories, horizon, peer, max_steps=peer_steps, seed=seed)
+            methods[label] = pd.DataFrame([{"family": label, "project": key, "origin": len(histories[key]), "step": step + 1, "forecast": value,
+                                            "actual": actual[key][step]} for key, values in forecasts.items() if key in histories
+                                           for step, value in enumerate(values)])
+            seconds_of[label], trainings_of[label], peer_labels[label] = peer_s, 1, changed
+            seeded.append(label)
+        if len(seeded) > 1:
+            label = f"neuralforecast {peer.upper()} (defaults, median of {len(seeded)} seeds)"
+            methods[label] = pd.concat([methods[s] for s in seeded]).groupby(["project", "origin", "step"], as_index=False).agg(
+                forecast=("forecast", "median"), actual=("actual", "first")).assign(family=label)
+            seconds_of[label], trainings_of[label] = sum(seconds_of[s] for s in seeded), len(seeded)
+            peer_labels[label] = {**peer_labels[seeded[0]], "random_seed": f"{DEFAULT_SEED}..{DEFAULT_SEED + len(seeded) - 1}"}
     compared = [ref for ref in ("ets", "theta", "comb") if ref in methods]  # every gpufill method is measured against each
     results, ratios = [], {}
     for method, part in methods.items():
         per_series = [scores(g.sort_values("step")["forecast"].to_numpy(), g.sort_values("step")["actual"].to_numpy(), histories[project])
                       for project, g in part.groupby("project")]
         smape, mase = statistics.fmean(s for s, _ in per_series), statistics.fmean(m for _, m in per_series)
-        kind = ("reference (statsforecast)" if method in REFERENCES else "peer (neuralforecast, one model, documented defaults)" if method in peer_labels
+        kind = ("reference (statsforecast)" if method in REFERENCES
+                else "peer (neuralforecast, median of its seeds' forecasts, documented defaults)" if method in peer_labels and trainings_of[method] > 1
+                else "peer (neuralforecast, one model, documented defaults)" if method in peer_labels
                 else "gpufill ensemble (median of seeds)" if method in families
                 else "gpufill configuration (median of its seeds)" if method in configured
                 else SELECTED_KINDS.get(method) or ("gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble"))
@@ -334,7 +347,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
             ratios[f"{name}: {method['method']} MASE / {reference}'s"] = method["mase"] / ref["mase"]
     for label in peer_labels:  # per model: the peer's one fit + predict against one gpufill training of each family
         for family in trained:
-            ratios[f"{name}: {label} seconds / one {family} training's"] = seconds_of[label] / (seconds_of[family] / trainings_of[family])
+            ratios[f"{name}: {label} seconds / one {family} training's"] = (seconds_of[label] / trainings_of[label]) / (seconds_of[family] / trainings_of[family])
     if seconds == seconds:  # not for a rescore (NaN)
         ratios[f"{name}: campaign wall seconds"] = seconds
     return sorted(results, key=lambda r: r["smape"]), ratios
@@ -384,6 +397,8 @@ def main() -> None:
     parser.add_argument("--peers", default="", help=f"neuralforecast's models at their documented defaults beside (of {','.join(PEERS)}): "
                         "one model each on the same series and horizon, timed as a whole fit + predict")
     parser.add_argument("--peer-steps", type=int, default=None, help="the peers' max_steps (default: theirs, 1000; --smoke: 10)")
+    parser.add_argument("--peer-seeds", type=int, default=1, help="each peer trained with its default random_seed and this many - 1 "
+                        "more: each seed's score and the median of their forecasts, as a gpufill family's seeds combine")
     parser.add_argument("--references", default=",".join(REFERENCES), help="statsforecast's references to run beside (of snaive,ets,theta,comb; '' for none)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="8 M1 series, mlp and linear, 1 seed, 2 epochs: seconds (CI)")
@@ -403,6 +418,8 @@ def main() -> None:
     peers = tuple(p for p in args.peers.split(",") if p)
     if set(peers) - set(PEERS):
         parser.error(f"--peers takes {', '.join(PEERS)}, got {args.peers}")
+    if args.peer_seeds < 1:
+        parser.error(f"--peer-seeds takes a count of at least 1, got {args.peer_seeds}")
     left_out = []
     if peers and importlib.util.find_spec("neuralforecast") is None:
         left_out.append("neuralforecast does not import: the peers are left out (pip install -e '.[dev]' installs it)")
@@ -445,13 +462,13 @@ def main() -> None:
                                     schedule=args.schedule, params=dict(item.split("=", 1) for item in args.params),
                                     rescore=[Path(f) for f in args.rescore.split(",")] if args.rescore else None, first_seed=args.first_seed, pool=pool, within=args.within, select=select, keep=args.keep,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None,
-                                    peers=peers, peer_steps=args.peer_steps or (10 if args.smoke else None))
+                                    peers=peers, peer_steps=args.peer_steps or (10 if args.smoke else None), peer_seeds=args.peer_seeds)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "peer_seeds": args.peer_seeds, "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

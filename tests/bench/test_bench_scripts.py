@@ -232,6 +232,16 @@ def check_forecast_quality(record: dict[str, Any]) -> None:
     assert peer["changed_from_defaults"] == {"start_padding_enabled": True, "max_steps": 10} and peer["trainings"] == 1 and positive(peer["train_seconds"])
     assert record["ratios"]["m1: mlp sMAPE / neuralforecast NBEATS (defaults)'s"] == pytest.approx(methods["mlp"]["smape"] / peer["smape"])
     assert positive(record["ratios"]["m1: neuralforecast NBEATS (defaults) seconds / one mlp training's"])
+    # --peer-seeds 2: the default seed, seed 2, and the median of their forecasts (its seconds per model the two fits' mean)
+    second = methods["neuralforecast NBEATS (defaults), random_seed 2"]
+    assert second["changed_from_defaults"] == {"start_padding_enabled": True, "max_steps": 10, "random_seed": 2} and second["trainings"] == 1
+    both = methods["neuralforecast NBEATS (defaults, median of 2 seeds)"]
+    assert both["kind"] == "peer (neuralforecast, median of its seeds' forecasts, documented defaults)" and both["trainings"] == 2
+    assert both["changed_from_defaults"]["random_seed"] == "1..2"
+    assert both["train_seconds"] == pytest.approx(peer["train_seconds"] + second["train_seconds"], abs=0.11)
+    assert record["ratios"]["m1: neuralforecast NBEATS (defaults, median of 2 seeds) seconds / one mlp training's"] == pytest.approx(
+        (record["ratios"]["m1: neuralforecast NBEATS (defaults) seconds / one mlp training's"]
+         + record["ratios"]["m1: neuralforecast NBEATS (defaults), random_seed 2 seconds / one mlp training's"]) / 2)
     # No method is picked on the test scores: every gpufill method against every reference, 2 metrics each.
     ours = [name for name in methods if name not in ("snaive", "ets", "theta", "comb") and not name.startswith("neuralforecast")]
     assert sum(1 for name in record["ratios"] if "/ ets's" in name or "/ theta's" in name or "/ comb's" in name) == len(ours) * 3 * 2
@@ -403,7 +413,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "forecast_intervals": ["--losses", "auto,quantile"],  # and a quantile network's own band
     # One campaign per scaling, sMAPE under mean only; members chosen on validation (--within).
     "forecast_quality": ["--scaling", "standard,mean", "--losses", "mae,smape", "--val", "--within", "1.05", "--select", "greedy,lookbacks,filled",
-                         "--peers", "nbeats"],
+                         "--peers", "nbeats", "--peer-seeds", "2"],
 }
 
 
