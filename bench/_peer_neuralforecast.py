@@ -22,11 +22,13 @@ DEFAULT_SEED = 1
 """neuralforecast's documented `random_seed`."""
 
 
-def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *, max_steps: int | None = None, seed: int = DEFAULT_SEED
-                   ) -> tuple[dict[str, np.ndarray], float, dict[str, object]]:
+def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *, max_steps: int | None = None, seed: int = DEFAULT_SEED,
+                   full_windows: bool = False) -> tuple[dict[str, np.ndarray], float, dict[str, object]]:
     """(series -> its forecast of the `horizon` steps after its history, the fit + predict wall seconds, the settings
     that differ from the defaults). `max_steps`: fewer training steps than the default 1000 (the smoke size only);
-    `seed`: another `random_seed` than the default's (a peer's spread over seeds)."""
+    `seed`: another `random_seed` than the default's (a peer's spread over seeds); `full_windows`: train on windows
+    whose whole horizon is real only (by default neuralforecast pads each series' end by a horizon and keeps every
+    window with one real target, the others masked out of the loss: the windows nearest the forecast origin)."""
     from neuralforecast import NeuralForecast
     from neuralforecast.models import NBEATS, NHITS
 
@@ -41,6 +43,8 @@ def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *,
         changed["max_steps"] = max_steps
     if seed != DEFAULT_SEED:
         changed["random_seed"] = seed
+    if full_windows:
+        changed["training_data_availability_threshold"] = [0.0, 1.0]  # every target of a window real
     frame = pd.concat([pd.DataFrame({"unique_id": key, "ds": pd.date_range("2000-01-01", periods=len(history), freq="MS"), "y": history})
                        for key, history in histories.items()], ignore_index=True)
     model = model_class(h=horizon, input_size=input_size, enable_progress_bar=False, logger=False, enable_checkpointing=False,

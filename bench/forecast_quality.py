@@ -249,7 +249,7 @@ def configurations(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFr
 
 
 def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
-                pool: tuple[str, ...] = (), peers: tuple[str, ...] = (), peer_steps: int | None = None, peer_seeds: int = 1, **options) -> tuple[list[dict], dict[str, float]]:
+                pool: tuple[str, ...] = (), peers: tuple[str, ...] = (), peer_steps: int | None = None, peer_seeds: int = 1, peer_full_windows: bool = False, **options) -> tuple[list[dict], dict[str, float]]:
     frame, histories, horizon, lookback = load(name, limit, tuple(other for other in pool if other != name))
     multiples = options.pop("lookbacks", None)
     lookback = [round(m * horizon) for m in multiples] if multiples else (options.pop("lookback", None) or lookback)
@@ -303,15 +303,15 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
         # gpufill family's seeds are combined): the peer's spread over seeds beside its one documented model.
         seeded = []
         for seed in range(DEFAULT_SEED, DEFAULT_SEED + peer_seeds):
-            label = f"neuralforecast {peer.upper()} (defaults)" + (f", random_seed {seed}" if seed != DEFAULT_SEED else "")
-            forecasts, peer_s, changed = peer_forecasts(histories, horizon, peer, max_steps=peer_steps, seed=seed)
+            label = f"neuralforecast {peer.upper()} (defaults{', full windows only' if peer_full_windows else ''})" + (f", random_seed {seed}" if seed != DEFAULT_SEED else "")
+            forecasts, peer_s, changed = peer_forecasts(histories, horizon, peer, max_steps=peer_steps, seed=seed, full_windows=peer_full_windows)
             methods[label] = pd.DataFrame([{"family": label, "project": key, "origin": len(histories[key]), "step": step + 1, "forecast": value,
                                             "actual": actual[key][step]} for key, values in forecasts.items() if key in histories
                                            for step, value in enumerate(values)])
             seconds_of[label], trainings_of[label], peer_labels[label] = peer_s, 1, changed
             seeded.append(label)
         if len(seeded) > 1:
-            label = f"neuralforecast {peer.upper()} (defaults, median of {len(seeded)} seeds)"
+            label = f"neuralforecast {peer.upper()} (defaults{', full windows only' if peer_full_windows else ''}, median of {len(seeded)} seeds)"
             methods[label] = pd.concat([methods[s] for s in seeded]).groupby(["project", "origin", "step"], as_index=False).agg(
                 forecast=("forecast", "median"), actual=("actual", "first")).assign(family=label)
             seconds_of[label], trainings_of[label] = sum(seconds_of[s] for s in seeded), len(seeded)
@@ -397,6 +397,9 @@ def main() -> None:
     parser.add_argument("--peers", default="", help=f"neuralforecast's models at their documented defaults beside (of {','.join(PEERS)}): "
                         "one model each on the same series and horizon, timed as a whole fit + predict")
     parser.add_argument("--peer-steps", type=int, default=None, help="the peers' max_steps (default: theirs, 1000; --smoke: 10)")
+    parser.add_argument("--peer-full-windows", action="store_true", help="the peers train on windows whose whole horizon is real only "
+                        "(neuralforecast's training_data_availability_threshold [0, 1]; by default it also trains on each series' last "
+                        "windows, their horizon partly past the end and masked), as gpufill's networks do")
     parser.add_argument("--peer-seeds", type=int, default=1, help="each peer trained with its default random_seed and this many - 1 "
                         "more: each seed's score and the median of their forecasts, as a gpufill family's seeds combine")
     parser.add_argument("--references", default=",".join(REFERENCES), help="statsforecast's references to run beside (of snaive,ets,theta,comb; '' for none)")
@@ -462,13 +465,13 @@ def main() -> None:
                                     schedule=args.schedule, params=dict(item.split("=", 1) for item in args.params),
                                     rescore=[Path(f) for f in args.rescore.split(",")] if args.rescore else None, first_seed=args.first_seed, pool=pool, within=args.within, select=select, keep=args.keep,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None,
-                                    peers=peers, peer_steps=args.peer_steps or (10 if args.smoke else None), peer_seeds=args.peer_seeds)
+                                    peers=peers, peer_steps=args.peer_steps or (10 if args.smoke else None), peer_seeds=args.peer_seeds, peer_full_windows=args.peer_full_windows)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "peer_seeds": args.peer_seeds, "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "peer_seeds": args.peer_seeds, "peer_full_windows": args.peer_full_windows, "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":
