@@ -210,10 +210,14 @@ def kept(folders: list[Path], name: str, part: str) -> pd.DataFrame:
     return frame.drop_duplicates(subset=key, ignore_index=True)
 
 
+def median_forecast(rows: pd.DataFrame) -> pd.DataFrame:
+    """One forecast per series, origin and step: the median of the methods' (or seeds') in `rows`."""
+    return rows.groupby(["project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
+
+
 def median_val_smape(val_rows: pd.DataFrame, ids: set[str], histories: dict) -> float:
     """The validation sMAPE of the median over trials `ids` (NaN without validation forecasts)."""
-    val = val_rows[val_rows["trial_id"].isin(ids)].groupby(["project", "origin", "step"], as_index=False).agg(
-        forecast=("forecast", "median"), actual=("actual", "first"))
+    val = median_forecast(val_rows[val_rows["trial_id"].isin(ids)])
     return statistics.fmean(scores(g.sort_values(["origin", "step"])["forecast"].to_numpy(), g.sort_values(["origin", "step"])["actual"].to_numpy(),
                                    histories[project])[0] for project, g in val.groupby("project")) if len(val) else float("nan")
 
@@ -232,8 +236,7 @@ def configurations(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFr
     out: dict[str, tuple[pd.DataFrame, float, set[str]]] = {}
     for (family, params, train, lookback, scaling), group in learned.groupby(keys):
         ids = set(group["trial_id"])
-        test = rows[rows["trial_id"].isin(ids)].groupby(["project", "origin", "step"], as_index=False).agg(
-            forecast=("forecast", "median"), actual=("actual", "first"))
+        test = median_forecast(rows[rows["trial_id"].isin(ids)])
         val_smape = median_val_smape(val_rows, ids, histories)
         shown = " ".join(f"{k}={v}" for k, v in json.loads(params).items())
         changed = {**{k: v for k, v in json.loads(train).items() if k in ("loss", "scaling") and v != "auto"},
@@ -281,8 +284,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     combined = rows.groupby(["family", "project", "origin", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
     methods = {family: part for family, part in combined.groupby("family")}
     trained = [f for f in families if f in methods]
-    everything = pd.concat([methods[f] for f in trained]).groupby(["project", "origin", "step"], as_index=False).agg(
-        forecast=("forecast", "median"), actual=("actual", "first"))
+    everything = median_forecast(pd.concat([methods[f] for f in trained]))
     methods["gpufill: all families"] = everything.assign(family="gpufill: all families")
     methods.update({label: forecast.assign(family=label) for label, (forecast, _) in selected.items()})
     methods.update({label: forecast for label, (forecast, _, _) in configured.items()})
@@ -293,17 +295,16 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     joined = [ref for ref in ("ets", "theta") if ref in methods]
     if joined:
         label = f"gpufill: families + {' + '.join(joined)}"
-        combined_all = pd.concat([methods[f] for f in [*trained, *joined]]).groupby(["project", "origin", "step"], as_index=False).agg(
-            forecast=("forecast", "median"), actual=("actual", "first"))
+        combined_all = median_forecast(pd.concat([methods[f] for f in [*trained, *joined]]))
         methods[label] = combined_all.assign(family=label)
     peer_labels = {}
     actual = frame.groupby("series")["y"].apply(lambda y: y.to_numpy()[-horizon:]) if peers else None
     for peer in peers:  # neuralforecast's default model on the same series and held-out horizon (bench/_peer_neuralforecast.py)
         # --peer-seeds N: the default seed and N - 1 more, each scored alone, and the median of their forecasts (as a
         # gpufill family's seeds are combined): the peer's spread over seeds beside its one documented model.
-        seeded = []
+        seeded, settings = [], "defaults, full windows only" if peer_full_windows else "defaults"
         for seed in range(DEFAULT_SEED, DEFAULT_SEED + peer_seeds):
-            label = f"neuralforecast {peer.upper()} (defaults{', full windows only' if peer_full_windows else ''})" + (f", random_seed {seed}" if seed != DEFAULT_SEED else "")
+            label = f"neuralforecast {peer.upper()} ({settings})" + (f", random_seed {seed}" if seed != DEFAULT_SEED else "")
             forecasts, peer_s, changed = peer_forecasts(histories, horizon, peer, max_steps=peer_steps, seed=seed, full_windows=peer_full_windows)
             methods[label] = pd.DataFrame([{"family": label, "project": key, "origin": len(histories[key]), "step": step + 1, "forecast": value,
                                             "actual": actual[key][step]} for key, values in forecasts.items() if key in histories
@@ -311,9 +312,8 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
             seconds_of[label], trainings_of[label], peer_labels[label] = peer_s, 1, changed
             seeded.append(label)
         if len(seeded) > 1:
-            label = f"neuralforecast {peer.upper()} (defaults{', full windows only' if peer_full_windows else ''}, median of {len(seeded)} seeds)"
-            methods[label] = pd.concat([methods[s] for s in seeded]).groupby(["project", "origin", "step"], as_index=False).agg(
-                forecast=("forecast", "median"), actual=("actual", "first")).assign(family=label)
+            label = f"neuralforecast {peer.upper()} ({settings}, median of {len(seeded)} seeds)"
+            methods[label] = median_forecast(pd.concat([methods[s] for s in seeded])).assign(family=label)
             seconds_of[label], trainings_of[label] = sum(seconds_of[s] for s in seeded), len(seeded)
             peer_labels[label] = {**peer_labels[seeded[0]], "random_seed": f"{DEFAULT_SEED}..{DEFAULT_SEED + len(seeded) - 1}"}
     compared = [ref for ref in ("ets", "theta", "comb") if ref in methods]  # every gpufill method is measured against each

@@ -15,7 +15,7 @@ Plain `nn.Linear` layers only: packs of N-BEATS trainings run through torch.func
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +29,8 @@ from gpufill.forecasting.models.registry import register
 __all__ = ["NBeatsBlock", "NBeatsForecaster", "fourier_basis", "trend_basis"]
 
 Stacks = Literal["generic", "interpretable", "mixed"]
-STACKS: tuple[str, ...] = ("generic", "interpretable", "mixed")
+FEWEST_BLOCKS: dict[str, int] = dict(zip(get_args(Stacks), (1, 2, 3), strict=True))
+"""Each stack layout and the fewest blocks it holds (interpretable: a trend and a season; mixed: one of each kind)."""
 
 
 def trend_basis(degree: int, lookback: int, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,15 +96,15 @@ class NBeatsForecaster(Forecaster):
         last_value_norm: bool = False,
     ):
         super().__init__(n_features, lookback, horizon, last_value_norm=last_value_norm)
-        if stacks not in STACKS:
-            raise InputError(f"stacks must be one of {', '.join(STACKS)}, got {stacks!r}", field="nbeats.stacks",
+        if stacks not in FEWEST_BLOCKS:
+            raise InputError(f"stacks must be one of {', '.join(FEWEST_BLOCKS)}, got {stacks!r}", field="nbeats.stacks",
                              fix="set stacks to generic (learned bases), interpretable (trend, then seasonality) or mixed "
                                  "(generic, trend, seasonality)")
         self.stacks = stacks
         # trend and season blocks forecast through bases over the horizon's time points: the model's outputs are
         # those steps, not any other layout of values (a quantile loss's; forecasting/run.py: build_model)
         self.horizon_basis = stacks != "generic"
-        self.blocks = whole_number(self.family, "blocks", blocks, minimum={"generic": 1, "interpretable": 2, "mixed": 3}[stacks])
+        self.blocks = whole_number(self.family, "blocks", blocks, minimum=FEWEST_BLOCKS[stacks])
         self.layers = whole_number(self.family, "layers", layers)
         self.width = whole_number(self.family, "width", width)
         self.trend_degree = whole_number(self.family, "trend_degree", trend_degree, minimum=0)
