@@ -37,3 +37,10 @@ def test_full_windows_and_another_seed_are_the_only_changes_and_each_series_gets
     assert got["default"] == {"max_steps": 2}  # the documented defaults otherwise: seed 1, partial windows kept
     assert sorted(got["forecasts"]) == ["s0", "s1", "s2"] and all(len(f) == 6 for f in got["forecasts"].values())
     assert got["seconds"] > 0
+
+
+def test_a_peer_seed_count_below_one_is_one_line_and_exit_2():
+    done = subprocess.run([sys.executable, str(BENCH / "forecast_quality.py"), "--smoke", "--peers", "nbeats", "--peer-seeds", "0"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith("error: --peer-seeds takes a count of at least 1, got 0")
