@@ -22,13 +22,26 @@ DEFAULT_SEED = 1
 """neuralforecast's documented `random_seed`."""
 
 
+def unknown_settings(names: list[str], peers: tuple[str, ...]) -> list[str]:
+    """The `names` that are not a named argument of every one of the `peers`' model classes (checked before anything
+    trains: neuralforecast hands unknown keywords to Lightning's Trainer, which fails only once the peer runs)."""
+    import inspect
+
+    from neuralforecast.models import NBEATS, NHITS
+
+    classes = {"nbeats": NBEATS, "nhits": NHITS}
+    return [name for name in names if any(name not in inspect.signature(classes[peer].__init__).parameters for peer in peers)]
+
+
 def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *, max_steps: int | None = None, seed: int = DEFAULT_SEED,
-                   full_windows: bool = False) -> tuple[dict[str, np.ndarray], float, dict[str, object]]:
+                   full_windows: bool = False, settings: dict[str, object] | None = None) -> tuple[dict[str, np.ndarray], float, dict[str, object]]:
     """(series -> its forecast of the `horizon` steps after its history, the fit + predict wall seconds, the settings
     that differ from the defaults). `max_steps`: fewer training steps than the default 1000 (the smoke size only);
     `seed`: another `random_seed` than the default's (a peer's spread over seeds); `full_windows`: train on windows
     whose whole horizon is real only (by default neuralforecast pads each series' end by a horizon and keeps every
-    window with one real target, the others masked out of the loss: the windows nearest the forecast origin)."""
+    window with one real target, the others masked out of the loss: the windows nearest the forecast origin);
+    `settings`: the model's other arguments in place of their defaults (an ablation of the peer's regime, e.g.
+    `num_lr_decays=0`)."""
     from neuralforecast import NeuralForecast
     from neuralforecast.models import NBEATS, NHITS
 
@@ -45,6 +58,7 @@ def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *,
         changed["random_seed"] = seed
     if full_windows:
         changed["training_data_availability_threshold"] = [0.0, 1.0]  # every target of a window real
+    changed.update(settings or {})
     frame = pd.concat([pd.DataFrame({"unique_id": key, "ds": pd.date_range("2000-01-01", periods=len(history), freq="MS"), "y": history})
                        for key, history in histories.items()], ignore_index=True)
     model = model_class(h=horizon, input_size=input_size, enable_progress_bar=False, logger=False, enable_checkpointing=False,

@@ -60,7 +60,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
-from _peer_neuralforecast import DEFAULT_SEED, PEERS, peer_forecasts  # noqa: E402
+from _peer_neuralforecast import DEFAULT_SEED, PEERS, peer_forecasts, unknown_settings  # noqa: E402
 from _ensemble_choices import BEST, FILLED, GREEDY, LOOKBACKS, SELECTIONS  # noqa: E402
 
 from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
@@ -252,7 +252,8 @@ def configurations(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFr
 
 
 def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
-                pool: tuple[str, ...] = (), peers: tuple[str, ...] = (), peer_steps: int | None = None, peer_seeds: int = 1, peer_full_windows: bool = False, **options) -> tuple[list[dict], dict[str, float]]:
+                pool: tuple[str, ...] = (), peers: tuple[str, ...] = (), peer_steps: int | None = None, peer_seeds: int = 1, peer_full_windows: bool = False,
+                peer_settings: dict[str, object] | None = None, **options) -> tuple[list[dict], dict[str, float]]:
     frame, histories, horizon, lookback = load(name, limit, tuple(other for other in pool if other != name))
     multiples = options.pop("lookbacks", None)
     lookback = [round(m * horizon) for m in multiples] if multiples else (options.pop("lookback", None) or lookback)
@@ -302,10 +303,12 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     for peer in peers:  # neuralforecast's default model on the same series and held-out horizon (bench/_peer_neuralforecast.py)
         # --peer-seeds N: the default seed and N - 1 more, each scored alone, and the median of their forecasts (as a
         # gpufill family's seeds are combined): the peer's spread over seeds beside its one documented model.
-        seeded, settings = [], "defaults, full windows only" if peer_full_windows else "defaults"
+        seeded, settings = [], ", ".join(["defaults", *(["full windows only"] if peer_full_windows else []),
+                                           *(f"{key}={value}" for key, value in (peer_settings or {}).items())])
         for seed in range(DEFAULT_SEED, DEFAULT_SEED + peer_seeds):
             label = f"neuralforecast {peer.upper()} ({settings})" + (f", random_seed {seed}" if seed != DEFAULT_SEED else "")
-            forecasts, peer_s, changed = peer_forecasts(histories, horizon, peer, max_steps=peer_steps, seed=seed, full_windows=peer_full_windows)
+            forecasts, peer_s, changed = peer_forecasts(histories, horizon, peer, max_steps=peer_steps, seed=seed, full_windows=peer_full_windows,
+                                                           settings=peer_settings)
             methods[label] = pd.DataFrame([{"family": label, "project": key, "origin": len(histories[key]), "step": step + 1, "forecast": value,
                                             "actual": actual[key][step]} for key, values in forecasts.items() if key in histories
                                            for step, value in enumerate(values)])
@@ -316,6 +319,7 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
             methods[label] = median_forecast(pd.concat([methods[s] for s in seeded])).assign(family=label)
             seconds_of[label], trainings_of[label] = sum(seconds_of[s] for s in seeded), len(seeded)
             peer_labels[label] = {**peer_labels[seeded[0]], "random_seed": f"{DEFAULT_SEED}..{DEFAULT_SEED + len(seeded) - 1}"}
+    peer_kind = "documented defaults" if not peer_settings else "settings changed from the defaults: --peer-set"
     compared = [ref for ref in ("ets", "theta", "comb") if ref in methods]  # every gpufill method is measured against each
     results, ratios = [], {}
     for method, part in methods.items():
@@ -323,8 +327,8 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
                       for project, g in part.groupby("project")]
         smape, mase = statistics.fmean(s for s, _ in per_series), statistics.fmean(m for _, m in per_series)
         kind = ("reference (statsforecast)" if method in REFERENCES
-                else "peer (neuralforecast, median of its seeds' forecasts, documented defaults)" if method in peer_labels and trainings_of[method] > 1
-                else "peer (neuralforecast, one model, documented defaults)" if method in peer_labels
+                else f"peer (neuralforecast, median of its seeds' forecasts, {peer_kind})" if method in peer_labels and trainings_of[method] > 1
+                else f"peer (neuralforecast, one model, {peer_kind})" if method in peer_labels
                 else "gpufill ensemble (median of seeds)" if method in families
                 else "gpufill configuration (median of its seeds)" if method in configured
                 else SELECTED_KINDS.get(method) or ("gpufill ensemble with the campaign's references" if " + " in method else "gpufill ensemble"))
@@ -351,6 +355,25 @@ def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limi
     if seconds == seconds:  # not for a rescore (NaN)
         ratios[f"{name}: campaign wall seconds"] = seconds
     return sorted(results, key=lambda r: r["smape"]), ratios
+
+
+def peer_set(parser: argparse.ArgumentParser, items: list[str], peers: tuple[str, ...]) -> dict[str, object]:
+    """--peer-set's KEY=VALUE items as the peers' model arguments (values read as YAML); a malformed item or a name no
+    peer takes is one line and exit 2, before anything trains."""
+    import yaml
+
+    settings = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--peer-set takes KEY=VALUE (e.g. num_lr_decays=0), got {item!r}")
+        settings[key] = yaml.safe_load(value)
+    if settings and not peers:
+        parser.error("--peer-set changes the peers' settings: give --peers too (e.g. --peers nbeats)")
+    unknown = unknown_settings(list(settings), peers) if settings else []
+    if unknown:
+        parser.error(f"--peer-set: {', '.join(unknown)} is not an argument of neuralforecast's {', '.join(p.upper() for p in peers)}")
+    return settings
 
 
 def main() -> None:
@@ -400,6 +423,8 @@ def main() -> None:
     parser.add_argument("--peer-full-windows", action="store_true", help="the peers train on windows whose whole horizon is real only "
                         "(neuralforecast's training_data_availability_threshold [0, 1]; by default it also trains on each series' last "
                         "windows, their horizon partly past the end and masked), as gpufill's networks do")
+    parser.add_argument("--peer-set", action="append", default=[], help="KEY=VALUE (a YAML value): one of the peers' model "
+                        "arguments in place of its default, e.g. num_lr_decays=0 (an ablation of the peer's regime); repeatable")
     parser.add_argument("--peer-seeds", type=int, default=1, help="each peer trained with its default random_seed and this many - 1 "
                         "more: each seed's score and the median of their forecasts, as a gpufill family's seeds combine")
     parser.add_argument("--references", default=",".join(REFERENCES), help="statsforecast's references to run beside (of snaive,ets,theta,comb; '' for none)")
@@ -427,6 +452,7 @@ def main() -> None:
     if peers and importlib.util.find_spec("neuralforecast") is None:
         left_out.append("neuralforecast does not import: the peers are left out (pip install -e '.[dev]' installs it)")
         peers = ()
+    peer_settings = peer_set(parser, args.peer_set, peers)
     if args.smoke and args.datasets == parser.get_default("datasets"):
         datasets = ["m1"]
         left_out.append("smoke: tourism is left out, and M1 is cut to its first 8 monthly series")
@@ -465,13 +491,14 @@ def main() -> None:
                                     schedule=args.schedule, params=dict(item.split("=", 1) for item in args.params),
                                     rescore=[Path(f) for f in args.rescore.split(",")] if args.rescore else None, first_seed=args.first_seed, pool=pool, within=args.within, select=select, keep=args.keep,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None,
-                                    peers=peers, peer_steps=args.peer_steps or (10 if args.smoke else None), peer_seeds=args.peer_seeds, peer_full_windows=args.peer_full_windows)
+                                    peers=peers, peer_steps=args.peer_steps or (10 if args.smoke else None), peer_seeds=args.peer_seeds, peer_full_windows=args.peer_full_windows,
+                                    peer_settings=peer_settings)
         rows += got
         ratios.update(measured)
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "peer_seeds": args.peer_seeds, "peer_full_windows": args.peer_full_windows, "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "peer_seeds": args.peer_seeds, "peer_full_windows": args.peer_full_windows, "peer_settings": peer_settings, "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What one forecasting network costs in gpufill against neuralforecast's NBEATS, arms interleaved.
 
-    python bench/peer_speed.py [--smoke] [--dataset m1] [--rounds 3] [--pack 3] [--peer nbeats] [--batch-size B --lr LR] [--out PATH]
+    python bench/peer_speed.py [--smoke] [--dataset m1] [--rounds 3] [--pack 3] [--peer nbeats] [--batch-size B --lr LR]
+                               [--schedule S] [--scaling S] [--params 'nbeats={width: 128}'] [--out PATH]
 
 Per round, one after the other on the same CPU (the order turned each round):
 - gpufill, one network: a campaign of one N-BEATS trial as bench/forecast_quality.py runs it (global mode over every
@@ -79,6 +80,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=None, help="gpufill's batch (default: the recipe's)")
     parser.add_argument("--lr", type=float, default=None, help="gpufill's learning rate (default: the recipe's)")
+    parser.add_argument("--schedule", default=None, help="gpufill's lr schedule (default: the recipe's)")
+    parser.add_argument("--scaling", default="auto", help="gpufill's window scaling (default: the recipe's)")
+    parser.add_argument("--params", default=None, help="nbeats' grid point in place of the bench's (e.g. '{width: 128, blocks: 3}')")
     parser.add_argument("--smoke", action="store_true", help="M1's first 8 series, 2 epochs, the peer at 10 steps, one round")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -87,7 +91,8 @@ def main() -> None:
     limit, epochs, steps, rounds = (8, 2, 10, 1) if args.smoke else (None, args.epochs, None, args.rounds)
     frame, histories, horizon, lookback = load("m1" if args.smoke else args.dataset, limit)
     arms = ["one", *(["pack"] if args.pack > 1 else []), "peer"]
-    train = {"batch_size": args.batch_size, "lr": args.lr}
+    train = {"batch_size": args.batch_size, "lr": args.lr, "schedule": args.schedule, "scaling": args.scaling,
+             "params": {"nbeats": args.params} if args.params else None}
     timings: dict[str, list[float]] = {arm: [] for arm in arms}
     quality: dict[str, float] = {}
     changed: dict = {}
@@ -110,7 +115,8 @@ def main() -> None:
               for arm in arms if arm != "peer"}
     finish("peer_speed", f"seconds per forecasting network, gpufill vs neuralforecast {args.peer.upper()}, interleaved", environment("cpu"),
            {"dataset": "m1" if args.smoke else args.dataset, "smoke": args.smoke, "rounds": rounds, "pack": args.pack, "epochs": epochs,
-            "peer": args.peer, "peer_steps": steps, "batch_size": args.batch_size, "lr": args.lr}, rows, ratios, args.out)
+            "peer": args.peer, "peer_steps": steps, "batch_size": args.batch_size, "lr": args.lr,
+            "schedule": args.schedule, "scaling": args.scaling, "params": args.params}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":
