@@ -252,7 +252,7 @@ def test_a_short_series_is_left_padded_with_real_targets_and_a_long_one_is_cut_a
         make_windows(_project(length=12), 24, 6, Split(val=0, test=6), pad=True)
 
 
-@pytest.mark.parametrize("how", ["last", "mean", "standard"])
+@pytest.mark.parametrize("how", ["last", "mean", "standard", "raw"])
 def test_each_window_scaling_inverts_exactly_and_ignores_padding(how):
     w = make_windows(_project(length=30, n_covariates=1), 24, 6, Split(val=6, test=6), pad=True)
     scaled = scale_windows(w, how)
@@ -272,6 +272,11 @@ def test_each_window_scaling_inverts_exactly_and_ignores_padding(how):
                 assert np.mean(np.abs(inputs)) == pytest.approx(1.0, rel=1e-5)
             elif how == "standard" and n > 1:
                 assert (inputs.mean(), inputs.std()) == (pytest.approx(0.0, abs=1e-5), pytest.approx(1.0, rel=1e-4))
+            elif how == "raw":  # the series' own values, as the project's scaler undoes them
+                raw_inputs = getattr(w, f"x_{region}")[i, 24 - n :, 0].double().numpy() * w.scaler.std[0] + w.scaler.mean[0]
+                np.testing.assert_allclose(inputs, raw_inputs, rtol=1e-6)
+        if how == "raw":
+            assert (loc == 0).all() and (scale == 1).all()
     np.testing.assert_allclose(scaled.inverse_target(scaled.y_test.numpy()), w.test_truth, rtol=1e-5)
     assert scale_windows(w, "project") is w
 
@@ -285,6 +290,6 @@ def test_windows_are_named_by_their_project_and_how_they_were_cut_and_scaled():
     assert base.data_id == make_windows(project, 24, 1, Split(val=0.1, test=0.2)).data_id != ""
     others = [make_windows(project, 12, 1, Split(val=0.1, test=0.2)), make_windows(project, 24, 2, Split(val=0.1, test=0.2)),
               make_windows(project, 24, 1, Split(val=0.2, test=0.2)), make_windows(project, 24, 1, Split(val=0.1, test=0.2), stride=2),
-              scale_windows(base, "mean"), scale_windows(base, "standard"), make_windows(synthetic_projects(n_projects=2, length=300)["p001"], 24, 1)]
+              scale_windows(base, "mean"), scale_windows(base, "standard"), scale_windows(base, "raw"), make_windows(synthetic_projects(n_projects=2, length=300)["p001"], 24, 1)]
     assert len({base.data_id, *(w.data_id for w in others)}) == 1 + len(others)
     assert scale_windows(base, "project").data_id == base.data_id  # the same windows

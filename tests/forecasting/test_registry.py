@@ -302,3 +302,14 @@ def test_a_factory_that_hands_back_a_module_it_returned_before_is_refused_in_one
         registry.build("tests.campaign_models:shared_part", **shape)
     fresh = [registry.build("mlp", **shape) for _ in range(2)]
     assert fresh[0] is not fresh[1] and first is not None  # a factory that builds anew each call is never refused
+
+
+def test_a_percentage_loss_takes_the_scalings_that_keep_the_origin_and_refuses_the_others():
+    """sMAPE and MAPE on scaled values are those errors of the forecast only where the scaled zero is the series' zero:
+    mean scaling and raw values; standard scaling (which moves the origin) is one line naming the fix."""
+    from gpufill.forecasting.recipes import recipe
+
+    assert [recipe("nbeats", scaling=s, loss="smape").scaling for s in ("mean", "raw")] == ["mean", "raw"]
+    assert recipe("lstm", scaling="raw", loss="mape").loss == "mape"
+    with pytest.raises(InputError, match=r"loss smape with scaling standard for nbeats.*fix: use scaling: mean \(or raw\) with loss: smape"):
+        recipe("nbeats", scaling="standard", loss="smape")

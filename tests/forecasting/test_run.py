@@ -79,7 +79,7 @@ def test_the_result_builder_records_recipe_pack_and_memory_and_the_result_is_fro
     assert isinstance(result, TrialResult) and result.to_message()["plan"] is result.plan
 
 
-@pytest.mark.parametrize("scaling", ["project", "last", "standard", "mean"])
+@pytest.mark.parametrize("scaling", ["project", "last", "standard", "mean", "raw"])
 @pytest.mark.parametrize("metric", ["mae", "rmse", "smape", "mase"])
 def test_the_validation_scorer_matches_scoring_each_project_on_its_own(projects, scaling, metric):
     """A search's pruner scores every epoch through one joined forward (ValidationScorer): the same number as scoring

@@ -19,6 +19,7 @@ from gpufill.cli.options import (
     parse_switch,
 )
 from gpufill.engine.config import DEFAULTS, REGRESSION_LOSSES
+from gpufill.forecasting.data.scalings import SCALINGS
 from gpufill.forecasting.family_names import built_in
 from gpufill.forecasting.training import FORECAST_EPOCHS, FORECAST_PATIENCE
 from gpufill.errors import InputError
@@ -49,7 +50,7 @@ def train(
     project_column: str = typer.Option("project", "--project-column", help="Project column (csv/parquet)."),
     time_column: str | None = typer.Option(None, "--time-column", help="Time column (default: time/date/timestamp if present)."),
     fill: str = typer.Option("none", "--fill", help="NaN handling: none (error), ffill, interpolate or zero."),
-    scaling: str = typer.Option("auto", "--scaling", help="Per-window scaling: auto (the family's recipe), project, last, mean or standard."),
+    scaling: str = typer.Option("auto", "--scaling", help=f"Per-window scaling: auto (the family's recipe), {', '.join(SCALINGS[:-1])} or {SCALINGS[-1]}."),
     loss: str = typer.Option("auto", "--loss", help=f"Loss of a network: auto (the family's recipe), {', '.join(REGRESSION_LOSSES)}."),
     checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="Save a checkpoint every epoch here."),
     resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint-dir's last checkpoint."),
@@ -70,7 +71,7 @@ def train(
     from gpufill.engine.hardware import check_device
     from gpufill.forecasting import task as forecast
     from gpufill.forecasting.data import Split
-    from gpufill.forecasting.data.window_scaling import SCALINGS, scale_windows
+    from gpufill.forecasting.data.window_scaling import scale_windows
     from gpufill.forecasting.models import registry
     from gpufill.forecasting.recipes import LOSSES, recipe
     from gpufill.forecasting.run import run_alone, trial_setup

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpufill.engine.config import REGRESSION_LOSSES, SCALE_FREE_LOSSES, SCHEDULES, FitConfig
 from gpufill.errors import InputError
+from gpufill.forecasting.data.scalings import ORIGIN_KEEPING
 from gpufill.forecasting.family_names import base_name
 
 AUTO = "auto"
@@ -72,8 +73,8 @@ def recipe(family: str, *, scaling: str = AUTO, loss: str = AUTO, schedule: str 
     base = RECIPES.get(base_name(family), GENERIC)  # a variant (nbeats@mean) starts from its family's recipe
     given = {name: value for name, value in (("scaling", scaling), ("loss", loss), ("schedule", schedule)) if value != AUTO}
     resolved = replace(base, **given, why={**base.why, **dict.fromkeys(given, "set in the campaign")})
-    if resolved.loss in SCALE_FREE_LOSSES and resolved.scaling != "mean":
+    if resolved.loss in SCALE_FREE_LOSSES and resolved.scaling not in ORIGIN_KEEPING:
         raise InputError(f"loss {resolved.loss} with scaling {resolved.scaling} for {family}: a percentage error needs values whose zero is the series' zero",
-                         fix=f"use scaling: mean with loss: {resolved.loss} (mean scaling keeps the origin), or loss: mae", field="loss")
+                         fix=f"use scaling: mean (or raw) with loss: {resolved.loss} (both keep the origin), or loss: mae", field="loss")
     return resolved
 

@@ -324,7 +324,7 @@ CASES = [
     ("smape_train_level", "name: x\nmodels:\n  lstm: {}\n  mlp: {}\ntrain: {loss: smape}\n", 5, "train.loss", "loss smape with scaling last for mlp", "scaling: mean"),
     ("quantile_interpretable_train", "name: x\nmodels:\n  nbeats: {stacks: [generic, interpretable], blocks: 2}\ntrain: {loss: quantile}\n", 4, "train.loss", "nbeats with {'stacks': 'interpretable', 'blocks': 2}: nbeats's forecast is a basis over the horizon's steps", "stacks: generic"),
     ("quantile_interpretable_grid", "name: x\nmodels:\n  nbeats:\n    stacks: interpretable\n    blocks: 2\n    loss: [mae, quantile]\n", 6, "models.nbeats.loss", "which a loss of 5 outputs per step would stretch", "one output per step"),
-    ("scaling_unknown", "name: x\nmodels:\n  gru: {scaling: [max]}\n", 3, "models.gru.scaling", "'auto', 'project', 'last', 'mean' or 'standard'", "models.gru.scaling"),
+    ("scaling_unknown", "name: x\nmodels:\n  gru: {scaling: [max]}\n", 3, "models.gru.scaling", "'auto', 'project', 'last', 'mean', 'standard' or 'raw'", "models.gru.scaling"),
     ("scaling_series_model", "name: x\nmodels:\n  theta: {scaling: [last]}\n", 3, "models.theta.scaling", "'theta' fits each series itself", "remove scaling"),
     ("projects_not_names", GOOD + "data:\n  projects: [store_a, 7]\n", 5, "data.projects", "project names are strings, got 7", "'7'"),
 ]

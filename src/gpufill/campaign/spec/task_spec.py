@@ -11,6 +11,7 @@ from gpufill.campaign.spec.spec_errors import LocatedError, first_duplicate
 from gpufill.campaign.spec.spec_types import Count, Float, Spec
 from gpufill.errors import InputError
 from gpufill.forecasting.data import Split
+from gpufill.forecasting.data.scalings import ScalingName
 from gpufill.forecasting.trial import METRICS
 
 
@@ -73,7 +74,7 @@ class TaskSpec(Spec):
     """local: one model per project; global: one model over all projects."""
     stride: Count = 1
     """Step between training windows."""
-    scaling: Literal["auto", "project", "last", "mean", "standard"] = "auto"
+    scaling: Literal["auto", ScalingName] = "auto"
     """How each window's target is scaled (forecasting.data.window_scaling); auto: the family's recipe (forecasting.recipes)."""
 
     @field_validator("lookback", mode="before")

@@ -10,6 +10,9 @@ learns better from windows scaled by their own inputs, as neural forecasters do:
 - ``mean``: divide by the window's mean absolute input (DeepAR's mean scaling): level-free and
   the origin stays at zero, so an sMAPE loss on scaled values is the sMAPE of the forecast.
 - ``standard``: subtract the window's mean, divide by its standard deviation (RevIN, PatchTST).
+- ``raw``: no scaling at all, the target in its own units (neuralforecast's default, `scaler_type="identity"`): the
+  model sees each series' level, and a loss weighs each window by it (an absolute error of 10 on a series at 10,000
+  counts as much as one on a series at 100).
 
 Only the target (feature 0) is rescaled; covariates keep the project's scaling. Statistics use
 real inputs only (a padded window's padding is left out and stays 0). A zero scale (a flat
@@ -19,16 +22,15 @@ window) falls back to the project's. Predictions come back through `WindowedProj
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, get_args
 
 import numpy as np
 import torch
 
 from gpufill.forecasting.data.project import recipe_fingerprint
+from gpufill.forecasting.data.scalings import SCALINGS, ScalingName
 from gpufill.forecasting.data.windows import WindowedProject, WindowScaling
 
-ScalingName = Literal["project", "last", "mean", "standard"]
-SCALINGS: tuple[str, ...] = get_args(ScalingName)
+__all__ = ["SCALINGS", "ScalingName", "scale_windows"]
 
 
 def scale_windows(windows: WindowedProject, how: str) -> WindowedProject:
@@ -61,13 +63,16 @@ def _scale_region(x: torch.Tensor, y: torch.Tensor, real: np.ndarray, how: str, 
     count = is_real.sum(axis=1, keepdims=True)
     if how == "last":
         loc, scale = raw_x[:, -1:], np.full((n, 1), std0)
+    elif how == "raw":  # the project's standard scaling undone: loc 0, scale 1
+        loc, scale = np.zeros((n, 1)), np.ones((n, 1))
     elif how == "mean":
         loc = np.zeros((n, 1))
         scale = np.where(is_real, np.abs(raw_x), 0.0).sum(axis=1, keepdims=True) / count
     else:  # standard
         loc = np.where(is_real, raw_x, 0.0).sum(axis=1, keepdims=True) / count
         scale = np.sqrt(np.where(is_real, (raw_x - loc) ** 2, 0.0).sum(axis=1, keepdims=True) / count)
-    scale = np.where(scale > 1e-12 * max(1.0, abs(mean0)), scale, std0)  # a flat window: the project's scale
+    if how != "raw":  # a flat window: the project's scale
+        scale = np.where(scale > 1e-12 * max(1.0, abs(mean0)), scale, std0)
     scaled_x = x.clone()
     scaled_x[:, :, 0] = torch.from_numpy(np.where(is_real, (raw_x - loc) / scale, 0.0).astype(np.float32))
     scaled_y = torch.from_numpy(((raw_y - loc) / scale).astype(np.float32))
