@@ -124,11 +124,12 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
     neural = {"mlp", "nbeats", "nbeats@i", "nbeats@mixed", "tcn", "lstm", "gru", "transformer"}
     # --losses: every network trains once per loss (N-BEATS' ensembles span sMAPE, MASE and MAPE; here the engine's named losses).
     from gpufill.engine.config import SCALE_FREE_LOSSES
+    from gpufill.forecasting.data.scalings import ORIGIN_KEEPING
     from gpufill.forecasting.recipes import recipe
 
-    def own(family: str) -> list[str]:  # sMAPE and MAPE need mean scaling: a family scaled otherwise trains the other losses
+    def own(family: str) -> list[str]:  # sMAPE and MAPE need a scaling that keeps the origin: a family scaled otherwise trains the other losses
         scaled = recipe(family).scaling if scaling == "auto" else scaling
-        return [loss for loss in losses or [] if loss not in SCALE_FREE_LOSSES or scaled == "mean"]
+        return [loss for loss in losses or [] if loss not in SCALE_FREE_LOSSES or scaled in ORIGIN_KEEPING]
 
     grid = {family: models[family][:-1] + f", loss: [{', '.join(own(family))}]}}" if losses and family in neural else models[family]
             for family in families}
