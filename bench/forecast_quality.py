@@ -115,7 +115,7 @@ def monthly_series(name: str, horizon: int):
 def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families: list[str], seeds: int, epochs: int, *, val: bool = False,
                   scaling: str = "auto", loss: str = "auto", losses: list[str] | None = None, references: tuple[str, ...] = REFERENCES,
                   lr: float | None = None, patience: int = 5, refit: bool = False, first_seed: int = 0, batch_size: int | None = None,
-                  schedule: str | None = None, params: dict[str, str] | None = None) -> str:
+                  schedule: str | None = None, params: dict[str, str] | None = None, val_horizons: int = 1) -> str:
     # nbeats@i: N-BEATS-I (a trend stack, then a seasonality stack), the paper's ensemble's second architecture.
     # nbeats@mixed: generic, trend and seasonality blocks, neuralforecast's default NBEATS stacks.
     models = {"mlp": "{hidden_size: 128}", "nbeats": "{width: 256, blocks: 3}", "nbeats@i": "{stacks: interpretable, width: 256, blocks: 4}", "nbeats@mixed": "{stacks: mixed, width: 256, blocks: 3}", "tcn": "{channels: 64}", "lstm": "{hidden_size: 64}", "gru": "{hidden_size: 64}",
@@ -138,7 +138,7 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
     return "\n".join([
         "name: forecast-quality",
         f"data: {{source: {data}, target: y, project_column: series}}",
-        f"task: {{lookback: [{', '.join(map(str, lookbacks))}], horizon: {horizon}, split: {{val: {horizon if val else 0}, test: {horizon}}}, mode: global, scaling: {scaling}}}",
+        f"task: {{lookback: [{', '.join(map(str, lookbacks))}], horizon: {horizon}, split: {{val: {horizon * val_horizons if val else 0}, test: {horizon}}}, mode: global, scaling: {scaling}}}",
         "models:", *lines,
         f"train: {{epochs: {epochs}, loss: {loss}, early_stopping: {f'{{patience: {patience}}}' if val else 'null'}"
         + (f", lr: {lr}" if lr else "") + (f", batch_size: {batch_size}" if batch_size else "") + (f", schedule: {schedule}" if schedule else "") + (", refit: true" if refit else "") + "}",
@@ -388,6 +388,9 @@ def main() -> None:
                         "of a family joins its ensemble")
     parser.add_argument("--losses", default=None, help="every network once per loss (e.g. mae,smape): an axis of its grid")
     parser.add_argument("--val", action="store_true", help="validate on the horizon before the test, with early stopping (--patience)")
+    parser.add_argument("--val-horizons", type=int, default=1, help="with --val: the validation region is this many horizons "
+                        "before the test (every origin in it a validation window: more windows per series to choose on, "
+                        "less history for the first training; the refit trains on it all)")
     parser.add_argument("--patience", type=int, default=5, help="early stopping's patience in epochs, with --val")
     parser.add_argument("--within", type=float, default=None, help="with --val: a trial joins its family's ensemble only if its validation "
                         "sMAPE is within this factor of the family's best trial's (e.g. 1.02); default: every trial joins")
@@ -447,6 +450,8 @@ def main() -> None:
     peers = tuple(p for p in args.peers.split(",") if p)
     if set(peers) - set(PEERS):
         parser.error(f"--peers takes {', '.join(PEERS)}, got {args.peers}")
+    if args.val_horizons < 1:
+        parser.error(f"--val-horizons takes a count of at least 1, got {args.val_horizons}")
     if args.peer_seeds < 1:
         parser.error(f"--peer-seeds takes a count of at least 1, got {args.peer_seeds}")
     left_out = []
@@ -487,7 +492,7 @@ def main() -> None:
     env = environment(args.device)
     rows, ratios = [], {}
     for name in datasets:
-        got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val,
+        got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val, val_horizons=args.val_horizons,
                                     scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, batch_size=args.batch_size, patience=args.patience, refit=args.refit,
                                     schedule=args.schedule, params=dict(item.split("=", 1) for item in args.params),
                                     rescore=[Path(f) for f in args.rescore.split(",")] if args.rescore else None, first_seed=args.first_seed, pool=pool, within=args.within, select=select, keep=args.keep,
@@ -499,7 +504,7 @@ def main() -> None:
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "peer_seeds": args.peer_seeds, "peer_full_windows": args.peer_full_windows, "peer_settings": peer_settings, "val": args.val, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "peer_seeds": args.peer_seeds, "peer_full_windows": args.peer_full_windows, "peer_settings": peer_settings, "val": args.val, "val_horizons": args.val_horizons, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

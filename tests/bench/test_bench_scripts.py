@@ -543,3 +543,14 @@ def test_forecast_quality_campaigns_take_a_schedule_and_a_familys_grid_point_fro
     assert "  linear: {}" in text.splitlines()
     assert "train: {epochs: 30, loss: auto, early_stopping: {patience: 5}, schedule: linear}" in text.splitlines()
 
+
+
+def test_forecast_quality_validates_on_as_many_horizons_as_asked_and_refuses_none() -> None:
+    quality = load_bench_module("forecast_quality")
+    task = lambda **given: next(line for line in quality.campaign_yaml(Path("d.csv"), 18, 12, ["nbeats"], 3, 30, references=(), **given).splitlines()
+                                if line.startswith("task:"))  # noqa: E731
+    assert "split: {val: 18, test: 18}" in task(val=True) and "split: {val: 36, test: 18}" in task(val=True, val_horizons=2)
+    assert "split: {val: 0, test: 18}" in task(val_horizons=2)  # no --val: no validation region at all
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "forecast_quality.py"), "--smoke", "--val", "--val-horizons", "0"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith("error: --val-horizons takes a count of at least 1, got 0")
