@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpufill.engine.config import REGRESSION_LOSSES, SCALE_FREE_LOSSES, SCHEDULES, FitConfig
+from gpufill.engine.config import REGRESSION_LOSSES, SCALE_FREE_LOSSES, FitConfig
 from gpufill.errors import InputError
 from gpufill.forecasting.data.scalings import ORIGIN_KEEPING
 from gpufill.forecasting.family_names import base_name
