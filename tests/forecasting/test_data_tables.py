@@ -177,4 +177,6 @@ def test_twenty_thousand_one_row_projects_load_in_seconds_and_are_left_out_with_
     whole = time.monotonic() - started
     print(f"gpufill run, start to end: {whole:.1f} s")
     assert done.returncode == 0 and "20,000 projects left out" in " ".join(done.stdout.split() + done.stderr.split()), done.stderr[-2000:]
-    assert whole < 30  # docs/guarantees.md; 4.6 s on an idle 2-core EPYC, 32-34 s at bd3c8d8 on a loaded one
+    # docs/guarantees.md: 14 s on a quiet 2-core EPYC (the same campaign without the tiny projects: 4.4 s), 58 s with a
+    # 2-worker campaign beside the suite's 2 workers; 4 minutes before issue 37. The bound catches that, not the load.
+    assert whole < 90
