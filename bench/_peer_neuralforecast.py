@@ -22,15 +22,19 @@ DEFAULT_SEED = 1
 """neuralforecast's documented `random_seed`."""
 
 
+def model_class(name: str) -> type:
+    """neuralforecast's model class of a --peers name (imported here: neuralforecast brings Lightning)."""
+    from neuralforecast.models import NBEATS, NHITS
+
+    return {"nbeats": NBEATS, "nhits": NHITS}[name]
+
+
 def unknown_settings(names: list[str], peers: tuple[str, ...]) -> list[str]:
     """The `names` that are not a named argument of every one of the `peers`' model classes (checked before anything
     trains: neuralforecast hands unknown keywords to Lightning's Trainer, which fails only once the peer runs)."""
     import inspect
 
-    from neuralforecast.models import NBEATS, NHITS
-
-    classes = {"nbeats": NBEATS, "nhits": NHITS}
-    return [name for name in names if any(name not in inspect.signature(classes[peer].__init__).parameters for peer in peers)]
+    return [name for name in names if any(name not in inspect.signature(model_class(peer).__init__).parameters for peer in peers)]
 
 
 def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *, max_steps: int | None = None, seed: int = DEFAULT_SEED,
@@ -43,11 +47,10 @@ def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *,
     `settings`: the model's other arguments in place of their defaults (an ablation of the peer's regime, e.g.
     `num_lr_decays=0`)."""
     from neuralforecast import NeuralForecast
-    from neuralforecast.models import NBEATS, NHITS
 
     for logger in ("lightning", "pytorch_lightning", "lightning.pytorch", "neuralforecast"):
         logging.getLogger(logger).setLevel(logging.ERROR)
-    model_class = {"nbeats": NBEATS, "nhits": NHITS}[name]
+    model_type = model_class(name)
     input_size = 2 * horizon
     changed: dict[str, object] = {}
     if min(len(h) for h in histories.values()) < input_size + horizon:
@@ -61,14 +64,14 @@ def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *,
     changed.update(settings or {})
     frame = pd.concat([pd.DataFrame({"unique_id": key, "ds": pd.date_range("2000-01-01", periods=len(history), freq="MS"), "y": history})
                        for key, history in histories.items()], ignore_index=True)
-    model = model_class(h=horizon, input_size=input_size, enable_progress_bar=False, logger=False, enable_checkpointing=False,
+    model = model_type(h=horizon, input_size=input_size, enable_progress_bar=False, logger=False, enable_checkpointing=False,
                         enable_model_summary=False, **changed)
     started = time.perf_counter()
     forecaster = NeuralForecast(models=[model], freq="MS")
     forecaster.fit(df=frame)
     predicted = forecaster.predict()
     seconds = time.perf_counter() - started
-    column = model_class.__name__
+    column = model_type.__name__
     predicted = predicted.reset_index() if "unique_id" not in predicted.columns else predicted
     out = {key: part.sort_values("ds")[column].to_numpy(np.float64) for key, part in predicted.groupby("unique_id")}
     return out, seconds, changed
