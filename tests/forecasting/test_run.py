@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,3 +95,25 @@ def test_the_validation_scorer_matches_scoring_each_project_on_its_own(projects,
     alone = statistics.fmean(validation(model, w, None)[0][metric] for w in windows)
     assert ValidationScorer(windows, metric)(model) == pytest.approx(alone, rel=1e-9)
     assert alone > 0
+
+
+@pytest.mark.parametrize("scaling", ["last", "mean"])
+def test_a_global_models_forecasts_in_one_pass_match_each_projects_own(projects, scaling):
+    """run_global forecasts every project's test and validation windows in one pass (task.forecasts_of): the same
+    forecasts, in the data's units, as forecasting each project's windows alone, and the same validation scores."""
+    from gpufill.forecasting.data.window_scaling import scale_windows
+    from gpufill.forecasting.run import validation, validation_of_each
+    from gpufill.forecasting.task import forecast_of, forecasts_of
+
+    windows = [scale_windows(w, scaling) for w in projects.values()]
+    model = build_model(trial(5), windows[0])
+    joined = forecasts_of(model, windows, "test", None)
+    assert len(joined) == len(windows) == 2
+    for w, (point, quantiles) in zip(windows, joined, strict=True):
+        alone, _ = forecast_of(model, w, w.x_test, "test", None)
+        assert point.shape == alone.shape == (w.x_test.shape[0], w.horizon) and quantiles is None
+        np.testing.assert_allclose(point, alone, rtol=1e-5)
+    for w, scored in zip(windows, validation_of_each(model, windows, None), strict=True):
+        metrics, kept = validation(model, w, None)
+        assert scored[0] == pytest.approx(metrics, rel=1e-5)
+        np.testing.assert_allclose(scored[1]["forecast"], kept["forecast"], rtol=1e-5)

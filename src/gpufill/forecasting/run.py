@@ -31,7 +31,7 @@ from gpufill.forecasting.data.metrics import mean_over_series
 from gpufill.forecasting.data.scoring import ValidationScored, per_origin, score, score_validation
 from gpufill.forecasting.models import registry
 from gpufill.forecasting.recipes import Recipe
-from gpufill.forecasting.task import forecast_of, point_and_quantiles, predict
+from gpufill.forecasting.task import forecast_of, forecasts_of, point_and_quantiles, predict
 from gpufill.forecasting.trial import METRICS, PackEntry, Trial, TrialResult, trial_result
 
 __all__ = ["EpochRecord", "FitCallback", "TrialSetup", "use_threads", "ValidationScorer", "Watch", "build_model", "epoch_seconds", "neural_result", "run_alone", "run_global", "trial_setup"]
@@ -217,6 +217,13 @@ def validation(model: Any, windows: WindowedProject, dtype: torch.dtype | None) 
     return score_validation(windows, *forecast_of(model, windows, windows.x_val, "val", dtype))
 
 
+def validation_of_each(model: Any, windows: Sequence[WindowedProject], dtype: torch.dtype | None) -> list[ValidationScored | None]:
+    """`validation` of each project's windows by one model, their forecasts made in one pass (task.forecasts_of)."""
+    scored = [w for w in windows if w.x_val.shape[0]]
+    forecasts = iter(forecasts_of(model, scored, "val", dtype) if scored else ())
+    return [score_validation(w, *next(forecasts)) if w.x_val.shape[0] else None for w in windows]
+
+
 class ValidationScorer:
     """A model's validation `metric` over `windows` in the data's units: the mean over the projects with a validation
     window (NaN where none has one), as a global trial's stored score is. Asked many times (a search's pruner, after
@@ -276,8 +283,8 @@ def run_global(trial: Trial, windows: Sequence[WindowedProject], setup: TrialSet
                      callbacks=watch.callbacks(model) if watch is not None else ())
         again = refit(trial, fitted, folded, setup) if folded is not None else None
         forecaster, sources = (again, folded) if again is not None and folded is not None else (fitted, windows)
-        predictions = [forecast_of(forecaster.model, s, s.x_test, "test", forecaster.plan.autocast_dtype) for s in sources]
-        validations = [validation(fitted.model, w, fitted.plan.autocast_dtype) for w in windows]
+        predictions = forecasts_of(forecaster.model, sources, "test", forecaster.plan.autocast_dtype)
+        validations = validation_of_each(fitted.model, windows, fitted.plan.autocast_dtype)
         done = fitted.to_dict()
         plan, timings, _, events = refit_record(done["plan"], fitted, again)
         history, status = done["history"], refit_status(fitted, again)
