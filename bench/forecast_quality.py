@@ -74,16 +74,20 @@ SEASON = 12
 REFERENCES = ("snaive", "ets", "theta", "comb")
 
 
-def load(name: str, limit: int | None = None, pool: tuple[str, ...] = ()) -> tuple[pd.DataFrame, dict[str, np.ndarray], int, int]:
+def load(name: str, limit: int | None = None, pool: tuple[str, ...] = (), cut: int = 0) -> tuple[pd.DataFrame, dict[str, np.ndarray], int, int]:
     """The monthly series as one CSV-shaped frame (history + held-out horizon), each history, horizon, lookback;
     `limit`: the first that many monthly series only (of each data set). `pool`: other data sets whose monthly
     histories (never their held-out horizons) join the frame as more series for the global model to learn from; they
-    are not in the histories returned, so nothing is scored on them."""
+    are not in the histories returned, so nothing is scored on them. `cut`: each series' last `cut` horizons dropped
+    first (the competition's held-out one among them), so the horizon held out is an earlier one of its history."""
     _, horizon, lookback = DATASETS[name]
     frames, histories = [], {}
     for key, (history, held_out) in monthly_series(name, horizon):
         if limit is not None and len(histories) >= limit:
             break
+        if cut:
+            whole = np.concatenate([history, held_out])[: -cut * horizon]
+            history, held_out = whole[:-horizon], whole[-horizon:]
         name_ = f"s{int(key):04d}"
         histories[name_] = history
         frames.append(pd.DataFrame({"series": name_, "y": np.concatenate([history, held_out])}))
@@ -255,7 +259,7 @@ def configurations(rows: pd.DataFrame, val_rows: pd.DataFrame, trials: pd.DataFr
 def run_dataset(name: str, families: list[str], seeds: int, epochs: int, *, limit: int | None = None, references: tuple[str, ...] = REFERENCES,
                 pool: tuple[str, ...] = (), peers: tuple[str, ...] = (), peer_steps: int | None = None, peer_seeds: int = 1, peer_full_windows: bool = False,
                 peer_settings: dict[str, object] | None = None, **options) -> tuple[list[dict], dict[str, float]]:
-    frame, histories, horizon, lookback = load(name, limit, tuple(other for other in pool if other != name))
+    frame, histories, horizon, lookback = load(name, limit, tuple(other for other in pool if other != name), options.pop("cut", 0))
     multiples = options.pop("lookbacks", None)
     lookback = [round(m * horizon) for m in multiples] if multiples else (options.pop("lookback", None) or lookback)
     options.pop("lookback", None)
@@ -391,6 +395,9 @@ def main() -> None:
     parser.add_argument("--val-horizons", type=int, default=1, help="with --val: the validation region is this many horizons "
                         "before the test (every origin in it a validation window: more windows per series to choose on, "
                         "less history for the first training; the refit trains on it all)")
+    parser.add_argument("--cut", type=int, default=0, help="drop each series' last N horizons first (the competition's held-out one "
+                        "among them): every method, peers and references too, is scored on the horizon N before the test, a "
+                        "second held-out horizon (is a method's edge the one test horizon's?)")
     parser.add_argument("--patience", type=int, default=5, help="early stopping's patience in epochs, with --val")
     parser.add_argument("--within", type=float, default=None, help="with --val: a trial joins its family's ensemble only if its validation "
                         "sMAPE is within this factor of the family's best trial's (e.g. 1.02); default: every trial joins")
@@ -450,6 +457,8 @@ def main() -> None:
     peers = tuple(p for p in args.peers.split(",") if p)
     if set(peers) - set(PEERS):
         parser.error(f"--peers takes {', '.join(PEERS)}, got {args.peers}")
+    if args.cut < 0:
+        parser.error(f"--cut takes a count of horizons of at least 0, got {args.cut}")
     if args.val_horizons < 1:
         parser.error(f"--val-horizons takes a count of at least 1, got {args.val_horizons}")
     if args.peer_seeds < 1:
@@ -492,7 +501,7 @@ def main() -> None:
     env = environment(args.device)
     rows, ratios = [], {}
     for name in datasets:
-        got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val, val_horizons=args.val_horizons,
+        got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val, val_horizons=args.val_horizons, cut=args.cut,
                                     scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, batch_size=args.batch_size, patience=args.patience, refit=args.refit,
                                     schedule=args.schedule, params=dict(item.split("=", 1) for item in args.params),
                                     rescore=[Path(f) for f in args.rescore.split(",")] if args.rescore else None, first_seed=args.first_seed, pool=pool, within=args.within, select=select, keep=args.keep,
@@ -504,7 +513,7 @@ def main() -> None:
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "peer_seeds": args.peer_seeds, "peer_full_windows": args.peer_full_windows, "peer_settings": peer_settings, "val": args.val, "val_horizons": args.val_horizons, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "peer_seeds": args.peer_seeds, "peer_full_windows": args.peer_full_windows, "peer_settings": peer_settings, "val": args.val, "val_horizons": args.val_horizons, "cut": args.cut, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

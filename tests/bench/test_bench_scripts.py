@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -554,3 +555,17 @@ def test_forecast_quality_validates_on_as_many_horizons_as_asked_and_refuses_non
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "forecast_quality.py"), "--smoke", "--val", "--val-horizons", "0"],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith("error: --val-horizons takes a count of at least 1, got 0")
+
+
+def test_forecast_quality_cut_holds_out_an_earlier_horizon_of_each_series_and_refuses_a_negative_count() -> None:
+    quality = load_bench_module("forecast_quality")
+    frame, histories, horizon, _ = quality.load("synthetic")
+    cut_frame, cut_histories, cut_horizon, _ = quality.load("synthetic", cut=1)
+    assert cut_horizon == horizon == 18 and sorted(cut_histories) == sorted(histories) and len(histories) == 16
+    for name, history in histories.items():
+        np.testing.assert_array_equal(cut_histories[name], history[:-horizon])  # the horizon before the test is held out
+        np.testing.assert_array_equal(cut_frame.loc[cut_frame["series"] == name, "y"].to_numpy(), history)
+    assert len(frame) - len(cut_frame) == 16 * horizon
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "forecast_quality.py"), "--smoke", "--cut", "-1"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith("error: --cut takes a count of horizons of at least 0, got -1")
