@@ -360,6 +360,7 @@ def check_peer_speed(record: dict[str, Any]) -> None:
     one, pack = arms["gpufill N-BEATS, one network (a campaign of one trial)"], arms["gpufill N-BEATS, 3 seeds in one campaign (per network)"]
     peer = arms["neuralforecast NBEATS (defaults)"]
     assert record["args"]["smoke"] and peer["changed_from_defaults"] == {"start_padding_enabled": True, "max_steps": 10}
+    assert record["args"]["patience"] == 5  # gpufill's arms stop early as the recipe does unless --patience says otherwise
     for row in (one, pack, peer):  # every arm scored on the held-out horizon of the same 8 series, timed each round
         assert row["series"] == 8 and 0 < row["smape"] <= 200 and len(row["rounds"]) == 1 and positive(row["seconds_per_model"])
     assert record["ratios"]["peer seconds / one per model (median of rounds)"] == pytest.approx(peer["rounds"][0] / one["rounds"][0], rel=0.01)
