@@ -118,7 +118,7 @@ def monthly_series(name: str, horizon: int):
 
 def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families: list[str], seeds: int, epochs: int, *, val: bool = False,
                   scaling: str = "auto", loss: str = "auto", losses: list[str] | None = None, references: tuple[str, ...] = REFERENCES,
-                  lr: float | None = None, patience: int = 5, refit: bool = False, first_seed: int = 0, batch_size: int | None = None,
+                  lr: float | None = None, patience: int = 5, refit: bool = False, first_seed: int = 0, batch_size: int | None = None, max_steps: int | None = None,
                   schedule: str | None = None, params: dict[str, str] | None = None, val_horizons: int = 1) -> str:
     # nbeats@i: N-BEATS-I (a trend stack, then a seasonality stack), the paper's ensemble's second architecture.
     # nbeats@mixed: generic, trend and seasonality blocks, neuralforecast's default NBEATS stacks.
@@ -145,7 +145,7 @@ def campaign_yaml(data: Path, horizon: int, lookback: int | list[int], families:
         f"task: {{lookback: [{', '.join(map(str, lookbacks))}], horizon: {horizon}, split: {{val: {horizon * val_horizons if val else 0}, test: {horizon}}}, mode: global, scaling: {scaling}}}",
         "models:", *lines,
         f"train: {{epochs: {epochs}, loss: {loss}, early_stopping: {f'{{patience: {patience}}}' if val else 'null'}"
-        + (f", lr: {lr}" if lr else "") + (f", batch_size: {batch_size}" if batch_size else "") + (f", schedule: {schedule}" if schedule else "") + (", refit: true" if refit else "") + "}",
+        + (f", lr: {lr}" if lr else "") + (f", batch_size: {batch_size}" if batch_size else "") + (f", max_steps: {max_steps}" if max_steps else "") + (f", schedule: {schedule}" if schedule else "") + (", refit: true" if refit else "") + "}",
         f"seeds: [{', '.join(str(s) for s in range(first_seed, first_seed + seeds))}]",
         "resources: {retries: 0}",
     ]) + "\n"
@@ -420,6 +420,8 @@ def main() -> None:
                         "warmup_cosine or linear over the epochs' steps)")
     parser.add_argument("--params", action="append", default=[], help="FAMILY={yaml grid point}: the family's settings in place of the "
                         "bench's (e.g. nbeats={width: 512, blocks: 3}); repeatable")
+    parser.add_argument("--max-steps", type=int, default=None, help="every network's budget of optimizer steps (train.max_steps): "
+                        "its training and its refit end there if --epochs has not ended them, whatever the data set's size")
     parser.add_argument("--batch-size", type=int, default=None, help="every network's batch (default: auto, the reference batch 128); "
                         "given, the lr is the one for it (neuralforecast's NBEATS: 1024 windows a step at lr 1e-3)")
     parser.add_argument("--scaling", default="auto", help="every family's window scaling (auto: each family's recipe); several (standard,mean): "
@@ -502,7 +504,7 @@ def main() -> None:
     rows, ratios = [], {}
     for name in datasets:
         got, measured = run_dataset(name, families, seeds, epochs, limit=limit, references=references, lookback=args.lookback, val=args.val, val_horizons=args.val_horizons, cut=args.cut,
-                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, batch_size=args.batch_size, patience=args.patience, refit=args.refit,
+                                    scaling=args.scaling, loss=args.loss, losses=args.losses.split(",") if args.losses else None, lr=args.lr, batch_size=args.batch_size, max_steps=args.max_steps, patience=args.patience, refit=args.refit,
                                     schedule=args.schedule, params=dict(item.split("=", 1) for item in args.params),
                                     rescore=[Path(f) for f in args.rescore.split(",")] if args.rescore else None, first_seed=args.first_seed, pool=pool, within=args.within, select=select, keep=args.keep,
                                     lookbacks=[float(m) for m in args.lookbacks.split(",")] if args.lookbacks else None,
@@ -513,7 +515,7 @@ def main() -> None:
     finish("forecast_quality", "gpufill's families (global, median of seeds) vs statsforecast's references, competition set-up", env,
            {"size": size_name, "datasets": ",".join(datasets), "series_limit": limit, "families": families, "references": list(references),
             "seeds": seeds, "epochs": epochs, "lookback": args.lookback or "shortest series", "lookbacks_x_horizon": args.lookbacks,
-            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "peer_seeds": args.peer_seeds, "peer_full_windows": args.peer_full_windows, "peer_settings": peer_settings, "val": args.val, "val_horizons": args.val_horizons, "cut": args.cut, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
+            "losses": args.losses, "pool": list(pool), "peers": list(peers), "peer_steps": args.peer_steps or (10 if args.smoke and peers else None), "peer_seeds": args.peer_seeds, "peer_full_windows": args.peer_full_windows, "peer_settings": peer_settings, "val": args.val, "val_horizons": args.val_horizons, "cut": args.cut, "within": args.within, "select": select, "patience": args.patience if args.val else None, "lr": args.lr, "batch_size": args.batch_size, "max_steps": args.max_steps, "schedule": args.schedule, "params": args.params, "refit": args.refit, "rescored_from": args.rescore, "first_seed": args.first_seed, "scaling": args.scaling, "loss": args.loss, "left_out": left_out}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What one forecasting network costs in gpufill against neuralforecast's NBEATS, arms interleaved.
 
-    python bench/peer_speed.py [--smoke] [--dataset m1] [--rounds 3] [--pack 3] [--peer nbeats] [--patience P] [--batch-size B --lr LR]
+    python bench/peer_speed.py [--smoke] [--dataset m1] [--rounds 3] [--pack 3] [--peer nbeats] [--patience P] [--max-steps N] [--batch-size B --lr LR]
                                [--schedule S] [--scaling S] [--params 'nbeats={width: 128}'] [--out PATH]
 
 Per round, one after the other on the same CPU (the order turned each round):
@@ -79,6 +79,7 @@ def main() -> None:
     parser.add_argument("--peer", default="nbeats", choices=PEERS)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--patience", type=int, default=5, help="gpufill's early-stopping patience (0: off, every network trains --epochs)")
+    parser.add_argument("--max-steps", type=int, default=None, help="gpufill's budget of optimizer steps a training (train.max_steps)")
     parser.add_argument("--batch-size", type=int, default=None, help="gpufill's batch (default: the recipe's)")
     parser.add_argument("--lr", type=float, default=None, help="gpufill's learning rate (default: the recipe's)")
     parser.add_argument("--schedule", default=None, help="gpufill's lr schedule (default: the recipe's)")
@@ -92,7 +93,7 @@ def main() -> None:
     limit, epochs, steps, rounds = (8, 2, 10, 1) if args.smoke else (None, args.epochs, None, args.rounds)
     frame, histories, horizon, lookback = load("m1" if args.smoke else args.dataset, limit)
     arms = ["one", *(["pack"] if args.pack > 1 else []), "peer"]
-    train = {"patience": args.patience, "batch_size": args.batch_size, "lr": args.lr, "schedule": args.schedule, "scaling": args.scaling,
+    train = {"patience": args.patience, "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "schedule": args.schedule, "scaling": args.scaling,
              "params": {"nbeats": args.params} if args.params else None}
     timings: dict[str, list[float]] = {arm: [] for arm in arms}
     quality: dict[str, float] = {}
@@ -116,7 +117,7 @@ def main() -> None:
               for arm in arms if arm != "peer"}
     finish("peer_speed", f"seconds per forecasting network, gpufill vs neuralforecast {args.peer.upper()}, interleaved", environment("cpu"),
            {"dataset": "m1" if args.smoke else args.dataset, "smoke": args.smoke, "rounds": rounds, "pack": args.pack, "epochs": epochs,
-            "peer": args.peer, "peer_steps": steps, "patience": args.patience, "batch_size": args.batch_size, "lr": args.lr,
+            "peer": args.peer, "peer_steps": steps, "patience": args.patience, "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr,
             "schedule": args.schedule, "scaling": args.scaling, "params": args.params}, rows, ratios, args.out)
 
 

@@ -570,3 +570,11 @@ def test_forecast_quality_cut_holds_out_an_earlier_horizon_of_each_series_and_re
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "forecast_quality.py"), "--smoke", "--cut", "-1"],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith("error: --cut takes a count of horizons of at least 0, got -1")
+
+
+def test_forecast_quality_gives_every_network_the_step_budget_asked() -> None:
+    quality = load_bench_module("forecast_quality")
+    train = lambda **given: next(line for line in quality.campaign_yaml(Path("d.csv"), 18, 12, ["nbeats"], 3, 30, val=True, references=(), **given).splitlines()
+                                 if line.startswith("train:"))  # noqa: E731
+    assert train(max_steps=1200, schedule="linear") == "train: {epochs: 30, loss: auto, early_stopping: {patience: 5}, max_steps: 1200, schedule: linear}"
+    assert "max_steps" not in train()

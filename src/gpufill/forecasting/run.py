@@ -350,6 +350,6 @@ def epoch_seconds(trial: Trial, windows: Sequence[WindowedProject], config: FitC
     x, y = torch.cat([w.x_train for w in windows]), torch.cat([w.y_train for w in windows])
     batch = effective_batch(DataFacts(n_train=x.shape[0], bytes_total=0), config).value
     taken = min(x.shape[0], max(sample, min_steps * batch))
-    fitted = fit(build_model(trial, windows[0], config.loss), (x[:taken], y[:taken]), config=replace(config, epochs=2, patience=None, batch_size=batch))
+    fitted = fit(build_model(trial, windows[0], config.loss), (x[:taken], y[:taken]), config=replace(config, epochs=2, patience=None, batch_size=batch, max_steps=None))
     last = fitted.history[-1]
     return last.seconds / max(last.steps, 1) * math.ceil(x.shape[0] / batch), taken, batch

@@ -44,8 +44,22 @@ def test_the_epochs_a_trial_trains_lie_between_the_fewest_and_most_early_stoppin
 
     from gpufill.campaign.run.estimate import epochs_trained
 
-    config = SimpleNamespace(epochs=30, patience=patience, validate_every=every)
+    config = SimpleNamespace(epochs=30, patience=patience, validate_every=every, max_steps=None)
     assert epochs_trained(config, refit=refit, validated=validated) == bounds
+
+
+def test_a_step_budget_ends_the_epochs_an_estimate_counts():
+    """max_steps 250 at 100 steps an epoch: 2.5 epochs a training, whatever `epochs` allows (a refit as long)."""
+    from types import SimpleNamespace
+
+    from gpufill.campaign.run.estimate import epochs_trained
+
+    config = SimpleNamespace(epochs=30, patience=None, validate_every=1, max_steps=250)
+    assert epochs_trained(config, refit=True, steps_per_epoch=100) == (5.0, 5.0)
+    assert epochs_trained(config, refit=False, steps_per_epoch=1000) == (0.25, 0.25)
+    assert epochs_trained(SimpleNamespace(epochs=2, patience=None, validate_every=1, max_steps=250), refit=False, steps_per_epoch=100) == (2.0, 2.0)
+    stopping = SimpleNamespace(epochs=30, patience=5, validate_every=1, max_steps=250)  # the fewest: a best first epoch, 5 without gain
+    assert epochs_trained(stopping, refit=True, steps_per_epoch=100) == (2.5 + 1, 5.0)
 
 
 def test_an_estimates_sample_epoch_trains_at_the_whole_datas_batch(monkeypatch):

@@ -200,7 +200,7 @@ def test_fit_config_rejects_bad_overrides():
     assert info.value.field == "train.lr"
     with pytest.raises(InputError, match="expected an integer or 'auto', got 'big'"):
         TrainSpec().fit_config({"batch_size": "big"}, seed=0)
-    assert TRAIN_KEYS == {"lr", "weight_decay", "batch_size", "epochs", "loss", "schedule", "optimizer"}
+    assert TRAIN_KEYS == {"lr", "weight_decay", "batch_size", "epochs", "max_steps", "loss", "schedule", "optimizer"}
     with pytest.raises(InputError, match="lbfgs") as info:
         TrainSpec().fit_config({"optimizer": "lbfgs"}, seed=0)
     assert info.value.field == "train.optimizer" and "adamw" in info.value.fix

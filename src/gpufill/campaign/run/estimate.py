@@ -158,13 +158,16 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
     return result
 
 
-def epochs_trained(config: Any, *, refit: bool, validated: bool = True) -> tuple[int, int]:
+def epochs_trained(config: Any, *, refit: bool, validated: bool = True, steps_per_epoch: int | None = None) -> tuple[float, float]:
     """(fewest, most) epochs one trial trains, its refit on training + validation included (which trains for the
     epochs early stopping chose). Without early stopping both are every epoch; with it, the fewest is a best first
     validation and `patience` validations without improvement after it (then a refit of that first validation's
     epochs), the most is every epoch (and a refit as long). Without validation windows (`validated` False) nothing
-    stops early."""
-    epochs = config.epochs
+    stops early. A step budget (`max_steps`, with the training's `steps_per_epoch`) ends each training at that many
+    steps: its epochs' part, the last one's share counted."""
+    epochs = float(config.epochs)
+    if config.max_steps is not None and steps_per_epoch:
+        epochs = min(epochs, config.max_steps / steps_per_epoch)
     most = epochs * (2 if refit else 1)
     if config.patience is None or not validated:
         return most, most
@@ -183,13 +186,13 @@ def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tup
                          device=lane.device, memory_margin=spec.resources.memory_margin).config
     steady_epoch, timed, batch = epoch_seconds(trial, windows, config, sample=SAMPLE_WINDOWS)
     refit = bool(spec.train.refit and spec.task.split.val)  # a refit trains again for the epochs early stopping chose (train.refit)
-    fewest, most = epochs_trained(config, refit=refit, validated=bool(spec.task.split.val))
+    fewest, most = epochs_trained(config, refit=refit, validated=bool(spec.task.split.val), steps_per_epoch=math.ceil(n_full / batch))
     how = f"epoch {steady_epoch:.3g} s ({timed} of {n_full} windows timed, batches of {batch})"
     if fewest == most:
-        return steady_epoch * most, None, how + f" x {most} epochs" + (" (half of them the refit on training + validation)" if refit else "")
+        return steady_epoch * most, None, how + f" x {most:.3g} epochs" + (" (half of them the refit on training + validation)" if refit else "")
     middle = math.sqrt(fewest * most)
     return (steady_epoch * middle, (steady_epoch * fewest, steady_epoch * most),
-            how + f" x {middle:.3g} epochs: the geometric middle of the {fewest} to {most} that early stopping allows"
+            how + f" x {middle:.3g} epochs: the geometric middle of the {fewest:.3g} to {most:.3g} that early stopping allows"
             + (", refit included" if refit else ""))
 
 

@@ -24,7 +24,7 @@ from gpufill.forecasting.models import registry
 
 __all__ = ["TRAIN_KEYS", "WINDOW_KEYS", "check_builds", "check_grid", "check_length", "corner_axes", "is_setting"]
 
-TRAIN_KEYS = frozenset({"lr", "weight_decay", "batch_size", "epochs", "loss", "schedule", "optimizer"})
+TRAIN_KEYS = frozenset({"lr", "weight_decay", "batch_size", "epochs", "max_steps", "loss", "schedule", "optimizer"})
 """Training settings a neural family's grid may override (``lstm: {lr: [1e-3, 3e-4]}``)."""
 WINDOW_KEYS = frozenset({"scaling"})
 """How windows are presented, which any window model's grid may override (``lgbm: {scaling: [project, last]}``)."""

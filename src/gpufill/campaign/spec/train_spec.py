@@ -33,6 +33,10 @@ class TrainSpec(Spec):
     # Defaults are FitConfig's (engine/config.py), the one home of training defaults, but for the length:
     # a forecaster's (forecasting/training.py: an upper bound that early stopping ends).
     epochs: Count = FORECAST_EPOCHS
+    max_steps: Count | None = DEFAULTS.max_steps
+    """A budget of optimizer steps: a training ends at this many if its epochs have not ended it (a schedule decays over
+    it), so a data set of many windows trains no longer than one of few, as neuralforecast's max_steps; a refit trains
+    at most as many. null: the epochs decide."""
     batch_size: Count | Literal["auto"] = DEFAULTS.batch_size
     """Effective batch; "auto": the plan picks it for throughput."""
     precision: Literal["auto", "bf16", "fp16", "fp32"] = DEFAULTS.precision
@@ -94,6 +98,7 @@ class TrainSpec(Spec):
         stop = merged.early_stopping
         return FitConfig(
             epochs=merged.epochs,
+            max_steps=merged.max_steps,
             lr=merged.lr,
             optimizer=merged.optimizer,
             weight_decay=merged.weight_decay,

@@ -138,6 +138,8 @@ def _id_base(spec: CampaignSpec, kind: str, projects: Sequence[str]) -> dict[str
             del base["train_spec"]["optimizer"]
         if base["train_spec"].get("refit") is False:  # as before the setting existed
             del base["train_spec"]["refit"]
+        if base["train_spec"].get("max_steps", 0) is None:  # as before the setting existed
+            del base["train_spec"]["max_steps"]
     return base
 
 
@@ -167,7 +169,9 @@ def _shape(spec: CampaignSpec, family: str, kind: str, params: dict[str, Any], t
         return f"{family}[lookback={lookback}]"
     batch = train.get("batch_size", spec.train.batch_size)
     epochs = train.get("epochs", spec.train.epochs)
+    steps = train.get("max_steps", spec.train.max_steps)
+    budget = f" max_steps={steps}" if steps is not None else ""  # a pack's members share one length
     model = " ".join(f"{key}={canonical(value)}" for key, value in params.items())
     # A pack's members share one loss, schedule and optimizer (lr and scaling are each member's own).
     shared = "".join(f" {key}={train[key]}" for key in ("loss", "schedule", "optimizer") if key in train)
-    return f"{family}[lookback={lookback} batch_size={batch} epochs={epochs}{shared} | {model}]"
+    return f"{family}[lookback={lookback} batch_size={batch} epochs={epochs}{budget}{shared} | {model}]"
