@@ -65,3 +65,21 @@ def test_a_step_budget_that_is_not_a_positive_count_names_the_field(tmp_path, bu
     with pytest.raises(InputError) as info:
         load_campaign(tmp_path / "c.yaml")
     assert "train.max_steps" in str(info.value) and "c.yaml" in str(info.value)
+
+
+def test_a_fused_packs_members_each_end_at_the_budget(tmp_path):
+    """Local mode, two seeds of a project trained as one fused pack (resources.pack_size 2): each member's epochs
+    add up to the budget, as an unpacked training's do."""
+    text = (BUDGET.replace("BUDGET", ", max_steps: 5").replace("mode: global", "mode: local").replace("seeds: [0]", "seeds: [0, 1]")
+            .replace("  mlp@short: {hidden_size: 8, max_steps: 3}\n", "").replace("resources: {retries: 0}", "resources: {retries: 0, pack_size: 2}").replace(", schedule: linear", ""))  # a pack steps one constant lr
+    (tmp_path / "c.yaml").write_text(text)
+    outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "work").run(executor="inline")
+    assert (outcome.done, outcome.failed) == (4, 0)  # 2 projects x 2 seeds
+    trials = read_trials(tmp_path / "work")
+    store = Store.open(tmp_path / "work")
+    try:
+        trained = [store.trial_details(row.trial_id) for row in trials.itertuples()]
+    finally:
+        store.close()
+    assert [sum(epoch["steps"] for epoch in t["history"]) for t in trained] == [5, 5, 5, 5]
+    assert all(t["plan"]["pack_size"]["value"] == 2 for t in trained)
