@@ -24,11 +24,12 @@ resources: {retries: 0}
 """
 
 
-def details(workdir) -> dict[str, dict]:
+def stored(workdir) -> list[tuple[str, dict]]:
+    """(family, stored details) of each trial of the workdir."""
     trials = read_trials(workdir)
     store = Store.open(workdir)
     try:
-        return {row.family: store.trial_details(row.trial_id) for row in trials.itertuples()}
+        return [(row.family, store.trial_details(row.trial_id)) for row in trials.itertuples()]
     finally:
         store.close()
 
@@ -37,7 +38,7 @@ def test_each_training_ends_at_its_step_budget_and_its_refit_trains_no_more(tmp_
     (tmp_path / "c.yaml").write_text(BUDGET.replace("BUDGET", ", max_steps: 7"))
     outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "work").run(executor="inline")
     assert (outcome.done, outcome.failed) == (2, 0)
-    trained = details(tmp_path / "work")
+    trained = dict(stored(tmp_path / "work"))
     shapes = {t.family: t.shape for t in expand(load_campaign(tmp_path / "c.yaml"), ["p000", "p001"])}
     assert "refit: stopped at max_steps 7 in epoch 1" in " ".join(trained["mlp"]["events"])  # its 2 epochs of more windows: cut at 7
     for family, budget in (("mlp", 7), ("mlp@short", 3)):
@@ -75,11 +76,6 @@ def test_a_fused_packs_members_each_end_at_the_budget(tmp_path):
     (tmp_path / "c.yaml").write_text(text)
     outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "work").run(executor="inline")
     assert (outcome.done, outcome.failed) == (4, 0)  # 2 projects x 2 seeds
-    trials = read_trials(tmp_path / "work")
-    store = Store.open(tmp_path / "work")
-    try:
-        trained = [store.trial_details(row.trial_id) for row in trials.itertuples()]
-    finally:
-        store.close()
+    trained = [details for _, details in stored(tmp_path / "work")]
     assert [sum(epoch["steps"] for epoch in t["history"]) for t in trained] == [5, 5, 5, 5]
     assert all(t["plan"]["pack_size"]["value"] == 2 for t in trained)
