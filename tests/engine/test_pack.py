@@ -15,10 +15,17 @@ from gpufill.engine.config import FitConfig
 from gpufill.engine.loop import fit
 from gpufill.engine.losses import outputs_per_target
 from gpufill.forecasting.models import registry
+from gpufill.engine.hardware import detect
 from gpufill.engine.packs.optim import PackAdamW
+from gpufill.engine.packs.pack_data import PackData, padded
+from gpufill.engine.packs.pack_run import PackRun
+from gpufill.engine.packs.pack_schedule import PackSchedule
+from gpufill.engine.packs.probe import PackProbe
 from gpufill.engine.packs.train import PackMember, fit_pack
 from gpufill.engine.packs.size import measure_pack_size
-from gpufill.engine.packs.stacked import HAND_WRITTEN, VMAP
+from gpufill.engine.packs.stacked import HAND_WRITTEN, VMAP, pack_module
+from gpufill.engine.plan import DataFacts, make_plan
+from gpufill.engine.precision import Precision
 from tests.helpers import write_campaign
 
 
@@ -332,18 +339,100 @@ def test_fused_or_not_is_the_median_of_interleaved_pairs_not_one_timing(monkeypa
     assert "best 0.67x" in choice.reason
 
 
-def test_a_pack_refuses_a_schedule_and_a_campaign_trains_scheduled_trials_alone(tmp_path):
+def uneven_windows():
+    """Three members, the last with fewer windows: fewer steps an epoch, so a shorter schedule of its own."""
+    ws = [make_windows(p, 12, 1) for p in load_projects("synthetic", n_projects=2, length=400, seed=0).values()]
+    ws.append(make_windows(next(iter(load_projects("synthetic", n_projects=1, length=250, seed=3).values())), 12, 1))
+    return ws
+
+
+@pytest.mark.parametrize(("schedule", "max_steps"), [("linear", None), ("warmup_cosine", None), ("linear", 9)])
+def test_a_pack_with_a_schedule_reproduces_separate_fits_each_over_its_own_steps(schedule, max_steps):
+    """Each member warms up and decays over the steps it would take alone (its epochs', or max_steps): its lr per
+    epoch, losses and weights equal its training alone, also for the member whose epochs are shorter."""
+    ws, seeds, lrs = uneven_windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
+    settings = dict(epochs=4, batch_size=64, patience=None, schedule=schedule, max_steps=max_steps, restore_best=False)
+    packed = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=FitConfig(**settings))
+    counts = [w.x_train.shape[0] for w in ws]
+    assert -(-counts[2] // 64) < -(-counts[0] // 64)  # the short member's schedule is shorter
+    lengths = [min(-(-n // 64) * 4, max_steps or 10**9) for n in counts]
+    assert packed[0].plan.schedule.value == schedule
+    if len(set(lengths)) > 1:
+        assert f"each member over its own steps ({min(lengths)}-{max(lengths)})" in packed[0].plan.schedule.reason
+    for w, seed, lr, model, result in zip(ws, seeds, lrs, models("mlp", ws, seeds), packed, strict=True):
+        alone = fit(model, (w.x_train, w.y_train), (w.x_val, w.y_val), config=FitConfig(lr=lr, seed=seed, precision="fp32", **settings))
+        assert alone.plan.schedule.value == schedule
+        assert [r.lr for r in result.history] == pytest.approx([r.lr for r in alone.history], rel=1e-6)  # the pack holds lr as float32 before float64
+        assert [(r.epoch, r.steps) for r in result.history] == [(r.epoch, r.steps) for r in alone.history]
+        assert [r.train_loss for r in result.history] == pytest.approx([r.train_loss for r in alone.history], rel=1e-4)
+        for (name, a), (_, b) in zip(alone.model.state_dict().items(), result.model.state_dict().items(), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
+    if max_steps is None:
+        assert packed[0].history[-1].lr == pytest.approx(0.0, abs=1e-12)  # decayed to min_lr_ratio 0 at its last step
+        assert packed[0].history[0].lr < lrs[0]  # still warming up or decaying after the first epoch
+
+
+def test_a_scheduled_pack_re_formed_from_its_survivors_trains_them_as_the_masked_pack_does():
+    """A re-formed pack carries each survivor's place in its schedule over (its step count and lr)."""
+    ws, seeds, lrs = windows(4), [0, 1, 2, 3], [1e-2, 3e-3, 2e-3, 1e-3]
+    config = FitConfig(epochs=6, batch_size=64, patience=2, restore_best=False, schedule="warmup_cosine")
+
+    def run(reform):
+        watched = members(ws, lrs, seeds)
+        watched[0] = PackMember(train=watched[0].train, val=(ws[0].x_val, -ws[0].y_val * 5), lr=lrs[0], weight_decay=0.0, seed=0)
+        return fit_pack(models("mlp", ws, seeds), watched, config=config, reform=reform)
+
+    masked, reformed = run("never"), run("always")
+    assert reformed[0].status == "early_stopped" and sum("pack re-formed" in e for e in reformed[1].events) >= 1
+    for a, b in zip(masked, reformed, strict=True):
+        assert [h.lr for h in a.history] == pytest.approx([h.lr for h in b.history], rel=1e-9)
+        assert [h.train_loss for h in a.history] == pytest.approx([h.train_loss for h in b.history], rel=1e-5)
+        for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items(), strict=True):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5, msg=name)
+    assert len(reformed[1].history) == 6 and reformed[1].history[-1].lr == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_probes_steps_leave_a_packs_schedule_where_it_was():
+    ws, seeds = windows(2), [0, 1]
+    config = FitConfig(epochs=2, batch_size=64, schedule="linear")
+    fused = pack_module(models("mlp", ws, seeds), HAND_WRITTEN)
+    x, y = padded([(w.x_train, w.y_train) for w in ws], torch.device("cpu"))
+    counts = [w.x_train.shape[0] for w in ws]
+    optimizer = PackAdamW(list(fused.parameters()), torch.tensor([1e-3, 2e-3]), torch.zeros(2))
+    schedule, _ = PackSchedule.of(config, [-(-n // 64) for n in counts], torch.device("cpu"))
+    optimizer.set_lr_factor(schedule.factor())
+    run = PackRun(fused, optimizer, Precision("fp32", torch.device("cpu"), loss_scaling=False, masked=True), config,
+                  PackData(x=x, y=y, n=torch.tensor(counts), counts=counts, batch=64, vx=None, vy=None, n_val=None), torch.device("cpu"))
+    run.schedule = schedule
+    lr_before = optimizer.lr.clone()
+    plan = make_plan(detect("cpu"), DataFacts(n_train=max(counts), bytes_total=0), config)
+    measured = PackProbe(run).measure(plan, timed_steps=3, check=True)
+    assert measured.step_s is not None and len(measured.losses) > 0
+    assert schedule.taken.tolist() == [0.0, 0.0] and torch.equal(optimizer.lr, lr_before)
+    run.step()  # a training step afterwards counts from 0, as if nothing had been measured
+    assert schedule.taken.tolist() == [1.0, 1.0] and torch.equal(optimizer.lr, optimizer.base_lr * schedule.factor())
+
+
+def test_a_pack_refuses_a_schedule_given_as_a_function_and_a_campaign_packs_scheduled_trials(tmp_path):
     ws, seeds = windows(n=2), [0, 1]
-    with pytest.raises(ValueError, match="a pack runs a constant lr, not schedule 'warmup_cosine'"):
-        fit_pack(models("mlp", ws, seeds), members(ws, [1e-3, 1e-3], seeds), config=FitConfig(epochs=2, schedule="warmup_cosine"))
+    with pytest.raises(ValueError, match="a pack runs a named schedule .*not a function of the step"):
+        fit_pack(models("mlp", ws, seeds), members(ws, [1e-3, 1e-3], seeds), config=FitConfig(epochs=2, schedule=lambda step: 1.0))
     path = write_campaign(tmp_path, name="scheduled", projects=2, epochs=2, models="mlp: {hidden_size: 8, schedule: warmup_cosine}")
-    Campaign.from_yaml(path, tmp_path / "w").run(executor="inline")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(path.read_text().replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 1}"))
+    path.write_text(path.read_text().replace("resources: {retries: 1}", "resources: {retries: 1, pack_size: 2}"))
+    for spec, work in ((path, "w"), (plain, "p")):
+        Campaign.from_yaml(spec, tmp_path / work).run(executor="inline")
     with sqlite3.connect(tmp_path / "w" / "gpufill.db") as con:
         plans = [json.loads(plan) for (plan,) in con.execute("SELECT plan FROM trials WHERE status = 'done'")]
     assert len(plans) == 2
     for plan in plans:
-        assert plan["schedule"] == {"value": "warmup_cosine", "reason": "set in the campaign"} and plan["pack_size"]["value"] == 1
+        assert plan["schedule"]["value"] == "warmup_cosine" and plan["pack_size"]["value"] == 2
         assert plan["scaling"]["value"] == "last" and plan["loss"]["value"] == "mae"  # the mlp recipe's other settings
+    a = Campaign.from_yaml(path, tmp_path / "w").results().set_index("project").sort_index()
+    b = Campaign.from_yaml(plain, tmp_path / "p").results().set_index("project").sort_index()
+    assert (a["status"] == "done").all() and len(a) == 2
+    assert a["mae"].to_numpy() == pytest.approx(b["mae"].to_numpy(), rel=1e-3)
 
 
 @pytest.mark.parametrize("optimizer", [None, "sgd", "adam"])

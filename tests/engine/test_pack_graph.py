@@ -95,6 +95,26 @@ def test_graph_replayed_steps_equal_eager_steps(family, precision, atol):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["linear", "warmup_cosine"])
+def test_a_scheduled_packs_replayed_steps_follow_each_members_schedule_as_eager_steps_do(schedule):
+    """The lr factor is computed on the device inside the captured step: replays move it as eager steps do (members
+    of different lengths: each its own schedule), and every member ends its schedule at 0."""
+    ws = windows(4, length=400, lookback=12) + windows(2, length=250, lookback=12)
+    seeds = list(range(6))
+    runs = {}
+    for graph in (False, True):
+        config = FitConfig(epochs=4, batch_size=64, device="cuda", precision="fp32", cuda_graph=graph, compile=False, tf32=False,
+                           patience=None, restore_best=False, schedule=schedule)
+        runs[graph] = fit_pack(build("lstm", ws, seeds, {"hidden_size": 16}), members(ws, seeds), config=config)
+    assert runs[True][0].plan.step_graph.value, runs[True][0].plan.step_graph.reason
+    for eager, replayed in zip(runs[False], runs[True], strict=True):
+        assert [h.lr for h in replayed.history] == pytest.approx([h.lr for h in eager.history], rel=1e-9)
+        assert replayed.history[-1].lr == pytest.approx(0.0, abs=1e-12)
+    for eager, replayed in zip(_pack_weights(runs[False]), _pack_weights(runs[True]), strict=True):
+        torch.testing.assert_close(replayed, eager, rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
 def test_early_stopping_and_divergence_masking_work_under_replay():
     ws = windows(4, length=400, lookback=12)
     seeds = [0, 1, 2, 3]

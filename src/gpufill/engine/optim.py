@@ -102,11 +102,12 @@ class Multiplier:
         return self.min_ratio + (1 - self.min_ratio) * shape
 
 
-def make_schedule(optimizer: torch.optim.Optimizer, cfg: FitConfig, total_steps: int | None) -> tuple[Any, Choice[str]]:
-    """(a LambdaLR, or None for a constant lr) and the plan's record of it."""
+def schedule_multiplier(cfg: FitConfig, total_steps: int | None) -> tuple[Any, Choice[str]]:
+    """(the lr multiplier per optimizer step, or None for a constant lr) and the plan's record of it: a `Multiplier`
+    for a named schedule over `total_steps`, the user's function as given."""
     if callable(cfg.schedule):
         name = getattr(cfg.schedule, "__qualname__", type(cfg.schedule).__name__)
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, cfg.schedule), Choice(name, "your function of the optimizer step, times each group's lr")
+        return cfg.schedule, Choice(name, "your function of the optimizer step, times each group's lr")
     if cfg.schedule == "constant":
         return None, Choice("constant", "constant learning rate")
     if total_steps is None:
@@ -120,9 +121,14 @@ def make_schedule(optimizer: torch.optim.Optimizer, cfg: FitConfig, total_steps:
         raise InputError(f"warmup_steps {warmup} is not below the training's {total_steps} optimizer steps", field="warmup_steps",
                          fix=f"use fewer warm-up steps (e.g. {max(1, total_steps // 20)}) or auto")
     shape = "cosine" if cfg.schedule == "warmup_cosine" else "linear"
-    multiplier = Multiplier(cfg.schedule, warmup, total_steps, cfg.min_lr_ratio)
     reason = f"linear warm-up over {warmup} steps ({why}), then {shape} decay to {cfg.min_lr_ratio:g} x lr at step {total_steps}"
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier), Choice(cfg.schedule, reason)
+    return Multiplier(cfg.schedule, warmup, total_steps, cfg.min_lr_ratio), Choice(cfg.schedule, reason)
+
+
+def make_schedule(optimizer: torch.optim.Optimizer, cfg: FitConfig, total_steps: int | None) -> tuple[Any, Choice[str]]:
+    """(a LambdaLR, or None for a constant lr) and the plan's record of it."""
+    multiplier, choice = schedule_multiplier(cfg, total_steps)
+    return (None if multiplier is None else torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)), choice
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:

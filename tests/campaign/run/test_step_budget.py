@@ -70,12 +70,13 @@ def test_a_step_budget_that_is_not_a_positive_count_names_the_field(tmp_path, bu
 
 def test_a_fused_packs_members_each_end_at_the_budget(tmp_path):
     """Local mode, two seeds of a project trained as one fused pack (resources.pack_size 2): each member's epochs
-    add up to the budget, as an unpacked training's do."""
+    add up to the budget, as an unpacked training's do, its linear schedule decayed to 0 over the budget."""
     text = (BUDGET.replace("BUDGET", ", max_steps: 5").replace("mode: global", "mode: local").replace("seeds: [0]", "seeds: [0, 1]")
-            .replace("  mlp@short: {hidden_size: 8, max_steps: 3}\n", "").replace("resources: {retries: 0}", "resources: {retries: 0, pack_size: 2}").replace(", schedule: linear", ""))  # a pack steps one constant lr
+            .replace("  mlp@short: {hidden_size: 8, max_steps: 3}\n", "").replace("resources: {retries: 0}", "resources: {retries: 0, pack_size: 2}"))
     (tmp_path / "c.yaml").write_text(text)
     outcome = Campaign.from_yaml(tmp_path / "c.yaml", tmp_path / "work").run(executor="inline")
     assert (outcome.done, outcome.failed) == (4, 0)  # 2 projects x 2 seeds
     trained = [details for _, details in stored(tmp_path / "work")]
     assert [sum(epoch["steps"] for epoch in t["history"]) for t in trained] == [5, 5, 5, 5]
-    assert all(t["plan"]["pack_size"]["value"] == 2 for t in trained)
+    assert all(t["plan"]["pack_size"]["value"] == 2 and t["plan"]["schedule"]["value"] == "linear" for t in trained)
+    assert [t["history"][-1]["lr"] for t in trained] == pytest.approx([0.0] * 4, abs=1e-12)  # each decayed over its own 5 steps

@@ -81,8 +81,9 @@ class PackAdamW:
         torch.mul(self.base_lr, factor, out=self.lr)
 
     def state_tensors(self) -> list[torch.Tensor]:
-        """The tensors a step changes besides the parameters (a probe puts them back)."""
-        return [self.steps, self.exp_avg, self.exp_avg_sq]
+        """The tensors a step changes besides the parameters (a probe puts them back; a re-formed pack copies them):
+        a schedule's lr too."""
+        return [self.steps, self.lr, self.exp_avg, self.exp_avg_sq]
 
     def gradients(self) -> torch.Tensor:
         """(K, P): every parameter's gradient in the flat layout (zeros where a parameter has none)."""
@@ -144,7 +145,7 @@ class PackSGD:
     zero_grad = PackAdamW.zero_grad
 
     def state_tensors(self) -> list[torch.Tensor]:
-        return [self.steps, self.buffer]
+        return [self.steps, self.lr, self.buffer]
 
     @torch.no_grad()
     def step(self, active: torch.Tensor, gradients: torch.Tensor | None = None) -> None:

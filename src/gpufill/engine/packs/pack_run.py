@@ -18,6 +18,7 @@ from gpufill.engine.losses import per_sample_regression
 from gpufill.engine.packs.fused import FusedModule
 from gpufill.engine.packs.optim import PackAdamW, PackSGD
 from gpufill.engine.packs.pack_data import PackData, orders
+from gpufill.engine.packs.pack_schedule import PackSchedule
 from gpufill.engine.packs.reform import survivors_optimizer
 from gpufill.engine.packs.stacked import pack_module
 from gpufill.engine.plan import Plan
@@ -50,7 +51,9 @@ class PackRun:
         self._zero = torch.zeros((), device=device)
         self.events: list[list[str]] = [[] for _ in range(k)]
         """Each member's events (the pack's Stopping says its stops in the same lists)."""
-        self.lrs = optimizer.lr.tolist()
+        self.schedule: PackSchedule | None = None
+        """Each member's lr schedule over its own steps (None: a constant lr)."""
+        self._constant_lrs = optimizer.lr.tolist()
         self.kind: str | None = None
         self.plan: Plan | None = None
 
@@ -88,6 +91,8 @@ class PackRun:
         gradients = torch.where(step_active.unsqueeze(1), self.optimizer.gradients(), self._zero)
         finite_grads = self.precision.finite_after_unscale([gradients])  # fp16: an overflowed step is skipped
         self.optimizer.step(step_active if finite_grads is None else step_active & finite_grads, gradients)
+        if self.schedule is not None:  # as LambdaLR after fit's step, an overflowed one too: the next step's lr
+            self.optimizer.set_lr_factor(self.schedule.advance(step_active))
         self.optimizer.zero_grad()
         self.finite &= ok | ~has_samples
         self.loss_sum += torch.where(ok, per_model.detach() * count, self._zero)
@@ -125,6 +130,10 @@ class PackRun:
         loss = (self.loss_sum / self.limit.clamp(min=1)).tolist()  # the epoch's one read
         return loss, self.finite.tolist(), [-(-n // d.batch) for n in taken], taken
 
+    def learning_rates(self) -> list[float]:
+        """Each row's lr for its next step (under a schedule, a read of the device: once an epoch, at its end)."""
+        return self._constant_lrs if self.schedule is None else self.optimizer.lr.tolist()
+
     def survivors(self, keep: Sequence[int]) -> PackRun:
         """A pack of the members `keep` (rows here) alone, each carrying on exactly where it is: its weights, optimizer
         moments and steps, data and events (the same lists)."""
@@ -132,6 +141,7 @@ class PackRun:
         optimizer = survivors_optimizer(self.cfg.optimizer, self.optimizer, list(fused.parameters()), keep)
         run = PackRun(fused, optimizer, self.precision, self.cfg, self.data.rows(keep), self.device)
         run.events, run.kind, run.plan = [self.events[i] for i in keep], self.kind, self.plan
+        run.schedule = None if self.schedule is None else self.schedule.rows(keep)  # the lr itself came with the optimizer's state
         return run
 
     def let_go(self) -> None:

@@ -44,6 +44,8 @@ class PackTraining(Protocol):
     loss_sum: torch.Tensor
     finite: torch.Tensor
     graph: Any
+    schedule: Any
+    """Its lr schedule (packs/pack_schedule.py), whose step counts a step advances; None: a constant lr."""
 
     def load_batch(self, order: torch.Tensor, start: int) -> None: ...
     def step(self) -> None: ...
@@ -149,11 +151,11 @@ def _step_stream(run: PackTraining) -> Iterator[tuple[torch.Tensor, int]]:
 
 @contextlib.contextmanager
 def preserved(run: PackTraining) -> Iterator[None]:
-    """Put back everything trial steps change: weights, optimizer moments and steps, loss scale,
-    the epoch's loss sums, RNGs."""
+    """Put back everything trial steps change: weights, optimizer moments, steps and lr, a schedule's step counts,
+    loss scale, the epoch's loss sums, RNGs."""
     optimizer = run.optimizer
     live = [*run.fused.state_dict().values(), *optimizer.state_tensors(), *run.precision.device_state(),
-            run.loss_sum, run.finite]
+            run.loss_sum, run.finite, *([run.schedule.taken] if run.schedule is not None else [])]
     saved = [t.detach().clone() for t in live]
     try:
         with preserved_rng(run.device):

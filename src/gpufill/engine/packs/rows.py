@@ -65,7 +65,7 @@ class PackRows:
         return {"loss": self._by_member(self.run.validate(), math.nan)}
 
     def lrs(self) -> Sequence[float]:
-        return self.home.lrs
+        return self._by_member(self.run.learning_rates(), math.nan)
 
     def keep_best(self, rows: Sequence[int]) -> None:
         if self.run is self.home:

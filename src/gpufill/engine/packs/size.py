@@ -67,13 +67,13 @@ class PackSizeChoice:
 def choose_pack_size(build, sample: Pair, *, config: FitConfig, name: str, candidates: Sequence[int] = CANDIDATE_SIZES,
                      data_bytes: int = 0, trainings: int | None = None) -> PackSizeChoice:
     """Whether and how many models of one shape to fuse for trainings of `config` on its device: unfused, with the
-    reason, where a pack cannot train them (a decaying schedule: a pack runs a constant lr; a model that neither
+    reason, where a pack cannot train them (a schedule given as a function of the step; a model that neither
     fused kernels nor vmap can batch, `name` saying whose), else measured (`measure_pack_size`) at the batch a plan
     gives such a training, each size's peak within `config.memory_margin` of the device. `trainings`: how many of
     them wait; where measuring would cost more than MEASURE_SHARE of their whole training, nothing is measured and
     they train as one pack (`unmeasured`)."""
-    if config.schedule != "constant":
-        return PackSizeChoice(size=1, samples_per_s={}, reason=f"unfused: schedule {config.schedule} (a pack runs a constant lr)")
+    if callable(config.schedule):
+        return PackSizeChoice(size=1, samples_per_s={}, reason="unfused: the schedule is a function of the step (a pack runs a named one)")
     # Any elementwise loss tests vmap's batching rules alike: mse stands for the trainings' own.
     why_not = why_not_packed(build, NAMED["mse"], (sample[0][:8], sample[1][:8]))
     if why_not is not None:

@@ -3,7 +3,8 @@
 Each model draws the batches plain `fit` would draw for it (its own seeded permutation of
 its own windows, the same batch size), so a pack reproduces K separate trainings up to
 float rounding. Per model: learning rate and weight decay (a fused AdamW that takes them
-as tensors: torch's optimizers take one scalar lr per group), and the stop rules `fit` has
+as tensors: torch's optimizers take one scalar lr per group), the lr schedule over its own
+steps (packs/pack_schedule.py), and the stop rules `fit` has
 (engine/epochs.py: early stopping, divergence, max_steps, a pruner), a stopped model masked
 while the others go on (packs/rows.py); its epochs are that loop's, as `fit`'s are.
 The hot loop never reads the device: masks and losses stay on it until the epoch ends.
@@ -28,6 +29,7 @@ from gpufill.engine.packs.optim import PACK_OPTIMIZERS, pack_optimizer
 from gpufill.engine.packs.pack_data import Pair, PackData, padded
 from gpufill.engine.packs.pack_plan import PACK_CONTEXT, PACK_OPTIMIZER_REASONS, pack_plan
 from gpufill.engine.packs.pack_run import PackRun
+from gpufill.engine.packs.pack_schedule import PackSchedule
 from gpufill.engine.packs.probe import PackProbe, configure
 from gpufill.engine.packs.reform import REFORM_MODES
 from gpufill.engine.packs.rows import MemberWatch, PackRows
@@ -64,8 +66,8 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
         raise ValueError(f"reform is one of {', '.join(REFORM_MODES)}, not {reform!r}")
     if not (isinstance(config.loss, str) and config.loss in PACK_LOSSES):
         raise ValueError(f"a pack trains on a regression loss ({', '.join(PACK_LOSSES)}), not {config.loss!r}: train these models one by one")
-    if config.schedule != "constant":
-        raise ValueError(f"a pack runs a constant lr, not schedule {config.schedule!r}: train these models one by one")
+    if callable(config.schedule):
+        raise ValueError("a pack runs a named schedule (constant, linear, warmup_cosine), not a function of the step: train these models one by one")
     if not (isinstance(config.optimizer, str) and config.optimizer in PACK_OPTIMIZERS):
         raise ValueError(f"a pack steps {', '.join(PACK_OPTIMIZERS)}, not optimizer {config.optimizer!r}: train these models one by one")
     k = len(models)
@@ -86,12 +88,16 @@ def fit_pack(models: Sequence[nn.Module], members: Sequence[PackMember], *, conf
     n_val = torch.tensor([v[0].shape[0] for v in val], device=device) if has_val else None
     lr = torch.tensor([m.lr * plan.lr_scale.value for m in members], device=device)
     optimizer = pack_optimizer(config.optimizer, list(fused.parameters()), lr, torch.tensor([m.weight_decay for m in members], device=device))
-    plan = plan.replace(optimizer=Choice(config.optimizer, PACK_OPTIMIZER_REASONS[config.optimizer]))
+    schedule, schedule_choice = PackSchedule.of(config, [max(1, -(-count // batch)) for count in counts], device)  # each member's steps as alone
+    if schedule is not None:
+        optimizer.set_lr_factor(schedule.factor())  # the first step's, as LambdaLR sets it
+    plan = plan.replace(optimizer=Choice(config.optimizer, PACK_OPTIMIZER_REASONS[config.optimizer]), schedule=schedule_choice)
     generators = [torch.Generator(device=device).manual_seed(m.seed) for m in members]
     torch.manual_seed(members[0].seed)  # dropout
     precision = Precision(plan.precision.value, device, loss_scaling=plan.grad_scaler.value, masked=True)
     data = PackData(x=x, y=y, n=n, counts=counts, batch=batch, vx=vx, vy=vy, n_val=n_val)
     run = PackRun(fused, optimizer, precision, config, data, device)
+    run.schedule = schedule
     stopping = Stopping(k, Rules.of(config), packed=True)
     run.events, run.kind = stopping.events, kind
     requested = {name: getattr(config, name) for name in ("precision", "tf32", "cudnn_benchmark", "compile", "cuda_graph", "threads")}

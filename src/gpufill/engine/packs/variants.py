@@ -28,8 +28,7 @@ from gpufill.engine.hardware import detect
 from gpufill.engine.inputs import Source, data_facts
 from gpufill.engine.measure.candidates import thread_counts
 from gpufill.engine.measure.thread_watch import ThreadWatch
-from gpufill.engine.optim import Multiplier, make_optimizer, make_schedule
-from gpufill.engine.optim_eager import eager_class
+from gpufill.engine.optim import make_optimizer, schedule_multiplier
 from gpufill.engine.packs.optim import StackedAdam
 from gpufill.engine.packs.direct import direct_forward
 from gpufill.engine.packs.pack_plan import resident_plan
@@ -157,7 +156,7 @@ class PackedVariants:
         stacked = StackedModule.from_models(self.models).to(self.device)
         self.build_s = time.perf_counter() - started
         optimizer, optimizer_choice = self.stacked_optimizer(list(stacked.parameters()))
-        schedule = make_schedule(_schedule_holder(), self.cfg, self.total_steps)[1]
+        schedule = schedule_multiplier(self.cfg, self.total_steps)[1]
         stopping = Stopping(k, Rules.of(self.cfg), packed=True, events=[[f"trained in a pack of {k} variants ({self.form})"] for _ in range(k)])
         rows = _VariantRows(self, stacked, optimizer, stopping, probe, step_s)
         histories: list[list[EpochRecord]] = [[] for _ in range(k)]
@@ -313,16 +312,4 @@ def _plan(plan: Plan) -> Plan:
 
 def _multiplier(cfg: FitConfig, total_steps: int) -> Callable[[int], float] | None:
     """The schedule's lr factor per optimizer step (the same for every variant: they share the length)."""
-    if callable(cfg.schedule):
-        return cfg.schedule
-    if cfg.schedule == "constant":
-        return None
-    scheduler, _ = make_schedule(_schedule_holder(), cfg, total_steps)
-    lambdas = scheduler.lr_lambdas[0]
-    assert isinstance(lambdas, Multiplier)
-    return lambdas
-
-
-def _schedule_holder() -> torch.optim.Optimizer:
-    """A one-parameter optimizer a schedule's multiplier is read from (never stepped; eager: no torch._dynamo import)."""
-    return eager_class(torch.optim.SGD)([nn.Parameter(torch.zeros(1))], lr=1.0)
+    return schedule_multiplier(cfg, total_steps)[0]
