@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 
 import pytest
@@ -346,12 +347,13 @@ def uneven_windows():
     return ws
 
 
-@pytest.mark.parametrize(("schedule", "max_steps"), [("linear", None), ("warmup_cosine", None), ("linear", 9)])
-def test_a_pack_with_a_schedule_reproduces_separate_fits_each_over_its_own_steps(schedule, max_steps):
+@pytest.mark.parametrize(("schedule", "max_steps", "warmup"), [("linear", None, "auto"), ("warmup_cosine", None, 5), ("linear", 15, 3), ("linear", 9, 4)])
+def test_a_pack_with_a_schedule_reproduces_separate_fits_each_over_its_own_steps(schedule, max_steps, warmup):
     """Each member warms up and decays over the steps it would take alone (its epochs', or max_steps): its lr per
-    epoch, losses and weights equal its training alone, also for the member whose epochs are shorter."""
+    epoch, losses and weights equal its training alone, also for the member whose epochs are shorter (20 and 12
+    steps; at max_steps 15, 15 and 12; at 9, 9 each), over a warm-up of several steps too."""
     ws, seeds, lrs = uneven_windows(), [0, 1, 2], [1e-3, 3e-3, 2e-3]
-    settings = dict(epochs=4, batch_size=64, patience=None, schedule=schedule, max_steps=max_steps, restore_best=False)
+    settings = dict(epochs=4, batch_size=64, patience=None, schedule=schedule, max_steps=max_steps, restore_best=False, warmup_steps=warmup)
     packed = fit_pack(models("mlp", ws, seeds), members(ws, lrs, seeds), config=FitConfig(**settings))
     counts = [w.x_train.shape[0] for w in ws]
     assert -(-counts[2] // 64) < -(-counts[0] // 64)  # the short member's schedule is shorter
@@ -367,15 +369,19 @@ def test_a_pack_with_a_schedule_reproduces_separate_fits_each_over_its_own_steps
         assert [r.train_loss for r in result.history] == pytest.approx([r.train_loss for r in alone.history], rel=1e-4)
         for (name, a), (_, b) in zip(alone.model.state_dict().items(), result.model.state_dict().items(), strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
-    if max_steps is None:
-        assert packed[0].history[-1].lr == pytest.approx(0.0, abs=1e-12)  # decayed to min_lr_ratio 0 at its last step
-        assert packed[0].history[0].lr < lrs[0]  # still warming up or decaying after the first epoch
+    assert [result.history[-1].lr for result in packed] == pytest.approx([0.0] * 3, abs=1e-12)  # each decayed to min_lr_ratio 0
+    if warmup != "auto":  # after the first epoch (5 or 3 steps) each member is past its warm-up: the lr its decay gives
+        steps = min(-(-counts[0] // 64), max_steps or 10**9)
+        progress = (steps - warmup) / (lengths[0] - warmup)
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "warmup_cosine" else 1 - progress
+        assert steps >= warmup and packed[0].history[0].lr == pytest.approx(lrs[0] * shape, rel=1e-6)
 
 
 def test_a_scheduled_pack_re_formed_from_its_survivors_trains_them_as_the_masked_pack_does():
-    """A re-formed pack carries each survivor's place in its schedule over (its step count and lr)."""
-    ws, seeds, lrs = windows(4), [0, 1, 2, 3], [1e-2, 3e-3, 2e-3, 1e-3]
-    config = FitConfig(epochs=6, batch_size=64, patience=2, restore_best=False, schedule="warmup_cosine")
+    """A re-formed pack carries each survivor's place in its schedule over (its step count, length and lr): the
+    survivors have different lengths (uneven windows), and the short one's lrs are those of its training alone."""
+    ws, seeds, lrs = uneven_windows(), [0, 1, 2], [1e-2, 3e-3, 2e-3]
+    config = FitConfig(epochs=6, batch_size=64, patience=2, restore_best=False, schedule="warmup_cosine", warmup_steps=4)
 
     def run(reform):
         watched = members(ws, lrs, seeds)
@@ -390,6 +396,10 @@ def test_a_scheduled_pack_re_formed_from_its_survivors_trains_them_as_the_masked
         for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items(), strict=True):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5, msg=name)
     assert len(reformed[1].history) == 6 and reformed[1].history[-1].lr == pytest.approx(0.0, abs=1e-12)
+    alone = fit(models("mlp", ws, seeds)[2], (ws[2].x_train, ws[2].y_train),
+                (ws[2].x_val, ws[2].y_val), config=FitConfig(lr=lrs[2], seed=2, precision="fp32", epochs=6, batch_size=64, patience=2,
+                                                            restore_best=False, schedule="warmup_cosine", warmup_steps=4))
+    assert [h.lr for h in reformed[2].history] == pytest.approx([h.lr for h in alone.history], rel=1e-6)
 
 
 def test_a_probes_steps_leave_a_packs_schedule_where_it_was():

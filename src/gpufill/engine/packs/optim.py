@@ -76,8 +76,8 @@ class PackAdamW:
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
 
-    def set_lr_factor(self, factor: float) -> None:
-        """Every model's lr = its base lr x `factor` (a schedule's multiplier for the next step)."""
+    def set_lr_factor(self, factor: float | torch.Tensor) -> None:
+        """Every model's lr = its base lr x `factor` (a schedule's multiplier for the next step; (K,): each model's own)."""
         torch.mul(self.base_lr, factor, out=self.lr)
 
     def state_tensors(self) -> list[torch.Tensor]:
