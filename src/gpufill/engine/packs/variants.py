@@ -212,7 +212,7 @@ class _VariantRows:
         self.has_validation = variants.val_data is not None
         self.generators = [torch.Generator(device=variants.device).manual_seed(c.seed) for c in variants.configs]
         torch.manual_seed(variants.configs[0].seed)  # dropout: each model draws its own masks in the pack
-        self.multiplier = _multiplier(cfg, variants.total_steps)
+        self.multiplier = schedule_multiplier(cfg, variants.total_steps)[0]  # the same for every variant: they share the length
         if self.multiplier is not None:
             optimizer.set_lr_factor(self.multiplier(0))
         self.best = BestWeights(stacked.state_dict, stacked=True)
@@ -308,8 +308,3 @@ def _plan(plan: Plan) -> Plan:
         step_graph=Choice(False, "off: a pack of variants steps eagerly"),
         grad_scaler=Choice(False, "off: fp32"),
     )
-
-
-def _multiplier(cfg: FitConfig, total_steps: int) -> Callable[[int], float] | None:
-    """The schedule's lr factor per optimizer step (the same for every variant: they share the length)."""
-    return schedule_multiplier(cfg, total_steps)[0]
