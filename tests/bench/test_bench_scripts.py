@@ -585,3 +585,10 @@ def test_forecast_quality_gives_every_network_the_step_budget_asked() -> None:
                                  if line.startswith("train:"))  # noqa: E731
     assert train(max_steps=1200, schedule="linear") == "train: {epochs: 30, loss: auto, early_stopping: {patience: 5}, max_steps: 1200, schedule: linear}"
     assert "max_steps" not in train()
+
+
+def test_peer_speed_refuses_a_negative_count_of_one_thread_fits_in_one_line() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "peer_speed.py"), "--smoke", "--peer-one-thread", "-1"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith("error: --peer-one-thread takes a count of fits of at least 0 (0: no such arm), got -1")
