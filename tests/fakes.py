@@ -51,6 +51,9 @@ class FakeExecutor:
 
         return Worker(name=name, lane=lane)
 
+    def hand_data(self, projects) -> None:  # noqa: ANN001
+        return None
+
     def warm(self, lanes, check=None) -> None:  # noqa: ANN001
         return None
 

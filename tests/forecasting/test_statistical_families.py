@@ -12,8 +12,8 @@ import pytest
 
 from gpufill.campaign.run.runner import Campaign, read_results
 from gpufill.errors import InputError
-from gpufill.forecasting.data.project import Project
-from gpufill.forecasting.data.windows import Split, make_windows, season_length_of
+from gpufill.forecasting.data.project import Project, season_length_of
+from gpufill.forecasting.data.windows import Split, make_windows
 from gpufill.forecasting.models.classical import train_classical
 from gpufill.forecasting.recipes import RECIPES
 from tests.helpers import write_campaign

@@ -40,6 +40,9 @@ class ThreadExecutor(Slots, NoBatchJobs):
     def plan(self, request: LaneRequest) -> tuple[list[Lane], list[str]]:
         return plan_here(request)
 
+    def hand_data(self, projects: Any) -> None:
+        return None  # its runners read the file, as a Ray actor's or a Slurm job's do
+
     def warm(self, lanes: list[Lane], check: Any = None) -> None:
         return None
 

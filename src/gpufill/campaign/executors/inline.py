@@ -55,7 +55,7 @@ class InlineExecutor(WorkerSource, Slots, NoBatchJobs):
         self.threads_before = torch.get_num_threads()
         for lane in lanes:
             self.runners[lane.name] = TrialRunner(self.spec_payload, Path(self.base_dir), threads=lane.threads, device=lane.device,
-                                                  tune_cache=self.tune_cache)
+                                                  tune_cache=self.tune_cache, projects=self.data)
             for slot in range(lane.slots):
                 worker = InlineWorker(name=f"{lane.name}-{slot + 1}", lane=lane)
                 worker.note(Ready(os.getpid()))

@@ -104,7 +104,7 @@ class LocalExecutor(WorkerSource, Slots, NoBatchJobs):
             )
         theirs.close()  # the child holds its end; closing ours lets recv() see EOF if it dies
         conn = Connection(ours.detach())
-        conn.send(worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device, tune_cache=self.tune_cache))
+        conn.send(worker_setup(self.spec_payload, self.base_dir, threads=lane.threads, device=lane.device, tune_cache=self.tune_cache, data=self.data))
         return LocalWorker(name=f"{lane.name}-{self._counter}", lane=lane, process=process, conn=conn)
 
     def submit(self, worker: Worker, task: Task) -> None:

@@ -21,6 +21,7 @@ initialised Ray (a notebook, a test session) is used as it is and left running.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 import os
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -136,6 +137,9 @@ class RayExecutor(Slots, NoBatchJobs):
             os.environ.pop("RAY_ADDRESS", None)
             ray.init(num_cpus=num_cpus, num_gpus=num_gpus, **common)
         self._started_ray = True
+
+    def hand_data(self, projects: Mapping[str, Any]) -> None:
+        return None  # an actor may run on another machine: it reads the file itself
 
     def warm(self, lanes: list[Lane], check: BuildCheck | None = None) -> None:
         return None  # nothing to begin before `start`

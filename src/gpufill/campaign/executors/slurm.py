@@ -21,7 +21,7 @@ import contextlib
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,6 +140,9 @@ class SlurmExecutor(Slots):
         return lanes, warnings
 
     # -- life cycle -----------------------------------------------------------------------
+    def hand_data(self, projects: Mapping[str, Any]) -> None:
+        return None  # a job runs on another machine: it reads the file itself
+
     def warm(self, lanes: list[Lane], check: BuildCheck | None = None) -> None:
         return None  # nothing to begin before `start`
 

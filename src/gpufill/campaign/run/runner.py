@@ -156,6 +156,7 @@ class Campaign:
         lanes, warnings = executor.plan(request) if executor is not None else plan_here(request)
         timeline.mark("lanes planned")
         if executor is not None:  # the lanes' imports run while the store is opened; a zygote builds the grid points
+            executor.hand_data(projects)
             executor.warm(lanes, self.build_check)
         if self.build_check is not None:
             self.build_check.wait()

@@ -21,7 +21,7 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,7 +75,8 @@ def start_runner(setup: dict[str, Any], *, forked: bool = False) -> TrialRunner:
         # Creating the CUDA context holds the interpreter for seconds on a large GPU: do it at start-up,
         # not inside the first trial, where it would silence the heartbeat.
         torch.zeros(1, device=setup["device"])
-    return TrialRunner(setup["spec"], Path(setup["base_dir"]), threads=setup["threads"], device=setup["device"], tune_cache=setup.get("tune_cache"))
+    return TrialRunner(setup["spec"], Path(setup["base_dir"]), threads=setup["threads"], device=setup["device"], tune_cache=setup.get("tune_cache"),
+                       projects=setup.get("data"))
 
 
 def run_job(setup: dict[str, Any], task: Task) -> TaskEnded:
@@ -140,7 +141,10 @@ class TrialRunner:
     trials. What a trial is and how it trains is forecasting's (forecasting/run.py, packs.py); this is where
     and with which data."""
 
-    def __init__(self, spec_payload: dict[str, Any], base_dir: Path, *, threads: int, device: str, tune_cache: str | None = None):
+    def __init__(self, spec_payload: dict[str, Any], base_dir: Path, *, threads: int, device: str, tune_cache: str | None = None,
+                 projects: Mapping[str, Any] | None = None):
+        """`projects`: the data the scheduler loaded and listed the trials from (executors/base.py: hand_data), or None:
+        read from the file at the first trial."""
         from gpufill.campaign.spec.spec import CHECKED, CampaignSpec
 
         self.spec = CampaignSpec.model_validate(spec_payload, context=CHECKED)
@@ -148,7 +152,7 @@ class TrialRunner:
         self.threads = threads
         self.device = device
         self.tune_cache = tune_cache
-        self._projects: dict[str, Any] | None = None
+        self._projects: dict[str, Any] | None = dict(projects) if projects is not None else None
         self._prints: dict[str, str] = {}
         """Fingerprints of the loaded projects (and "*": all of them, as a global-mode trial's id holds them)."""
         self._reread = False
@@ -190,8 +194,9 @@ class TrialRunner:
         return outcome
 
     def projects(self) -> dict[str, Any]:
-        """The campaign's projects, loaded once per process. The scheduler loaded the same data before the run:
-        failing here, the data changed under the run (a file missing, unreadable, broken): an environment failure."""
+        """The campaign's projects: the scheduler's, where it handed them over, else loaded once per process (and again
+        where a trial's id names other data: `check_data`). The scheduler loaded the same data before the run: failing
+        here, the data changed under the run (a file missing, unreadable, broken): an environment failure."""
         if self._projects is None:
             self._read_at = time.monotonic()
             try:

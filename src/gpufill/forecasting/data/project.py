@@ -36,6 +36,9 @@ class Project:
     origin: str = ""
     """The fingerprint the loader gave (`recipe_fingerprint`, `cells_fingerprint`): the same on every machine.
     Empty for a project built in code: its values are then hashed."""
+    season: int | None = None
+    """The season of its time index (`season_length_of`), found where the file was read, which has pandas loaded; a
+    worker handed the project reads it here instead of importing pandas (about a second). None: found when asked."""
 
     @property
     def length(self) -> int:
@@ -45,6 +48,10 @@ class Project:
     def width(self) -> int:
         """A network's input width on this project: the target and each covariate (windows.n_features)."""
         return 1 + int(self.covariates.shape[1]) if self.covariates.ndim == 2 else 1
+
+    def season_length(self) -> int:
+        """The season of the time index: the loader's (`season`), else found now."""
+        return self.season if self.season is not None else season_length_of(self.time, self.source)
 
     def fingerprint(self) -> str:
         """What identifies the values a training sees: equal on every machine for the same data and settings,
@@ -72,3 +79,22 @@ def recipe_fingerprint(generator: str, version: int, **arguments: Any) -> str:
     values themselves; bump the generator's version whenever its output changes."""
     recipe = {"generator": generator, "version": int(version), "arguments": arguments}
     return hashlib.sha256(json.dumps(recipe, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def season_length_of(time: np.ndarray | None, source: str) -> int:
+    """The season of a project's time index (1 when there is none or it is irregular): M4's
+    conventions (daily 7, weekly 52, monthly 12, quarterly 4, hourly 24); synthetic data is daily."""
+    if source == "synthetic":
+        return 7  # gpufill's synthetic projects are daily, with a weekly cycle
+    if time is None or len(time) < 3:
+        return 1
+    import pandas as pd
+
+    frequency = pd.infer_freq(pd.DatetimeIndex(time))
+    if frequency is None:
+        return 1
+    return SEASONS.get(frequency.split("-")[0].lstrip("0123456789"), 1)
+
+
+SEASONS = {"D": 7, "B": 5, "W": 52, "MS": 12, "ME": 12, "M": 12, "QS": 4, "QE": 4, "Q": 4, "h": 24, "H": 24, "YS": 1, "YE": 1, "Y": 1, "A": 1}
+"""A pandas frequency's code -> its season length."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from gpufill.errors import InputError
 from gpufill.forecasting.data.checks import Rows, check_values, refuse_duplicate_times, refuse_text_cells
-from gpufill.forecasting.data.project import Project, cells_fingerprint
+from gpufill.forecasting.data.project import Project, cells_fingerprint, season_length_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -70,6 +70,7 @@ def finish(
         source=label,
         time=time,
         origin=origin,
+        season=season_length_of(time, label),  # pandas is loaded here; a worker handed the project is spared it
     )
 
 

@@ -73,7 +73,7 @@ class WindowedProject:
     test_origins: np.ndarray
     """(N_test,) the time each test window's forecast starts at (its lookback ends there)."""
     season_length: int
-    """The season of the project's time index (statistical.season_length_of)."""
+    """The season of the project's time index (project.season_length_of)."""
     backtest: bool = False
     """Test windows are rolling origins: metrics are the mean over origins, each origin's kept."""
     padding: Padding | None = None
@@ -124,25 +124,6 @@ class WindowScaling:
     def inverse(self, scaled: np.ndarray, region: str) -> np.ndarray:
         loc, scale = getattr(self, region)
         return np.asarray(scaled, dtype=np.float64) * scale + loc
-
-
-def season_length_of(time: np.ndarray | None, source: str) -> int:
-    """The season of a project's time index (1 when there is none or it is irregular): M4's
-    conventions (daily 7, weekly 52, monthly 12, quarterly 4, hourly 24); synthetic data is daily."""
-    if source == "synthetic":
-        return 7  # gpufill's synthetic projects are daily, with a weekly cycle
-    if time is None or len(time) < 3:
-        return 1
-    import pandas as pd
-
-    frequency = pd.infer_freq(pd.DatetimeIndex(time))
-    if frequency is None:
-        return 1
-    return SEASONS.get(frequency.split("-")[0].lstrip("0123456789"), 1)
-
-
-SEASONS = {"D": 7, "B": 5, "W": 52, "MS": 12, "ME": 12, "M": 12, "QS": 4, "QE": 4, "Q": 4, "h": 24, "H": 24, "YS": 1, "YE": 1, "Y": 1, "A": 1}
-"""A pandas frequency's code -> its season length."""
 
 
 def make_windows(
@@ -203,7 +184,7 @@ def make_windows(
         series=target,
         fit_end=val_end,
         test_origins=test_t,
-        season_length=season_length_of(project.time, project.source),
+        season_length=project.season_length(),
         backtest=split.backtest is not None,
         padding=padding,
         val_origins=val_t,

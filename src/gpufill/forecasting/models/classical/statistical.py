@@ -11,7 +11,7 @@ is scored on. Before that, fitted on the train region alone, they forecast the v
 (`fit_and_validate`): their validation score is what a choice between families reads, as a network's is. They run on the CPU lane like the classical families and see the target only.
 
 The season length is ``season_length`` (an int) or ``auto``: the project's
-(``data.windows.season_length_of``: daily 7, weekly 52, monthly 12, quarterly 4, hourly 24;
+(``data.project.season_length_of``: daily 7, weekly 52, monthly 12, quarterly 4, hourly 24;
 synthetic data is daily; else 1). A series shorter than two seasons is fitted without one.
 """
 
