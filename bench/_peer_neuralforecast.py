@@ -1,15 +1,21 @@
 """The forecasting peer a user compares gpufill with first: neuralforecast's NBEATS and NHITS at their documented
 defaults (`input_size = 2 * h`, `max_steps` 1000, MAE, no scaler, one model, `random_seed` 1), trained on every
 series' history and forecasting its held-out horizon, timed as a whole fit + predict (bench/forecast_quality.py:
-`--peers`). Lightning's progress bar, logger and checkpoints are off (they change no number, only what is printed
+`--peers`), or as users' whole scripts, one process each (`peer_processes`: bench/peer_speed.py). Lightning's progress bar, logger and checkpoints are off (they change no number, only what is printed
 and written). A series shorter than `input_size + h` needs `start_padding_enabled` (M1's short ones): turned on only
 where some series is.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -77,30 +83,48 @@ def peer_forecasts(histories: dict[str, np.ndarray], horizon: int, name: str, *,
     return out, seconds, changed
 
 
-def _fit_at_one_thread(histories: dict[str, np.ndarray], horizon: int, name: str, max_steps: int | None, seed: int,
-                       ready) -> tuple[dict[str, np.ndarray], float, float]:
-    """One peer fit + predict in a process of its own at one torch thread, started with the others at a barrier (so
-    that their imports are not timed): (its forecasts, the wall clock at its start, at its end)."""
-    import torch
+@dataclass(frozen=True)
+class PeerRun:
+    """Users' scripts of the peer run at once (`peer_processes`), one process each."""
 
-    torch.set_num_threads(1)
-    model_class(name)  # neuralforecast's import before the barrier
-    ready.wait()
-    started = time.time()
-    forecasts, _, _ = peer_forecasts(histories, horizon, name, max_steps=max_steps, seed=seed)
-    return forecasts, started, time.time()
+    forecasts: list[dict[str, np.ndarray]]
+    """Each script's forecasts (seeds 1, 2, ...)."""
+    whole_s: float
+    """Wall seconds from the first script's start to the last one's exit: imports, reading the data, fit and predict."""
+    fit_s: float
+    """Wall seconds of the fits alone: one script's fit + predict, or from the first fit's start to the last one's end
+    (several scripts meet before their fits: the stagger of their imports is not the fits')."""
+    changed: dict[str, object]
+    """The settings that differ from the defaults (the first script's)."""
 
 
-def peer_forecasts_one_thread_each(histories: dict[str, np.ndarray], horizon: int, name: str, models: int, *,
-                                   max_steps: int | None = None) -> tuple[list[dict[str, np.ndarray]], float]:
-    """`models` peer fits at once, one process and one torch thread each (seeds 1, 2, ...): how a user with as many
-    cores runs the peer when one thread a model is faster than all of them on one. (Each fit's forecasts, the wall
-    seconds from the first fit's start to the last one's end.)"""
-    import multiprocessing
+SCRIPT = Path(__file__).with_name("_peer_script.py")
 
-    context = multiprocessing.get_context("spawn")  # a fresh torch in each: its thread pool not yet sized
-    with context.Manager() as manager, context.Pool(models) as pool:
-        ready = manager.Barrier(models)
-        pending = [pool.apply_async(_fit_at_one_thread, (histories, horizon, name, max_steps, DEFAULT_SEED + i, ready)) for i in range(models)]
-        done = [job.get() for job in pending]
-    return [forecasts for forecasts, _, _ in done], max(end for *_, end in done) - min(start for _, start, _ in done)
+
+def peer_processes(histories: dict[str, np.ndarray], horizon: int, name: str, models: int, *, threads: int | None,
+                   max_steps: int | None = None) -> PeerRun:
+    """`models` users' scripts at once (bench/_peer_script.py, seeds 1..models), each a process of its own at `threads`
+    torch threads (None: torch's default, every core), each importing neuralforecast, reading the histories from a
+    CSV and fitting and predicting as `peer_forecasts` does: how a user runs the peer, one script per model (several
+    at one thread each where that is faster on their cores)."""
+    with tempfile.TemporaryDirectory(prefix="gpufill-peer-") as folder:
+        data = Path(folder) / "histories.csv"
+        pd.concat([pd.DataFrame({"unique_id": key, "y": history}) for key, history in histories.items()]).to_csv(data, index=False)
+        outs = [Path(folder) / f"seed-{DEFAULT_SEED + i}.json" for i in range(models)]
+        logs = [Path(folder) / f"seed-{DEFAULT_SEED + i}.log" for i in range(models)]
+        started = time.perf_counter()
+        running = []
+        for i, (out, log) in enumerate(zip(outs, logs, strict=True)):
+            command = [sys.executable, str(SCRIPT), "--data", str(data), "--horizon", str(horizon), "--out", str(out), "--peer", name,
+                       "--seed", str(DEFAULT_SEED + i), "--threads", str(threads or 0), *(["--max-steps", str(max_steps)] if max_steps else []),
+                       *(["--together", folder, "--of", str(models)] if models > 1 else [])]
+            with open(log, "wb") as sink:
+                running.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT))
+        for process, log in zip(running, logs, strict=True):
+            if process.wait() != 0:
+                raise SystemExit(f"the peer's script failed (exit {process.returncode}): {log.read_text()[-2000:]}")
+        whole = time.perf_counter() - started
+        results = [json.loads(out.read_text()) for out in outs]
+    fit = results[0]["seconds"] if models == 1 else max(r["ended"] for r in results) - min(r["started"] for r in results)
+    forecasts = [{key: np.asarray(values, dtype=np.float64) for key, values in r["forecasts"].items()} for r in results]
+    return PeerRun(forecasts, whole, fit, results[0]["changed"])

@@ -3,21 +3,24 @@
     python bench/peer_speed.py [--smoke] [--dataset m1] [--rounds 3] [--pack 3] [--peer nbeats] [--peer-one-thread N] [--patience P] [--max-steps N] [--batch-size B --lr LR]
                                [--schedule S] [--scaling S] [--params 'nbeats={width: 128}'] [--out PATH]
 
-Per round, one after the other on the same CPU (the order turned each round):
-- gpufill, one network: a campaign of one N-BEATS trial as bench/forecast_quality.py runs it (global mode over every
-  series, the lookback the shortest series allows, early stopping on the horizon before the test, then the refit),
-  run in this process as a user's script runs it (the local executor: its worker's start included); the wall time of
-  the whole run;
+Per round, one after the other on the same CPU (the order turned each round), every arm a process of its own as a
+user runs it, timed two ways: the whole process (interpreter, imports, reading the data, training, forecasts) and the
+part a benchmark inside one process would time (gpufill: the run as its store records it, from the store's opening to
+the last result, its workers' start included; the peer: fit + predict):
+- gpufill, one network: `gpufill run` on a campaign of one N-BEATS trial as bench/forecast_quality.py writes it
+  (global mode over every series, the lookback the shortest series allows, early stopping on the horizon before the
+  test, then the refit);
 - gpufill, several seeds: the same campaign with `--pack` seeds (global trials do not pack: they train one per core at
-  once); the wall time over the seeds (what one network costs when a user trains several, as every recipe does);
-- the peer: neuralforecast's NBEATS (or NHITS) at its documented defaults (bench/_peer_neuralforecast.py), one fit +
-  predict at torch's default threads;
-- the peer at one thread: `--peer-one-thread N` fits at once (seeds 1..N), a process and one torch thread each, as a
-  user with N cores may run it; the wall time from the first fit's start to the last one's end, per model (N: as many
-  as the pack arm's seeds, at most the cores, as gpufill's lane gives each trial a core).
+  once); the seconds over the seeds (what one network costs when a user trains several, as every recipe does);
+- the peer: a user's script (bench/_peer_script.py: import neuralforecast, read the CSV, fit NBEATS or NHITS at its
+  documented defaults, predict; bench/_peer_neuralforecast.py) at torch's default threads;
+- the peer at one thread: `--peer-one-thread N` such scripts at once (seeds 1..N), one torch thread each, as a user
+  with N cores may run them; per model, the seconds from the first start to the last end over N (N: as many as the
+  pack arm's seeds, at most the cores, as gpufill's lane gives each trial a core).
 Each arm is scored on the held-out horizon (sMAPE, the same code as bench/forecast_quality.py; a pack's: the median
-of its seeds; the one-thread peer's: its seed-1 model, the default's). Ratios: the faster peer arm's seconds over each
-gpufill arm's per model, per round, and their median (the baseline at its best thread count), beside each peer arm's.
+of its seeds; the one-thread peer's: its seed-1 model, the default's). Ratios, for each way of timing: the faster peer
+arm's seconds over each gpufill arm's per model, per round, and their median (the baseline at its best thread count),
+beside each peer arm's.
 
 --smoke: M1's first 8 series, 2 epochs, the peer at 10 steps, one round (CI).
 """
@@ -27,10 +30,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -38,50 +44,55 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import environment, finish  # noqa: E402
-from _peer_neuralforecast import PEERS, peer_forecasts, peer_forecasts_one_thread_each  # noqa: E402
+from _peer_neuralforecast import PEERS, peer_processes  # noqa: E402
 from forecast_quality import campaign_yaml, load, scores  # noqa: E402
 
 from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
-from gpufill.campaign.run.runner import Campaign  # noqa: E402
 
 
-def gpufill_arm(frame: pd.DataFrame, histories: dict, horizon: int, lookback: int, seeds: int, epochs: int, train: dict) -> tuple[float, float]:
-    """(wall seconds of the campaign, held-out sMAPE of the median of its seeds)."""
+def gpufill_command() -> list[str]:
+    """`gpufill`, as a user runs it: the console script beside this interpreter (else `python -m gpufill`)."""
+    script = Path(sys.executable).with_name("gpufill")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gpufill"]
+
+
+def gpufill_arm(frame: pd.DataFrame, histories: dict, horizon: int, lookback: int, seeds: int, epochs: int, train: dict) -> tuple[float, float, float]:
+    """(the run's seconds as its store records them, the whole `gpufill run` process's seconds, held-out sMAPE of the
+    median of its seeds): the campaign file run by the command line in a process of its own, as a user runs it."""
     with tempfile.TemporaryDirectory(prefix="gpufill-peer-speed-") as folder:
         data = Path(folder) / "data.csv"
         frame.to_csv(data, index=False)
         spec = Path(folder) / "campaign.yaml"
         spec.write_text(campaign_yaml(data, horizon, lookback, ["nbeats"], seeds, epochs, val=True, refit=True, references=(), **train))
+        work, log = Path(folder) / "work", Path(folder) / "run.log"
         started = time.perf_counter()
-        outcome = Campaign.from_yaml(spec, Path(folder) / "work").run()
-        seconds = time.perf_counter() - started
-        if outcome.failed:
-            raise SystemExit(f"{outcome.failed} gpufill trials failed")
-        rows = pd.DataFrame(forecast_rows(Path(folder) / "work"))
+        with open(log, "wb") as sink:
+            code = subprocess.run([*gpufill_command(), "run", str(spec), "--workdir", str(work)], stdin=subprocess.DEVNULL, stdout=sink,
+                                  stderr=subprocess.STDOUT, check=False).returncode
+        whole = time.perf_counter() - started
+        if code != 0:
+            raise SystemExit(f"gpufill run failed (exit {code}): {log.read_text()[-2000:]}")
+        with closing(sqlite3.connect(f"file:{work / 'gpufill.db'}?mode=ro", uri=True)) as store:
+            (run_s,) = store.execute("SELECT finished_at - started_at FROM runs ORDER BY run_id DESC LIMIT 1").fetchone()
+        rows = pd.DataFrame(forecast_rows(work))
     rows = rows[rows["project"].isin(histories)]
     last = rows[rows["origin"] == rows.groupby("project")["origin"].transform("max")]  # the competition's horizon
     combined = last.groupby(["project", "step"], as_index=False).agg(forecast=("forecast", "median"), actual=("actual", "first"))
-    return seconds, held_out_smape({project: g.sort_values("step") for project, g in combined.groupby("project")}, histories)
+    return float(run_s), whole, held_out_smape({project: g.sort_values("step") for project, g in combined.groupby("project")}, histories)
 
 
 def held_out_smape(parts: dict[str, pd.DataFrame], histories: dict) -> float:
     return statistics.fmean(scores(g["forecast"].to_numpy(), g["actual"].to_numpy(), histories[project])[0] for project, g in parts.items())
 
 
-def peer_arm(frame: pd.DataFrame, histories: dict, horizon: int, peer: str, max_steps: int | None) -> tuple[float, float, dict]:
-    """(fit + predict seconds, held-out sMAPE, the settings changed from the defaults)."""
-    forecasts, seconds, changed = peer_forecasts(histories, horizon, peer, max_steps=max_steps)
+def peer_arm(frame: pd.DataFrame, histories: dict, horizon: int, peer: str, models: int, threads: int | None,
+             max_steps: int | None) -> tuple[float, float, float, dict]:
+    """(fit + predict seconds per model, whole scripts' seconds per model, held-out sMAPE of the seed-1 model, the
+    settings changed from the defaults): `models` users' scripts at once at `threads` (bench/_peer_script.py)."""
+    run = peer_processes(histories, horizon, peer, models, threads=threads, max_steps=max_steps)
     actual = frame.groupby("series")["y"].apply(lambda y: y.to_numpy()[-horizon:])
-    parts = {key: pd.DataFrame({"forecast": values, "actual": actual[key]}) for key, values in forecasts.items() if key in histories}
-    return seconds, held_out_smape(parts, histories), changed
-
-
-def peer_one_thread_arm(frame: pd.DataFrame, histories: dict, horizon: int, peer: str, models: int, max_steps: int | None) -> tuple[float, float]:
-    """(wall seconds per model of `models` one-thread fits at once, held-out sMAPE of the seed-1 model)."""
-    each, seconds = peer_forecasts_one_thread_each(histories, horizon, peer, models, max_steps=max_steps)
-    actual = frame.groupby("series")["y"].apply(lambda y: y.to_numpy()[-horizon:])
-    parts = {key: pd.DataFrame({"forecast": values, "actual": actual[key]}) for key, values in each[0].items() if key in histories}
-    return seconds / models, held_out_smape(parts, histories)
+    parts = {key: pd.DataFrame({"forecast": values, "actual": actual[key]}) for key, values in run.forecasts[0].items() if key in histories}
+    return run.fit_s / models, run.whole_s / models, held_out_smape(parts, histories), run.changed
 
 
 def main() -> None:
@@ -116,31 +127,35 @@ def main() -> None:
     train = {"patience": args.patience, "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "schedule": args.schedule, "scaling": args.scaling,
              "params": {"nbeats": args.params} if args.params else None}
     timings: dict[str, list[float]] = {arm: [] for arm in arms}
+    wholes: dict[str, list[float]] = {arm: [] for arm in arms}
     quality: dict[str, float] = {}
     changed: dict = {}
     for round_ in range(rounds):
         for arm in arms if round_ % 2 == 0 else arms[::-1]:  # the order turned each round: neither arm always runs on a warmer box
-            if arm == "peer":
-                seconds, quality[arm], changed = peer_arm(frame, histories, horizon, args.peer, steps)
-                timings[arm].append(seconds)
-            elif arm == "peer1":
-                seconds, quality[arm] = peer_one_thread_arm(frame, histories, horizon, args.peer, args.peer_one_thread, steps)
-                timings[arm].append(seconds)
+            if arm in peers:
+                models, threads = (1, None) if arm == "peer" else (args.peer_one_thread, 1)
+                seconds, whole, quality[arm], arm_changed = peer_arm(frame, histories, horizon, args.peer, models, threads, steps)
+                changed = arm_changed if arm == "peer" else changed
             else:
                 seeds = 1 if arm == "one" else args.pack
-                seconds, quality[arm] = gpufill_arm(frame, histories, horizon, lookback, seeds, epochs, train)
-                timings[arm].append(seconds / seeds)
-            print(f"round {round_ + 1} {arm}: {timings[arm][-1]:.1f} s per model, sMAPE {quality[arm]:.3f}", flush=True)
+                seconds, whole, quality[arm] = gpufill_arm(frame, histories, horizon, lookback, seeds, epochs, train)
+                seconds, whole = seconds / seeds, whole / seeds
+            timings[arm].append(seconds)
+            wholes[arm].append(whole)
+            print(f"round {round_ + 1} {arm}: {seconds:.1f} s per model in process, {whole:.1f} s whole, sMAPE {quality[arm]:.3f}", flush=True)
     names = {"one": "gpufill N-BEATS, one network (a campaign of one trial)", "pack": f"gpufill N-BEATS, {args.pack} seeds in one campaign (per network)",
              "peer": f"neuralforecast {args.peer.upper()} (defaults)",
              "peer1": f"neuralforecast {args.peer.upper()} (defaults), {args.peer_one_thread} at once at one thread each (per model)"}
     rows = [{"arm": names[arm], "series": len(histories), "seconds_per_model": round(statistics.median(timings[arm]), 2),
-             "rounds": [round(t, 2) for t in timings[arm]], "smape": round(quality[arm], 3),
+             "rounds": [round(t, 2) for t in timings[arm]], "whole_process_seconds_per_model": round(statistics.median(wholes[arm]), 2),
+             "whole_process_rounds": [round(t, 2) for t in wholes[arm]], "smape": round(quality[arm], 3),
              **({"changed_from_defaults": changed} if arm == "peer" else {})} for arm in arms]
-    faster = np.minimum.reduce([np.array(timings[arm]) for arm in peers])  # per round: the peer at its best thread count
-    ratios = {f"{name} seconds / {arm} per model (median of rounds)": statistics.median(baseline / np.array(timings[arm]))
-              for arm in arms if arm not in peers
-              for name, baseline in [("faster peer", faster), *((peer, np.array(timings[peer])) for peer in peers)]}
+    ratios = {}
+    for column, per_round in (("", timings), ("whole-process ", wholes)):
+        faster = np.minimum.reduce([np.array(per_round[arm]) for arm in peers])  # per round: the peer at its best thread count
+        ratios.update({f"{name} {column}seconds / {arm} per model (median of rounds)": statistics.median(baseline / np.array(per_round[arm]))
+                       for arm in arms if arm not in peers
+                       for name, baseline in [("faster peer", faster), *((peer, np.array(per_round[peer])) for peer in peers)]})
     finish("peer_speed", f"seconds per forecasting network, gpufill vs neuralforecast {args.peer.upper()}, interleaved", environment("cpu"),
            {"dataset": "m1" if args.smoke else args.dataset, "smoke": args.smoke, "rounds": rounds, "pack": args.pack, "epochs": epochs,
             "peer": args.peer, "peer_steps": steps, "peer_one_thread": args.peer_one_thread, "patience": args.patience, "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr,

@@ -365,13 +365,17 @@ def check_peer_speed(record: dict[str, Any]) -> None:
     assert record["args"]["patience"] == 5  # gpufill's arms stop early as the recipe does unless --patience says otherwise
     assert record["args"]["peer_one_thread"] == fits and "changed_from_defaults" not in peer1
     assert peer1["smape"] == pytest.approx(peer["smape"], abs=2e-3)  # its seed-1 fit is the default's, at another thread count
-    for row in (one, pack, peer, peer1):  # every arm scored on the held-out horizon of the same 8 series, timed each round
-        assert row["series"] == 8 and 0 < row["smape"] <= 200 and len(row["rounds"]) == 1 and positive(row["seconds_per_model"])
-    faster = min(peer["rounds"][0], peer1["rounds"][0])  # the baseline at its best thread count
-    for arm, row in (("one", one), ("pack", pack)):
-        assert record["ratios"][f"faster peer seconds / {arm} per model (median of rounds)"] == pytest.approx(faster / row["rounds"][0], rel=0.01)
-        assert record["ratios"][f"peer seconds / {arm} per model (median of rounds)"] == pytest.approx(peer["rounds"][0] / row["rounds"][0], rel=0.01)
-        assert record["ratios"][f"peer1 seconds / {arm} per model (median of rounds)"] == pytest.approx(peer1["rounds"][0] / row["rounds"][0], rel=0.01)
+    for row in (one, pack, peer, peer1):  # every arm scored on the held-out horizon of the same 8 series, timed each round, two ways
+        assert row["series"] == 8 and 0 < row["smape"] <= 200 and len(row["rounds"]) == len(row["whole_process_rounds"]) == 1
+        assert 0 < row["seconds_per_model"] < row["whole_process_seconds_per_model"]  # the whole process holds the part timed inside it
+    for column, rounds in (("", "rounds"), ("whole-process ", "whole_process_rounds")):
+        faster = min(peer[rounds][0], peer1[rounds][0])  # the baseline at its best thread count
+        for arm, row in (("one", one), ("pack", pack)):
+            ratio = record["ratios"]
+            assert ratio[f"faster peer {column}seconds / {arm} per model (median of rounds)"] == pytest.approx(faster / row[rounds][0], rel=0.01)
+            assert ratio[f"peer {column}seconds / {arm} per model (median of rounds)"] == pytest.approx(peer[rounds][0] / row[rounds][0], rel=0.01)
+            assert ratio[f"peer1 {column}seconds / {arm} per model (median of rounds)"] == pytest.approx(peer1[rounds][0] / row[rounds][0], rel=0.01)
+    assert len(record["ratios"]) == 12
 
 
 def check_lane_threads(record: dict[str, Any]) -> None:
