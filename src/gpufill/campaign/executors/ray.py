@@ -21,8 +21,8 @@ initialised Ray (a notebook, a test session) is used as it is and left running.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
