@@ -88,6 +88,9 @@ def scheduler_phase(path: Path, workdir: Path) -> dict[str, float]:
             from gpufill.campaign.executors.local import plan_here
             return plan_here(request)
 
+        def hand_data(self, projects):
+            return None  # its workers train nothing
+
         def warm(self, lanes, check=None):
             return None  # nothing to begin early: its workers are plain objects
 

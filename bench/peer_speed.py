@@ -147,8 +147,8 @@ def main() -> None:
              "peer": f"neuralforecast {args.peer.upper()} (defaults)",
              "peer1": f"neuralforecast {args.peer.upper()} (defaults), {args.peer_one_thread} at once at one thread each (per model)"}
     rows = [{"arm": names[arm], "series": len(histories), "seconds_per_model": round(statistics.median(timings[arm]), 2),
-             "rounds": [round(t, 2) for t in timings[arm]], "whole_process_seconds_per_model": round(statistics.median(wholes[arm]), 2),
-             "whole_process_rounds": [round(t, 2) for t in wholes[arm]], "smape": round(quality[arm], 3),
+             "rounds": [round(t, 3) for t in timings[arm]], "whole_process_seconds_per_model": round(statistics.median(wholes[arm]), 2),
+             "whole_process_rounds": [round(t, 3) for t in wholes[arm]], "smape": round(quality[arm], 3),
              **({"changed_from_defaults": changed} if arm == "peer" else {})} for arm in arms]
     ratios = {}
     for column, per_round in (("", timings), ("whole-process ", wholes)):
