@@ -143,12 +143,10 @@ def a_trial(trial_id: str = "t1", *, shape: str = "s", kind: str = "neural", pro
 
 @contextlib.contextmanager
 def registry_restored() -> Iterator[None]:
-    """The model registry as it was before the block, whatever the block registered. The built-in families are
-    registered first: a registry saved before they were, restored after, would drop them for the rest of the process
-    (their module stays imported), so a later test's lstm would be unknown, depending on the order tests ran in."""
+    """The model registry as it was before the block, whatever the block registered (the built-in families are not
+    registered: `registry.load_built_in` keeps them apart)."""
     from gpufill.forecasting.models import registry
 
-    importlib.import_module("gpufill.forecasting.models.builtin")
     saved = dict(registry._FAMILIES)
     try:
         yield

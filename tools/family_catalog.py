@@ -1,4 +1,4 @@
-"""Write src/gpufill/forecasting/models/catalog.py from the built-in families as their modules register them.
+"""Write src/gpufill/forecasting/models/catalog.py from the built-in families (models/builtin.py's list).
 
     python tools/family_catalog.py [--check]
 
@@ -20,7 +20,7 @@ HEADER = '''"""The built-in model families as data: what a campaign needs to kno
 whether it fits the series itself, whether its forecasts draw random numbers) without importing it, so a process
 that only reads a campaign file (the scheduler, `gpufill check`, `status`) never imports torch.
 
-Written by `python tools/family_catalog.py` from the families as their modules register them; do not edit by hand
+Written by `python tools/family_catalog.py` from the built-in families (models/builtin.py); do not edit by hand
 (tests/forecasting/test_family_catalog.py holds it equal to them).
 """
 
@@ -32,11 +32,10 @@ from typing import Any
 
 
 def described() -> dict[str, dict[str, object]]:
-    """name -> the description of every built-in family, read from the registry once every module is imported."""
-    from gpufill.forecasting.models import builtin, registry
+    """name -> the description of every built-in family, read from its factory."""
+    from gpufill.forecasting.models import registry
 
-    builtin.load()
-    return registry.describe_registered()
+    return registry.describe_built_in()
 
 
 def literal(value: object) -> str:

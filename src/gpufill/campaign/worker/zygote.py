@@ -34,7 +34,7 @@ from multiprocessing import reduction
 from pathlib import Path
 from multiprocessing.connection import Connection, wait
 
-PRELOAD = ("torch", "gpufill.campaign.worker.worker", "gpufill.forecasting.run", "gpufill.forecasting.models.classical",
+PRELOAD = ("torch", "gpufill.campaign.worker.worker", "gpufill.forecasting.run", "gpufill.forecasting.models.classical.training",
            "gpufill.forecasting.models.builtin", "gpufill.campaign.worker.packs")
 """What every worker imports before its first trial; none of it starts a thread (pandas would: pyarrow's allocator)."""
 

@@ -1,10 +1,32 @@
-"""Importing this module registers every built-in family with the registry, and the fused kernels of their packs with
-the engine (`engine.packs.fused.fuses`). The registry imports it the first time a built-in family is built; until
-then a family is known from its description (`catalog.py`), and torch is not imported."""
+"""The built-in model families: the one list of their names, kinds and factories.
+
+The registry (`registry.py`) imports this module the first time a built-in family is built, and registers what it
+lists; until then a family is known from its description (`catalog.py`, written from this list by
+`tools/family_catalog.py`) and torch is not imported. Importing it also registers the fused kernels of the families'
+packs with the engine (`engine.packs.fused.fuses`). The family modules import nothing of the registry: the
+dependencies run one way, registry -> builtin -> families.
+"""
 
 from __future__ import annotations
 
-# importing neural registers lstm, gru, tcn, transformer, mlp
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from gpufill.forecasting.models import fused_feedforward, fused_recurrent
+from gpufill.forecasting.models.classical.families import (
+    LGBMForecaster,
+    LinearForecaster,
+    RandomForestForecaster,
+    XGBForecaster,
+)
+from gpufill.forecasting.models.classical.statistical import (
+    CombForecaster,
+    ETSForecaster,
+    SeasonalNaiveForecaster,
+    ThetaForecaster,
+)
+from gpufill.forecasting.models.nbeats import NBeatsForecaster
 from gpufill.forecasting.models.neural import (
     Forecaster,
     GRUForecaster,
@@ -13,16 +35,33 @@ from gpufill.forecasting.models.neural import (
     TCNForecaster,
     TransformerForecaster,
 )
-# importing nbeats registers nbeats (N-BEATS, generic or interpretable stacks)
-from gpufill.forecasting.models.nbeats import NBeatsForecaster
-# importing classical registers linear, rf, xgb, lgbm and snaive, ets, theta (their libraries load on first fit)
-from gpufill.forecasting.models import classical  # noqa: F401
-# importing the fused kernels registers them with the engine's packs
-from gpufill.forecasting.models import fused_feedforward, fused_recurrent  # noqa: F401
 
-__all__ = ["Forecaster", "GRUForecaster", "LSTMForecaster", "MLPForecaster", "NBeatsForecaster", "TCNForecaster",
-           "TransformerForecaster", "load"]
+__all__ = ["FAMILIES", "KERNELS", "Forecaster", "GRUForecaster", "LSTMForecaster", "MLPForecaster", "NBeatsForecaster", "TCNForecaster",
+           "TransformerForecaster"]
 
+FAMILIES: Mapping[str, Mapping[str, Callable[..., Any]]] = MappingProxyType({
+    # neural: the GPU lane; N-BEATS generic or interpretable stacks
+    "neural": MappingProxyType({
+        "lstm": LSTMForecaster,
+        "gru": GRUForecaster,
+        "tcn": TCNForecaster,
+        "transformer": TransformerForecaster,
+        "mlp": MLPForecaster,
+        "nbeats": NBeatsForecaster,
+    }),
+    # classical: the CPU lane; window regressors (their libraries load on first fit), then the statistical references
+    "classical": MappingProxyType({
+        "linear": LinearForecaster,
+        "rf": RandomForestForecaster,
+        "xgb": XGBForecaster,
+        "lgbm": LGBMForecaster,
+        "snaive": SeasonalNaiveForecaster,
+        "ets": ETSForecaster,
+        "theta": ThetaForecaster,
+        "comb": CombForecaster,
+    }),
+})
+"""kind -> name -> factory of every built-in family."""
 
-def load() -> None:
-    """Nothing to do: importing this module did it (a name to call where `import builtin` alone reads as unused)."""
+KERNELS = (fused_feedforward, fused_recurrent)
+"""The modules whose import registers the families' fused kernels with the engine's packs (`engine.packs.fused.fuses`)."""

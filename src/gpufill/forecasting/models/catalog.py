@@ -2,7 +2,7 @@
 whether it fits the series itself, whether its forecasts draw random numbers) without importing it, so a process
 that only reads a campaign file (the scheduler, `gpufill check`, `status`) never imports torch.
 
-Written by `python tools/family_catalog.py` from the families as their modules register them; do not edit by hand
+Written by `python tools/family_catalog.py` from the built-in families (models/builtin.py); do not edit by hand
 (tests/forecasting/test_family_catalog.py holds it equal to them).
 """
 

@@ -24,7 +24,6 @@ from torch import nn
 from gpufill.errors import InputError
 from gpufill.forecasting.models.checks import whole_number
 from gpufill.forecasting.models.neural import Forecaster
-from gpufill.forecasting.models.registry import register
 
 __all__ = ["NBeatsBlock", "NBeatsForecaster", "fourier_basis", "trend_basis"]
 
@@ -75,7 +74,6 @@ class NBeatsBlock(nn.Module):
         return back, fore
 
 
-@register("nbeats")
 class NBeatsForecaster(Forecaster):
     """N-BEATS: `blocks` blocks of `layers` fully connected layers of `width`, doubly residual (module docstring)."""
 

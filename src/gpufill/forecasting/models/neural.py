@@ -2,7 +2,7 @@
 
 Feature 0 is the (scaled) target, the others are covariates. Every family takes
 ``(n_features, lookback, horizon, *, <family params>, last_value_norm=True)`` and is
-registered by name (``lstm``, ``gru``, ``tcn``, ``transformer``, ``mlp``).
+named ``lstm``, ``gru``, ``tcn``, ``transformer``, ``mlp`` in ``builtin.py``.
 
 Modules are plain ``nn.Linear`` / ``nn.LSTM`` / ``nn.GRU`` / ``nn.Conv1d`` / ``nn.LayerNorm``
 with PyTorch's default initialisation, created in forward order: the fused versions
@@ -22,7 +22,6 @@ from torch import nn
 
 from gpufill.errors import InputError
 from gpufill.forecasting.models.checks import whole_number, window_dims
-from gpufill.forecasting.models.registry import register
 
 __all__ = [
     "Forecaster",
@@ -122,13 +121,11 @@ class _Recurrent(Forecaster):
         return self.head(self.dropout(out[:, -1]))
 
 
-@register("lstm")
 class LSTMForecaster(_Recurrent):
     family = "lstm"
     rnn_type = nn.LSTM
 
 
-@register("gru")
 class GRUForecaster(_Recurrent):
     family = "gru"
     rnn_type = nn.GRU
@@ -169,7 +166,6 @@ class TemporalBlock(nn.Module):
         return F.relu(y + residual)
 
 
-@register("tcn")
 class TCNForecaster(Forecaster):
     """Temporal convolutional network (Bai et al. 2018); the last step feeds the head."""
 
@@ -251,7 +247,6 @@ class EncoderBlock(nn.Module):
         return x + self.dropout(self.ff2(self.dropout(F.gelu(self.ff1(self.norm2(x))))))
 
 
-@register("transformer")
 class TransformerForecaster(Forecaster):
     """Encoder-only transformer; the last token feeds the head."""
 
@@ -306,7 +301,6 @@ class TransformerForecaster(Forecaster):
 # --- MLP -------------------------------------------------------------------------------------
 
 
-@register("mlp")
 class MLPForecaster(Forecaster):
     """The flattened window through ``num_layers`` x [Linear, ReLU, dropout], then the head."""
 

@@ -1,10 +1,11 @@
 """Model families by name: the built-in ones and the user's own ``package.module:factory``.
 
 A family is a factory ``(n_features, lookback, horizon, *, **params)`` plus the keyword
-parameters (and defaults) read from its signature. Built-in families register themselves
-with :func:`register` when their module is imported (``builtin.py`` imports them all); until then :func:`resolve`
-answers from their description (``catalog.py``) and the first :func:`build` imports them, so a process that only
-reads a campaign file never imports torch. A ``package.module:factory`` path is imported on demand by :func:`resolve`.
+parameters (and defaults) read from its signature. The built-in families are listed in ``builtin.py``: until
+the first :func:`build` of one imports that list (torch, the fused kernels), :func:`resolve` answers from their
+description (``catalog.py``), so a process that only reads a campaign file never imports torch. A user's family is
+registered with :func:`register` (it takes precedence over a built-in of the same name) or named by a
+``package.module:factory`` path, imported on demand by :func:`resolve`.
 A variant ``family@tag`` (``nbeats@mean``, forecasting/family_names.py) resolves to the built-in family.
 """
 
@@ -58,12 +59,15 @@ class Family:
 
 
 _FAMILIES: dict[str, Family] = {}
+"""name -> each family registered with `register` in this process."""
+_LOADED: dict[str, Family] = {}
+"""name -> each built-in family, once `load_built_in` has imported them."""
 
 
 def register(name: str, *, kind: ModelKind = "neural") -> Callable[[F], F]:
     """Decorator registering a factory (class or function) as model family ``name``.
 
-    Re-registering a name replaces the earlier family.
+    Re-registering a name replaces the earlier family; a registered name hides the built-in family of that name.
     """
     if not isinstance(name, str) or not name or ":" in name or name != name.strip():
         raise InputError(f"family name must be a non-empty string without ':' or surrounding spaces, got {name!r}",
@@ -89,6 +93,8 @@ def resolve(name: str) -> Family:
         return _FAMILIES[name]
     if name in _REMEMBERED:
         return _REMEMBERED[name]
+    if name in _LOADED:
+        return _LOADED[name]
     if name in BUILT_IN:
         return _described(name)
     if base_name(name) != name:
@@ -114,9 +120,19 @@ def describe(family: Family) -> dict[str, Any]:
             "accepts_any": family.accepts_any, "fits_series": family.fits_series, "deterministic": family.deterministic}
 
 
-def describe_registered() -> dict[str, dict[str, Any]]:
-    """name -> `describe` of each family registered in this process (the catalogue's source: tools/family_catalog.py)."""
-    return {name: describe(_FAMILIES[name]) for name in sorted(_FAMILIES)}
+def describe_built_in() -> dict[str, dict[str, Any]]:
+    """name -> `describe` of each built-in family, read from its factory (the catalogue's source: tools/family_catalog.py)."""
+    loaded = load_built_in()
+    return {name: describe(loaded[name]) for name in sorted(loaded)}
+
+
+def load_built_in() -> Mapping[str, Family]:
+    """name -> every built-in family, its module imported (`builtin.py`: torch and the fused kernels come with it)."""
+    if not _LOADED:
+        builtin = importlib.import_module("gpufill.forecasting.models.builtin")
+        _LOADED.update({name: _family(name, kind, factory) for kind, factories in builtin.FAMILIES.items()
+                        for name, factory in factories.items()})
+    return MappingProxyType(_LOADED)
 
 
 def check_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -199,14 +215,13 @@ def is_remembered(name: str) -> bool:
 
 class _Deferred:
     """A built-in family's factory before its module is imported: the first call imports every built-in family
-    (`builtin.py`) and builds with the family it registered."""
+    (`load_built_in`) and builds with this one's factory."""
 
     def __init__(self, name: str):
         self.name = name
 
     def __call__(self, **kwargs: Any) -> Any:
-        importlib.import_module("gpufill.forecasting.models.builtin")
-        return _FAMILIES[self.name].factory(**kwargs)
+        return load_built_in()[self.name].factory(**kwargs)
 
 
 def _described(name: str) -> Family:

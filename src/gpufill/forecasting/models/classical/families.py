@@ -23,7 +23,6 @@ from gpufill.forecasting.models.classical.base import (
     _learning_rate,
     _real,
 )
-from gpufill.forecasting.models.registry import register
 
 __all__ = ["LGBMForecaster", "LinearForecaster", "RandomForestForecaster", "XGBForecaster"]
 
@@ -31,7 +30,6 @@ __all__ = ["LGBMForecaster", "LinearForecaster", "RandomForestForecaster", "XGBF
 # --- linear: least squares / ridge -----------------------------------------------------------
 
 
-@register("linear", kind="classical")
 class LinearForecaster(WindowRegressor):
     """Least squares on the flattened window, with an intercept; ridge when ``alpha > 0``.
 
@@ -81,7 +79,6 @@ class LinearForecaster(WindowRegressor):
 # --- random forest ---------------------------------------------------------------------------
 
 
-@register("rf", kind="classical")
 class RandomForestForecaster(WindowRegressor):
     """scikit-learn ``RandomForestRegressor``; multi-output natively (one forest, vector leaves)."""
 
@@ -144,7 +141,6 @@ class RandomForestForecaster(WindowRegressor):
 # --- XGBoost ---------------------------------------------------------------------------------
 
 
-@register("xgb", kind="classical")
 class XGBForecaster(WindowRegressor):
     """``xgboost.XGBRegressor`` with ``tree_method="hist"``, all horizon steps in one booster.
 
@@ -199,7 +195,6 @@ class XGBForecaster(WindowRegressor):
 # --- LightGBM --------------------------------------------------------------------------------
 
 
-@register("lgbm", kind="classical")
 class LGBMForecaster(WindowRegressor):
     """``lightgbm.LGBMRegressor``, one per horizon step (LightGBM has no multi-output objective)."""
 

@@ -25,7 +25,6 @@ import numpy as np
 from gpufill.errors import InputError
 from gpufill.forecasting.data.scoring import ValidationScored, score_validation
 from gpufill.forecasting.models.checks import whole_number
-from gpufill.forecasting.models.registry import register
 
 __all__ = ["CombForecaster", "ETSForecaster", "SeasonalNaiveForecaster", "SeriesForecaster", "ThetaForecaster", "fit_and_forecast",
            "fit_and_validate"]
@@ -73,7 +72,6 @@ class _StatisticalForecaster:
         raise NotImplementedError
 
 
-@register("snaive", kind="classical")
 class SeasonalNaiveForecaster(_StatisticalForecaster):
     """Each step repeats the value one season before it: y[t + h] = y[t + h - m * ceil((h + 1) / m)]."""
 
@@ -105,7 +103,6 @@ class _StatsforecastForecaster(_StatisticalForecaster):
                              field=f"{self.family}.season_length", fix="use season_length: 1, or a longer series") from None
 
 
-@register("ets", kind="classical")
 class ETSForecaster(_StatsforecastForecaster):
     """statsforecast's AutoETS: error, trend and season chosen by AICc (``model: ZZZ``), or fixed (e.g. ``AAN``)."""
 
@@ -124,7 +121,6 @@ class ETSForecaster(_StatsforecastForecaster):
         return AutoETS(season_length=self.season_length, model=self.model)
 
 
-@register("theta", kind="classical")
 class ThetaForecaster(_StatsforecastForecaster):
     """statsforecast's standard Theta method (the M3 winner's), with its seasonality test."""
 
@@ -150,7 +146,6 @@ class _AutoThetaForecaster(_StatsforecastForecaster):
 COMBINES = ("mean", "median")
 
 
-@register("comb", kind="classical")
 class CombForecaster(_StatisticalForecaster):
     """The statistical combination: the mean (or median) of AutoETS, Theta and AutoTheta, each fitted on the series as
     its own family is. A combination that trains nothing, as M4's "Comb" benchmark was (of exponential smoothing
