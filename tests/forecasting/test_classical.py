@@ -18,7 +18,6 @@ from gpufill.forecasting.recipes import recipe
 from gpufill.forecasting.run import run_alone, trial_setup
 from gpufill.forecasting.trial import Trial
 from gpufill.forecasting.models import build, check_params, families, register, registry
-from gpufill.forecasting.models import classical
 from gpufill.forecasting.models.classical import ClassicalRun, train_classical
 from tests.helpers import registry_restored
 
@@ -257,7 +256,7 @@ def test_linear_caps_blas_threads_during_the_solve(monkeypatch):
         seen.extend(i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas")
         return real_lstsq(*args, **kwargs)
 
-    monkeypatch.setattr(classical.np.linalg, "lstsq", spy)
+    monkeypatch.setattr(np.linalg, "lstsq", spy)
     x, y = random_walk_windows(0.0)
     fitted("linear", x, y, threads=1)
     if not seen:
