@@ -11,7 +11,7 @@ those of the plain model trained alone.
 
 This module is the mechanism: the base class, the registry (`fuses`) and `fuse`. Kernels
 for particular model classes register themselves with `fuses` when their module is
-imported (the forecasters' in `gpufill.forecasting.models`, which imports them).
+imported (the forecasters' by `gpufill.forecasting.models.builtin`, with the families).
 """
 
 from __future__ import annotations
