@@ -188,6 +188,20 @@ def test_register_adds_and_replaces():
     assert dict(resolve("tiny").defaults) == {"depth": 2}
 
 
+def test_a_registered_name_hides_the_built_in_family_of_that_name_until_it_is_removed():
+    with registry_restored():
+        @register("lstm")
+        def mine(n_features, lookback, horizon, *, width=4):
+            return ("mine", width)
+
+        assert build("lstm", n_features=1, lookback=2, horizon=1) == ("mine", 4)
+        assert len(registry.load_built_in()) == 14  # the built-ins loading later does not take the name back
+        assert resolve("lstm").factory is mine and dict(resolve("lstm").defaults) == {"width": 4}
+        assert type(build("gru", n_features=1, lookback=4, horizon=2)) is GRUForecaster
+    assert resolve("lstm").factory is LSTMForecaster
+    assert dict(resolve("lstm").defaults) == {"hidden_size": 64, "num_layers": 1, "dropout": 0.0, "last_value_norm": True}
+
+
 @pytest.mark.parametrize("name", ["", "a:b", " lstm", 7])
 def test_register_rejects_bad_names(name):
     with pytest.raises(InputError, match=r"^model: family name must be a non-empty string without ':'"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import sys
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ _FAMILIES: dict[str, Family] = {}
 """name -> each family registered with `register` in this process."""
 _LOADED: dict[str, Family] = {}
 """name -> each built-in family, once `load_built_in` has imported them."""
+_BUILT_IN_MODULE = "gpufill.forecasting.models.builtin"
 
 
 def register(name: str, *, kind: ModelKind = "neural") -> Callable[[F], F]:
@@ -93,10 +95,8 @@ def resolve(name: str) -> Family:
         return _FAMILIES[name]
     if name in _REMEMBERED:
         return _REMEMBERED[name]
-    if name in _LOADED:
-        return _LOADED[name]
     if name in BUILT_IN:
-        return _described(name)
+        return _built_in(name)
     if base_name(name) != name:
         return _variant(name)
     if ":" not in name:
@@ -129,7 +129,7 @@ def describe_built_in() -> dict[str, dict[str, Any]]:
 def load_built_in() -> Mapping[str, Family]:
     """name -> every built-in family, its module imported (`builtin.py`: torch and the fused kernels come with it)."""
     if not _LOADED:
-        builtin = importlib.import_module("gpufill.forecasting.models.builtin")
+        builtin = importlib.import_module(_BUILT_IN_MODULE)
         _LOADED.update({name: _family(name, kind, factory) for kind, factories in builtin.FAMILIES.items()
                         for name, factory in factories.items()})
     return MappingProxyType(_LOADED)
@@ -222,6 +222,14 @@ class _Deferred:
 
     def __call__(self, **kwargs: Any) -> Any:
         return load_built_in()[self.name].factory(**kwargs)
+
+
+def _built_in(name: str) -> Family:
+    """A built-in family: read from its factory once its module is imported (by a build, or by whoever imported a
+    class of it), from its description before, so that resolving never imports torch."""
+    if _LOADED or _BUILT_IN_MODULE in sys.modules:
+        return load_built_in()[name]
+    return _described(name)
 
 
 def _described(name: str) -> Family:
