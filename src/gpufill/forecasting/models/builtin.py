@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from gpufill.forecasting.models import fused_feedforward, fused_recurrent
+# importing the fused kernels registers them with the engine's packs (`engine.packs.fused.fuses`)
+from gpufill.forecasting.models import fused_feedforward, fused_recurrent  # noqa: F401
 from gpufill.forecasting.models.classical.families import (
     LGBMForecaster,
     LinearForecaster,
@@ -36,7 +37,7 @@ from gpufill.forecasting.models.neural import (
     TransformerForecaster,
 )
 
-__all__ = ["FAMILIES", "KERNELS", "Forecaster", "GRUForecaster", "LSTMForecaster", "MLPForecaster", "NBeatsForecaster", "TCNForecaster",
+__all__ = ["FAMILIES", "Forecaster", "GRUForecaster", "LSTMForecaster", "MLPForecaster", "NBeatsForecaster", "TCNForecaster",
            "TransformerForecaster"]
 
 FAMILIES: Mapping[str, Mapping[str, Callable[..., Any]]] = MappingProxyType({
@@ -62,6 +63,3 @@ FAMILIES: Mapping[str, Mapping[str, Callable[..., Any]]] = MappingProxyType({
     }),
 })
 """kind -> name -> factory of every built-in family."""
-
-KERNELS = (fused_feedforward, fused_recurrent)
-"""The modules whose import registers the families' fused kernels with the engine's packs (`engine.packs.fused.fuses`)."""
