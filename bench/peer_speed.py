@@ -8,9 +8,9 @@ user runs it, timed two ways: the whole process (interpreter, imports, reading t
 part a benchmark inside one process would time (gpufill: the run as its store records it, from the store's opening to
 the last result, its workers' start included; the peer: fit + predict):
 - gpufill, one network: `gpufill run` on a campaign of one N-BEATS trial as bench/forecast_quality.py writes it
-  (global mode over every series, the lookback the shortest series allows or `--lookback`, early stopping on the horizon before the
-  test, then the refit; `--fit-once`: trained once on training + validation for a fixed number of epochs, what the
-  refit of a validated run with those settings trains);
+  (global mode over every series, the lookback the shortest series allows or `--lookback`, early stopping on the
+  horizon before the test, then the refit; `--fit-once`: trained once on training + validation for a fixed number of
+  epochs, what the refit of a validated run with those settings trains);
 - gpufill, several seeds: the same campaign with `--pack` seeds (global trials do not pack: they train one per core at
   once); the seconds over the seeds (what one network costs when a user trains several, as every recipe does);
 - the peer: a user's script (bench/_peer_script.py: import neuralforecast, read the CSV, fit NBEATS or NHITS at its
