@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -338,18 +338,34 @@ def _global_classical(trial: Trial, windows: Sequence[WindowedProject], threads:
                                                                "samples_per_s": x.shape[0] / fit_s if fit_s > 0 else 0.0}
 
 
-def epoch_seconds(trial: Trial, windows: Sequence[WindowedProject], config: FitConfig, *, sample: int, min_steps: int = 8) -> tuple[float, int, int]:
-    """(seconds of one steady epoch of `trial` over all `windows`, windows timed, batch), from two epochs timed on
-    `sample` of the windows (an estimate's), or on `min_steps` batches where that is more.
+class EpochCost(NamedTuple):
+    """What an estimate times of one trial: its steady epoch over every training window, the validation pass after it
+    over every validation window (0.0 without them), the training windows timed and the batch they trained at."""
+
+    train_s: float
+    val_s: float
+    timed: int
+    batch: int
+
+
+def epoch_seconds(trial: Trial, windows: Sequence[WindowedProject], config: FitConfig, *, sample: int, min_steps: int = 8) -> EpochCost:
+    """One steady epoch of `trial` over all `windows` and its validation pass, from two epochs timed on `sample` of the
+    windows (an estimate's), or on `min_steps` batches where that is more, validated on as many validation windows.
 
     The sample trains at the batch the whole data trains at: left to choose, 256 windows take a batch of 64 (four
     steps an epoch), whose steps cost twice as much per window as the campaign's 128 (Tourism: the estimate's epoch
-    1.4x the run's). The second epoch's seconds per step scale to the whole data's steps."""
+    1.4x the run's). The second epoch's seconds per step scale to the whole data's steps; the two validations' mean
+    seconds per window to the whole validation region's (two horizons of it on M1: 0.8x the training's windows)."""
     from gpufill.engine.batching import DataFacts, effective_batch
 
     x, y = torch.cat([w.x_train for w in windows]), torch.cat([w.y_train for w in windows])
+    x_val, y_val = torch.cat([w.x_val for w in windows]), torch.cat([w.y_val for w in windows])
     batch = effective_batch(DataFacts(n_train=x.shape[0], bytes_total=0), config).value
     taken = min(x.shape[0], max(sample, min_steps * batch))
-    fitted = fit(build_model(trial, windows[0], config.loss), (x[:taken], y[:taken]), config=replace(config, epochs=2, patience=None, batch_size=batch, max_steps=None))
+    checked = min(x_val.shape[0], taken)
+    fitted = fit(build_model(trial, windows[0], config.loss), (x[:taken], y[:taken]), (x_val[:checked], y_val[:checked]) if checked else None,
+                 config=replace(config, epochs=2, patience=None, batch_size=batch, max_steps=None))
     last = fitted.history[-1]
-    return last.seconds / max(last.steps, 1) * math.ceil(x.shape[0] / batch), taken, batch
+    validations = sum(1 for record in fitted.history if record.val_loss is not None) or 1  # validate_every may skip one
+    val_s = fitted.timings["val_s"] / validations * x_val.shape[0] / checked if checked else 0.0
+    return EpochCost(last.seconds / max(last.steps, 1) * math.ceil(x.shape[0] / batch), val_s, taken, batch)

@@ -62,6 +62,23 @@ def test_a_step_budget_ends_the_epochs_an_estimate_counts():
     assert epochs_trained(stopping, refit=True, steps_per_epoch=100) == (2.5 + 1, 5.0)
 
 
+def test_a_refit_over_more_windows_and_the_validation_pass_are_counted():
+    """M1 under the recipe (two horizons of validation): a refit trains on 1.8x the training windows, and a first
+    training's epoch costs 1.1 with its validation pass. Six epochs and a refit as long: 6 x 1.1 + 6 x 1.8 training
+    epochs; early stopping at patience 5 the fewest 6 x 1.1 + 1 x 1.8; a step budget ends the refit as it ends the first."""
+    from types import SimpleNamespace
+
+    from gpufill.campaign.run.estimate import epochs_trained
+
+    fixed = SimpleNamespace(epochs=6, patience=None, validate_every=1, max_steps=None)
+    assert epochs_trained(fixed, refit=True, refit_scale=1.8, validation_scale=1.1) == pytest.approx((6 * 1.1 + 6 * 1.8,) * 2)
+    assert epochs_trained(fixed, refit=False, refit_scale=1.8, validation_scale=1.1) == pytest.approx((6 * 1.1,) * 2)
+    stopping = SimpleNamespace(epochs=6, patience=5, validate_every=1, max_steps=None)
+    assert epochs_trained(stopping, refit=True, refit_scale=1.8, validation_scale=1.1) == pytest.approx((6 * 1.1 + 1.8, 6 * 1.1 + 6 * 1.8))
+    budget = SimpleNamespace(epochs=6, patience=None, validate_every=1, max_steps=250)  # 2.5 epochs of steps either way
+    assert epochs_trained(budget, refit=True, steps_per_epoch=100, refit_scale=1.8) == pytest.approx((5.0, 5.0))
+
+
 def test_an_estimates_sample_epoch_trains_at_the_whole_datas_batch(monkeypatch):
     """3,000 windows train at the reference batch of 128; a 256-window sample left to choose would take 64 (four steps
     an epoch). The sample is 8 of the whole data's batches at that batch, and its second epoch's time per step scales
@@ -75,17 +92,19 @@ def test_an_estimates_sample_epoch_trains_at_the_whole_datas_batch(monkeypatch):
 
     seen = {}
 
-    def fake_fit(model, train, config):
-        seen.update(windows=train[0].shape[0], batch=config.batch_size, epochs=config.epochs)
-        epoch = SimpleNamespace(seconds=0.08, steps=train[0].shape[0] // config.batch_size)
-        return SimpleNamespace(history=[epoch, epoch])
+    def fake_fit(model, train, val, config):
+        seen.update(windows=train[0].shape[0], validated=val[0].shape[0], batch=config.batch_size, epochs=config.epochs)
+        epoch = SimpleNamespace(seconds=0.08, steps=train[0].shape[0] // config.batch_size, val_loss=1.0)
+        return SimpleNamespace(history=[epoch, epoch], timings={"val_s": 0.02})
 
     monkeypatch.setattr(run, "fit", fake_fit)
     monkeypatch.setattr(run, "build_model", lambda trial, windows, loss=None: None)
-    windows = [SimpleNamespace(x_train=torch.zeros(n, 4, 1), y_train=torch.zeros(n, 1)) for n in (1000, 2000)]
-    seconds, timed, batch = run.epoch_seconds(None, windows, FitConfig(), sample=256)
-    assert seen == {"windows": 1024, "batch": 128, "epochs": 2} and (timed, batch) == (1024, 128)
-    assert seconds == pytest.approx(0.08 / 8 * 24)
+    windows = [SimpleNamespace(x_train=torch.zeros(n, 4, 1), y_train=torch.zeros(n, 1), x_val=torch.zeros(n // 2, 4, 1), y_val=torch.zeros(n // 2, 1))
+               for n in (1000, 2000)]
+    cost = run.epoch_seconds(None, windows, FitConfig(), sample=256)
+    assert seen == {"windows": 1024, "validated": 1024, "batch": 128, "epochs": 2} and (cost.timed, cost.batch) == (1024, 128)
+    assert cost.train_s == pytest.approx(0.08 / 8 * 24)
+    assert cost.val_s == pytest.approx(0.02 / 2 * 1500 / 1024)  # two validations of 1,024 windows, scaled to all 1,500
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
 Neural shapes: one sample project's training runs for two epochs on `SAMPLE_WINDOWS` windows (at least 8 of the
 batches the whole data trains at, at that batch) under the lane's thread count; the second (steady) epoch's time per
-step, scaled to the whole data's steps, times the epochs a trial trains. With early stopping those lie between the fewest
+step, scaled to the whole data's steps, times the epochs a trial trains, with its validation pass (timed on as many
+validation windows) and its refit's epochs over training + validation windows counted. With early stopping those lie between the fewest
 it allows and all of them (`epochs_trained`); the estimate takes their geometric middle, the one point off by at most
 the square root of their ratio wherever early stopping ends (on M1 with the forecasting recipe the upper bound was
 3.9x the run), and keeps both ends as the range. Classical shapes:
@@ -158,21 +159,32 @@ def estimate(campaign: Campaign, *, progress: Callable[[str], None] | None = Non
     return result
 
 
-def epochs_trained(config: Any, *, refit: bool, validated: bool = True, steps_per_epoch: int | None = None) -> tuple[float, float]:
+def epochs_trained(config: Any, *, refit: bool, validated: bool = True, steps_per_epoch: int | None = None,
+                   refit_scale: float = 1.0, validation_scale: float = 1.0) -> tuple[float, float]:
     """(fewest, most) epochs one trial trains, its refit on training + validation included (which trains for the
-    epochs early stopping chose). Without early stopping both are every epoch; with it, the fewest is a best first
-    validation and `patience` validations without improvement after it (then a refit of that first validation's
-    epochs), the most is every epoch (and a refit as long). Without validation windows (`validated` False) nothing
-    stops early. A step budget (`max_steps`, with the training's `steps_per_epoch`) ends each training at that many
-    steps: its epochs' part, the last one's share counted."""
-    epochs = float(config.epochs)
-    if config.max_steps is not None and steps_per_epoch:
-        epochs = min(epochs, config.max_steps / steps_per_epoch)
-    most = epochs * (2 if refit else 1)
+    epochs early stopping chose), in seconds of one training epoch. Without early stopping both are every epoch; with
+    it, the fewest is a best first validation and `patience` validations without improvement after it (then a refit of
+    that first validation's epochs), the most is every epoch (and a refit as long). Without validation windows
+    (`validated` False) nothing stops early. A step budget (`max_steps`, with the training's `steps_per_epoch`) ends
+    each training at that many steps: its epochs' part, the last one's share counted.
+
+    A refit's epoch costs `refit_scale` training epochs (its windows: training's and validation's; two horizons of
+    validation on M1 are 1.8x the training's), a first training's epoch `validation_scale` (the validation pass after
+    it), so that neither is left out of the estimate (M1's recipe run was 0.60x its estimate with both left out)."""
+
+    def budgeted(epochs: float, scale: float) -> float:
+        # `epochs` over `scale` times the training's windows, in training epochs; a step budget ends either training
+        cost = epochs * scale
+        return min(cost, config.max_steps / steps_per_epoch) if config.max_steps is not None and steps_per_epoch else cost
+
+    first = budgeted(float(config.epochs), 1.0)
+    again = budgeted(float(config.epochs), refit_scale) if refit else 0.0
+    most = first * validation_scale + again
     if config.patience is None or not validated:
         return most, most
     every = max(1, config.validate_every)
-    return min(epochs, every * (config.patience + 1)) + (min(epochs, every) if refit else 0), most
+    fewest_first = min(first, every * (config.patience + 1))
+    return fewest_first * validation_scale + (budgeted(min(float(config.epochs), every), refit_scale) if refit else 0.0), most
 
 
 def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, tuple[float, float] | None, str]:
@@ -182,18 +194,26 @@ def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tup
     from gpufill.forecasting.run import epoch_seconds, trial_setup
 
     n_full = sum(w.x_train.shape[0] for w in windows)
+    n_val = sum(w.x_val.shape[0] for w in windows)
     config = trial_setup(trial, spec.recipe(trial.family, trial.train), spec.base_config(trial.train, trial.seed), threads=lane.threads,
                          device=lane.device, memory_margin=spec.resources.memory_margin).config
-    steady_epoch, timed, batch = epoch_seconds(trial, windows, config, sample=SAMPLE_WINDOWS)
+    cost = epoch_seconds(trial, windows, config, sample=SAMPLE_WINDOWS)
     refit = bool(spec.train.refit and spec.task.split.val)  # a refit trains again for the epochs early stopping chose (train.refit)
-    fewest, most = epochs_trained(config, refit=refit, validated=bool(spec.task.split.val), steps_per_epoch=math.ceil(n_full / batch))
-    how = f"epoch {steady_epoch:.3g} s ({timed} of {n_full} windows timed, batches of {batch})"
+    every = max(1, config.validate_every)
+    validation_scale = 1.0 + cost.val_s / every / cost.train_s if n_val and cost.train_s > 0 else 1.0
+    counted = {"refit": refit, "validated": bool(spec.task.split.val), "steps_per_epoch": math.ceil(n_full / cost.batch)}
+    epochs = epochs_trained(config, **counted)  # what the text says; the seconds count each epoch at its cost
+    fewest, most = epochs_trained(config, **counted, refit_scale=(n_full + n_val) / n_full if n_full else 1.0, validation_scale=validation_scale)
+    steady_epoch = cost.train_s
+    how = (f"epoch {steady_epoch:.3g} s ({cost.timed} of {n_full} windows timed, batches of {cost.batch})"
+           + (f", its validation pass {cost.val_s:.3g} s ({n_val} windows)" if n_val else ""))
+    refitted = f" (the refit's over training + validation windows, {(n_full + n_val) / max(n_full, 1):.3g}x as many)" if refit else ""
     if fewest == most:
-        return steady_epoch * most, None, how + f" x {most:.3g} epochs" + (" (half of them the refit on training + validation)" if refit else "")
+        return steady_epoch * most, None, how + f" x {epochs[1]:.3g} epochs" + refitted
     middle = math.sqrt(fewest * most)
     return (steady_epoch * middle, (steady_epoch * fewest, steady_epoch * most),
-            how + f" x {middle:.3g} epochs: the geometric middle of the {fewest:.3g} to {most:.3g} that early stopping allows"
-            + (", refit included" if refit else ""))
+            how + f" x {math.sqrt(epochs[0] * epochs[1]):.3g} epochs: the geometric middle of the {epochs[0]:.3g} to {epochs[1]:.3g} that early stopping allows"
+            + refitted)
 
 
 def _time_classical(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tuple[float, str]:
