@@ -172,7 +172,8 @@ def neural_result(trial: Trial, windows: WindowedProject, fitted: FitResult, set
                         peak_memory_bytes=peak_memory_bytes, params=registry.check_params(trial.family, trial.params))
 
 
-REFIT_REASON = ("train.refit: trained again from its initial weights on training + validation for the epochs early stopping chose, so "
+REFIT_REASON = ("train.refit: trained again from its initial weights on training + validation for its best epoch on validation "
+                "(where early stopping stopped it, or, without early stopping, the best of its epochs), so "
                 "the test forecast has learned the most recent history (as a classical family's refit has); its validation scores "
                 "are the first training's, which never saw the validation targets")
 
@@ -203,7 +204,7 @@ def refit_record(plan: dict[str, Any], fitted: FitResult, again: FitResult | Non
         return plan, dict(fitted.timings), dict(fitted.metrics), list(fitted.events)
     epochs = len(again.history)
     timings = {**fitted.timings, "refit_s": again.timings["train_s"], "train_s": fitted.timings["train_s"] + again.timings["train_s"]}
-    events = [*fitted.events, f"refit on training + validation for {epochs} epochs (the early stop's best): the test forecast is the refit's",
+    events = [*fitted.events, f"refit on training + validation for {epochs} epochs (its best on validation): the test forecast is the refit's",
               *(f"refit: {event}" for event in again.events)]
     return ({**plan, "refit": {"value": epochs, "reason": REFIT_REASON}}, timings,
             {**fitted.metrics, "refit_epochs": epochs, "refit_train_loss": again.metrics.get("train_loss")}, events)

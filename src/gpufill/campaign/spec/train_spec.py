@@ -58,8 +58,8 @@ class TrainSpec(Spec):
     schedule: Literal[("auto", *SCHEDULES)] = "auto"  # type: ignore[valid-type]
     """Learning-rate schedule; auto: the family's recipe (constant, with early stopping deciding the length)."""
     refit: StrictBool = False
-    """Once early stopping on validation has chosen a network's length, train it again from its initial weights on
-    training + validation for that many epochs and forecast the test from it, as the classical families are refit;
+    """Once validation has chosen a network's length (its best epoch, where early stopping stopped it or not), train it
+    again from its initial weights on training + validation for that many epochs and forecast the test from it, as the classical families are refit;
     its validation scores (what choices read) stay the first training's. Twice a training's cost, for a model that has
     learned the most recent history: the test window follows it."""
 
