@@ -43,7 +43,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import environment, finish, timed_command, write_result  # noqa: E402
+from _common import default_out, environment, finish, timed_command, write_result  # noqa: E402
 from forecast_quality import DATASETS, monthly_series  # noqa: E402
 
 RECIPE = ROOT / "examples" / "forecast.yaml"
@@ -214,8 +214,8 @@ def main() -> None:
         print(f"{name}: {json.dumps(row)} ({time.perf_counter() - started:.0f} s)", flush=True)
         rows.append(row)
         ratios.update(ratios_of(row))
-        if name != datasets[-1] and args.out is not None:  # a long run keeps what it measured so far
-            write_result(args.out, env, _args(args), rows, ratios)
+        if name != datasets[-1]:  # a long run (an hour and more) keeps what it measured so far, where it will write it all
+            write_result(args.out or default_out("forecast_recipe", env), env, {**_args(args), "measured_so_far": [row["data"] for row in rows]}, rows, ratios)
     finish("forecast_recipe", "examples/forecast.yaml as written, on the competitions' monthly series", env,
            _args(args), rows, ratios, args.out)
 
